@@ -29,7 +29,7 @@ so at most one exchange per fragment is in flight.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 
@@ -120,18 +120,3 @@ class Schedule:
         """Average number of fragment syncs per inner step (P / H)."""
         return self.num_fragments / self.sync_every
 
-
-def validate_fragments_cover(names: Sequence[Sequence[str]], all_names: Sequence[str]) -> None:
-    """Raise if the fragments do not partition ``all_names`` exactly (each name once)."""
-    seen: dict[str, int] = {}
-    for p, frag in enumerate(names):
-        for n in frag:
-            if n in seen:
-                raise ValueError(f"parameter {n!r} is in fragment {seen[n]} and fragment {p}")
-            seen[n] = p
-    missing = [n for n in all_names if n not in seen]
-    if missing:
-        raise ValueError(f"parameters in no fragment: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-    extra = [n for n in seen if n not in set(all_names)]
-    if extra:
-        raise ValueError(f"fragments name unknown or frozen parameters: {extra[:5]}")

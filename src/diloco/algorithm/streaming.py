@@ -1,0 +1,222 @@
+"""Streaming DiLoCo (and plain DiLoCo, its case P = 1, tau = 0) for any model and inner optimizer.
+
+One instance per replica, called explicitly after every inner optimizer step::
+
+    algo = StreamingDiLoCo(model, inner_opt, comm=comm, sync_every=30, num_fragments=4,
+                           overlap_steps=1, merge_alpha=0.5, codec="fp4_e3m0")
+    for x, y in batches:
+        loss = model(x, y)[1]; loss.backward()
+        inner_opt.step(); inner_opt.zero_grad()
+        algo.step()            # list of SyncReport (possibly empty)
+
+Per fragment p, when the schedule starts its sync (after step t):
+    outer gradient  Delta_p = global_p - local_p      (FP32)
+    payload         = codec.encode(Delta_p), sent asynchronously (all-gather)
+and when it finishes (after step t + tau):
+    mean Delta_p    = FP32 average of every replica's decoded payload (non-finite ones dropped)
+    global_p        <- OuterOpt_p(global_p, mean Delta_p)     (one optimizer state per fragment)
+    local_p         <- alpha * local_p + (1 - alpha) * global_p
+
+The global copy of each fragment is kept as one flat FP32 vector (optionally on
+another device, e.g. CPU, to save accelerator memory); the outer optimizer
+steps that flat vector, which is exact for element-wise optimizers such as SGD
+with (Nesterov) momentum or Adam.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from diloco.algorithm.codecs import Codec, get_codec
+from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
+from diloco.algorithm.outer import OuterOptimizerFactory, average_payloads, default_outer_optimizer, merge_
+from diloco.algorithm.schedule import Schedule
+from diloco.comm.base import Communicator, Work
+
+
+@dataclass
+class SyncReport:
+    """What one finished sync did."""
+
+    step: int
+    fragment: int
+    started_at: int
+    numel: int
+    bytes_sent: int
+    bytes_received: int
+    dropped_replicas: list[int] = field(default_factory=list)
+    skipped: bool = False  # every replica's contribution was non-finite: global left unchanged
+
+
+@dataclass
+class _Pending:
+    started_at: int
+    payload: torch.Tensor
+    work: Work
+
+
+def broadcast_parameters(model: nn.Module, comm: Communicator, src: int = 0) -> None:
+    """Make every replica start from replica ``src``'s parameters and buffers."""
+    tensors = [p.data for p in model.parameters()] + [b for b in model.buffers()]
+    comm.broadcast_(tensors, src=src)
+
+
+class StreamingDiLoCo:
+    """One replica's Streaming DiLoCo state: schedule, fragments, global copy, outer optimizers.
+
+    Args:
+        model: this replica's model (any ``nn.Module``); its trainable parameters are the local ones.
+        inner_optimizer: kept for checkpointing convenience; the caller steps it.
+        comm: this replica's communicator.
+        sync_every: H, inner steps between two syncs of one fragment.
+        num_fragments: P; 1 is plain DiLoCo.
+        fragment_pattern: ``"strided"`` or ``"sequential"`` block assignment (see :mod:`fragments`).
+        fragments: explicit fragments (lists of names, parameters or modules), overriding the pattern.
+        overlap_steps: tau, inner steps an exchange overlaps with before it is applied (0 <= tau < H).
+        merge_alpha: alpha, weight of the local parameters in the merge (0 = take the global ones).
+        codec: wire format of the outer gradients (name or :class:`Codec`).
+        outer_optimizer: factory ``f(list_of_tensors) -> Optimizer``; default SGD(0.7, momentum 0.9, Nesterov).
+        offload_device: where the global copy and outer optimizer state live (default: the model's device).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        inner_optimizer: torch.optim.Optimizer | None = None,
+        *,
+        comm: Communicator,
+        sync_every: int,
+        num_fragments: int = 1,
+        fragment_pattern: Pattern = "strided",
+        fragments: FragmentSpec | None = None,
+        overlap_steps: int = 0,
+        merge_alpha: float = 0.0,
+        codec: str | Codec = "fp32",
+        outer_optimizer: OuterOptimizerFactory | None = None,
+        offload_device: torch.device | str | None = None,
+    ) -> None:
+        if not 0.0 <= float(merge_alpha) <= 1.0:
+            raise ValueError(f"merge_alpha (alpha) must lie in [0, 1], got {merge_alpha}")
+        self.model = model
+        self.inner_optimizer = inner_optimizer
+        self.comm = comm
+        self.schedule = Schedule(sync_every, num_fragments, overlap_steps)
+        self.merge_alpha = float(merge_alpha)
+        self.codec = get_codec(codec)
+        self.fragments: list[Fragment] = split_fragments(
+            model, num_fragments, pattern=fragment_pattern, fragments=fragments
+        )
+        broadcast_parameters(model, comm)  # identical start on every replica, by construction
+        device = torch.device(offload_device) if offload_device is not None else self.fragments[0].params[0].device
+        factory = outer_optimizer or default_outer_optimizer
+        self.global_flat: list[torch.Tensor] = []
+        self.outer_optimizers: list[torch.optim.Optimizer] = []
+        for frag in self.fragments:
+            g = flatten(frag.params).to(device).requires_grad_(True)
+            self.global_flat.append(g)
+            self.outer_optimizers.append(factory([g]))
+        self.step_count = 0
+        self._pending: dict[int, _Pending] = {}
+
+    # -- the public loop hook ------------------------------------------------
+    def step(self) -> list[SyncReport]:
+        """Call after every inner optimizer step: starts and finishes the syncs the schedule says."""
+        self.step_count += 1
+        t = self.step_count
+        for p in self.schedule.starts(t):
+            self._start(p, t)
+        return [self._finish(p, t) for p in self.schedule.finishes(t)]
+
+    def flush(self) -> list[SyncReport]:
+        """Finish every exchange still in flight now (e.g. at the end of training)."""
+        return [self._finish(p, self.step_count) for p in sorted(self._pending)]
+
+    # -- one fragment's sync -------------------------------------------------
+    @torch.no_grad()
+    def _start(self, p: int, t: int) -> None:
+        frag, g = self.fragments[p], self.global_flat[p]
+        local = flatten(frag.params)
+        delta = g.detach().to(local.device) - local
+        payload = self.codec.encode(delta)
+        work = self.comm.all_gather_async(payload, tag=f"fragment {p}")
+        self._pending[p] = _Pending(t, payload, work)
+
+    @torch.no_grad()
+    def _finish(self, p: int, t: int) -> SyncReport:
+        pending = self._pending.pop(p)
+        payloads = pending.work.wait()
+        g = self.global_flat[p]
+        mean, dropped = average_payloads(payloads, self.codec, g.numel(), out_device=g.device)
+        nbytes = pending.payload.numel()
+        report = SyncReport(t, p, pending.started_at, g.numel(), nbytes, nbytes * (len(payloads) - 1), dropped)
+        if mean is None:
+            report.skipped = True
+        else:
+            g.grad = mean
+            self.outer_optimizers[p].step()
+            g.grad = None
+        merge_(self.fragments[p].params, self._views(p), self.merge_alpha)
+        return report
+
+    def _views(self, p: int) -> list[torch.Tensor]:
+        g, out, offset = self.global_flat[p].detach(), [], 0
+        for param in self.fragments[p].params:
+            out.append(g[offset : offset + param.numel()].view(param.shape))
+            offset += param.numel()
+        return out
+
+    # -- global parameters ---------------------------------------------------
+    def global_named_parameters(self) -> dict[str, torch.Tensor]:
+        """Name -> global (outer) value of every trainable parameter (views into the flat copies)."""
+        return {n: v for p, f in enumerate(self.fragments) for n, v in zip(f.names, self._views(p), strict=True)}
+
+    def global_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's state dict with trainable parameters replaced by their global values: evaluate this."""
+        state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        for name, value in self.global_named_parameters().items():
+            state[name] = value.to(device=state[name].device, dtype=state[name].dtype).clone()
+        return state
+
+    @property
+    def pending_fragments(self) -> tuple[int, ...]:
+        return tuple(sorted(self._pending))
+
+    # -- checkpointing -------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Global params, outer optimizer states, step counter and in-flight exchanges (their payloads)."""
+        return {
+            "step": self.step_count,
+            "global": [g.detach().clone() for g in self.global_flat],
+            "outer_optimizers": [o.state_dict() for o in self.outer_optimizers],
+            "pending": {p: {"started_at": x.started_at, "payload": x.payload.clone()} for p, x in self._pending.items()},
+            "comm_stats": self.comm.stats.state_dict(),
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore; in-flight exchanges are re-issued (every replica must load the same step)."""
+        if len(state["global"]) != len(self.global_flat):
+            raise ValueError(f"checkpoint has {len(state['global'])} fragments, this run has {len(self.global_flat)}")
+        for g, saved in zip(self.global_flat, state["global"], strict=True):
+            if saved.shape != g.shape:
+                raise ValueError(f"checkpoint fragment of {saved.numel()} values, this run expects {g.numel()}")
+            g.copy_(saved)
+        for opt, saved in zip(self.outer_optimizers, state["outer_optimizers"], strict=True):
+            opt.load_state_dict(saved)
+        self.step_count = int(state["step"])
+        self._pending = {}
+        for p in sorted(state["pending"]):
+            entry = state["pending"][p]
+            payload = entry["payload"]
+            work = self.comm.all_gather_async(payload, tag=f"fragment {p} (resumed)")
+            self._pending[int(p)] = _Pending(int(entry["started_at"]), payload, work)
+        # The re-issued exchanges were already counted before the checkpoint.
+        self.comm.stats.load_state_dict(state["comm_stats"])
+
+    def fragment_sizes(self) -> Sequence[int]:
+        return [g.numel() for g in self.global_flat]
