@@ -73,7 +73,9 @@ class Communicator(abc.ABC):
         if payload.dtype != torch.uint8 or payload.dim() != 1:
             raise TypeError(f"payload must be a 1-D uint8 tensor, got {payload.dtype} with shape {tuple(payload.shape)}")
         nbytes = payload.numel()
-        handle = self.stats.start(tag, sent=nbytes, received=nbytes * (self.world_size - 1))
+        # A lone replica exchanges nothing over the network: count no bytes.
+        sent = nbytes if self.world_size > 1 else 0
+        handle = self.stats.start(tag, sent=sent, received=nbytes * (self.world_size - 1))
         work = self._start_all_gather(payload, tag)
         return _AccountedWork(work, self.stats, handle)
 

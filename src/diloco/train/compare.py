@@ -1,0 +1,136 @@
+"""Run several methods on one preset and compare quality against bytes exchanged."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from diloco.train.config import TrainConfig
+from diloco.train.metrics import read_jsonl
+from diloco.train.trainer import train
+
+
+def run_compare(
+    configs: dict[str, TrainConfig],
+    out_dir: Path,
+    *,
+    cache_dir: Path,
+    progress: bool = True,
+    device: str = "cpu",
+    reuse: bool = True,
+) -> list[dict[str, Any]]:
+    """Train each named config into ``out_dir/<name>``; a finished run with the same config is reused."""
+    rows = []
+    for name, cfg in configs.items():
+        run_dir = Path(out_dir) / name
+        summary = run_dir / "summary.json"
+        cfg_file = run_dir / "config.json"
+        if reuse and summary.exists() and cfg_file.exists() and json.loads(cfg_file.read_text()) == cfg.to_dict():
+            result = json.loads(summary.read_text())
+            result["reused"] = True
+        else:
+            if progress:
+                print(f"== {name}: {describe(cfg)}", flush=True)
+            result = train(cfg, run_dir, cache_dir=cache_dir, progress=progress, device=device).to_dict()
+            result["reused"] = False
+        rows.append({"name": name, "config": cfg.to_dict(), **result})
+    add_relative_columns(rows)
+    write_outputs(rows, Path(out_dir))
+    return rows
+
+
+def describe(cfg: TrainConfig) -> str:
+    if cfg.method == "dp":
+        return f"data-parallel, M={cfg.replicas}"
+    s = f"{cfg.method}, M={cfg.replicas}, H={cfg.sync_every}, outer lr {cfg.outer_lr}"
+    if cfg.method == "streaming":
+        s += (f", P={cfg.num_fragments} {cfg.fragment_pattern}, tau={cfg.overlap_steps}, "
+              f"alpha={cfg.merge_alpha}, {cfg.codec}")
+    return s
+
+
+def add_relative_columns(rows: list[dict[str, Any]]) -> None:
+    """% eval loss vs data-parallel and how many times fewer bytes than it (when a dp run is present)."""
+    dp = next((r for r in rows if r["config"]["method"] == "dp"), None)
+    for r in rows:
+        if dp is None:
+            r["loss_vs_dp_pct"] = r["bytes_fewer_than_dp"] = None
+            continue
+        r["loss_vs_dp_pct"] = 100.0 * (r["final_eval_loss"] / dp["final_eval_loss"] - 1.0)
+        sent = r["bytes_sent_per_replica"]
+        r["bytes_fewer_than_dp"] = (dp["bytes_sent_per_replica"] / sent) if sent else None
+
+
+def _human(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} PB"
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    header = ["method", "eval loss", "vs DP", "sent/replica", "x fewer", "peak/sync", "wall"]
+    lines = []
+    for r in rows:
+        pct = r.get("loss_vs_dp_pct")
+        fewer = r.get("bytes_fewer_than_dp")
+        lines.append([
+            r["name"], f"{r['final_eval_loss']:.4f}",
+            "-" if pct is None else f"{pct:+.2f}%",
+            _human(r["bytes_sent_per_replica"]),
+            "-" if fewer is None else (f"{fewer:.0f}x" if fewer >= 10 else f"{fewer:.2f}x"),
+            _human(r["peak_bytes_per_sync"]),
+            f"{r['wall_time_s']:.0f}s",
+        ])
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
+    fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
+    out = [fmt.format(*header), fmt.format(*["-" * w for w in widths])]
+    out += [fmt.format(*line) for line in lines]
+    return "\n".join(out)
+
+
+def write_outputs(rows: list[dict[str, Any]], out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out_dir / "compare.txt").write_text(format_table(rows) + "\n")
+    plot_compare(rows, out_dir)
+
+
+def plot_compare(rows: Sequence[dict[str, Any]], out_dir: Path) -> None:
+    """eval loss vs tokens for every method, and final eval loss vs bytes sent (log x)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        evals = [m for m in read_jsonl(Path(r["out_dir"]) / "metrics.jsonl") if "eval_loss" in m]
+        ax.plot([m["tokens_seen"] for m in evals], [m["eval_loss"] for m in evals], marker="o", ms=3, label=r["name"])
+    ax.set_xlabel("tokens (global)")
+    ax.set_ylabel("eval loss (global params)")
+    ax.set_title("Eval loss vs tokens")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "loss_vs_tokens.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        sent = max(r["bytes_sent_per_replica"], 1)
+        ax.scatter([sent], [r["final_eval_loss"]], s=50)
+        ax.annotate(r["name"], (sent, r["final_eval_loss"]), textcoords="offset points", xytext=(5, 5))
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes sent per replica (log)")
+    ax.set_ylabel("final eval loss")
+    ax.set_title("Quality vs communication")
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(out_dir / "loss_vs_bytes.png", dpi=120)
+    plt.close(fig)

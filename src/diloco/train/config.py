@@ -1,0 +1,194 @@
+"""A training run's configuration: one frozen, validated dataclass, read from JSON presets.
+
+Presets are JSON files (never executed) in ``diloco/configs``; ``--set key=value``
+overrides are parsed by the field's type. The resolved config is written beside
+the run's results (``config.json``), so every number can be traced to its settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+METHODS = ("dp", "diloco", "streaming")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # what to train
+    size: str = "cpu-1m"
+    vocab_size: int = 4096
+    seq_len: int = 128
+    sources: tuple[str, ...] = ("shakespeare", "bible")
+    z_loss: float = 1e-4
+    # how replicas cooperate
+    method: str = "diloco"
+    replicas: int = 2  # M
+    sync_every: int = 30  # H
+    num_fragments: int = 1  # P
+    fragment_pattern: str = "strided"
+    overlap_steps: int = 0  # tau
+    merge_alpha: float = 0.0  # alpha
+    codec: str = "fp32"  # outer gradients on the wire (DiLoCo / streaming)
+    dp_codec: str = "fp32"  # gradients on the wire (data-parallel)
+    # budget: exactly one of steps / tokens
+    global_batch: int = 16  # sequences per step, split B/M per replica
+    steps: int = 0
+    tokens: int = 0
+    # inner AdamW with linear warmup and cosine decay to min_lr_ratio
+    inner_lr: float = 2e-3
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.05
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0
+    # outer Nesterov SGD
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    outer_nesterov: bool = True
+    # evaluation, checkpoints, runtime
+    eval_every: int = 100
+    eval_batches: int = 16
+    checkpoint_every: int = 0  # 0: only at the end
+    seed: int = 0
+    bf16: bool = False
+    threads: int = 0  # torch intra-op threads per replica; 0 = cores // replicas
+    val_fraction: float = 0.02
+    tensorboard: bool = False
+
+    def __post_init__(self) -> None:
+        errors: list[str] = []
+
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                errors.append(msg)
+
+        need(self.method in METHODS, f"method={self.method!r}: choose one of {', '.join(METHODS)}")
+        need(self.replicas >= 1, f"replicas={self.replicas}: need at least 1")
+        need(self.global_batch >= self.replicas and self.global_batch % self.replicas == 0,
+             f"global_batch={self.global_batch} must be a positive multiple of replicas={self.replicas} "
+             f"(each replica gets global_batch / replicas sequences)")
+        need((self.steps > 0) != (self.tokens > 0),
+             f"set exactly one of steps={self.steps} or tokens={self.tokens} to a positive value")
+        need(self.sync_every >= 1, f"sync_every={self.sync_every}: need H >= 1")
+        need(0 <= self.overlap_steps < self.sync_every,
+             f"overlap_steps={self.overlap_steps}: need 0 <= tau < sync_every={self.sync_every}")
+        need(1 <= self.num_fragments <= self.sync_every,
+             f"num_fragments={self.num_fragments}: need 1 <= P <= sync_every={self.sync_every}")
+        if self.method == "diloco":
+            need(self.num_fragments == 1 and self.overlap_steps == 0,
+                 f"method='diloco' is P=1, tau=0 (got num_fragments={self.num_fragments}, "
+                 f"overlap_steps={self.overlap_steps}): use method='streaming' for fragments or overlap")
+        need(0.0 <= self.merge_alpha <= 1.0, f"merge_alpha={self.merge_alpha}: need 0 <= alpha <= 1")
+        need(self.fragment_pattern in ("strided", "sequential"),
+             f"fragment_pattern={self.fragment_pattern!r}: choose 'strided' or 'sequential'")
+        need(self.inner_lr > 0, f"inner_lr={self.inner_lr}: must be > 0")
+        need(self.outer_lr > 0, f"outer_lr={self.outer_lr}: must be > 0")
+        need(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio={self.min_lr_ratio}: need 0..1")
+        need(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps}: must be >= 0")
+        need(self.eval_every >= 1 and self.eval_batches >= 1,
+             f"eval_every={self.eval_every}, eval_batches={self.eval_batches}: both must be >= 1")
+        need(self.checkpoint_every >= 0, f"checkpoint_every={self.checkpoint_every}: must be >= 0 (0 = end only)")
+        need(self.seq_len >= 8 and self.vocab_size >= 260,
+             f"seq_len={self.seq_len}, vocab_size={self.vocab_size}: need seq_len >= 8 and vocab_size >= 260 "
+             f"(a byte-level tokenizer needs 256 byte tokens + specials)")
+        need(0.0 < self.val_fraction < 0.5, f"val_fraction={self.val_fraction}: need 0 < v < 0.5")
+        if errors:
+            raise ValueError("invalid training config:\n  " + "\n  ".join(errors))
+
+    # -- derived -------------------------------------------------------------
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps if self.steps > 0 else max(1, self.tokens // self.tokens_per_step)
+
+    @property
+    def batch_per_replica(self) -> int:
+        return self.global_batch // self.replicas
+
+    # -- (de)serialisation ---------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["sources"] = list(self.sources)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown config keys {unknown}; valid keys: {', '.join(sorted(known))}")
+        data = dict(data)
+        if "sources" in data:
+            data["sources"] = tuple(data["sources"])
+        return cls(**data)
+
+    def with_overrides(self, overrides: dict[str, Any]) -> TrainConfig:
+        return TrainConfig.from_dict({**self.to_dict(), **overrides})
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """Parse ``key=value`` against the field's type: ``--set sync_every=100``."""
+    if "=" not in item:
+        raise ValueError(f"override {item!r} must look like key=value, e.g. sync_every=100")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    types = {f.name: f.type for f in fields(TrainConfig)}
+    if key not in types:
+        raise ValueError(f"unknown config key {key!r}; valid keys: {', '.join(sorted(types))}")
+    typ = str(types[key])
+    try:
+        if typ == "bool":
+            low = raw.strip().lower()
+            if low not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError
+            return key, low in ("true", "1", "yes")
+        if typ == "int":
+            return key, int(float(raw)) if "e" in raw.lower() else int(raw)
+        if typ == "float":
+            return key, float(raw)
+        if typ.startswith("tuple"):
+            return key, tuple(s.strip() for s in raw.split(",") if s.strip())
+    except ValueError:
+        raise ValueError(f"{key}={raw!r}: expected a value of type {typ}") from None
+    return key, raw
+
+
+# -- presets -----------------------------------------------------------------
+def preset_names() -> list[str]:
+    root = resources.files("diloco") / "configs"
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json"))
+
+
+def load_preset(name_or_path: str) -> dict[str, Any]:
+    """A preset by name (``diloco/configs/NAME.json``) or a path to a JSON file.
+
+    A preset holds ``base`` (TrainConfig fields) and optionally ``methods`` (name -> overrides) for
+    ``diloco compare``; a bare mapping of fields is accepted as ``base``.
+    """
+    path = Path(name_or_path)
+    if path.suffix == ".json" and path.exists():
+        text = path.read_text()
+    else:
+        res = resources.files("diloco") / "configs" / f"{name_or_path}.json"
+        if not res.is_file():
+            raise ValueError(f"unknown preset {name_or_path!r}; presets: {', '.join(preset_names())} "
+                             f"(or give a path to a .json file)")
+        text = res.read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"preset {name_or_path!r} is not valid JSON: {exc}") from None
+    if "base" not in data:
+        data = {"base": data}
+    data.setdefault("methods", {})
+    data["base"].pop("_comment", None)
+    return data

@@ -1,0 +1,340 @@
+"""The trainer: data-parallel, DiLoCo and Streaming DiLoCo on one model, data set and token budget.
+
+M replicas run as M threads of this process through the in-process
+communicator (see :mod:`diloco.comm.local`), each executing :func:`_replica_loop`,
+the same per-replica code a torch.distributed worker runs. The global batch is
+split B/M per replica, so every method sees the same number of tokens.
+
+Outputs in ``out_dir``: ``config.json`` (resolved), ``metrics.jsonl`` (one row
+per step, eval rows too), ``summary.json`` and ``checkpoint.pt``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from diloco.algorithm.data_parallel import DataParallel
+from diloco.algorithm.streaming import StreamingDiLoCo
+from diloco.comm.base import Communicator
+from diloco.comm.local import run_replicas
+from diloco.train import checkpoint as ckpt
+from diloco.train.config import TrainConfig
+from diloco.train.metrics import JSONLSink, MetricLogger, MultiLogger, TensorBoardSink, read_jsonl
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to inner_lr, then cosine decay to min_lr_ratio * inner_lr at the last step."""
+    total = cfg.total_steps
+    if cfg.warmup_steps > 0 and step <= cfg.warmup_steps:
+        return cfg.inner_lr * step / cfg.warmup_steps
+    span = max(1, total - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    floor = cfg.min_lr_ratio
+    return cfg.inner_lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@dataclass
+class RunResult:
+    out_dir: Path
+    final_eval_loss: float
+    steps: int
+    tokens: int
+    bytes_sent_per_replica: int
+    bytes_received_per_replica: int
+    peak_bytes_per_sync: int
+    peak_bytes_in_flight: int
+    wall_time_s: float
+    train_time_s: float
+    num_params: int
+    dropped_contributions: int
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["out_dir"] = str(self.out_dir)
+        return d
+
+
+class _StepTable:
+    """Collects each replica's per-step record; logs one merged row once all M have reported."""
+
+    def __init__(self, num_replicas: int, logger: MetricLogger, on_row: Callable[[dict], None]) -> None:
+        self.m = num_replicas
+        self.logger = logger
+        self.on_row = on_row
+        self._rows: dict[int, list[dict]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, rank: int, step: int, record: dict[str, Any]) -> None:
+        with self._lock:
+            parts = self._rows.setdefault(step, [])
+            parts.append(record | {"rank": rank})
+            if len(parts) < self.m:
+                return
+            del self._rows[step]
+            row = merge_step_records(parts)
+            self.logger.log(row)
+            self.on_row(row)
+
+
+def merge_step_records(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row per step: mean loss over replicas, global tokens, replica 0's byte counters."""
+    parts = sorted(parts, key=lambda r: r["rank"])
+    first = parts[0]
+    row = {k: v for k, v in first.items() if k not in ("rank", "loss", "step_time_s", "compute_time_s", "tokens")}
+    row["loss"] = sum(p["loss"] for p in parts) / len(parts)
+    row["tokens"] = sum(p["tokens"] for p in parts)
+    row["step_time_s"] = max(p["step_time_s"] for p in parts)
+    row["compute_time_s"] = max(p["compute_time_s"] for p in parts)
+    row["tokens_per_s"] = row["tokens"] / row["step_time_s"] if row["step_time_s"] > 0 else None
+    return row
+
+
+def build_model(cfg: TrainConfig, vocab_size: int) -> torch.nn.Module:
+    from diloco.models import Transformer, make_config
+
+    torch.manual_seed(cfg.seed)
+    mc = make_config(cfg.size, vocab_size=vocab_size, seq_len=cfg.seq_len, z_loss=cfg.z_loss)
+    return Transformer(mc)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], bf16: bool = False) -> float:
+    """Mean cross-entropy (no z-loss) over fixed validation batches."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    device = next(model.parameters()).device
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        with _autocast(bf16, device):
+            logits, _ = model(x)
+        total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum").item()
+        count += y.numel()
+    model.train(was_training)
+    return total / count
+
+
+def _autocast(enabled: bool, device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
+
+
+class Trainer:
+    """Runs one configured training job; see the module docstring."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        out_dir: Path,
+        *,
+        cache_dir: Path,
+        progress: bool = True,
+        device: str = "cpu",
+        stop_after: int | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.out_dir = Path(out_dir)
+        self.cache_dir = Path(cache_dir)
+        self.progress = progress
+        self.device = torch.device(device)
+        self.stop_after = stop_after  # simulate a crash after this many steps (tests)
+
+    # -- setup ---------------------------------------------------------------
+    def _prepare(self, resume: bool) -> dict[str, Any] | None:
+        from diloco.data import eval_batches, prepare_tokens
+
+        cfg = self.cfg
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.data = prepare_tokens(cfg.sources, cfg.vocab_size, self.cache_dir, val_fraction=cfg.val_fraction)
+        self.val = list(eval_batches(self.data.val, batch_size=cfg.global_batch, seq_len=cfg.seq_len,
+                                     max_batches=cfg.eval_batches))
+        state = None
+        if resume:
+            state = ckpt.load(self.out_dir / "checkpoint.pt")
+            saved = TrainConfig.from_dict(state["config"])
+            if saved.with_overrides({"steps": cfg.steps, "tokens": cfg.tokens}) != cfg:
+                raise ValueError(f"--resume: {self.out_dir}/checkpoint.pt was written by a different config; "
+                                 f"resume with the same settings (see {self.out_dir}/config.json)")
+        (self.out_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2) + "\n")
+        return state
+
+    def run(self, *, resume: bool = False) -> RunResult:
+        cfg = self.cfg
+        state = self._prepare(resume)
+        start_step = int(state["step"]) if state else 0
+        sinks: list[MetricLogger] = [JSONLSink(self.out_dir / "metrics.jsonl",
+                                               truncate_after_step=start_step if resume else None)]
+        if cfg.tensorboard:
+            sinks.append(TensorBoardSink(self.out_dir / "tb"))
+        logger = MultiLogger(*sinks)
+        bar = _progress_bar(self.progress, cfg.total_steps, start_step, cfg.method)
+        table = _StepTable(cfg.replicas, logger, lambda row: _update_bar(bar, row))
+        threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.replicas)
+        torch.set_num_threads(threads)
+        self._shared: dict[int, dict] = {}
+        self._eval_losses: list[tuple[int, float]] = []
+        self._t0 = t0 = time.perf_counter()
+        self._wall_before = float(state["wall_time_s"]) if state else 0.0
+        try:
+            results = run_replicas(partial(self._replica_loop, table=table, logger=logger, state=state,
+                                           start_step=start_step), cfg.replicas)
+        finally:
+            logger.close()
+            if bar is not None:
+                bar.close()
+        wall = time.perf_counter() - t0
+        rank0 = results[0]
+        result = RunResult(
+            out_dir=self.out_dir,
+            final_eval_loss=rank0["final_eval_loss"],
+            steps=cfg.total_steps,
+            tokens=cfg.total_steps * cfg.tokens_per_step,
+            bytes_sent_per_replica=rank0["stats"]["bytes_sent"],
+            bytes_received_per_replica=rank0["stats"]["bytes_received"],
+            peak_bytes_per_sync=rank0["stats"]["peak_exchange"],
+            peak_bytes_in_flight=rank0["stats"]["peak_in_flight"],
+            wall_time_s=wall + self._wall_before,
+            train_time_s=rank0["train_time_s"],
+            num_params=rank0["num_params"],
+            dropped_contributions=rank0["dropped"],
+        )
+        (self.out_dir / "summary.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        return result
+
+    # -- one replica ---------------------------------------------------------
+    def _replica_loop(self, comm: Communicator, *, table: _StepTable, logger: MetricLogger,
+                      state: dict | None, start_step: int) -> dict[str, Any]:
+        from diloco.data import ShardSampler
+
+        cfg, rank, dev = self.cfg, comm.rank, self.device
+        model = build_model(cfg, self.data.tokenizer.vocab_size).to(dev)
+        eval_model = copy.deepcopy(model) if rank == 0 else None
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2),
+                                weight_decay=cfg.weight_decay)
+        algo: DataParallel | StreamingDiLoCo
+        if cfg.method == "dp":
+            algo = DataParallel(model, comm=comm, codec=cfg.dp_codec)
+        else:
+            algo = StreamingDiLoCo(
+                model, opt, comm=comm, sync_every=cfg.sync_every, num_fragments=cfg.num_fragments,
+                fragment_pattern=cfg.fragment_pattern, overlap_steps=cfg.overlap_steps,
+                merge_alpha=cfg.merge_alpha, codec=cfg.codec,
+                outer_optimizer=partial(torch.optim.SGD, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
+                                        nesterov=cfg.outer_nesterov and cfg.outer_momentum > 0),
+            )
+        sampler = ShardSampler(self.data.train, rank=rank, world_size=cfg.replicas,
+                               batch_size=cfg.batch_per_replica, seq_len=cfg.seq_len, seed=cfg.seed)
+        dropped = 0
+        if state is not None:
+            mine = state["replicas"][rank]
+            model.load_state_dict(mine["model"])
+            opt.load_state_dict(mine["optimizer"])
+            algo.load_state_dict(mine["algorithm"])
+            sampler.load_state_dict(mine["sampler"])
+            dropped = int(mine["dropped"])
+        params = [p for p in model.parameters() if p.requires_grad]
+        num_params = sum(p.numel() for p in params)
+        train_time = float(state["replicas"][rank]["train_time_s"]) if state else 0.0
+        final_eval = float("nan")
+        for step in range(start_step + 1, self.cfg.total_steps + 1):
+            if self.stop_after is not None and step > self.stop_after:
+                raise _SimulatedCrash(f"stopped after step {self.stop_after}")
+            t_start = time.perf_counter()
+            lr = lr_at(step, cfg)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            x, y = sampler.next_batch()
+            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+            with _autocast(cfg.bf16, dev):
+                _, loss = model(x, y)
+            loss.backward()
+            compute = time.perf_counter() - t_start
+            if isinstance(algo, DataParallel):
+                report = algo.sync_gradients()
+                dropped += len(report.dropped_replicas)
+            t1 = time.perf_counter()
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip) if cfg.grad_clip > 0 else None
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            compute += time.perf_counter() - t1
+            reports = algo.step()
+            if step == cfg.total_steps and isinstance(algo, StreamingDiLoCo):
+                reports += algo.flush()
+            dropped += sum(len(r.dropped_replicas) for r in reports)
+            step_time = time.perf_counter() - t_start
+            train_time += step_time
+            stats = comm.stats
+            table.add(rank, step, {
+                "step": step, "loss": loss.item(), "lr": lr, "tokens": x.numel(),
+                "grad_norm": None if grad_norm is None else float(grad_norm),
+                "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received,
+                "peak_in_flight": stats.peak_in_flight, "peak_bytes_per_sync": stats.peak_exchange,
+                "synced_fragments": [r.fragment for r in reports], "dropped": dropped,
+                "step_time_s": step_time, "compute_time_s": compute,
+            })
+            last = step == cfg.total_steps
+            if rank == 0 and (step % cfg.eval_every == 0 or last):
+                eval_model.load_state_dict(algo.global_state_dict())
+                final_eval = evaluate(eval_model, self.val, cfg.bf16)
+                logger.log({"step": step, "eval_loss": final_eval, "tokens_seen": step * cfg.tokens_per_step})
+            if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or last:
+                self._checkpoint(comm, step, model, opt, algo, sampler, dropped, train_time)
+        return {"final_eval_loss": final_eval, "stats": comm.stats.totals(), "train_time_s": train_time,
+                "num_params": num_params, "dropped": dropped}
+
+    def _checkpoint(self, comm: Communicator, step: int, model, opt, algo, sampler, dropped: int,
+                    train_time: float) -> None:
+        """All replicas hand their state to replica 0, which writes one file atomically."""
+        self._shared[comm.rank] = {
+            "model": model.state_dict(), "optimizer": opt.state_dict(), "algorithm": algo.state_dict(),
+            "sampler": sampler.state_dict(), "dropped": dropped, "train_time_s": train_time,
+        }
+        comm.barrier()
+        if comm.rank == 0:
+            state = {"config": self.cfg.to_dict(), "step": step,
+                     "replicas": [self._shared[r] for r in range(self.cfg.replicas)],
+                     "wall_time_s": time.perf_counter() - self._t0 + self._wall_before}
+            ckpt.save_atomic(state, self.out_dir / "checkpoint.pt")
+        comm.barrier()
+        self._shared.pop(comm.rank, None)
+
+
+class _SimulatedCrash(RuntimeError):
+    pass
+
+
+def _progress_bar(enabled: bool, total: int, initial: int, desc: str):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True, leave=True)
+
+
+def _update_bar(bar, row: dict) -> None:
+    if bar is not None:
+        bar.update(1)
+        bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s'] or 0:.0f}", refresh=False)
+
+
+def train(cfg: TrainConfig, out_dir: Path, *, cache_dir: Path, resume: bool = False,
+          progress: bool = True, device: str = "cpu") -> RunResult:
+    """Train one configuration; see :class:`Trainer`."""
+    return Trainer(cfg, out_dir, cache_dir=cache_dir, progress=progress, device=device).run(resume=resume)
+
+
+def load_metrics(out_dir: Path) -> list[dict[str, Any]]:
+    return read_jsonl(Path(out_dir) / "metrics.jsonl")
