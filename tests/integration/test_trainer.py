@@ -118,8 +118,10 @@ def test_cli_compare_end_to_end(tmp_path, cache, capsys):
     assert (out / "dp" / "config.json").exists()
 
 
-def test_cli_set_rejects_bad_values(tmp_path, cache):
-    with pytest.raises(ValueError, match="sync_every='abc'"):
-        cli_main(["train", "--preset", "tiny", "--set", "sync_every=abc", "--out", str(tmp_path)])
-    with pytest.raises(ValueError, match="unknown config key 'foo'"):
-        cli_main(["train", "--preset", "tiny", "--set", "foo=1", "--out", str(tmp_path)])
+def test_cli_set_rejects_bad_values(tmp_path, capsys):
+    assert cli_main(["train", "--preset", "tiny", "--set", "sync_every=abc", "--out", str(tmp_path)]) == 2
+    assert "sync_every='abc': expected a value of type int" in capsys.readouterr().err
+    assert cli_main(["train", "--preset", "tiny", "--set", "foo=1", "--out", str(tmp_path)]) == 2
+    assert "unknown config key 'foo'" in capsys.readouterr().err
+    assert cli_main(["train", "--preset", "nope", "--out", str(tmp_path)]) == 2
+    assert "unknown preset 'nope'" in capsys.readouterr().err
