@@ -184,6 +184,8 @@ class Trainer:
         table = _StepTable(cfg.replicas, logger, lambda row: _update_bar(bar, row))
         threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.replicas)
         torch.set_num_threads(threads)
+        # Built once, seeded, in this thread: torch's global RNG is shared by the replica threads.
+        self._template = build_model(cfg, self.data.tokenizer.vocab_size)
         self._shared: dict[int, dict] = {}
         self._eval_losses: list[tuple[int, float]] = []
         self._t0 = t0 = time.perf_counter()
@@ -220,7 +222,7 @@ class Trainer:
         from diloco.data import ShardSampler
 
         cfg, rank, dev = self.cfg, comm.rank, self.device
-        model = build_model(cfg, self.data.tokenizer.vocab_size).to(dev)
+        model = copy.deepcopy(self._template).to(dev)
         eval_model = copy.deepcopy(model) if rank == 0 else None
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2),
                                 weight_decay=cfg.weight_decay)
