@@ -1,0 +1,381 @@
+"""Token streams and per-replica shards: what each replica reads, step after step.
+
+``prepare_tokens`` turns the corpus into two token streams, ``train`` and ``val``, cached as .npy
+files. The held-out split is made *inside every document*: the last ``val_fraction`` of each
+document's text (cut at a line start) is validation, the rest is training, and the tokenizer is
+trained on the training parts only. So validation text is never trained on, and the validation
+set has the same mix of sources and works as the training set (a split by whole documents would
+put a handful of plays or books, chosen by chance, in validation). Each part ends with the
+end-of-document token.
+
+``ShardSampler`` cuts the train stream into non-overlapping windows of ``seq_len + 1`` tokens and
+deals them to the replicas: window ``w`` belongs to replica ``w mod world_size`` (``"interleaved"``,
+the default: every replica sees the same mix of sources, as in the papers' i.i.d. setting) or to
+replica ``w // (windows / world_size)`` (``"contiguous"``: replicas read different parts of the
+corpus, a non-i.i.d. setting). Each replica's shard is disjoint from the others; within it the
+windows are read in a seeded permutation, a new one every epoch. ``state_dict`` is (epoch, index),
+so a resumed run reads exactly the batches it would have read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import math
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import tokenizers
+import torch
+
+from diloco.data.corpus import Document, corpus_fingerprint, load_documents
+from diloco.data.tokenizer import TOKENIZER_VERSION, BPETokenizer, atomic_write, get_tokenizer
+
+__all__ = ["DocumentSpan", "ShardSampler", "TokenData", "eval_batches", "prepare_tokens", "split_point"]
+
+log = logging.getLogger(__name__)
+
+DATA_VERSION = 1  # bump when the split or the stream layout changes: old caches stop matching
+
+
+@dataclass(frozen=True)
+class DocumentSpan:
+    """Where one document went: text ``[0, cut)`` is in ``train[train_start:train_end]`` (then one
+    end-of-document token), text ``[cut, chars)`` in ``val[val_start:val_end]`` (then one)."""
+
+    name: str
+    source: str
+    chars: int
+    cut: int
+    train_start: int
+    train_end: int
+    val_start: int
+    val_end: int
+
+
+@dataclass(frozen=True)
+class TokenData:
+    """The tokenized corpus: train and validation streams, the tokenizer, and how they were made."""
+
+    train: np.ndarray
+    val: np.ndarray
+    tokenizer: BPETokenizer
+    documents: tuple[DocumentSpan, ...]
+    metadata: dict[str, Any]
+
+
+def split_point(text: str, val_fraction: float) -> int:
+    """Where a document's validation tail starts: the last line start that leaves at least
+    ``val_fraction`` of its characters to validation (a mid-line cut if no line starts early enough)."""
+    target = len(text) - math.ceil(len(text) * val_fraction)
+    line_start = text.rfind("\n", 0, target) + 1
+    return line_start if line_start > 0 else target
+
+
+def _dtype_for(vocab_size: int) -> type[np.unsignedinteger]:
+    return np.uint16 if vocab_size <= 2**16 else np.uint32
+
+
+def _npy_bytes(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _resolve_documents(sources: Sequence[str] | Sequence[Document]) -> tuple[list[Document], list[str]]:
+    if isinstance(sources, str):
+        raise ValueError(f"sources={sources!r}: pass a sequence of names, e.g. ({sources!r},)")
+    items = list(sources)
+    if items and all(isinstance(s, Document) for s in items):
+        docs = [d for d in items if d.text]
+        if not docs:
+            raise ValueError("prepare_tokens: every document given is empty")
+        return docs, sorted({d.source for d in docs})
+    if any(isinstance(s, Document) for s in items):
+        raise ValueError("prepare_tokens: sources must be all source names or all Document objects, not a mix")
+    return load_documents(items), items
+
+
+def prepare_tokens(sources: Sequence[str] | Sequence[Document], vocab_size: int, cache_dir: Path | str, *,
+                   val_fraction: float = 0.02) -> TokenData:
+    """Tokenize the named sources (or the given documents), from ``cache_dir`` when done before.
+
+    The cache is a directory ``tokens-<key>/`` (train.npy, val.npy, manifest.json) keyed by a hash of
+    the corpus text, ``val_fraction``, ``vocab_size`` and the format versions; the manifest holds
+    each file's size and SHA-256, and a cache that fails the check is rebuilt with a warning.
+    """
+    if not (isinstance(val_fraction, (int, float)) and 0.0 < val_fraction < 0.5):
+        raise ValueError(f"val_fraction={val_fraction!r}: need 0 < val_fraction < 0.5, e.g. 0.02")
+    t0 = time.perf_counter()
+    docs, source_names = _resolve_documents(sources)
+    ident = (f"{corpus_fingerprint(docs)}|val={float(val_fraction)!r}|vocab={vocab_size}|data-v{DATA_VERSION}"
+             f"|tok-v{TOKENIZER_VERSION}|tokenizers-{tokenizers.__version__}")
+    key = hashlib.sha256(ident.encode()).hexdigest()[:16]
+    cache_dir = Path(cache_dir)
+    folder = cache_dir / f"tokens-{key}"
+    data = _load_cached(folder)
+    from_cache = data is not None
+    if data is None:
+        data = _build(docs, source_names, vocab_size, cache_dir, folder, float(val_fraction), key)
+    data.metadata["from_cache"] = from_cache
+    data.metadata["seconds"] = time.perf_counter() - t0
+    return data
+
+
+def _build(docs: list[Document], source_names: list[str], vocab_size: int, cache_dir: Path, folder: Path,
+           val_fraction: float, key: str) -> TokenData:
+    t0 = time.perf_counter()
+    cuts = [split_point(d.text, val_fraction) for d in docs]
+    train_texts = [d.text[:c] for d, c in zip(docs, cuts)]
+    val_texts = [d.text[c:] for d, c in zip(docs, cuts)]
+    tok = get_tokenizer(train_texts, vocab_size, cache_dir)
+    t1 = time.perf_counter()
+    encoded = tok.encode_batch(train_texts + val_texts)
+    t2 = time.perf_counter()
+    dtype = _dtype_for(tok.vocab_size)
+    streams: dict[str, list[np.ndarray]] = {"train": [], "val": []}
+    positions = {"train": 0, "val": 0}
+    spans: list[tuple[int, int, int, int]] = []
+    eod = np.array([tok.eod_id], dtype=dtype)
+    for part, ids in zip(["train"] * len(docs) + ["val"] * len(docs), encoded):
+        start = positions[part]
+        if ids:  # an empty part (a tiny document) adds nothing, not even a separator
+            streams[part] += [np.asarray(ids, dtype=dtype), eod]
+            positions[part] += len(ids) + 1
+        spans.append((start, start + len(ids)))
+    n = len(docs)
+    documents = tuple(
+        DocumentSpan(d.name, d.source, len(d.text), c, *spans[i], *spans[n + i])
+        for i, (d, c) in enumerate(zip(docs, cuts)))
+    train = np.concatenate(streams["train"]) if streams["train"] else np.zeros(0, dtype)
+    val = np.concatenate(streams["val"]) if streams["val"] else np.zeros(0, dtype)
+
+    per_source: dict[str, dict[str, int]] = {}
+    for d, span in zip(docs, documents):
+        s = per_source.setdefault(d.source, {"documents": 0, "bytes": 0, "train_tokens": 0, "val_tokens": 0})
+        s["documents"] += 1
+        s["bytes"] += len(d.text.encode("utf-8"))
+        s["train_tokens"] += span.train_end - span.train_start
+        s["val_tokens"] += span.val_end - span.val_start
+    text_tokens = sum(s["train_tokens"] + s["val_tokens"] for s in per_source.values())
+    metadata: dict[str, Any] = {
+        "key": key,
+        "sources": source_names,
+        "vocab_size_requested": int(vocab_size),
+        "vocab_size": tok.vocab_size,
+        "val_fraction": val_fraction,
+        "split": "the last val_fraction of each document's text (cut at a line start) is validation",
+        "documents": n,
+        "bytes": sum(s["bytes"] for s in per_source.values()),
+        "train_tokens": int(train.size),
+        "val_tokens": int(val.size),
+        "bytes_per_token": sum(s["bytes"] for s in per_source.values()) / max(text_tokens, 1),
+        "per_source": per_source,
+        "tokenizer_file": tok.path.name if tok.path else None,
+        "tokenizer_trained_now": not tok.from_cache,
+        "tokenizer_train_seconds": tok.train_seconds,
+        "encode_seconds": t2 - t1,
+        "build_seconds": time.perf_counter() - t0,
+        "tokenizers_version": tokenizers.__version__,
+    }
+    _save(folder, train, val, tok, documents, metadata)
+    return TokenData(train, val, tok, documents, metadata)
+
+
+def _save(folder: Path, train: np.ndarray, val: np.ndarray, tok: BPETokenizer,
+          documents: tuple[DocumentSpan, ...], metadata: dict[str, Any]) -> None:
+    files = {}
+    for name, arr in (("train.npy", train), ("val.npy", val)):
+        blob = _npy_bytes(arr)
+        atomic_write(folder / name, blob)
+        files[name] = {"bytes": len(blob), "sha256": _sha256(blob), "tokens": int(arr.size), "dtype": str(arr.dtype)}
+    assert tok.path is not None
+    tok_blob = tok.path.read_bytes()
+    manifest = {
+        "format": DATA_VERSION,
+        "files": files,
+        "tokenizer": {"file": tok.path.name, "bytes": len(tok_blob), "sha256": _sha256(tok_blob)},
+        "metadata": metadata,
+        "documents": [asdict(d) for d in documents],
+    }
+    # The manifest goes last: its presence means every file it lists was completely written.
+    atomic_write(folder / "manifest.json", json.dumps(manifest, indent=1).encode("utf-8"))
+
+
+def _load_cached(folder: Path) -> TokenData | None:
+    """The cached data if the manifest and every file it lists check out; None (with a warning) if not."""
+    manifest_path = folder / "manifest.json"
+    if not manifest_path.is_file():
+        return None
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        if manifest.get("format") != DATA_VERSION:
+            raise ValueError(f"format {manifest.get('format')!r}, expected {DATA_VERSION}")
+        arrays = {}
+        for name, info in manifest["files"].items():
+            blob = (folder / name).read_bytes()
+            if len(blob) != info["bytes"] or _sha256(blob) != info["sha256"]:
+                raise ValueError(f"{name} has {len(blob)} bytes, expected {info['bytes']}, or a wrong checksum")
+            arrays[name] = np.load(io.BytesIO(blob), allow_pickle=False)
+        tinfo = manifest["tokenizer"]
+        tok_path = folder.parent / tinfo["file"]
+        tok_blob = tok_path.read_bytes()
+        if len(tok_blob) != tinfo["bytes"] or _sha256(tok_blob) != tinfo["sha256"]:
+            raise ValueError(f"{tok_path.name} does not match its recorded size and checksum")
+        tok = BPETokenizer.from_file(tok_path)
+        documents = tuple(DocumentSpan(**d) for d in manifest["documents"])
+        return TokenData(arrays["train.npy"], arrays["val.npy"], tok, documents, dict(manifest["metadata"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        warnings.warn(f"token cache {folder} is damaged ({exc}); rebuilding it", RuntimeWarning, stacklevel=3)
+        return None
+
+
+# --- reading: per-replica shards and evaluation batches ---------------------------------------
+
+def _check_int(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name}={value!r}: need an integer >= {low}")
+    return int(value)
+
+
+def _check_tokens(tokens: Any) -> np.ndarray:
+    if not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"tokens: need a 1-D integer numpy array (e.g. TokenData.train), got "
+                         f"{type(tokens).__name__} {getattr(tokens, 'shape', '')} {getattr(tokens, 'dtype', '')}")
+    return tokens
+
+
+def _gather(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and next-token targets of the windows ``tokens[s : s + seq_len + 1]``."""
+    windows = torch.from_numpy(tokens[starts[:, None] + np.arange(seq_len + 1)].astype(np.int64))
+    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+
+Partition = Literal["interleaved", "contiguous"]
+
+
+class ShardSampler:
+    """Replica ``rank``'s disjoint, deterministic, resumable stream of ``(inputs, targets)`` batches."""
+
+    def __init__(self, tokens: np.ndarray, *, rank: int, world_size: int, batch_size: int, seq_len: int,
+                 seed: int, partition: Partition = "interleaved") -> None:
+        self.tokens = _check_tokens(tokens)
+        self.world_size = _check_int("world_size", world_size, 1)
+        self.rank = _check_int("rank", rank, 0)
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank={rank} with world_size={world_size}: need 0 <= rank < world_size")
+        self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.seq_len = _check_int("seq_len", seq_len, 1)
+        self.seed = _check_int("seed", seed, 0)
+        if partition not in ("interleaved", "contiguous"):
+            raise ValueError(f"partition={partition!r}: use 'interleaved' or 'contiguous'")
+        self.partition = partition
+        span = self.seq_len + 1
+        per_rank = tokens.size // span // self.world_size  # equal shards: replicas' epochs stay in step
+        if per_rank < self.batch_size:
+            raise ValueError(
+                f"{tokens.size} tokens make {tokens.size // span} windows of seq_len+1={span} tokens, "
+                f"{per_rank} per replica for world_size={world_size}: fewer than batch_size={batch_size}. "
+                f"Lower seq_len or the per-replica batch size, use fewer replicas, or add corpus sources")
+        if partition == "interleaved":
+            windows = np.arange(per_rank, dtype=np.int64) * self.world_size + self.rank
+        else:
+            windows = np.arange(per_rank, dtype=np.int64) + self.rank * per_rank
+        self.window_starts = windows * span  # sorted token offsets of this replica's windows
+        self.epoch = 0
+        self.index = 0  # windows of the current epoch already read
+        self._order_epoch = -1
+        self._order = np.empty(0, dtype=np.int64)
+
+    @property
+    def tokens_per_batch(self) -> int:
+        return self.batch_size * self.seq_len
+
+    @property
+    def windows_per_epoch(self) -> int:
+        return int(self.window_starts.size)
+
+    def _epoch_order(self) -> np.ndarray:
+        if self._order_epoch != self.epoch:
+            rng = np.random.default_rng([self.seed, self.rank, self.epoch])
+            self._order = rng.permutation(self.window_starts.size)
+            self._order_epoch = self.epoch
+        return self._order
+
+    def next_starts(self) -> np.ndarray:
+        """Token offsets of the next batch's windows (advances the sampler)."""
+        picked = []
+        need = self.batch_size
+        while need:
+            order = self._epoch_order()
+            take = min(need, order.size - self.index)
+            picked.append(order[self.index:self.index + take])
+            self.index += take
+            need -= take
+            if self.index == order.size:  # a batch may straddle two epochs
+                self.epoch, self.index = self.epoch + 1, 0
+        return self.window_starts[np.concatenate(picked)]
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(inputs, targets)``, int64 tensors of shape ``[batch_size, seq_len]``; targets are shifted by one."""
+        return _gather(self.tokens, self.next_starts(), self.seq_len)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "rank": self.rank,
+                "world_size": self.world_size, "batch_size": self.batch_size, "seq_len": self.seq_len,
+                "num_tokens": int(self.tokens.size), "partition": self.partition}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at a saved position; the sampler must be built with the same data and settings."""
+        for field in ("seed", "rank", "world_size", "batch_size", "seq_len", "num_tokens", "partition"):
+            mine = self.state_dict()[field]
+            if state.get(field) != mine:
+                raise ValueError(f"sampler state has {field}={state.get(field)!r} but this sampler has {mine!r}; "
+                                 f"resume with the data and settings the state was saved with")
+        epoch, index = state["epoch"], state["index"]
+        if not (isinstance(epoch, int) and epoch >= 0 and isinstance(index, int)
+                and 0 <= index < self.windows_per_epoch):
+            raise ValueError(f"sampler state epoch={epoch!r}, index={index!r}: need epoch >= 0 and "
+                             f"0 <= index < {self.windows_per_epoch}")
+        self.epoch, self.index = epoch, index
+
+
+def eval_batches(tokens: np.ndarray, *, batch_size: int, seq_len: int,
+                 max_batches: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Deterministic evaluation batches: consecutive non-overlapping windows from the start of ``tokens``.
+
+    Only full batches are yielded (a plain mean of per-batch losses is then a per-token mean);
+    ``max_batches`` caps their number. Raises ValueError if not even one batch fits.
+    """
+    tokens = _check_tokens(tokens)
+    batch_size = _check_int("batch_size", batch_size, 1)
+    seq_len = _check_int("seq_len", seq_len, 1)
+    if max_batches is not None:
+        max_batches = _check_int("max_batches", max_batches, 1)
+    span = seq_len + 1
+    available = tokens.size // span // batch_size
+    if available == 0:
+        raise ValueError(f"validation split of {tokens.size} tokens holds {tokens.size // span} windows of "
+                         f"seq_len+1={span} tokens, fewer than batch_size={batch_size}; "
+                         f"raise val_fraction or lower seq_len or the batch size")
+    count = available if max_batches is None else min(available, max_batches)
+    return _eval_iter(tokens, batch_size, seq_len, count)
+
+
+def _eval_iter(tokens: np.ndarray, batch_size: int, seq_len: int,
+               count: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    span = seq_len + 1
+    for b in range(count):
+        starts = (np.arange(batch_size, dtype=np.int64) + b * batch_size) * span
+        yield _gather(tokens, starts, seq_len)
