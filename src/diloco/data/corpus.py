@@ -150,7 +150,10 @@ def _load_bible(pkg: Path) -> list[Document]:
         if chapter_of.get(book) != chapter:
             chapter_of[book] = chapter
             lines.extend(["", f"{book} {chapter}", ""])
-        lines.append(verse["text"].strip())
+        text = verse["text"].strip()
+        if not any(ch.isalnum() for ch in text):
+            continue  # the file has one empty placeholder verse, "3 John 1:15" with text "[]"
+        lines.append(text)
     return [Document(book, "bible", normalize_text("\n".join(lines))) for book, lines in books.items()]
 
 
