@@ -156,7 +156,7 @@ def simulate_utilization(
     done = np.zeros((len(bits), bw.size))  # when each unit's latest reduction completes
 
     cache: dict[tuple, list] = {}
-    period_ends = [clock.copy()]
+    periods: list[np.ndarray] = []  # wall-clock length of each simulated period
     step = 1
     converged = False
     for _ in range(max_periods):
@@ -180,19 +180,18 @@ def simulate_utilization(
                         done[u] = link_free
                 clock = clock + (T - pos)
             step += 1
-        period_ends.append(clock.copy())
-        if len(period_ends) >= 3:
-            last = period_ends[-1] - period_ends[-2]
-            prev = period_ends[-2] - period_ends[-3]
-            if np.all(np.abs(last - prev) <= rtol * last):
-                converged = True
-                break
+        periods.append(clock)
+        # Rebase every time to the period's end: keeps numbers small, so period lengths stay exact.
+        link_free, done, clock = link_free - clock, done - clock, np.zeros(bw.size)
+        if len(periods) >= 2 and np.all(np.abs(periods[-1] - periods[-2]) <= rtol * periods[-1]):
+            converged = True
+            break
     if converged:
-        wall = period_ends[-1] - period_ends[-2]
-        return H * T / wall
-    k = (len(period_ends) - 1) // 2
-    wall = (period_ends[-1] - period_ends[-1 - k]) / k
-    return H * T / wall
+        wall = periods[-1]
+    else:
+        wall = np.mean(periods[len(periods) // 2:], axis=0)
+    # Summing step times can leave wall a rounding error below H T when nothing stalls.
+    return np.minimum(H * T / wall, 1.0)
 
 
 __all__ = ["ComputeStream", "SyncPlan", "simulate_utilization"]
