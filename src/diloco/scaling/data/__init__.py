@@ -1,0 +1,1 @@
+"""Package data for the scaling-law toolkit (read with importlib.resources)."""

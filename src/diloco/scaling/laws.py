@@ -1,0 +1,233 @@
+"""Parametric scaling laws and their robust fit in log space.
+
+Every law predicts a positive quantity y (an eval loss, an optimal learning rate, an optimal
+batch size) from the model size N (non-embedding parameters) and the number of DiLoCo replicas
+M. The forms are those of the DiLoCo scaling-laws paper (arXiv 2503.09799):
+
+==========  ==============================  =====================================
+name        formula                         paper
+==========  ==============================  =====================================
+power       A * N^alpha                     Table 7: one law per method / per M
+joint       A * N^alpha * M^beta            Table 10 (loss), Tables 8-9 (lr, batch)
+joint+C     A * N^alpha * M^beta + C        Table 13
+exp-M+C     A * N^(alpha + beta*M) + C      Table 13 (best on held-out 2.4B)
+additive    A * N^alpha + B * M^beta + C    Table 13
+==========  ==============================  =====================================
+
+Fitting follows the paper (and Chinchilla before it): minimise the Huber loss of the residuals
+``log yhat - log y`` with L-BFGS-B from a grid of initialisations and keep the best optimum.
+Positive coefficients (A, B, C) are optimised as their logarithms, so they stay positive and
+the ``+ C`` forms become log-sum-exps with closed-form gradients.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import minimize
+from scipy.special import huber, softmax
+
+# A form maps internal parameters theta, x = log N and M to (log yhat, d log yhat / d theta).
+_Model = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class LawForm:
+    """One parametric family. ``params`` are the natural names; names in ``log_params`` are
+    optimised as their logarithm (they must be positive). The first two parameters of every form
+    are A and alpha, which lets the fit centre log N (see :func:`fit_law`)."""
+
+    name: str
+    formula: str
+    params: tuple[str, ...]
+    log_params: frozenset[str]
+    model: _Model
+    uses_replicas: bool
+
+    def to_internal(self, coef: dict[str, float]) -> np.ndarray:
+        return np.array([math.log(coef[p]) if p in self.log_params else coef[p] for p in self.params])
+
+    def to_natural(self, theta: np.ndarray) -> dict[str, float]:
+        return {p: float(math.exp(t) if p in self.log_params else t) for p, t in zip(self.params, theta)}
+
+
+def _power(theta: np.ndarray, x: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a, alpha = theta
+    return a + alpha * x, np.stack([np.ones_like(x), x], axis=1)
+
+
+def _joint(theta: np.ndarray, x: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a, alpha, beta = theta
+    lm = np.log(m)
+    return a + alpha * x + beta * lm, np.stack([np.ones_like(x), x, lm], axis=1)
+
+
+def _plus_c(u: np.ndarray, du: np.ndarray, c: float) -> tuple[np.ndarray, np.ndarray]:
+    """log(exp(u) + exp(c)) and its gradient, given u = log of the non-constant term."""
+    out = np.logaddexp(u, c)
+    w = np.exp(u - out)  # share of the non-constant term, in (0, 1)
+    return out, np.column_stack([w[:, None] * du, 1.0 - w])
+
+
+def _joint_c(theta: np.ndarray, x: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a, alpha, beta, c = theta
+    lm = np.log(m)
+    return _plus_c(a + alpha * x + beta * lm, np.stack([np.ones_like(x), x, lm], axis=1), c)
+
+
+def _exp_m_c(theta: np.ndarray, x: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a, alpha, beta, c = theta
+    return _plus_c(a + (alpha + beta * m) * x, np.stack([np.ones_like(x), x, m * x], axis=1), c)
+
+
+def _additive(theta: np.ndarray, x: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a, alpha, b, beta, c = theta
+    lm = np.log(m)
+    terms = np.stack([a + alpha * x, b + beta * lm, np.full_like(x, c)], axis=1)
+    w = softmax(terms, axis=1)
+    out = np.logaddexp.reduce(terms, axis=1)
+    jac = np.stack([w[:, 0], w[:, 0] * x, w[:, 1], w[:, 1] * lm, w[:, 2]], axis=1)
+    return out, jac
+
+
+FORMS: dict[str, LawForm] = {
+    f.name: f
+    for f in (
+        LawForm("power", "A * N^alpha", ("A", "alpha"), frozenset({"A"}), _power, False),
+        LawForm("joint", "A * N^alpha * M^beta", ("A", "alpha", "beta"), frozenset({"A"}), _joint, True),
+        LawForm("joint+C", "A * N^alpha * M^beta + C", ("A", "alpha", "beta", "C"),
+                frozenset({"A", "C"}), _joint_c, True),
+        LawForm("exp-M+C", "A * N^(alpha + beta*M) + C", ("A", "alpha", "beta", "C"),
+                frozenset({"A", "C"}), _exp_m_c, True),
+        LawForm("additive", "A * N^alpha + B * M^beta + C", ("A", "alpha", "B", "beta", "C"),
+                frozenset({"A", "B", "C"}), _additive, True),
+    )
+}
+ALTERNATIVE_FORMS = ("joint+C", "exp-M+C", "additive")  # the paper's Table 13
+
+
+def get_form(name: str) -> LawForm:
+    if name not in FORMS:
+        raise ValueError(f"unknown law form {name!r}; choose one of {', '.join(FORMS)}")
+    return FORMS[name]
+
+
+@dataclass(frozen=True)
+class FittedLaw:
+    """A law with fitted coefficients (natural units: A, not log A)."""
+
+    form: str
+    coef: dict[str, float]
+    num_points: int
+    objective: float  # the Huber objective at the optimum (sum over points, in log space)
+
+    def predict(self, num_params: Any, replicas: Any = 1) -> np.ndarray:
+        """yhat for model size(s) N and replica count(s) M (broadcast)."""
+        form = get_form(self.form)
+        n, m = np.broadcast_arrays(np.asarray(num_params, float), np.asarray(replicas, float))
+        if np.any(n <= 0) or np.any(m <= 0):
+            raise ValueError(f"num_params and replicas must be positive (got N={num_params}, M={replicas})")
+        logy, _ = form.model(form.to_internal(self.coef), np.log(n).ravel(), m.ravel())
+        return np.exp(logy).reshape(n.shape)
+
+    def formula(self, digits: int = 4) -> str:
+        text = get_form(self.form).formula
+        # Longest names first, so "alpha" is replaced before "A".
+        for name in sorted(self.coef, key=len, reverse=True):
+            text = text.replace(name, f"{self.coef[name]:.{digits}g}")
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"form": self.form, "coef": dict(self.coef), "num_points": self.num_points,
+                "objective": self.objective}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FittedLaw:
+        return cls(d["form"], {k: float(v) for k, v in d["coef"].items()}, int(d["num_points"]),
+                   float(d["objective"]))
+
+
+def _initial_points(form: LawForm, logy: np.ndarray, x0: float) -> list[np.ndarray]:
+    """A grid of starting points in the centred internal coordinates (see fit_law).
+
+    Data-driven where it can be: the centred log A starts near the mean log y and C below the
+    smallest y, so every start is in the right basin for at least the constant.
+    """
+    ymin, ymean = float(np.exp(logy.min())), float(logy.mean())
+    alphas = (-0.5, -0.1, 0.0, 0.5)
+    betas = (-0.3, -0.01, 0.0, 0.01, 0.3)
+    cs = tuple(math.log(f * ymin) for f in (0.1, 0.5, 0.9))
+    if form.name == "power":
+        grid = [(ymean,), alphas]
+    elif form.name == "joint":
+        grid = [(ymean,), alphas, betas]
+    elif form.name == "joint+C":
+        grid = [(ymean - 1.0, ymean - 3.0), alphas, betas, cs]
+    elif form.name == "exp-M+C":
+        grid = [(ymean - 1.0, ymean - 3.0), alphas, (-0.01, -1e-3, 0.0, 1e-3, 0.01), cs]
+    else:  # additive: A*N^alpha + B*M^beta + C
+        grid = [(ymean - 1.0, ymean - 3.0), alphas, (ymean - 2.0, ymean - 5.0), (-0.5, 0.0, 0.5), cs]
+    return [np.array(p, float) for p in itertools.product(*grid)]
+
+
+def fit_law(form_name: str, num_params: Any, replicas: Any, y: Any, *, huber_delta: float = 2e-2,
+            max_inits: int = 200, seed: int = 0) -> FittedLaw:
+    """Fit one law by minimising sum_i Huber_delta(log yhat_i - log y_i) with L-BFGS-B.
+
+    ``huber_delta`` is in log units (2e-2: 2 %; Chinchilla used 1e-3): residuals larger than it
+    count linearly, so one outlier run cannot drag the law. Starts come from a grid
+    (at most ``max_inits``, a seeded random subset when the grid is larger); the best optimum wins.
+    """
+    form = get_form(form_name)
+    n, m, yv = (np.asarray(v, float).ravel() for v in np.broadcast_arrays(num_params, replicas, y))
+    if np.any(n <= 0) or np.any(m <= 0) or np.any(yv <= 0) or not np.all(np.isfinite(yv)):
+        raise ValueError("fit_law needs positive, finite num_params, replicas and y")
+    if huber_delta <= 0:
+        raise ValueError(f"huber_delta={huber_delta}: must be > 0 (e.g. 1e-3)")
+    if len(yv) < len(form.params):
+        raise ValueError(f"form {form.name!r} has {len(form.params)} parameters but only {len(yv)} points; "
+                         f"add model sizes or use a smaller form")
+    if len(np.unique(n)) < 2:
+        raise ValueError("a scaling law needs at least two distinct model sizes")
+    x = np.log(n)
+    logy = np.log(yv)
+    # log A and alpha are nearly collinear when log N spans 17..22, which slows L-BFGS badly.
+    # Optimise phi with phi[0] = log A + alpha * x0 (the law's value at the centre) instead:
+    # theta = T phi with T the identity except theta[0] = phi[0] - x0 * phi[1].
+    x0 = float(x.mean())
+    T = np.eye(len(form.params))
+    T[0, 1] = -x0
+    scale = 1.0 / huber_delta**2  # objective O(1) near the optimum, so default tolerances are meaningful
+
+    def objective(phi: np.ndarray) -> tuple[float, np.ndarray]:
+        pred, jac = form.model(T @ phi, x, m)
+        r = pred - logy
+        psi = np.clip(r, -huber_delta, huber_delta)  # d Huber / d r
+        return float(huber(huber_delta, r).sum() * scale), (T.T @ (jac.T @ psi)) * scale
+
+    starts = _initial_points(form, logy, x0)
+    if len(starts) > max_inits:
+        pick = np.random.default_rng(seed).choice(len(starts), size=max_inits, replace=False)
+        starts = [starts[i] for i in sorted(pick)]
+    # C < min y, since the other terms are positive; below min y * e^-20 it is zero for any purpose,
+    # and without that floor fits whose best C is 0 spend hundreds of steps walking log C to -inf.
+    log_ymin = float(logy.min())
+    bounds = [(log_ymin - 20.0, log_ymin) if p == "C" else (None, None) for p in form.params]
+    best = None
+    for phi0 in starts:
+        res = minimize(objective, phi0, jac=True, method="L-BFGS-B", bounds=bounds,
+                       options={"maxiter": 5000, "ftol": 1e-12, "gtol": 1e-8})
+        if np.all(np.isfinite(res.x)) and (best is None or res.fun < best.fun):
+            best = res
+    assert best is not None, "every start diverged"
+    return FittedLaw(form.name, form.to_natural(T @ best.x), len(yv), float(best.fun / scale))
+
+
+def log_residual(actual: Any, predicted: Any) -> np.ndarray:
+    """|log y - log yhat|: the paper's held-out error (0.0025 ~ 0.25 % of the loss)."""
+    return np.abs(np.log(np.asarray(actual, float)) - np.log(np.asarray(predicted, float)))

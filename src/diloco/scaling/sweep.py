@@ -1,0 +1,359 @@
+"""Resumable hyperparameter sweeps over model size, method and replicas: one JSONL file of results.
+
+A :class:`GridSpec` expands into plain-dict run configs, each with a stable ``run_id`` (a hash of
+the config). :func:`run_sweep` calls a *run function* on every config whose ``run_id`` has no
+finished record yet and appends one JSON line per finished run, flushed and fsync'ed, so a crash or
+Ctrl-C loses at most the run in progress and a restart picks up where it stopped. The run
+function is looked up by name in :data:`RUNNERS`: ``"train"`` (the real trainer, registered by
+``diloco.train``) or ``"synthetic"`` (a known noisy law, for tests and demos).
+
+The record format is documented in docs/scaling.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import fcntl
+import hashlib
+import importlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from diloco.scaling.synthetic import synthetic_run
+
+RunFn = Callable[[dict[str, Any]], dict[str, Any]]
+
+SWEEP_METHODS = ("dp", "diloco", "streaming")
+
+# Non-embedding parameter counts by size name; a grid may override or extend them with its own
+# ``num_params`` mapping. Prefilled with the scaling-laws paper's sizes (arXiv 2503.09799,
+# Tables 3-4; its Table 3 labels 335M as 330M). The trainer's sizes are added by whoever
+# registers the "train" runner, or given in the grid file.
+SIZE_PARAMS: dict[str, int] = {
+    "35M": 35_000_000, "90M": 90_000_000, "180M": 180_000_000, "335M": 335_000_000,
+    "550M": 550_000_000, "1.3B": 1_300_000_000, "2.4B": 2_400_000_000, "4B": 4_000_000_000,
+    "10B": 10_000_000_000,
+}
+
+# Run functions by name: a callable, or "module:attribute" imported on first use (so that listing
+# the registry does not import torch). The trainer is expected at the "train" address.
+RUNNERS: dict[str, RunFn | str] = {
+    "synthetic": synthetic_run,
+    "train": "diloco.train.sweep_runner:run_config",
+}
+
+
+def register_runner(name: str, fn: RunFn | str) -> None:
+    """Make ``fn`` (a callable or a "module:attribute" string) available as ``diloco sweep --runner NAME``."""
+    RUNNERS[name] = fn
+
+
+def get_runner(name: str) -> RunFn:
+    if name not in RUNNERS:
+        raise ValueError(f"unknown runner {name!r}; registered runners: {', '.join(sorted(RUNNERS))}")
+    entry = RUNNERS[name]
+    if isinstance(entry, str):
+        module_name, _, attr = entry.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not module_name.startswith(exc.name):
+                raise
+            raise ValueError(f"runner {name!r} is not available yet: module {module_name} does not exist "
+                             f"(use --runner synthetic to try the sweep machinery)") from None
+        entry = getattr(module, attr)
+        RUNNERS[name] = entry
+    return entry
+
+
+def ladder(start: float, stop: float, factor: float | str) -> tuple[float, ...]:
+    """start, start*f, start*f^2, ... up to stop (inclusive); f = 2, sqrt(2) ("sqrt2") or any number > 1.
+
+    Values are rounded to 6 significant digits so that they print, hash and compare cleanly.
+    """
+    named = {"sqrt2": math.sqrt(2.0), "2": 2.0}
+    f = named.get(factor) if isinstance(factor, str) else float(factor)
+    if f is None or not f > 1.0:
+        raise ValueError(f"ladder factor {factor!r}: use 'sqrt2', '2' or a number > 1")
+    if not 0 < start <= stop:
+        raise ValueError(f"ladder start={start}, stop={stop}: need 0 < start <= stop")
+    count = int(math.floor(math.log(stop / start) / math.log(f) + 1e-9)) + 1
+    return tuple(float(f"{start * f**k:.6g}") for k in range(count))
+
+
+def _values(raw: Any, what: str) -> tuple[float, ...]:
+    """A list of numbers, or a ladder {"start", "stop", "factor"}, as a tuple."""
+    if isinstance(raw, Mapping):
+        unknown = set(raw) - {"start", "stop", "factor"}
+        if unknown or not {"start", "stop", "factor"} <= set(raw):
+            raise ValueError(f"{what}: a ladder is {{'start': x, 'stop': y, 'factor': 'sqrt2' | '2' | number}}, "
+                             f"got keys {sorted(raw)}")
+        return ladder(float(raw["start"]), float(raw["stop"]), raw["factor"])
+    if isinstance(raw, (int, float)):
+        return (raw,)
+    if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
+        raise ValueError(f"{what}: expected a non-empty list of numbers or a ladder, got {raw!r}")
+    return tuple(raw)
+
+
+def _per_size(raw: Any, sizes: Sequence[str], what: str) -> dict[str, tuple[float, ...]]:
+    """One list for every size, or a mapping size -> list (to centre a grid on each size's optimum)."""
+    if isinstance(raw, Mapping) and not {"start", "stop", "factor"} & set(raw):
+        missing = [s for s in sizes if s not in raw]
+        extra = [s for s in raw if s not in sizes]
+        if missing or extra:
+            raise ValueError(f"{what}: per-size values must name exactly the grid's sizes "
+                             f"(missing {missing}, not in sizes {extra})")
+        return {s: _values(raw[s], f"{what}[{s}]") for s in sizes}
+    values = _values(raw, what)
+    return {s: values for s in sizes}
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """A sweep: every combination of the fields below (DiLoCo-only fields are ignored for DP).
+
+    ``inner_lr`` and ``global_batch`` take one list for all sizes, a ladder
+    ``{"start", "stop", "factor"}`` (powers of sqrt 2 for learning rates and of 2 for batches, as in
+    the paper), or a mapping size -> list. Tokens per run are ``tokens_per_param * N``.
+    ``base`` holds settings fixed across the grid, passed through to the run function untouched.
+    """
+
+    sizes: tuple[str, ...]
+    inner_lr: Any
+    global_batch: Any
+    methods: tuple[str, ...] = ("dp", "diloco")
+    replicas: tuple[int, ...] = (1, 2, 4, 8)  # M, for DiLoCo; DP runs once with M = 1
+    outer_lr: tuple[float, ...] = (0.7,)
+    sync_every: tuple[int, ...] = (30,)  # H
+    tokens_per_param: float = 20.0
+    num_params: Mapping[str, int] = field(default_factory=dict)  # size -> N, overrides SIZE_PARAMS
+    seed: int = 0
+    runner: str = "train"
+    base: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
+        if isinstance(self.sizes, str) or not self.sizes or len(set(self.sizes)) != len(self.sizes):
+            raise ValueError(f"sizes={self.sizes!r}: give a non-empty list of distinct size names")
+        for name in ("sizes", "methods"):
+            set_(name, tuple(getattr(self, name)))
+        set_("replicas", tuple(int(m) for m in _values(self.replicas, "replicas")))
+        set_("outer_lr", tuple(float(v) for v in _values(self.outer_lr, "outer_lr")))
+        set_("sync_every", tuple(int(h) for h in _values(self.sync_every, "sync_every")))
+        lrs = _per_size(self.inner_lr, self.sizes, "inner_lr")
+        set_("inner_lr", {s: tuple(float(v) for v in vs) for s, vs in lrs.items()})
+        batches = _per_size(self.global_batch, self.sizes, "global_batch")
+        set_("global_batch", {s: tuple(int(v) for v in vs) for s, vs in batches.items()})
+        set_("num_params", {str(k): int(v) for k, v in dict(self.num_params).items()})
+        set_("base", dict(self.base))
+
+        bad_methods = [m for m in self.methods if m not in SWEEP_METHODS]
+        if bad_methods or not self.methods:
+            raise ValueError(f"methods={list(self.methods)}: choose from {', '.join(SWEEP_METHODS)}")
+        if any(m < 1 for m in self.replicas):
+            raise ValueError(f"replicas={list(self.replicas)}: every M must be >= 1")
+        if any(h < 1 for h in self.sync_every):
+            raise ValueError(f"sync_every={list(self.sync_every)}: every H must be >= 1")
+        if any(not v > 0 for v in self.outer_lr):
+            raise ValueError(f"outer_lr={list(self.outer_lr)}: must be positive")
+        if not self.tokens_per_param > 0:
+            raise ValueError(f"tokens_per_param={self.tokens_per_param}: must be positive (the paper uses 20)")
+        for s in self.sizes:
+            if any(not v > 0 for v in self.inner_lr[s]):
+                raise ValueError(f"inner_lr for {s}: {list(self.inner_lr[s])} must be positive")
+            if any(b < 1 for b in self.global_batch[s]):
+                raise ValueError(f"global_batch for {s}: {list(self.global_batch[s])} must be >= 1")
+            if any(m != "dp" for m in self.methods):
+                bad = [(b, m) for b in self.global_batch[s] for m in self.replicas if b % m]
+                if bad:
+                    raise ValueError(f"global_batch for {s}: (batch, M) pairs {bad} do not divide; each "
+                                     f"replica gets global_batch / M sequences, so use powers of 2 >= max M")
+            self.size_params(s)  # raises for unknown sizes
+
+    def size_params(self, size: str) -> int:
+        """Non-embedding parameter count N of a size name."""
+        if size in self.num_params:
+            return self.num_params[size]
+        if size in SIZE_PARAMS:
+            return SIZE_PARAMS[size]
+        raise ValueError(f"unknown size {size!r}: give its non-embedding parameter count in the grid's "
+                         f"num_params (e.g. \"num_params\": {{\"{size}\": 1200000}}) or register it in "
+                         f"diloco.scaling.sweep.SIZE_PARAMS; known: {', '.join(SIZE_PARAMS)}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GridSpec:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known - {"_comment"})
+        if unknown:
+            raise ValueError(f"unknown grid keys {unknown}; valid keys: {', '.join(sorted(known))}")
+        missing = sorted({"sizes", "inner_lr", "global_batch"} - set(data))
+        if missing:
+            raise ValueError(f"the grid needs {missing}")
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def from_json(cls, path: Path) -> GridSpec:
+        """Read a grid from a JSON file (data only: config files are never executed)."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ValueError(f"grid file {path} does not exist") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"grid file {path} is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"grid file {path} must hold a JSON object")
+        return cls.from_dict(data)
+
+
+def run_id_of(config: Mapping[str, Any]) -> str:
+    """A stable id: the first 16 hex digits of SHA-256 over the config's canonical JSON."""
+    payload = json.dumps({k: v for k, v in config.items() if k != "run_id"}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def expand(grid: GridSpec) -> list[dict[str, Any]]:
+    """Every run config of the grid, smallest models first (an interrupted sweep keeps whole sizes)."""
+    out = []
+    for size in sorted(grid.sizes, key=grid.size_params):
+        n = grid.size_params(size)
+        for method in grid.methods:
+            # DP has no replicas, outer optimizer or H: one run per (lr, batch) with M = 1.
+            outer = [(1, None, None)] if method == "dp" else [
+                (m, o, h) for m in grid.replicas for o in grid.outer_lr for h in grid.sync_every]
+            for replicas, outer_lr, sync_every in outer:
+                for batch in grid.global_batch[size]:
+                    for lr in grid.inner_lr[size]:
+                        cfg = {"size": size, "num_params": n, "method": method, "replicas": replicas,
+                               "inner_lr": lr, "global_batch": batch, "outer_lr": outer_lr,
+                               "sync_every": sync_every, "tokens": int(round(grid.tokens_per_param * n)),
+                               "seed": grid.seed, "runner": grid.runner, "base": dict(grid.base)}
+                        out.append({"run_id": run_id_of(cfg), **cfg})
+    ids = [c["run_id"] for c in out]
+    assert len(set(ids)) == len(ids), "duplicate grid points (repeated values in a grid list?)"
+    return out
+
+
+# -- the results file ---------------------------------------------------------------------------
+def read_results(path: Path) -> list[dict[str, Any]]:
+    """All records of a results JSONL file, in order. A truncated last line (a crash mid-write) is
+    skipped; a corrupt line anywhere else is an error, since it means the file was edited."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    lines = path.read_text().split("\n")
+    complete = lines[:-1]  # the text after the last newline, if any, is an unfinished write
+    records = []
+    for i, line in enumerate(complete, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{i} is not valid JSON ({exc}); fix or delete that line") from None
+    return records
+
+
+def _drop_partial_tail(f: Any) -> None:
+    """Cut an unfinished last line so the next record starts on a line of its own."""
+    f.seek(0, os.SEEK_END)
+    size = f.tell()
+    if size == 0:
+        return
+    f.seek(max(0, size - 65536))
+    tail = f.read()
+    if tail.endswith(b"\n"):
+        return
+    keep = size - len(tail) + tail.rfind(b"\n") + 1 if b"\n" in tail else 0
+    f.truncate(keep)
+
+
+@dataclass
+class SweepSummary:
+    total: int
+    skipped: int  # already finished before this call
+    ran: int
+    failed: int
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON values: non-finite floats become null, numpy scalars Python numbers."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def _record(config: Mapping[str, Any], result: Mapping[str, Any] | None, error: str | None,
+            elapsed: float) -> dict[str, Any]:
+    if result is not None and not isinstance(result, Mapping):
+        result, error = None, error or f"the run function returned {type(result).__name__}, not a dict"
+    rec = {**config, **(result or {})}
+    rec.setdefault("wall_time_s", round(elapsed, 3))
+    loss = rec.get("eval_loss")
+    if error is None and not (isinstance(loss, (int, float)) and math.isfinite(loss)):
+        error = f"diverged or no result: eval_loss={loss!r}"
+    if error is not None:
+        rec["eval_loss"] = None
+    rec["status"] = "ok" if error is None else "failed"
+    rec["error"] = error
+    return _jsonable(rec)
+
+
+def run_sweep(grid: GridSpec, *, results_path: Path, run_fn: RunFn, progress: bool = True,
+              retry_failed: bool = False) -> SweepSummary:
+    """Run every grid point without a finished record in ``results_path``; append one line per run.
+
+    A run function that raises marks its run "failed" (with the error) and the sweep continues;
+    failed runs are retried on the next call only with ``retry_failed``. KeyboardInterrupt stops
+    the sweep, losing only the run in progress. Readers take the last record per ``run_id``.
+    """
+    configs = expand(grid)
+    results_path = Path(results_path)
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    with results_path.open("a+b") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"another sweep is writing {results_path}; wait for it or use another --out") from None
+        _drop_partial_tail(f)
+        finished = {r.get("run_id") for r in read_results(results_path)
+                    if r.get("status") == "ok" or (r.get("status") == "failed" and not retry_failed)}
+        todo = [c for c in configs if c["run_id"] not in finished]
+        summary = SweepSummary(total=len(configs), skipped=len(configs) - len(todo), ran=0, failed=0)
+        bar = tqdm(total=len(configs), initial=summary.skipped, disable=not progress, unit="run",
+                   desc="sweep", dynamic_ncols=True)
+        try:
+            for cfg in todo:
+                bar.set_postfix_str(f"{cfg['size']} {cfg['method']} M={cfg['replicas']} "
+                                    f"lr={cfg['inner_lr']:.3g} B={cfg['global_batch']}")
+                t0 = time.perf_counter()
+                try:
+                    result, error = run_fn(copy.deepcopy(cfg)), None
+                except Exception as exc:  # a failed run is data; KeyboardInterrupt still stops the sweep
+                    result, error = None, f"{type(exc).__name__}: {exc}"
+                rec = _record(cfg, result, error, time.perf_counter() - t0)
+                f.write((json.dumps(rec, allow_nan=False) + "\n").encode())
+                f.flush()
+                os.fsync(f.fileno())
+                summary.ran += 1
+                summary.failed += rec["status"] == "failed"
+                bar.update(1)
+        finally:
+            bar.close()
+    return summary
