@@ -177,3 +177,30 @@ def test_user_errors():
         ModelSpec(2, 1e6, 1.0, non_block_params=2e6)
     with pytest.raises(ValueError, match="fragment_spacing"):
         streaming(sync_every=10, num_fragments=4, fragment_spacing=3)
+
+
+def test_streaming_with_every_fragment_at_the_same_step_is_diloco():
+    # The simulator places reductions where the schedule says: if the schedule syncs all fragments after
+    # the same step, Streaming DiLoCo's DAG is DiLoCo's, whatever the fragment layout.
+    from diloco.algorithm.schedule import Schedule
+    from diloco.sim.dag import SyncPlan, simulate_utilization
+
+    L, H, P = 12, 20, 5
+    model = ModelSpec(L, 1e9, 0.3)
+    grid = np.logspace(8, 11, 15)
+    dl = utilization_curve(model, diloco(sync_every=H), grid)
+    ref = build_plan(model, streaming(sync_every=H, num_fragments=P))
+    together = SyncPlan(Schedule(H, P, 0, offsets=(H,) * P), ref.fragment_units, ref.unit_bits)
+    np.testing.assert_allclose(simulate_utilization(ComputeStream(L, 0.3), together, grid), dl, rtol=1e-12)
+
+
+def test_overlapping_fragments_queue_on_the_link():
+    # With tau = 1 a slow transfer spills into later steps; fragments one step apart then queue behind each
+    # other on the FIFO link, fragments far apart do not.
+    model = ModelSpec(12, 1e9, 0.3)
+    bw = [2e9]  # a 3-layer fragment (4e9 bits) takes 2 s, about 7 steps
+    near = utilization_curve(model, streaming(sync_every=100, num_fragments=5, overlap_steps=1,
+                                              fragment_spacing=1), bw)[0]
+    far = utilization_curve(model, streaming(sync_every=100, num_fragments=5, overlap_steps=1,
+                                             fragment_spacing=20), bw)[0]
+    assert near < far - 0.01

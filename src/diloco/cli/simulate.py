@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "simulate", help="compute utilization vs bandwidth (data-parallel, DiLoCo, Streaming DiLoCo)",
         description="Simulate the per-layer compute/communication DAG of two workers and report the "
-                    "cross-datacenter bandwidth each method needs for 50/80/90/95/99%% compute utilization. "
+                    "cross-datacenter bandwidth each method needs for 50/80/90/95/99% compute utilization. "
                     "Writes simulate.json and utilization.png to --out.",
     )
     model = p.add_argument_group("model (a named size, or all of --layers/--params/--step-time)")

@@ -102,8 +102,10 @@ class SyncPlan:
                 f"{len(self.fragment_units)} fragments given but the schedule has {self.schedule.num_fragments}"
             )
         units = [u for frag in self.fragment_units for u in frag]
-        assert len(units) == len(set(units)), "a unit belongs to two fragments"
-        assert all(0 <= u < len(self.unit_bits) for u in units), "fragment lists an unknown unit"
+        if len(units) != len(set(units)):
+            raise ValueError(f"a unit is in two fragments: {self.fragment_units}")
+        if not all(0 <= u < len(self.unit_bits) for u in units):
+            raise ValueError(f"fragments name units outside 0..{len(self.unit_bits) - 1}: {self.fragment_units}")
 
 
 def _step_events(stream: ComputeStream, plan: SyncPlan, starts: Sequence[int], gated: Sequence[int]) -> list:
@@ -145,12 +147,14 @@ def simulate_utilization(
         raise ValueError(f"bandwidth_bps must be positive (bits/s), got {bandwidth_bps!r}")
     if not (latency_s >= 0 and np.isfinite(latency_s)):
         raise ValueError(f"latency_s must be >= 0 seconds, got {latency_s!r}")
+    if len(plan.unit_bits) not in (stream.num_layers, stream.num_layers + 1):
+        raise ValueError(f"the plan has {len(plan.unit_bits)} units for {stream.num_layers} layers; "
+                         f"give one per layer, plus optionally the non-block parameters")
     sched = plan.schedule
     H, T = sched.sync_every, stream.step_time_s
 
     bits = np.asarray(plan.unit_bits, dtype=float)
-    with np.errstate(divide="ignore"):
-        transfer = bits[:, None] / bw[None, :] + latency_s  # (units, bandwidths) seconds on the link
+    transfer = bits[:, None] / bw[None, :] + latency_s  # (units, bandwidths) seconds on the link
     clock = np.zeros(bw.size)  # this worker's wall clock
     link_free = np.zeros(bw.size)  # when the link finishes its last queued reduction
     done = np.zeros((len(bits), bw.size))  # when each unit's latest reduction completes
