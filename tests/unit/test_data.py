@@ -284,6 +284,8 @@ def test_prepare_tokens_validates(small_docs, tmp_path, kwargs, match):
         prepare_tokens(small_docs, 512, tmp_path, **kwargs)
     with pytest.raises(ValueError, match="unknown corpus source"):
         prepare_tokens(("nope",), 512, tmp_path)
+    with pytest.raises(ValueError, match="vocab_size=100"):
+        prepare_tokens(small_docs, 100, tmp_path)
 
 
 # --- shards ----------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ import tokenizers
 import torch
 
 from diloco.data.corpus import Document, corpus_fingerprint, load_documents
-from diloco.data.tokenizer import TOKENIZER_VERSION, BPETokenizer, atomic_write, get_tokenizer
+from diloco.data.tokenizer import TOKENIZER_VERSION, BPETokenizer, atomic_write, check_vocab_size, get_tokenizer
 
 __all__ = ["DocumentSpan", "ShardSampler", "TokenData", "eval_batches", "prepare_tokens", "split_point"]
 
@@ -117,6 +117,7 @@ def prepare_tokens(sources: Sequence[str] | Sequence[Document], vocab_size: int,
     """
     if not (isinstance(val_fraction, (int, float)) and 0.0 < val_fraction < 0.5):
         raise ValueError(f"val_fraction={val_fraction!r}: need 0 < val_fraction < 0.5, e.g. 0.02")
+    check_vocab_size(vocab_size)
     t0 = time.perf_counter()
     docs, source_names = _resolve_documents(sources)
     ident = (f"{corpus_fingerprint(docs)}|val={float(val_fraction)!r}|vocab={vocab_size}|data-v{DATA_VERSION}"

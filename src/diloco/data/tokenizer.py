@@ -108,7 +108,7 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def _check_vocab_size(vocab_size: int) -> None:
+def check_vocab_size(vocab_size: int) -> None:
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
         raise ValueError(f"vocab_size={vocab_size!r}: need an integer, e.g. 4096")
     if not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
@@ -121,7 +121,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
 
     The vocabulary is smaller than asked when the text runs out of pairs to merge.
     """
-    _check_vocab_size(vocab_size)
+    check_vocab_size(vocab_size)
     tok = Tokenizer(models.BPE())
     # No normalizer: it would change the text and break the exact round trip.
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -150,7 +150,7 @@ def get_tokenizer(docs_or_corpus: Sequence[Document] | Sequence[str], vocab_size
     Pass only training text: whatever is given here is what the vocabulary is fitted to. A cache
     file that cannot be read is retrained and replaced, with a warning.
     """
-    _check_vocab_size(vocab_size)
+    check_vocab_size(vocab_size)
     items = list(docs_or_corpus)
     if not items:
         raise ValueError("get_tokenizer: no documents given; pass the training documents or texts")
