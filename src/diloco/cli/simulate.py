@@ -27,7 +27,7 @@ ALIASES = {"data-parallel": "dp", "fp4": "lowbit", "streaming-overlap": "overlap
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "simulate", help="compute utilization vs bandwidth (data-parallel, DiLoCo, Streaming DiLoCo)",
-        description="Simulate the per-layer compute/communication DAG of two workers and report the "
+        description="Simulate the per-layer compute/communication DAG of a training run across workers and report the "
                     "cross-datacenter bandwidth each method needs for 50/80/90/95/99% compute utilization. "
                     "Writes simulate.json and utilization.png to --out.",
     )
