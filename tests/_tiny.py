@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,9 +38,14 @@ class TinyNet(nn.Module):
         return logits, loss
 
 
+_RNG_LOCK = threading.Lock()
+
+
 def make_model(seed: int = 0, **kw) -> TinyNet:
-    torch.manual_seed(seed)
-    return TinyNet(**kw)
+    """Seeded init; the lock keeps replica threads from interleaving on torch's global RNG."""
+    with _RNG_LOCK:
+        torch.manual_seed(seed)
+        return TinyNet(**kw)
 
 
 def batches(rank: int, num_steps: int, *, batch: int = 4, seq: int = 6, vocab: int = 16, seed: int = 0):

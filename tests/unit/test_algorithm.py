@@ -21,7 +21,6 @@ def train_replicas(M, steps, make_algo, *, inner=partial(torch.optim.AdamW, lr=1
     """Run M replicas in threads; return (models, algos, per-step global snapshots)."""
 
     def replica(comm):
-        torch.manual_seed(0)
         model = make_model(seed=comm.rank)  # deliberately different inits: the wrapper must equalise them
         opt = inner(model.parameters())
         algo = make_algo(model, opt, comm)
