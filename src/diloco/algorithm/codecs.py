@@ -1,0 +1,383 @@
+"""Wire formats for what DiLoCo replicas exchange: encode to bytes, decode to FP32.
+
+Every codec maps a 1-D floating tensor to a 1-D ``torch.uint8`` payload whose
+size depends on ``numel`` only (replicas all-gather fixed-size byte buffers),
+and back to FP32. All work is vectorised torch on the input's device and is
+deterministic (no randomness, no atomics).
+
+=========  ============  ==========================================================
+name       bits/value    format
+=========  ============  ==========================================================
+fp32       32            IEEE binary32, bit-exact
+bf16       16            bfloat16 (8 significand bits), no scale
+fp8_e4m3   8.25          OCP E4M3 ("fn": max 448, subnormals), block 32, two-level scale
+int8       8.25          symmetric integers -127..127, block 32, two-level scale
+fp4_e3m0   4.5           1 sign, 3 exponent, 0 mantissa bits (exmy E3M0), block 16
+fp4_e2m1   4.5           OCP MX / NVFP4 element (0, .5, 1, 1.5, 2, 3, 4, 6), block 16
+=========  ============  ==========================================================
+
+Rounding. Every codec rounds to nearest, ties to even (the IEEE default and
+what torch's own casts do): a value exactly halfway between two representable
+values takes the one whose code is even. For int8 that is the even integer;
+for E4M3 and bf16 the even mantissa; for the 4-bit formats the even 3-bit
+magnitude code, e.g. E2M1 2.5 -> 2 and 3.5 -> 4, E3M0 1.5 -> 2 and 3 -> 2.
+
+E3M0 magnitudes. With an IEEE-style bias of 3 and no codes reserved for
+inf/NaN (as in Agrawal et al.'s exmy family), the eight magnitude codes are
+0, 2^-2, 2^-1, 1, 2, 4, 8, 16: a zero and seven powers of two.
+
+Two-level scaling (the scaled codecs: fp8_e4m3, int8, fp4_*). Let ``m`` be the
+element format's largest magnitude (448, 127, 16, 6):
+
+* one power-of-two tensor scale ``2^k``, stored as an E8M0 byte (k + 127), the
+  smallest k with ``absmax(x) <= 448 * m * 2^k``: the largest block scale then
+  lies in (224, 448], the top binade of E4M3;
+* one E4M3 scale ``s_b`` per block of B elements (B = 16 for 4-bit, 32 for
+  8-bit). Its candidates are ``s_up``, the smallest E4M3 value with
+  ``s_up * m * 2^k >= absmax(block)`` (the block absmax maps to at most ``m``:
+  nothing clipped), and the next ``c - 1`` E4M3 values below it (these saturate
+  the block's largest elements to ``+-m`` but may round the rest better); the
+  block keeps the candidate with the least squared error, the larger on ties.
+  c = 4 for the 4-bit formats, 2 for fp8, 1 for int8 (where it gains nothing);
+* element ``q = round(clamp(x / (s_b * 2^k), -m, m))``; decode ``q * s_b * 2^k``.
+
+Power-of-two tensor scaling is exact, so a block of values representable at
+``s_up`` round-trips bit-exactly, and scaling x by a power of two scales the
+decoded values by exactly the same power. An E4M3 block scale (as in NVFP4,
+rather than OCP MX's power-of-two E8M0) maps each block's absmax near the top
+of the element range, and the candidate search picks the scale that rounds the
+block best: on N(0, 1) data fp4_e2m1 has a relative L2 error of 0.087 against
+0.116 for MXFP4 (block 32, E8M0, 4.25 bits), E3M0 0.150 against 0.194; see
+docs/codecs.md and ``benchmarks/codecs.py``.
+
+Range. The tensor scale spans fp32's whole exponent range, so huge finite
+values (up to fp32's max) are scaled, not saturated; decoded values are
+clamped to +-fp32 max (a rounded-up block absmax can otherwise overshoot it).
+bf16 saturates at +-(2 - 2^-7) * 2^127 instead of rounding to inf. Tiny
+values: an element below half the smallest nonzero magnitude at its block's
+scale decodes to 0 (E2M1: 0.25 * scale, E3M0: 0.125 * scale, int8: 0.5 *
+scale, E4M3: 2^-10 * scale). Blocks whose absmax is below about 2^-15 of the
+tensor's absmax fall into E4M3's subnormal scales and lose precision; below
+about 2^-24 they flush to zero. Tensors whose absmax is below ~2^-115 use the
+smallest tensor scale (2^-126) and lose precision the same way.
+
+Non-finite input. If x holds any NaN or +-inf, the payload decodes to all NaN
+(scaled codecs: the tensor scale byte is 0xFF, E8M0's NaN, and every block
+scale E4M3's NaN; fp32/bf16: every value NaN), so the reducer can drop that
+replica instead of averaging garbage.
+
+Payload layout of the scaled codecs: ``[element codes][block scales][tensor
+scale]`` with ``ceil(numel * bits / 8)``, ``ceil(numel / B)`` and 1 bytes.
+4-bit codes are packed two per byte, element ``2i`` in the low nibble; a code
+is ``sign << 3 | magnitude_code``.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+
+import torch
+
+_F32_MAX = torch.finfo(torch.float32).max
+_BF16_MAX = torch.finfo(torch.bfloat16).max
+_E4M3 = torch.float8_e4m3fn
+_E4M3_MAX = torch.finfo(_E4M3).max  # 448
+_E4M3_NAN = 0x7F  # positive NaN code of E4M3 "fn"
+_E8M0_BIAS, _E8M0_NAN = 127, 0xFF
+_K_MIN, _K_MAX = -126, 126  # tensor exponents for which 2^k and 2^-k are normal fp32
+
+
+class Codec(abc.ABC):
+    """Encode a 1-D floating tensor to a fixed-size byte payload and decode it back to FP32."""
+
+    name: str
+    bits_per_value: float  # nominal bits per element, scales included, for large numel
+
+    @abc.abstractmethod
+    def num_bytes(self, numel: int) -> int:
+        """Exact payload size for ``numel`` elements (a function of numel only)."""
+
+    @abc.abstractmethod
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """1-D floating ``x`` -> 1-D uint8 payload of ``num_bytes(x.numel())`` bytes on ``x.device``."""
+
+    @abc.abstractmethod
+    def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
+        """Payload -> new 1-D float32 tensor of ``numel`` elements on ``payload.device``."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, bits_per_value={self.bits_per_value})"
+
+    # -- shared argument checks --------------------------------------------
+    def _prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return (x as contiguous fp32, 0-d bool "x holds a non-finite value") without a host sync."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 1 or not x.is_floating_point():
+            got = f"{x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{self.name}.encode expects a 1-D floating tensor, got {got}; flatten it first")
+        x = x.detach()
+        bad = ~torch.isfinite(x).all()
+        if torch.finfo(x.dtype).max > _F32_MAX:  # fp64: finite values beyond fp32 saturate, not inf
+            x = x.clamp(-_F32_MAX, _F32_MAX)
+        return x.to(torch.float32).contiguous(), bad
+
+    def _check_payload(self, payload: torch.Tensor, numel: int) -> None:
+        if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+            raise ValueError(f"{self.name}.decode: numel must be a non-negative int, got {numel!r}")
+        expected = self.num_bytes(numel)
+        if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8 or payload.shape != (expected,):
+            got = f"{payload.dtype} of shape {tuple(payload.shape)}" if isinstance(payload, torch.Tensor) else payload
+            raise ValueError(
+                f"{self.name}.decode: payload must be a 1-D uint8 tensor of num_bytes({numel}) = {expected} "
+                f"bytes, got {got}; pass the numel that was encoded"
+            )
+
+
+def _check_numel(numel: int) -> int:
+    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+        raise ValueError(f"numel must be a non-negative int, got {numel!r}")
+    return numel
+
+
+class FP32Codec(Codec):
+    """IEEE binary32 on the wire: bit-exact (the data-parallel baseline)."""
+
+    name = "fp32"
+    bits_per_value = 32.0
+
+    def num_bytes(self, numel: int) -> int:
+        return 4 * _check_numel(numel)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        x32, bad = self._prepare(x)
+        return torch.where(bad, torch.nan, x32).view(torch.uint8)  # where copies: no aliasing of x
+
+    def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
+        self._check_payload(payload, numel)
+        return payload.clone().view(torch.float32)  # clone: aligned, and the caller may add_ into it
+
+
+class BF16Codec(Codec):
+    """bfloat16, round to nearest even; saturates at bf16's max instead of rounding to inf."""
+
+    name = "bf16"
+    bits_per_value = 16.0
+
+    def num_bytes(self, numel: int) -> int:
+        return 2 * _check_numel(numel)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        x32, bad = self._prepare(x)
+        y = x32.clamp(-_BF16_MAX, _BF16_MAX).to(torch.bfloat16)
+        return torch.where(bad, torch.nan, y).view(torch.uint8)
+
+    def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
+        self._check_payload(payload, numel)
+        return payload.clone().view(torch.bfloat16).to(torch.float32)
+
+
+def _pow2(k: torch.Tensor) -> torch.Tensor:
+    """2^k as fp32, built from its bits (exact); k is an int tensor in [-126, 127]."""
+    return ((k.to(torch.int32) + 127) << 23).view(torch.float32)
+
+
+class BlockScaledCodec(Codec):
+    """Elements in a small format, two-level scaled: an E8M0 power-of-two per tensor, an E4M3 per block.
+
+    Subclasses give the element format: its bit width, its largest magnitude
+    and the (vectorised) maps between scaled values and codes.
+    """
+
+    element_bits: int  # 4 or 8
+    element_max: float  # largest magnitude of the element format (m in the module docstring)
+
+    def __init__(self, *, block_size: int, scale_candidates: int) -> None:
+        if block_size < 2 or block_size % 2:
+            raise ValueError(f"block_size must be an even integer >= 2, got {block_size}")
+        if not 1 <= scale_candidates <= 8:
+            raise ValueError(f"scale_candidates must lie in 1..8 (one E4M3 binade), got {scale_candidates}")
+        self.block_size = block_size
+        self.scale_candidates = scale_candidates
+        self.bits_per_value = self.element_bits + 8 / block_size
+        # 2^(j0 - 1) <= L < 2^j0 for the top of the scale range L = 448 * m (see _tensor_exponent).
+        self._top = _E4M3_MAX * self.element_max
+        self._j0 = math.frexp(self._top)[1]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(block_size={self.block_size}, scale_candidates={self.scale_candidates})"
+
+    @abc.abstractmethod
+    def quantize_elements(self, y: torch.Tensor) -> torch.Tensor:
+        """fp32 values with |y| <= element_max -> uint8 codes (one per element), nearest, ties to even."""
+
+    @abc.abstractmethod
+    def dequantize_elements(self, codes: torch.Tensor) -> torch.Tensor:
+        """uint8 codes -> their fp32 element values."""
+
+    def num_bytes(self, numel: int) -> int:
+        n = _check_numel(numel)
+        return -(-n * self.element_bits // 8) + -(-n // self.block_size) + 1
+
+    def _tensor_exponent(self, amax: torch.Tensor) -> torch.Tensor:
+        """Smallest k with amax <= 448 * m * 2^k, clamped to [-126, 126]; exact (no log2 rounding).
+
+        With amax = f * 2^e (f in [0.5, 1)) the condition is f * 2^(e - k) <= L, and the largest
+        j = e - k allowed is j0 or j0 - 1 since f * 2^j0 lies in [2^(j0-1), 2^j0).
+        """
+        frac, exp = torch.frexp(amax)
+        j = self._j0 - (frac * 2.0**self._j0 > self._top).to(torch.int32)
+        return (exp - j).clamp(_K_MIN, _K_MAX)
+
+    def _block_scales(self, amax_b: torch.Tensor) -> torch.Tensor:
+        """Smallest E4M3 value s with s * m >= amax_b (amax_b <= 448 * m): round to nearest, then up."""
+        s = (amax_b / self.element_max).to(_E4M3)
+        low = s.to(torch.float32) * self.element_max < amax_b  # exact: s and m have few significant bits
+        return (s.view(torch.uint8) + low.to(torch.uint8)).view(_E4M3)  # next code up is the next value
+
+    def _quantize_blocks(self, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Blocks ``a`` (x / 2^k, shape (blocks, B)) -> (element codes, E4M3 block scales as uint8).
+
+        Candidates: the smallest scale that clips nothing and the next ``scale_candidates - 1``
+        E4M3 values below it (which saturate the block's largest elements but may round the
+        rest better); each block keeps the one with the least squared error, the first on ties.
+        """
+        m = self.element_max
+        up = self._block_scales(a.abs().amax(dim=1)).view(torch.uint8).to(torch.int16)
+        lowest = up.clamp(max=1)  # a nonzero block never steps down to the zero scale
+        best_codes = best_scales = best_err = None
+        for i in range(self.scale_candidates):
+            scales = torch.maximum(up - i, lowest).to(torch.uint8)
+            s = scales.view(_E4M3).to(torch.float32).unsqueeze(1)
+            codes = self.quantize_elements((a / torch.where(s > 0, s, 1.0)).clamp(-m, m))  # s = 0: a = 0
+            if self.scale_candidates == 1:
+                return codes, scales
+            err = (self.dequantize_elements(codes) * s - a).square().sum(dim=1)
+            if best_err is None:
+                best_codes, best_scales, best_err = codes, scales, err
+            else:
+                better = err < best_err
+                best_codes = torch.where(better.unsqueeze(1), codes, best_codes)
+                best_scales = torch.where(better, scales, best_scales)
+                best_err = torch.where(better, err, best_err)
+        return best_codes, best_scales
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        x32, bad = self._prepare(x)
+        n, B = x32.numel(), self.block_size
+        x32 = torch.where(torch.isfinite(x32), x32, 0.0)  # codes of a non-finite input are never read
+        xb = torch.nn.functional.pad(x32, (0, -n % B)).view(-1, B)
+        k = self._tensor_exponent(x32.abs().max() if n else x32.new_zeros(()))
+        codes, scales = self._quantize_blocks(xb * _pow2(-k))  # exact: a power-of-two scaling
+        codes = codes.flatten()
+        if self.element_bits == 4:
+            codes = codes[0::2] | (codes[1::2] << 4)
+        codes = codes[: -(-n * self.element_bits // 8)]
+        scales = torch.where(bad, _E4M3_NAN, scales)
+        tensor_scale = torch.where(bad, _E8M0_NAN, k + _E8M0_BIAS).to(torch.uint8).reshape(1)
+        return torch.cat([codes, scales, tensor_scale])
+
+    def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
+        self._check_payload(payload, numel)
+        n, B = numel, self.block_size
+        n_code_bytes, n_blocks = -(-n * self.element_bits // 8), -(-n // B)
+        codes = payload[:n_code_bytes]
+        if self.element_bits == 4:
+            codes = torch.stack([codes & 0x0F, codes >> 4], dim=1).flatten()
+        values = torch.nn.functional.pad(self.dequantize_elements(codes[:n]), (0, n_blocks * B - n))
+        s8 = payload[n_code_bytes : n_code_bytes + n_blocks].view(_E4M3).to(torch.float32)
+        t = payload[-1].to(torch.int32)
+        out = (values.view(-1, B) * s8.unsqueeze(1)).flatten()[:n] * _pow2((t - _E8M0_BIAS).clamp(-126, 127))
+        out = out.clamp(-_F32_MAX, _F32_MAX)  # a rounded-up absmax near fp32's max must not become inf
+        return torch.where(t == _E8M0_NAN, torch.nan, out)
+
+
+class FP8E4M3Codec(BlockScaledCodec):
+    """OCP FP8 E4M3 ("fn": max 448, subnormals down to 2^-9), via torch's round-to-nearest-even cast."""
+
+    name = "fp8_e4m3"
+    element_bits = 8
+    element_max = _E4M3_MAX
+
+    def __init__(self, *, block_size: int = 32, scale_candidates: int = 2) -> None:
+        super().__init__(block_size=block_size, scale_candidates=scale_candidates)
+
+    def quantize_elements(self, y: torch.Tensor) -> torch.Tensor:
+        return y.to(_E4M3).view(torch.uint8)
+
+    def dequantize_elements(self, codes: torch.Tensor) -> torch.Tensor:
+        return codes.view(_E4M3).to(torch.float32)
+
+
+class Int8Codec(BlockScaledCodec):
+    """Symmetric int8 (-127..127; -128 unused) with round half to even."""
+
+    name = "int8"
+    element_bits = 8
+    element_max = 127.0
+
+    def __init__(self, *, block_size: int = 32, scale_candidates: int = 1) -> None:
+        super().__init__(block_size=block_size, scale_candidates=scale_candidates)
+
+    def quantize_elements(self, y: torch.Tensor) -> torch.Tensor:
+        return torch.round(y).to(torch.int8).view(torch.uint8)
+
+    def dequantize_elements(self, codes: torch.Tensor) -> torch.Tensor:
+        return codes.view(torch.int8).to(torch.float32)
+
+
+class FP4Codec(BlockScaledCodec):
+    """A 4-bit sign-magnitude float given by its eight magnitudes (code order, ascending)."""
+
+    element_bits = 4
+    magnitudes: tuple[float, ...]
+
+    def __init__(self, *, block_size: int = 16, scale_candidates: int = 4) -> None:
+        assert len(self.magnitudes) == 8 and list(self.magnitudes) == sorted(self.magnitudes)
+        self.element_max = self.magnitudes[-1]
+        super().__init__(block_size=block_size, scale_candidates=scale_candidates)
+        mags = torch.tensor(self.magnitudes, dtype=torch.float32)
+        self._midpoints = (mags[1:] + mags[:-1]) / 2  # exact: the magnitudes have few significant bits
+        self._values = torch.cat([mags, -mags])  # code = sign << 3 | magnitude code
+
+    def quantize_elements(self, y: torch.Tensor) -> torch.Tensor:
+        mag, mids = y.abs(), self._midpoints.to(y.device)
+        # Off a midpoint both searches agree; on the one between codes i and i + 1 they give
+        # i and i + 1, and ties to even keeps whichever is even.
+        down = torch.bucketize(mag, mids, out_int32=True)
+        up = torch.bucketize(mag, mids, out_int32=True, right=True)
+        idx = torch.where(down % 2 == 0, down, up)
+        negative = (y < 0) & (idx > 0)  # zero is always +0
+        return (idx + 8 * negative).to(torch.uint8)
+
+    def dequantize_elements(self, codes: torch.Tensor) -> torch.Tensor:
+        return self._values.to(codes.device)[codes.long()]
+
+
+class FP4E3M0Codec(FP4Codec):
+    """E3M0: 1 sign, 3 exponent (bias 3), 0 mantissa bits; Streaming DiLoCo's outer-gradient format."""
+
+    name = "fp4_e3m0"
+    magnitudes = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+class FP4E2M1Codec(FP4Codec):
+    """E2M1: 1 sign, 2 exponent (bias 1), 1 mantissa bit; the OCP MX / NVFP4 element format."""
+
+    name = "fp4_e2m1"
+    magnitudes = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+_REGISTRY: dict[str, Codec] = {
+    c.name: c for c in (FP32Codec(), BF16Codec(), FP8E4M3Codec(), Int8Codec(), FP4E3M0Codec(), FP4E2M1Codec())
+}
+CODEC_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+
+
+def get_codec(name: str | Codec) -> Codec:
+    """The registered codec called ``name``; a :class:`Codec` instance is passed through."""
+    if isinstance(name, Codec):
+        return name
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown codec {name!r}; valid names: {', '.join(CODEC_NAMES)}") from None
