@@ -1,0 +1,290 @@
+"""The torch.distributed backend: one replica per process (gloo on CPU, nccl on GPU).
+
+Runs the same algorithm code as the in-process backend (:mod:`diloco.comm.local`):
+the algorithm hands over a 1-D uint8 payload, :meth:`all_gather_async` starts
+``all_gather_single`` with ``async_op=True`` and returns at once, so a fragment's
+exchange travels while the next inner steps compute; ``wait()`` returns the
+M payloads in rank order and every replica decodes and sums them in FP32 in
+that order (bit-identical averages on every rank, whatever the wire format).
+
+Bytes on the wire. The logical counts in :class:`~diloco.comm.accounting.CommStats`
+(payload n sent, (M-1) n received per replica) are what the collective moves
+per rank with gloo's and NCCL's ring all-gather: every rank forwards each of the
+other M-1 payloads once around the ring, so it sends (M-1) n and receives
+(M-1) n bytes (gloo's ``sent`` is therefore (M-1) times the logical ``sent``;
+for M = 2 they coincide). See docs/distributed.md.
+
+Faults. Collectives are matched by order, as everywhere in torch.distributed.
+A peer that died makes gloo fail fast ("connection reset by peer"); a peer that
+hangs is caught by ``wait(timeout)`` after ``timeout_s`` seconds. Either way
+:class:`~diloco.comm.base.CommError` is raised naming the collective (its tag,
+e.g. ``"fragment 2"``, and its sequence number) and the rank(s) at fault, read
+from the rendezvous store, where every rank records the number of the
+collective it last entered and, from a heartbeat thread, that it is alive:
+a rank that never entered the collective is *behind* (hung, or dead if its
+heartbeat stopped). After a failure the communicator refuses further work:
+the process group is no longer usable and the process should exit (the
+trainer then resumes from its last checkpoint).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from diloco.comm.accounting import CommStats
+from diloco.comm.base import CommError, Communicator, Work
+
+_KEY_PREFIX = "diloco_comm"
+# torch >= 2.9 renamed all_gather_into_tensor (deprecated since) to all_gather_single.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class _Heartbeat:
+    """A daemon thread that increments ``alive/<global rank>`` in the store every ``interval_s``.
+
+    One per process: a peer whose counter stops moving is dead or stopped
+    (SIGSTOP, frozen VM), which tells such a peer apart from one that is alive but
+    stuck before a collective.
+    """
+
+    _current: _Heartbeat | None = None
+    _lock = threading.Lock()
+
+    def __init__(self, store: dist.Store, global_rank: int, interval_s: float) -> None:
+        self.store, self.global_rank, self.interval_s = store, global_rank, interval_s
+        self._stop = threading.Event()
+        self.store.add(self._key(global_rank), 1)
+        self._thread = threading.Thread(target=self._run, name="diloco-heartbeat", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def ensure(cls, store: dist.Store, global_rank: int, interval_s: float) -> _Heartbeat:
+        """The process's heartbeat, (re)started if the process group (its store or rank) changed."""
+        with cls._lock:
+            hb = cls._current
+            if hb is None or not hb._thread.is_alive() or hb.global_rank != global_rank or hb.store is not store:
+                if hb is not None:
+                    hb._stop.set()
+                hb = cls._current = cls(store, global_rank, interval_s)
+            return hb
+
+    @staticmethod
+    def _key(global_rank: int) -> str:
+        return f"{_KEY_PREFIX}/alive/{global_rank}"
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.store.add(self._key(self.global_rank), 1)
+            except Exception:  # noqa: BLE001 - the store is gone: nothing left to report to
+                return
+
+    def counters(self, global_ranks: Sequence[int]) -> dict[int, int]:
+        """Each rank's beat count (adding 0 reads a counter without blocking on a missing key)."""
+        return {r: self.store.add(self._key(r), 0) for r in global_ranks}
+
+
+class _TorchWork(Work):
+    def __init__(self, comm: TorchDistCommunicator, work, out: torch.Tensor, numel: int, seq: int, what: str,
+                 result_device: torch.device) -> None:
+        self._comm, self._work, self._out, self._numel = comm, work, out, numel
+        self._seq, self._what, self._device = seq, what, result_device
+        self._result: list[torch.Tensor] | None = None
+
+    def wait(self) -> list[torch.Tensor]:
+        if self._result is None:
+            self._comm._wait(self._work, self._seq, self._what)
+            self._result = [c.to(self._device) for c in self._out.split(self._numel)]
+        return self._result
+
+    def is_completed(self) -> bool:
+        return self._result is not None or bool(self._work.is_completed())
+
+
+class _DoneWork(Work):
+    """World of one: nothing to exchange."""
+
+    def __init__(self, payload: torch.Tensor) -> None:
+        self._payload = payload
+
+    def wait(self) -> list[torch.Tensor]:
+        return [self._payload]
+
+    def is_completed(self) -> bool:
+        return True
+
+
+class TorchDistCommunicator(Communicator):
+    """This process's endpoint in the replica group ``group`` (default: the whole world).
+
+    Args:
+        group: the process group of the replicas (one rank per replica); ``None`` is the default group.
+            With workers of several ranks, see :mod:`diloco.comm.mesh` instead.
+        timeout_s: how long ``wait()``, :meth:`broadcast_` and :meth:`barrier` wait for the peers
+            before raising :class:`CommError`. Counted from the call to ``wait()``, so an exchange
+            overlapped with tau inner steps gets those steps on top. The process group's own timeout
+            (``init_process_group(timeout=...)``) bounds one collective in gloo's worker thread: keep it
+            at least as long as the slowest legitimate transfer.
+        store: the rendezvous store where ranks record their progress, used to name the rank(s) at
+            fault; default the default process group's store. ``None`` and no default store: errors
+            cannot name the missing ranks.
+        heartbeat_s: interval of the liveness heartbeat (0 disables it).
+    """
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None = None,
+        *,
+        timeout_s: float,
+        store: dist.Store | None = None,
+        heartbeat_s: float = 0.5,
+    ) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError(
+                "torch.distributed is not initialized: call torch.distributed.init_process_group(...) first "
+                "(under torchrun: diloco.dist.init_from_env())"
+            )
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s}")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        if self.rank < 0:
+            raise ValueError(f"this process (global rank {dist.get_rank()}) is not a member of the given group")
+        self.world_size = dist.get_world_size(group)
+        self.global_ranks: list[int] = dist.get_process_group_ranks(group or dist.group.WORLD)
+        self.timeout_s = float(timeout_s)
+        backend = str(dist.get_backend(group)).lower()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.stats = CommStats()
+        self._seq = 0
+        self._failed: str | None = None
+        self._name = "world" if group is None else "g" + "-".join(map(str, self.global_ranks))
+        if store is None:
+            try:
+                store = dist.distributed_c10d._get_default_store()
+            except Exception:  # noqa: BLE001 - progress tracking is a diagnostic, not a requirement
+                store = None
+        self._store = store
+        self._heartbeat = None
+        if store is not None and heartbeat_s > 0:
+            self._heartbeat = _Heartbeat.ensure(store, dist.get_rank(), heartbeat_s)
+
+    # -- backend hooks ---------------------------------------------------------
+    def _start_all_gather(self, payload: torch.Tensor, tag: str) -> Work:
+        what = f"all-gather {tag!r}" if tag else "all-gather"
+        seq = self._enter(what)
+        if self.world_size == 1:
+            return _DoneWork(payload)
+        src = payload.to(self.device).contiguous()
+        out = torch.empty(self.world_size * src.numel(), dtype=torch.uint8, device=self.device)
+        work = self._issue(what, seq, lambda: _all_gather_single(out, src, group=self.group, async_op=True))
+        return _TorchWork(self, work, out, src.numel(), seq, what, payload.device)
+
+    def broadcast_(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
+        """One broadcast per dtype: the tensors are packed into one flat buffer (few large messages)."""
+        if not 0 <= src < self.world_size:
+            raise ValueError(f"src must be a rank of the group, 0..{self.world_size - 1}; got {src}")
+        what = f"broadcast from rank {src}"
+        seq = self._enter(what)
+        if self.world_size == 1:
+            return
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        global_src = self.global_ranks[src]
+        for members in by_dtype.values():  # insertion order: the same on every rank
+            flat = torch.cat([t.detach().reshape(-1).to(self.device) for t in members])
+            work = self._issue(what, seq, lambda f=flat: dist.broadcast(f, global_src, group=self.group,
+                                                                         async_op=True))
+            self._wait(work, seq, what)
+            if self.rank != src:
+                offset = 0
+                with torch.no_grad():
+                    for t in members:
+                        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                        offset += t.numel()
+
+    def barrier(self) -> None:
+        seq = self._enter("barrier")
+        if self.world_size > 1:
+            self._wait(self._issue("barrier", seq, lambda: dist.barrier(group=self.group, async_op=True)),
+                       seq, "barrier")
+
+    # -- progress, waiting, diagnosis -------------------------------------------
+    def _enter(self, what: str) -> int:
+        """Number the next collective and record in the store that this rank reached it."""
+        if self._failed is not None:
+            raise CommError(f"rank {self.rank}: cannot start {what}: this communicator failed earlier "
+                            f"({self._failed}); restart the run (e.g. from the last checkpoint)")
+        self._seq += 1
+        if self._store is not None and self.world_size > 1:
+            try:
+                self._store.set(self._progress_key(self.rank), str(self._seq))
+            except Exception as exc:  # noqa: BLE001
+                self._fail(f"rank {self.rank}: the rendezvous store is unreachable before {what} "
+                           f"(collective #{self._seq}); its host may have died: {exc}", exc)
+        return self._seq
+
+    def _issue(self, what: str, seq: int, start):
+        try:
+            return start()
+        except Exception as exc:  # noqa: BLE001 - gloo raises here when a peer is already gone
+            self._fail(self._diagnose(what, seq, exc, 0.0), exc)
+
+    def _wait(self, work, seq: int, what: str) -> None:
+        t0 = time.monotonic()
+        try:
+            work.wait(timeout=timedelta(seconds=self.timeout_s))
+        except Exception as exc:  # noqa: BLE001 - RuntimeError / DistBackendError from the backend
+            self._fail(self._diagnose(what, seq, exc, time.monotonic() - t0), exc)
+
+    def _fail(self, message: str, cause: BaseException):
+        self._failed = message
+        raise CommError(message) from cause
+
+    def _progress_key(self, rank: int) -> str:
+        return f"{_KEY_PREFIX}/{self._name}/seq/{rank}"
+
+    def _diagnose(self, what: str, seq: int, exc: BaseException, waited_s: float) -> str:
+        """Name the ranks that never entered collective #seq, and those whose heartbeat stopped."""
+        head = (f"rank {self.rank} of {self.world_size}: {what} (collective #{seq}) failed after "
+                f"{waited_s:.1f}s (timeout {self.timeout_s:g}s)")
+        backend_msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        if self._store is None:
+            return f"{head}; cannot name the missing rank(s) without a store; backend: {backend_msg}"
+        peers = [r for r in range(self.world_size) if r != self.rank]
+        try:
+            last = {r: (int(self._store.get(k)) if self._store.check([k]) else 0)
+                    for r in peers for k in [self._progress_key(r)]}
+            silent: list[int] = []
+            if self._heartbeat is not None:
+                globals_ = [self.global_ranks[r] for r in peers]
+                before = self._heartbeat.counters(globals_)
+                time.sleep(2.5 * self._heartbeat.interval_s)
+                after = self._heartbeat.counters(globals_)
+                silent = [r for r, g in zip(peers, globals_, strict=True) if after[g] == before[g]]
+        except Exception as store_exc:  # noqa: BLE001
+            return f"{head}; could not read the peers' progress from the store ({store_exc}); backend: {backend_msg}"
+        behind = [r for r in peers if last[r] < seq]
+        parts = [head]
+        if behind:
+            detail = ", ".join(f"rank {r}{self._global(r)} last entered #{last[r]}" for r in behind)
+            parts.append(f"rank(s) {behind} never reached it ({detail})")
+        if silent:
+            parts.append(f"rank(s) {silent} stopped responding (heartbeat stopped: process dead or stopped)")
+        if behind and not silent and self._heartbeat is not None:
+            parts.append("their heartbeat is alive: hung or slower than the timeout")
+        if not behind and not silent:
+            parts.append("every peer had entered it and is alive: a peer failed inside the collective")
+        parts.append(f"backend: {backend_msg}")
+        return "; ".join(parts)
+
+    def _global(self, rank: int) -> str:
+        g = self.global_ranks[rank]
+        return "" if g == rank else f" (global rank {g})"
