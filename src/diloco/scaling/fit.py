@@ -41,6 +41,14 @@ def method_key(method: str, replicas: int) -> str:
     return "dp" if method == "dp" else f"{method}-m{int(replicas)}"
 
 
+def key_order(key: str) -> tuple[int, str, int]:
+    """Sort key for method keys: "dp" first, then each method by M."""
+    if key == "dp":
+        return (0, "", 0)
+    method, _, m = key.rpartition("-m")
+    return (1, method, int(m) if m.isdigit() else 0)
+
+
 # -- inputs ---------------------------------------------------------------------------------------
 def load_records(path: Path) -> list[dict[str, Any]]:
     """The finished ("ok") runs of a sweep results file, the last record of each run_id."""
@@ -295,7 +303,7 @@ def fit_scaling(records: Iterable[Mapping[str, Any]], *, smooth_by: str | None =
         get_form(name)
     deltas = {"loss": loss_huber_delta, "inner_lr": hparam_huber_delta, "global_batch": hparam_huber_delta}
     by_key: dict[str, list[BestPoint]] = defaultdict(list)
-    for p in points:
+    for p in sorted(points, key=lambda p: (key_order(p.key), p.num_params)):
         by_key[p.key].append(p)
     joint_pts = [p for p in points if p.method == joint_method]
     largest = max(p.num_params for p in points)

@@ -22,9 +22,10 @@ the ``+ C`` forms become log-sum-exps with closed-form gradients.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +153,20 @@ class FittedLaw:
                    float(d["objective"]))
 
 
+@contextlib.contextmanager
+def _single_threaded_blas() -> Iterator[None]:
+    """L-BFGS-B calls LAPACK on 20x20 matrices every iteration; a multi-threaded OpenBLAS makes that
+    5-30x slower on a busy machine (threads waking up for nothing). Limit it while fitting when
+    threadpoolctl is installed; the result is the same either way."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        yield
+        return
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
 def _initial_points(form: LawForm, logy: np.ndarray, x0: float) -> list[np.ndarray]:
     """A grid of starting points in the centred internal coordinates (see fit_law).
 
@@ -197,35 +212,42 @@ def fit_law(form_name: str, num_params: Any, replicas: Any, y: Any, *, huber_del
     x = np.log(n)
     logy = np.log(yv)
     # log A and alpha are nearly collinear when log N spans 17..22, which slows L-BFGS badly.
-    # Optimise phi with phi[0] = log A + alpha * x0 (the law's value at the centre) instead:
-    # theta = T phi with T the identity except theta[0] = phi[0] - x0 * phi[1].
+    # Optimise phi with phi[0] = log A + alpha * x0 (the law's value at the centre) instead.
+    # (Plain element-wise numpy below, no matrix products: on tiny arrays a multi-threaded BLAS
+    # on a busy machine made each evaluation ~20x slower.)
     x0 = float(x.mean())
-    T = np.eye(len(form.params))
-    T[0, 1] = -x0
     scale = 1.0 / huber_delta**2  # objective O(1) near the optimum, so default tolerances are meaningful
 
+    def to_theta(phi: np.ndarray) -> np.ndarray:
+        theta = phi.copy()
+        theta[0] -= x0 * phi[1]
+        return theta
+
     def objective(phi: np.ndarray) -> tuple[float, np.ndarray]:
-        pred, jac = form.model(T @ phi, x, m)
+        pred, jac = form.model(to_theta(phi), x, m)
         r = pred - logy
         psi = np.clip(r, -huber_delta, huber_delta)  # d Huber / d r
-        return float(huber(huber_delta, r).sum() * scale), (T.T @ (jac.T @ psi)) * scale
+        grad = (jac * psi[:, None]).sum(axis=0)  # d/d theta
+        grad[1] += -x0 * grad[0]  # chain rule through to_theta
+        return float(huber(huber_delta, r).sum() * scale), grad * scale
 
     starts = _initial_points(form, logy, x0)
     if len(starts) > max_inits:
         pick = np.random.default_rng(seed).choice(len(starts), size=max_inits, replace=False)
         starts = [starts[i] for i in sorted(pick)]
     # C < min y, since the other terms are positive; below min y * e^-20 it is zero for any purpose,
-    # and without that floor fits whose best C is 0 spend hundreds of steps walking log C to -inf.
+    # and the floor stops log C from running off towards -inf when the best C is 0.
     log_ymin = float(logy.min())
     bounds = [(log_ymin - 20.0, log_ymin) if p == "C" else (None, None) for p in form.params]
     best = None
-    for phi0 in starts:
-        res = minimize(objective, phi0, jac=True, method="L-BFGS-B", bounds=bounds,
-                       options={"maxiter": 5000, "ftol": 1e-12, "gtol": 1e-8})
+    with _single_threaded_blas():
+        results = [minimize(objective, phi0, jac=True, method="L-BFGS-B", bounds=bounds,
+                            options={"maxiter": 5000, "ftol": 1e-12, "gtol": 1e-8}) for phi0 in starts]
+    for res in results:
         if np.all(np.isfinite(res.x)) and (best is None or res.fun < best.fun):
             best = res
     assert best is not None, "every start diverged"
-    return FittedLaw(form.name, form.to_natural(T @ best.x), len(yv), float(best.fun / scale))
+    return FittedLaw(form.name, form.to_natural(to_theta(best.x)), len(yv), float(best.fun / scale))
 
 
 def log_residual(actual: Any, predicted: Any) -> np.ndarray:

@@ -9,28 +9,21 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import LogLocator, ScalarFormatter  # noqa: E402
 import numpy as np  # noqa: E402
 
-from diloco.scaling.fit import BestPoint, ScalingFit  # noqa: E402
+from diloco.scaling.fit import BestPoint, ScalingFit, key_order  # noqa: E402
 from diloco.scaling.laws import FittedLaw  # noqa: E402
 
 PLOTS = {"loss": "loss_vs_n.png", "hparams": "hparams_vs_n.png", "vs_dp": "pct_vs_dp.png"}
 MARKDOWN = "report.md"
 
 
-def _sort_key(key: str) -> tuple[int, str, int]:
-    """dp first, then each method by M."""
-    if key == "dp":
-        return (0, "", 0)
-    method, _, m = key.rpartition("-m")
-    return (1, method, int(m) if m.isdigit() else 0)
-
-
 def _by_key(points: list[BestPoint]) -> dict[str, list[BestPoint]]:
     groups: dict[str, list[BestPoint]] = defaultdict(list)
     for p in sorted(points, key=lambda p: p.num_params):
         groups[p.key].append(p)
-    return dict(sorted(groups.items(), key=lambda kv: _sort_key(kv[0])))
+    return dict(sorted(groups.items(), key=lambda kv: key_order(kv[0])))
 
 
 def _colors(keys: list[str]) -> dict[str, tuple]:
@@ -50,6 +43,19 @@ def _line(ax: plt.Axes, law: FittedLaw | None, n_lo: float, n_hi: float, replica
         ax.plot(ns, law.predict(ns, replicas), color=color, lw=1.0, ls="--")
 
 
+def _log_axes(ax: plt.Axes, *, plain_y: bool = False) -> None:
+    """Log-log axes; with ``plain_y``, y labels read as plain numbers (2.5, not 2.5 x 10^0), which
+    suits a loss spanning less than a decade."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    if not plain_y:
+        return
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)))
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(plt.NullFormatter())
+
+
 def plot_loss(fit: ScalingFit, path: Path) -> Path:
     groups = _by_key(fit.points)
     colors = _colors(list(groups))
@@ -59,13 +65,11 @@ def plot_loss(fit: ScalingFit, path: Path) -> Path:
     for key, pts in groups.items():
         ax.scatter([p.num_params for p in pts], [p.loss for p in pts], color=colors[key], s=22, label=key, zorder=3)
         _line(ax, fit.loss_laws.get(key), n_min, 4 * n_max, pts[0].replicas, colors[key], n_max)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    _log_axes(ax, plain_y=True)
     ax.set_xlabel("non-embedding parameters N")
     ax.set_ylabel("best eval loss")
-    ax.set_title("Best loss vs model size; lines: L = A·N^α per method (dashed: extrapolation)")
+    ax.set_title("Best loss vs model size\nlines: L = A·N^α per method, dashed: extrapolation", fontsize=10)
     ax.legend(fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -90,16 +94,14 @@ def plot_hparams(fit: ScalingFit, path: Path) -> Path:
                        label=key, zorder=3)
             _line(ax, laws.get(key), n_min, 4 * n_max, pts[0].replicas, colors[key], n_max)
         if plotted:
-            ax.set_xscale("log")
-            ax.set_yscale("log")
+            _log_axes(ax)
             ax.legend(fontsize=8)
         else:
             ax.text(0.5, 0.5, "no hyperparameters in these records", ha="center", va="center",
                     transform=ax.transAxes)
         ax.set_xlabel("non-embedding parameters N")
         ax.set_ylabel(label)
-        ax.grid(True, which="both", alpha=0.3)
-    fig.suptitle("Optimal hyperparameters vs model size; lines: A·N^α per method")
+    fig.suptitle("Optimal hyperparameters vs model size; lines: A·N^α per method", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -133,7 +135,7 @@ def plot_vs_dp(fit: ScalingFit, path: Path) -> Path:
     ax.set_xscale("log")
     ax.set_xlabel("non-embedding parameters N")
     ax.set_ylabel("best loss vs data-parallel (%)")
-    ax.set_title("DiLoCo's best loss relative to data-parallel (below 0: better)")
+    ax.set_title("Best loss relative to data-parallel (below 0: better)", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
