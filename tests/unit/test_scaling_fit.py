@@ -155,6 +155,8 @@ def test_method_key():
     assert method_key("dp", 8) == "dp" and method_key("diloco", 4) == "diloco-m4"
 
 
-def test_smooth_by_must_name_a_hyperparameter():
+def test_user_errors_are_value_errors():
     with pytest.raises(ValueError, match="smooth_by"):
         best_points([], smooth_by="outer_lr")
+    with pytest.raises(ValueError, match="no records"):
+        fit_scaling([])

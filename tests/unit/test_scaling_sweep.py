@@ -81,6 +81,12 @@ def test_grid_validation_names_the_problem():
         small_grid(inner_lr={"35M": [1e-3]})
     with pytest.raises(ValueError, match="methods"):
         small_grid(methods=("fedavg",))
+    with pytest.raises(ValueError, match="repeats a value"):
+        small_grid(inner_lr=[1e-3, 2e-3, 1e-3])
+    with pytest.raises(ValueError, match="must be a number"):
+        small_grid(outer_lr=["0.7"])
+    with pytest.raises(ValueError, match="whole numbers"):
+        small_grid(global_batch=[8, 12.5])
     assert small_grid(sizes=("cpu-9m",), num_params={"cpu-9m": 9_000_000}).size_params("cpu-9m") == 9_000_000
 
 

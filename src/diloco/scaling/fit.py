@@ -298,6 +298,8 @@ def fit_scaling(records: Iterable[Mapping[str, Any]], *, smooth_by: str | None =
                 alternatives: Iterable[str] = ALTERNATIVE_FORMS) -> ScalingFit:
     """Every fit of the module docstring, from finished sweep records (see :func:`load_records`)."""
     points = best_points(records, smooth_by=smooth_by)
+    if not points:
+        raise ValueError("no records to fit: run `diloco sweep` first, or use the paper's table (--paper-table4)")
     alternatives = tuple(alternatives)
     for name in alternatives:
         get_form(name)

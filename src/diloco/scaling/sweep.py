@@ -4,8 +4,8 @@ A :class:`GridSpec` expands into plain-dict run configs, each with a stable ``ru
 the config). :func:`run_sweep` calls a *run function* on every config whose ``run_id`` has no
 finished record yet and appends one JSON line per finished run, flushed and fsync'ed, so a crash or
 Ctrl-C loses at most the run in progress and a restart picks up where it stopped. The run
-function is looked up by name in :data:`RUNNERS`: ``"train"`` (the real trainer, registered by
-``diloco.train``) or ``"synthetic"`` (a known noisy law, for tests and demos).
+function is looked up by name in :data:`RUNNERS`: ``"train"`` (the real trainer, imported from
+``diloco.train.sweep_runner``) or ``"synthetic"`` (a known noisy law, for tests and demos).
 
 The record format is documented in docs/scaling.md.
 """
@@ -89,22 +89,29 @@ def ladder(start: float, stop: float, factor: float | str) -> tuple[float, ...]:
     return tuple(float(f"{start * f**k:.6g}") for k in range(count))
 
 
-def _values(raw: Any, what: str) -> tuple[float, ...]:
-    """A list of numbers, or a ladder {"start", "stop", "factor"}, as a tuple."""
+def _values(raw: Any, what: str, kind: type = float) -> tuple[Any, ...]:
+    """A list of distinct numbers, or a ladder {"start", "stop", "factor"}, as a tuple of ``kind``."""
     if isinstance(raw, Mapping):
         unknown = set(raw) - {"start", "stop", "factor"}
         if unknown or not {"start", "stop", "factor"} <= set(raw):
             raise ValueError(f"{what}: a ladder is {{'start': x, 'stop': y, 'factor': 'sqrt2' | '2' | number}}, "
                              f"got keys {sorted(raw)}")
-        return ladder(float(raw["start"]), float(raw["stop"]), raw["factor"])
-    if isinstance(raw, (int, float)):
-        return (raw,)
+        raw = ladder(float(raw["start"]), float(raw["stop"]), raw["factor"])
+    elif isinstance(raw, (int, float)):
+        raw = (raw,)
     if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
         raise ValueError(f"{what}: expected a non-empty list of numbers or a ladder, got {raw!r}")
-    return tuple(raw)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in raw):
+        raise ValueError(f"{what}: every value must be a number, got {list(raw)}")
+    values = tuple(kind(v) for v in raw)
+    if kind is int and any(v != int(v) for v in raw):
+        raise ValueError(f"{what}: {list(raw)} must be whole numbers")
+    if len(set(values)) != len(values):
+        raise ValueError(f"{what}: {list(raw)} repeats a value (each grid point would run twice)")
+    return values
 
 
-def _per_size(raw: Any, sizes: Sequence[str], what: str) -> dict[str, tuple[float, ...]]:
+def _per_size(raw: Any, sizes: Sequence[str], what: str, kind: type = float) -> dict[str, tuple[Any, ...]]:
     """One list for every size, or a mapping size -> list (to centre a grid on each size's optimum)."""
     if isinstance(raw, Mapping) and not {"start", "stop", "factor"} & set(raw):
         missing = [s for s in sizes if s not in raw]
@@ -112,8 +119,8 @@ def _per_size(raw: Any, sizes: Sequence[str], what: str) -> dict[str, tuple[floa
         if missing or extra:
             raise ValueError(f"{what}: per-size values must name exactly the grid's sizes "
                              f"(missing {missing}, not in sizes {extra})")
-        return {s: _values(raw[s], f"{what}[{s}]") for s in sizes}
-    values = _values(raw, what)
+        return {s: _values(raw[s], f"{what}[{s}]", kind) for s in sizes}
+    values = _values(raw, what, kind)
     return {s: values for s in sizes}
 
 
@@ -146,18 +153,20 @@ class GridSpec:
             raise ValueError(f"sizes={self.sizes!r}: give a non-empty list of distinct size names")
         for name in ("sizes", "methods"):
             set_(name, tuple(getattr(self, name)))
-        set_("replicas", tuple(int(m) for m in _values(self.replicas, "replicas")))
-        set_("outer_lr", tuple(float(v) for v in _values(self.outer_lr, "outer_lr")))
-        set_("sync_every", tuple(int(h) for h in _values(self.sync_every, "sync_every")))
-        lrs = _per_size(self.inner_lr, self.sizes, "inner_lr")
-        set_("inner_lr", {s: tuple(float(v) for v in vs) for s, vs in lrs.items()})
-        batches = _per_size(self.global_batch, self.sizes, "global_batch")
-        set_("global_batch", {s: tuple(int(v) for v in vs) for s, vs in batches.items()})
-        set_("num_params", {str(k): int(v) for k, v in dict(self.num_params).items()})
+        set_("replicas", _values(self.replicas, "replicas", int))
+        set_("outer_lr", _values(self.outer_lr, "outer_lr"))
+        set_("sync_every", _values(self.sync_every, "sync_every", int))
+        set_("inner_lr", _per_size(self.inner_lr, self.sizes, "inner_lr"))
+        set_("global_batch", _per_size(self.global_batch, self.sizes, "global_batch", int))
+        if not isinstance(self.num_params, Mapping):
+            raise ValueError(f"num_params={self.num_params!r}: give a mapping size name -> parameter count")
+        set_("num_params", {str(k): _values(v, f"num_params[{k}]", int)[0] for k, v in self.num_params.items()})
+        if not isinstance(self.base, Mapping):
+            raise ValueError(f"base={self.base!r}: give a mapping of settings held fixed over the grid")
         set_("base", dict(self.base))
 
         bad_methods = [m for m in self.methods if m not in SWEEP_METHODS]
-        if bad_methods or not self.methods:
+        if bad_methods or not self.methods or len(set(self.methods)) != len(self.methods):
             raise ValueError(f"methods={list(self.methods)}: choose from {', '.join(SWEEP_METHODS)}")
         if any(m < 1 for m in self.replicas):
             raise ValueError(f"replicas={list(self.replicas)}: every M must be >= 1")
@@ -237,8 +246,7 @@ def expand(grid: GridSpec) -> list[dict[str, Any]]:
                                "sync_every": sync_every, "tokens": int(round(grid.tokens_per_param * n)),
                                "seed": grid.seed, "runner": grid.runner, "base": dict(grid.base)}
                         out.append({"run_id": run_id_of(cfg), **cfg})
-    ids = [c["run_id"] for c in out]
-    assert len(set(ids)) == len(ids), "duplicate grid points (repeated values in a grid list?)"
+    assert len({c["run_id"] for c in out}) == len(out), "GridSpec validation lets no value repeat"
     return out
 
 
