@@ -33,13 +33,15 @@ RunFn = Callable[[dict[str, Any]], dict[str, Any]]
 
 SWEEP_METHODS = ("dp", "diloco", "streaming")
 
-# Non-embedding parameter counts by size name; a grid may override or extend them with its own
-# ``num_params`` mapping. Prefilled with the scaling-laws paper's sizes (arXiv 2503.09799,
-# Tables 3-4; its Table 3 labels 335M as 330M). The trainer's sizes are added by whoever
-# registers the "train" runner, or given in the grid file.
+# Parameter counts N by size name (tokens per run = tokens_per_param * N). A grid may override or
+# extend them with its own ``num_params`` mapping; other names are looked up in the model zoo
+# (``diloco.models.sizes``), which counts non-embedding parameters. Prefilled with the scaling-laws
+# paper's nominal sizes (arXiv 2503.09799, Tables 3-4; Table 3 labels 335M as 330M), so that
+# tokens = 20 N reproduces its budgets (35M -> 700M tokens). Those nominal counts include the tied
+# embedding (see diloco.models.sizes); the CPU sizes are named by their non-embedding count.
 SIZE_PARAMS: dict[str, int] = {
     "35M": 35_000_000, "90M": 90_000_000, "180M": 180_000_000, "335M": 335_000_000,
-    "550M": 550_000_000, "1.3B": 1_300_000_000, "2.4B": 2_400_000_000, "4B": 4_000_000_000,
+    "330M": 330_000_000, "550M": 550_000_000, "1.3B": 1_300_000_000, "2.4B": 2_400_000_000, "4B": 4_000_000_000,
     "10B": 10_000_000_000,
 }
 
@@ -124,6 +126,23 @@ def _per_size(raw: Any, sizes: Sequence[str], what: str, kind: type = float) -> 
     return {s: values for s in sizes}
 
 
+def _model_zoo_params(size: str, base: Mapping[str, Any]) -> int | None:
+    """Non-embedding parameters of a named size of ``diloco.models.sizes`` (e.g. "cpu-1m"), or None.
+
+    Imported only when needed: it pulls in torch. The count does not depend on the vocabulary or
+    sequence length, but the CPU sizes need both to build a config, so ``base``'s are used if given.
+    """
+    try:
+        from diloco.models.sizes import SIZES, make_config
+        from diloco.models.transformer import count_params
+    except ImportError:  # the model zoo is optional for sweeps of other run functions
+        return None
+    if size not in SIZES:
+        return None
+    config = make_config(size, vocab_size=int(base.get("vocab_size", 4096)), seq_len=int(base.get("seq_len", 128)))
+    return int(count_params(config, embeddings=False))
+
+
 @dataclass(frozen=True)
 class GridSpec:
     """A sweep: every combination of the fields below (DiLoCo-only fields are ignored for DP).
@@ -189,11 +208,15 @@ class GridSpec:
             self.size_params(s)  # raises for unknown sizes
 
     def size_params(self, size: str) -> int:
-        """Non-embedding parameter count N of a size name."""
+        """Parameter count N of a size name: the grid's ``num_params``, else :data:`SIZE_PARAMS`
+        (the paper's nominal sizes), else the model zoo's non-embedding count."""
         if size in self.num_params:
             return self.num_params[size]
         if size in SIZE_PARAMS:
             return SIZE_PARAMS[size]
+        counted = _model_zoo_params(size, self.base)
+        if counted is not None:
+            return counted
         raise ValueError(f"unknown size {size!r}: give its non-embedding parameter count in the grid's "
                          f"num_params (e.g. \"num_params\": {{\"{size}\": 1200000}}) or register it in "
                          f"diloco.scaling.sweep.SIZE_PARAMS; known: {', '.join(SIZE_PARAMS)}")
