@@ -229,3 +229,13 @@ def test_sigkill_midway_then_restart_loses_only_the_run_in_progress(tmp_path):
     assert summary == {"total": len(all_ids), "skipped": len(before), "ran": len(all_ids) - len(before),
                        "failed": 0}
     assert all(r["synthetic"] is True and r["runner"] == "synthetic" for r in after)
+
+
+def test_sizes_outside_the_paper_table_come_from_the_model_zoo():
+    sizes = pytest.importorskip("diloco.models.sizes")
+    from diloco.models.transformer import count_params
+
+    grid = small_grid(sizes=("cpu-1m",), base={"vocab_size": 512, "seq_len": 64})
+    expected = count_params(sizes.make_config("cpu-1m", vocab_size=512, seq_len=64), embeddings=False)
+    assert grid.size_params("cpu-1m") == expected
+    assert expand(grid)[0]["tokens"] == 20 * expected
