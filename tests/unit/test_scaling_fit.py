@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diloco.scaling.fit import best_points, fit_scaling, load_records, method_key, quadratic_optimum
+from diloco.scaling.fit import best_points, fit_scaling, load_records, method_key, quadratic_optimum, split_key
 from diloco.scaling.laws import fit_law, log_residual
 from diloco.scaling.sweep import GridSpec, expand
 from diloco.scaling.synthetic import SyntheticLaw, synthetic_run
@@ -151,8 +151,10 @@ def test_load_records_keeps_the_last_record_of_each_run(tmp_path):
         load_records(tmp_path / "empty.jsonl")
 
 
-def test_method_key():
-    assert method_key("dp", 8) == "dp" and method_key("diloco", 4) == "diloco-m4"
+@given(st.sampled_from(["diloco", "streaming"]), st.integers(1, 64))
+def test_method_key_round_trips(method, m):
+    assert split_key(method_key(method, m)) == (method, m)
+    assert method_key("dp", m) == "dp" and split_key("dp") == ("dp", 1)
 
 
 def test_user_errors_are_value_errors():

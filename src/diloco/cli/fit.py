@@ -53,6 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from diloco.scaling.fit import split_key
+
     fit, source = load_fit(args)
     print(f"source: {source}\n")
     print(fit.coefficient_table())
@@ -60,10 +62,11 @@ def run(args: argparse.Namespace) -> int:
     for (target, law), value in sorted(fit.mean_holdout().items()):
         print(f"  {target:<13} {law:<9} {value:.4f}")
     for n in args.predict:
+        if not n > 0:
+            raise ValueError(f"--predict {n}: give a positive parameter count, e.g. --predict 4e9")
         print(f"\npredictions at N = {n:.3g}:")
         for key in fit.loss_laws:
-            method, _, m = key.rpartition("-m")
-            method, m = (key, 1) if key == "dp" else (method, int(m))
+            method, m = split_key(key)
             print("  " + json.dumps(fit.predict(n, method=method, replicas=m).to_dict()))
     out = args.json or (Path("paper_table4.fit.json") if args.paper_table4 else args.results.with_suffix(".fit.json"))
     out.write_text(json.dumps({"source": source, **fit.to_dict()}, indent=2) + "\n")

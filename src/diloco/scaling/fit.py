@@ -41,12 +41,20 @@ def method_key(method: str, replicas: int) -> str:
     return "dp" if method == "dp" else f"{method}-m{int(replicas)}"
 
 
+def split_key(key: str) -> tuple[str, int]:
+    """The inverse of :func:`method_key`: "diloco-m4" -> ("diloco", 4), "dp" -> ("dp", 1)."""
+    if key == "dp":
+        return "dp", 1
+    method, sep, m = key.rpartition("-m")
+    if not sep or not m.isdigit():
+        raise ValueError(f"method key {key!r}: expected 'dp' or '<method>-m<M>', e.g. 'diloco-m4'")
+    return method, int(m)
+
+
 def key_order(key: str) -> tuple[int, str, int]:
     """Sort key for method keys: "dp" first, then each method by M."""
-    if key == "dp":
-        return (0, "", 0)
-    method, _, m = key.rpartition("-m")
-    return (1, method, int(m) if m.isdigit() else 0)
+    method, m = split_key(key)
+    return (0 if method == "dp" else 1, method, m)
 
 
 # -- inputs ---------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import LogLocator, ScalarFormatter  # noqa: E402
 import numpy as np  # noqa: E402
 
-from diloco.scaling.fit import BestPoint, ScalingFit, key_order  # noqa: E402
+from diloco.scaling.fit import BestPoint, ScalingFit, key_order, split_key  # noqa: E402
 from diloco.scaling.laws import FittedLaw  # noqa: E402
 
 PLOTS = {"loss": "loss_vs_n.png", "hparams": "hparams_vs_n.png", "vs_dp": "pct_vs_dp.png"}
@@ -161,8 +161,7 @@ def _predictions_table(fit: ScalingFit) -> str:
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     for n in (4 * largest, 10 * largest):
         for key in keys:
-            method, _, m = key.rpartition("-m")
-            method, m = (key, 1) if key == "dp" else (method, int(m))
+            method, m = split_key(key)
             pr = fit.predict(n, method=method, replicas=m)
             rows.append(f"| {n:.3g} | {key} | {pr.loss:.4f} | {pr.loss_law} | {fmt(pr.inner_lr, '.3g')} | "
                         f"{fmt(pr.global_batch_rounded, 'd')} | {fmt(pr.outer_lr, '.2g')} | {fmt(pr.sync_every, 'd')} |")
