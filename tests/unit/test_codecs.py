@@ -243,6 +243,14 @@ def test_scaled_codecs_match_reference(name, seed):
         assert errs[1, b] - errs[0, b] <= 1e-5 * errs[0, b]
 
 
+@pytest.mark.parametrize("name, value, expected", [("fp4_e3m0", 3968.0, 4096.0), ("fp4_e2m1", 1488.0, 1536.0)])
+def test_equal_error_candidates_keep_the_larger_scale(name, value, expected):
+    """Tensor scale 1 (k = 0). Block scales 256 and 240 (adjacent E4M3 values) give the lone value
+    the same error: m * 256 - v = v - m * 240 (v = m/2 * 496; the smaller saturates). 256 wins."""
+    x = torch.tensor([value] + [0.0] * 15)
+    assert roundtrip(get_codec(name), x).tolist() == [expected] + [0.0] * 15
+
+
 @pytest.mark.parametrize("name", SCALED)
 def test_tensor_scale_is_the_smallest_power_of_two_that_fits(name):
     top = 448 * float(MAGNITUDES[name][-1])  # largest E4M3 block scale times the element maximum

@@ -126,9 +126,7 @@ class Codec(abc.ABC):
         return x.to(torch.float32).contiguous(), bad
 
     def _check_payload(self, payload: torch.Tensor, numel: int) -> None:
-        if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
-            raise ValueError(f"{self.name}.decode: numel must be a non-negative int, got {numel!r}")
-        expected = self.num_bytes(numel)
+        expected = self.num_bytes(numel)  # validates numel
         if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8 or payload.shape != (expected,):
             got = f"{payload.dtype} of shape {tuple(payload.shape)}" if isinstance(payload, torch.Tensor) else payload
             raise ValueError(
