@@ -28,6 +28,7 @@ def main() -> None:
     result["env"] = {"rank": env.rank, "world_size": env.world_size, "local_rank": env.local_rank,
                      "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME")}
     torch.save(result, out_dir / f"rank{env.rank}.pt")
+    comm.close()
     dist.destroy_process_group()
 
 

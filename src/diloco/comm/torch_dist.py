@@ -29,6 +29,7 @@ trainer then resumes from its last checkpoint).
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 from collections.abc import Sequence
@@ -55,6 +56,9 @@ class _Heartbeat:
 
     _current: _Heartbeat | None = None
     _lock = threading.Lock()
+    # A daemon thread still inside a store call while the interpreter finalizes aborts the process
+    # ("terminate called without an active exception"): stop it first, whatever the caller forgot.
+    _atexit_registered = False
 
     def __init__(self, store: dist.Store, global_rank: int, interval_s: float) -> None:
         self.store, self.global_rank, self.interval_s = store, global_rank, interval_s
@@ -70,9 +74,25 @@ class _Heartbeat:
             hb = cls._current
             if hb is None or not hb._thread.is_alive() or hb.global_rank != global_rank or hb.store is not store:
                 if hb is not None:
-                    hb._stop.set()
+                    hb.stop()
                 hb = cls._current = cls(store, global_rank, interval_s)
+                if not cls._atexit_registered:
+                    atexit.register(cls.stop_current)
+                    cls._atexit_registered = True
             return hb
+
+    def stop(self) -> None:
+        """Stop beating and wait for the thread, so no store call is in flight at teardown."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10 * self.interval_s)
+
+    @classmethod
+    def stop_current(cls) -> None:
+        with cls._lock:
+            if cls._current is not None:
+                cls._current.stop()
+                cls._current = None
 
     @staticmethod
     def _key(global_rank: int) -> str:
@@ -215,6 +235,15 @@ class TorchDistCommunicator(Communicator):
         if self.world_size > 1:
             self._wait(self._issue("barrier", seq, lambda: dist.barrier(group=self.group, async_op=True)),
                        seq, "barrier")
+
+    def close(self) -> None:
+        """Stop this process's heartbeat thread: call before ``destroy_process_group`` and exit.
+
+        Peers that fail afterwards will report this rank as "stopped responding", which by then it has.
+        """
+        if self._heartbeat is not None:
+            _Heartbeat.stop_current()
+            self._heartbeat = None
 
     # -- progress, waiting, diagnosis -------------------------------------------
     def _enter(self, what: str) -> int:
