@@ -34,7 +34,7 @@ def test_streaming_two_replicas_loss_falls_and_bytes_match(tmp_path, cache):
     first, last = sum(r["loss"] for r in rows[:5]) / 5, sum(r["loss"] for r in rows[-5:]) / 5
     assert last < first - 0.3, (first, last)
     # bytes: each fragment's payload once per sync the schedule starts
-    ckpt_state = ckpt.load(tmp_path / "checkpoint.pt")
+    ckpt_state = ckpt.load_latest(tmp_path)
     sizes = [g.numel() for g in ckpt_state["replicas"][0]["algorithm"]["global"]]
     from diloco.algorithm.schedule import Schedule
 
@@ -66,9 +66,9 @@ def test_interrupted_and_resumed_run_ends_identical(tmp_path, cache, method):
     cut = tmp_path / "cut"
     with pytest.raises(_SimulatedCrash):
         Trainer(cfg, cut, cache_dir=cache, progress=False, stop_after=13).run()
-    assert ckpt.load(cut / "checkpoint.pt")["step"] == 8
+    assert ckpt.latest_meta(cut)["step"] == 8
     resumed = Trainer(cfg, cut, cache_dir=cache, progress=False).run(resume=True)
-    a, b = ckpt.load(full / "checkpoint.pt"), ckpt.load(cut / "checkpoint.pt")
+    a, b = ckpt.load_latest(full), ckpt.load_latest(cut)
     for ra, rb in zip(a["replicas"], b["replicas"]):
         for k in ra["model"]:
             assert torch.equal(ra["model"][k], rb["model"][k]), k

@@ -1,9 +1,10 @@
-"""`diloco train`: one training run from a preset."""
+"""`diloco train`: one training run from a preset, in one process or under torchrun."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from diloco.cli._common import add_config_args, cache_dir, load_preset, overrides, resolve
@@ -12,27 +13,57 @@ from diloco.cli._common import add_config_args, cache_dir, load_preset, override
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train", help="train one configuration (dp, diloco or streaming)",
-        description="Train one configuration with M in-process replicas. Writes config.json, metrics.jsonl, "
-                    "summary.json and checkpoint.pt to --out.",
+        description="Train one configuration. In one process the M replicas are threads (in-process "
+                    "communicator); under torchrun each process is one replica (torch.distributed: gloo on "
+                    "CPU, nccl on GPU), e.g. `torchrun --nproc-per-node 2 -m diloco train --preset demo "
+                    "--method diloco`. Writes config.json, metrics.jsonl, summary.json and checkpoints/ to --out.",
     )
     add_config_args(p, default_preset="demo")
     p.add_argument("--method", default=None,
                    help="one of the preset's named methods (e.g. dp, diloco, streaming, diloco-m1); "
                         "default: the preset's base config")
     p.add_argument("--out", type=Path, default=None, help="output directory (default: runs/<preset>-<method>)")
-    p.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.pt exactly")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")
+    p.add_argument("--resume", action="store_true", help="continue exactly from the latest checkpoint in --out")
+    p.add_argument("--device", default=None, help="torch device (default: cuda:LOCAL_RANK if available, else cpu)")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="under torchrun: seconds to wait for a peer before stopping with an error that names "
+                        "the missing rank (default: 300)")
     p.set_defaults(func=run)
 
 
+def _under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
 def run(args: argparse.Namespace) -> int:
-    from diloco.train.trainer import train
+    from diloco.train.trainer import Trainer
 
     preset = load_preset(args.preset)
     cfg = resolve(preset, args.method, overrides(args))
     name = Path(args.preset).stem
     out = args.out or Path("runs") / f"{name}-{args.method or cfg.method}"
-    result = train(cfg, out, cache_dir=cache_dir(args), resume=args.resume,
-                   progress=not args.no_progress, device=args.device)
-    print(json.dumps(result.to_dict(), indent=2))
+    if not _under_torchrun():
+        trainer = Trainer(cfg, out, cache_dir=cache_dir(args), progress=not args.no_progress,
+                          device=args.device or "cpu")
+        print(json.dumps(trainer.run(resume=args.resume).to_dict(), indent=2))
+        return 0
+
+    import torch
+    import torch.distributed as dist
+
+    from diloco.comm.torch_dist import TorchDistCommunicator
+    from diloco.dist.launch import init_from_env
+
+    env = init_from_env(timeout_s=max(1800.0, 2 * args.timeout))
+    device = args.device or (f"cuda:{env.local_rank}" if torch.cuda.is_available() else "cpu")
+    comm = TorchDistCommunicator(timeout_s=args.timeout)
+    try:
+        trainer = Trainer(cfg, out, cache_dir=cache_dir(args), progress=not args.no_progress, device=device)
+        result = trainer.run_replica(comm, resume=args.resume)
+        if result is not None:
+            print(json.dumps(result.to_dict(), indent=2))
+    finally:
+        comm.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
     return 0

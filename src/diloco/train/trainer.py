@@ -6,7 +6,8 @@ the same per-replica code a torch.distributed worker runs. The global batch is
 split B/M per replica, so every method sees the same number of tokens.
 
 Outputs in ``out_dir``: ``config.json`` (resolved), ``metrics.jsonl`` (one row
-per step, eval rows too), ``summary.json`` and ``checkpoint.pt``.
+per step, eval rows too), ``summary.json`` and ``checkpoints/`` (see
+:mod:`diloco.train.checkpoint`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 
 from diloco.algorithm.data_parallel import DataParallel
 from diloco.algorithm.streaming import StreamingDiLoCo
-from diloco.comm.base import Communicator
+from diloco.comm.base import CommError, Communicator
 from diloco.comm.local import run_replicas
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig
@@ -153,52 +154,90 @@ class Trainer:
         self.stop_after = stop_after  # simulate a crash after this many steps (tests)
 
     # -- setup ---------------------------------------------------------------
-    def _prepare(self, resume: bool) -> dict[str, Any] | None:
+    def _prepare(self, resume: bool, comm: Communicator | None = None) -> dict[str, Any] | None:
+        """Data, validation batches, and (with ``resume``) the checkpoint's metadata.
+
+        Under torch.distributed (``comm`` given) replica 0 builds the tokenizer and token cache
+        first and the others then read it, instead of all of them racing to build it.
+        """
         from diloco.data import eval_batches, prepare_tokens
 
         cfg = self.cfg
+        if comm is not None and comm.rank != 0:
+            comm.barrier()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.data = prepare_tokens(cfg.sources, cfg.vocab_size, self.cache_dir, val_fraction=cfg.val_fraction)
+        if comm is not None and comm.rank == 0:
+            comm.barrier()
         self.val = list(eval_batches(self.data.val, batch_size=cfg.global_batch, seq_len=cfg.seq_len,
                                      max_batches=cfg.eval_batches))
-        state = None
+        meta = None
         if resume:
-            state = ckpt.load(self.out_dir / "checkpoint.pt")
-            saved = TrainConfig.from_dict(state["config"])
+            meta = ckpt.latest_meta(self.out_dir)
+            saved = TrainConfig.from_dict(meta["config"])
             if saved.with_overrides({"steps": cfg.steps, "tokens": cfg.tokens}) != cfg:
-                raise ValueError(f"--resume: {self.out_dir}/checkpoint.pt was written by a different config; "
+                raise ValueError(f"--resume: the checkpoint in {self.out_dir} was written by a different config; "
                                  f"resume with the same settings (see {self.out_dir}/config.json)")
-        (self.out_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2) + "\n")
-        return state
+        if comm is None or comm.rank == 0:
+            (self.out_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2) + "\n")
+        # Built once and seeded (threads share torch's global RNG); replica 0's copy is broadcast anyway.
+        self._template = build_model(cfg, self.data.tokenizer.vocab_size)
+        self._wall_before = float(meta["wall_time_s"]) if meta else 0.0
+        self._t0 = time.perf_counter()
+        return meta
 
-    def run(self, *, resume: bool = False) -> RunResult:
-        cfg = self.cfg
-        state = self._prepare(resume)
-        start_step = int(state["step"]) if state else 0
+    def _logger(self, start_step: int, resume: bool) -> MultiLogger:
         sinks: list[MetricLogger] = [JSONLSink(self.out_dir / "metrics.jsonl",
                                                truncate_after_step=start_step if resume else None)]
-        if cfg.tensorboard:
+        if self.cfg.tensorboard:
             sinks.append(TensorBoardSink(self.out_dir / "tb"))
-        logger = MultiLogger(*sinks)
+        return MultiLogger(*sinks)
+
+    def run(self, *, resume: bool = False) -> RunResult:
+        """M replicas as M threads of this process (the in-process communicator)."""
+        cfg = self.cfg
+        meta = self._prepare(resume)
+        start_step = int(meta["step"]) if meta else 0
+        logger = self._logger(start_step, resume)
         bar = _progress_bar(self.progress, cfg.total_steps, start_step, cfg.method)
         table = _StepTable(cfg.replicas, logger, lambda row: _update_bar(bar, row))
-        threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.replicas)
-        torch.set_num_threads(threads)
-        # Built once, seeded, in this thread: torch's global RNG is shared by the replica threads.
-        self._template = build_model(cfg, self.data.tokenizer.vocab_size)
-        self._shared: dict[int, dict] = {}
-        self._eval_losses: list[tuple[int, float]] = []
-        self._t0 = t0 = time.perf_counter()
-        self._wall_before = float(state["wall_time_s"]) if state else 0.0
+        torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // cfg.replicas))
         try:
-            results = run_replicas(partial(self._replica_loop, table=table, logger=logger, state=state,
+            results = run_replicas(partial(self._replica_loop, table=table, logger=logger,
                                            start_step=start_step), cfg.replicas)
         finally:
             logger.close()
             if bar is not None:
                 bar.close()
-        wall = time.perf_counter() - t0
-        rank0 = results[0]
+        return self._finish(results[0])
+
+    def run_replica(self, comm: Communicator, *, resume: bool = False) -> RunResult | None:
+        """This process is one replica of ``comm``'s group (torchrun). Replica 0 logs and returns the result.
+
+        Logged losses are replica 0's (no extra collective per step to average them).
+        """
+        cfg = self.cfg
+        if comm.world_size != cfg.replicas:
+            raise ValueError(f"config replicas={cfg.replicas} but {comm.world_size} processes were launched; "
+                             f"pass --set replicas={comm.world_size} or launch {cfg.replicas} processes")
+        meta = self._prepare(resume, comm)
+        start_step = int(meta["step"]) if meta else 0
+        lead = comm.rank == 0
+        logger = self._logger(start_step, resume) if lead else MultiLogger()
+        bar = _progress_bar(self.progress and lead, cfg.total_steps, start_step, cfg.method)
+        table = _StepTable(1, logger, lambda row: _update_bar(bar, row))
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        try:
+            out = self._replica_loop(comm, table=table, logger=logger, start_step=start_step)
+        finally:
+            logger.close()
+            if bar is not None:
+                bar.close()
+        return self._finish(out) if lead else None
+
+    def _finish(self, rank0: dict[str, Any]) -> RunResult:
+        cfg = self.cfg
         result = RunResult(
             out_dir=self.out_dir,
             final_eval_loss=rank0["final_eval_loss"],
@@ -208,7 +247,7 @@ class Trainer:
             bytes_received_per_replica=rank0["stats"]["bytes_received"],
             peak_bytes_per_sync=rank0["stats"]["peak_exchange"],
             peak_bytes_in_flight=rank0["stats"]["peak_in_flight"],
-            wall_time_s=wall + self._wall_before,
+            wall_time_s=time.perf_counter() - self._t0 + self._wall_before,
             train_time_s=rank0["train_time_s"],
             num_params=rank0["num_params"],
             dropped_contributions=rank0["dropped"],
@@ -218,7 +257,7 @@ class Trainer:
 
     # -- one replica ---------------------------------------------------------
     def _replica_loop(self, comm: Communicator, *, table: _StepTable, logger: MetricLogger,
-                      state: dict | None, start_step: int) -> dict[str, Any]:
+                      start_step: int) -> dict[str, Any]:
         from diloco.data import ShardSampler
 
         cfg, rank, dev = self.cfg, comm.rank, self.device
@@ -239,79 +278,74 @@ class Trainer:
             )
         sampler = ShardSampler(self.data.train, rank=rank, world_size=cfg.replicas,
                                batch_size=cfg.batch_per_replica, seq_len=cfg.seq_len, seed=cfg.seed)
-        dropped = 0
-        if state is not None:
-            mine = state["replicas"][rank]
+        dropped, train_time = 0, 0.0
+        if start_step > 0:
+            mine = ckpt.load_replica(self.out_dir, rank, start_step)
             model.load_state_dict(mine["model"])
             opt.load_state_dict(mine["optimizer"])
             algo.load_state_dict(mine["algorithm"])
             sampler.load_state_dict(mine["sampler"])
-            dropped = int(mine["dropped"])
+            dropped, train_time = int(mine["dropped"]), float(mine["train_time_s"])
         params = [p for p in model.parameters() if p.requires_grad]
         num_params = sum(p.numel() for p in params)
-        train_time = float(state["replicas"][rank]["train_time_s"]) if state else 0.0
         final_eval = float("nan")
-        for step in range(start_step + 1, self.cfg.total_steps + 1):
-            if self.stop_after is not None and step > self.stop_after:
-                raise _SimulatedCrash(f"stopped after step {self.stop_after}")
-            t_start = time.perf_counter()
-            lr = lr_at(step, cfg)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            x, y = sampler.next_batch()
-            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-            with _autocast(cfg.bf16, dev):
-                _, loss = model(x, y)
-            loss.backward()
-            compute = time.perf_counter() - t_start
-            if isinstance(algo, DataParallel):
-                report = algo.sync_gradients()
-                dropped += len(report.dropped_replicas)
-            t1 = time.perf_counter()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip) if cfg.grad_clip > 0 else None
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            compute += time.perf_counter() - t1
-            reports = algo.step()
-            if step == cfg.total_steps and isinstance(algo, StreamingDiLoCo):
-                reports += algo.flush()
-            dropped += sum(len(r.dropped_replicas) for r in reports)
-            step_time = time.perf_counter() - t_start
-            train_time += step_time
-            stats = comm.stats
-            table.add(rank, step, {
-                "step": step, "loss": loss.item(), "lr": lr, "tokens": x.numel(),
-                "grad_norm": None if grad_norm is None else float(grad_norm),
-                "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received,
-                "peak_in_flight": stats.peak_in_flight, "peak_bytes_per_sync": stats.peak_exchange,
-                "synced_fragments": [r.fragment for r in reports], "dropped": dropped,
-                "step_time_s": step_time, "compute_time_s": compute,
-            })
-            last = step == cfg.total_steps
-            if rank == 0 and (step % cfg.eval_every == 0 or last):
-                eval_model.load_state_dict(algo.global_state_dict())
-                final_eval = evaluate(eval_model, self.val, cfg.bf16)
-                logger.log({"step": step, "eval_loss": final_eval, "tokens_seen": step * cfg.tokens_per_step})
-            if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or last:
-                self._checkpoint(comm, step, model, opt, algo, sampler, dropped, train_time)
+        step = start_step
+        try:
+            for step in range(start_step + 1, self.cfg.total_steps + 1):
+                if self.stop_after is not None and step > self.stop_after:
+                    raise _SimulatedCrash(f"stopped after step {self.stop_after}")
+                t_start = time.perf_counter()
+                lr = lr_at(step, cfg)
+                for group in opt.param_groups:
+                    group["lr"] = lr
+                x, y = sampler.next_batch()
+                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+                with _autocast(cfg.bf16, dev):
+                    _, loss = model(x, y)
+                loss.backward()
+                compute = time.perf_counter() - t_start
+                if isinstance(algo, DataParallel):
+                    report = algo.sync_gradients()
+                    dropped += len(report.dropped_replicas)
+                t1 = time.perf_counter()
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip) if cfg.grad_clip > 0 else None
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                compute += time.perf_counter() - t1
+                reports = algo.step()
+                last = step == cfg.total_steps
+                if last and isinstance(algo, StreamingDiLoCo):
+                    reports += algo.flush()
+                dropped += sum(len(r.dropped_replicas) for r in reports)
+                step_time = time.perf_counter() - t_start
+                train_time += step_time
+                stats = comm.stats
+                table.add(rank, step, {
+                    "step": step, "loss": loss.item(), "lr": lr, "tokens": x.numel(),
+                    "grad_norm": None if grad_norm is None else float(grad_norm),
+                    "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received,
+                    "peak_in_flight": stats.peak_in_flight, "peak_bytes_per_sync": stats.peak_exchange,
+                    "synced_fragments": [r.fragment for r in reports], "dropped": dropped,
+                    "step_time_s": step_time, "compute_time_s": compute,
+                })
+                if rank == 0 and (step % cfg.eval_every == 0 or last):
+                    eval_model.load_state_dict(algo.global_state_dict())
+                    final_eval = evaluate(eval_model, self.val, cfg.bf16)
+                    logger.log({"step": step, "eval_loss": final_eval, "tokens_seen": step * cfg.tokens_per_step})
+                if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or last:
+                    ckpt.save_replica(self.out_dir, step, rank, {
+                        "model": model.state_dict(), "optimizer": opt.state_dict(), "algorithm": algo.state_dict(),
+                        "sampler": sampler.state_dict(), "dropped": dropped, "train_time_s": train_time,
+                    })
+                    comm.barrier()  # every replica's file is on disk before the step becomes "latest"
+                    if rank == 0:
+                        ckpt.commit(self.out_dir, step, {
+                            "config": cfg.to_dict(), "num_replicas": cfg.replicas,
+                            "wall_time_s": time.perf_counter() - self._t0 + self._wall_before})
+        except CommError as exc:
+            raise CommError(f"replica {rank} at step {step}: {exc}") from exc
         return {"final_eval_loss": final_eval, "stats": comm.stats.totals(), "train_time_s": train_time,
                 "num_params": num_params, "dropped": dropped}
-
-    def _checkpoint(self, comm: Communicator, step: int, model, opt, algo, sampler, dropped: int,
-                    train_time: float) -> None:
-        """All replicas hand their state to replica 0, which writes one file atomically."""
-        self._shared[comm.rank] = {
-            "model": model.state_dict(), "optimizer": opt.state_dict(), "algorithm": algo.state_dict(),
-            "sampler": sampler.state_dict(), "dropped": dropped, "train_time_s": train_time,
-        }
-        comm.barrier()
-        if comm.rank == 0:
-            state = {"config": self.cfg.to_dict(), "step": step,
-                     "replicas": [self._shared[r] for r in range(self.cfg.replicas)],
-                     "wall_time_s": time.perf_counter() - self._t0 + self._wall_before}
-            ckpt.save_atomic(state, self.out_dir / "checkpoint.pt")
-        comm.barrier()
-        self._shared.pop(comm.rank, None)
 
 
 class _SimulatedCrash(RuntimeError):
