@@ -1,0 +1,107 @@
+"""Quality against bytes at laptop scale: the demo's methods with a meaningful token budget.
+
+Every method gets the same model (cpu-1m), data, global batch and tokens, and its own best
+inner learning rate from the same grid (tuned alike). Runs are reused when finished, so an
+interrupted benchmark resumes where it stopped.
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 \
+        .venv/bin/python benchmarks/quality.py                # ~45 min on 2 cores
+    .venv/bin/python benchmarks/quality.py --tokens 500000 --lrs 2e-3   # quick look
+
+Prints, per method, the best eval loss, % vs DP, bytes sent per replica and x fewer than DP,
+and the gap to DP along training; writes benchmarks/results/quality.json and quality.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from diloco.train.compare import add_relative_columns, format_table, run_compare
+from diloco.train.config import TrainConfig, load_preset
+from diloco.train.metrics import read_jsonl
+
+METHODS = {
+    "dp": {"method": "dp"},
+    "diloco": {"method": "diloco", "sync_every": 30},
+    "streaming": {"method": "streaming", "sync_every": 30, "num_fragments": 3, "overlap_steps": 1,
+                  "merge_alpha": 0.5, "codec": "fp4_e3m0"},
+    "streaming-h100": {"method": "streaming", "sync_every": 100, "num_fragments": 3, "overlap_steps": 1,
+                       "merge_alpha": 0.5, "codec": "fp4_e3m0"},
+    "diloco-m1": {"method": "diloco", "replicas": 1, "sync_every": 30},
+}
+
+
+def eval_curve(run_dir: Path) -> list[tuple[int, float]]:
+    return [(r["tokens_seen"], r["eval_loss"]) for r in read_jsonl(run_dir / "metrics.jsonl") if "eval_loss" in r]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=2_000_000)
+    ap.add_argument("--lrs", default="2e-3,4e-3", help="inner learning-rate grid, the same for every method")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--outer-lr", type=float, default=0.7)
+    ap.add_argument("--runs", type=Path, default=Path("runs/quality"))
+    ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "diloco")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "quality.json")
+    args = ap.parse_args()
+    base = {**load_preset("demo")["base"], "steps": 0, "tokens": args.tokens, "eval_every": 100,
+            "warmup_steps": 50, "outer_lr": args.outer_lr}
+    lrs = [float(x) for x in args.lrs.split(",")]
+    names = args.methods.split(",")
+    configs = {f"{m}@lr{lr:g}": TrainConfig.from_dict({**base, **METHODS[m], "inner_lr": lr})
+               for m in names for lr in lrs}
+    rows = run_compare(configs, args.runs, cache_dir=args.cache_dir, progress=True)
+    # each method's best inner learning rate
+    best = {}
+    for r in rows:
+        m = r["name"].split("@")[0]
+        if m not in best or r["final_eval_loss"] < best[m]["final_eval_loss"]:
+            best[m] = r
+    chosen = [dict(best[m], name=m, inner_lr=best[m]["config"]["inner_lr"]) for m in names]
+    add_relative_columns(chosen)
+    dp_curve = dict(eval_curve(Path(best["dp"]["out_dir"]))) if "dp" in best else {}
+    for r in chosen:
+        curve = eval_curve(Path(r["out_dir"]))
+        r["gap_vs_tokens"] = [(t, 100 * (loss / dp_curve[t] - 1)) for t, loss in curve if t in dp_curve]
+    print("\nall runs:\n" + format_table(rows))
+    print(f"\nbest inner lr per method (grid {lrs}), {args.tokens:,} tokens, outer lr {args.outer_lr}:")
+    print(format_table(chosen))
+    for r in chosen:
+        print(f"  {r['name']:<16} inner lr {r['inner_lr']:g}; gap vs DP along training: " +
+              ", ".join(f"{t / 1e6:.1f}M {g:+.1f}%" for t, g in r["gap_vs_tokens"][::3]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"tokens": args.tokens, "lrs": lrs, "outer_lr": args.outer_lr,
+                                    "best": chosen, "all": rows}, indent=2) + "\n")
+    plot(chosen, args.out.with_suffix(".png"))
+    print(f"written: {args.out}, {args.out.with_suffix('.png')}")
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for r in rows:
+        curve = eval_curve(Path(r["out_dir"]))
+        a.plot([t for t, _ in curve], [v for _, v in curve], marker="o", ms=2, label=f"{r['name']} (lr {r['inner_lr']:g})")
+        if r["name"] != "dp" and r["gap_vs_tokens"]:
+            b.plot([t for t, _ in r["gap_vs_tokens"]], [g for _, g in r["gap_vs_tokens"]], marker="o", ms=2,
+                   label=r["name"])
+    a.set(xlabel="tokens", ylabel="eval loss (global params)", title="Eval loss vs tokens")
+    b.axhline(0, color="k", lw=0.8)
+    b.set(xlabel="tokens", ylabel="% eval loss vs DP", title="Gap to data-parallel along training")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
