@@ -82,6 +82,18 @@ def split_fragments(
     return [Fragment(i, tuple(g), tuple(by_name[n] for n in g)) for i, g in enumerate(groups)]
 
 
+def block_groups(num_blocks: int, num_groups: int, pattern: str = "strided") -> list[int]:
+    """Block i -> its block group: ``i mod G`` (strided) or contiguous runs differing by at most one (sequential).
+
+    Pure arithmetic shared by the fragmenter and the simulator, so both split a model the same way.
+    """
+    if pattern not in ("strided", "sequential"):
+        raise ValueError(f"fragment_pattern must be 'strided' or 'sequential', got {pattern!r}")
+    if pattern == "strided":
+        return [i % num_groups for i in range(num_blocks)]
+    return [(i * num_groups) // num_blocks for i in range(num_blocks)]
+
+
 def _block_groups(model: nn.Module, named: list[tuple[str, nn.Parameter]], P: int, pattern: str) -> list[list[str]]:
     if pattern not in ("strided", "sequential"):
         raise ValueError(f"fragment_pattern must be 'strided' or 'sequential', got {pattern!r}")
@@ -99,10 +111,7 @@ def _block_groups(model: nn.Module, named: list[tuple[str, nn.Parameter]], P: in
             f"num_fragments={P} needs {G} block fragments but the model has only {L} blocks "
             f"(fragment 0 holds the non-block parameters); use num_fragments <= {L + 1}"
         )
-    if pattern == "strided":
-        block_to_group = [i % G for i in range(L)]
-    else:  # sequential: contiguous runs, sizes differing by at most one
-        block_to_group = [(i * G) // L for i in range(L)]
+    block_to_group = block_groups(L, G, pattern)
     groups: list[list[str]] = [[] for _ in range(P)]
     head = f"{prefix}." if prefix else ""
     for name, _ in named:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from diloco.algorithm.fragments import block_groups
 from diloco.algorithm.schedule import Schedule
 from diloco.sim.dag import ComputeStream, SyncPlan, simulate_utilization
 from diloco.sim.hardware import GBIT, ModelSpec, ring_allreduce_factor
@@ -136,7 +137,7 @@ def fragment_units(num_layers: int, num_fragments: int, pattern: str = "strided"
     G = P - 1
     if G > L:
         raise ValueError(f"num_fragments={P} needs {G} block fragments but the model has {L} layers; use P <= {L + 1}")
-    group = [i % G for i in range(L)] if pattern == "strided" else [(i * G) // L for i in range(L)]
+    group = block_groups(L, G, pattern)
     blocks = [tuple(i for i in range(L) if group[i] == g) for g in range(G)]
     return ((L,), *blocks)
 
