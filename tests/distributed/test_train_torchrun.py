@@ -1,0 +1,223 @@
+"""`diloco train` under torchrun: the same bits as the in-process run, and a rank killed mid-run.
+
+These tests run the real command line both ways on the tiny preset:
+
+* in-process: ``diloco train`` in this process (M = 2 replica threads);
+* distributed: ``torchrun --standalone --nproc-per-node 2 -m diloco train`` (2 processes, gloo).
+
+Both use one intra-op thread per replica (``--set threads=1``), so they run the
+same kernels on the same data and must end with the same bits (see
+docs/distributed.md, "Equivalence"). The comparison is of everything a replica
+checkpoints: model, inner optimizer, algorithm (global parameters, outer momenta,
+pending fragments, byte counters) and sampler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from _replicas import single_thread
+from diloco.cli import main as cli_main
+from diloco.train import checkpoint as ckpt
+from diloco.train.config import TrainConfig, load_preset
+
+pytestmark = [
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds torchrun's workers through /proc"),
+]
+
+COMMON = ["--preset", "tiny", "--set", "threads=1", "--no-progress"]
+# Seconds a survivor may wait for a peer (the CLI's --timeout). A dead peer is noticed at once;
+# this is the bound the test holds the survivor to, generous for a machine busy with other jobs.
+TIMEOUT_S = 30
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    """Tokenizer and token cache, built once so that no run (or rank) below pays for it."""
+    from diloco.data import prepare_tokens
+
+    cfg = TrainConfig.from_dict(load_preset("tiny")["base"])
+    path = tmp_path_factory.mktemp("cache")
+    prepare_tokens(cfg.sources, cfg.vocab_size, path, val_fraction=cfg.val_fraction)
+    return path
+
+
+def _train_args(out: Path, cache: Path, method: str, *extra: str) -> list[str]:
+    return ["train", *COMMON, "--method", method, "--out", str(out), "--cache-dir", str(cache), *extra]
+
+
+def _torchrun(args: list[str], log: Path, *, torchrun_opts: tuple[str, ...] = ()) -> subprocess.Popen:
+    """Start ``torchrun --standalone --nproc-per-node 2 [opts] -m diloco <args>``; output to ``log``."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           *torchrun_opts, "-m", "diloco", *args]
+    with open(log, "wb") as f:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
+
+
+def _finish(proc: subprocess.Popen, log: Path, timeout: float = 150) -> None:
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"torchrun still running after {timeout}s:\n{log.read_text()[-3000:]}") from None
+    assert rc == 0, f"torchrun exited with {rc}:\n{log.read_text()[-3000:]}"
+
+
+def _in_process(args: list[str]) -> None:
+    with single_thread():  # the trainer sets the thread count of this (test) process; put it back after
+        assert cli_main(args) == 0
+
+
+def _assert_identical(a: Any, b: Any, where: str = "") -> None:
+    """Nested dicts / lists of tensors and numbers: equal bit for bit (tensors: same dtype, shape, values)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: keys {sorted(a)} != {sorted(b)}"
+        for k in a:
+            _assert_identical(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{where}: lengths differ"
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def _assert_same_replicas(run_a: Path, run_b: Path) -> int:
+    """Both runs' latest checkpoints hold the same state for every replica; returns the step."""
+    a, b = ckpt.load_latest(run_a), ckpt.load_latest(run_b)
+    assert a["step"] == b["step"] and a["num_replicas"] == b["num_replicas"] == 2
+    for r, (ra, rb) in enumerate(zip(a["replicas"], b["replicas"], strict=True)):
+        for part in ("model", "optimizer", "algorithm", "sampler"):
+            _assert_identical(ra[part], rb[part], f"replica {r} {part}")
+    return a["step"]
+
+
+def _summary(run: Path) -> dict[str, Any]:
+    return json.loads((run / "summary.json").read_text())
+
+
+# -- 1. equivalence -----------------------------------------------------------
+@pytest.mark.parametrize("method", ["streaming", "dp"])
+def test_torchrun_train_equals_the_in_process_run_bit_for_bit(tmp_path: Path, cache: Path, method: str):
+    steps = ["--set", "steps=16", "--set", "checkpoint_every=8"]
+    dist_out, local_out = tmp_path / "torchrun", tmp_path / "in-process"
+    proc = _torchrun(_train_args(dist_out, cache, method, *steps), tmp_path / "torchrun.log")
+    _in_process(_train_args(local_out, cache, method, *steps))  # meanwhile: torchrun's startup is mostly imports
+    _finish(proc, tmp_path / "torchrun.log")
+
+    assert _assert_same_replicas(dist_out, local_out) == 16
+    got, want = _summary(dist_out), _summary(local_out)
+    for key in ("final_eval_loss", "bytes_sent_per_replica", "bytes_received_per_replica",
+                "peak_bytes_per_sync", "num_params", "dropped_contributions"):
+        assert got[key] == want[key], key
+    assert got["bytes_sent_per_replica"] > 0 and got["dropped_contributions"] == 0
+    if method == "streaming":  # the preset's Streaming DiLoCo: P = 3, tau = 1, FP4 on the wire
+        cfg = json.loads((dist_out / "config.json").read_text())
+        assert (cfg["num_fragments"], cfg["overlap_steps"], cfg["codec"]) == (3, 1, "fp4_e3m0")
+
+
+# -- 2. a rank killed with SIGKILL ---------------------------------------------
+def _children(ppid: int) -> dict[int, str]:
+    """pid -> state letter of every process whose parent is ``ppid`` (from /proc/*/stat)."""
+    kids = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        state, parent = stat.rsplit(")", 1)[1].split()[:2]  # the command name may hold spaces
+        if int(parent) == ppid:
+            kids[int(entry)] = state
+    return kids
+
+
+def _rank_of(pid: int) -> int:
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return int(next(v for v in environ if v.startswith(b"RANK=")).split(b"=", 1)[1])
+
+
+def _wait_for_checkpoint(run: Path, step: int, proc: subprocess.Popen, log: Path, timeout: float = 120) -> int:
+    latest = run / "checkpoints" / "latest.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"torchrun ended before step {step} was committed:\n{log.read_text()[-3000:]}"
+        try:
+            committed = json.loads(latest.read_text())["step"]
+            if committed >= step:
+                return committed
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        time.sleep(0.005)
+    raise AssertionError(f"no checkpoint of step {step} after {timeout}s")
+
+
+def test_a_rank_killed_mid_run_stops_the_survivor_and_resume_ends_bit_identical(tmp_path: Path, cache: Path):
+    """SIGKILL rank 1 right after the step-8 checkpoint is committed.
+
+    torchrun's agent SIGTERMs the surviving workers as soon as it notices a dead one (every
+    ``--monitor-interval`` s, default 0.1), which would hide the survivor's own error; so this run
+    uses a long interval, the test watches the survivor itself, then stops the agent.
+    """
+    total = 160  # ~2 s of training: ample room to kill rank 1 well before the end
+    run_args = ["--set", f"steps={total}", "--set", "checkpoint_every=8", "--timeout", str(TIMEOUT_S)]
+    reference, run = tmp_path / "uninterrupted", tmp_path / "killed"
+    log = tmp_path / "killed.log"
+    proc = _torchrun(_train_args(run, cache, "streaming", *run_args), log, torchrun_opts=("--monitor-interval", "600"))
+    try:
+        _wait_for_checkpoint(run, 8, proc, log)
+        workers = {_rank_of(pid): pid for pid in _children(proc.pid)}
+        assert sorted(workers) == [0, 1], workers
+        os.kill(workers[1], signal.SIGKILL)
+        killed_at = time.monotonic()
+        while _children(proc.pid).get(workers[0], "Z") != "Z":  # exited (a zombie until the agent reaps it)
+            assert time.monotonic() - killed_at < TIMEOUT_S + 30, "the survivor hangs after its peer died"
+            time.sleep(0.01)
+        stopped_after = time.monotonic() - killed_at
+    finally:
+        proc.send_signal(signal.SIGTERM)  # the agent stops (any remaining) workers and exits
+        proc.wait(timeout=60)
+    output = log.read_text()
+
+    # The survivor's own error (torchrun prefixes its lines with [rank0]) names the dead rank and the step.
+    error = re.search(r"\[rank0\]: diloco\.comm\.base\.CommError: replica 0 at step (\d+): (.*)", output)
+    assert error, output[-3000:]
+    assert re.search(r"rank\(s\) \[1\] (never reached it|stopped responding)", error.group(2)), error.group(0)
+    assert stopped_after < TIMEOUT_S, f"survivor stopped {stopped_after:.1f}s after the kill (timeout {TIMEOUT_S}s)"
+
+    # The last committed checkpoint is whole: both replicas' files, loadable with weights_only=True.
+    meta = ckpt.latest_meta(run)
+    assert 8 <= meta["step"] <= int(error.group(1)) < total
+    step_dir = run / "checkpoints" / f"step-{meta['step']:08d}"
+    assert sorted(p.name for p in step_dir.glob("replica-*.pt")) == ["replica-0.pt", "replica-1.pt"]
+    for r in range(2):
+        state = torch.load(step_dir / f"replica-{r}.pt", map_location="cpu", weights_only=True)
+        assert state["algorithm"]["step"] == meta["step"]
+
+    # Two fresh processes resume and finish; the reference runs meanwhile in this process.
+    log2 = tmp_path / "resume.log"
+    proc = _torchrun(_train_args(run, cache, "streaming", *run_args, "--resume"), log2)
+    _in_process(_train_args(reference, cache, "streaming", *run_args))
+    _finish(proc, log2)
+    assert _assert_same_replicas(run, reference) == total
+    assert _summary(run)["final_eval_loss"] == _summary(reference)["final_eval_loss"]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, total + 1))  # none lost, none twice
