@@ -16,7 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Train one configuration. In one process the M replicas are threads (in-process "
                     "communicator); under torchrun each process is one replica (torch.distributed: gloo on "
                     "CPU, nccl on GPU), e.g. `torchrun --nproc-per-node 2 -m diloco train --preset demo "
-                    "--method diloco`. Writes config.json, metrics.jsonl, summary.json and checkpoints/ to --out.",
+                    "--method diloco`, or with --set ranks_per_worker=R one of R data-parallel ranks of a "
+                    "replica (launch replicas x R processes). Writes config.json, metrics.jsonl, summary.json "
+                    "and checkpoints/ to --out.",
     )
     add_config_args(p, default_preset="demo")
     p.add_argument("--method", default=None,
@@ -56,14 +58,30 @@ def run(args: argparse.Namespace) -> int:
 
     env = init_from_env(timeout_s=max(1800.0, 2 * args.timeout))
     device = args.device or (f"cuda:{env.local_rank}" if torch.cuda.is_available() else "cpu")
-    comm = TorchDistCommunicator(timeout_s=args.timeout)
+    comms: list = []  # every communicator this process opened, closed at the end
     try:
+        workers, R = cfg.replicas, cfg.ranks_per_worker
+        if env.world_size != workers * R:
+            raise ValueError(f"{env.world_size} processes were launched but replicas x ranks_per_worker = "
+                             f"{workers} x {R} = {workers * R}; launch {workers * R} processes or change "
+                             f"--set replicas=... / --set ranks_per_worker=...")
+        intra = None
+        if R == 1:
+            comm = TorchDistCommunicator(timeout_s=args.timeout)
+            comms.append(comm)
+        else:  # workers of R consecutive ranks (one worker per node with --nproc-per-node R)
+            from diloco.comm.mesh import build_layout
+
+            comm = build_layout(workers, R).communicator(timeout_s=args.timeout)
+            intra = comm.intra  # the worker's own group: gradients are averaged over it every step
+            comms += [comm.cross, comm.intra]
         trainer = Trainer(cfg, out, cache_dir=cache_dir(args), progress=not args.no_progress, device=device)
-        result = trainer.run_replica(comm, resume=args.resume)
+        result = trainer.run_replica(comm, resume=args.resume, intra=intra)
         if result is not None:
             print(json.dumps(result.to_dict(), indent=2))
     finally:
-        comm.close()
+        for c in comms:
+            c.close()
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0

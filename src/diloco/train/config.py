@@ -28,6 +28,7 @@ class TrainConfig:
     # how replicas cooperate
     method: str = "diloco"
     replicas: int = 2  # M
+    ranks_per_worker: int = 1  # R: under torchrun, each replica (worker) is R data-parallel processes
     sync_every: int = 30  # H
     num_fragments: int = 1  # P
     fragment_pattern: str = "strided"
@@ -70,9 +71,12 @@ class TrainConfig:
 
         need(self.method in METHODS, f"method={self.method!r}: choose one of {', '.join(METHODS)}")
         need(self.replicas >= 1, f"replicas={self.replicas}: need at least 1")
-        need(self.global_batch >= self.replicas and self.global_batch % self.replicas == 0,
-             f"global_batch={self.global_batch} must be a positive multiple of replicas={self.replicas} "
-             f"(each replica gets global_batch / replicas sequences)")
+        need(self.ranks_per_worker >= 1, f"ranks_per_worker={self.ranks_per_worker}: need at least 1")
+        ranks = self.replicas * max(1, self.ranks_per_worker)
+        need(self.global_batch >= ranks and self.global_batch % ranks == 0,
+             f"global_batch={self.global_batch} must be a positive multiple of replicas={self.replicas} x "
+             f"ranks_per_worker={self.ranks_per_worker} (each replica gets global_batch / replicas sequences, "
+             f"split evenly over its ranks)")
         need((self.steps > 0) != (self.tokens > 0),
              f"set exactly one of steps={self.steps} or tokens={self.tokens} to a positive value")
         need(self.sync_every >= 1, f"sync_every={self.sync_every}: need H >= 1")
@@ -113,6 +117,11 @@ class TrainConfig:
     @property
     def batch_per_replica(self) -> int:
         return self.global_batch // self.replicas
+
+    @property
+    def batch_per_rank(self) -> int:
+        """Sequences each process computes per step: its worker's batch split over ranks_per_worker."""
+        return self.batch_per_replica // self.ranks_per_worker
 
     # -- (de)serialisation ---------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -5,6 +5,13 @@ communicator (see :mod:`diloco.comm.local`), each executing :func:`_replica_loop
 the same per-replica code a torch.distributed worker runs. The global batch is
 split B/M per replica, so every method sees the same number of tokens.
 
+Under torchrun a replica may be a *worker* of R = ``ranks_per_worker`` processes
+(:meth:`Trainer.run_replica` with ``intra``): each rank computes the gradient of
+its 1/R slice of the replica's batch, the R gradients are averaged inside the
+worker every step, and the algorithm runs across workers. A worker thus trains
+on exactly the batches the in-process replica would, and its R ranks hold one
+state, checkpointed once (by local rank 0) in the same format.
+
 Outputs in ``out_dir``: ``config.json`` (resolved), ``metrics.jsonl`` (one row
 per step, eval rows too), ``summary.json`` and ``checkpoints/`` (see
 :mod:`diloco.train.checkpoint`).
@@ -154,20 +161,21 @@ class Trainer:
         self.stop_after = stop_after  # simulate a crash after this many steps (tests)
 
     # -- setup ---------------------------------------------------------------
-    def _prepare(self, resume: bool, comm: Communicator | None = None) -> dict[str, Any] | None:
+    def _prepare(self, resume: bool, comm: Communicator | None = None, lead: bool = True) -> dict[str, Any] | None:
         """Data, validation batches, and (with ``resume``) the checkpoint's metadata.
 
-        Under torch.distributed (``comm`` given) replica 0 builds the tokenizer and token cache
-        first and the others then read it, instead of all of them racing to build it.
+        Under torch.distributed (``comm`` given, a barrier over every process) the ``lead`` process
+        builds the tokenizer and token cache first and the others then read it, instead of all of
+        them racing to build it.
         """
         from diloco.data import eval_batches, prepare_tokens
 
         cfg = self.cfg
-        if comm is not None and comm.rank != 0:
+        if comm is not None and not lead:
             comm.barrier()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.data = prepare_tokens(cfg.sources, cfg.vocab_size, self.cache_dir, val_fraction=cfg.val_fraction)
-        if comm is not None and comm.rank == 0:
+        if comm is not None and lead:
             comm.barrier()
         self.val = list(eval_batches(self.data.val, batch_size=cfg.global_batch, seq_len=cfg.seq_len,
                                      max_batches=cfg.eval_batches))
@@ -178,7 +186,7 @@ class Trainer:
             if saved.with_overrides({"steps": cfg.steps, "tokens": cfg.tokens}) != cfg:
                 raise ValueError(f"--resume: the checkpoint in {self.out_dir} was written by a different config; "
                                  f"resume with the same settings (see {self.out_dir}/config.json)")
-        if comm is None or comm.rank == 0:
+        if lead:
             (self.out_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2) + "\n")
         # Built once and seeded (threads share torch's global RNG); replica 0's copy is broadcast anyway.
         self._template = build_model(cfg, self.data.tokenizer.vocab_size)
@@ -196,6 +204,10 @@ class Trainer:
     def run(self, *, resume: bool = False) -> RunResult:
         """M replicas as M threads of this process (the in-process communicator)."""
         cfg = self.cfg
+        if cfg.ranks_per_worker != 1:
+            raise ValueError(f"ranks_per_worker={cfg.ranks_per_worker} needs one process per rank: launch "
+                             f"{cfg.replicas * cfg.ranks_per_worker} processes with torchrun, "
+                             f"or set ranks_per_worker=1")
         meta = self._prepare(resume)
         start_step = int(meta["step"]) if meta else 0
         logger = self._logger(start_step, resume)
@@ -211,25 +223,34 @@ class Trainer:
                 bar.close()
         return self._finish(results[0])
 
-    def run_replica(self, comm: Communicator, *, resume: bool = False) -> RunResult | None:
+    def run_replica(self, comm: Communicator, *, resume: bool = False,
+                    intra: Communicator | None = None) -> RunResult | None:
         """This process is one replica of ``comm``'s group (torchrun). Replica 0 logs and returns the result.
 
-        Logged losses are replica 0's (no extra collective per step to average them).
+        With ``cfg.ranks_per_worker`` = R > 1, ``comm`` connects the workers (rank = worker index, e.g.
+        :class:`~diloco.comm.mesh.WorkerCommunicator`, whose ``barrier`` spans every process) and
+        ``intra`` the R ranks of this worker, over which gradients are averaged every step.
+        Logged losses are those of replica 0's first rank (no extra collective per step to average them).
         """
         cfg = self.cfg
+        R = cfg.ranks_per_worker
         if comm.world_size != cfg.replicas:
-            raise ValueError(f"config replicas={cfg.replicas} but {comm.world_size} processes were launched; "
-                             f"pass --set replicas={comm.world_size} or launch {cfg.replicas} processes")
-        meta = self._prepare(resume, comm)
+            raise ValueError(f"config replicas={cfg.replicas} but {comm.world_size} replicas were launched; "
+                             f"pass --set replicas={comm.world_size} or launch {cfg.replicas * R} processes")
+        if (1 if intra is None else intra.world_size) != R:
+            raise ValueError(f"config ranks_per_worker={R} but this worker has "
+                             f"{1 if intra is None else intra.world_size} ranks; launch replicas x ranks_per_worker "
+                             f"= {cfg.replicas * R} processes")
+        lead = comm.rank == 0 and (intra is None or intra.rank == 0)
+        meta = self._prepare(resume, comm, lead)
         start_step = int(meta["step"]) if meta else 0
-        lead = comm.rank == 0
         logger = self._logger(start_step, resume) if lead else MultiLogger()
         bar = _progress_bar(self.progress and lead, cfg.total_steps, start_step, cfg.method)
         table = _StepTable(1, logger, lambda row: _update_bar(bar, row))
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         try:
-            out = self._replica_loop(comm, table=table, logger=logger, start_step=start_step)
+            out = self._replica_loop(comm, table=table, logger=logger, start_step=start_step, intra=intra)
         finally:
             logger.close()
             if bar is not None:
@@ -257,12 +278,14 @@ class Trainer:
 
     # -- one replica ---------------------------------------------------------
     def _replica_loop(self, comm: Communicator, *, table: _StepTable, logger: MetricLogger,
-                      start_step: int) -> dict[str, Any]:
+                      start_step: int, intra: Communicator | None = None) -> dict[str, Any]:
         from diloco.data import ShardSampler
 
         cfg, rank, dev = self.cfg, comm.rank, self.device
+        local = 0 if intra is None else intra.rank  # this process's rank inside its worker
+        evaluates = rank == 0 and local == 0
         model = copy.deepcopy(self._template).to(dev)
-        eval_model = copy.deepcopy(model) if rank == 0 else None
+        eval_model = copy.deepcopy(model) if evaluates else None
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2),
                                 weight_decay=cfg.weight_decay)
         algo: DataParallel | StreamingDiLoCo
@@ -276,8 +299,12 @@ class Trainer:
                 outer_optimizer=partial(torch.optim.SGD, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
                                         nesterov=cfg.outer_nesterov and cfg.outer_momentum > 0),
             )
+        # Inside a worker of R ranks: gradients averaged every step (fp32, exact up to the summation order).
+        in_worker = DataParallel(model, comm=intra, codec="fp32") if intra is not None else None
+        # The replica's sampler on every rank of the worker; rank `local` computes `rows` of each batch.
         sampler = ShardSampler(self.data.train, rank=rank, world_size=cfg.replicas,
                                batch_size=cfg.batch_per_replica, seq_len=cfg.seq_len, seed=cfg.seed)
+        rows = slice(local * cfg.batch_per_rank, (local + 1) * cfg.batch_per_rank)
         dropped, train_time = 0, 0.0
         if start_step > 0:
             mine = ckpt.load_replica(self.out_dir, rank, start_step)
@@ -299,11 +326,14 @@ class Trainer:
                 for group in opt.param_groups:
                     group["lr"] = lr
                 x, y = sampler.next_batch()
-                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+                tokens = x.numel()  # the replica's
+                x, y = x[rows].to(dev, non_blocking=True), y[rows].to(dev, non_blocking=True)
                 with _autocast(cfg.bf16, dev):
                     _, loss = model(x, y)
                 loss.backward()
                 compute = time.perf_counter() - t_start
+                if in_worker is not None:  # communication, not compute: outside `compute`
+                    dropped += len(in_worker.sync_gradients().dropped_replicas)
                 if isinstance(algo, DataParallel):
                     report = algo.sync_gradients()
                     dropped += len(report.dropped_replicas)
@@ -321,29 +351,32 @@ class Trainer:
                 train_time += step_time
                 stats = comm.stats
                 table.add(rank, step, {
-                    "step": step, "loss": loss.item(), "lr": lr, "tokens": x.numel(),
+                    "step": step, "loss": loss.item(), "lr": lr, "tokens": tokens,
                     "grad_norm": None if grad_norm is None else float(grad_norm),
                     "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received,
                     "peak_in_flight": stats.peak_in_flight, "peak_bytes_per_sync": stats.peak_exchange,
                     "synced_fragments": [r.fragment for r in reports], "dropped": dropped,
                     "step_time_s": step_time, "compute_time_s": compute,
                 })
-                if rank == 0 and (step % cfg.eval_every == 0 or last):
+                if evaluates and (step % cfg.eval_every == 0 or last):
                     eval_model.load_state_dict(algo.global_state_dict())
                     final_eval = evaluate(eval_model, self.val, cfg.bf16)
                     logger.log({"step": step, "eval_loss": final_eval, "tokens_seen": step * cfg.tokens_per_step})
                 if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or last:
-                    ckpt.save_replica(self.out_dir, step, rank, {
-                        "model": model.state_dict(), "optimizer": opt.state_dict(), "algorithm": algo.state_dict(),
-                        "sampler": sampler.state_dict(), "dropped": dropped, "train_time_s": train_time,
-                    })
+                    if local == 0:  # a worker's ranks hold one state: its first rank writes it
+                        ckpt.save_replica(self.out_dir, step, rank, {
+                            "model": model.state_dict(), "optimizer": opt.state_dict(),
+                            "algorithm": algo.state_dict(), "sampler": sampler.state_dict(), "dropped": dropped,
+                            "train_time_s": train_time,
+                        })
                     comm.barrier()  # every replica's file is on disk before the step becomes "latest"
-                    if rank == 0:
+                    if evaluates:
                         ckpt.commit(self.out_dir, step, {
                             "config": cfg.to_dict(), "num_replicas": cfg.replicas,
                             "wall_time_s": time.perf_counter() - self._t0 + self._wall_before})
         except CommError as exc:
-            raise CommError(f"replica {rank} at step {step}: {exc}") from exc
+            where = f"replica {rank}" if intra is None else f"replica {rank} (rank {local} of its {intra.world_size})"
+            raise CommError(f"{where} at step {step}: {exc}") from exc
         return {"final_eval_loss": final_eval, "stats": comm.stats.totals(), "train_time_s": train_time,
                 "num_params": num_params, "dropped": dropped}
 
