@@ -43,12 +43,13 @@ def main() -> None:
     ap.add_argument("--lrs", default="2e-3,4e-3", help="inner learning-rate grid, the same for every method")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--outer-lr", type=float, default=0.7)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads per replica (0: cores // replicas)")
     ap.add_argument("--runs", type=Path, default=Path("runs/quality"))
     ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "diloco")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "quality.json")
     args = ap.parse_args()
     base = {**load_preset("demo")["base"], "steps": 0, "tokens": args.tokens, "eval_every": 100,
-            "warmup_steps": 50, "outer_lr": args.outer_lr}
+            "warmup_steps": 50, "outer_lr": args.outer_lr, "threads": args.threads}
     lrs = [float(x) for x in args.lrs.split(",")]
     names = args.methods.split(",")
     configs = {f"{m}@lr{lr:g}": TrainConfig.from_dict({**base, **METHODS[m], "inner_lr": lr})

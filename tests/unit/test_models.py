@@ -154,9 +154,9 @@ def test_attention_flops_are_half_the_dense_score_and_value_matmuls() -> None:
 
 
 def _nominal(name: str) -> float:
-    number = re.search(r"(\d+(?:\.\d+)?)([MBmb])", name)
+    number = re.search(r"(\d+(?:\.\d+)?)([kMBmb])", name)
     assert number is not None
-    return float(number[1]) * (1e6 if number[2] in "Mm" else 1e9)
+    return float(number[1]) * {"k": 1e3, "m": 1e6, "b": 1e9}[number[2].lower()]
 
 
 @pytest.mark.parametrize("name", PAPER_SIZES)

@@ -56,6 +56,10 @@ SIZES: dict[str, ModelShape] = {
     "2.4B": _paper(30, 40, 2560),
     "4B": _paper(36, 48, 3072),
     "10B": _paper(48, 64, 4096),
+    "cpu-25k": _cpu(2, 2, 32),  # 24.8k: the laptop scaling study's ladder (x2 per rung) ...
+    "cpu-50k": _cpu(4, 2, 32),  # 49.6k
+    "cpu-0.1m": _cpu(5, 2, 40),  # 96.6k
+    "cpu-0.2m": _cpu(4, 4, 64),  # 0.20M
     "cpu-0.25m": _cpu(5, 4, 64),  # 0.25M non-embedding
     "cpu-1m": _cpu(5, 4, 128),  # 0.99M
     "cpu-3m": _cpu(7, 6, 192),  # 3.10M
@@ -66,7 +70,7 @@ SIZES: dict[str, ModelShape] = {
 #: The papers' sizes in increasing order (the scaling-law ladder).
 PAPER_SIZES: tuple[str, ...] = ("35M", "90M", "180M", "330M", "550M", "1.3B", "2.4B", "4B", "10B")
 #: The sizes that train on a CPU in minutes, in increasing order.
-CPU_SIZES: tuple[str, ...] = ("cpu-0.25m", "cpu-1m", "cpu-3m", "cpu-10m")
+CPU_SIZES: tuple[str, ...] = ("cpu-25k", "cpu-50k", "cpu-0.1m", "cpu-0.2m", "cpu-0.25m", "cpu-1m", "cpu-3m", "cpu-10m")
 
 
 def get_size(name: str) -> ModelShape:
