@@ -295,7 +295,9 @@ def predict(run: dict, mbps: float, latency_ms: float) -> float | None:
         method=run["kind"], num_params=run["num_params"], num_layers=run["num_layers"],
         step_time_s=run["compute_s_per_step"], bandwidth_bps=mbps * 1e6, latency_s=latency_ms / 1e3,
         sync_every=run["H"], num_fragments=run["P"], overlap_steps=run["tau"], bits=run["bits"], num_workers=2,
-        non_block_params=run["non_block_params"])
+        non_block_params=run["non_block_params"],
+        # DataParallel and StreamingDiLoCo exchange whole payloads after the step, not layer by layer
+        overlap_backward=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="H=8, 2 DP steps (smoke run)")
     ap.add_argument("--force-throttle", action="store_true", help="skip namespaces; use the in-process throttle")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "link.json"))
+    ap.add_argument("--repredict", action="store_true",
+                    help="no training: recompute the simulator's predictions for the measurements in --out "
+                         "(after a change to the simulator) and print the table again")
     # worker-only
     for flag in ("--rank", "--mbps", "--json-out", "--addr", "--ifname"):
         ap.add_argument(flag, help=argparse.SUPPRESS)
@@ -324,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         args.rank, args.mbps = int(args.rank), float(args.mbps)
         worker(args)
         return 0
+    if args.repredict:
+        return _repredict(Path(args.out))
     if args.quick:
         args.H, args.dp_steps = 8, 2
     bandwidths = [float(b) for b in args.bandwidths.split(",")]
@@ -334,6 +341,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: workers killed, namespaces and veth pair removed", file=sys.stderr)
         return 130
+
+
+def _repredict(path: Path) -> int:
+    if not path.exists():
+        raise SystemExit(f"--repredict: {path} does not exist; run the benchmark first (sudo, ~5 min)")
+    saved = json.loads(path.read_text())
+    latency = saved["config"].get("latency_ms", 0.0)
+    for r in saved["rows"]:
+        r["predicted_utilization"] = predict(r, r["mbps"], latency)
+        r["predicted_utilization_effective"] = predict(r, r["effective_mbps"], latency)
+    args = argparse.Namespace(**saved["config"] | {"out": str(path)})
+    probes = {float(k): v for k, v in saved["overlap_probe"].items()}
+    report(saved["rows"], probes, saved["notes"], args)
+    return 0
 
 
 def _interrupt(signum, frame) -> None:
@@ -401,8 +422,15 @@ def report(rows: list[dict], probes: dict, notes: list[str], args) -> None:
               f"{wire:>8}")
     print("util: measured compute time / wall time, mean of the 2 workers. sim: diloco.sim.predict_utilization at\n"
           "the measured compute time per step and the configured bandwidth; sim@eff: at the bandwidth the probe\n"
-          "measured. MB sent: logical payload per worker in the window; MB wire: bytes that left the worker's veth\n"
-          "(TCP/IP headers and store traffic included).")
+          "measured (both with overlap_backward=False: exchanges after the step, as the trainer does). MB sent:\n"
+          "logical payload per worker in the window; MB wire: bytes that left the worker's veth (TCP/IP headers\n"
+          "and store traffic included).")
+    for key, label in (("predicted_utilization", "configured"), ("predicted_utilization_effective", "effective")):
+        gaps = [(r, 100 * (r[key] - r["utilization"])) for r in rows if r.get(key) is not None]
+        if gaps:
+            misses = ", ".join(f"{r['method']} at {r['mbps']:g} ({g:+.1f})" for r, g in gaps if abs(g) > 5)
+            print(f"simulator within 5 points of the measurement at the {label} bandwidth: "
+                  f"{sum(abs(g) <= 5 for _, g in gaps)}/{len(gaps)} rows" + (f"; misses: {misses}" if misses else ""))
     verdict = None
     for mbps in sorted({r["mbps"] for r in rows}):
         by = {r["method"]: r["utilization"] for r in rows if r["mbps"] == mbps}

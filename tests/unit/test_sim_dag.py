@@ -204,3 +204,25 @@ def test_overlapping_fragments_queue_on_the_link():
     far = utilization_curve(model, streaming(sync_every=100, num_fragments=5, overlap_steps=1,
                                              fragment_spacing=20), bw)[0]
     assert near < far - 0.01
+
+
+@FAST
+@given(L=layers, T=step_times, H=st.integers(1, 40), gbps=st.floats(0.01, 100), latency=st.floats(0, 0.05))
+def test_exchange_after_the_step_closed_form(L, T, H, gbps, latency):
+    # overlap_backward=False (how DataParallel / StreamingDiLoCo at tau=0 exchange): nothing overlaps,
+    # so every H steps the whole payload (L + 1 units, each with its latency) is added to H T.
+    model = ModelSpec(L, 1e9, T, non_block_params=2e8)
+    method = data_parallel() if H == 1 else diloco(sync_every=H)
+    bits = sum(build_plan(model, method).unit_bits)
+    cu = utilization_curve(model, method, [gbps * 1e9], latency_s=latency, overlap_backward=False)[0]
+    assert cu == pytest.approx(H * T / (H * T + bits / (gbps * 1e9) + (L + 1) * latency), rel=1e-9)
+    overlapped = utilization_curve(model, method, [gbps * 1e9], latency_s=latency)[0]
+    assert overlapped >= cu - 1e-12  # releasing layer by layer can only help
+
+
+def test_predict_utilization_passes_overlap_backward() -> None:
+    kw = dict(method="dp", num_params=2e6, num_layers=5, step_time_s=0.4, bandwidth_bps=75e6, non_block_params=1e6)
+    bits = sum(build_plan(ModelSpec(5, 2e6, 0.4, non_block_params=1e6), data_parallel()).unit_bits)
+    after = predict_utilization(**kw, overlap_backward=False)
+    assert after == pytest.approx(0.4 / (0.4 + bits / 75e6), rel=1e-9)
+    assert after < predict_utilization(**kw)

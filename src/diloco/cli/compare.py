@@ -12,7 +12,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compare", help="train a list of methods on one preset and print the comparison table",
         description="Train each method of a preset (same model, data and token budget) and print: method, "
-                    "final eval loss, %% vs DP, bytes sent per replica, x fewer than DP, peak bytes per sync, "
+                    "final eval loss, % vs DP, bytes sent per replica, x fewer than DP, peak bytes per sync, "
                     "wall time. Writes compare.json, compare.txt, loss_vs_tokens.png and loss_vs_bytes.png to --out. "
                     "Finished runs with an identical config are reused.",
     )

@@ -90,11 +90,20 @@ class SyncPlan:
     Units ``0 .. L-1`` are the layers; unit ``L`` (if present) is the non-block
     parameters. ``fragment_units[p]`` lists the units of schedule fragment p.
     ``unit_bits[u]`` is what one worker puts on its link to reduce unit u.
+
+    ``overlap_backward`` says when reductions may start and what they hold up:
+    True (the papers' simulator; bucketed DDP) releases each layer's reduction
+    when its parameter-backward finishes and, at tau = 0, gates that layer's
+    next forward. False models this project's ``DataParallel`` and
+    ``StreamingDiLoCo``, which exchange whole payloads after the step's backward
+    (DP) or optimizer step (DiLoCo): every unit is released at the end of the
+    step and gates the start of the step it is due in.
     """
 
     schedule: Schedule
     fragment_units: tuple[tuple[int, ...], ...]
     unit_bits: tuple[float, ...]
+    overlap_backward: bool = True
 
     def __post_init__(self) -> None:
         if len(self.fragment_units) != self.schedule.num_fragments:
@@ -112,16 +121,17 @@ def _step_events(stream: ComputeStream, plan: SyncPlan, starts: Sequence[int], g
     """Sorted (offset, kind, unit) events of one step; units that send nothing are skipped."""
     L = stream.num_layers
     tau = plan.schedule.overlap_steps
+    whole_step = not plan.overlap_backward  # exchanges after the step, never inside it
     events = []
     for p in gated:
         for u in plan.fragment_units[p]:
             if plan.unit_bits[u] > 0:
-                at = 0.0 if (tau > 0 or u == L) else stream.forward_start(u)
+                at = 0.0 if (tau > 0 or u == L or whole_step) else stream.forward_start(u)
                 events.append((at, _GATE, u))
     for p in starts:
         for u in plan.fragment_units[p]:
             if plan.unit_bits[u] > 0:
-                at = stream.step_time_s if u == L else stream.param_backward_end(u)
+                at = stream.step_time_s if (u == L or whole_step) else stream.param_backward_end(u)
                 events.append((at, _RELEASE, u))
     events.sort()
     return events

@@ -142,12 +142,17 @@ def fragment_units(num_layers: int, num_fragments: int, pattern: str = "strided"
     return ((L,), *blocks)
 
 
-def build_plan(model: ModelSpec, method: MethodSpec, *, num_workers: int = 2) -> SyncPlan:
-    """The transfer units and their bits on one worker's link for ``method`` on ``model``."""
+def build_plan(model: ModelSpec, method: MethodSpec, *, num_workers: int = 2,
+               overlap_backward: bool = True) -> SyncPlan:
+    """The transfer units and their bits on one worker's link for ``method`` on ``model``.
+
+    ``overlap_backward``: see :class:`~diloco.sim.dag.SyncPlan` (True: the papers' per-layer
+    release; False: whole-payload exchanges after the step, as this project's trainer does).
+    """
     per_param = method.bits * ring_allreduce_factor(num_workers)
     unit_bits = (model.params_per_layer * per_param,) * model.num_layers + (model.non_block_params * per_param,)
     units = fragment_units(model.num_layers, method.num_fragments, method.fragment_pattern)
-    return SyncPlan(method.schedule, units, unit_bits)
+    return SyncPlan(method.schedule, units, unit_bits, overlap_backward=overlap_backward)
 
 
 def utilization_curve(
@@ -157,11 +162,12 @@ def utilization_curve(
     *,
     latency_s: float = 0.0,
     num_workers: int = 2,
+    overlap_backward: bool = True,
 ) -> np.ndarray:
     """Steady-state compute utilization at each bandwidth (bits/s) of one worker's cross-datacenter link."""
     stream = ComputeStream(model.num_layers, model.step_time_s)
-    return simulate_utilization(stream, build_plan(model, method, num_workers=num_workers), bandwidth_bps,
-                                latency_s=latency_s)
+    plan = build_plan(model, method, num_workers=num_workers, overlap_backward=overlap_backward)
+    return simulate_utilization(stream, plan, bandwidth_bps, latency_s=latency_s)
 
 
 _METHODS = ("dp", "diloco", "streaming")
@@ -182,6 +188,7 @@ def predict_utilization(
     num_workers: int = 2,
     non_block_params: float = 0.0,
     fragment_pattern: str = "strided",
+    overlap_backward: bool = True,
 ) -> float:
     """Predicted compute utilization (0..1] of one configuration at one link bandwidth.
 
@@ -192,6 +199,8 @@ def predict_utilization(
     latency in seconds per reduction message (one per layer), bits per
     parameter on the wire, and the parameters outside the repeated blocks.
     ``num_fragments`` counts fragment 0 (non-block parameters) as the trainer does.
+    ``overlap_backward=False`` predicts this project's ``DataParallel`` / ``StreamingDiLoCo``,
+    which exchange whole payloads after the step instead of layer by layer during the backward.
     """
     if method not in _METHODS:
         raise ValueError(f"method must be one of {', '.join(_METHODS)}, got {method!r}")
@@ -205,7 +214,8 @@ def predict_utilization(
                          f"use method='streaming'")
     model = ModelSpec(num_layers, float(num_params), float(step_time_s), float(non_block_params))
     spec = MethodSpec(method, sync_every, num_fragments, overlap_steps, float(bits), fragment_pattern)
-    cu = utilization_curve(model, spec, [float(bandwidth_bps)], latency_s=latency_s, num_workers=num_workers)
+    cu = utilization_curve(model, spec, [float(bandwidth_bps)], latency_s=latency_s, num_workers=num_workers,
+                           overlap_backward=overlap_backward)
     return float(cu[0])
 
 
