@@ -26,19 +26,20 @@ from diloco.algorithm.streaming import StreamingDiLoCo
 from diloco.comm.local import LocalGroup
 from diloco.models import Transformer, make_config
 
-CONFIGS = [
-    ("bare AdamW loop", None),
-    ("P=1 tau=0 fp32 (DiLoCo)", dict(num_fragments=1, overlap_steps=0, codec="fp32")),
-    ("P=1 tau=0 fp4_e3m0", dict(num_fragments=1, overlap_steps=0, codec="fp4_e3m0")),
-    ("P=4 tau=0 fp32", dict(num_fragments=4, overlap_steps=0, codec="fp32")),
-    ("P=4 tau=1 fp32", dict(num_fragments=4, overlap_steps=1, codec="fp32")),
-    ("P=4 tau=1 fp4_e3m0", dict(num_fragments=4, overlap_steps=1, codec="fp4_e3m0")),
+#: The bare loop, then every (P, tau, codec) of {1, 4} x {0, 1} x {fp32, fp4_e3m0}.
+CONFIGS = [("bare AdamW loop", None)] + [
+    (f"P={P} tau={tau} {codec}" + (" (DiLoCo)" if (P, tau, codec) == (1, 0, "fp32") else ""),
+     dict(num_fragments=P, overlap_steps=tau, codec=codec))
+    for P in (1, 4) for tau in (0, 1) for codec in ("fp32", "fp4_e3m0")
 ]
+#: On an accelerator, the same as the last config with the global copy and outer state kept on the CPU.
+OFFLOAD = ("P=4 tau=1 fp4_e3m0 offload=cpu", dict(num_fragments=4, overlap_steps=1, codec="fp4_e3m0",
+                                                 offload_device="cpu"))
 
 
 def make_setup(kw, args):
     torch.manual_seed(0)
-    model = Transformer(make_config(args.size, vocab_size=args.vocab, seq_len=args.seq))
+    model = Transformer(make_config(args.size, vocab_size=args.vocab, seq_len=args.seq)).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     algo = None
     if kw is not None:
@@ -68,14 +69,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds")
     ap.add_argument("--steps", type=int, default=60, help="inner steps per config per round (a multiple of H)")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--device", default="cpu", help="torch device of the model (cuda adds an offload=cpu row)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "overhead.json")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.steps = 2, args.H
     torch.set_num_threads(2)
-    setups = [(name, *make_setup(kw, args)) for name, kw in CONFIGS]
+    configs = CONFIGS + ([OFFLOAD] if torch.device(args.device).type != "cpu" else [])
+    setups = [(name, *make_setup(kw, args)) for name, kw in configs]
     g = torch.Generator().manual_seed(0)
-    data = [torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g) for _ in range(8)]
+    data = [torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g).to(args.device) for _ in range(8)]
+    sync = torch.cuda.synchronize if torch.device(args.device).type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {name: [] for name, *_ in setups}
     for r in range(args.rounds):
         for name, model, opt, algo in setups:
@@ -88,6 +92,7 @@ def main() -> None:
                 opt.zero_grad(set_to_none=True)
                 if algo is not None:
                     algo.step()
+            sync()
             dt = (time.perf_counter() - t0) / args.steps
             if r > 0:  # round 0 warms up allocators and caches
                 times[name].append(dt)
@@ -107,7 +112,10 @@ def main() -> None:
             row["analytic_bytes"] = 2 * 4 * n_params + get_codec(algo.codec).num_bytes(frag)
         rows.append(row)
     print(f"\nmodel {args.size}: {n_params:,} params; batch {args.batch}x{args.seq}; H={args.H}; "
-          f"{args.rounds - 1} timed rounds x {args.steps} steps; torch threads 2")
+          f"{args.rounds - 1} timed rounds x {args.steps} steps; device {args.device}; torch threads 2")
+    print("added MB: the tensors the wrapper holds (global copies, outer momentum, largest in-flight payload),\n"
+          "counted from the objects themselves; analytic: 2 x 4 B x params + one payload of the largest fragment.\n"
+          "Transient buffers of a sync (local flatten and outer gradient of one fragment) are not counted.")
     print(f"{'config':<26} {'step ms':>8} {'vs bare':>8} {'added MB':>9} {'analytic MB':>12}")
     for row in rows:
         added = row.get("added_bytes")

@@ -47,6 +47,17 @@ def test_streaming_two_replicas_loss_falls_and_bytes_match(tmp_path, cache):
     assert result.final_eval_loss < rows[0]["loss"]
 
 
+@pytest.mark.parametrize("kw", [dict(method="dp"), dict(method="diloco", sync_every=8),
+                                dict(method="diloco", replicas=1, sync_every=8)], ids=["dp", "diloco", "diloco-m1"])
+def test_every_mode_trains_the_tiny_model(tmp_path, cache, kw):
+    cfg = tiny(**({"replicas": 2, "steps": 48} | kw))
+    result = train(cfg, tmp_path, cache_dir=cache, progress=False)
+    rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "loss" in r]
+    first, last = sum(r["loss"] for r in rows[:5]) / 5, sum(r["loss"] for r in rows[-5:]) / 5
+    assert last < first - 0.3, (kw, first, last)
+    assert result.final_eval_loss < rows[0]["loss"]
+
+
 def test_lr_schedule_warmup_then_cosine_to_floor():
     cfg = tiny(steps=100, warmup_steps=10, inner_lr=1e-3, min_lr_ratio=0.05)
     assert lr_at(5, cfg) == pytest.approx(5e-4)

@@ -270,3 +270,33 @@ def test_merge_alpha_out_of_range_is_rejected():
 def test_offload_keeps_global_copy_on_requested_device():
     out = train_replicas(1, 4, lambda m, o, c: StreamingDiLoCo(m, o, comm=c, sync_every=2, offload_device="cpu"))
     assert all(g.device.type == "cpu" for g in out[0][1].global_flat)
+
+
+@pytest.mark.parametrize("M", [1, 3])
+def test_every_sync_report_quotes_the_bytes_the_communicator_counted(M):
+    from diloco.algorithm.codecs import get_codec
+
+    H, P, steps = 6, 3, 18
+    out = train_replicas(
+        M, steps, lambda m, o, c: StreamingDiLoCo(m, o, comm=c, sync_every=H, num_fragments=P, overlap_steps=1,
+                                                   codec="int8")
+    )
+    codec = get_codec("int8")
+    for _, algo, snaps in out:
+        reports = [r for _, _, rs in snaps for r in rs]
+        assert len(reports) == P * steps // H - (1 if steps % H == 0 else 0)  # the last start is still in flight
+        for r in reports:
+            payload = codec.num_bytes(algo.fragment_sizes()[r.fragment])
+            assert (r.bytes_sent, r.bytes_received) == ((payload if M > 1 else 0), payload * (M - 1))
+        in_flight = sum(codec.num_bytes(algo.fragment_sizes()[p]) for p in algo.pending_fragments)
+        assert sum(r.bytes_sent for r in reports) + (in_flight if M > 1 else 0) == algo.comm.stats.bytes_sent
+        assert sum(r.bytes_received for r in reports) + in_flight * (M - 1) == algo.comm.stats.bytes_received
+
+
+def test_data_parallel_reports_the_gradient_payload_each_step():
+    from diloco.algorithm.codecs import get_codec
+
+    out = train_replicas(2, 3, lambda m, o, c: DataParallel(m, comm=c, codec="bf16"))
+    model, algo, _ = out[0]
+    n = sum(p.numel() for p in model.parameters())
+    assert algo.comm.stats.bytes_sent == 3 * get_codec("bf16").num_bytes(n)

@@ -23,6 +23,7 @@ from diloco.algorithm.codecs import Codec, get_codec
 from diloco.algorithm.fragments import flatten
 from diloco.algorithm.outer import average_payloads
 from diloco.algorithm.streaming import SyncReport, broadcast_parameters
+from diloco.comm.accounting import exchanged_bytes
 from diloco.comm.base import Communicator
 
 
@@ -48,8 +49,8 @@ class DataParallel:
         payload = self.codec.encode(flat)
         payloads = self.comm.all_gather_async(payload, tag="gradients").wait()
         mean, dropped = average_payloads(payloads, self.codec, flat.numel(), out_device=flat.device)
-        report = SyncReport(self.step_count, 0, self.step_count, flat.numel(), payload.numel(),
-                            payload.numel() * (len(payloads) - 1), dropped)
+        report = SyncReport(self.step_count, 0, self.step_count, flat.numel(),
+                            *exchanged_bytes(payload.numel(), len(payloads)), dropped)
         if mean is None:  # every replica diverged: no update this step
             report.skipped = True
             mean = torch.zeros_like(flat)

@@ -36,6 +36,7 @@ from diloco.algorithm.codecs import Codec, get_codec
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
 from diloco.algorithm.outer import OuterOptimizerFactory, average_payloads, default_outer_optimizer, merge_
 from diloco.algorithm.schedule import Schedule
+from diloco.comm.accounting import exchanged_bytes
 from diloco.comm.base import Communicator, Work
 
 
@@ -152,8 +153,8 @@ class StreamingDiLoCo:
         payloads = pending.work.wait()
         g = self.global_flat[p]
         mean, dropped = average_payloads(payloads, self.codec, g.numel(), out_device=g.device)
-        nbytes = pending.payload.numel()
-        report = SyncReport(t, p, pending.started_at, g.numel(), nbytes, nbytes * (len(payloads) - 1), dropped)
+        report = SyncReport(t, p, pending.started_at, g.numel(), *exchanged_bytes(pending.payload.numel(), len(payloads)),
+                            dropped)
         if mean is None:
             report.skipped = True
         else:

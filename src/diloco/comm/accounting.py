@@ -20,6 +20,15 @@ class Exchange:
     received: int
 
 
+def exchanged_bytes(payload_bytes: int, num_replicas: int) -> tuple[int, int]:
+    """(sent, received) of one all-gather of a ``payload_bytes`` payload among ``num_replicas``.
+
+    Sent is the logical payload once (what this replica contributes; a lone replica sends nothing),
+    received is every peer's payload. Communicators count these; sync reports quote them.
+    """
+    return (payload_bytes if num_replicas > 1 else 0), payload_bytes * (num_replicas - 1)
+
+
 @dataclass
 class CommStats:
     bytes_sent: int = 0

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
-from diloco.comm.accounting import CommStats
+from diloco.comm.accounting import CommStats, exchanged_bytes
 
 
 class CommError(RuntimeError):
@@ -72,10 +72,8 @@ class Communicator(abc.ABC):
         """
         if payload.dtype != torch.uint8 or payload.dim() != 1:
             raise TypeError(f"payload must be a 1-D uint8 tensor, got {payload.dtype} with shape {tuple(payload.shape)}")
-        nbytes = payload.numel()
-        # A lone replica exchanges nothing over the network: count no bytes.
-        sent = nbytes if self.world_size > 1 else 0
-        handle = self.stats.start(tag, sent=sent, received=nbytes * (self.world_size - 1))
+        sent, received = exchanged_bytes(payload.numel(), self.world_size)
+        handle = self.stats.start(tag, sent=sent, received=received)
         work = self._start_all_gather(payload, tag)
         return _AccountedWork(work, self.stats, handle)
 
