@@ -58,6 +58,18 @@ def test_every_mode_trains_the_tiny_model(tmp_path, cache, kw):
     assert result.final_eval_loss < rows[0]["loss"]
 
 
+def test_tensorboard_sink_writes_the_logged_scalars(tmp_path, cache):
+    from tensorboard.backend.event_processing import event_accumulator  # a dev dependency
+    train(tiny(method="diloco", steps=12, eval_every=6, tensorboard=True), tmp_path, cache_dir=cache,
+          progress=False)
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    losses = [e.value for e in acc.Scalars("loss")]
+    logged = [r["loss"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "loss" in r]
+    assert losses == pytest.approx(logged, rel=1e-6) and len(losses) == 12
+    assert {"eval_loss", "bytes_sent", "lr"} <= set(acc.Tags()["scalars"])
+
+
 def test_lr_schedule_warmup_then_cosine_to_floor():
     cfg = tiny(steps=100, warmup_steps=10, inner_lr=1e-3, min_lr_ratio=0.05)
     assert lr_at(5, cfg) == pytest.approx(5e-4)
