@@ -66,7 +66,7 @@ def plot_loss(fit: ScalingFit, path: Path) -> Path:
         ax.scatter([p.num_params for p in pts], [p.loss for p in pts], color=colors[key], s=22, label=key, zorder=3)
         _line(ax, fit.loss_laws.get(key), n_min, 4 * n_max, pts[0].replicas, colors[key], n_max)
     _log_axes(ax, plain_y=True)
-    ax.set_xlabel("non-embedding parameters N")
+    ax.set_xlabel("parameters N (as the results record them)")
     ax.set_ylabel("best eval loss")
     ax.set_title("Best loss vs model size\nlines: L = A·N^α per method, dashed: extrapolation", fontsize=10)
     ax.legend(fontsize=8)
@@ -99,7 +99,7 @@ def plot_hparams(fit: ScalingFit, path: Path) -> Path:
         else:
             ax.text(0.5, 0.5, "no hyperparameters in these records", ha="center", va="center",
                     transform=ax.transAxes)
-        ax.set_xlabel("non-embedding parameters N")
+        ax.set_xlabel("parameters N (as the results record them)")
         ax.set_ylabel(label)
     fig.suptitle("Optimal hyperparameters vs model size; lines: A·N^α per method", fontsize=11)
     fig.tight_layout()
@@ -133,7 +133,7 @@ def plot_vs_dp(fit: ScalingFit, path: Path) -> Path:
     else:
         ax.legend(fontsize=8)
     ax.set_xscale("log")
-    ax.set_xlabel("non-embedding parameters N")
+    ax.set_xlabel("parameters N (as the results record them)")
     ax.set_ylabel("best loss vs data-parallel (%)")
     ax.set_title("Best loss relative to data-parallel (below 0: better)", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
