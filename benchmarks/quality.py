@@ -9,7 +9,10 @@ interrupted benchmark resumes where it stopped.
     .venv/bin/python benchmarks/quality.py --tokens 500000 --lrs 2e-3   # quick look
 
 Prints, per method, the best eval loss, % vs DP, bytes sent per replica and x fewer than DP,
-and the gap to DP along training; writes benchmarks/results/quality.json and quality.png.
+and the gap to DP along training. Then each method is trained again with its best inner lr at
+smaller token budgets (--budgets): the final gap to DP at each budget, and a fit
+gap = a + b ln(tokens) that says at what budget the gap would reach +1 % and 0 %, if the trend
+held. Writes benchmarks/results/quality.json and quality.png.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ def main() -> None:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--threads", type=int, default=0, help="torch threads per replica (0: cores // replicas)")
+    ap.add_argument("--budgets", default="500000,1000000",
+                    help="smaller token budgets for the final-gap-vs-budget curve, comma-separated ('' skips)")
+    ap.add_argument("--budget-methods", default="dp,diloco,streaming,diloco-m1")
     ap.add_argument("--runs", type=Path, default=Path("runs/quality"))
     ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "diloco")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "quality.json")
@@ -73,20 +79,69 @@ def main() -> None:
     for r in chosen:
         print(f"  {r['name']:<16} inner lr {r['inner_lr']:g}; gap vs DP along training: " +
               ", ".join(f"{t / 1e6:.1f}M {g:+.1f}%" for t, g in r["gap_vs_tokens"][::3]))
+    budget_gaps = gap_vs_budget(args, base, best, [m for m in args.budget_methods.split(",") if m in best])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"tokens": args.tokens, "lrs": lrs, "outer_lr": args.outer_lr,
-                                    "best": chosen, "all": rows}, indent=2) + "\n")
-    plot(chosen, args.out.with_suffix(".png"))
+                                    "best": chosen, "all": rows, "gap_vs_budget": budget_gaps}, indent=2) + "\n")
+    plot(chosen, args.out.with_suffix(".png"), budget_gaps)
     print(f"written: {args.out}, {args.out.with_suffix('.png')}")
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def gap_vs_budget(args, base: dict, best: dict, methods: list[str]) -> dict:
+    """Final gap to DP of each method (at its best inner lr) at every token budget, and its log-linear trend."""
+    import math
+
+    import numpy as np
+
+    budgets = sorted({int(float(b)) for b in args.budgets.split(",") if b.strip()} - {args.tokens})
+    if not budgets or "dp" not in methods:
+        return {}
+    configs = {f"{m}@lr{best[m]['config']['inner_lr']:g}@{b // 1000}k": TrainConfig.from_dict(
+        {**best[m]["config"], "tokens": b}) for b in budgets for m in methods}
+    runs = {name: r for name, r in zip(configs, run_compare(configs, args.runs / "budgets", cache_dir=args.cache_dir,
+                                                            progress=True))}
+    loss = {(m, b): runs[f"{m}@lr{best[m]['config']['inner_lr']:g}@{b // 1000}k"]["final_eval_loss"]
+            for b in budgets for m in methods}
+    loss |= {(m, args.tokens): best[m]["final_eval_loss"] for m in methods}
+    budgets.append(args.tokens)
+    out = {}
+    print(f"\nfinal eval loss gap vs DP by token budget (each method at its best inner lr):")
+    print(f"  {'method':<16}" + "".join(f"{b / 1e6:>9.2f}M" for b in budgets) + "   trend per doubling   +1% at   0% at")
+    for m in methods:
+        if m == "dp":
+            continue
+        gaps = [100 * (loss[(m, b)] / loss[("dp", b)] - 1) for b in budgets]
+        slope, intercept = np.polyfit(np.log(budgets), gaps, 1)
+        reach = {t: (math.exp((t - intercept) / slope) if slope < 0 else None) for t in (1.0, 0.0)}
+        out[m] = {"budgets": budgets, "gap_pct": gaps, "slope_pct_per_doubling": slope * math.log(2),
+                  "tokens_for_gap_1pct": reach[1.0], "tokens_for_gap_0pct": reach[0.0]}
+
+        def fmt(t):
+            return "never" if t is None else ("now" if t <= budgets[-1] else f"{t / 1e6:.0f}M")
+        print(f"  {m:<16}" + "".join(f"{g:>+9.2f}%" for g in gaps) +
+              f"   {slope * math.log(2):+.2f} pts{'':>9}{fmt(reach[1.0]):>7}{fmt(reach[0.0]):>8}")
+    print("  (trend: least squares of gap on ln(tokens); an extrapolation from three budgets, not a result)")
+    return out
+
+
+def plot(rows: list[dict], path: Path, budget_gaps: dict | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 3 if budget_gaps else 2, figsize=(16 if budget_gaps else 11, 4.2))
+    a, b = axes[0], axes[1]
+    if budget_gaps:
+        c = axes[2]
+        for m, g in budget_gaps.items():
+            c.plot(g["budgets"], g["gap_pct"], marker="o", label=m)
+        c.axhline(0, color="k", lw=0.8)
+        c.axhline(1, color="k", lw=0.6, ls=":")
+        c.set(xscale="log", xlabel="token budget", ylabel="final % eval loss vs DP",
+              title="Final gap to DP by token budget")
+        c.grid(alpha=0.3)
+        c.legend(fontsize=8)
     for r in rows:
         curve = eval_curve(Path(r["out_dir"]))
         a.plot([t for t, _ in curve], [v for _, v in curve], marker="o", ms=2, label=f"{r['name']} (lr {r['inner_lr']:g})")
