@@ -49,6 +49,10 @@ def _log_axes(ax: plt.Axes, *, plain_y: bool = False) -> None:
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.grid(True, which="both", alpha=0.3)
+    # Within less than a decade matplotlib labels minor ticks too, and they collide: label majors only
+    # (plus 2x and 5x, which stay readable).
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     if not plain_y:
         return
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)))
