@@ -5,7 +5,7 @@ inner learning rate from the same grid (tuned alike). Runs are reused when finis
 interrupted benchmark resumes where it stopped.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 \
-        .venv/bin/python benchmarks/quality.py                # ~45 min on 2 cores
+        .venv/bin/python benchmarks/quality.py                # ~1 hour on 2 cores (idle)
     .venv/bin/python benchmarks/quality.py --tokens 500000 --lrs 2e-3   # quick look
 
 Prints, per method, the best eval loss, % vs DP, bytes sent per replica and x fewer than DP,
@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--threads", type=int, default=0, help="torch threads per replica (0: cores // replicas)")
-    ap.add_argument("--budgets", default="500000,1000000",
+    ap.add_argument("--budgets", default="1000000",
                     help="smaller token budgets for the final-gap-vs-budget curve, comma-separated ('' skips)")
     ap.add_argument("--budget-methods", default="dp,diloco,streaming,diloco-m1")
     ap.add_argument("--runs", type=Path, default=Path("runs/quality"))
@@ -120,7 +120,7 @@ def gap_vs_budget(args, base: dict, best: dict, methods: list[str]) -> dict:
             return "never" if t is None else ("now" if t <= budgets[-1] else f"{t / 1e6:.0f}M")
         print(f"  {m:<16}" + "".join(f"{g:>+9.2f}%" for g in gaps) +
               f"   {slope * math.log(2):+.2f} pts{'':>9}{fmt(reach[1.0]):>7}{fmt(reach[0.0]):>8}")
-    print("  (trend: least squares of gap on ln(tokens); an extrapolation from three budgets, not a result)")
+    print(f"  (trend: least squares of gap on ln(tokens); an extrapolation from {len(budgets)} budgets, not a result)")
     return out
 
 
@@ -130,12 +130,13 @@ def plot(rows: list[dict], path: Path, budget_gaps: dict | None = None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    color = {r["name"]: f"C{i}" for i, r in enumerate(rows)}  # one colour per method in every panel
     fig, axes = plt.subplots(1, 3 if budget_gaps else 2, figsize=(16 if budget_gaps else 11, 4.2))
     a, b = axes[0], axes[1]
     if budget_gaps:
         c = axes[2]
         for m, g in budget_gaps.items():
-            c.plot(g["budgets"], g["gap_pct"], marker="o", label=m)
+            c.plot(g["budgets"], g["gap_pct"], marker="o", label=m, color=color[m])
         c.axhline(0, color="k", lw=0.8)
         c.axhline(1, color="k", lw=0.6, ls=":")
         c.set(xscale="log", xlabel="token budget", ylabel="final % eval loss vs DP",
@@ -144,10 +145,11 @@ def plot(rows: list[dict], path: Path, budget_gaps: dict | None = None) -> None:
         c.legend(fontsize=8)
     for r in rows:
         curve = eval_curve(Path(r["out_dir"]))
-        a.plot([t for t, _ in curve], [v for _, v in curve], marker="o", ms=2, label=f"{r['name']} (lr {r['inner_lr']:g})")
+        a.plot([t for t, _ in curve], [v for _, v in curve], marker="o", ms=2, label=f"{r['name']} (lr {r['inner_lr']:g})",
+               color=color[r["name"]])
         if r["name"] != "dp" and r["gap_vs_tokens"]:
             b.plot([t for t, _ in r["gap_vs_tokens"]], [g for _, g in r["gap_vs_tokens"]], marker="o", ms=2,
-                   label=r["name"])
+                   label=r["name"], color=color[r["name"]])
     a.set(xlabel="tokens", ylabel="eval loss (global params)", title="Eval loss vs tokens")
     b.axhline(0, color="k", lw=0.8)
     b.set(xlabel="tokens", ylabel="% eval loss vs DP", title="Gap to data-parallel along training")
