@@ -5,7 +5,7 @@ synthetic token batches. Configurations are interleaved round by round so that
 machine noise hits them alike; the overhead is the ratio of median step times
 measured in this one run.
 
-    .venv/bin/python benchmarks/overhead.py            # ~3 minutes on 2 cores
+    .venv/bin/python benchmarks/overhead.py --rounds 4 --steps 30   # ~5 minutes on 2 cores (default: ~13)
     .venv/bin/python benchmarks/overhead.py --quick    # smoke run
 
 Prints a table and writes benchmarks/results/overhead.json.
@@ -81,6 +81,7 @@ def main() -> None:
     data = [torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g).to(args.device) for _ in range(8)]
     sync = torch.cuda.synchronize if torch.device(args.device).type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {name: [] for name, *_ in setups}
+    in_wrapper: dict[str, float] = {name: 0.0 for name, *_ in setups}  # seconds inside algo.step(), timed rounds
     for r in range(args.rounds):
         for name, model, opt, algo in setups:
             t0 = time.perf_counter()
@@ -91,7 +92,10 @@ def main() -> None:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 if algo is not None:
+                    t1 = time.perf_counter()
                     algo.step()
+                    if r > 0:
+                        in_wrapper[name] += time.perf_counter() - t1
             sync()
             dt = (time.perf_counter() - t0) / args.steps
             if r > 0:  # round 0 warms up allocators and caches
@@ -102,8 +106,10 @@ def main() -> None:
     rows = []
     for name, model, opt, algo in setups:
         med = statistics.median(times[name])
+        wrapper_s = in_wrapper[name] / ((args.rounds - 1) * args.steps)  # per inner step
         row = {"config": name, "median_step_s": med, "ratio_vs_bare": med / base,
-               "overhead_pct": 100 * (med / base - 1)}
+               "overhead_pct": 100 * (med / base - 1), "wrapper_s_per_step": wrapper_s,
+               "wrapper_pct_of_bare_step": 100 * wrapper_s / base}
         if algo is not None:
             mem = wrapper_bytes(algo)
             row.update(mem)
@@ -116,10 +122,13 @@ def main() -> None:
     print("added MB: the tensors the wrapper holds (global copies, outer momentum, largest in-flight payload),\n"
           "counted from the objects themselves; analytic: 2 x 4 B x params + one payload of the largest fragment.\n"
           "Transient buffers of a sync (local flatten and outer gradient of one fragment) are not counted.")
-    print(f"{'config':<26} {'step ms':>8} {'vs bare':>8} {'added MB':>9} {'analytic MB':>12}")
+    print("in step(): time inside the wrapper's step() (syncs included), averaged over inner steps, as % of the\n"
+          "bare loop's step; vs bare: end-to-end median step time against the bare loop.")
+    print(f"{'config':<26} {'step ms':>8} {'vs bare':>8} {'in step()':>10} {'added MB':>9} {'analytic MB':>12}")
     for row in rows:
         added = row.get("added_bytes")
         print(f"{row['config']:<26} {1e3 * row['median_step_s']:8.2f} {row['overhead_pct']:+7.2f}% "
+              f"{row['wrapper_pct_of_bare_step']:9.3f}% "
               f"{'' if added is None else f'{added / 1e6:9.2f}'} "
               f"{'' if added is None else format(row['analytic_bytes'] / 1e6, '12.2f')}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
