@@ -153,8 +153,8 @@ class StreamingDiLoCo:
         payloads = pending.work.wait()
         g = self.global_flat[p]
         mean, dropped = average_payloads(payloads, self.codec, g.numel(), out_device=g.device)
-        report = SyncReport(t, p, pending.started_at, g.numel(), *exchanged_bytes(pending.payload.numel(), len(payloads)),
-                            dropped)
+        sent, received = exchanged_bytes(pending.payload.numel(), len(payloads))
+        report = SyncReport(t, p, pending.started_at, g.numel(), sent, received, dropped)
         if mean is None:
             report.skipped = True
         else:

@@ -56,7 +56,7 @@ SIZES: dict[str, ModelShape] = {
     "2.4B": _paper(30, 40, 2560),
     "4B": _paper(36, 48, 3072),
     "10B": _paper(48, 64, 4096),
-    "cpu-25k": _cpu(2, 2, 32),  # 24.8k: the laptop scaling study's ladder (x2 per rung) ...
+    "cpu-25k": _cpu(2, 2, 32),  # 24.8k; cpu-25k .. cpu-0.2m: the laptop scaling study's x2 ladder
     "cpu-50k": _cpu(4, 2, 32),  # 49.6k
     "cpu-0.1m": _cpu(5, 2, 40),  # 96.6k
     "cpu-0.2m": _cpu(4, 4, 64),  # 0.20M
