@@ -5,7 +5,7 @@ synthetic token batches. Configurations are interleaved round by round so that
 machine noise hits them alike; the overhead is the ratio of median step times
 measured in this one run.
 
-    .venv/bin/python benchmarks/overhead.py --rounds 4 --steps 30   # ~5 minutes on 2 cores (default: ~13)
+    .venv/bin/python benchmarks/overhead.py            # ~5 minutes on 2 cores
     .venv/bin/python benchmarks/overhead.py --quick    # smoke run
 
 Prints a table and writes benchmarks/results/overhead.json.
@@ -66,8 +66,8 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--H", type=int, default=30)
-    ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds")
-    ap.add_argument("--steps", type=int, default=60, help="inner steps per config per round (a multiple of H)")
+    ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds (the first is warm-up)")
+    ap.add_argument("--steps", type=int, default=30, help="inner steps per config per round (a multiple of H)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cpu", help="torch device of the model (cuda adds an offload=cpu row)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "overhead.json")
