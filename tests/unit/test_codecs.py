@@ -17,6 +17,7 @@ from diloco.algorithm.codecs import (
     FP4E2M1Codec,
     FP4E3M0Codec,
     Int8Codec,
+    all_finite,
     get_codec,
 )
 
@@ -192,6 +193,23 @@ def test_ties_round_to_even(name, ties, expected):
     below = codec.dequantize_elements(codec.quantize_elements(torch.tensor(ties) * (1 - 2**-20)))
     assert (above >= torch.tensor(expected)).all() and (below <= torch.tensor(expected)).all()
     assert (above > below).all()
+
+
+@pytest.mark.parametrize("name", FP4)
+def test_fp4_bit_rounding_matches_brute_force_nearest_even(name):
+    """The bit-level rounding against a float64 brute force: every midpoint, its fp32 neighbours,
+    every representable magnitude and its neighbours, and 200k values over 2^-12 .. 2^12."""
+    codec, mags = get_codec(name), MAGNITUDES[name]
+    g = np.random.default_rng(3)
+    special = np.concatenate([mags, (mags[1:] + mags[:-1]) / 2, [0.0, 1e-45, 1e30, 3.4e38]]).astype(np.float32)
+    neighbours = np.concatenate([np.nextafter(special, np.float32(0)), np.nextafter(special, np.float32(np.inf))])
+    spread = (2.0 ** g.uniform(-12, 12, 200_000)).astype(np.float32)
+    y = np.concatenate([special, neighbours, spread]).astype(np.float32)
+    got = codec.round_magnitudes(torch.from_numpy(y)).numpy()
+    expected = nearest_even(np.minimum(y.astype(np.float64), mags[-1]), mags)  # saturate at m, then round
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(codec.magnitude_codes(torch.from_numpy(got)).numpy(),
+                                  np.searchsorted(mags, got))
 
 
 @pytest.mark.parametrize("name", FP4)
@@ -419,3 +437,18 @@ def test_bad_constructor_arguments():
         FP4E3M0Codec(scale_candidates=0)
     assert isinstance(FP4E3M0Codec(block_size=32), BlockScaledCodec)
     assert FP4E3M0Codec(block_size=32).bits_per_value == 4.25
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_all_finite_agrees_with_isfinite(dtype):
+    g = torch.Generator().manual_seed(11)
+    for trial in range(40):
+        x = torch.randn(1 + trial * 97, generator=g) * 10.0 ** torch.randint(-40, 38, (1,), generator=g)
+        x[::13] = torch.finfo(torch.float32).max * (trial % 2 * 2 - 1)  # the largest finite values
+        x[1::17] = 1e-45  # subnormal
+        if trial % 3:
+            x[int(torch.randint(0, x.numel(), (1,), generator=g))] = [float("nan"), float("inf"), -float("inf")][trial % 3]
+        x = x.to(dtype)
+        for view in (x, x[::2], x.view(-1, 1).expand(-1, 2).t()[0]):  # contiguous, strided, expanded
+            assert bool(all_finite(view)) == bool(torch.isfinite(view).all()), (trial, dtype)
+    assert bool(all_finite(torch.zeros(0)))

@@ -11,7 +11,7 @@ from functools import partial
 
 import torch
 
-from diloco.algorithm.codecs import Codec
+from diloco.algorithm.codecs import Codec, all_finite
 
 OuterOptimizerFactory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 
@@ -36,7 +36,7 @@ def average_payloads(
         value = codec.decode(payload, numel)
         if out_device is not None:
             value = value.to(out_device)
-        if not bool(torch.isfinite(value).all()):
+        if not bool(all_finite(value)):
             dropped.append(rank)
             continue
         total = value if total is None else total.add_(value)
