@@ -321,11 +321,11 @@ class BlockScaledCodec(Codec):
         s8 = payload[n_code_bytes : n_code_bytes + n_blocks].view(_E4M3).to(torch.float32)
         t = payload[-1].to(torch.int32)
         factor = torch.where(t == _E8M0_NAN, torch.nan, _pow2((t - _E8M0_BIAS).clamp(-126, 127)))
-        out = (values.view(-1, B) * s8.unsqueeze(1)).flatten()[:n] * factor  # a NaN scale: all NaN
+        out = values.view(-1, B).mul_(s8.unsqueeze(1)).view(-1)[:n].mul_(factor)  # a NaN scale: all NaN
         return out.clamp_(-_F32_MAX, _F32_MAX)  # a rounded-up absmax near fp32's max must not become inf
 
     def _decode_elements(self, code_bytes: torch.Tensor, n: int) -> torch.Tensor:
-        """The payload's element code bytes -> the first ``n`` element values (fp32)."""
+        """The payload's element code bytes -> the first ``n`` element values (a new fp32 tensor)."""
         return self.dequantize_elements(code_bytes[:n])
 
 
@@ -385,16 +385,28 @@ class FP4Codec(BlockScaledCodec):
         pairs = self._values[torch.stack([byte & 0x0F, byte >> 4], dim=1)]  # (256, 2): low nibble, high
         self._byte_values = pairs.view(torch.int64).flatten()  # both values of a byte as one 8-byte word
 
-    @abc.abstractmethod
     def round_magnitudes(self, y: torch.Tensor) -> torch.Tensor:
         """fp32 ``y >= 0`` -> the nearest magnitude (ties to the even code), saturating at ``m``.
 
         Returns a new tensor; ``y`` is left unchanged. Values of a NaN ``y`` are unspecified.
         """
+        return self._round_into(y.clone(), torch.empty_like(y, dtype=torch.int32))
 
-    @abc.abstractmethod
     def magnitude_codes(self, v: torch.Tensor) -> torch.Tensor:
         """Magnitudes (values of :attr:`magnitudes`) -> their 3-bit codes as uint8."""
+        return self._codes_into(v.clone()).to(torch.uint8)
+
+    # The encoder's versions work in caller-given buffers: a sync of millions of values then
+    # allocates a handful of large tensors instead of dozens (each fresh one costs page faults
+    # with the default glibc allocator).
+    @abc.abstractmethod
+    def _round_into(self, y: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """As :meth:`round_magnitudes`, overwriting ``y`` (scratch); the result is ``out`` (int32 of
+        y's shape), returned viewed as fp32."""
+
+    @abc.abstractmethod
+    def _codes_into(self, v: torch.Tensor) -> torch.Tensor:
+        """As :meth:`magnitude_codes`, in ``v``'s own storage: returns it viewed as int32 codes."""
 
     def quantize_elements(self, y: torch.Tensor) -> torch.Tensor:
         codes = self.magnitude_codes(self.round_magnitudes(y.abs()))
@@ -420,25 +432,26 @@ class FP4Codec(BlockScaledCodec):
         scale = _pow2(-k)
         mag = mag.mul_(scale)  # |a|, exact: a power-of-two scaling
         up, lowest = self._candidate_range(amax_b * scale)
+        y, r, t = torch.empty_like(mag), torch.empty_like(mag, dtype=torch.int32), torch.empty_like(mag)
         best_v = best_scales = best_err = None
         for i in range(self.scale_candidates):
             scales = torch.maximum(up - i, lowest).to(torch.uint8)
             s = scales.view(_E4M3).to(torch.float32).unsqueeze(1)
-            v = self.round_magnitudes(mag / torch.where(s > 0, s, 1.0))  # s = 0: the block is 0
+            v = self._round_into(torch.div(mag, torch.where(s > 0, s, 1.0), out=y), r)  # s = 0: the block is 0
             if self.scale_candidates == 1:
                 best_v, best_scales = v, scales
                 break
-            err = (v * s).sub_(mag).square_().sum(dim=1)
+            err = torch.mul(v, s, out=t).sub_(mag).square_().sum(dim=1)
             if best_err is None:
-                best_v, best_scales, best_err = v, scales, err
+                best_v, best_scales, best_err = v.clone(), scales, err
             else:
                 better = err < best_err
                 best_v.lerp_(v, better.unsqueeze(1).to(torch.float32))  # weight 0 or 1: exact
                 best_scales = torch.where(better, scales, best_scales)
                 best_err = torch.where(better, err, best_err)
-        codes = self.magnitude_codes(best_v).to(torch.int32)
-        sign = (xb.view(torch.int32) >> 28).bitwise_and_(8)  # the sign bit, moved to bit 3
-        codes.add_(sign.mul_(codes.clamp(max=1)))  # zero is always +0
+        codes = self._codes_into(best_v)
+        sign = torch.bitwise_right_shift(xb.view(torch.int32), 28, out=y.view(torch.int32)).bitwise_and_(8)  # bit 3
+        codes.add_(sign.mul_(torch.clamp(codes, max=1, out=t.view(torch.int32))))  # zero is always +0
         return codes.to(torch.uint8), best_scales
 
 
@@ -452,18 +465,19 @@ class FP4E3M0Codec(FP4Codec):
     name = "fp4_e3m0"
     magnitudes = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 
-    def round_magnitudes(self, y: torch.Tensor) -> torch.Tensor:
+    def _round_into(self, y: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         # Round the fp32 significand away (round to nearest, ties to an even exponent field, the
         # classic bias trick), then clamp to [0.25, 16]. Code = exponent field - 124, so an even
         # exponent field is an even code. Below 0.25 only 0 is representable: y <= 0.125 -> 0.
         bits = y.view(torch.int32)
-        r = (bits >> 23).bitwise_and_(1).add_(0x3FFFFF).add_(bits).bitwise_and_(0x7F800000)
+        r = torch.bitwise_right_shift(bits, 23, out=out)
+        r.bitwise_and_(1).add_(0x3FFFFF).add_(bits).bitwise_and_(0x7F800000)
         v = r.clamp_(_f32_bits(0.25), _f32_bits(16.0)).view(torch.float32)
         # 0 where y <= 0.125; elsewhere 128 * y > 16 >= v leaves v.
-        return torch.minimum(v, torch.nn.functional.threshold(y, 0.125, 0.0).mul_(128.0), out=v)
+        return torch.minimum(v, torch.nn.functional.threshold_(y, 0.125, 0.0).mul_(128.0), out=v)
 
-    def magnitude_codes(self, v: torch.Tensor) -> torch.Tensor:
-        return (v.view(torch.int32) >> 23).sub_(124).clamp_(min=0).to(torch.uint8)
+    def _codes_into(self, v: torch.Tensor) -> torch.Tensor:
+        return v.view(torch.int32).bitwise_right_shift_(23).sub_(124).clamp_(min=0)
 
 
 class FP4E2M1Codec(FP4Codec):
@@ -472,22 +486,24 @@ class FP4E2M1Codec(FP4Codec):
     name = "fp4_e2m1"
     magnitudes = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
-    def round_magnitudes(self, y: torch.Tensor) -> torch.Tensor:
+    def _round_into(self, y: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         # From 1 up, E2M1 is fp32 with one significand bit: round to it (nearest, ties to an even
         # last bit = an even code) and clamp to [1, 6]. Below 0.75 the subnormal 0.5 and 0 remain
         # (0.25 is a tie to 0, 0.75 one to 1).
         bits = y.view(torch.int32)
-        r = (bits >> 22).bitwise_and_(1).add_(0x1FFFFF).add_(bits).bitwise_and_(-(1 << 22))
+        r = torch.bitwise_right_shift(bits, 22, out=out)
+        r.bitwise_and_(1).add_(0x1FFFFF).add_(bits).bitwise_and_(-(1 << 22))
         hi = r.clamp_(_f32_bits(1.0), _f32_bits(6.0)).view(torch.float32)
         # Below 1 the step is 0.5: lo = round(2y) in {0, 1, 2} (ties to even), 2 from y >= 0.75 up.
         # y < 1: hi = 1 and v = lo / 2; y >= 1: lo = 2 and v = hi. Every sum is exact.
-        lo = torch.round(y * 2.0).clamp_(max=2.0)
+        lo = y.mul_(2.0).round_().clamp_(max=2.0)
         return hi.add_(lo, alpha=0.5).sub_(1.0)
 
-    def magnitude_codes(self, v: torch.Tensor) -> torch.Tensor:
+    def _codes_into(self, v: torch.Tensor) -> torch.Tensor:
         # 1 -> 2, 1.5 -> 3, ..., 6 -> 7 from (exponent, significand bit); 0.5 -> 1; 0 -> 0.
-        codes = (v.view(torch.int32) >> 22).sub_(252).clamp_(min=0)
-        return codes.add_(v == 0.5).to(torch.uint8)
+        half = v == 0.5
+        codes = v.view(torch.int32).bitwise_right_shift_(22).sub_(252).clamp_(min=0)
+        return codes.add_(half)
 
 
 _REGISTRY: dict[str, Codec] = {

@@ -141,8 +141,8 @@ class StreamingDiLoCo:
     @torch.no_grad()
     def _start(self, p: int, t: int) -> None:
         frag, g = self.fragments[p], self.global_flat[p]
-        local = flatten(frag.params)
-        delta = g.detach().to(local.device) - local
+        local = flatten(frag.params)  # a fresh copy: the outer gradient overwrites it
+        delta = torch.sub(g.detach().to(local.device), local, out=local)
         payload = self.codec.encode(delta)
         work = self.comm.all_gather_async(payload, tag=f"fragment {p}")
         self._pending[p] = _Pending(t, payload, work)
