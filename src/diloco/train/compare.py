@@ -122,15 +122,33 @@ def plot_compare(rows: Sequence[dict[str, Any]], out_dir: Path) -> None:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in rows:
-        sent = max(r["bytes_sent_per_replica"], 1)
-        ax.scatter([sent], [r["final_eval_loss"]], s=50)
-        ax.annotate(r["name"], (sent, r["final_eval_loss"]), textcoords="offset points", xytext=(5, 5))
-    ax.set_xscale("log")
-    ax.set_xlabel("bytes sent per replica (log)")
-    ax.set_ylabel("final eval loss")
-    ax.set_title("Quality vs communication")
-    ax.grid(alpha=0.3, which="both")
+    draw_loss_vs_bytes(ax, rows)
     fig.tight_layout()
     fig.savefig(out_dir / "loss_vs_bytes.png", dpi=120)
     plt.close(fig)
+
+
+def draw_loss_vs_bytes(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
+    """Final eval loss against bytes sent per replica (log x) on ``ax``.
+
+    A method that sends nothing (one replica) has no place on a log axis: it is drawn as a
+    dashed horizontal line at its loss, labelled "no communication".
+    """
+    for i, r in enumerate(rows):
+        color, loss = f"C{i % 10}", r["final_eval_loss"]
+        if r["bytes_sent_per_replica"] > 0:
+            ax.scatter([r["bytes_sent_per_replica"]], [loss], s=50, color=color)
+            ax.annotate(r["name"], (r["bytes_sent_per_replica"], loss), textcoords="offset points", xytext=(5, 5))
+        else:
+            ax.axhline(loss, color=color, linestyle="--", linewidth=1)
+            ax.annotate(f"{r['name']} (no communication)", (0.01, loss), xycoords=("axes fraction", "data"),
+                        textcoords="offset points", xytext=(0, 4), color=color)
+    if any(r["bytes_sent_per_replica"] > 0 for r in rows):
+        ax.set_xscale("log")
+        ax.set_xlabel("bytes sent per replica (log)")
+    else:
+        ax.set_xticks([])
+        ax.set_xlabel("no method sent any bytes")
+    ax.set_ylabel("final eval loss")
+    ax.set_title("Quality vs communication")
+    ax.grid(alpha=0.3, which="both")
