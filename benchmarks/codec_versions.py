@@ -35,8 +35,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_baseline(rev: str):
-    source = subprocess.run(["git", "show", f"{rev}:src/diloco/algorithm/codecs.py"], cwd=ROOT, check=True,
-                            capture_output=True, text=True).stdout
+    shown = subprocess.run(["git", "show", f"{rev}:src/diloco/algorithm/codecs.py"], cwd=ROOT,
+                           capture_output=True, text=True)
+    if shown.returncode != 0:
+        sys.exit(f"--baseline {rev!r}: git has no src/diloco/algorithm/codecs.py at that revision "
+                 f"({shown.stderr.strip()}); pass a commit of this repository, e.g. a6c008f")
+    source = shown.stdout
     path = Path(tempfile.mkdtemp()) / "baseline_codecs.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("baseline_codecs", path)

@@ -7,7 +7,7 @@ is the ratio of median step times measured in this one run. A second bare loop
 on its own model instance is the noise control: what two identical loops differ
 by. The time spent inside the wrapper's ``step()`` is measured directly too.
 
-    .venv/bin/python benchmarks/overhead.py            # ~8 minutes on 2 cores
+    .venv/bin/python benchmarks/overhead.py            # ~13 minutes on 2 cores
     .venv/bin/python benchmarks/overhead.py --quick    # smoke run
 
 Prints a table and writes benchmarks/results/overhead.json.
@@ -157,8 +157,8 @@ def main() -> None:
           "bare loop's step. after sync: how much slower an inner step right after a sync is than the config's latest\n"
           "inner step before it (median of the paired differences). overhead: both (a negative penalty as 0),\n"
           "averaged over inner steps, as % of the bare step (the measure for the <= 1 % goal).\n"
-          "vs bare: end-to-end median step time\n"
-          "against the bare loop's, a different model instance: see the noise control.")
+          "vs bare: end-to-end median step time against the bare loop's, a different model instance:\n"
+          "see the noise control.")
     control = next(r for r in rows if r["config"] == CONTROL)
     print(f"noise control: a second bare loop on its own model ran {control['overhead_pct']:+.2f}% against the first.")
     print(f"{'config':<26} {'step ms':>8} {'vs bare':>8} {'in step()':>10} {'after sync':>11} {'overhead':>9} "

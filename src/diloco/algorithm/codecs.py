@@ -253,42 +253,60 @@ class BlockScaledCodec(Codec):
         low = s.to(torch.float32) * self.element_max < amax_b  # exact: s and m have few significant bits
         return (s.view(torch.uint8) + low.to(torch.uint8)).view(_E4M3)  # next code up is the next value
 
+    @abc.abstractmethod
+    def _round_into(self, y: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Magnitudes ``y >= 0`` (fp32; overwritten, it is scratch) -> the nearest element magnitudes
+        (ties to the even code, saturating at ``m``), written into ``out`` (an int32 buffer of y's
+        shape) and returned as its fp32 view. Values of a NaN ``y`` are unspecified."""
+
+    @abc.abstractmethod
+    def _signed_codes(self, v: torch.Tensor, xb: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor) -> torch.Tensor:
+        """Element magnitudes ``v`` (overwritten) with the signs of ``xb`` -> uint8 element codes.
+
+        ``s1`` and ``s2`` are int32 scratch buffers of ``v``'s shape.
+        """
+
     def _quantize_blocks(
         self, xb: torch.Tensor, mag: torch.Tensor, k: torch.Tensor, amax_b: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Blocks ``xb`` (shape (blocks, B)) -> (element codes, E4M3 block scales as uint8).
 
-        ``mag`` is ``|xb|`` (a fresh tensor the method may overwrite), ``k`` the tensor exponent and
+        ``mag`` is ``|xb|`` (a fresh tensor this overwrites), ``k`` the tensor exponent and
         ``amax_b`` the blocks' absmax, both of the unscaled ``xb``. The elements are quantized at
         ``a = xb / 2^k``. Candidates: the smallest scale that clips nothing and the next
         ``scale_candidates - 1`` E4M3 values below it (which saturate the block's largest elements
         but may round the rest better); each block keeps the one with the least squared error, the
         first (larger) on ties.
+
+        The search runs on magnitudes and the sign is applied once, to the winning codes: the
+        squared error ``(v * s - |a|)^2`` equals the signed ``(q * s - a)^2`` bit for bit (rounding
+        is symmetric and negation commutes with fp32 rounding). It works in three buffers of the
+        input's size, so an encode of millions of values allocates a handful of large tensors
+        instead of dozens (each fresh one costs page faults with the default glibc allocator).
         """
-        m, scale = self.element_max, _pow2(-k)
-        a = xb * scale  # exact: a power-of-two scaling
-        up, lowest = self._candidate_range(amax_b * scale)  # max commutes with a monotone rounding
-        best_codes = best_scales = best_err = None
+        scale = _pow2(-k)
+        mag = mag.mul_(scale)  # |a|, exact: a power-of-two scaling
+        # max commutes with a monotone rounding: the scaled absmax is the absmax of the scaled blocks
+        up = self._block_scales(amax_b * scale).view(torch.uint8).to(torch.int16)
+        lowest = up.clamp(max=1)  # a nonzero block never steps down to the zero scale
+        y, r, t = torch.empty_like(mag), torch.empty_like(mag, dtype=torch.int32), torch.empty_like(mag)
+        best_v = best_scales = best_err = None
         for i in range(self.scale_candidates):
             scales = torch.maximum(up - i, lowest).to(torch.uint8)
             s = scales.view(_E4M3).to(torch.float32).unsqueeze(1)
-            codes = self.quantize_elements((a / torch.where(s > 0, s, 1.0)).clamp(-m, m))  # s = 0: a = 0
+            v = self._round_into(torch.div(mag, torch.where(s > 0, s, 1.0), out=y), r)  # s = 0: the block is 0
             if self.scale_candidates == 1:
-                return codes, scales
-            err = (self.dequantize_elements(codes) * s - a).square().sum(dim=1)
+                best_v, best_scales = v, scales
+                break
+            err = torch.mul(v, s, out=t).sub_(mag).square_().sum(dim=1)
             if best_err is None:
-                best_codes, best_scales, best_err = codes, scales, err
+                best_v, best_scales, best_err = v.clone(), scales, err
             else:
                 better = err < best_err
-                best_codes = torch.where(better.unsqueeze(1), codes, best_codes)
+                best_v.lerp_(v, better.unsqueeze(1).to(torch.float32))  # weight 0 or 1: exact
                 best_scales = torch.where(better, scales, best_scales)
                 best_err = torch.where(better, err, best_err)
-        return best_codes, best_scales
-
-    def _candidate_range(self, amax_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(no-clip scale code s_up, lowest code a candidate may take) per block, as int16."""
-        up = self._block_scales(amax_b).view(torch.uint8).to(torch.int16)
-        return up, up.clamp(max=1)  # a nonzero block never steps down to the zero scale
+        return self._signed_codes(best_v, xb, y.view(torch.int32), t.view(torch.int32)), best_scales
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         x32 = self._as_float32(x)
@@ -345,6 +363,13 @@ class FP8E4M3Codec(BlockScaledCodec):
     def dequantize_elements(self, codes: torch.Tensor) -> torch.Tensor:
         return codes.view(_E4M3).to(torch.float32)
 
+    def _round_into(self, y: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return out.view(torch.float32).copy_(y.clamp_(max=self.element_max).to(_E4M3))
+
+    def _signed_codes(self, v: torch.Tensor, xb: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor) -> torch.Tensor:
+        sign = torch.bitwise_right_shift(xb.view(torch.int32), 24, out=s1).bitwise_and_(0x80)  # bit 31 -> 7
+        return s2.copy_(v.to(_E4M3).view(torch.uint8)).bitwise_or_(sign).to(torch.uint8)  # -0 keeps its sign
+
 
 class Int8Codec(BlockScaledCodec):
     """Symmetric int8 (-127..127; -128 unused) with round half to even."""
@@ -362,6 +387,13 @@ class Int8Codec(BlockScaledCodec):
     def dequantize_elements(self, codes: torch.Tensor) -> torch.Tensor:
         return codes.view(torch.int8).to(torch.float32)
 
+    def _round_into(self, y: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return torch.round(y.clamp_(max=self.element_max), out=out.view(torch.float32))
+
+    def _signed_codes(self, v: torch.Tensor, xb: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor) -> torch.Tensor:
+        sign = torch.bitwise_right_shift(xb.view(torch.int32), 31, out=s1)  # 0, or -1 where negative
+        return s2.copy_(v).bitwise_xor_(sign).sub_(sign).to(torch.int8).view(torch.uint8)  # two's complement
+
 
 class FP4Codec(BlockScaledCodec):
     """A 4-bit sign-magnitude float given by its eight magnitudes (code order, ascending).
@@ -369,7 +401,7 @@ class FP4Codec(BlockScaledCodec):
     Subclasses round magnitudes with integer operations on the fp32 bit pattern
     (:meth:`round_magnitudes`), which is what makes the four-candidate block-scale
     search affordable: a few passes per candidate instead of one compare per
-    midpoint and a table lookup (``benchmarks/codecs.py`` times both).
+    midpoint and a table lookup (``benchmarks/codec_versions.py`` times both).
     """
 
     element_bits = 4
@@ -396,14 +428,6 @@ class FP4Codec(BlockScaledCodec):
         """Magnitudes (values of :attr:`magnitudes`) -> their 3-bit codes as uint8."""
         return self._codes_into(v.clone()).to(torch.uint8)
 
-    # The encoder's versions work in caller-given buffers: a sync of millions of values then
-    # allocates a handful of large tensors instead of dozens (each fresh one costs page faults
-    # with the default glibc allocator).
-    @abc.abstractmethod
-    def _round_into(self, y: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """As :meth:`round_magnitudes`, overwriting ``y`` (scratch); the result is ``out`` (int32 of
-        y's shape), returned viewed as fp32."""
-
     @abc.abstractmethod
     def _codes_into(self, v: torch.Tensor) -> torch.Tensor:
         """As :meth:`magnitude_codes`, in ``v``'s own storage: returns it viewed as int32 codes."""
@@ -419,40 +443,10 @@ class FP4Codec(BlockScaledCodec):
         table = self._byte_values.to(code_bytes.device)
         return torch.gather(table, 0, code_bytes.long()).view(torch.float32)[:n]  # both nibbles at once
 
-    def _quantize_blocks(
-        self, xb: torch.Tensor, mag: torch.Tensor, k: torch.Tensor, amax_b: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """As the base class, on magnitudes: the sign is applied once, to the winning codes.
-
-        The squared error ``(v * s - |a|)^2`` of a magnitude ``v`` equals the signed
-        ``(q * s - a)^2`` bit for bit (negation commutes with fp32 rounding), so the
-        chosen candidates are those of the signed formulation. Every step is an
-        arithmetic pass (no boolean masks, which cost several times more on CPU).
-        """
-        scale = _pow2(-k)
-        mag = mag.mul_(scale)  # |a|, exact: a power-of-two scaling
-        up, lowest = self._candidate_range(amax_b * scale)
-        y, r, t = torch.empty_like(mag), torch.empty_like(mag, dtype=torch.int32), torch.empty_like(mag)
-        best_v = best_scales = best_err = None
-        for i in range(self.scale_candidates):
-            scales = torch.maximum(up - i, lowest).to(torch.uint8)
-            s = scales.view(_E4M3).to(torch.float32).unsqueeze(1)
-            v = self._round_into(torch.div(mag, torch.where(s > 0, s, 1.0), out=y), r)  # s = 0: the block is 0
-            if self.scale_candidates == 1:
-                best_v, best_scales = v, scales
-                break
-            err = torch.mul(v, s, out=t).sub_(mag).square_().sum(dim=1)
-            if best_err is None:
-                best_v, best_scales, best_err = v.clone(), scales, err
-            else:
-                better = err < best_err
-                best_v.lerp_(v, better.unsqueeze(1).to(torch.float32))  # weight 0 or 1: exact
-                best_scales = torch.where(better, scales, best_scales)
-                best_err = torch.where(better, err, best_err)
-        codes = self._codes_into(best_v)
-        sign = torch.bitwise_right_shift(xb.view(torch.int32), 28, out=y.view(torch.int32)).bitwise_and_(8)  # bit 3
-        codes.add_(sign.mul_(torch.clamp(codes, max=1, out=t.view(torch.int32))))  # zero is always +0
-        return codes.to(torch.uint8), best_scales
+    def _signed_codes(self, v: torch.Tensor, xb: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor) -> torch.Tensor:
+        codes = self._codes_into(v)
+        sign = torch.bitwise_right_shift(xb.view(torch.int32), 28, out=s1).bitwise_and_(8)  # bit 31 -> 3
+        return codes.add_(sign.mul_(torch.clamp(codes, max=1, out=s2))).to(torch.uint8)  # zero is always +0
 
 
 def _f32_bits(v: float) -> int:
