@@ -16,7 +16,7 @@ import torch.distributed as dist  # noqa: E402
 
 from _replicas import streaming_replica  # noqa: E402
 from diloco.comm.torch_dist import TorchDistCommunicator  # noqa: E402
-from diloco.dist import init_from_env  # noqa: E402
+from diloco.distributed import init_from_env  # noqa: E402
 
 
 def main() -> None:

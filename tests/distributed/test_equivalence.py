@@ -17,7 +17,7 @@ from _replicas import data_parallel_replica, single_thread, streaming_replica
 from diloco.algorithm.codecs import get_codec
 from diloco.algorithm.schedule import Schedule
 from diloco.comm.local import run_replicas
-from diloco.dist import run_processes
+from diloco.distributed import run_processes
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,8 +14,8 @@ import torch
 
 from _replicas import single_thread, streaming_replica
 from diloco.comm.local import run_replicas
-from diloco.dist import read_env
-from diloco.dist.launch import is_loopback
+from diloco.distributed import read_env
+from diloco.distributed.launch import is_loopback
 
 pytestmark = pytest.mark.timeout(120)
 

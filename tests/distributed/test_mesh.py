@@ -21,7 +21,7 @@ from torch.testing import assert_close
 
 from _replicas import mesh_rank, mesh_reference_replica, single_thread
 from diloco.comm.local import run_replicas
-from diloco.dist import ProcessFailure, run_processes
+from diloco.distributed import ProcessFailure, run_processes
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,7 +10,7 @@ import torch
 
 from _replicas import dies_before_exchange
 from diloco.comm.torch_dist import TorchDistCommunicator
-from diloco.dist import ProcessFailure, run_processes
+from diloco.distributed import ProcessFailure, run_processes
 
 pytestmark = pytest.mark.timeout(120)
 

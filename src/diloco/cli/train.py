@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from diloco.comm.torch_dist import TorchDistCommunicator
-    from diloco.dist.launch import init_from_env
+    from diloco.distributed.launch import init_from_env
 
     env = init_from_env(timeout_s=max(1800.0, 2 * args.timeout))
     device = args.device or (f"cuda:{env.local_rank}" if torch.cuda.is_available() else "cpu")

@@ -75,7 +75,7 @@ def build_layout(num_workers: int, ranks_per_worker: int, *, device_type: str | 
 
     if not dist.is_initialized():
         raise ValueError("torch.distributed is not initialized: call init_process_group (or "
-                         "diloco.dist.init_from_env under torchrun) before build_layout")
+                         "diloco.distributed.init_from_env under torchrun) before build_layout")
     if num_workers < 1 or ranks_per_worker < 1:
         raise ValueError(f"num_workers and ranks_per_worker must be >= 1, got {num_workers} x {ranks_per_worker}")
     world = dist.get_world_size()

@@ -168,7 +168,7 @@ class TorchDistCommunicator(Communicator):
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError(
                 "torch.distributed is not initialized: call torch.distributed.init_process_group(...) first "
-                "(under torchrun: diloco.dist.init_from_env())"
+                "(under torchrun: diloco.distributed.init_from_env())"
             )
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s}")

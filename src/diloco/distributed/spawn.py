@@ -4,7 +4,7 @@
 (processes, :class:`~diloco.comm.torch_dist.TorchDistCommunicator`) call the same
 ``fn(comm)``, so a test or a benchmark can run one replica function both ways
 and compare the results. Used by tests/distributed and benchmarks/link.py; a
-real job is launched by torchrun instead (see :mod:`diloco.dist.launch`).
+real job is launched by torchrun instead (see :mod:`diloco.distributed.launch`).
 
 How: this (parent) process hosts the rendezvous ``TCPStore`` on ``host`` (loopback
 by default, a free port), so the store outlives any child and a survivor can
@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from diloco.dist.launch import bind_gloo_to_loopback_if_local
+from diloco.distributed.launch import bind_gloo_to_loopback_if_local
 
 T = TypeVar("T")
 
