@@ -20,6 +20,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from diloco.files import read_jsonl
 from diloco.scaling.synthetic import synthetic_run
 
 RunFn = Callable[[dict[str, Any]], dict[str, Any]]
@@ -274,23 +276,11 @@ def expand(grid: GridSpec) -> list[dict[str, Any]]:
 
 
 # -- the results file ---------------------------------------------------------------------------
-def read_results(path: Path) -> list[dict[str, Any]]:
-    """All records of a results JSONL file, in order. A truncated last line (a crash mid-write) is
-    skipped; a corrupt line anywhere else is an error, since it means the file was edited."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    lines = path.read_text().split("\n")
-    complete = lines[:-1]  # the text after the last newline, if any, is an unfinished write
-    records = []
-    for i, line in enumerate(complete, 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{i} is not valid JSON ({exc}); fix or delete that line") from None
-    return records
+def read_results(path: Path, *, warn: bool = True) -> list[dict[str, Any]]:
+    """All records of a results JSONL file, in order (:func:`diloco.files.read_jsonl`): an unfinished
+    last line (a crash mid-write) is skipped with a warning; a corrupt line anywhere else is an
+    error naming the file and line, since it means the file was edited."""
+    return read_jsonl(path, on_partial=(lambda msg: warnings.warn(msg, stacklevel=3)) if warn else None)
 
 
 def _drop_partial_tail(f: Any) -> None:
