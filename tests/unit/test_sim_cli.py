@@ -122,7 +122,7 @@ print("TORCH" if "torch" in sys.modules else "NO-TORCH", time.perf_counter() - t
 
 @pytest.mark.parametrize("argv", [
     ["simulate", "--size", "10B", "--bandwidth", "10", "1", "0.1", "--no-plot"],
-    ["plan", "--size", "10B", "--bandwidth", "1", "--no-plot"],
+    ["plan", "--size", "10B", "--bandwidth", "1", "--tokens-per-step", "4e6", "--no-plot"],
 ])
 def test_simulate_and_plan_never_import_torch(tmp_path, argv):
     t0 = time.perf_counter()

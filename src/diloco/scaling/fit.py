@@ -372,6 +372,29 @@ class ScalingFit:
             "bootstrap": self.bootstrap, "warnings": list(self.warnings),
         }
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "the fit") -> ScalingFit:
+        """The inverse of :meth:`to_dict`: read the JSON ``diloco fit`` writes (e.g. for ``diloco plan``)."""
+        try:
+            laws = lambda d: {k: FittedLaw.from_dict(v) for k, v in (d or {}).items()}  # noqa: E731
+            one = lambda d: None if d is None else FittedLaw.from_dict(d)  # noqa: E731
+            point_fields = {f.name for f in BestPoint.__dataclass_fields__.values()}
+            return cls(
+                points=[BestPoint(**{k: v for k, v in p.items() if k in point_fields}) for p in data["points"]],
+                loss_laws=laws(data["loss_laws"]), loss_laws_c=laws(data.get("loss_laws_c")),
+                joint=laws(data["joint"]), lr_laws=laws(data["lr_laws"]), lr_joint=one(data.get("lr_joint")),
+                batch_laws=laws(data["batch_laws"]), batch_joint=one(data.get("batch_joint")),
+                outer_lr_by_replicas={int(k): float(v) for k, v in data["outer_lr_by_replicas"].items()},
+                sync_every_by_replicas={int(k): int(v) for k, v in data["sync_every_by_replicas"].items()},
+                holdout=[HoldoutRow(**{k: v for k, v in h.items() if k != "residual"}) for h in data["holdout"]],
+                settings=dict(data.get("settings", {})),
+                bootstrap={k: [dict(c) for c in v] for k, v in (data.get("bootstrap") or {}).items()},
+                warnings=list(data.get("warnings", [])),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"{where} is not the JSON `diloco fit` writes ({type(exc).__name__}: {exc}); "
+                             f"run `diloco fit --results RESULTS.jsonl --json FIT.json`") from None
+
     def coefficient_table(self) -> str:
         """The fitted laws as a Markdown table."""
         rows = ["| target | group | law | coefficients | points |", "|---|---|---|---|---|"]
