@@ -160,3 +160,46 @@ def dies_before_exchange(comm, cfg: dict) -> dict:
         except CommError as exc:  # re-raised with what the test checks: the step and the time waited
             raise CommError(f"{exc} [step={t} waited_s={time.monotonic() - t0:.3f}]") from exc
     return {"steps": cfg["steps"]}
+
+
+# -- the exchange itself ----------------------------------------------------------------------------------------------
+def exchange_values(rank: int, numel: int, case: dict) -> torch.Tensor:
+    """Replica ``rank``'s vector for one exchange case (reproducible in the test process)."""
+    gen = torch.Generator().manual_seed(1000 * case.get("seed", 0) + rank)
+    values = torch.randn(numel, generator=gen) * case.get("scale", 1.0)
+    if rank in case.get("poison", ()):
+        values[numel // 2] = float("inf") if rank % 2 else float("nan")
+    return values
+
+
+def exchange_cases(comm, cases: list[dict]) -> list[dict]:
+    """Average one vector per case through ``comm.mean_async``; what every rank saw and counted."""
+    from diloco.algorithm.codecs import get_codec
+
+    out = []
+    for case in cases:
+        codec = get_codec(case["codec"])
+        comm.exchange = case.get("exchange")  # None: the default for this M
+        before = dict(comm.stats.totals(), wire_sent=comm.stats.wire_sent, wire_received=comm.stats.wire_received)
+        values = exchange_values(comm.rank, case["numel"], case)
+        contribution = comm.encode(values, codec)
+        work = comm.mean_async(contribution, codec=codec, numel=case["numel"], tag="test")
+        mean, dropped = work.wait()
+        after = dict(comm.stats.totals(), wire_sent=comm.stats.wire_sent, wire_received=comm.stats.wire_received)
+        out.append({"mean": mean, "dropped": dropped, "exchange": work.exchange,
+                    "link": (work.link_bytes.sent, work.link_bytes.received),
+                    "counted": {k: after[k] - before[k] for k in ("bytes_sent", "bytes_received", "wire_sent",
+                                                                  "wire_received")},
+                    "in_flight_after": comm.stats.in_flight})
+    return out
+
+
+def mesh_exchange_rank(comm, cfg: dict) -> dict:
+    """One rank of an M x R grid: the worker's vector (the same on its R ranks) through the worker communicator."""
+    from diloco.comm.mesh import build_layout
+
+    layout = build_layout(cfg["workers"], cfg["ranks_per_worker"])
+    wcomm = layout.communicator(timeout_s=60)
+    out = exchange_cases(wcomm, cfg["cases"])  # exchange_values keyed by wcomm.rank = the worker index
+    return {"worker": layout.worker, "cases": out, "cross": wcomm.cross.stats.totals(),
+            "cross_wire": wcomm.cross.stats.wire_sent}

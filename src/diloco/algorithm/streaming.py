@@ -11,9 +11,10 @@ One instance per replica, called explicitly after every inner optimizer step::
 
 Per fragment p, when the schedule starts its sync (after step t):
     outer gradient  Delta_p = global_p - local_p      (FP32)
-    payload         = codec.encode(Delta_p), sent asynchronously (all-gather)
+    payload         = comm.encode(Delta_p, codec), sent asynchronously (comm.mean_async)
 and when it finishes (after step t + tau):
-    mean Delta_p    = FP32 average of every replica's decoded payload (non-finite ones dropped)
+    mean Delta_p    = FP32 average of every replica's decoded payload (non-finite ones dropped;
+                      all-gather for M <= 2, reduce-scatter above: see diloco.comm.base)
     global_p        <- OuterOpt_p(global_p, mean Delta_p)     (one optimizer state per fragment)
     local_p         <- alpha * local_p + (1 - alpha) * global_p
 
@@ -34,10 +35,9 @@ from torch import nn
 
 from diloco.algorithm.codecs import Codec, get_codec
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
-from diloco.algorithm.outer import OuterOptimizerFactory, average_payloads, default_outer_optimizer, merge_
+from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer, merge_
 from diloco.algorithm.schedule import Schedule
-from diloco.comm.accounting import exchanged_bytes
-from diloco.comm.base import Communicator, Work
+from diloco.comm.base import Communicator, MeanWork
 
 
 @dataclass
@@ -58,7 +58,7 @@ class SyncReport:
 class _Pending:
     started_at: int
     payload: torch.Tensor
-    work: Work
+    work: MeanWork
 
 
 def broadcast_parameters(model: nn.Module, comm: Communicator, src: int = 0) -> None:
@@ -143,22 +143,21 @@ class StreamingDiLoCo:
         frag, g = self.fragments[p], self.global_flat[p]
         local = flatten(frag.params)  # a fresh copy: the outer gradient overwrites it
         delta = torch.sub(g.detach().to(local.device), local, out=local)
-        payload = self.codec.encode(delta)
-        work = self.comm.all_gather_async(payload, tag=f"fragment {p}")
+        payload = self.comm.encode(delta, self.codec)
+        work = self.comm.mean_async(payload, codec=self.codec, numel=delta.numel(), tag=f"fragment {p}")
         self._pending[p] = _Pending(t, payload, work)
 
     @torch.no_grad()
     def _finish(self, p: int, t: int) -> SyncReport:
         pending = self._pending.pop(p)
-        payloads = pending.work.wait()
+        mean, dropped = pending.work.wait()
         g = self.global_flat[p]
-        mean, dropped = average_payloads(payloads, self.codec, g.numel(), out_device=g.device)
-        sent, received = exchanged_bytes(pending.payload.numel(), len(payloads))
-        report = SyncReport(t, p, pending.started_at, g.numel(), sent, received, dropped)
+        link = pending.work.link_bytes
+        report = SyncReport(t, p, pending.started_at, g.numel(), link.sent, link.received, dropped)
         if mean is None:
             report.skipped = True
         else:
-            g.grad = mean
+            g.grad = mean.to(g.device)
             self.outer_optimizers[p].step()
             g.grad = None
         merge_(self.fragments[p].params, self._views(p), self.merge_alpha)
@@ -214,7 +213,8 @@ class StreamingDiLoCo:
         for p in sorted(state["pending"]):
             entry = state["pending"][p]
             payload = entry["payload"]
-            work = self.comm.all_gather_async(payload, tag=f"fragment {p} (resumed)")
+            work = self.comm.mean_async(payload, codec=self.codec, numel=self.global_flat[int(p)].numel(),
+                                        tag=f"fragment {p} (resumed)")
             self._pending[int(p)] = _Pending(int(entry["started_at"]), payload, work)
         # The re-issued exchanges were already counted before the checkpoint.
         self.comm.stats.load_state_dict(state["comm_stats"])
