@@ -61,9 +61,24 @@ class _Pending:
     work: MeanWork
 
 
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a parameter sharded by ``fully_shard`` (a DTensor), else ``t`` itself.
+
+    A view of the shard's storage, taken afresh at every use (FSDP may re-point it at lazy init):
+    with FSDP inside a worker, the global copy, the outer optimizer and the exchange (between the
+    same-index ranks of the workers) all work on this rank's shard only.
+    """
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None else t
+
+
+def _shards(params) -> list[torch.Tensor]:
+    return [local_shard(p.detach()) for p in params]
+
+
 def broadcast_parameters(model: nn.Module, comm: Communicator, src: int = 0) -> None:
-    """Make every replica start from replica ``src``'s parameters and buffers."""
-    tensors = [p.data for p in model.parameters()] + [b for b in model.buffers()]
+    """Make every replica start from replica ``src``'s parameters and buffers (their local shards)."""
+    tensors = _shards(model.parameters()) + _shards(model.buffers())
     comm.broadcast_(tensors, src=src)
 
 
@@ -113,12 +128,12 @@ class StreamingDiLoCo:
             model, num_fragments, pattern=fragment_pattern, fragments=fragments
         )
         broadcast_parameters(model, comm)  # identical start on every replica, by construction
-        device = torch.device(offload_device) if offload_device is not None else self.fragments[0].params[0].device
+        device = torch.device(offload_device) if offload_device is not None else _shards(self.fragments[0].params[:1])[0].device
         factory = outer_optimizer or default_outer_optimizer
         self.global_flat: list[torch.Tensor] = []
         self.outer_optimizers: list[torch.optim.Optimizer] = []
         for frag in self.fragments:
-            g = flatten(frag.params).to(device).requires_grad_(True)
+            g = flatten(_shards(frag.params)).to(device).requires_grad_(True)
             self.global_flat.append(g)
             self.outer_optimizers.append(factory([g]))
         self.step_count = 0
@@ -141,7 +156,7 @@ class StreamingDiLoCo:
     @torch.no_grad()
     def _start(self, p: int, t: int) -> None:
         frag, g = self.fragments[p], self.global_flat[p]
-        local = flatten(frag.params)  # a fresh copy: the outer gradient overwrites it
+        local = flatten(_shards(frag.params))  # a fresh copy: the outer gradient overwrites it
         delta = torch.sub(g.detach().to(local.device), local, out=local)
         payload = self.comm.encode(delta, self.codec)
         work = self.comm.mean_async(payload, codec=self.codec, numel=delta.numel(), tag=f"fragment {p}")
@@ -160,26 +175,34 @@ class StreamingDiLoCo:
             g.grad = mean.to(g.device)
             self.outer_optimizers[p].step()
             g.grad = None
-        merge_(self.fragments[p].params, self._views(p), self.merge_alpha)
+        merge_(_shards(self.fragments[p].params), self._views(p), self.merge_alpha)
         return report
 
     def _views(self, p: int) -> list[torch.Tensor]:
         g, out, offset = self.global_flat[p].detach(), [], 0
-        for param in self.fragments[p].params:
+        for param in _shards(self.fragments[p].params):
             out.append(g[offset : offset + param.numel()].view(param.shape))
             offset += param.numel()
         return out
 
     # -- global parameters ---------------------------------------------------
     def global_named_parameters(self) -> dict[str, torch.Tensor]:
-        """Name -> global (outer) value of every trainable parameter (views into the flat copies)."""
+        """Name -> global (outer) value of every trainable parameter (views into the flat copies;
+        this rank's shard of it for a ``fully_shard``'ed model)."""
         return {n: v for p, f in enumerate(self.fragments) for n, v in zip(f.names, self._views(p), strict=True)}
 
     def global_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's state dict with trainable parameters replaced by their global values: evaluate this."""
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         for name, value in self.global_named_parameters().items():
-            state[name] = value.to(device=state[name].device, dtype=state[name].dtype).clone()
+            ref = state[name]
+            value = value.to(device=local_shard(ref).device, dtype=ref.dtype).clone()
+            if hasattr(ref, "device_mesh"):  # a fully_shard'ed parameter: this rank's shard of the DTensor
+                from torch.distributed.tensor import DTensor
+
+                value = DTensor.from_local(value, ref.device_mesh, ref.placements, shape=ref.shape,
+                                           stride=ref.stride())
+            state[name] = value
         return state
 
     @property

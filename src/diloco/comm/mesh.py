@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -58,10 +59,20 @@ class Layout:
     local_rank: int
     intra_group: dist.ProcessGroup
     cross_group: dist.ProcessGroup
+    #: The (worker, local) DeviceMesh; ``device_mesh["local"]`` is the mesh to ``fully_shard`` a worker's model on.
+    device_mesh: Any = None
 
     def communicator(self, *, timeout_s: float) -> WorkerCommunicator:
-        """The communicator DiLoCo uses across workers (rank = worker index, world size = M)."""
+        """The communicator DiLoCo uses across workers of replicated ranks (rank = worker index, world size = M)."""
         return WorkerCommunicator(self, timeout_s=timeout_s)
+
+    def shard_communicator(self, *, timeout_s: float) -> TorchDistCommunicator:
+        """The communicator across workers whose ranks hold *shards* (FSDP inside a worker).
+
+        This rank's column: the ranks with the same local index in every worker, which hold the same
+        shard of the parameters. Each exchanges its own shard only; no intra-worker stage.
+        """
+        return TorchDistCommunicator(self.cross_group, timeout_s=timeout_s)
 
 
 def build_layout(num_workers: int, ranks_per_worker: int, *, device_type: str | None = None) -> Layout:
@@ -89,7 +100,7 @@ def build_layout(num_workers: int, ranks_per_worker: int, *, device_type: str | 
     rank = dist.get_rank()
     return Layout(num_workers, ranks_per_worker, worker=rank // ranks_per_worker,
                   local_rank=rank % ranks_per_worker, intra_group=mesh.get_group("local"),
-                  cross_group=mesh.get_group("worker"))
+                  cross_group=mesh.get_group("worker"), device_mesh=mesh)
 
 
 class _ShardedWork(Work):
