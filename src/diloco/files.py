@@ -30,6 +30,12 @@ from typing import Any
 CACHE_ENV = "DILOCO_CACHE"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def default_cache_dir() -> Path:
     """``$DILOCO_CACHE`` if set, else ``~/.cache/diloco``: tokenizers and token files are cached here."""
     env = os.environ.get(CACHE_ENV)
@@ -46,6 +52,7 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -62,6 +69,7 @@ def atomic_write_with(path: Path | str, write: Callable[[Any], None]) -> None:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -60,3 +60,14 @@ def test_cache_dir_honours_env(monkeypatch, tmp_path):
     assert default_cache_dir() == tmp_path
     monkeypatch.delenv("DILOCO_CACHE")
     assert default_cache_dir().name == "diloco"
+
+
+def test_atomic_writes_get_the_usual_mode(tmp_path):
+    import os
+    mask = os.umask(0o022)
+    try:
+        p = tmp_path / "m.json"
+        write_json(p, {"a": 1})
+        assert (p.stat().st_mode & 0o777) == 0o644
+    finally:
+        os.umask(mask)
