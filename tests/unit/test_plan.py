@@ -196,3 +196,18 @@ def test_cli_plan_user_errors(tmp_path, capsys, argv, message):
     assert main(["plan", *argv, "--out", str(tmp_path / "o")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_cli_plan_from_a_model_config(tmp_path):
+    from diloco.models import Transformer, make_config
+
+    config = make_config("cpu-1m", vocab_size=4096, seq_len=128)
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps({f: getattr(config, f) for f in config.__dataclass_fields__}))
+    assert main(["plan", "--model-config", str(path), "--step-time", "0.4", "--tokens-per-step", "2048",
+                 "--bandwidth", "0.02", "--no-plot", "--out", str(tmp_path / "o")]) == 0
+    model = Transformer(config)
+    total = sum(p.numel() for p in model.parameters())
+    non_block = total - sum(p.numel() for p in model.blocks.parameters())
+    data = json.loads((tmp_path / "o" / "plan.json").read_text())["setup"]["model"]
+    assert (data["num_params"], data["num_layers"], data["non_block_params"]) == (total, 5, non_block)

@@ -100,9 +100,8 @@ def _model(args: argparse.Namespace) -> tuple[ModelSpec, str]:
     except TypeError as exc:
         raise ValueError(f"{args.model_config}: {exc}") from None
     total = count_params(config)
-    args.params, args.layers = float(total), config.n_layers
-    args.non_block_params = float(total - config.n_layers * (count_params(config, embeddings=False) - config.d_model)
-                                  // config.n_layers * 1)
+    blocks = count_params(config, embeddings=False) - config.d_model  # the non-embedding count holds the final norm
+    args.params, args.layers, args.non_block_params = float(total), config.n_layers, float(total - blocks)
     model, source = resolve_model(args)
     per_token = flops_per_token(config)
     return ModelSpec(model.num_layers, model.num_params, model.step_time_s, model.non_block_params,
