@@ -135,6 +135,7 @@ def test_simulate_and_plan_never_import_torch(tmp_path, argv):
 
 
 def test_import_diloco_sim_does_not_import_torch():
-    code = "import sys, diloco.sim, diloco.sim.paper, diloco.cli; print('torch' in sys.modules)"
+    code = ("import sys, diloco.sim, diloco.sim.paper, diloco.sim.planner, diloco.sim.loss, diloco.cli, "
+            "diloco.scaling.fit; print('torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "False", proc.stderr
