@@ -211,3 +211,17 @@ def test_cli_plan_from_a_model_config(tmp_path):
     non_block = total - sum(p.numel() for p in model.blocks.parameters())
     data = json.loads((tmp_path / "o" / "plan.json").read_text())["setup"]["model"]
     assert (data["num_params"], data["num_layers"], data["non_block_params"]) == (total, 5, non_block)
+
+
+def test_validation_against_the_emulated_link_is_within_five_points_at_the_delivered_bandwidth(paper_loss):
+    # benchmarks/validate_planner.py's first table, recomputed from the stored measurements (link.json)
+    import importlib.util
+
+    root = Path(__file__).parents[2]
+    spec = importlib.util.spec_from_file_location("validate_planner", root / "benchmarks" / "validate_planner.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = module.validate_link(root / "benchmarks" / "results" / "link.json", paper_loss)
+    delivered = result["summary"]["delivered"]
+    assert delivered["cells"] == 15 and delivered["within_5_points"] == 15
+    assert result["summary"]["configured"]["within_5_points"] == 11
