@@ -6,7 +6,7 @@ that the two are compared on the same footing::
     dp = DataParallel(model, comm=comm)
     for x, y in batches:
         loss = model(x, y)[1]; loss.backward()
-        dp.sync_gradients()          # every replica now holds the mean gradient
+        dp.sync_gradients()          # every replica now holds the mean gradient (= before_optimizer_step())
         opt.step(); opt.zero_grad()
 
 A replica whose gradient is non-finite is dropped from that step's average
@@ -19,15 +19,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from diloco.algorithm.base import ReplicaAlgorithm, SyncReport, broadcast_parameters
 from diloco.algorithm.codecs import Codec, get_codec
 from diloco.algorithm.fragments import flatten
-from diloco.algorithm.outer import average_payloads
-from diloco.algorithm.streaming import SyncReport, broadcast_parameters
-from diloco.comm.accounting import exchanged_bytes
 from diloco.comm.base import Communicator
 
 
-class DataParallel:
+class DataParallel(ReplicaAlgorithm):
     """One replica of synchronous data-parallel training (the baseline of the papers)."""
 
     def __init__(self, model: nn.Module, *, comm: Communicator, codec: str | Codec = "fp32") -> None:
@@ -40,17 +38,21 @@ class DataParallel:
         broadcast_parameters(model, comm)
         self.step_count = 0
 
+    def before_optimizer_step(self) -> list[SyncReport]:
+        """The gradient average (:meth:`sync_gradients`) is what data parallelism does before the step."""
+        return [self.sync_gradients()]
+
     @torch.no_grad()
     def sync_gradients(self) -> SyncReport:
         """Replace every parameter's gradient by the mean over replicas (call between backward and step)."""
         self.step_count += 1
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat = flatten(grads)
-        payload = self.codec.encode(flat)
-        payloads = self.comm.all_gather_async(payload, tag="gradients").wait()
-        mean, dropped = average_payloads(payloads, self.codec, flat.numel(), out_device=flat.device)
-        report = SyncReport(self.step_count, 0, self.step_count, flat.numel(),
-                            *exchanged_bytes(payload.numel(), len(payloads)), dropped)
+        work = self.comm.mean_async(self.comm.encode(flat, self.codec), codec=self.codec, numel=flat.numel(),
+                                    tag="gradients")
+        mean, dropped = work.wait()
+        report = SyncReport(self.step_count, 0, self.step_count, flat.numel(), work.link_bytes.sent,
+                            work.link_bytes.received, dropped)
         if mean is None:  # every replica diverged: no update this step
             report.skipped = True
             mean = torch.zeros_like(flat)
@@ -76,5 +78,3 @@ class DataParallel:
         self.step_count = int(state["step"])
         self.comm.stats.load_state_dict(state["comm_stats"])
 
-    def step(self) -> list[SyncReport]:  # uniform interface with StreamingDiLoCo
-        return []

@@ -36,7 +36,8 @@ import tokenizers
 import torch
 
 from diloco.data.corpus import Document, corpus_fingerprint, load_documents
-from diloco.data.tokenizer import TOKENIZER_VERSION, BPETokenizer, atomic_write, check_vocab_size, get_tokenizer
+from diloco.data.tokenizer import TOKENIZER_VERSION, BPETokenizer, check_vocab_size, get_tokenizer
+from diloco.files import atomic_write_bytes, dumps_strict
 
 __all__ = ["DocumentSpan", "ShardSampler", "TokenData", "eval_batches", "prepare_tokens", "split_point"]
 
@@ -199,7 +200,7 @@ def _save(folder: Path, train: np.ndarray, val: np.ndarray, tok: BPETokenizer,
     files = {}
     for name, arr in (("train.npy", train), ("val.npy", val)):
         blob = _npy_bytes(arr)
-        atomic_write(folder / name, blob)
+        atomic_write_bytes(folder / name, blob)
         files[name] = {"bytes": len(blob), "sha256": _sha256(blob), "tokens": int(arr.size), "dtype": str(arr.dtype)}
     assert tok.path is not None
     tok_blob = tok.path.read_bytes()
@@ -211,7 +212,7 @@ def _save(folder: Path, train: np.ndarray, val: np.ndarray, tok: BPETokenizer,
         "documents": [asdict(d) for d in documents],
     }
     # The manifest goes last: its presence means every file it lists was completely written.
-    atomic_write(folder / "manifest.json", json.dumps(manifest, indent=1).encode("utf-8"))
+    atomic_write_bytes(folder / "manifest.json", dumps_strict(manifest, indent=1).encode("utf-8"))
 
 
 def _load_cached(folder: Path) -> TokenData | None:
