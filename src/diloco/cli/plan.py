@@ -140,7 +140,7 @@ def format_sources(plan: Plan) -> str:
     s = plan.sources
     any_row = next(iter(plan.rows.values()))
     lines = ["where the numbers come from:"]
-    for key in ("step_time", "utilization", "wall_clock", "bytes"):
+    for key in ("step_time", "utilization", "wall_clock", "bytes", "peak", "bandwidth_for_90"):
         lines.append(f"  {key}: {s[key]}")
     lines.append(f"  loss: {s['loss_law']}")
     seen: dict[tuple[str, str], None] = {}
