@@ -184,6 +184,8 @@ def plot_plan(plan: Plan, path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from diloco.files import atomic_write_with
+
     fig = Figure(figsize=(7.5, 4.8), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -207,7 +209,7 @@ def plot_plan(plan: Plan, path: Path) -> Path:
     ax.legend(fontsize=6, ncol=2, loc="upper right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    atomic_write_with(path, lambda fh: fig.savefig(fh, format="png"))
     return path
 
 
