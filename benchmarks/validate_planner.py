@@ -54,9 +54,11 @@ def validate_link(path: Path, loss_model: LossModel) -> dict:
         out = {"method": r["method"], "mbps": r["mbps"], "effective_mbps": r["effective_mbps"],
                "measured_utilization": r["utilization"], "measured_s_per_step": r["s_per_step"],
                "compute_s_per_step": r["compute_s_per_step"]}
+        workers, exchange = r.get("workers", 2), r.get("exchange", "all_gather")  # what the run did
+        out.update(workers=workers, exchange=exchange)
         for key, mbps in (("configured", r["mbps"]), ("delivered", r["effective_mbps"])):
-            setup = Setup(model, "measured compute time per step (link.json)", 2, r["steps"] * 16 * 128,
-                          16 * 128, exchange="all_gather", overlap_backward=False)
+            setup = Setup(model, "measured compute time per step (link.json)", workers, r["steps"] * 16 * 128,
+                          16 * 128, exchange=exchange, overlap_backward=False)
             plan = evaluate(setup, [Candidate("dp"), cand] if cand.method != "dp" else [cand], [mbps * 1e6],
                             loss_model)
             ev = next(e for e in plan.rows[mbps * 1e6] if e.candidate == cand)

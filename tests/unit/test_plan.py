@@ -196,3 +196,32 @@ def test_cli_plan_user_errors(tmp_path, capsys, argv, message):
     assert main(["plan", *argv, "--out", str(tmp_path / "o")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_cli_plan_from_a_model_config(tmp_path):
+    from diloco.models import Transformer, make_config
+
+    config = make_config("cpu-1m", vocab_size=4096, seq_len=128)
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps({f: getattr(config, f) for f in config.__dataclass_fields__}))
+    assert main(["plan", "--model-config", str(path), "--step-time", "0.4", "--tokens-per-step", "2048",
+                 "--bandwidth", "0.02", "--no-plot", "--out", str(tmp_path / "o")]) == 0
+    model = Transformer(config)
+    total = sum(p.numel() for p in model.parameters())
+    non_block = total - sum(p.numel() for p in model.blocks.parameters())
+    data = json.loads((tmp_path / "o" / "plan.json").read_text())["setup"]["model"]
+    assert (data["num_params"], data["num_layers"], data["non_block_params"]) == (total, 5, non_block)
+
+
+def test_validation_against_the_emulated_link_is_within_five_points_at_the_delivered_bandwidth(paper_loss):
+    # benchmarks/validate_planner.py's first table, recomputed from the stored measurements (link.json)
+    import importlib.util
+
+    root = Path(__file__).parents[2]
+    spec = importlib.util.spec_from_file_location("validate_planner", root / "benchmarks" / "validate_planner.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = module.validate_link(root / "benchmarks" / "results" / "link.json", paper_loss)
+    delivered = result["summary"]["delivered"]
+    assert delivered["cells"] == 15 and delivered["within_5_points"] == 15
+    assert result["summary"]["configured"]["within_5_points"] == 11

@@ -257,3 +257,22 @@ def test_bootstrap_intervals_cover_the_fitted_value_and_token_budget_moves_the_l
                                 ("diloco", 2, 1e10, 2.083)):
         assert fit.predict(n, method=method, replicas=m).loss == pytest.approx(paper, rel=0.012)
     assert fit.predict(1e10, method="dp", law="power").loss < 0.975 * 2.090  # a pure power law: ~3 % low at 10B
+
+
+def test_cli_fit_reports_bad_lines_and_warnings(tmp_path, capsys):
+    from diloco.cli import main
+
+    good = [{"run_id": f"r{i}", "status": "ok", "method": "dp", "replicas": 1, "num_params": n, "tokens": 20 * n,
+             "eval_loss": 20 * n ** -0.1} for i, n in enumerate((1e6, 3e6, 1e7, 3e7, 1e8))]
+    path = tmp_path / "r.jsonl"
+    nan = {"run_id": "bad", "status": "ok", "method": "dp", "replicas": 1, "num_params": 5e6, "eval_loss": float("nan")}
+    path.write_text("".join(json.dumps(r) + "\n" for r in [nan, *good]))
+    assert main(["fit", "--results", str(path), "--bootstrap", "5", "--predict", "1e9", "--json",
+                 str(tmp_path / "f.json")]) == 0
+    captured = capsys.readouterr()
+    assert f"warning: {path}:1: skipped a run with eval_loss=nan" in captured.err
+    assert "90 % interval" in captured.out and "outside the fitted sizes" in captured.out
+    assert json.loads((tmp_path / "f.json").read_text())["predictions"][0]["loss_interval"]
+    path.write_text(json.dumps(good[0]) + "\n[1, 2]\n")
+    assert main(["fit", "--results", str(path)]) == 2
+    assert f"{path}:2: a record must be a JSON object" in capsys.readouterr().err

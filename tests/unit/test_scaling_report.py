@@ -55,7 +55,7 @@ def test_cli_end_to_end_on_the_synthetic_runner(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["ran"] == 4 * 5 * 3 * 3
 
     fit_json = tmp_path / "fit.json"
-    assert main(["fit", "--results", str(results), "--smooth-by", "inner_lr", "--max-inits", "4",
+    assert main(["fit", "--results", str(results), "--smooth-by", "inner_lr", "--max-inits", "4", "--bootstrap", "5",
                  "--json", str(fit_json), "--predict", "1e9"]) == 0
     out = capsys.readouterr().out
     assert "SYNTHETIC" in out and "| loss | dp | A * N^alpha |" in out and "predictions at N = 1e+09" in out
@@ -85,6 +85,6 @@ def test_cli_user_errors_exit_2_with_a_message(tmp_path, capsys):
 
 def test_cli_fit_on_the_paper_table(tmp_path, capsys):
     path = tmp_path / "paper.json"
-    assert main(["fit", "--paper-table4", "--max-inits", "4", "--json", str(path)]) == 0
+    assert main(["fit", "--paper-table4", "--max-inits", "4", "--bootstrap", "5", "--json", str(path)]) == 0
     assert "2503.09799" in capsys.readouterr().out
     assert json.loads(path.read_text())["joint"]["joint"]["coef"]["beta"] == pytest.approx(0.0116, rel=0.01)

@@ -135,6 +135,24 @@ def test_simulate_and_plan_never_import_torch(tmp_path, argv):
 
 
 def test_import_diloco_sim_does_not_import_torch():
-    code = "import sys, diloco.sim, diloco.sim.paper, diloco.cli; print('torch' in sys.modules)"
+    code = ("import sys, diloco.sim, diloco.sim.paper, diloco.sim.planner, diloco.sim.loss, diloco.cli, "
+            "diloco.scaling.fit; print('torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "False", proc.stderr
+
+
+def test_top_level_help_lists_every_command_and_imports_none():
+    code = ("import sys\nfrom diloco.cli import COMMANDS, main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+            "print(sorted(m for m in sys.modules if m.startswith('diloco.cli.')), 'torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("train", "compare", "simulate", "plan", "sweep", "fit", "report"):
+        assert f"  {name} " in proc.stdout
+    assert proc.stdout.strip().endswith("[] False")  # no sub-command module loaded, no torch
+
+
+def test_unknown_command_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bogus"])
+    assert exc.value.code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err

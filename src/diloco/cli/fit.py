@@ -20,9 +20,6 @@ def add_input_args(p: argparse.ArgumentParser) -> None:
                    help="best loss per size from a quadratic fit in log of this hyperparameter "
                         "(the paper does it for the batch size); default: the best run")
     p.add_argument("--max-inits", type=int, default=64, help="L-BFGS starts per law (default: 64)")
-    p.add_argument("--bootstrap", type=int, default=100, metavar="K",
-                   help="residual-bootstrap refits of every loss law, for 90%% prediction intervals "
-                        "(default 100; 0: no intervals)")
 
 
 def load_fit(args: argparse.Namespace) -> tuple[Any, str]:
@@ -38,9 +35,10 @@ def load_fit(args: argparse.Namespace) -> tuple[Any, str]:
         source = str(args.results)
         if any(r.get("synthetic") for r in records):
             source += " (SYNTHETIC runner: a known noisy law, not training measurements)"
-    if args.bootstrap < 0:
-        raise ValueError(f"--bootstrap={args.bootstrap}: give a number of refits >= 0")
-    fit = fit_scaling(records, smooth_by=args.smooth_by, max_inits=args.max_inits, bootstrap=args.bootstrap)
+    bootstrap = getattr(args, "bootstrap", 0)  # `diloco report` draws no intervals
+    if bootstrap < 0:
+        raise ValueError(f"--bootstrap={bootstrap}: give a number of refits >= 0")
+    fit = fit_scaling(records, smooth_by=args.smooth_by, max_inits=args.max_inits, bootstrap=bootstrap)
     for message in fit.warnings:
         print(f"warning: {message}", file=sys.stderr)
     return fit, source
@@ -54,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "batch; each also refitted without the largest size to measure the extrapolation error.",
     )
     add_input_args(p)
+    p.add_argument("--bootstrap", type=int, default=100, metavar="K",
+                   help="residual-bootstrap refits of every loss law, for 90%% prediction intervals "
+                        "(default 100; 0: no intervals)")
     p.add_argument("--json", type=Path, default=None,
                    help="where to write the fit (default: RESULTS with suffix .fit.json, or "
                         "paper_table4.fit.json with --paper-table4)")

@@ -100,9 +100,8 @@ def _model(args: argparse.Namespace) -> tuple[ModelSpec, str]:
     except TypeError as exc:
         raise ValueError(f"{args.model_config}: {exc}") from None
     total = count_params(config)
-    args.params, args.layers = float(total), config.n_layers
-    args.non_block_params = float(total - config.n_layers * (count_params(config, embeddings=False) - config.d_model)
-                                  // config.n_layers * 1)
+    blocks = count_params(config, embeddings=False) - config.d_model  # the non-embedding count holds the final norm
+    args.params, args.layers, args.non_block_params = float(total), config.n_layers, float(total - blocks)
     model, source = resolve_model(args)
     per_token = flops_per_token(config)
     return ModelSpec(model.num_layers, model.num_params, model.step_time_s, model.non_block_params,
@@ -141,7 +140,7 @@ def format_sources(plan: Plan) -> str:
     s = plan.sources
     any_row = next(iter(plan.rows.values()))
     lines = ["where the numbers come from:"]
-    for key in ("step_time", "utilization", "wall_clock", "bytes"):
+    for key in ("step_time", "utilization", "wall_clock", "bytes", "peak", "bandwidth_for_90"):
         lines.append(f"  {key}: {s[key]}")
     lines.append(f"  loss: {s['loss_law']}")
     seen: dict[tuple[str, str], None] = {}
@@ -185,6 +184,8 @@ def plot_plan(plan: Plan, path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from diloco.files import atomic_write_with
+
     fig = Figure(figsize=(7.5, 4.8), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -208,7 +209,7 @@ def plot_plan(plan: Plan, path: Path) -> Path:
     ax.legend(fontsize=6, ncol=2, loc="upper right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    atomic_write_with(path, lambda fh: fig.savefig(fh, format="png"))
     return path
 
 

@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import LogLocator, ScalarFormatter  # noqa: E402
 import numpy as np  # noqa: E402
 
+from diloco.files import atomic_write_bytes, atomic_write_with  # noqa: E402
 from diloco.scaling.fit import BestPoint, ScalingFit, key_order, split_key  # noqa: E402
 from diloco.scaling.laws import FittedLaw  # noqa: E402
 
@@ -75,7 +76,7 @@ def plot_loss(fit: ScalingFit, path: Path) -> Path:
     ax.set_title("Best loss vs model size\nlines: L = A·N^α per method, dashed: extrapolation", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic_write_with(path, lambda fh: fig.savefig(fh, format="png", dpi=120))
     plt.close(fig)
     return path
 
@@ -107,7 +108,7 @@ def plot_hparams(fit: ScalingFit, path: Path) -> Path:
         ax.set_ylabel(label)
     fig.suptitle("Optimal hyperparameters vs model size; lines: A·N^α per method", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic_write_with(path, lambda fh: fig.savefig(fh, format="png", dpi=120))
     plt.close(fig)
     return path
 
@@ -142,7 +143,7 @@ def plot_vs_dp(fit: ScalingFit, path: Path) -> Path:
     ax.set_title("Best loss relative to data-parallel (below 0: better)", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic_write_with(path, lambda fh: fig.savefig(fh, format="png", dpi=120))
     plt.close(fig)
     return path
 
@@ -203,7 +204,7 @@ def write_report(fit: ScalingFit, out_dir: Path, *, title: str = "Scaling-law re
         "## Predictions (extrapolated)\n\n" + _predictions_table(fit),
     ]) + "\n"
     md = out_dir / MARKDOWN
-    md.write_text(text)
+    atomic_write_bytes(md, text.encode("utf-8"))
     paths["markdown"] = md
     return paths
 

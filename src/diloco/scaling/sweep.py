@@ -29,11 +29,12 @@ from typing import Any
 from tqdm import tqdm
 
 from diloco.files import append_jsonl, read_jsonl
+from diloco.methods import METHODS
 from diloco.scaling.synthetic import synthetic_run
 
 RunFn = Callable[[dict[str, Any]], dict[str, Any]]
 
-SWEEP_METHODS = ("dp", "diloco", "streaming")
+SWEEP_METHODS = METHODS  # the trainer's methods (diloco.methods)
 
 # Parameter counts N by size name (tokens per run = tokens_per_param * N). A grid may override or
 # extend them with its own ``num_params`` mapping; other names are looked up in the model zoo

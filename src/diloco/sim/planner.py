@@ -241,6 +241,9 @@ def evaluate(setup: Setup, cands: Sequence[Candidate], bandwidths_bps: Sequence[
         "wall_clock": f"steps x step time / utilization, steps = {setup.tokens:.4g} tokens / "
                       f"{setup.tokens_per_step:.4g} tokens per step = {setup.steps:.4g}",
         "bytes": "diloco.traffic.exchange_bytes per exchange x exchanges over the run (per worker, sent)",
+        "peak": "the largest single exchange (whole model, or the largest fragment) sent within one step",
+        "bandwidth_for_90": f"smallest of {READ_GRID_GBPS.size} log-spaced bandwidths "
+                            f"{READ_GRID_GBPS[0]:g}..{READ_GRID_GBPS[-1]:g} Gbit/s where the simulator gives >= 90 %",
         "loss_law": loss_model.source,
         "ablations": loss_model.ablations,
     }

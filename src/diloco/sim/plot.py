@@ -7,6 +7,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from diloco.files import atomic_write_with
 from diloco.sim.hardware import GBIT
 from diloco.sim.utilization import SweepResult
 
@@ -36,7 +37,7 @@ def plot_sweep(result: SweepResult, path: str | Path, *, title: str | None = Non
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    atomic_write_with(path, lambda fh: fig.savefig(fh, format="png"))
     return path
 
 

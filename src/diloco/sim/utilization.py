@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from diloco.algorithm.schedule import Schedule
-from diloco.layout import PATTERNS, block_groups
+from diloco.methods import FRAGMENT_PATTERNS, METHODS, block_fragments
 from diloco.sim.dag import ComputeStream, SyncPlan, simulate_utilization
 from diloco.sim.hardware import GBIT, PAPER_EXCHANGE, ModelSpec, latency_hops
 from diloco.traffic import exchange_bytes
@@ -59,7 +59,7 @@ class MethodSpec:
     def __post_init__(self) -> None:
         if not (np.isfinite(self.bits) and self.bits > 0):
             raise ValueError(f"bits must be > 0 (bits per parameter on the wire), got {self.bits!r}")
-        if self.fragment_pattern not in PATTERNS:
+        if self.fragment_pattern not in FRAGMENT_PATTERNS:
             raise ValueError(f"fragment_pattern must be 'strided' or 'sequential', got {self.fragment_pattern!r}")
         offsets = None
         if self.fragment_spacing is not None:
@@ -131,16 +131,12 @@ def paper_methods(
 
 
 def fragment_units(num_layers: int, num_fragments: int, pattern: str = "strided") -> tuple[tuple[int, ...], ...]:
-    """Units (layers 0..L-1, non-block = L) of each fragment, in the trainer's layout."""
+    """Units (layers 0..L-1, non-block = L) of each fragment, in the trainer's layout (:func:`diloco.methods.block_fragments`)."""
     L, P = num_layers, num_fragments
     if P == 1:
         return (tuple(range(L + 1)),)
-    G = P - 1
-    if G > L:
-        raise ValueError(f"num_fragments={P} needs {G} block fragments but the model has {L} layers; use P <= {L + 1}")
-    group = block_groups(L, G, pattern)
-    blocks = [tuple(i for i in range(L) if group[i] == g) for g in range(G)]
-    return ((L,), *blocks)
+    frag = block_fragments(L, P, pattern)
+    return ((L,), *(tuple(i for i in range(L) if frag[i] == p) for p in range(1, P)))
 
 
 def link_bits_per_param(bits: float, num_workers: int, exchange: str = PAPER_EXCHANGE) -> float:
@@ -187,7 +183,6 @@ def utilization_curve(
     return simulate_utilization(stream, plan, bandwidth_bps, latency_s=latency_s * hops)
 
 
-_METHODS = ("dp", "diloco", "streaming")
 
 
 def predict_utilization(
@@ -224,8 +219,8 @@ def predict_utilization(
     ``overlap_backward=False`` predicts this project's ``DataParallel`` / ``StreamingDiLoCo``,
     which exchange whole payloads after the step instead of layer by layer during the backward.
     """
-    if method not in _METHODS:
-        raise ValueError(f"method must be one of {', '.join(_METHODS)}, got {method!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     if method == "dp" and (sync_every, num_fragments, overlap_steps) != (1, 1, 0):
         raise ValueError(
             f"data-parallel reduces every step: leave sync_every=1, num_fragments=1, overlap_steps=0 "
