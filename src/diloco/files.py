@@ -30,10 +30,14 @@ from typing import Any
 CACHE_ENV = "DILOCO_CACHE"
 
 
-def _umask() -> int:
+def _read_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+#: Read once at import: os.umask can only be read by setting it, which would race with other threads.
+_FILE_MODE = 0o666 & ~_read_umask()
 
 
 def default_cache_dir() -> Path:
@@ -52,7 +56,7 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
+        os.chmod(tmp, _FILE_MODE)  # mkstemp makes 0600; give the file the usual mode
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -69,7 +73,7 @@ def atomic_write_with(path: Path | str, write: Callable[[Any], None]) -> None:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -63,11 +63,7 @@ def test_cache_dir_honours_env(monkeypatch, tmp_path):
 
 
 def test_atomic_writes_get_the_usual_mode(tmp_path):
-    import os
-    mask = os.umask(0o022)
-    try:
-        p = tmp_path / "m.json"
-        write_json(p, {"a": 1})
-        assert (p.stat().st_mode & 0o777) == 0o644
-    finally:
-        os.umask(mask)
+    from diloco.files import _FILE_MODE
+    p = tmp_path / "m.json"
+    write_json(p, {"a": 1})
+    assert (p.stat().st_mode & 0o777) == _FILE_MODE and _FILE_MODE & 0o044  # group/other can read
