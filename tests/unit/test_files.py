@@ -66,4 +66,4 @@ def test_atomic_writes_get_the_usual_mode(tmp_path):
     from diloco.files import _FILE_MODE
     p = tmp_path / "m.json"
     write_json(p, {"a": 1})
-    assert (p.stat().st_mode & 0o777) == _FILE_MODE and _FILE_MODE & 0o044  # group/other can read
+    assert (p.stat().st_mode & 0o777) == _FILE_MODE
