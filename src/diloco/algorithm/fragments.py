@@ -29,6 +29,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from diloco.algorithm.partition import block_groups  # noqa: F401  (re-exported: the split's arithmetic)
+
 Pattern = Literal["strided", "sequential"]
 FragmentSpec = Sequence[Sequence[str | nn.Parameter | nn.Module]]
 
@@ -80,18 +82,6 @@ def split_fragments(
     by_name = dict(named)
     _check_partition(groups, [n for n, _ in named])
     return [Fragment(i, tuple(g), tuple(by_name[n] for n in g)) for i, g in enumerate(groups)]
-
-
-def block_groups(num_blocks: int, num_groups: int, pattern: str = "strided") -> list[int]:
-    """Block i -> its block group: ``i mod G`` (strided) or contiguous runs differing by at most one (sequential).
-
-    Pure arithmetic shared by the fragmenter and the simulator, so both split a model the same way.
-    """
-    if pattern not in ("strided", "sequential"):
-        raise ValueError(f"fragment_pattern must be 'strided' or 'sequential', got {pattern!r}")
-    if pattern == "strided":
-        return [i % num_groups for i in range(num_blocks)]
-    return [(i * num_groups) // num_blocks for i in range(num_blocks)]
 
 
 def _block_groups(model: nn.Module, named: list[tuple[str, nn.Parameter]], P: int, pattern: str) -> list[list[str]]:
