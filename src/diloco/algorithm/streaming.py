@@ -35,7 +35,7 @@ from torch import nn
 from diloco.algorithm.codecs import Codec, get_codec
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
 from diloco.algorithm.outer import OuterOptimizerFactory, average_payloads, default_outer_optimizer, merge_
-from diloco.algorithm.schedule import Schedule
+from diloco.algorithm.schedule import Schedule, resolve_schedule
 from diloco.comm.accounting import exchanged_bytes
 from diloco.comm.base import Communicator, Work
 
@@ -83,6 +83,11 @@ class StreamingDiLoCo:
         codec: wire format of the outer gradients (name or :class:`Codec`).
         outer_optimizer: factory ``f(list_of_tensors) -> Optimizer``; default SGD(0.7, momentum 0.9, Nesterov).
         offload_device: where the global copy and outer optimizer state live (default: the model's device).
+        schedule: when each fragment syncs (the staggering): ``None``/``"even"`` sends fragment p after
+            ``floor((p+1) H/P)`` and merges tau steps later; ``"torchft"`` sends after ``(p+1) H/P - tau``
+            and merges after ``(p+1) H/P`` (torchft 0.2.0); a tuple of P offsets (first send step of
+            each fragment, 1..H); or a :class:`Schedule` with the same H, P and tau. See
+            :mod:`diloco.algorithm.schedule` for the conventions.
     """
 
     def __init__(
@@ -100,13 +105,14 @@ class StreamingDiLoCo:
         codec: str | Codec = "fp32",
         outer_optimizer: OuterOptimizerFactory | None = None,
         offload_device: torch.device | str | None = None,
+        schedule: Schedule | Sequence[int] | str | None = None,
     ) -> None:
         if not 0.0 <= float(merge_alpha) <= 1.0:
             raise ValueError(f"merge_alpha (alpha) must lie in [0, 1], got {merge_alpha}")
         self.model = model
         self.inner_optimizer = inner_optimizer
         self.comm = comm
-        self.schedule = Schedule(sync_every, num_fragments, overlap_steps)
+        self.schedule: Schedule = resolve_schedule(schedule, sync_every, num_fragments, overlap_steps)
         self.merge_alpha = float(merge_alpha)
         self.codec = get_codec(codec)
         self.fragments: list[Fragment] = split_fragments(
