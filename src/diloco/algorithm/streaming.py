@@ -183,10 +183,19 @@ class StreamingDiLoCo:
         return {n: v for p, f in enumerate(self.fragments) for n, v in zip(f.names, self._views(p), strict=True)}
 
     def global_state_dict(self) -> dict[str, torch.Tensor]:
-        """The model's state dict with trainable parameters replaced by their global values: evaluate this."""
+        """The model's state dict with trainable parameters replaced by their global values: evaluate this.
+
+        A parameter registered under several names (tied weights: e.g. GPT-2's ``lm_head.weight`` and
+        ``transformer.wte.weight``) gets its global value under every name, so loading the result
+        cannot bring back a local value through an alias.
+        """
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        for name, value in self.global_named_parameters().items():
-            state[name] = value.to(device=state[name].device, dtype=state[name].dtype).clone()
+        glob = self.global_named_parameters()
+        canonical = {id(p): n for n, p in self.model.named_parameters()}
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            value = glob.get(canonical.get(id(param), ""))
+            if value is not None and name in state:
+                state[name] = value.to(device=state[name].device, dtype=state[name].dtype).clone()
         return state
 
     @property
