@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> dict:
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext)
 
     def replica(comm):
-        algo = StreamingDiLoCo(models["streaming"], opts["streaming"], comm=comm, sync_every=args.H,
+        algo = StreamingDiLoCo(models["streaming"], comm=comm, sync_every=args.H,
                                num_fragments=args.P, overlap_steps=args.tau, merge_alpha=0.5, codec=args.codec)
         times: dict[str, list[float]] = {"bare": [], "streaming": []}
         step = 0

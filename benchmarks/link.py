@@ -203,7 +203,7 @@ def run_method(comm, name: str, args, dev: str | None) -> dict:
         algo = DataParallel(model, comm=comm, codec=codec)
         warmup, measured = 1, args.dp_steps
     else:
-        algo = StreamingDiLoCo(model, opt, comm=comm, sync_every=args.H, num_fragments=P, overlap_steps=tau,
+        algo = StreamingDiLoCo(model, comm=comm, sync_every=args.H, num_fragments=P, overlap_steps=tau,
                                codec=codec)
         warmup, measured = 3, args.H  # the window of H steps holds exactly one sync of every fragment
     gen = torch.Generator().manual_seed(comm.rank)

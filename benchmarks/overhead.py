@@ -47,7 +47,7 @@ def make_setup(kw, args):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     algo = None
     if kw is not None:
-        algo = StreamingDiLoCo(model, opt, comm=LocalGroup(1).communicators[0], sync_every=args.H, **kw)
+        algo = StreamingDiLoCo(model, comm=LocalGroup(1).communicators[0], sync_every=args.H, **kw)
     return model, opt, algo
 
 

@@ -74,7 +74,7 @@ def replica(comm, args: argparse.Namespace, train: torch.Tensor, val: torch.Tens
     torch.manual_seed(0)  # the same initial model everywhere (StreamingDiLoCo also broadcasts replica 0's)
     model = ByteModel(args.context)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
-    algo = StreamingDiLoCo(model, opt, comm=comm, sync_every=args.sync_every, num_fragments=2, overlap_steps=1,
+    algo = StreamingDiLoCo(model, comm=comm, sync_every=args.sync_every, num_fragments=2, overlap_steps=1,
                            merge_alpha=0.5, codec="fp4_e3m0")
     data = batches(train, comm.rank, comm.world_size, batch=32, context=args.context, seed=1)
     for step in range(1, args.steps + 1):

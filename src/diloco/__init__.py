@@ -18,8 +18,9 @@ __version__ = "0.1.0"
 _EXPORTS = {
     # the algorithm
     "StreamingDiLoCo": "diloco.algorithm.streaming",
-    "SyncReport": "diloco.algorithm.streaming",
-    "broadcast_parameters": "diloco.algorithm.streaming",
+    "SyncReport": "diloco.algorithm.base",
+    "ReplicaAlgorithm": "diloco.algorithm.base",
+    "broadcast_parameters": "diloco.algorithm.base",
     "DataParallel": "diloco.algorithm.data_parallel",
     "Schedule": "diloco.algorithm.schedule",
     "SyncEvents": "diloco.algorithm.schedule",

@@ -40,7 +40,7 @@ def streaming_replica(comm, cfg: dict) -> dict:
     """Train TinyNet with StreamingDiLoCo for ``cfg['steps']``; optionally poison one replica once."""
     model = make_model(seed=comm.rank)  # different inits on purpose: the algorithm must equalise them
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    algo = StreamingDiLoCo(model, opt, comm=comm, sync_every=cfg["H"], num_fragments=cfg.get("P", 1),
+    algo = StreamingDiLoCo(model, comm=comm, sync_every=cfg["H"], num_fragments=cfg.get("P", 1),
                            overlap_steps=cfg.get("tau", 0), merge_alpha=cfg.get("alpha", 0.0),
                            codec=cfg.get("codec", "fp32"), outer_optimizer=_outer())
     reports = []
@@ -83,7 +83,7 @@ def mesh_inner_optimizer(params):
 
 
 def _mesh_algo(model, opt, comm, cfg):
-    return StreamingDiLoCo(model, opt, comm=comm, sync_every=cfg["H"], num_fragments=cfg["P"],
+    return StreamingDiLoCo(model, comm=comm, sync_every=cfg["H"], num_fragments=cfg["P"],
                            overlap_steps=cfg["tau"], codec="fp32", outer_optimizer=_outer())
 
 
@@ -142,7 +142,7 @@ def dies_before_exchange(comm, cfg: dict) -> dict:
 
     model = make_model(seed=comm.rank)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    algo = StreamingDiLoCo(model, opt, comm=comm, sync_every=cfg["H"], codec="fp32")
+    algo = StreamingDiLoCo(model, comm=comm, sync_every=cfg["H"], codec="fp32")
     for t, (x, y) in enumerate(batches(comm.rank, cfg["steps"]), start=1):
         model(x, y)[1].backward()
         opt.step()

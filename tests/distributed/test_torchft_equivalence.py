@@ -74,7 +74,7 @@ def _torchft_replica(replica: int, lighthouse: str, H: int, P: int, tau: int, al
 def _diloco_replica(comm, H: int, P: int, tau: int, alpha: float) -> dict:
     model = make_model(0)
     inner = INNER(model.parameters())
-    algo = StreamingDiLoCo(model, inner, comm=comm, sync_every=H, num_fragments=P, overlap_steps=tau,
+    algo = StreamingDiLoCo(model, comm=comm, sync_every=H, num_fragments=P, overlap_steps=tau,
                            merge_alpha=alpha, outer_optimizer=OUTER, fragments=_fragments(model, P),
                            schedule="torchft")
     losses = []

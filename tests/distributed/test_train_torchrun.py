@@ -44,14 +44,9 @@ TIMEOUT_S = 30
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    """Tokenizer and token cache, built once so that no run (or rank) below pays for it."""
-    from diloco.data import prepare_tokens
-
-    cfg = TrainConfig.from_dict(load_preset("tiny")["base"])
-    path = tmp_path_factory.mktemp("cache")
-    prepare_tokens(cfg.sources, cfg.vocab_size, path, val_fraction=cfg.val_fraction)
-    return path
+def cache(token_cache: Path) -> Path:
+    """Tokenizer and token cache, built once per session (conftest) so that no run (or rank) below pays for it."""
+    return token_cache
 
 
 def _train_args(out: Path, cache: Path, method: str, *extra: str) -> list[str]:

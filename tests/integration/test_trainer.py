@@ -7,17 +7,18 @@ import json
 import pytest
 import torch
 
+from _hooks import CrashAfter, SimulatedCrash
 from diloco.algorithm.codecs import get_codec
 from diloco.cli import main as cli_main
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig, load_preset
 from diloco.train.metrics import read_jsonl
-from diloco.train.trainer import Trainer, _SimulatedCrash, lr_at, train
+from diloco.train.trainer import Trainer, lr_at, train
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
+def cache(token_cache):
+    return token_cache
 
 
 def tiny(**kw) -> TrainConfig:
@@ -87,8 +88,8 @@ def test_interrupted_and_resumed_run_ends_identical(tmp_path, cache, method):
     full = tmp_path / "full"
     train(cfg, full, cache_dir=cache, progress=False)
     cut = tmp_path / "cut"
-    with pytest.raises(_SimulatedCrash):
-        Trainer(cfg, cut, cache_dir=cache, progress=False, stop_after=13).run()
+    with pytest.raises(SimulatedCrash):
+        Trainer(cfg, cut, cache_dir=cache, progress=False, callbacks=[CrashAfter(13)]).run()
     assert ckpt.latest_meta(cut)["step"] == 8
     resumed = Trainer(cfg, cut, cache_dir=cache, progress=False).run(resume=True)
     a, b = ckpt.load_latest(full), ckpt.load_latest(cut)

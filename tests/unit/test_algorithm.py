@@ -72,7 +72,7 @@ def reference_diloco(M, steps, H, *, outer_lr=0.7, inner_lr=1e-2, seed=0):
 
 def test_p1_tau0_alpha0_is_plain_diloco():
     M, steps, H = 2, 12, 4
-    out = train_replicas(M, steps, lambda m, o, c: StreamingDiLoCo(m, o, comm=c, sync_every=H))
+    out = train_replicas(M, steps, lambda m, o, c: StreamingDiLoCo(m, comm=c, sync_every=H))
     ref_global, ref_models = reference_diloco(M, steps, H)
     for model, algo, _ in out:
         got = list(algo.global_named_parameters().values())
@@ -87,7 +87,7 @@ def test_h1_sgd_outer_lr1_equals_data_parallel():
     M, steps = 3, 6
     sgd = partial(torch.optim.SGD, lr=0.1)
     diloco = train_replicas(
-        M, steps, lambda m, o, c: StreamingDiLoCo(m, o, comm=c, sync_every=1, outer_optimizer=SGD_LR1), inner=sgd
+        M, steps, lambda m, o, c: StreamingDiLoCo(m, comm=c, sync_every=1, outer_optimizer=SGD_LR1), inner=sgd
     )
     dp = train_replicas(M, steps, lambda m, o, c: DataParallel(m, comm=c), inner=sgd)
     for (m_d, _, _), (m_p, _, _) in zip(diloco, dp):
@@ -99,7 +99,7 @@ def test_h1_sgd_outer_lr1_equals_data_parallel():
 
 def test_one_replica_outer_lr1_no_momentum_is_plain_training():
     steps = 9
-    out = train_replicas(1, steps, lambda m, o, c: StreamingDiLoCo(m, o, comm=c, sync_every=3, outer_optimizer=SGD_LR1))
+    out = train_replicas(1, steps, lambda m, o, c: StreamingDiLoCo(m, comm=c, sync_every=3, outer_optimizer=SGD_LR1))
     plain = make_model(seed=0)
     opt = torch.optim.AdamW(plain.parameters(), lr=1e-2)
     for x, y in batches(0, steps):
@@ -146,7 +146,7 @@ def test_overlap_and_merge_match_hand_computation(alpha):
     def replica(comm):
         model = Scalar()
         opt = ConstantStep(model.parameters(), c[comm.rank])
-        algo = StreamingDiLoCo(model, opt, comm=comm, sync_every=2, overlap_steps=1, merge_alpha=alpha,
+        algo = StreamingDiLoCo(model, comm=comm, sync_every=2, overlap_steps=1, merge_alpha=alpha,
                                outer_optimizer=partial(torch.optim.SGD, lr=0.5))
         trace = []
         for _ in range(5):
@@ -172,7 +172,7 @@ def test_overlap_and_merge_match_hand_computation(alpha):
 def test_replicas_bit_identical_global_after_every_sync(codec):
     out = train_replicas(
         3, 16,
-        lambda m, o, c: StreamingDiLoCo(m, o, comm=c, sync_every=4, num_fragments=3, overlap_steps=1,
+        lambda m, o, c: StreamingDiLoCo(m, comm=c, sync_every=4, num_fragments=3, overlap_steps=1,
                                         merge_alpha=0.5, codec=codec),
     )
     snaps = [s for _, _, s in out]
@@ -188,7 +188,7 @@ def test_byte_counts_equal_codec_sizes_on_schedule():
 
     H, P, steps = 6, 3, 30
     out = train_replicas(
-        2, steps, lambda m, o, c: StreamingDiLoCo(m, o, comm=c, sync_every=H, num_fragments=P, codec="fp4_e3m0")
+        2, steps, lambda m, o, c: StreamingDiLoCo(m, comm=c, sync_every=H, num_fragments=P, codec="fp4_e3m0")
     )
     _, algo, _ = out[0]
     codec = get_codec("fp4_e3m0")
@@ -206,7 +206,7 @@ def test_nonfinite_outer_gradient_is_dropped_and_training_goes_on():
                 model.blocks[0].fc.weight[0, 0] = float("nan")
 
     out = train_replicas(
-        2, 8, lambda m, o, c: StreamingDiLoCo(m, o, comm=c, sync_every=4, codec="fp32"), hook=poison,
+        2, 8, lambda m, o, c: StreamingDiLoCo(m, comm=c, sync_every=4, codec="fp32"), hook=poison,
     )
     for model, algo, snaps in out:
         assert all(torch.isfinite(p).all() for p in algo.global_named_parameters().values())
@@ -221,7 +221,7 @@ def test_state_dict_round_trip_with_exchange_in_flight():
     H, tau, steps, cut = 4, 2, 14, 5  # after step 5 fragment syncs started at 4 are still in flight
 
     def make(m, o, c):
-        return StreamingDiLoCo(m, o, comm=c, sync_every=H, num_fragments=2, overlap_steps=tau, codec="int8")
+        return StreamingDiLoCo(m, comm=c, sync_every=H, num_fragments=2, overlap_steps=tau, codec="int8")
 
     full = train_replicas(2, steps, make)
 
@@ -268,7 +268,7 @@ def test_merge_alpha_out_of_range_is_rejected():
 
 
 def test_offload_keeps_global_copy_on_requested_device():
-    out = train_replicas(1, 4, lambda m, o, c: StreamingDiLoCo(m, o, comm=c, sync_every=2, offload_device="cpu"))
+    out = train_replicas(1, 4, lambda m, o, c: StreamingDiLoCo(m, comm=c, sync_every=2, offload_device="cpu"))
     assert all(g.device.type == "cpu" for g in out[0][1].global_flat)
 
 
@@ -278,7 +278,7 @@ def test_every_sync_report_quotes_the_bytes_the_communicator_counted(M):
 
     H, P, steps = 6, 3, 18
     out = train_replicas(
-        M, steps, lambda m, o, c: StreamingDiLoCo(m, o, comm=c, sync_every=H, num_fragments=P, overlap_steps=1,
+        M, steps, lambda m, o, c: StreamingDiLoCo(m, comm=c, sync_every=H, num_fragments=P, overlap_steps=1,
                                                    codec="int8")
     )
     codec = get_codec("int8")
@@ -314,7 +314,7 @@ def test_global_state_dict_gives_tied_weights_their_global_value():
         model = TinyNet(vocab=16, d=16)
         model.head.weight = model.embed.weight  # tied: one parameter, two names
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
-        algo = StreamingDiLoCo(model, opt, comm=comm, sync_every=2, merge_alpha=0.5)
+        algo = StreamingDiLoCo(model, comm=comm, sync_every=2, merge_alpha=0.5)
         g = torch.Generator().manual_seed(comm.rank)
         for _ in range(3):  # a sync after step 2, then one more local step: local != global
             x = torch.randint(0, 16, (4, 5), generator=g)

@@ -1,6 +1,6 @@
 """The algorithms: Streaming DiLoCo (DiLoCo is its case P = 1, tau = 0), data parallelism, their parts.
 
-Lazy: ``diloco.algorithm.schedule`` and ``diloco.algorithm.partition`` are torch-free, and
+Lazy: ``diloco.algorithm.schedule`` is torch-free, and
 importing this package loads neither torch nor the other modules.
 """
 
@@ -8,15 +8,16 @@ from diloco._lazy import lazy_exports
 
 _EXPORTS = {
     "StreamingDiLoCo": ".streaming",
-    "SyncReport": ".streaming",
-    "broadcast_parameters": ".streaming",
+    "SyncReport": ".base",
+    "ReplicaAlgorithm": ".base",
+    "broadcast_parameters": ".base",
     "DataParallel": ".data_parallel",
     "Schedule": ".schedule",
     "SyncEvents": ".schedule",
     "Fragment": ".fragments",
     "find_blocks": ".fragments",
     "split_fragments": ".fragments",
-    "block_groups": ".partition",
+    "block_groups": "diloco.methods",
     "Codec": ".codecs",
     "CODEC_NAMES": ".codecs",
     "get_codec": ".codecs",

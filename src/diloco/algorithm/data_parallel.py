@@ -6,7 +6,7 @@ that the two are compared on the same footing::
     dp = DataParallel(model, comm=comm)
     for x, y in batches:
         loss = model(x, y)[1]; loss.backward()
-        dp.sync_gradients()          # every replica now holds the mean gradient
+        dp.sync_gradients()          # every replica now holds the mean gradient (= before_optimizer_step())
         opt.step(); opt.zero_grad()
 
 A replica whose gradient is non-finite is dropped from that step's average
@@ -19,15 +19,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from diloco.algorithm.base import ReplicaAlgorithm, SyncReport, broadcast_parameters
 from diloco.algorithm.codecs import Codec, get_codec
 from diloco.algorithm.fragments import flatten
 from diloco.algorithm.outer import average_payloads
-from diloco.algorithm.streaming import SyncReport, broadcast_parameters
 from diloco.comm.accounting import exchanged_bytes
 from diloco.comm.base import Communicator
 
 
-class DataParallel:
+class DataParallel(ReplicaAlgorithm):
     """One replica of synchronous data-parallel training (the baseline of the papers)."""
 
     def __init__(self, model: nn.Module, *, comm: Communicator, codec: str | Codec = "fp32") -> None:
@@ -39,6 +39,10 @@ class DataParallel:
             raise ValueError("the model has no trainable parameters (requires_grad=True)")
         broadcast_parameters(model, comm)
         self.step_count = 0
+
+    def before_optimizer_step(self) -> list[SyncReport]:
+        """The gradient average (:meth:`sync_gradients`) is what data parallelism does before the step."""
+        return [self.sync_gradients()]
 
     @torch.no_grad()
     def sync_gradients(self) -> SyncReport:
@@ -76,5 +80,3 @@ class DataParallel:
         self.step_count = int(state["step"])
         self.comm.stats.load_state_dict(state["comm_stats"])
 
-    def step(self) -> list[SyncReport]:  # uniform interface with StreamingDiLoCo
-        return []

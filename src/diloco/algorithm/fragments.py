@@ -16,6 +16,9 @@ make that fragment's sync the peak and undo the 1/P peak-bandwidth saving;
 they are also what MaxText's and the paper's simulator timing (one extra
 fragment, "1 + L/|p|") suggest.
 
+The layout itself (which block goes to which fragment) is pure arithmetic in
+:func:`diloco.methods.block_fragments`, shared with the simulator.
+
 Any ``nn.Module`` works with explicit fragments: a list whose items are each a
 list of parameter names, parameters, or modules.
 """
@@ -29,9 +32,9 @@ from typing import Literal
 import torch
 from torch import nn
 
-from diloco.algorithm.partition import block_groups  # noqa: F401  (re-exported: the split's arithmetic)
+from diloco.methods import NON_BLOCK_FRAGMENT, block_fragments, block_groups, check_fragment_pattern
 
-Pattern = Literal["strided", "sequential"]
+Pattern = Literal["strided", "sequential"]  # diloco.methods.FRAGMENT_PATTERNS
 FragmentSpec = Sequence[Sequence[str | nn.Parameter | nn.Module]]
 
 
@@ -121,8 +124,7 @@ def split_fragments(
 
 
 def _block_groups(model: nn.Module, named: list[tuple[str, nn.Parameter]], P: int, pattern: str) -> list[list[str]]:
-    if pattern not in ("strided", "sequential"):
-        raise ValueError(f"fragment_pattern must be 'strided' or 'sequential', got {pattern!r}")
+    check_fragment_pattern(pattern)
     found = find_blocks(model)
     if found is None:
         raise ValueError(
@@ -132,22 +134,14 @@ def _block_groups(model: nn.Module, named: list[tuple[str, nn.Parameter]], P: in
             f"(parameter-name prefixes, one fragment per comma), or use num_fragments=1"
         )
     prefix, blocks = found
-    G = P - 1  # fragment 0 holds everything outside the blocks
-    L = len(blocks)
-    if G > L:
-        raise ValueError(
-            f"num_fragments={P} needs {G} block fragments but the model has only {L} blocks "
-            f"(fragment 0 holds the non-block parameters); use num_fragments <= {L + 1}"
-        )
-    block_to_group = block_groups(L, G, pattern)
+    fragment_of_block = block_fragments(len(blocks), P, pattern)  # the rest goes to NON_BLOCK_FRAGMENT
     groups: list[list[str]] = [[] for _ in range(P)]
     head = f"{prefix}." if prefix else ""
     for name, _ in named:
         if name.startswith(head):
-            idx = int(name[len(head):].split(".", 1)[0])
-            groups[1 + block_to_group[idx]].append(name)
+            groups[fragment_of_block[int(name[len(head):].split(".", 1)[0])]].append(name)
         else:
-            groups[0].append(name)
+            groups[NON_BLOCK_FRAGMENT].append(name)
     return groups
 
 
@@ -193,3 +187,6 @@ def _check_partition(groups: Sequence[Sequence[str]], all_names: Sequence[str]) 
 def flatten(params: Sequence[torch.Tensor]) -> torch.Tensor:
     """Concatenate tensors into one flat FP32 vector (a copy)."""
     return torch.cat([p.detach().reshape(-1).float() for p in params]) if params else torch.zeros(0)
+
+
+__all__ = ["Fragment", "FragmentSpec", "Pattern", "block_groups", "find_blocks", "flatten", "split_fragments"]

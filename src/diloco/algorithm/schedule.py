@@ -51,8 +51,9 @@ Any other timing is ``schedule=(o_0, ..., o_{P-1})``, each offset in 1..H.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence  # noqa: F401
 from dataclasses import dataclass, field
+
+from diloco.methods import schedule_errors
 
 
 @dataclass(frozen=True)
@@ -83,20 +84,9 @@ class Schedule:
         for name, value in (("sync_every", H), ("num_fragments", P), ("overlap_steps", tau)):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-        if H < 1:
-            raise ValueError(f"sync_every (H) must be >= 1, got H={H}")
-        if P < 1:
-            raise ValueError(f"num_fragments (P) must be >= 1, got P={P}")
-        if P > H:
-            raise ValueError(
-                f"num_fragments (P={P}) cannot exceed sync_every (H={H}): each fragment needs its own "
-                f"step in every window of H steps; use P <= {H} or raise H to >= {P}"
-            )
-        if not 0 <= tau < H:
-            raise ValueError(
-                f"overlap_steps (tau={tau}) must satisfy 0 <= tau < sync_every (H={H}) so that a "
-                f"fragment's sync finishes before its next one starts; use tau <= {H - 1}"
-            )
+        errors = schedule_errors(H, P, tau)
+        if errors:
+            raise ValueError("; ".join(errors))
         if self.offsets is None:
             first = tuple(((p + 1) * H) // P for p in range(P))
         else:
@@ -129,10 +119,6 @@ class Schedule:
         return cls(H, P, tau, offsets=tuple((p + 1) * (H // P) - tau for p in range(P)))
 
     # -- queries -------------------------------------------------------------
-    def first_sync_step(self, fragment: int) -> int:
-        """The inner step after which ``fragment`` starts its first sync."""
-        return self._first[fragment]
-
     def starts(self, step: int) -> tuple[int, ...]:
         """Fragments that start a sync (send their outer gradient) after inner step ``step``."""
         H = self.sync_every
@@ -145,21 +131,10 @@ class Schedule:
     def events(self, step: int) -> SyncEvents:
         return SyncEvents(step, self.starts(step), self.finishes(step))
 
-    def iter_events(self, num_steps: int, *, start: int = 1) -> Iterator[SyncEvents]:
-        """Events after steps ``start .. num_steps`` (inclusive) that start or finish anything."""
-        for t in range(start, num_steps + 1):
-            ev = self.events(t)
-            if ev.starts or ev.finishes:
-                yield ev
-
     def pending_after(self, step: int) -> tuple[int, ...]:
         """Fragments whose sync was started but not yet finished after ``step``."""
         tau = self.overlap_steps
         return tuple(sorted({p for s in range(step - tau + 1, step + 1) for p in self.starts(s)}))
-
-    def syncs_per_window(self) -> float:
-        """Average number of fragment syncs per inner step (P / H)."""
-        return self.num_fragments / self.sync_every
 
 
 

@@ -2,7 +2,7 @@
 
 One instance per replica, called explicitly after every inner optimizer step::
 
-    algo = StreamingDiLoCo(model, inner_opt, comm=comm, sync_every=30, num_fragments=4,
+    algo = StreamingDiLoCo(model, comm=comm, sync_every=30, num_fragments=4,
                            overlap_steps=1, merge_alpha=0.5, codec="fp4_e3m0")
     for x, y in batches:
         loss = model(x, y)[1]; loss.backward()
@@ -26,12 +26,13 @@ with (Nesterov) momentum or Adam.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from diloco.algorithm.base import ReplicaAlgorithm, SyncReport, broadcast_parameters
 from diloco.algorithm.codecs import Codec, get_codec
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
 from diloco.algorithm.outer import OuterOptimizerFactory, average_payloads, default_outer_optimizer, merge_
@@ -41,38 +42,17 @@ from diloco.comm.base import Communicator, Work
 
 
 @dataclass
-class SyncReport:
-    """What one finished sync did."""
-
-    step: int
-    fragment: int
-    started_at: int
-    numel: int
-    bytes_sent: int
-    bytes_received: int
-    dropped_replicas: list[int] = field(default_factory=list)
-    skipped: bool = False  # every replica's contribution was non-finite: global left unchanged
-
-
-@dataclass
 class _Pending:
     started_at: int
     payload: torch.Tensor
     work: Work
 
 
-def broadcast_parameters(model: nn.Module, comm: Communicator, src: int = 0) -> None:
-    """Make every replica start from replica ``src``'s parameters and buffers."""
-    tensors = [p.data for p in model.parameters()] + [b for b in model.buffers()]
-    comm.broadcast_(tensors, src=src)
-
-
-class StreamingDiLoCo:
+class StreamingDiLoCo(ReplicaAlgorithm):
     """One replica's Streaming DiLoCo state: schedule, fragments, global copy, outer optimizers.
 
     Args:
         model: this replica's model (any ``nn.Module``); its trainable parameters are the local ones.
-        inner_optimizer: kept for checkpointing convenience; the caller steps it.
         comm: this replica's communicator.
         sync_every: H, inner steps between two syncs of one fragment.
         num_fragments: P; 1 is plain DiLoCo.
@@ -93,7 +73,6 @@ class StreamingDiLoCo:
     def __init__(
         self,
         model: nn.Module,
-        inner_optimizer: torch.optim.Optimizer | None = None,
         *,
         comm: Communicator,
         sync_every: int,
@@ -110,7 +89,6 @@ class StreamingDiLoCo:
         if not 0.0 <= float(merge_alpha) <= 1.0:
             raise ValueError(f"merge_alpha (alpha) must lie in [0, 1], got {merge_alpha}")
         self.model = model
-        self.inner_optimizer = inner_optimizer
         self.comm = comm
         self.schedule: Schedule = resolve_schedule(schedule, sync_every, num_fragments, overlap_steps)
         self.merge_alpha = float(merge_alpha)
@@ -130,9 +108,9 @@ class StreamingDiLoCo:
         self.step_count = 0
         self._pending: dict[int, _Pending] = {}
 
-    # -- the public loop hook ------------------------------------------------
-    def step(self) -> list[SyncReport]:
-        """Call after every inner optimizer step: starts and finishes the syncs the schedule says."""
+    # -- the loop hooks (ReplicaAlgorithm) -----------------------------------
+    def after_optimizer_step(self) -> list[SyncReport]:
+        """Call after every inner optimizer step (or :meth:`step`): starts and finishes the syncs the schedule says."""
         self.step_count += 1
         t = self.step_count
         for p in self.schedule.starts(t):

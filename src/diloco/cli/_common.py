@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
+from diloco.files import default_cache_dir
 from diloco.train.config import TrainConfig, load_preset, parse_override, preset_names
 
 
@@ -22,9 +22,7 @@ def add_config_args(p: argparse.ArgumentParser, *, default_preset: str) -> None:
 
 
 def cache_dir(args: argparse.Namespace) -> Path:
-    if args.cache_dir is not None:
-        return args.cache_dir
-    return Path(os.environ.get("DILOCO_CACHE", Path.home() / ".cache" / "diloco"))
+    return args.cache_dir if args.cache_dir is not None else default_cache_dir()
 
 
 def overrides(args: argparse.Namespace) -> dict:

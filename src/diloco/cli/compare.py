@@ -14,13 +14,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Train each method of a preset (same model, data and token budget) and print: method, "
                     "final eval loss, % vs DP, bytes sent per replica, x fewer than DP, peak bytes per sync, "
                     "wall time. Writes compare.json, compare.txt, loss_vs_tokens.png and loss_vs_bytes.png to --out. "
-                    "Finished runs with an identical config are reused.",
+                    "Every method's settings and run folder are checked before any trains: finished runs with an "
+                    "identical config are reused, interrupted ones resumed, and a folder holding a run of another "
+                    "config is an error naming the settings that differ (--fresh replaces them).",
     )
     add_config_args(p, default_preset="demo")
     p.add_argument("--methods", default=None,
                    help="comma-separated method names from the preset (default: all of them, in preset order)")
     p.add_argument("--out", type=Path, default=None, help="output directory (default: runs/compare-<preset>)")
-    p.add_argument("--fresh", action="store_true", help="retrain even when a finished run can be reused")
+    p.add_argument("--fresh", action="store_true",
+                   help="retrain every method, replacing the runs in --out/<method> (deletes their results)")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     p.set_defaults(func=run)
 

@@ -18,14 +18,23 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "CPU, nccl on GPU), e.g. `torchrun --nproc-per-node 2 -m diloco train --preset demo "
                     "--method diloco`, or with --set ranks_per_worker=R one of R data-parallel ranks of a "
                     "replica (launch replicas x R processes). Writes config.json, metrics.jsonl, summary.json "
-                    "and checkpoints/ to --out.",
+                    "and checkpoints/ to --out. Checkpoints: by default every 100 steps, rounded up to a "
+                    "multiple of sync_every for diloco/streaming (--set checkpoint_every=N steps; 0 = only at "
+                    "the end), keeping the last 2 (--set keep_checkpoints=K); a killed run continues with "
+                    "--resume, from the newest readable checkpoint. An --out that holds another run is "
+                    "refused, naming the settings that differ.",
     )
     add_config_args(p, default_preset="demo")
     p.add_argument("--method", default=None,
                    help="one of the preset's named methods (e.g. dp, diloco, streaming, diloco-m1); "
                         "default: the preset's base config")
     p.add_argument("--out", type=Path, default=None, help="output directory (default: runs/<preset>-<method>)")
-    p.add_argument("--resume", action="store_true", help="continue exactly from the latest checkpoint in --out")
+    p.add_argument("--resume", action="store_true",
+                   help="continue exactly from the newest readable checkpoint in --out (a damaged newest one is "
+                        "skipped, and said so); a finished run is left as it is")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run --out holds (deletes its config.json, metrics.jsonl, summary.json, "
+                        "checkpoints/ and tb/); without it such an --out is an error")
     p.add_argument("--device", default=None, help="torch device (default: cuda:LOCAL_RANK if available, else cpu)")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="under torchrun: seconds to wait for a peer before stopping with an error that names "
@@ -47,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if not _under_torchrun():
         trainer = Trainer(cfg, out, cache_dir=cache_dir(args), progress=not args.no_progress,
                           device=args.device or "cpu")
-        print(json.dumps(trainer.run(resume=args.resume).to_dict(), indent=2))
+        print(json.dumps(trainer.run(resume=args.resume, overwrite=args.overwrite).to_dict(), indent=2))
         return 0
 
     import torch
@@ -76,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             intra = comm.intra  # the worker's own group: gradients are averaged over it every step
             comms += [comm.cross, comm.intra]
         trainer = Trainer(cfg, out, cache_dir=cache_dir(args), progress=not args.no_progress, device=device)
-        result = trainer.run_replica(comm, resume=args.resume, intra=intra)
+        result = trainer.run_replica(comm, resume=args.resume, overwrite=args.overwrite, intra=intra)
         if result is not None:
             print(json.dumps(result.to_dict(), indent=2))
     finally:

@@ -36,14 +36,8 @@ import tokenizers
 import torch
 
 from diloco.data.corpus import Document, corpus_fingerprint, load_documents
-from diloco.data.tokenizer import (
-    EOD_TOKEN,
-    TOKENIZER_VERSION,
-    BPETokenizer,
-    atomic_write,
-    check_vocab_size,
-    get_tokenizer,
-)
+from diloco.data.tokenizer import EOD_TOKEN, TOKENIZER_VERSION, BPETokenizer, check_vocab_size, get_tokenizer
+from diloco.files import atomic_write_bytes, dumps_strict
 
 __all__ = ["DocumentSpan", "ShardSampler", "TokenData", "eval_batches", "prepare_tokens", "split_point"]
 
@@ -158,7 +152,7 @@ def _user_tokenizer_copy(tok: BPETokenizer, cache_dir: Path) -> BPETokenizer:
     blob = tok.to_json().encode("utf-8")
     path = cache_dir / f"tokenizer-file-{_sha256(blob)[:16]}.json"
     if not (path.is_file() and path.read_bytes() == blob):
-        atomic_write(path, blob)
+        atomic_write_bytes(path, blob)
     copy = BPETokenizer.from_file(path, eod_token=tok.eod_token)
     copy.from_cache = True  # not trained here
     return copy
@@ -234,7 +228,7 @@ def _save(folder: Path, train: np.ndarray, val: np.ndarray, tok: BPETokenizer,
     files = {}
     for name, arr in (("train.npy", train), ("val.npy", val)):
         blob = _npy_bytes(arr)
-        atomic_write(folder / name, blob)
+        atomic_write_bytes(folder / name, blob)
         files[name] = {"bytes": len(blob), "sha256": _sha256(blob), "tokens": int(arr.size), "dtype": str(arr.dtype)}
     assert tok.path is not None
     tok_blob = tok.path.read_bytes()
@@ -247,7 +241,7 @@ def _save(folder: Path, train: np.ndarray, val: np.ndarray, tok: BPETokenizer,
         "documents": [asdict(d) for d in documents],
     }
     # The manifest goes last: its presence means every file it lists was completely written.
-    atomic_write(folder / "manifest.json", json.dumps(manifest, indent=1).encode("utf-8"))
+    atomic_write_bytes(folder / "manifest.json", dumps_strict(manifest, indent=1).encode("utf-8"))
 
 
 def _load_cached(folder: Path) -> TokenData | None:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Sequence
@@ -27,6 +25,7 @@ import tokenizers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from diloco.data.corpus import Document, corpus_fingerprint
+from diloco.files import atomic_write_bytes
 
 __all__ = ["BPETokenizer", "EOD_TOKEN", "KNOWN_EOD_TOKENS", "TOKENIZER_VERSION", "get_tokenizer", "load_tokenizer_file",
            "tokenizer_key", "train_tokenizer"]
@@ -89,7 +88,7 @@ class BPETokenizer:
     def save(self, path: Path | str) -> None:
         """Write the tokenizer as JSON, atomically (a temporary file, then a rename)."""
         path = Path(path)
-        atomic_write(path, self.to_json().encode("utf-8"))
+        atomic_write_bytes(path, self.to_json().encode("utf-8"))
         self.path = path
 
     def __repr__(self) -> str:
@@ -129,21 +128,6 @@ def load_tokenizer_file(path: Path | str, *, eod_token: str | None = None) -> BP
                              f"that separates documents with eod_token=... (--set eod_token=...)")
         eod = found[0]
     return BPETokenizer(tok, path=p, eod_token=eod)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def check_vocab_size(vocab_size: int) -> None:

@@ -6,7 +6,7 @@ who it is through environment variables; :func:`init_from_env` reads them and
 initialises the default process group::
 
     comms = setup_communicators(replicas=2, ranks_per_worker=1, timeout_s=300)
-    algo = StreamingDiLoCo(model, opt, comm=comms.replica, sync_every=30)   # comms.device, comms.intra
+    algo = StreamingDiLoCo(model, comm=comms.replica, sync_every=30)   # comms.device, comms.intra
 
 or, step by step, ``init_from_env(timeout_s=600)`` (gloo on CPU, nccl when CUDA is available) then
 ``TorchDistCommunicator(timeout_s=300)`` (the replica group = the whole world).
@@ -228,7 +228,7 @@ def setup_communicators(*, replicas: int | None = None, ranks_per_worker: int = 
     default process group already exists it is used as it is (and not destroyed by ``close``)::
 
         with setup_communicators(replicas=2) as comms:
-            algo = StreamingDiLoCo(model, opt, comm=comms.replica, sync_every=30)
+            algo = StreamingDiLoCo(model, comm=comms.replica, sync_every=30)
     """
     env = read_env()
     R = ranks_per_worker

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from diloco.algorithm.partition import block_groups
+from diloco.methods import block_groups
 from diloco.algorithm.schedule import Schedule
 from diloco.sim.dag import ComputeStream, SyncPlan, simulate_utilization
 from diloco.sim.hardware import GBIT, ModelSpec, ring_allreduce_factor

@@ -4,83 +4,141 @@ Layout in a run directory::
 
     checkpoints/step-00000480/replica-0.pt   # one file per replica, each written atomically
     checkpoints/step-00000480/replica-1.pt
-    checkpoints/latest.json                  # {"step": 480, ...}: written last, atomically
+    checkpoints/step-00000480.json           # {"step": 480, "config": ..., "files": {name: {bytes, sha256}}}
+    checkpoints/step-00000360/...            # the one before (the last K = keep_checkpoints are kept)
+    checkpoints/step-00000360.json
+    checkpoints/latest.json                  # a copy of the newest step's record: written last, atomically
 
 Every replica writes its own file (temporary file, fsync, rename); after a
-barrier, replica 0 points ``latest.json`` at the new step and only then deletes
-older steps. A crash at any moment leaves ``latest.json`` naming a complete
-checkpoint. Loading uses ``weights_only=True``: tensors and plain containers,
-never code.
+barrier, replica 0 records the step (with each file's size and SHA-256),
+points ``latest.json`` at it, and only then deletes steps older than the last
+K. A crash at any moment leaves ``latest.json`` naming a complete checkpoint.
+
+Resuming (:func:`find_resumable`) takes the newest recorded step whose files
+all match their records; a damaged newest one (a disk error, a truncated copy)
+is reported and the one before it is used. Loading uses ``weights_only=True``:
+tensors and plain containers, never code.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import hashlib
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from diloco.files import atomic_write_with, read_json, write_json
+
 _DIR = "checkpoints"
+_PREFIX = "step-"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing or cannot be read; the message names the file and a fix."""
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / _DIR
 
 
 def _step_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / _DIR / f"step-{step:08d}"
+    return checkpoint_dir(run_dir) / f"{_PREFIX}{step:08d}"
 
 
-def _atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+def _replica_file(run_dir: Path, step: int, rank: int) -> Path:
+    return _step_dir(run_dir, step) / f"replica-{rank}.pt"
+
+
+def _meta_file(run_dir: Path, step: int) -> Path:
+    return checkpoint_dir(run_dir) / f"{_PREFIX}{step:08d}.json"
 
 
 def save_replica(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> None:
     """Write one replica's state for ``step`` (call on every replica, then barrier, then :func:`commit`)."""
-    _atomic_write(_step_dir(run_dir, step) / f"replica-{rank}.pt", lambda f: torch.save(state, f))
+    atomic_write_with(_replica_file(run_dir, step, rank), lambda f: torch.save(state, f))
 
 
-def commit(run_dir: Path, step: int, meta: dict[str, Any]) -> None:
-    """Replica 0, after every replica saved ``step``: make it the latest and drop older ones."""
-    root = Path(run_dir) / _DIR
-    body = json.dumps({"step": step, **meta}, indent=2).encode()
-    _atomic_write(root / "latest.json", lambda f: f.write(body))
-    keep = _step_dir(run_dir, step).name
-    for d in root.glob("step-*"):
-        if d.name != keep:
-            shutil.rmtree(d, ignore_errors=True)
+def _digest(path: Path) -> dict[str, Any]:
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            h.update(chunk)
+            size += len(chunk)
+    return {"bytes": size, "sha256": h.hexdigest()}
+
+
+def commit(run_dir: Path, step: int, meta: dict[str, Any], *, keep: int = 2) -> None:
+    """Replica 0, after every replica saved ``step``: record the files' digests, make ``step`` the latest,
+    and keep only the last ``keep`` steps."""
+    if keep < 1:
+        raise ValueError(f"keep={keep}: keep at least the checkpoint just written")
+    n = int(meta.get("num_replicas", 1))
+    files = {f"replica-{r}.pt": _digest(_replica_file(run_dir, step, r)) for r in range(n)}
+    body = {"step": step, **meta, "files": files}
+    write_json(_meta_file(run_dir, step), body)
+    write_json(checkpoint_dir(run_dir) / "latest.json", body)
+    for old in saved_steps(run_dir)[:-keep]:
+        if old < step:
+            _meta_file(run_dir, old).unlink(missing_ok=True)  # first: a step without its record is not resumable
+            shutil.rmtree(_step_dir(run_dir, old), ignore_errors=True)
+
+
+def verify_replica(run_dir: Path, rank: int, step: int, meta: dict[str, Any]) -> None:
+    """Check one replica's file against the size and SHA-256 in ``meta`` (or, without a record, load it)."""
+    path = _replica_file(run_dir, step, rank)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} is missing (was the run written with fewer replicas?)")
+    want = meta.get("files", {}).get(path.name)
+    if want is None:  # written before digests were recorded
+        load_replica(run_dir, rank, step)
+        return
+    got = _digest(path)
+    if got != want:
+        raise CheckpointError(f"checkpoint {path} is damaged ({got['bytes']} bytes whose SHA-256 differs from "
+                              f"the {want['bytes']} bytes written)")
+
+
+def saved_steps(run_dir: Path) -> list[int]:
+    """Steps that have a checkpoint folder, oldest first (complete or not)."""
+    root = checkpoint_dir(run_dir)
+    steps = []
+    for d in root.glob(f"{_PREFIX}*") if root.is_dir() else ():
+        if not d.is_dir():
+            continue
+        try:
+            steps.append(int(d.name[len(_PREFIX):]))
+        except ValueError:
+            continue
+    return sorted(steps)
 
 
 def latest_meta(run_dir: Path) -> dict[str, Any]:
-    path = Path(run_dir) / _DIR / "latest.json"
+    """The metadata ``latest.json`` names (the newest committed checkpoint, not checked for damage)."""
+    path = checkpoint_dir(run_dir) / "latest.json"
     if not path.exists():
-        raise ValueError(f"no checkpoint in {run_dir} ({path} missing): nothing to resume; "
-                         f"run without --resume to start afresh")
+        raise CheckpointError(f"no checkpoint in {run_dir} ({path} missing): nothing to resume; "
+                              f"run without --resume to start afresh")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is corrupt ({exc}); delete {Path(run_dir) / _DIR} to start afresh") from None
+        return read_json(path)
+    except ValueError as exc:
+        raise CheckpointError(f"{exc}; resume falls back to the newest readable step "
+                              f"(see {checkpoint_dir(run_dir)})") from None
 
 
 def load_replica(run_dir: Path, rank: int, step: int | None = None) -> dict[str, Any]:
+    """One replica's state at ``step`` (default: the latest)."""
     step = latest_meta(run_dir)["step"] if step is None else step
-    path = _step_dir(run_dir, step) / f"replica-{rank}.pt"
+    path = _replica_file(run_dir, step, rank)
     if not path.exists():
-        raise ValueError(f"checkpoint {path} is missing (a run with more replicas?); delete "
-                         f"{Path(run_dir) / _DIR} to start afresh")
+        raise CheckpointError(f"checkpoint {path} is missing (was the run written with fewer replicas?)")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a bad file
-        raise ValueError(f"checkpoint {path} is unreadable or corrupt ({exc}); delete it to start afresh") from exc
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a damaged file
+        # Not `from exc`: torch's message advises weights_only=False, i.e. running code from a bad file.
+        raise CheckpointError(f"checkpoint {path} is damaged or not a checkpoint ({_reason(exc)})") from None
 
 
 def load_latest(run_dir: Path) -> dict[str, Any]:
@@ -88,3 +146,81 @@ def load_latest(run_dir: Path) -> dict[str, Any]:
     meta = latest_meta(run_dir)
     n = int(meta.get("num_replicas", 1))
     return {**meta, "replicas": [load_replica(run_dir, r, meta["step"]) for r in range(n)]}
+
+
+@dataclass(frozen=True)
+class Resumable:
+    """The checkpoint a resume starts from, and the newer ones skipped because they are damaged."""
+
+    meta: dict[str, Any]
+    skipped: tuple[str, ...]  # one line per skipped step: which file and why
+
+    @property
+    def step(self) -> int:
+        return int(self.meta["step"])
+
+
+def find_resumable(run_dir: Path) -> Resumable:
+    """The newest committed step whose meta and every replica file load, newest first.
+
+    Each replica file is checked against the size and SHA-256 recorded when it was written.
+    Raises :class:`CheckpointError` naming every damaged step when none is usable.
+    """
+    root = checkpoint_dir(run_dir)
+    latest = root / "latest.json"
+    if not root.is_dir() or not (latest.exists() or saved_steps(run_dir)):
+        raise CheckpointError(f"no checkpoint in {run_dir} ({latest} missing): nothing to resume; "
+                              f"run without --resume to start afresh")
+    committed = _committed_step(run_dir)
+    skipped: list[str] = []
+    for step in reversed(saved_steps(run_dir)):
+        if committed is not None and step > committed:
+            continue  # written after the last commit: an interrupted checkpoint, not a damaged one
+        try:
+            meta = _step_meta(run_dir, step)
+            for rank in range(int(meta.get("num_replicas", 1))):
+                verify_replica(run_dir, rank, step, meta)
+        except (CheckpointError, ValueError, KeyError, TypeError) as exc:
+            skipped.append(f"step {step}: {exc}")
+            continue
+        return Resumable(meta, tuple(skipped))
+    raise CheckpointError(
+        f"no readable checkpoint in {root}:\n  " + "\n  ".join(skipped or ["(no complete step)"])
+        + f"\nnothing can be resumed: start afresh with --overwrite (deletes this run's results) "
+          f"or train into another --out")
+
+
+def _committed_step(run_dir: Path) -> int | None:
+    try:
+        return int(latest_meta(run_dir)["step"])
+    except (CheckpointError, KeyError, TypeError, ValueError):
+        return None  # latest.json damaged: every step folder is a candidate
+
+
+def _step_meta(run_dir: Path, step: int) -> dict[str, Any]:
+    path = _meta_file(run_dir, step)
+    if path.exists():
+        meta = read_json(path)
+    else:  # written before per-step records existed: only the latest step has its metadata
+        latest = latest_meta(run_dir)
+        if int(latest["step"]) != step:
+            raise CheckpointError(f"{path} is missing (the step was not committed)")
+        meta = latest
+    if not isinstance(meta, dict) or int(meta.get("step", -1)) != step:
+        raise CheckpointError(f"{path} does not describe step {step}")
+    return meta
+
+
+def _reason(exc: BaseException) -> str:
+    """Why torch.load failed, without its advice to retry with weights_only=False (that runs code)."""
+    text = str(exc)
+    if "weights_only" in text or "Weights only" in text:
+        return "it holds objects other than tensors and plain containers; it is not loaded, as that could run code"
+    lines = text.strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
+
+
+__all__ = [
+    "CheckpointError", "Resumable", "checkpoint_dir", "commit", "find_resumable", "latest_meta",
+    "load_latest", "load_replica", "save_replica", "saved_steps", "verify_replica",
+]

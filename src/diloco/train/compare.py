@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from diloco.files import atomic_write_bytes, read_jsonl, write_json
 from diloco.train.config import TrainConfig
-from diloco.train.metrics import read_jsonl
-from diloco.train.trainer import train
+from diloco.train.trainer import RunResult, Trainer
 
 
 def run_compare(
@@ -21,21 +20,35 @@ def run_compare(
     device: str = "cpu",
     reuse: bool = True,
 ) -> list[dict[str, Any]]:
-    """Train each named config into ``out_dir/<name>``; a finished run with the same config is reused."""
+    """Train each named config into ``out_dir/<name>``.
+
+    Every method's settings and run directory are checked before any trains: a finished run
+    with the same config is reused (unless ``reuse`` is False), an interrupted one is resumed,
+    and a directory holding a run of another config is an error naming the keys that differ.
+    ``reuse=False`` retrains every method, replacing its run directory.
+    """
+    trainers = {name: Trainer(cfg, Path(out_dir) / name, cache_dir=cache_dir, progress=progress, device=device)
+                for name, cfg in configs.items()}
+    plans, errors = {}, []
+    for name, trainer in trainers.items():
+        try:
+            plans[name] = trainer.plan(reuse=reuse, overwrite=not reuse)
+        except ValueError as exc:
+            errors.append(f"{name}: {exc}")
+    if errors:
+        raise ValueError("nothing was trained:\n" + "\n".join(errors))
     rows = []
-    for name, cfg in configs.items():
-        run_dir = Path(out_dir) / name
-        summary = run_dir / "summary.json"
-        cfg_file = run_dir / "config.json"
-        if reuse and summary.exists() and cfg_file.exists() and json.loads(cfg_file.read_text()) == cfg.to_dict():
-            result = json.loads(summary.read_text())
+    for name, trainer in trainers.items():
+        plan = plans[name]
+        if plan.action == "finished":
+            result = RunResult.from_dict(plan.summary).to_dict()
             result["reused"] = True
         else:
             if progress:
-                print(f"== {name}: {describe(cfg)}", flush=True)
-            result = train(cfg, run_dir, cache_dir=cache_dir, progress=progress, device=device).to_dict()
+                print(f"== {name}: {describe(trainer.cfg)}", flush=True)
+            result = trainer.run(reuse=reuse, overwrite=not reuse).to_dict()
             result["reused"] = False
-        rows.append({"name": name, "config": cfg.to_dict(), **result})
+        rows.append({"name": name, "config": trainer.cfg.to_dict(), **result})
     add_relative_columns(rows)
     write_outputs(rows, Path(out_dir))
     return rows
@@ -58,7 +71,8 @@ def add_relative_columns(rows: list[dict[str, Any]]) -> None:
         if dp is None:
             r["loss_vs_dp_pct"] = r["bytes_fewer_than_dp"] = None
             continue
-        r["loss_vs_dp_pct"] = 100.0 * (r["final_eval_loss"] / dp["final_eval_loss"] - 1.0)
+        losses = (r["final_eval_loss"], dp["final_eval_loss"])
+        r["loss_vs_dp_pct"] = None if None in losses else 100.0 * (losses[0] / losses[1] - 1.0)
         sent = r["bytes_sent_per_replica"]
         r["bytes_fewer_than_dp"] = (dp["bytes_sent_per_replica"] / sent) if sent else None
 
@@ -80,7 +94,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
         pct = r.get("loss_vs_dp_pct")
         fewer = r.get("bytes_fewer_than_dp")
         lines.append([
-            r["name"], f"{r['final_eval_loss']:.4f}",
+            r["name"], "-" if r["final_eval_loss"] is None else f"{r['final_eval_loss']:.4f}",
             "-" if pct is None else f"{pct:+.2f}%",
             _human(r["bytes_sent_per_replica"]),
             "-" if fewer is None else (f"{fewer:.0f}x" if fewer >= 10 else f"{fewer:.2f}x"),
@@ -96,8 +110,8 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 
 def write_outputs(rows: list[dict[str, Any]], out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
-    (out_dir / "compare.txt").write_text(format_table(rows) + "\n")
+    write_json(out_dir / "compare.json", rows)
+    atomic_write_bytes(out_dir / "compare.txt", (format_table(rows) + "\n").encode("utf-8"))
     plot_compare(rows, out_dir)
 
 
@@ -136,6 +150,8 @@ def draw_loss_vs_bytes(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     """
     for i, r in enumerate(rows):
         color, loss = f"C{i % 10}", r["final_eval_loss"]
+        if loss is None:  # diverged: no point to draw
+            continue
         if r["bytes_sent_per_replica"] > 0:
             ax.scatter([r["bytes_sent_per_replica"]], [loss], s=50, color=color)
             ax.annotate(r["name"], (r["bytes_sent_per_replica"], loss), textcoords="offset points", xytext=(5, 5))

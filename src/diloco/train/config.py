@@ -14,7 +14,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-METHODS = ("dp", "diloco", "streaming")
+from diloco.methods import FRAGMENT_PATTERNS, METHODS, schedule_errors
+
+#: ``checkpoint_every = -1`` (the default): at the first outer-sync boundary after every this many steps.
+AUTO_CHECKPOINT_STEPS = 100
 
 
 @dataclass(frozen=True)
@@ -55,10 +58,11 @@ class TrainConfig:
     # evaluation, checkpoints, runtime
     eval_every: int = 100
     eval_batches: int = 16
-    checkpoint_every: int = 0  # 0: only at the end
+    checkpoint_every: int = -1  # steps; -1 = auto (see checkpoint_interval), 0 = only at the end
+    keep_checkpoints: int = 2  # K: the last K checkpoints are kept (an unreadable latest falls back)
     seed: int = 0
     bf16: bool = False
-    threads: int = 0  # torch intra-op threads per replica; 0 = cores // replicas
+    threads: int = 0  # torch intra-op threads per replica; 0 = auto (diloco.train.threads.default_threads)
     val_fraction: float = 0.02
     tensorboard: bool = False
 
@@ -69,7 +73,17 @@ class TrainConfig:
             if not ok:
                 errors.append(msg)
 
+        from diloco.algorithm.codecs import CODEC_NAMES  # torch: imported only when a config is built
+        from diloco.models.sizes import SIZES, get_size
+
         need(self.method in METHODS, f"method={self.method!r}: choose one of {', '.join(METHODS)}")
+        try:
+            blocks = get_size(self.size).n_layers
+        except ValueError:
+            blocks = None
+            errors.append(f"size={self.size!r}: choose one of {', '.join(SIZES)}")
+        need(self.codec in CODEC_NAMES, f"codec={self.codec!r}: choose one of {', '.join(CODEC_NAMES)}")
+        need(self.dp_codec in CODEC_NAMES, f"dp_codec={self.dp_codec!r}: choose one of {', '.join(CODEC_NAMES)}")
         need(self.replicas >= 1, f"replicas={self.replicas}: need at least 1")
         need(self.ranks_per_worker >= 1, f"ranks_per_worker={self.ranks_per_worker}: need at least 1")
         ranks = self.replicas * max(1, self.ranks_per_worker)
@@ -79,25 +93,30 @@ class TrainConfig:
              f"split evenly over its ranks)")
         need((self.steps > 0) != (self.tokens > 0),
              f"set exactly one of steps={self.steps} or tokens={self.tokens} to a positive value")
-        need(self.sync_every >= 1, f"sync_every={self.sync_every}: need H >= 1")
-        need(0 <= self.overlap_steps < self.sync_every,
-             f"overlap_steps={self.overlap_steps}: need 0 <= tau < sync_every={self.sync_every}")
-        need(1 <= self.num_fragments <= self.sync_every,
-             f"num_fragments={self.num_fragments}: need 1 <= P <= sync_every={self.sync_every}")
+        errors += schedule_errors(self.sync_every, self.num_fragments, self.overlap_steps)
+        if blocks is not None and self.num_fragments >= 2:
+            need(self.num_fragments - 1 <= blocks,
+                 f"num_fragments={self.num_fragments} needs {self.num_fragments - 1} block fragments but "
+                 f"size={self.size!r} has {blocks} blocks (fragment 0 holds the non-block parameters); "
+                 f"use num_fragments <= {blocks + 1} or a deeper size")
         if self.method == "diloco":
             need(self.num_fragments == 1 and self.overlap_steps == 0,
                  f"method='diloco' is P=1, tau=0 (got num_fragments={self.num_fragments}, "
                  f"overlap_steps={self.overlap_steps}): use method='streaming' for fragments or overlap")
         need(0.0 <= self.merge_alpha <= 1.0, f"merge_alpha={self.merge_alpha}: need 0 <= alpha <= 1")
-        need(self.fragment_pattern in ("strided", "sequential"),
-             f"fragment_pattern={self.fragment_pattern!r}: choose 'strided' or 'sequential'")
+        need(self.fragment_pattern in FRAGMENT_PATTERNS,
+             f"fragment_pattern={self.fragment_pattern!r}: choose one of {', '.join(FRAGMENT_PATTERNS)}")
         need(self.inner_lr > 0, f"inner_lr={self.inner_lr}: must be > 0")
         need(self.outer_lr > 0, f"outer_lr={self.outer_lr}: must be > 0")
         need(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio={self.min_lr_ratio}: need 0..1")
         need(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps}: must be >= 0")
         need(self.eval_every >= 1 and self.eval_batches >= 1,
              f"eval_every={self.eval_every}, eval_batches={self.eval_batches}: both must be >= 1")
-        need(self.checkpoint_every >= 0, f"checkpoint_every={self.checkpoint_every}: must be >= 0 (0 = end only)")
+        need(self.checkpoint_every >= -1,
+             f"checkpoint_every={self.checkpoint_every}: steps between checkpoints, 0 = only at the end, "
+             f"-1 = auto (every {AUTO_CHECKPOINT_STEPS} steps, rounded up to an outer-sync boundary)")
+        need(self.keep_checkpoints >= 1, f"keep_checkpoints={self.keep_checkpoints}: keep at least 1 (default 2)")
+        need(self.threads >= 0, f"threads={self.threads}: must be >= 0 (0 = auto)")
         need(self.seq_len >= 8 and self.vocab_size >= 260,
              f"seq_len={self.seq_len}, vocab_size={self.vocab_size}: need seq_len >= 8 and vocab_size >= 260 "
              f"(a byte-level tokenizer needs 256 byte tokens + specials)")
@@ -113,6 +132,20 @@ class TrainConfig:
     @property
     def total_steps(self) -> int:
         return self.steps if self.steps > 0 else max(1, self.tokens // self.tokens_per_step)
+
+    @property
+    def checkpoint_interval(self) -> int:
+        """Steps between checkpoints (0: only at the end).
+
+        ``checkpoint_every = -1`` (auto): every :data:`AUTO_CHECKPOINT_STEPS` steps for data-parallel;
+        for DiLoCo and streaming the first multiple of ``sync_every`` at or above it, so checkpoints
+        fall on outer-sync boundaries. A kill -9 then loses at most that many steps.
+        """
+        if self.checkpoint_every >= 0:
+            return self.checkpoint_every
+        if self.method == "dp":
+            return AUTO_CHECKPOINT_STEPS
+        return -(-AUTO_CHECKPOINT_STEPS // self.sync_every) * self.sync_every
 
     @property
     def batch_per_replica(self) -> int:

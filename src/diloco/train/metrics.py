@@ -1,11 +1,15 @@
-"""Metrics go through one logger interface; the JSONL sink is what every report, plot and fit reads."""
+"""Metrics go through one logger interface; the JSONL sink is what every report, plot and fit reads.
+
+Read a metrics file with :func:`diloco.files.read_jsonl` (re-exported here).
+"""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Protocol
+
+from diloco.files import atomic_write_bytes, dumps_strict, read_jsonl
 
 
 class MetricLogger(Protocol):
@@ -20,22 +24,25 @@ def _clean(value: Any) -> Any:
 
 
 class JSONLSink:
-    """Appends one JSON object per line, flushed per line so a crash loses at most the line being written."""
+    """Appends one strict-JSON object per line, flushed per line so a crash loses at most the line being written.
+
+    ``truncate_after_step`` (a resume): rows after that step are dropped first (they are trained again).
+    Otherwise an existing file is replaced: the caller has checked it may be (:mod:`diloco.train.rundir`).
+    Lines are flushed to the OS, not fsync'ed: a killed process loses nothing, and a step pays no disk sync.
+    """
 
     def __init__(self, path: Path, *, truncate_after_step: int | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if truncate_after_step is not None and self.path.exists():
             keep = [r for r in read_jsonl(self.path) if r.get("step", 0) <= truncate_after_step]
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-            tmp.replace(self.path)
+            atomic_write_bytes(self.path, "".join(dumps_strict(r, indent=None) + "\n" for r in keep).encode("utf-8"))
         elif truncate_after_step is None and self.path.exists():
             self.path.unlink()
-        self._file = self.path.open("a")
+        self._file = self.path.open("a", encoding="utf-8")
 
     def log(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        self._file.write(dumps_strict({k: _clean(v) for k, v in record.items()}, indent=None) + "\n")
         self._file.flush()
 
     def close(self) -> None:
@@ -46,11 +53,18 @@ class TensorBoardSink:
     """Optional: scalars to TensorBoard (needs the `tensorboard` package)."""
 
     def __init__(self, log_dir: Path) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as exc:  # pragma: no cover - depends on an optional package
-            raise ValueError("tensorboard=true needs the tensorboard package: pip install tensorboard") from exc
+        self.check_available()
+        from torch.utils.tensorboard import SummaryWriter
+
         self._writer = SummaryWriter(str(log_dir))
+
+    @staticmethod
+    def check_available() -> None:
+        try:
+            import torch.utils.tensorboard  # noqa: F401
+        except ImportError as exc:  # pragma: no cover - depends on an optional package
+            raise ValueError("tensorboard=true needs the tensorboard package: pip install tensorboard, "
+                             "or set tensorboard=false") from exc
 
     def log(self, record: dict[str, Any]) -> None:
         step = int(record.get("step", 0))
@@ -75,17 +89,4 @@ class MultiLogger:
             s.close()
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Read a JSONL file, tolerating a truncated last line (a crash mid-write)."""
-    out = []
-    lines = Path(path).read_text().splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                break
-            raise ValueError(f"{path}: line {i + 1} is not valid JSON") from None
-    return out
+__all__ = ["JSONLSink", "MetricLogger", "MultiLogger", "TensorBoardSink", "read_jsonl"]

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import math
-import os
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -35,13 +34,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from diloco.algorithm.base import ReplicaAlgorithm, SyncReport
 from diloco.algorithm.data_parallel import DataParallel
 from diloco.algorithm.streaming import StreamingDiLoCo
 from diloco.comm.base import CommError, Communicator
 from diloco.comm.local import run_replicas
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig
-from diloco.train.metrics import JSONLSink, MetricLogger, MultiLogger, TensorBoardSink, read_jsonl
+from diloco.files import write_json
+from diloco.train.metrics import JSONLSink, MetricLogger, MultiLogger, TensorBoardSink
+from diloco.train.rundir import RunDirPlan, clear_run, plan_run_dir
+from diloco.train.threads import default_threads
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -71,9 +74,18 @@ class RunResult:
     dropped_contributions: int
 
     def to_dict(self) -> dict[str, Any]:
+        """Strict-JSON-ready: a non-finite loss (a diverged run) becomes None."""
         d = dict(self.__dict__)
         d["out_dir"] = str(self.out_dir)
-        return d
+        return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunResult:
+        """Read back :meth:`to_dict` (e.g. a finished run's summary.json)."""
+        d = dict(data)
+        d["out_dir"] = Path(d["out_dir"])
+        d["final_eval_loss"] = float("nan") if d.get("final_eval_loss") is None else float(d["final_eval_loss"])
+        return cls(**{f: d[f] for f in cls.__dataclass_fields__})
 
 
 class _StepTable:
@@ -140,6 +152,76 @@ def _autocast(enabled: bool, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
 
 
+class TrainerCallback:
+    """Hooks into every replica's loop; the defaults do nothing. Subclass and pass ``callbacks=[...]``.
+
+    Called in every replica (thread or process), in order; an exception raised
+    here stops that replica as any training error would (tests use this to
+    simulate a crash after a given step).
+    """
+
+    def on_step_end(self, step: int, *, rank: int) -> None:
+        """After step ``step`` is complete: trained, logged, evaluated and checkpointed as due."""
+
+
+@dataclass
+class _Run:
+    """What every replica of one run shares: data, validation batches, the initial model, the clock."""
+
+    data: Any  # diloco.data.TokenData
+    val: list[tuple[torch.Tensor, torch.Tensor]]
+    template: torch.nn.Module  # built once and seeded; every replica starts from a copy
+    start_step: int
+    wall_before: float  # wall time of the run before this resume
+    t0: float  # perf_counter when this process started the run
+    threads: int | None = None  # torch intra-op threads per replica (in-process runs), kept across resumes
+
+    def wall_time(self) -> float:
+        return time.perf_counter() - self.t0 + self.wall_before
+
+
+@dataclass
+class _Replica:
+    """One replica's (or one rank of a worker's) training state."""
+
+    comm: Communicator
+    intra: Communicator | None  # the worker's R ranks (torchrun, ranks_per_worker > 1), else None
+    model: torch.nn.Module
+    eval_model: torch.nn.Module | None  # only where this replica evaluates
+    opt: torch.optim.Optimizer
+    algo: ReplicaAlgorithm
+    in_worker: DataParallel | None  # gradient average over the worker's ranks
+    sampler: Any  # diloco.data.ShardSampler
+    rows: slice  # the rows of each replica batch this rank computes
+    params: list[torch.nn.Parameter]
+    dropped: int = 0
+    train_time: float = 0.0
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def local(self) -> int:
+        """This process's rank inside its worker (0 without workers)."""
+        return 0 if self.intra is None else self.intra.rank
+
+    @property
+    def evaluates(self) -> bool:
+        return self.rank == 0 and self.local == 0
+
+
+@dataclass
+class _StepOutcome:
+    loss: float
+    lr: float
+    tokens: int
+    grad_norm: float | None
+    synced_fragments: list[int]  # outer syncs finished after this step
+    step_time: float
+    compute_time: float
+
+
 class Trainer:
     """Runs one configured training job; see the module docstring."""
 
@@ -151,18 +233,37 @@ class Trainer:
         cache_dir: Path,
         progress: bool = True,
         device: str = "cpu",
-        stop_after: int | None = None,
+        callbacks: Sequence[TrainerCallback] = (),
     ) -> None:
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.cache_dir = Path(cache_dir)
         self.progress = progress
         self.device = torch.device(device)
-        self.stop_after = stop_after  # simulate a crash after this many steps (tests)
+        self.callbacks = tuple(callbacks)
 
     # -- setup ---------------------------------------------------------------
-    def _prepare(self, resume: bool, comm: Communicator | None = None, lead: bool = True) -> dict[str, Any] | None:
-        """Data, validation batches, and (with ``resume``) the checkpoint's metadata.
+    def plan(self, *, resume: bool = False, overwrite: bool = False, reuse: bool = False) -> RunDirPlan:
+        """Check every setting and decide what to do with ``out_dir`` (see :func:`~diloco.train.rundir.plan_run_dir`).
+
+        Reads only: a mistake found here leaves the run directory exactly as it was.
+        """
+        self._validate()
+        return plan_run_dir(self.out_dir, self.cfg, resume=resume, overwrite=overwrite, reuse=reuse)
+
+    def _validate(self) -> None:
+        """What the config cannot check alone (it is validated when built): the data sources, optional packages."""
+        from diloco.data import SOURCES
+
+        cfg = self.cfg
+        unknown = [s for s in cfg.sources if s not in SOURCES]
+        if unknown or not cfg.sources:
+            raise ValueError(f"sources={list(cfg.sources)}: choose from {', '.join(sorted(SOURCES))}")
+        if cfg.tensorboard:
+            TensorBoardSink.check_available()
+
+    def _prepare(self, plan: RunDirPlan, comm: Communicator | None = None, lead: bool = True) -> _Run:
+        """Data, validation batches, the initial model; then (lead) the run directory is set up.
 
         Under torch.distributed (``comm`` given, a barrier over every process) the ``lead`` process
         builds the tokenizer and token cache first and the others then read it, instead of all of
@@ -173,26 +274,21 @@ class Trainer:
         cfg = self.cfg
         if comm is not None and not lead:
             comm.barrier()
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.data = prepare_tokens(cfg.sources, cfg.vocab_size, self.cache_dir, val_fraction=cfg.val_fraction)
+        data = prepare_tokens(cfg.sources, cfg.vocab_size, self.cache_dir, val_fraction=cfg.val_fraction)
+        if lead:  # everything is validated and the data is ready: only now is the run directory touched
+            if plan.action == "overwrite":
+                clear_run(self.out_dir)
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            write_json(self.out_dir / "config.json", cfg.to_dict())
         if comm is not None and lead:
             comm.barrier()
-        self.val = list(eval_batches(self.data.val, batch_size=cfg.global_batch, seq_len=cfg.seq_len,
-                                     max_batches=cfg.eval_batches))
-        meta = None
-        if resume:
-            meta = ckpt.latest_meta(self.out_dir)
-            saved = TrainConfig.from_dict(meta["config"])
-            if saved.with_overrides({"steps": cfg.steps, "tokens": cfg.tokens}) != cfg:
-                raise ValueError(f"--resume: the checkpoint in {self.out_dir} was written by a different config; "
-                                 f"resume with the same settings (see {self.out_dir}/config.json)")
-        if lead:
-            (self.out_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2) + "\n")
+        val = list(eval_batches(data.val, batch_size=cfg.global_batch, seq_len=cfg.seq_len,
+                                max_batches=cfg.eval_batches))
         # Built once and seeded (threads share torch's global RNG); replica 0's copy is broadcast anyway.
-        self._template = build_model(cfg, self.data.tokenizer.vocab_size)
-        self._wall_before = float(meta["wall_time_s"]) if meta else 0.0
-        self._t0 = time.perf_counter()
-        return meta
+        template = build_model(cfg, data.tokenizer.vocab_size)
+        meta = plan.meta or {}
+        return _Run(data=data, val=val, template=template, start_step=plan.start_step,
+                    wall_before=float(meta.get("wall_time_s", 0.0)), t0=time.perf_counter())
 
     def _logger(self, start_step: int, resume: bool) -> MultiLogger:
         sinks: list[MetricLogger] = [JSONLSink(self.out_dir / "metrics.jsonl",
@@ -201,29 +297,38 @@ class Trainer:
             sinks.append(TensorBoardSink(self.out_dir / "tb"))
         return MultiLogger(*sinks)
 
-    def run(self, *, resume: bool = False) -> RunResult:
-        """M replicas as M threads of this process (the in-process communicator)."""
+    def run(self, *, resume: bool = False, overwrite: bool = False, reuse: bool = False) -> RunResult:
+        """M replicas as M threads of this process (the in-process communicator).
+
+        ``resume``: continue from the newest readable checkpoint in ``out_dir``; ``overwrite``: replace
+        the run ``out_dir`` holds; ``reuse``: take a finished run of this config as it is, resume an
+        interrupted one. Without any, an ``out_dir`` holding a run is an error.
+        """
         cfg = self.cfg
         if cfg.ranks_per_worker != 1:
             raise ValueError(f"ranks_per_worker={cfg.ranks_per_worker} needs one process per rank: launch "
                              f"{cfg.replicas * cfg.ranks_per_worker} processes with torchrun, "
                              f"or set ranks_per_worker=1")
-        meta = self._prepare(resume)
-        start_step = int(meta["step"]) if meta else 0
-        logger = self._logger(start_step, resume)
-        bar = _progress_bar(self.progress, cfg.total_steps, start_step, cfg.method)
+        plan = self.plan(resume=resume, overwrite=overwrite, reuse=reuse)
+        _tell(plan.notices)
+        if plan.action == "finished":
+            return RunResult.from_dict(plan.summary)
+        run = self._prepare(plan)
+        logger = self._logger(run.start_step, plan.action == "resume")
+        bar = _progress_bar(self.progress, cfg.total_steps, run.start_step, cfg.method)
         table = _StepTable(cfg.replicas, logger, lambda row: _update_bar(bar, row))
-        torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // cfg.replicas))
+        # Chosen once per run and kept on resume: the thread count can change float reduction order.
+        run.threads = cfg.threads or int((plan.meta or {}).get("threads") or default_threads(cfg.replicas))
+        torch.set_num_threads(run.threads)
         try:
-            results = run_replicas(partial(self._replica_loop, table=table, logger=logger,
-                                           start_step=start_step), cfg.replicas)
+            results = run_replicas(partial(self._replica_loop, run=run, table=table, logger=logger), cfg.replicas)
         finally:
             logger.close()
             if bar is not None:
                 bar.close()
-        return self._finish(results[0])
+        return self._finish(run, results[0])
 
-    def run_replica(self, comm: Communicator, *, resume: bool = False,
+    def run_replica(self, comm: Communicator, *, resume: bool = False, overwrite: bool = False,
                     intra: Communicator | None = None) -> RunResult | None:
         """This process is one replica of ``comm``'s group (torchrun). Replica 0 logs and returns the result.
 
@@ -242,22 +347,27 @@ class Trainer:
                              f"{1 if intra is None else intra.world_size} ranks; launch replicas x ranks_per_worker "
                              f"= {cfg.replicas * R} processes")
         lead = comm.rank == 0 and (intra is None or intra.rank == 0)
-        meta = self._prepare(resume, comm, lead)
-        start_step = int(meta["step"]) if meta else 0
-        logger = self._logger(start_step, resume) if lead else MultiLogger()
-        bar = _progress_bar(self.progress and lead, cfg.total_steps, start_step, cfg.method)
+        plan = self.plan(resume=resume, overwrite=overwrite)  # every process decides the same, reading only
+        comm.barrier()  # ... before the lead writes anything
+        if lead:
+            _tell(plan.notices)
+        if plan.action == "finished":
+            return RunResult.from_dict(plan.summary) if lead else None
+        run = self._prepare(plan, comm, lead)
+        logger = self._logger(run.start_step, plan.action == "resume") if lead else MultiLogger()
+        bar = _progress_bar(self.progress and lead, cfg.total_steps, run.start_step, cfg.method)
         table = _StepTable(1, logger, lambda row: _update_bar(bar, row))
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         try:
-            out = self._replica_loop(comm, table=table, logger=logger, start_step=start_step, intra=intra)
+            out = self._replica_loop(comm, run=run, table=table, logger=logger, intra=intra)
         finally:
             logger.close()
             if bar is not None:
                 bar.close()
-        return self._finish(out) if lead else None
+        return self._finish(run, out) if lead else None
 
-    def _finish(self, rank0: dict[str, Any]) -> RunResult:
+    def _finish(self, run: _Run, rank0: dict[str, Any]) -> RunResult:
         cfg = self.cfg
         result = RunResult(
             out_dir=self.out_dir,
@@ -268,121 +378,160 @@ class Trainer:
             bytes_received_per_replica=rank0["stats"]["bytes_received"],
             peak_bytes_per_sync=rank0["stats"]["peak_exchange"],
             peak_bytes_in_flight=rank0["stats"]["peak_in_flight"],
-            wall_time_s=time.perf_counter() - self._t0 + self._wall_before,
+            wall_time_s=run.wall_time(),
             train_time_s=rank0["train_time_s"],
             num_params=rank0["num_params"],
             dropped_contributions=rank0["dropped"],
         )
-        (self.out_dir / "summary.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        write_json(self.out_dir / "summary.json", result.to_dict())
         return result
 
     # -- one replica ---------------------------------------------------------
-    def _replica_loop(self, comm: Communicator, *, table: _StepTable, logger: MetricLogger,
-                      start_step: int, intra: Communicator | None = None) -> dict[str, Any]:
+    def _replica_loop(self, comm: Communicator, *, run: _Run, table: _StepTable, logger: MetricLogger,
+                      intra: Communicator | None = None) -> dict[str, Any]:
+        """Every replica (thread or process) runs this: build, restore, then train step by step."""
+        cfg = self.cfg
+        rep = self._build_replica(comm, intra, run)
+        if run.start_step > 0:
+            self._restore(rep, run.start_step)
+        final_eval = float("nan")
+        if rep.evaluates and run.start_step == cfg.total_steps:  # resumed at the end, before the summary
+            rep.eval_model.load_state_dict(rep.algo.global_state_dict())
+            final_eval = evaluate(rep.eval_model, run.val, cfg.bf16)
+        step = run.start_step
+        try:
+            for step in range(run.start_step + 1, cfg.total_steps + 1):
+                out = self._train_step(rep, step)
+                table.add(rep.rank, step, self._step_record(rep, step, out))
+                if rep.evaluates and (step % cfg.eval_every == 0 or step == cfg.total_steps):
+                    final_eval = self._evaluate(rep, run, step, logger)
+                if (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0) or step == cfg.total_steps:
+                    self._checkpoint(rep, run, step)
+                for callback in self.callbacks:
+                    callback.on_step_end(step, rank=rep.rank)
+        except CommError as exc:
+            where = f"replica {rep.rank}" if intra is None else \
+                f"replica {rep.rank} (rank {rep.local} of its {intra.world_size})"
+            raise CommError(f"{where} at step {step}: {exc}") from exc
+        return {"final_eval_loss": final_eval, "stats": comm.stats.totals(), "train_time_s": rep.train_time,
+                "num_params": sum(p.numel() for p in rep.params), "dropped": rep.dropped}
+
+    def _build_replica(self, comm: Communicator, intra: Communicator | None, run: _Run) -> _Replica:
+        """This replica's model, inner optimizer, algorithm and data sampler (the algorithm equalises inits)."""
         from diloco.data import ShardSampler
 
-        cfg, rank, dev = self.cfg, comm.rank, self.device
-        local = 0 if intra is None else intra.rank  # this process's rank inside its worker
-        evaluates = rank == 0 and local == 0
-        model = copy.deepcopy(self._template).to(dev)
-        eval_model = copy.deepcopy(model) if evaluates else None
+        cfg, dev = self.cfg, self.device
+        local = 0 if intra is None else intra.rank
+        model = copy.deepcopy(run.template).to(dev)
+        eval_model = copy.deepcopy(model) if comm.rank == 0 and local == 0 else None
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2),
                                 weight_decay=cfg.weight_decay)
-        algo: DataParallel | StreamingDiLoCo
-        if cfg.method == "dp":
-            algo = DataParallel(model, comm=comm, codec=cfg.dp_codec)
-        else:
-            algo = StreamingDiLoCo(
-                model, opt, comm=comm, sync_every=cfg.sync_every, num_fragments=cfg.num_fragments,
-                fragment_pattern=cfg.fragment_pattern, overlap_steps=cfg.overlap_steps,
-                merge_alpha=cfg.merge_alpha, codec=cfg.codec,
-                outer_optimizer=partial(torch.optim.SGD, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
-                                        nesterov=cfg.outer_nesterov and cfg.outer_momentum > 0),
-            )
+        algo = self._algorithm(model, comm)
         # Inside a worker of R ranks: gradients averaged every step (fp32, exact up to the summation order).
         in_worker = DataParallel(model, comm=intra, codec="fp32") if intra is not None else None
         # The replica's sampler on every rank of the worker; rank `local` computes `rows` of each batch.
-        sampler = ShardSampler(self.data.train, rank=rank, world_size=cfg.replicas,
+        sampler = ShardSampler(run.data.train, rank=comm.rank, world_size=cfg.replicas,
                                batch_size=cfg.batch_per_replica, seq_len=cfg.seq_len, seed=cfg.seed)
         rows = slice(local * cfg.batch_per_rank, (local + 1) * cfg.batch_per_rank)
-        dropped, train_time = 0, 0.0
-        if start_step > 0:
-            mine = ckpt.load_replica(self.out_dir, rank, start_step)
-            model.load_state_dict(mine["model"])
-            opt.load_state_dict(mine["optimizer"])
-            algo.load_state_dict(mine["algorithm"])
-            sampler.load_state_dict(mine["sampler"])
-            dropped, train_time = int(mine["dropped"]), float(mine["train_time_s"])
         params = [p for p in model.parameters() if p.requires_grad]
-        num_params = sum(p.numel() for p in params)
-        final_eval = float("nan")
-        step = start_step
-        try:
-            for step in range(start_step + 1, self.cfg.total_steps + 1):
-                if self.stop_after is not None and step > self.stop_after:
-                    raise _SimulatedCrash(f"stopped after step {self.stop_after}")
-                t_start = time.perf_counter()
-                lr = lr_at(step, cfg)
-                for group in opt.param_groups:
-                    group["lr"] = lr
-                x, y = sampler.next_batch()
-                tokens = x.numel()  # the replica's
-                x, y = x[rows].to(dev, non_blocking=True), y[rows].to(dev, non_blocking=True)
-                with _autocast(cfg.bf16, dev):
-                    _, loss = model(x, y)
-                loss.backward()
-                compute = time.perf_counter() - t_start
-                if in_worker is not None:  # communication, not compute: outside `compute`
-                    dropped += len(in_worker.sync_gradients().dropped_replicas)
-                if isinstance(algo, DataParallel):
-                    report = algo.sync_gradients()
-                    dropped += len(report.dropped_replicas)
-                t1 = time.perf_counter()
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip) if cfg.grad_clip > 0 else None
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                compute += time.perf_counter() - t1
-                reports = algo.step()
-                last = step == cfg.total_steps
-                if last and isinstance(algo, StreamingDiLoCo):
-                    reports += algo.flush()
-                dropped += sum(len(r.dropped_replicas) for r in reports)
-                step_time = time.perf_counter() - t_start
-                train_time += step_time
-                stats = comm.stats
-                table.add(rank, step, {
-                    "step": step, "loss": loss.item(), "lr": lr, "tokens": tokens,
-                    "grad_norm": None if grad_norm is None else float(grad_norm),
-                    "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received,
-                    "peak_in_flight": stats.peak_in_flight, "peak_bytes_per_sync": stats.peak_exchange,
-                    "synced_fragments": [r.fragment for r in reports], "dropped": dropped,
-                    "step_time_s": step_time, "compute_time_s": compute,
-                })
-                if evaluates and (step % cfg.eval_every == 0 or last):
-                    eval_model.load_state_dict(algo.global_state_dict())
-                    final_eval = evaluate(eval_model, self.val, cfg.bf16)
-                    logger.log({"step": step, "eval_loss": final_eval, "tokens_seen": step * cfg.tokens_per_step})
-                if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or last:
-                    if local == 0:  # a worker's ranks hold one state: its first rank writes it
-                        ckpt.save_replica(self.out_dir, step, rank, {
-                            "model": model.state_dict(), "optimizer": opt.state_dict(),
-                            "algorithm": algo.state_dict(), "sampler": sampler.state_dict(), "dropped": dropped,
-                            "train_time_s": train_time,
-                        })
-                    comm.barrier()  # every replica's file is on disk before the step becomes "latest"
-                    if evaluates:
-                        ckpt.commit(self.out_dir, step, {
-                            "config": cfg.to_dict(), "num_replicas": cfg.replicas,
-                            "wall_time_s": time.perf_counter() - self._t0 + self._wall_before})
-        except CommError as exc:
-            where = f"replica {rank}" if intra is None else f"replica {rank} (rank {local} of its {intra.world_size})"
-            raise CommError(f"{where} at step {step}: {exc}") from exc
-        return {"final_eval_loss": final_eval, "stats": comm.stats.totals(), "train_time_s": train_time,
-                "num_params": num_params, "dropped": dropped}
+        return _Replica(comm=comm, intra=intra, model=model, eval_model=eval_model, opt=opt, algo=algo,
+                        in_worker=in_worker, sampler=sampler, rows=rows, params=params)
+
+    def _algorithm(self, model: torch.nn.Module, comm: Communicator) -> ReplicaAlgorithm:
+        cfg = self.cfg
+        if cfg.method == "dp":
+            return DataParallel(model, comm=comm, codec=cfg.dp_codec)
+        return StreamingDiLoCo(
+            model, comm=comm, sync_every=cfg.sync_every, num_fragments=cfg.num_fragments,
+            fragment_pattern=cfg.fragment_pattern, overlap_steps=cfg.overlap_steps,
+            merge_alpha=cfg.merge_alpha, codec=cfg.codec,
+            outer_optimizer=partial(torch.optim.SGD, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
+                                    nesterov=cfg.outer_nesterov and cfg.outer_momentum > 0),
+        )
+
+    def _restore(self, rep: _Replica, step: int) -> None:
+        mine = ckpt.load_replica(self.out_dir, rep.rank, step)
+        rep.model.load_state_dict(mine["model"])
+        rep.opt.load_state_dict(mine["optimizer"])
+        rep.algo.load_state_dict(mine["algorithm"])
+        rep.sampler.load_state_dict(mine["sampler"])
+        rep.dropped, rep.train_time = int(mine["dropped"]), float(mine["train_time_s"])
+
+    def _train_step(self, rep: _Replica, step: int) -> _StepOutcome:
+        """One inner step: batch, forward/backward, gradient syncs, optimizer step, then the algorithm's syncs."""
+        cfg, dev = self.cfg, self.device
+        t_start = time.perf_counter()
+        lr = lr_at(step, cfg)
+        for group in rep.opt.param_groups:
+            group["lr"] = lr
+        x, y = rep.sampler.next_batch()
+        tokens = x.numel()  # the replica's
+        x, y = x[rep.rows].to(dev, non_blocking=True), y[rep.rows].to(dev, non_blocking=True)
+        with _autocast(cfg.bf16, dev):
+            _, loss = rep.model(x, y)
+        loss.backward()
+        compute = time.perf_counter() - t_start
+        if rep.in_worker is not None:  # communication, not compute: outside `compute`
+            rep.dropped += _dropped(rep.in_worker.before_optimizer_step())
+        rep.dropped += _dropped(rep.algo.before_optimizer_step())
+        t1 = time.perf_counter()
+        grad_norm = torch.nn.utils.clip_grad_norm_(rep.params, cfg.grad_clip) if cfg.grad_clip > 0 else None
+        rep.opt.step()
+        rep.opt.zero_grad(set_to_none=True)
+        compute += time.perf_counter() - t1
+        reports = rep.algo.after_optimizer_step()
+        if step == cfg.total_steps:
+            reports += rep.algo.flush()
+        rep.dropped += _dropped(reports)
+        step_time = time.perf_counter() - t_start
+        rep.train_time += step_time
+        return _StepOutcome(loss=loss.item(), lr=lr, tokens=tokens,
+                            grad_norm=None if grad_norm is None else float(grad_norm),
+                            synced_fragments=[r.fragment for r in reports], step_time=step_time,
+                            compute_time=compute)
+
+    @staticmethod
+    def _step_record(rep: _Replica, step: int, out: _StepOutcome) -> dict[str, Any]:
+        stats = rep.comm.stats
+        return {
+            "step": step, "loss": out.loss, "lr": out.lr, "tokens": out.tokens, "grad_norm": out.grad_norm,
+            "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received,
+            "peak_in_flight": stats.peak_in_flight, "peak_bytes_per_sync": stats.peak_exchange,
+            "synced_fragments": out.synced_fragments, "dropped": rep.dropped,
+            "step_time_s": out.step_time, "compute_time_s": out.compute_time,
+        }
+
+    def _evaluate(self, rep: _Replica, run: _Run, step: int, logger: MetricLogger) -> float:
+        """Eval loss of the global parameters (replica 0 only); logged as an eval row."""
+        assert rep.eval_model is not None
+        rep.eval_model.load_state_dict(rep.algo.global_state_dict())
+        loss = evaluate(rep.eval_model, run.val, self.cfg.bf16)
+        logger.log({"step": step, "eval_loss": loss, "tokens_seen": step * self.cfg.tokens_per_step})
+        return loss
+
+    def _checkpoint(self, rep: _Replica, run: _Run, step: int) -> None:
+        """Every replica writes its file; after a barrier replica 0 makes ``step`` the latest."""
+        if rep.local == 0:  # a worker's ranks hold one state: its first rank writes it
+            ckpt.save_replica(self.out_dir, step, rep.rank, {
+                "model": rep.model.state_dict(), "optimizer": rep.opt.state_dict(),
+                "algorithm": rep.algo.state_dict(), "sampler": rep.sampler.state_dict(), "dropped": rep.dropped,
+                "train_time_s": rep.train_time,
+            })
+        rep.comm.barrier()  # every replica's file is on disk before the step becomes "latest"
+        if rep.evaluates:
+            ckpt.commit(self.out_dir, step, {"config": self.cfg.to_dict(), "num_replicas": self.cfg.replicas,
+                                             "wall_time_s": run.wall_time(), "threads": run.threads},
+                        keep=self.cfg.keep_checkpoints)
 
 
-class _SimulatedCrash(RuntimeError):
-    pass
+def _tell(notices: Sequence[str]) -> None:
+    """What the user must know about their run directory (a skipped checkpoint, a finished run)."""
+    for line in notices:
+        print(f"diloco: {line}", file=sys.stderr, flush=True)
+
+
+def _dropped(reports: list[SyncReport]) -> int:
+    return sum(len(r.dropped_replicas) for r in reports)
 
 
 def _progress_bar(enabled: bool, total: int, initial: int, desc: str):
@@ -399,11 +548,9 @@ def _update_bar(bar, row: dict) -> None:
         bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s'] or 0:.0f}", refresh=False)
 
 
-def train(cfg: TrainConfig, out_dir: Path, *, cache_dir: Path, resume: bool = False,
-          progress: bool = True, device: str = "cpu") -> RunResult:
-    """Train one configuration; see :class:`Trainer`."""
-    return Trainer(cfg, out_dir, cache_dir=cache_dir, progress=progress, device=device).run(resume=resume)
+def train(cfg: TrainConfig, out_dir: Path, *, cache_dir: Path, resume: bool = False, overwrite: bool = False,
+          reuse: bool = False, progress: bool = True, device: str = "cpu") -> RunResult:
+    """Train one configuration; see :class:`Trainer` and :meth:`Trainer.run`."""
+    return Trainer(cfg, out_dir, cache_dir=cache_dir, progress=progress, device=device).run(
+        resume=resume, overwrite=overwrite, reuse=reuse)
 
-
-def load_metrics(out_dir: Path) -> list[dict[str, Any]]:
-    return read_jsonl(Path(out_dir) / "metrics.jsonl")

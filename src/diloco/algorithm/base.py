@@ -1,0 +1,82 @@
+"""The interface every replica algorithm offers a training loop: data-parallel and (Streaming) DiLoCo alike.
+
+A loop written against :class:`ReplicaAlgorithm` needs no ``isinstance``::
+
+    loss.backward()
+    reports = algo.before_optimizer_step()   # data-parallel: the gradients are averaged here
+    inner.step(); inner.zero_grad()
+    reports += algo.after_optimizer_step()   # DiLoCo: the syncs the schedule says start / finish here
+    ...
+    reports += algo.flush()                  # at the end: finish every exchange still in flight
+    evaluate(algo.global_state_dict())       # the global (outer) parameters
+
+Every hook returns the :class:`SyncReport` of each exchange it finished.
+``state_dict`` / ``load_state_dict`` hold what the algorithm adds to the model
+and inner optimizer (global copy, outer optimizer, counters, in-flight payloads).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from diloco.comm.base import Communicator
+
+
+@dataclass
+class SyncReport:
+    """What one finished sync did."""
+
+    step: int
+    fragment: int
+    started_at: int
+    numel: int
+    bytes_sent: int
+    bytes_received: int
+    dropped_replicas: list[int] = field(default_factory=list)
+    skipped: bool = False  # every replica's contribution was non-finite: global left unchanged
+
+
+def broadcast_parameters(model: nn.Module, comm: Communicator, src: int = 0) -> None:
+    """Make every replica start from replica ``src``'s parameters and buffers."""
+    tensors = [p.data for p in model.parameters()] + [b for b in model.buffers()]
+    comm.broadcast_(tensors, src=src)
+
+
+class ReplicaAlgorithm(abc.ABC):
+    """One replica's side of a distributed training method (see the module docstring)."""
+
+    def before_optimizer_step(self) -> list[SyncReport]:
+        """Between ``backward`` and the inner optimizer step (default: nothing)."""
+        return []
+
+    def after_optimizer_step(self) -> list[SyncReport]:
+        """After every inner optimizer step (default: nothing)."""
+        return []
+
+    def step(self) -> list[SyncReport]:
+        """Short for :meth:`after_optimizer_step`."""
+        return self.after_optimizer_step()
+
+    def flush(self) -> list[SyncReport]:
+        """Finish every exchange still in flight (default: there are none)."""
+        return []
+
+    @abc.abstractmethod
+    def global_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's state dict with the global (outer) parameter values: what to evaluate."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs beyond the model and inner optimizer."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (every replica loads the same step)."""
+
+
+__all__ = ["ReplicaAlgorithm", "SyncReport", "broadcast_parameters"]

@@ -1,0 +1,157 @@
+"""What a run directory holds, and what a training command may do to it: decided before anything is written.
+
+A run directory (``--out``) holds one run: ``config.json``, ``metrics.jsonl``,
+``summary.json``, ``checkpoints/`` and optionally ``tb/``. :func:`plan_run_dir`
+only reads it and says what to do:
+
+* empty or absent: start a new run;
+* ``--resume``: continue from the newest readable checkpoint, if the saved
+  config matches (``steps`` / ``tokens`` may grow); a run that already reached
+  its last step is *finished* and nothing is written;
+* another run (any config) without ``--resume``: an error naming the keys that
+  differ, unless ``--overwrite`` says to replace it.
+
+So a typo on the command line can never truncate, overwrite or delete results.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from diloco.files import read_json
+from diloco.train import checkpoint as ckpt
+from diloco.train.config import TrainConfig
+
+#: What a run writes into its directory; ``--overwrite`` deletes exactly these.
+RUN_FILES: tuple[str, ...] = ("config.json", "metrics.jsonl", "summary.json", "checkpoints", "tb")
+
+#: Settings a resume may change: the budget (to train further).
+RESUMABLE_CHANGES: tuple[str, ...] = ("steps", "tokens")
+
+Action = Literal["new", "overwrite", "resume", "finished"]
+
+
+@dataclass(frozen=True)
+class RunDirPlan:
+    """What a training command will do to ``out_dir``; see the module docstring."""
+
+    out_dir: Path
+    action: Action
+    start_step: int = 0
+    meta: dict[str, Any] | None = None  # the checkpoint's record (resume, finished)
+    notices: tuple[str, ...] = ()  # what the user should be told (e.g. a damaged checkpoint skipped)
+
+    @property
+    def summary(self) -> dict[str, Any] | None:
+        """The finished run's summary.json (action "finished")."""
+        return read_json(self.out_dir / "summary.json") if self.action == "finished" else None
+
+
+def existing_run_files(out_dir: Path) -> list[str]:
+    out_dir = Path(out_dir)
+    return [name for name in RUN_FILES if (out_dir / name).exists()]
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any], *, ignore: tuple[str, ...] = ()) -> list[str]:
+    """``key: old -> new`` for every setting that differs (keys missing on one side shown as such)."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        if key in ignore:
+            continue
+        a, b = old.get(key, "<unset>"), new.get(key, "<unset>")
+        if a != b:
+            out.append(f"{key}: {a!r} -> {b!r}")
+    return out
+
+
+def _saved_config(out_dir: Path) -> dict[str, Any] | None:
+    path = out_dir / "config.json"
+    if not path.exists():
+        return None
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a JSON object; is --out the right folder?")
+    return data
+
+
+def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
+                 reuse: bool = False) -> RunDirPlan:
+    """Decide what to do with ``out_dir`` without writing anything; a ValueError says why not and how to fix it.
+
+    ``reuse`` (for compare and sweeps, which rerun a list of configs): a run of this same config
+    is taken as it is when finished and resumed when interrupted (started again if it stopped
+    before its first checkpoint); a run of another config is still an error.
+    """
+    out_dir = Path(out_dir)
+    if sum((resume, overwrite, reuse)) > 1:
+        raise ValueError("--resume continues the run in --out, --overwrite replaces it (and reuse takes a "
+                         "finished one as it is): choose one")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} is a file, not a folder; choose another --out")
+    present = existing_run_files(out_dir)
+    new = cfg.to_dict()
+    if resume:
+        return _plan_resume(out_dir, cfg, present)
+    if not present:
+        return RunDirPlan(out_dir, "new")
+    if overwrite:
+        return RunDirPlan(out_dir, "overwrite", notices=(f"--overwrite: replacing the run in {out_dir} "
+                                                          f"({', '.join(present)})",))
+    saved = _saved_config(out_dir)
+    replace = f"choose another --out, or pass --overwrite to replace it (deletes {', '.join(present)})"
+    if saved is None:
+        raise ValueError(f"--out {out_dir} already holds run files ({', '.join(present)}) without a config.json; "
+                         f"{replace}")
+    diff = config_differences(saved, new)
+    if diff:
+        raise ValueError(f"--out {out_dir} holds another run; its config differs in:\n  " + "\n  ".join(diff)
+                         + f"\n{replace}")
+    if reuse:
+        if (out_dir / "summary.json").exists():
+            return RunDirPlan(out_dir, "finished", notices=(f"reusing the finished run in {out_dir}",))
+        if ckpt.checkpoint_dir(out_dir).exists():
+            return _plan_resume(out_dir, cfg, present)
+        return RunDirPlan(out_dir, "overwrite", notices=(f"{out_dir} holds this config, stopped before its first "
+                                                          f"checkpoint: starting it again",))
+    if (out_dir / "summary.json").exists():
+        raise ValueError(f"--out {out_dir} already holds this run, finished (summary.json); nothing to do. "
+                         f"To train it again, {replace}")
+    raise ValueError(f"--out {out_dir} holds an unfinished run of this config; continue it with --resume, or "
+                     f"{replace}")
+
+
+def _plan_resume(out_dir: Path, cfg: TrainConfig, present: list[str]) -> RunDirPlan:
+    found = ckpt.find_resumable(out_dir)  # raises "nothing to resume" when there is no checkpoint
+    saved = found.meta.get("config", {})
+    diff = config_differences(saved, cfg.to_dict(), ignore=RESUMABLE_CHANGES)
+    if diff:
+        raise ValueError(f"--resume: the checkpoint in {out_dir} was written by a different config; it differs in:"
+                         f"\n  " + "\n  ".join(diff) + f"\nresume with the same settings (see {out_dir}/config.json)")
+    notices = tuple(f"skipped a damaged checkpoint, {line}" for line in found.skipped)
+    if found.skipped:
+        notices += (f"resuming from step {found.step}, the newest readable checkpoint",)
+    step, total = found.step, cfg.total_steps
+    if step > total:
+        raise ValueError(f"--resume: the checkpoint in {out_dir} is at step {step}, past this config's "
+                         f"{total} steps; set steps >= {step} (or the matching tokens) to continue it")
+    if step == total and (out_dir / "summary.json").exists() and not found.skipped:
+        return RunDirPlan(out_dir, "finished", start_step=step, meta=found.meta,
+                          notices=(f"the run in {out_dir} is already finished (step {step} of {total}); "
+                                   f"nothing to do. Its results: {out_dir}/summary.json",))
+    return RunDirPlan(out_dir, "resume", start_step=step, meta=found.meta, notices=notices)
+
+
+def clear_run(out_dir: Path) -> None:
+    """Delete what a run wrote into ``out_dir`` (:data:`RUN_FILES`); other files are left alone."""
+    for name in RUN_FILES:
+        path = Path(out_dir) / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+__all__ = ["RUN_FILES", "RunDirPlan", "clear_run", "config_differences", "existing_run_files", "plan_run_dir"]
