@@ -42,7 +42,7 @@ from diloco.data.corpus import SOURCES, Document, load_documents, normalize_text
 from diloco.data.shards import TokenData, prepare_tokens
 from diloco.data.tokenizer import load_tokenizer_file
 
-__all__ = ["TEXT_SUFFIXES", "TOKEN_SUFFIXES", "load_text_documents", "load_token_files", "prepare_data",
+__all__ = ["TEXT_SUFFIXES", "TOKEN_SUFFIXES", "check_sources", "load_text_documents", "load_token_files", "prepare_data",
            "resolve_paths"]
 
 TEXT_SUFFIXES = (".txt", ".md", ".jsonl")
@@ -204,6 +204,23 @@ def _is_bundled(spec: str) -> bool:
     return spec in SOURCES and not Path(spec).exists()
 
 
+def check_sources(sources: Sequence[str]) -> None:
+    """The cheap checks of :func:`prepare_data` (names, paths, file types, no text mixed with token files),
+    reading no file: what a run checks before anything else."""
+    if isinstance(sources, str):
+        raise ValueError(f"sources={sources!r}: pass a sequence, e.g. ({sources!r},)")
+    specs = list(sources)
+    if not specs:
+        raise ValueError(f"sources=(): name at least one of {', '.join(sorted(SOURCES))}, or a file, folder or glob")
+    paths = [s for s in specs if not _is_bundled(s)]
+    resolved = {s: resolve_paths(s) for s in paths}
+    tokens = [s for s, files in resolved.items() if any(_suffix(f) in TOKEN_SUFFIXES for f in files)]
+    if tokens and (len(tokens) != len(specs)
+                   or any(_suffix(f) not in TOKEN_SUFFIXES for s in tokens for f in resolved[s])):
+        raise ValueError(f"sources {specs}: token files ({', '.join(tokens)}) cannot be mixed with text; give "
+                         f"only token files, or only text")
+
+
 def prepare_data(sources: Sequence[str], *, vocab_size: int, cache_dir: Path | str, val_fraction: float = 0.02,
                  tokenizer: str | None = None, eod_token: str | None = None,
                  token_dtype: str = "uint16") -> TokenData:
@@ -216,21 +233,14 @@ def prepare_data(sources: Sequence[str], *, vocab_size: int, cache_dir: Path | s
         eod_token: the end-of-document token of that tokenizer (default: the first known one it has).
         token_dtype: the id type of ``.bin`` files.
     """
-    if isinstance(sources, str):
-        raise ValueError(f"sources={sources!r}: pass a sequence, e.g. ({sources!r},)")
+    check_sources(sources)
     specs = list(sources)
-    if not specs:
-        raise ValueError(f"sources=(): name at least one of {', '.join(sorted(SOURCES))}, or a file, folder or glob")
     if not (isinstance(val_fraction, (int, float)) and 0.0 < val_fraction < 0.5):
         raise ValueError(f"val_fraction={val_fraction!r}: need 0 < val_fraction < 0.5, e.g. 0.02")
     bundled = [s for s in specs if _is_bundled(s)]
     paths = [s for s in specs if not _is_bundled(s)]
-    resolved = {s: resolve_paths(s) for s in paths}  # every path checked before anything is read
-    tokens = [s for s, files in resolved.items() if any(_suffix(f) in TOKEN_SUFFIXES for f in files)]
+    tokens = [s for s in paths if any(_suffix(f) in TOKEN_SUFFIXES for f in resolve_paths(s))]
     if tokens:
-        if bundled or len(tokens) != len(paths):
-            raise ValueError(f"sources {specs}: token files ({', '.join(tokens)}) cannot be mixed with text; give "
-                             f"only token files, or only text")
         if tokenizer:
             raise ValueError(f"tokenizer={tokenizer!r} is not used with pre-tokenized sources (they are ids "
                              f"already); leave tokenizer empty and set vocab_size to their vocabulary size")

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["build_model", "describe_model", "load_factory"]
+__all__ = ["build_model", "check_model", "describe_model", "load_factory"]
 
 _FACTORY = re.compile(r"^(?P<module>[A-Za-z_][\w.]*|.+\.py):(?P<func>[A-Za-z_]\w*)$")
 
@@ -49,6 +49,18 @@ def describe_model(spec: str) -> str:
     raise ValueError(f"model={spec!r} is not a model: use '' for the project's Transformer (its size from "
                      f"size=...), 'hf:PATH' for a Hugging Face config, or 'module:function' / 'file.py:function' "
                      f"for your own factory")
+
+
+def check_model(spec: str) -> str:
+    """What can be checked of ``spec`` before the data exists: its form, the HF config, the factory's import."""
+    kind = describe_model(spec)
+    if kind == "hf":
+        from diloco.models.hf import check_model_type
+
+        check_model_type(spec[3:])
+    elif kind == "factory":
+        load_factory(spec)
+    return kind
 
 
 def load_factory(spec: str) -> Callable[..., Any]:

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["CausalLM", "build_hf_model", "load_hf_config_fields"]
+__all__ = ["CausalLM", "build_hf_model", "check_model_type", "load_hf_config_fields"]
 
 INSTALL = 'pip install "transformers>=4.46" (or: pip install -e ".[hf]")'
 
@@ -94,6 +94,16 @@ def load_hf_config_fields(spec: str | Path | Mapping[str, Any]) -> dict[str, Any
     if not isinstance(model_type, str) or not model_type:
         raise ValueError(f"{where} has no model_type; add one, e.g. \"model_type\": \"llama\" (or gpt2, qwen2, ...)")
     return fields
+
+
+def check_model_type(spec: str | Path | Mapping[str, Any]) -> str:
+    """The config's ``model_type`` if transformers knows it as a causal LM (checked before any data work)."""
+    model_type = load_hf_config_fields(spec)["model_type"]
+    transformers = _transformers()
+    if model_type not in transformers.CONFIG_MAPPING:
+        raise ValueError(f"model_type={model_type!r} is not a model type transformers "
+                         f"{transformers.__version__} knows; use one such as llama, gpt2, qwen2, mistral")
+    return model_type
 
 
 def build_hf_model(spec: str | Path | Mapping[str, Any], *, vocab_size: int, seq_len: int) -> CausalLM:

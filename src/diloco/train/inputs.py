@@ -50,9 +50,9 @@ def run_fragments(cfg: Any, model: nn.Module) -> list[list[str]] | None:
 def prepare_inputs(cfg: Any, cache_dir: Path | str) -> Inputs:
     """Data, validation batches, the seeded model and its fragments for ``cfg`` (a TrainConfig)."""
     from diloco.data import ShardSampler, eval_batches, prepare_data
-    from diloco.models.factory import build_model, describe_model
+    from diloco.models.factory import build_model, check_model
 
-    describe_model(cfg.model)  # a bad model string fails before any data work
+    check_model(cfg.model)  # a bad model string, config or factory fails before any data work
     data = prepare_data(cfg.sources, vocab_size=cfg.vocab_size, cache_dir=cache_dir, val_fraction=cfg.val_fraction,
                         tokenizer=cfg.tokenizer or None, eod_token=cfg.eod_token or None,
                         token_dtype=cfg.token_dtype)
