@@ -61,7 +61,43 @@ def test_torchrun_two_processes_equal_the_in_process_run(tmp_path: Path):
     with single_thread():
         local = run_replicas(partial(streaming_replica, cfg=cfg), 2, timeout=60)
     for r in range(2):
-        assert gloo[r]["env"] == {"rank": r, "world_size": 2, "local_rank": r, "gloo_ifname": "lo"}
+        assert gloo[r]["env"] == {"rank": r, "world_size": 2, "local_rank": r, "gloo_ifname": "lo", "device": "cpu"}
         for a, b in zip(local[r]["global"], gloo[r]["global"], strict=True):
             assert torch.equal(a, b)
         assert local[r]["stats"] == gloo[r]["stats"]
+
+
+def _torchrun(tmp_path: Path, cfg: dict, nproc: int = 2) -> subprocess.CompletedProcess:
+    job = Path(__file__).with_name("_torchrun_job.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "RANK", "WORLD_SIZE")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           str(job), str(tmp_path), json.dumps(cfg)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=100)
+
+
+def test_setup_communicators_one_worker_of_two_ranks(tmp_path: Path):
+    """M = 1 worker x R = 2 ranks: the replica group has one member, the worker's group two."""
+    proc = _torchrun(tmp_path, {"R": 2})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    for r in range(2):
+        assert out[r]["replica"] == (0, 1) and out[r]["intra"] == (r, 2)
+        assert out[r]["lead"] == (r == 0)
+        assert torch.equal(out[r]["mean"], torch.full((3,), 0.5))
+
+
+def test_setup_communicators_checks_the_world_size_before_joining(monkeypatch):
+    import torch.distributed as dist
+
+    from diloco import setup_communicators
+
+    for k, v in TORCHRUN_ENV.items():
+        monkeypatch.setenv(k, v)  # a job of 4 processes
+    with pytest.raises(ValueError, match=r"4 processes were launched but replicas x ranks_per_worker = 3 x 1 = 3; "
+                                         r"launch 3 processes.*or set replicas=4"):
+        setup_communicators(replicas=3)
+    with pytest.raises(ValueError, match=r"ranks_per_worker=0: need an integer >= 1"):
+        setup_communicators(ranks_per_worker=0)
+    with pytest.raises(ValueError, match=r"= 1 x 3 = 3.*launch 3 processes"):
+        setup_communicators(ranks_per_worker=3)
+    assert not dist.is_initialized()  # nothing was joined

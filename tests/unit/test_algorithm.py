@@ -311,3 +311,35 @@ def test_data_parallel_reports_the_gradient_payload_each_step():
     model, algo, _ = out[0]
     n = sum(p.numel() for p in model.parameters())
     assert algo.comm.stats.bytes_sent == 3 * get_codec("bf16").num_bytes(n)
+
+
+def test_global_state_dict_gives_tied_weights_their_global_value():
+    """GPT-2-style tying (head.weight is embed.weight): every alias in the state dict holds the global value."""
+    import copy
+
+    from _tiny import TinyNet
+    from diloco import StreamingDiLoCo, run_replicas
+
+    def replica(comm):
+        torch.manual_seed(0)
+        model = TinyNet(vocab=16, d=16)
+        model.head.weight = model.embed.weight  # tied: one parameter, two names
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        algo = StreamingDiLoCo(model, comm=comm, sync_every=2, merge_alpha=0.5)
+        g = torch.Generator().manual_seed(comm.rank)
+        for _ in range(3):  # a sync after step 2, then one more local step: local != global
+            x = torch.randint(0, 16, (4, 5), generator=g)
+            model(x, (x + 1) % 16)[1].backward()
+            opt.step()
+            opt.zero_grad()
+            algo.step()
+        state = algo.global_state_dict()
+        glob = algo.global_named_parameters()["embed.weight"]
+        assert torch.equal(state["embed.weight"], glob) and torch.equal(state["head.weight"], glob)
+        assert not torch.equal(model.embed.weight, glob)
+        evaluator = copy.deepcopy(model)
+        evaluator.load_state_dict(state)
+        assert torch.equal(evaluator.head.weight, glob)
+        return True
+
+    assert run_replicas(replica, 2) == [True, True]

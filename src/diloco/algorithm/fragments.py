@@ -49,14 +49,50 @@ class Fragment:
         return sum(p.numel() for p in self.params)
 
 
+#: Where well-known model families keep their blocks (matched at the end of a module's name):
+#: Hugging Face Llama / Qwen2 / Mistral (``model.layers``), GPT-2 (``transformer.h``), OPT / BART
+#: decoders (``decoder.layers``), GPT-NeoX (``gpt_neox.layers``), this project's Transformer (``blocks``).
+KNOWN_BLOCK_LISTS = ("model.layers", "transformer.h", "decoder.layers", "gpt_neox.layers", "blocks", "layers")
+
+
 def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
-    """The model's repeated blocks: the largest ModuleList whose children all share one type."""
+    """The model's repeated blocks: a known block list (:data:`KNOWN_BLOCK_LISTS`) if the model has one,
+    else the largest ModuleList whose children all share one type."""
+    candidates = [(name, mod) for name, mod in model.named_modules()
+                  if isinstance(mod, nn.ModuleList) and len(mod) > 0 and len({type(m) for m in mod}) == 1]
+    for known in KNOWN_BLOCK_LISTS:
+        for name, mod in candidates:
+            if name == known or name.endswith("." + known):
+                return name, mod
     best: tuple[str, nn.ModuleList] | None = None
-    for name, mod in model.named_modules():
-        if isinstance(mod, nn.ModuleList) and len(mod) > 0 and len({type(m) for m in mod}) == 1:
-            if best is None or len(mod) > len(best[1]):
-                best = (name, mod)
+    for name, mod in candidates:
+        if best is None or len(mod) > len(best[1]):
+            best = (name, mod)
     return best
+
+
+def fragments_from_prefixes(model: nn.Module, groups: Sequence[str]) -> list[list[str]]:
+    """Explicit fragments from parameter-name prefixes: ``groups[i]`` is ``"prefix|prefix|..."`` for fragment i.
+
+    A parameter goes to the fragment with the longest matching prefix (a prefix matches a name equal to it
+    or starting with it followed by a dot); every trainable parameter must match one. This is the
+    command line's ``--set fragments=embed|head|norm,blocks.0|blocks.1,...``.
+    """
+    named = _trainable(model)
+    prefixes = [[p.strip() for p in g.split("|") if p.strip()] for g in groups]
+    out: list[list[str]] = [[] for _ in groups]
+    unmatched = []
+    for name, _ in named:
+        best = max(((len(pre), i) for i, pres in enumerate(prefixes) for pre in pres
+                    if name == pre or name.startswith(pre + ".")), default=None)
+        if best is None:
+            unmatched.append(name)
+        else:
+            out[best[1]].append(name)
+    if unmatched:
+        raise ValueError(f"fragments={list(groups)} leave trainable parameters in no fragment: {unmatched[:5]}"
+                         f"{' ...' if len(unmatched) > 5 else ''}; add their prefixes to a fragment")
+    return out
 
 
 def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -93,7 +129,9 @@ def _block_groups(model: nn.Module, named: list[tuple[str, nn.Parameter]], P: in
     if found is None:
         raise ValueError(
             f"num_fragments={P} needs repeated blocks (an nn.ModuleList of same-type modules) to split by; "
-            f"{type(model).__name__} has none: pass explicit fragments=[[names...], ...] or use num_fragments=1"
+            f"{type(model).__name__} has none: pass explicit fragments=[[names or modules...], ...] "
+            f"(StreamingDiLoCo), or on the command line --set fragments='prefix|prefix,prefix,...' "
+            f"(parameter-name prefixes, one fragment per comma), or use num_fragments=1"
         )
     prefix, blocks = found
     fragment_of_block = block_fragments(len(blocks), P, pattern)  # the rest goes to NON_BLOCK_FRAGMENT

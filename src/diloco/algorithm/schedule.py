@@ -25,6 +25,28 @@ start staggered.
 
 Since tau < H, a fragment's sync always finishes before its next one starts,
 so at most one exchange per fragment is in flight.
+
+Choosing the staggering (``StreamingDiLoCo(..., schedule=...)``)
+------------------------------------------------------------------
+The offsets are the whole choice; the three conventions in use, for fragment
+p = 0..P-1 (all repeat every H steps):
+
+=================  ============================  ==========================
+convention         sends after step              merges after step
+=================  ============================  ==========================
+this project       ``floor((p+1) H / P)``        ``floor((p+1) H / P) + tau``
+torchft 0.2.0      ``(p+1) H / P - tau``         ``(p+1) H / P``
+the paper          staggered starts, one every   ``tau`` steps after sending
+                   ~H/P steps (Fig. 2)
+=================  ============================  ==========================
+
+This project's default keeps P = 1 exactly plain DiLoCo at tau = 0 and lets the
+last fragment send at H, 2H, ... . torchft ends each fragment's exchange where
+this project starts it, so its sends come tau steps earlier; ``Schedule.torchft(H,
+P, tau)`` (or ``schedule="torchft"``) reproduces it: with it, the losses and
+parameters are bit-identical to ``torchft.local_sgd.DiLoCo`` run on the same
+model, data and optimizers (``tests/distributed/test_torchft_equivalence.py``).
+Any other timing is ``schedule=(o_0, ..., o_{P-1})``, each offset in 1..H.
 """
 
 from __future__ import annotations
@@ -70,12 +92,31 @@ class Schedule:
         else:
             first = tuple(int(o) for o in self.offsets)
             if len(first) != P:
-                raise ValueError(f"offsets has {len(first)} entries but num_fragments is {P}")
+                raise ValueError(f"offsets {first} has {len(first)} entries but num_fragments is {P}: "
+                                 f"give one first-send step per fragment")
             bad = [o for o in first if not 1 <= o <= H]
             if bad:
-                raise ValueError(f"offsets must lie in 1..H={H}, got {bad}")
+                raise ValueError(f"offsets must lie in 1..H={H} (the inner step after which each fragment first "
+                                 f"sends), got {bad}")
         object.__setattr__(self, "offsets", first)
         object.__setattr__(self, "_first", first)
+
+    @classmethod
+    def torchft(cls, sync_every: int, num_fragments: int = 1, overlap_steps: int = 0) -> Schedule:
+        """torchft 0.2.0's timing: fragment p sends after ``(p+1) H/P - tau`` and merges after ``(p+1) H/P``.
+
+        torchft requires ``H % P == 0`` and ``tau < H/P``; so does this schedule, with a message
+        saying what to change.
+        """
+        H, P, tau = sync_every, num_fragments, overlap_steps
+        if not (isinstance(H, int) and isinstance(P, int) and P >= 1 and H % P == 0):
+            raise ValueError(f"the torchft schedule needs sync_every (H={H}) to be a multiple of num_fragments "
+                             f"(P={P}), as torchft does; choose H = {P} x k")
+        if not (isinstance(tau, int) and 0 <= tau < H // P):
+            raise ValueError(f"the torchft schedule needs 0 <= overlap_steps (tau={tau}) < H/P = {H // P}: torchft "
+                             f"sends fragment p at (p+1) H/P - tau, which must come after the previous merge; "
+                             f"use tau <= {H // P - 1} or the default schedule")
+        return cls(H, P, tau, offsets=tuple((p + 1) * (H // P) - tau for p in range(P)))
 
     # -- queries -------------------------------------------------------------
     def starts(self, step: int) -> tuple[int, ...]:
@@ -94,3 +135,35 @@ class Schedule:
         """Fragments whose sync was started but not yet finished after ``step``."""
         tau = self.overlap_steps
         return tuple(sorted({p for s in range(step - tau + 1, step + 1) for p in self.starts(s)}))
+
+
+
+def resolve_schedule(spec: object, sync_every: int, num_fragments: int, overlap_steps: int) -> Schedule:
+    """The schedule ``StreamingDiLoCo(schedule=spec)`` runs, validated against its H, P and tau.
+
+    ``spec`` is ``None`` or ``"even"`` (this project's default), ``"torchft"`` (:meth:`Schedule.torchft`),
+    a sequence of P offsets (each fragment's first send step, 1..H) or a :class:`Schedule`, whose
+    H, P and tau must equal the algorithm's.
+    """
+    H, P, tau = sync_every, num_fragments, overlap_steps
+    if spec is None or spec == "even":
+        return Schedule(H, P, tau)
+    if spec == "torchft":
+        return Schedule.torchft(H, P, tau)
+    if isinstance(spec, Schedule):
+        mine = (spec.sync_every, spec.num_fragments, spec.overlap_steps)
+        if mine != (H, P, tau):
+            raise ValueError(f"schedule has (H, P, tau) = {mine} but the algorithm was given sync_every={H}, "
+                             f"num_fragments={P}, overlap_steps={tau}; pass the same values to both, or pass "
+                             f"schedule=offsets (a tuple of {P} first-send steps)")
+        return spec
+    if isinstance(spec, str):
+        raise ValueError(f"schedule={spec!r}: use 'even', 'torchft', a tuple of {P} offsets in 1..{H}, or a Schedule")
+    try:
+        offsets = tuple(spec)  # type: ignore[call-overload]
+    except TypeError:
+        raise ValueError(f"schedule={spec!r}: use 'even', 'torchft', a tuple of {P} offsets in 1..{H}, "
+                         f"or a Schedule") from None
+    if not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets):
+        raise ValueError(f"schedule offsets {offsets!r} must be integers (inner steps 1..{H})")
+    return Schedule(H, P, tau, offsets=offsets)

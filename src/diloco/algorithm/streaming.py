@@ -37,7 +37,7 @@ from diloco.algorithm.base import ReplicaAlgorithm, SyncReport, local_shards, br
 from diloco.algorithm.codecs import Codec, get_codec
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
 from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer, merge_
-from diloco.algorithm.schedule import Schedule
+from diloco.algorithm.schedule import Schedule, resolve_schedule
 from diloco.comm.base import Communicator, MeanWork
 
 
@@ -63,6 +63,11 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         codec: wire format of the outer gradients (name or :class:`Codec`).
         outer_optimizer: factory ``f(list_of_tensors) -> Optimizer``; default SGD(0.7, momentum 0.9, Nesterov).
         offload_device: where the global copy and outer optimizer state live (default: the model's device).
+        schedule: when each fragment syncs (the staggering): ``None``/``"even"`` sends fragment p after
+            ``floor((p+1) H/P)`` and merges tau steps later; ``"torchft"`` sends after ``(p+1) H/P - tau``
+            and merges after ``(p+1) H/P`` (torchft 0.2.0); a tuple of P offsets (first send step of
+            each fragment, 1..H); or a :class:`Schedule` with the same H, P and tau. See
+            :mod:`diloco.algorithm.schedule` for the conventions.
     """
 
     def __init__(
@@ -79,12 +84,13 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         codec: str | Codec = "fp32",
         outer_optimizer: OuterOptimizerFactory | None = None,
         offload_device: torch.device | str | None = None,
+        schedule: Schedule | Sequence[int] | str | None = None,
     ) -> None:
         if not 0.0 <= float(merge_alpha) <= 1.0:
             raise ValueError(f"merge_alpha (alpha) must lie in [0, 1], got {merge_alpha}")
         self.model = model
         self.comm = comm
-        self.schedule = Schedule(sync_every, num_fragments, overlap_steps)
+        self.schedule: Schedule = resolve_schedule(schedule, sync_every, num_fragments, overlap_steps)
         self.merge_alpha = float(merge_alpha)
         self.codec = get_codec(codec)
         self.fragments: list[Fragment] = split_fragments(
@@ -155,7 +161,12 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         return {n: v for p, f in enumerate(self.fragments) for n, v in zip(f.names, self._views(p), strict=True)}
 
     def global_state_dict(self) -> dict[str, torch.Tensor]:
-        """The model's state dict with trainable parameters replaced by their global values: evaluate this."""
+        """The model's state dict with trainable parameters replaced by their global values: evaluate this.
+
+        A parameter registered under several names (tied weights: e.g. GPT-2's ``lm_head.weight`` and
+        ``transformer.wte.weight``) gets its global value under every name, so loading the result
+        cannot bring back a local value through an alias.
+        """
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         for name, value in self.global_named_parameters().items():
             ref = state[name]

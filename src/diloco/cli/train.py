@@ -59,38 +59,16 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(trainer.run(resume=args.resume, overwrite=args.overwrite).to_dict(), indent=2))
         return 0
 
-    import torch
-    import torch.distributed as dist
+    from diloco.distributed.launch import setup_communicators
 
-    from diloco.comm.torch_dist import TorchDistCommunicator
-    from diloco.distributed.launch import init_from_env
-
-    env = init_from_env(timeout_s=max(1800.0, 2 * args.timeout))
-    device = args.device or (f"cuda:{env.local_rank}" if torch.cuda.is_available() else "cpu")
-    comms: list = []  # every communicator this process opened, closed at the end
-    try:
-        workers, R = cfg.replicas, cfg.ranks_per_worker
-        if env.world_size != workers * R:
-            raise ValueError(f"{env.world_size} processes were launched but replicas x ranks_per_worker = "
-                             f"{workers} x {R} = {workers * R}; launch {workers * R} processes or change "
-                             f"--set replicas=... / --set ranks_per_worker=...")
-        intra = None
-        if R == 1:
-            comm = TorchDistCommunicator(timeout_s=args.timeout)
-            comms.append(comm)
-        else:  # workers of R consecutive ranks (one worker per node with --nproc-per-node R)
-            from diloco.comm.mesh import build_layout
-
-            comm = build_layout(workers, R).communicator(timeout_s=args.timeout)
-            intra = comm.intra  # the worker's own group: gradients are averaged over it every step
-            comms += [comm.cross, comm.intra]
-        trainer = Trainer(cfg, out, cache_dir=cache_dir(args), progress=not args.no_progress, device=device)
-        result = trainer.run_replica(comm, resume=args.resume, overwrite=args.overwrite, intra=intra)
+    # The world size is checked against replicas x ranks_per_worker before joining; workers x ranks layout;
+    # timeouts; every communicator and the process group closed on the way out.
+    with setup_communicators(replicas=cfg.replicas, ranks_per_worker=cfg.ranks_per_worker,
+                             timeout_s=args.timeout, device=args.device) as comms:
+        trainer = Trainer(cfg, out, cache_dir=cache_dir(args), progress=not args.no_progress,
+                          device=str(comms.device))
+        result = trainer.run_replica(comms.replica, resume=args.resume, overwrite=args.overwrite,
+                                     intra=comms.intra)
         if result is not None:
             print(json.dumps(result.to_dict(), indent=2))
-    finally:
-        for c in comms:
-            c.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
     return 0

@@ -13,7 +13,7 @@ order: one worker per node with ``--nproc-per-node R``)::
 
     layout = build_layout(num_workers=2, ranks_per_worker=2)
     ddp = DistributedDataParallel(model, process_group=layout.intra_group)
-    algo = StreamingDiLoCo(model, opt, comm=layout.communicator(timeout_s=300), ...)
+    algo = StreamingDiLoCo(model, comm=layout.communicator(timeout_s=300), ...)
 
 Which ranks exchange the outer gradients. After DDP every rank of a worker holds
 the same parameters, so each rank computes the same payload of n bytes. Three

@@ -1,13 +1,15 @@
 """The data pipeline: a bundled English corpus, a locally trained byte-level BPE, per-replica shards.
 
-``prepare_tokens`` gives the train/validation token streams (cached), ``ShardSampler`` each
+``prepare_data`` takes any source (bundled names, your text files / folders / globs, token files,
+your tokenizer.json; see :mod:`diloco.data.sources`), ``prepare_tokens`` gives the train/validation token streams (cached), ``ShardSampler`` each
 replica's disjoint, resumable batches, ``eval_batches`` the fixed validation batches.
 See docs/data.md.
 """
 
 from diloco.data.corpus import SOURCES, Document, MissingSourceError, corpus_fingerprint, load_documents
 from diloco.data.shards import DocumentSpan, ShardSampler, TokenData, eval_batches, prepare_tokens, split_point
-from diloco.data.tokenizer import EOD_TOKEN, BPETokenizer, get_tokenizer, train_tokenizer
+from diloco.data.sources import load_text_documents, load_token_files, prepare_data, resolve_paths
+from diloco.data.tokenizer import EOD_TOKEN, BPETokenizer, get_tokenizer, load_tokenizer_file, train_tokenizer
 
 __all__ = [
     "BPETokenizer",
@@ -22,7 +24,12 @@ __all__ = [
     "eval_batches",
     "get_tokenizer",
     "load_documents",
+    "load_text_documents",
+    "load_token_files",
+    "load_tokenizer_file",
+    "prepare_data",
     "prepare_tokens",
+    "resolve_paths",
     "split_point",
     "train_tokenizer",
 ]

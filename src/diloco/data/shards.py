@@ -36,7 +36,7 @@ import tokenizers
 import torch
 
 from diloco.data.corpus import Document, corpus_fingerprint, load_documents
-from diloco.data.tokenizer import TOKENIZER_VERSION, BPETokenizer, check_vocab_size, get_tokenizer
+from diloco.data.tokenizer import EOD_TOKEN, TOKENIZER_VERSION, BPETokenizer, check_vocab_size, get_tokenizer
 from diloco.files import atomic_write_bytes, dumps_strict
 
 __all__ = ["DocumentSpan", "ShardSampler", "TokenData", "eval_batches", "prepare_tokens", "split_point"]
@@ -67,9 +67,14 @@ class TokenData:
 
     train: np.ndarray
     val: np.ndarray
-    tokenizer: BPETokenizer
+    tokenizer: BPETokenizer | None  # None for pre-tokenized data (see diloco.data.sources)
     documents: tuple[DocumentSpan, ...]
     metadata: dict[str, Any]
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the vocabulary the ids index: the model's embedding size (every id is below it)."""
+        return int(self.metadata["vocab_size"])
 
 
 def split_point(text: str, val_fraction: float) -> int:
@@ -109,8 +114,12 @@ def _resolve_documents(sources: Sequence[str] | Sequence[Document]) -> tuple[lis
 
 
 def prepare_tokens(sources: Sequence[str] | Sequence[Document], vocab_size: int, cache_dir: Path | str, *,
-                   val_fraction: float = 0.02) -> TokenData:
+                   val_fraction: float = 0.02, tokenizer: BPETokenizer | None = None) -> TokenData:
     """Tokenize the named sources (or the given documents), from ``cache_dir`` when done before.
+
+    ``tokenizer``: a ready tokenizer (e.g. :func:`~diloco.data.tokenizer.load_tokenizer_file`) used
+    as it is, instead of training the project's BPE on the training text (``vocab_size`` is then
+    the tokenizer's).
 
     The cache is a directory ``tokens-<key>/`` (train.npy, val.npy, manifest.json) keyed by a hash of
     the corpus text, ``val_fraction``, ``vocab_size`` and the format versions; the manifest holds
@@ -121,7 +130,10 @@ def prepare_tokens(sources: Sequence[str] | Sequence[Document], vocab_size: int,
     check_vocab_size(vocab_size)
     t0 = time.perf_counter()
     docs, source_names = _resolve_documents(sources)
-    ident = (f"{corpus_fingerprint(docs)}|val={float(val_fraction)!r}|vocab={vocab_size}|data-v{DATA_VERSION}"
+    tok_ident = f"vocab={vocab_size}"
+    if tokenizer is not None:
+        tok_ident = f"tokenizer={_sha256(tokenizer.to_json().encode('utf-8'))}|eod={tokenizer.eod_token}"
+    ident = (f"{corpus_fingerprint(docs)}|val={float(val_fraction)!r}|{tok_ident}|data-v{DATA_VERSION}"
              f"|tok-v{TOKENIZER_VERSION}|tokenizers-{tokenizers.__version__}")
     key = hashlib.sha256(ident.encode()).hexdigest()[:16]
     cache_dir = Path(cache_dir)
@@ -129,19 +141,33 @@ def prepare_tokens(sources: Sequence[str] | Sequence[Document], vocab_size: int,
     data = _load_cached(folder)
     from_cache = data is not None
     if data is None:
-        data = _build(docs, source_names, vocab_size, cache_dir, folder, float(val_fraction), key)
+        data = _build(docs, source_names, vocab_size, cache_dir, folder, float(val_fraction), key, tokenizer)
     data.metadata["from_cache"] = from_cache
     data.metadata["seconds"] = time.perf_counter() - t0
     return data
 
 
+def _user_tokenizer_copy(tok: BPETokenizer, cache_dir: Path) -> BPETokenizer:
+    """The user's tokenizer, copied into the cache beside the token files that were made with it."""
+    blob = tok.to_json().encode("utf-8")
+    path = cache_dir / f"tokenizer-file-{_sha256(blob)[:16]}.json"
+    if not (path.is_file() and path.read_bytes() == blob):
+        atomic_write_bytes(path, blob)
+    copy = BPETokenizer.from_file(path, eod_token=tok.eod_token)
+    copy.from_cache = True  # not trained here
+    return copy
+
+
 def _build(docs: list[Document], source_names: list[str], vocab_size: int, cache_dir: Path, folder: Path,
-           val_fraction: float, key: str) -> TokenData:
+           val_fraction: float, key: str, tokenizer: BPETokenizer | None = None) -> TokenData:
     t0 = time.perf_counter()
     cuts = [split_point(d.text, val_fraction) for d in docs]
     train_texts = [d.text[:c] for d, c in zip(docs, cuts)]
     val_texts = [d.text[c:] for d, c in zip(docs, cuts)]
-    tok = get_tokenizer(train_texts, vocab_size, cache_dir)
+    if tokenizer is not None:
+        tok = _user_tokenizer_copy(tokenizer, cache_dir)
+    else:
+        tok = get_tokenizer(train_texts, vocab_size, cache_dir)
     t1 = time.perf_counter()
     encoded = tok.encode_batch(train_texts + val_texts)
     t2 = time.perf_counter()
@@ -185,6 +211,8 @@ def _build(docs: list[Document], source_names: list[str], vocab_size: int, cache
         "bytes_per_token": sum(s["bytes"] for s in per_source.values()) / max(text_tokens, 1),
         "per_source": per_source,
         "tokenizer_file": tok.path.name if tok.path else None,
+        "tokenizer_source": "trained here (byte-level BPE)" if tokenizer is None else str(tokenizer.path),
+        "eod_token": tok.eod_token,
         "tokenizer_trained_now": not tok.from_cache,
         "tokenizer_train_seconds": tok.train_seconds,
         "encode_seconds": t2 - t1,
@@ -207,7 +235,8 @@ def _save(folder: Path, train: np.ndarray, val: np.ndarray, tok: BPETokenizer,
     manifest = {
         "format": DATA_VERSION,
         "files": files,
-        "tokenizer": {"file": tok.path.name, "bytes": len(tok_blob), "sha256": _sha256(tok_blob)},
+        "tokenizer": {"file": tok.path.name, "bytes": len(tok_blob), "sha256": _sha256(tok_blob),
+                      "eod_token": tok.eod_token},
         "metadata": metadata,
         "documents": [asdict(d) for d in documents],
     }
@@ -235,7 +264,7 @@ def _load_cached(folder: Path) -> TokenData | None:
         tok_blob = tok_path.read_bytes()
         if len(tok_blob) != tinfo["bytes"] or _sha256(tok_blob) != tinfo["sha256"]:
             raise ValueError(f"{tok_path.name} does not match its recorded size and checksum")
-        tok = BPETokenizer.from_file(tok_path)
+        tok = BPETokenizer.from_file(tok_path, eod_token=tinfo.get("eod_token", EOD_TOKEN))
         documents = tuple(DocumentSpan(**d) for d in manifest["documents"])
         return TokenData(arrays["train.npy"], arrays["val.npy"], tok, documents, dict(manifest["metadata"]))
     except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -27,7 +27,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from diloco.data.corpus import Document, corpus_fingerprint
 from diloco.files import atomic_write_bytes
 
-__all__ = ["BPETokenizer", "EOD_TOKEN", "TOKENIZER_VERSION", "get_tokenizer", "tokenizer_key", "train_tokenizer"]
+__all__ = ["BPETokenizer", "EOD_TOKEN", "KNOWN_EOD_TOKENS", "TOKENIZER_VERSION", "get_tokenizer", "load_tokenizer_file",
+           "tokenizer_key", "train_tokenizer"]
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +42,13 @@ class BPETokenizer:
     """A trained byte-level BPE: ``encode``, ``decode``, ``vocab_size`` and the end-of-document id."""
 
     def __init__(self, tok: Tokenizer, *, path: Path | None = None, from_cache: bool = False,
-                 train_seconds: float | None = None) -> None:
-        eod = tok.token_to_id(EOD_TOKEN)
+                 train_seconds: float | None = None, eod_token: str = EOD_TOKEN) -> None:
+        eod = tok.token_to_id(eod_token)
         if eod is None:
-            raise ValueError(f"this tokenizer has no {EOD_TOKEN!r} token; build it with train_tokenizer()")
+            raise ValueError(f"this tokenizer has no {eod_token!r} token; build it with train_tokenizer() or "
+                             f"name its end-of-document token (eod_token=...)")
         tok.encode_special_tokens = True  # literal "<|endoftext|>" in text is text (not saved in the JSON)
+        self.eod_token = eod_token
         self._tok = tok
         self.vocab_size: int = tok.get_vocab_size()
         self.eod_id: int = eod
@@ -73,14 +76,14 @@ class BPETokenizer:
         return self._tok.to_str()
 
     @classmethod
-    def from_file(cls, path: Path | str) -> BPETokenizer:
+    def from_file(cls, path: Path | str, *, eod_token: str = EOD_TOKEN) -> BPETokenizer:
         """Load a tokenizer saved by :meth:`save` (raises ValueError if the file is not one)."""
         path = Path(path)
         try:
             tok = Tokenizer.from_str(path.read_text(encoding="utf-8"))
         except Exception as exc:  # tokenizers raises plain Exception on bad JSON
             raise ValueError(f"{path} is not a readable tokenizer file ({exc}); delete it to retrain") from exc
-        return cls(tok, path=path, from_cache=True)
+        return cls(tok, path=path, from_cache=True, eod_token=eod_token)
 
     def save(self, path: Path | str) -> None:
         """Write the tokenizer as JSON, atomically (a temporary file, then a rename)."""
@@ -90,6 +93,41 @@ class BPETokenizer:
 
     def __repr__(self) -> str:
         return f"BPETokenizer(vocab_size={self.vocab_size}, eod_id={self.eod_id}, path={self.path})"
+
+
+#: End-of-document tokens looked for, in this order, in a user's tokenizer.json when none is named.
+KNOWN_EOD_TOKENS = (EOD_TOKEN, "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[SEP]")
+
+
+def load_tokenizer_file(path: Path | str, *, eod_token: str | None = None) -> BPETokenizer:
+    """A Hugging Face ``tokenizer.json`` (the ``tokenizers`` format), used as it is; nothing is downloaded.
+
+    ``path`` is the file or a folder holding ``tokenizer.json``. ``eod_token`` separates documents
+    in the token stream; by default the first of :data:`KNOWN_EOD_TOKENS` the vocabulary has.
+    """
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = p / "tokenizer.json"
+    if not p.is_file():
+        raise ValueError(f"tokenizer={str(path)!r}: no such file; give a tokenizer.json (Hugging Face tokenizers "
+                         f"format) or a folder holding one, or leave tokenizer empty to train the project's BPE")
+    try:
+        tok = Tokenizer.from_str(p.read_text(encoding="utf-8"))
+    except Exception as exc:  # tokenizers raises plain Exception on bad JSON
+        raise ValueError(f"tokenizer={str(p)!r} is not a tokenizer.json the tokenizers library can read ({exc}); "
+                         f"save it with tokenizer.save('tokenizer.json') or leave tokenizer empty") from exc
+    if eod_token:
+        if tok.token_to_id(eod_token) is None:
+            raise ValueError(f"eod_token={eod_token!r} is not in the vocabulary of {p}; name one of its tokens "
+                             f"(e.g. {', '.join(repr(t) for t in KNOWN_EOD_TOKENS if tok.token_to_id(t) is not None) or 'its end-of-text token'})")
+        eod = eod_token
+    else:
+        found = [t for t in KNOWN_EOD_TOKENS if tok.token_to_id(t) is not None]
+        if not found:
+            raise ValueError(f"{p} has none of the end-of-document tokens {', '.join(KNOWN_EOD_TOKENS)}; name the one "
+                             f"that separates documents with eod_token=... (--set eod_token=...)")
+        eod = found[0]
+    return BPETokenizer(tok, path=p, eod_token=eod)
 
 
 def check_vocab_size(vocab_size: int) -> None:

@@ -5,8 +5,11 @@ and ``--rdzv-endpoint host:port``) starts one process per rank and tells each
 who it is through environment variables; :func:`init_from_env` reads them and
 initialises the default process group::
 
-    env = init_from_env(timeout_s=600)          # gloo on CPU, nccl when CUDA is available
-    comm = TorchDistCommunicator(timeout_s=300)  # the replica group = the whole world
+    comms = setup_communicators(replicas=2, ranks_per_worker=1, timeout_s=300)
+    algo = StreamingDiLoCo(model, comm=comms.replica, sync_every=30)   # comms.device, comms.intra
+
+or, step by step, ``init_from_env(timeout_s=600)`` (gloo on CPU, nccl when CUDA is available) then
+``TorchDistCommunicator(timeout_s=300)`` (the replica group = the whole world).
 
 The rest of the library never reads the environment: it takes a process group
 or a communicator as an argument.
@@ -26,6 +29,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -142,3 +146,119 @@ def init_from_env(*, backend: str | None = None, timeout_s: float = 1800.0) -> D
     )
     return env
 
+
+
+@dataclass
+class Communicators:
+    """What one torchrun process needs to train: its replica communicator, its worker's group, its device.
+
+    ``replica`` connects the M replicas (its ``rank`` is this process's replica, its ``world_size``
+    M): pass it to :class:`~diloco.algorithm.streaming.StreamingDiLoCo` or
+    :class:`~diloco.algorithm.data_parallel.DataParallel`. With workers of R > 1 ranks, ``intra``
+    connects the R ranks of this worker, over which gradients are averaged every step
+    (``DataParallel(model, comm=intra)``); it is ``None`` when R = 1. Use as a context manager, or
+    call :meth:`close`, which also destroys the process group if :func:`setup_communicators` created it.
+    """
+
+    env: DistEnv
+    replica: Any  # Communicator (TorchDistCommunicator, or WorkerCommunicator when R > 1)
+    intra: Any | None
+    device: torch.device
+    num_replicas: int
+    ranks_per_worker: int
+    owns_process_group: bool = False
+
+    @property
+    def local_rank_in_worker(self) -> int:
+        """This process's rank inside its worker (0 when R = 1)."""
+        return 0 if self.intra is None else self.intra.rank
+
+    @property
+    def is_lead(self) -> bool:
+        """True on the one process that logs and writes shared files: replica 0's first rank."""
+        return self.replica.rank == 0 and self.local_rank_in_worker == 0
+
+    def close(self) -> None:
+        """Close every communicator opened (their heartbeats) and the process group if it was ours."""
+        opened = [self.replica.cross, self.replica.intra] if self.intra is not None else [self.replica]
+        for comm in opened:
+            comm.close()
+        if self.owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def __enter__(self) -> Communicators:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check_world_size(world_size: int, replicas: Any, ranks_per_worker: Any) -> None:
+    """Raise a ValueError that says what to launch when ``world_size`` != replicas x ranks_per_worker."""
+    for name, value in (("replicas", replicas), ("ranks_per_worker", ranks_per_worker)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r}: need an integer >= 1")
+    if world_size != replicas * ranks_per_worker:
+        hint = ""
+        if world_size % ranks_per_worker == 0:
+            hint = f", or set replicas={world_size // ranks_per_worker} for this launch"
+        raise ValueError(f"{world_size} processes were launched but replicas x ranks_per_worker = {replicas} x "
+                         f"{ranks_per_worker} = {replicas * ranks_per_worker}; launch "
+                         f"{replicas * ranks_per_worker} processes (torchrun --nproc-per-node ...){hint}")
+
+
+def setup_communicators(*, replicas: int | None = None, ranks_per_worker: int = 1, timeout_s: float = 300.0,
+                        backend: str | None = None, process_group_timeout_s: float | None = None,
+                        device: str | torch.device | None = None) -> Communicators:
+    """Join a torchrun job and build its communicators: the one call a training script needs.
+
+    Args:
+        replicas: M, the number of DiLoCo replicas (workers); default: the world size / ``ranks_per_worker``.
+        ranks_per_worker: R, data-parallel processes per replica (consecutive global ranks, so
+            ``--nproc-per-node R`` puts one worker on each node).
+        timeout_s: how long a communicator waits for a peer before raising an error naming the
+            missing rank.
+        backend: ``"gloo"`` or ``"nccl"`` (default: nccl when CUDA is available, else gloo).
+        process_group_timeout_s: the process group's own timeout (one collective in the backend);
+            default ``max(1800, 2 * timeout_s)``.
+        device: this process's device (default: ``cuda:LOCAL_RANK`` when CUDA is available, else CPU).
+
+    The world size is checked against M x R from torchrun's environment *before* any process group
+    is created, so a wrong launch fails at once with a message saying what to launch. If the
+    default process group already exists it is used as it is (and not destroyed by ``close``)::
+
+        with setup_communicators(replicas=2) as comms:
+            algo = StreamingDiLoCo(model, comm=comms.replica, sync_every=30)
+    """
+    env = read_env()
+    R = ranks_per_worker
+    if isinstance(R, bool) or not isinstance(R, int) or R < 1:
+        raise ValueError(f"ranks_per_worker={R!r}: need an integer >= 1")
+    M = replicas if replicas is not None else env.world_size // R
+    check_world_size(env.world_size, M, R)
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s={timeout_s!r}: need a positive number of seconds, e.g. 300")
+    owns = not dist.is_initialized()
+    if owns:
+        pg_timeout = process_group_timeout_s if process_group_timeout_s is not None else max(1800.0, 2 * timeout_s)
+        init_from_env(backend=backend, timeout_s=pg_timeout)
+    elif dist.get_world_size() != env.world_size:
+        raise ValueError(f"torch.distributed is initialized with {dist.get_world_size()} ranks but "
+                         f"WORLD_SIZE={env.world_size}; initialise it from torchrun's environment or not at all")
+    if device is None:
+        device = f"cuda:{env.local_rank}" if torch.cuda.is_available() else "cpu"
+    try:
+        from diloco.comm.torch_dist import TorchDistCommunicator
+
+        if R == 1:
+            replica, intra = TorchDistCommunicator(timeout_s=timeout_s), None
+        else:
+            from diloco.comm.mesh import build_layout
+
+            replica = build_layout(M, R).communicator(timeout_s=timeout_s)
+            intra = replica.intra
+    except BaseException:
+        if owns and dist.is_initialized():
+            dist.destroy_process_group()
+        raise
+    return Communicators(env, replica, intra, torch.device(device), M, R, owns)

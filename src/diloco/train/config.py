@@ -24,9 +24,13 @@ AUTO_CHECKPOINT_STEPS = 100
 class TrainConfig:
     # what to train
     size: str = "cpu-1m"
-    vocab_size: int = 4096
+    model: str = ""  # "" = the project's Transformer of `size`; "hf:PATH"; "module:function" (diloco.models.factory)
+    vocab_size: int = 4096  # the BPE's size; for token files, the vocabulary their ids index
     seq_len: int = 128
-    sources: tuple[str, ...] = ("shakespeare", "bible")
+    sources: tuple[str, ...] = ("shakespeare", "bible")  # bundled names, text paths/folders/globs, or token files
+    tokenizer: str = ""  # "" = train the project's BPE on the text; or a tokenizer.json (HF tokenizers)
+    eod_token: str = ""  # that tokenizer's end-of-document token (default: the first known one it has)
+    token_dtype: str = "uint16"  # id type of .bin token files
     z_loss: float = 1e-4
     # how replicas cooperate
     method: str = "diloco"
@@ -35,6 +39,8 @@ class TrainConfig:
     sync_every: int = 30  # H
     num_fragments: int = 1  # P
     fragment_pattern: str = "strided"
+    fragments: tuple[str, ...] = ()  # explicit fragments: "prefix|prefix" per fragment (parameter-name prefixes)
+    schedule: str = "even"  # "even", "torchft" or comma-separated first-send steps (diloco.algorithm.schedule)
     overlap_steps: int = 0  # tau
     merge_alpha: float = 0.0  # alpha
     codec: str = "fp32"  # outer gradients on the wire (DiLoCo / streaming)
@@ -94,7 +100,7 @@ class TrainConfig:
         need((self.steps > 0) != (self.tokens > 0),
              f"set exactly one of steps={self.steps} or tokens={self.tokens} to a positive value")
         errors += schedule_errors(self.sync_every, self.num_fragments, self.overlap_steps)
-        if blocks is not None and self.num_fragments >= 2:
+        if blocks is not None and self.num_fragments >= 2 and not self.model and not self.fragments:
             need(self.num_fragments - 1 <= blocks,
                  f"num_fragments={self.num_fragments} needs {self.num_fragments - 1} block fragments but "
                  f"size={self.size!r} has {blocks} blocks (fragment 0 holds the non-block parameters); "
@@ -121,6 +127,18 @@ class TrainConfig:
              f"seq_len={self.seq_len}, vocab_size={self.vocab_size}: need seq_len >= 8 and vocab_size >= 260 "
              f"(a byte-level tokenizer needs 256 byte tokens + specials)")
         need(0.0 < self.val_fraction < 0.5, f"val_fraction={self.val_fraction}: need 0 < v < 0.5")
+        need(self.token_dtype in ("uint16", "uint32"),
+             f"token_dtype={self.token_dtype!r}: use uint16 or uint32 (the id type of your .bin files)")
+        need(not self.fragments or len(self.fragments) == self.num_fragments,
+             f"fragments={list(self.fragments)} names {len(self.fragments)} fragments but num_fragments="
+             f"{self.num_fragments}: give one comma-separated group of parameter-name prefixes per fragment")
+        if not errors and self.method != "dp":
+            from diloco.algorithm.schedule import resolve_schedule
+
+            try:
+                resolve_schedule(self.schedule_spec, self.sync_every, self.num_fragments, self.overlap_steps)
+            except ValueError as exc:
+                errors.append(f"schedule={self.schedule!r}: {exc}")
         if errors:
             raise ValueError("invalid training config:\n  " + "\n  ".join(errors))
 
@@ -156,10 +174,21 @@ class TrainConfig:
         """Sequences each process computes per step: its worker's batch split over ranks_per_worker."""
         return self.batch_per_replica // self.ranks_per_worker
 
+    @property
+    def schedule_spec(self) -> str | tuple[int, ...]:
+        """``schedule`` as ``StreamingDiLoCo(schedule=...)`` takes it: a name, or a tuple of offsets."""
+        if self.schedule in ("even", "torchft"):
+            return self.schedule
+        try:
+            return tuple(int(v) for v in self.schedule.split(",") if v.strip())
+        except ValueError:
+            return self.schedule  # resolve_schedule names the forms that work
+
     # -- (de)serialisation ---------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["sources"] = list(self.sources)
+        d["fragments"] = list(self.fragments)
         return d
 
     @classmethod
@@ -169,8 +198,9 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown config keys {unknown}; valid keys: {', '.join(sorted(known))}")
         data = dict(data)
-        if "sources" in data:
-            data["sources"] = tuple(data["sources"])
+        for key in ("sources", "fragments"):
+            if key in data:
+                data[key] = tuple(data[key])
         return cls(**data)
 
     def with_overrides(self, overrides: dict[str, Any]) -> TrainConfig:

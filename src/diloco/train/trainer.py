@@ -124,11 +124,11 @@ def merge_step_records(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def build_model(cfg: TrainConfig, vocab_size: int) -> torch.nn.Module:
-    from diloco.models import Transformer, make_config
+    """The config's model (``cfg.model``: the project's Transformer, ``hf:PATH`` or a factory), seeded."""
+    from diloco.models.factory import build_model as build
 
-    torch.manual_seed(cfg.seed)
-    mc = make_config(cfg.size, vocab_size=vocab_size, seq_len=cfg.seq_len, z_loss=cfg.z_loss)
-    return Transformer(mc)
+    return build(cfg.model, size=cfg.size, vocab_size=vocab_size, seq_len=cfg.seq_len, seed=cfg.seed,
+                 z_loss=cfg.z_loss)
 
 
 @torch.no_grad()
@@ -171,6 +171,7 @@ class _Run:
     data: Any  # diloco.data.TokenData
     val: list[tuple[torch.Tensor, torch.Tensor]]
     template: torch.nn.Module  # built once and seeded; every replica starts from a copy
+    fragments: list[list[str]] | None  # explicit fragments (cfg.fragments), or None: the fragmenter's split
     start_step: int
     wall_before: float  # wall time of the run before this resume
     t0: float  # perf_counter when this process started the run
@@ -252,13 +253,15 @@ class Trainer:
         return plan_run_dir(self.out_dir, self.cfg, resume=resume, overwrite=overwrite, reuse=reuse)
 
     def _validate(self) -> None:
-        """What the config cannot check alone (it is validated when built): the data sources, optional packages."""
-        from diloco.data import SOURCES
+        """What the config cannot check alone (it is validated when built): that the data sources exist,
+        the model (its form, HF config or factory import), optional packages. The data and model are
+        then built and checked in full by :meth:`_prepare`, still before the run directory is touched."""
+        from diloco.data.sources import check_sources
+        from diloco.models.factory import check_model
 
         cfg = self.cfg
-        unknown = [s for s in cfg.sources if s not in SOURCES]
-        if unknown or not cfg.sources:
-            raise ValueError(f"sources={list(cfg.sources)}: choose from {', '.join(sorted(SOURCES))}")
+        check_sources(cfg.sources)
+        check_model(cfg.model)
         if cfg.tensorboard:
             TensorBoardSink.check_available()
 
@@ -269,12 +272,13 @@ class Trainer:
         builds the tokenizer and token cache first and the others then read it, instead of all of
         them racing to build it.
         """
-        from diloco.data import eval_batches, prepare_tokens
+        from diloco.train.inputs import prepare_inputs
 
         cfg = self.cfg
         if comm is not None and not lead:
             comm.barrier()
-        data = prepare_tokens(cfg.sources, cfg.vocab_size, self.cache_dir, val_fraction=cfg.val_fraction)
+        # Data, validation batches, the seeded model and its fragments, each checked (diloco.train.inputs).
+        inputs = prepare_inputs(cfg, self.cache_dir)
         if lead:  # everything is validated and the data is ready: only now is the run directory touched
             if plan.action == "overwrite":
                 clear_run(self.out_dir)
@@ -282,12 +286,11 @@ class Trainer:
             write_json(self.out_dir / "config.json", cfg.to_dict())
         if comm is not None and lead:
             comm.barrier()
-        val = list(eval_batches(data.val, batch_size=cfg.global_batch, seq_len=cfg.seq_len,
-                                max_batches=cfg.eval_batches))
-        # Built once and seeded (threads share torch's global RNG); replica 0's copy is broadcast anyway.
-        template = build_model(cfg, data.tokenizer.vocab_size)
+        # The template was built once and seeded (threads share torch's global RNG); replica 0's copy is
+        # broadcast anyway.
         meta = plan.meta or {}
-        return _Run(data=data, val=val, template=template, start_step=plan.start_step,
+        return _Run(data=inputs.data, val=inputs.val_batches, template=inputs.model, fragments=inputs.fragments,
+                    start_step=plan.start_step,
                     wall_before=float(meta.get("wall_time_s", 0.0)), t0=time.perf_counter())
 
     def _logger(self, start_step: int, resume: bool) -> MultiLogger:
@@ -426,7 +429,7 @@ class Trainer:
         eval_model = copy.deepcopy(model) if comm.rank == 0 and local == 0 else None
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2),
                                 weight_decay=cfg.weight_decay)
-        algo = self._algorithm(model, comm)
+        algo = self._algorithm(model, comm, run.fragments)
         # Inside a worker of R ranks: gradients averaged every step (fp32, exact up to the summation order).
         in_worker = DataParallel(model, comm=intra, codec="fp32") if intra is not None else None
         # The replica's sampler on every rank of the worker; rank `local` computes `rows` of each batch.
@@ -437,13 +440,15 @@ class Trainer:
         return _Replica(comm=comm, intra=intra, model=model, eval_model=eval_model, opt=opt, algo=algo,
                         in_worker=in_worker, sampler=sampler, rows=rows, params=params)
 
-    def _algorithm(self, model: torch.nn.Module, comm: Communicator) -> ReplicaAlgorithm:
+    def _algorithm(self, model: torch.nn.Module, comm: Communicator,
+                   fragments: list[list[str]] | None = None) -> ReplicaAlgorithm:
         cfg = self.cfg
         if cfg.method == "dp":
             return DataParallel(model, comm=comm, codec=cfg.dp_codec)
         return StreamingDiLoCo(
             model, comm=comm, sync_every=cfg.sync_every, num_fragments=cfg.num_fragments,
-            fragment_pattern=cfg.fragment_pattern, overlap_steps=cfg.overlap_steps,
+            fragment_pattern=cfg.fragment_pattern, fragments=fragments, schedule=cfg.schedule_spec,
+            overlap_steps=cfg.overlap_steps,
             merge_alpha=cfg.merge_alpha, codec=cfg.codec,
             outer_optimizer=partial(torch.optim.SGD, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
                                     nesterov=cfg.outer_nesterov and cfg.outer_momentum > 0),

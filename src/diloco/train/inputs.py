@@ -1,0 +1,65 @@
+"""What a run trains on and trains: its data and its model, prepared and checked before anything is written.
+
+:func:`prepare_inputs` resolves the config's sources (bundled corpus, your text, token files,
+your tokenizer: :func:`diloco.data.prepare_data`), builds the validation batches, checks that each
+replica's shard holds at least one batch, builds the seeded model (:func:`diloco.models.factory.build_model`)
+and splits it into the run's fragments. Every problem is a ``ValueError`` naming the value and the
+fix, raised before the run directory is created or touched (the tokenizer and token caches live
+in the cache directory, keyed by content).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["Inputs", "prepare_inputs", "run_fragments"]
+
+
+@dataclass
+class Inputs:
+    data: Any  # diloco.data.TokenData
+    val_batches: list[tuple[torch.Tensor, torch.Tensor]]
+    model: nn.Module  # the seeded template every replica copies
+    fragments: list[list[str]] | None  # explicit fragments (parameter names), or None: the fragmenter's split
+
+
+def run_fragments(cfg: Any, model: nn.Module) -> list[list[str]] | None:
+    """The fragments the config asks for (``cfg.fragments`` prefixes), checked against the model.
+
+    ``None`` means "let the fragmenter split the blocks"; either way the split is tried here, so a model
+    whose blocks cannot be found for P > 1 fails now, with a message saying how to pass fragments.
+    """
+    from diloco.algorithm.fragments import fragments_from_prefixes, split_fragments
+
+    if cfg.method == "dp":
+        return None
+    groups = fragments_from_prefixes(model, list(cfg.fragments)) if cfg.fragments else None
+    if groups is not None and len(groups) != cfg.num_fragments:
+        raise ValueError(f"fragments={list(cfg.fragments)} names {len(groups)} fragments but num_fragments="
+                         f"{cfg.num_fragments}; give one comma-separated group per fragment or set "
+                         f"num_fragments={len(groups)}")
+    split_fragments(model, cfg.num_fragments, pattern=cfg.fragment_pattern, fragments=groups)
+    return groups
+
+
+def prepare_inputs(cfg: Any, cache_dir: Path | str) -> Inputs:
+    """Data, validation batches, the seeded model and its fragments for ``cfg`` (a TrainConfig)."""
+    from diloco.data import ShardSampler, eval_batches, prepare_data
+    from diloco.models.factory import build_model, check_model
+
+    check_model(cfg.model)  # a bad model string, config or factory fails before any data work
+    data = prepare_data(cfg.sources, vocab_size=cfg.vocab_size, cache_dir=cache_dir, val_fraction=cfg.val_fraction,
+                        tokenizer=cfg.tokenizer or None, eod_token=cfg.eod_token or None,
+                        token_dtype=cfg.token_dtype)
+    val = list(eval_batches(data.val, batch_size=cfg.global_batch, seq_len=cfg.seq_len,
+                            max_batches=cfg.eval_batches))
+    ShardSampler(data.train, rank=0, world_size=cfg.replicas, batch_size=cfg.batch_per_replica,
+                 seq_len=cfg.seq_len, seed=cfg.seed)  # raises when a replica's shard holds less than one batch
+    model = build_model(cfg.model, size=cfg.size, vocab_size=data.vocab_size, seq_len=cfg.seq_len, seed=cfg.seed,
+                        z_loss=cfg.z_loss)
+    return Inputs(data, val, model, run_fragments(cfg, model))
