@@ -168,7 +168,12 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         cannot bring back a local value through an alias.
         """
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        for name, value in self.global_named_parameters().items():
+        glob = self.global_named_parameters()
+        canonical = {id(p): n for n, p in self.model.named_parameters()}
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            value = glob.get(canonical.get(id(param), ""))
+            if value is None or name not in state:
+                continue
             ref = state[name]
             value = value.to(device=local_shard(ref).device, dtype=ref.dtype).clone()
             if hasattr(ref, "device_mesh"):  # a fully_shard'ed parameter: this rank's shard of the DTensor
