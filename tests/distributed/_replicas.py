@@ -205,7 +205,7 @@ def mesh_exchange_rank(comm, cfg: dict) -> dict:
             "cross_wire": wcomm.cross.stats.wire_sent}
 
 
-# -- FSDP inside a worker -----------------------------------------------------------------------------------------------
+# -- FSDP inside a worker ---------------------------------------------------------------------------------------------
 def algorithm_state_bytes(algo) -> dict:
     """Bytes this rank holds for the global copy and for the outer optimizers' state (storage sizes)."""
     glob = sum(g.untyped_storage().nbytes() for g in algo.global_flat)

@@ -23,7 +23,10 @@ import math
 import pytest
 import torch
 
-from _replicas import exchange_cases, exchange_values
+from functools import partial
+
+from _replicas import exchange_cases, exchange_values, single_thread
+from diloco.comm.local import run_replicas
 from diloco.algorithm.codecs import BlockScaledCodec, get_codec
 from diloco.distributed import run_processes
 from diloco.traffic import all_gather_bytes, reduce_scatter_bytes, shard_sizes
@@ -136,6 +139,16 @@ def test_a_nonfinite_contribution_is_dropped_by_every_rank(run):
 def round_per_shard(codec, x: torch.Tensor, m: int) -> torch.Tensor:
     """One codec round trip of each of the m shards of ``x``: what the shard owners send."""
     return torch.cat([codec.decode(codec.encode(p), len(p)) for p in x.split(shard_sizes(x.numel(), m))])
+
+
+def test_the_in_process_backend_gives_the_same_bits_and_bytes(run):
+    m, cases, results = run
+    with single_thread():
+        local = run_replicas(partial(exchange_cases, cases=cases), m, timeout=60)
+    for a, b in zip(local, results, strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert (x["exchange"], x["dropped"], x["counted"]) == (y["exchange"], y["dropped"], y["counted"])
+            assert (x["mean"] is None and y["mean"] is None) or torch.equal(x["mean"], y["mean"])
 
 
 def rounding_bound_ok(codec, x: torch.Tensor, y: torch.Tensor) -> bool:

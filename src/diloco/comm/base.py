@@ -195,9 +195,10 @@ class MeanWork:
         else:
             M, me = comm.world_size, comm.rank
             counts = shard_sizes(self._numel, M)
-            mine, dropped = average_payloads(self._shards.wait(), codec, counts[me])
+            shards = self._shards.wait()
+            mine, dropped = average_payloads(shards, codec, counts[me])
             if mine is None:  # every replica dropped (all agree): send a defined placeholder
-                mine = torch.full((counts[me],), float("nan"), device=self._shards_device())
+                mine = torch.full((counts[me],), float("nan"), device=shards[me].device)
             encoded = codec.encode(mine)
             means = comm._all_to_all([encoded] * M, self._sizes, f"{self._tag} means").wait()
             if len(dropped) == M:
@@ -207,9 +208,6 @@ class MeanWork:
                                 dropped)
         self._comm.stats.finish(self._handle)
         return self._result
-
-    def _shards_device(self) -> torch.device:
-        return self._shards.wait()[0].device
 
 
 class _AccountedWork(Work):

@@ -97,13 +97,16 @@ class LocalGroup:
 class _LocalWork(Work):
     def __init__(self, group: LocalGroup, seq: int, rank: int, what: str, pick: Callable | None = None) -> None:
         self._group, self._seq, self._rank, self._what, self._pick = group, seq, rank, what, pick
+        self._result: list[torch.Tensor] | None = None
 
     def wait(self) -> list[torch.Tensor]:
-        items = self._group._collect(self._seq, self._rank, self._what)
-        return items if self._pick is None else self._pick(items)
+        if self._result is None:  # collected once: the slot is freed when every replica has
+            items = self._group._collect(self._seq, self._rank, self._what)
+            self._result = items if self._pick is None else self._pick(items)
+        return self._result
 
     def is_completed(self) -> bool:
-        return self._group._ready(self._seq)
+        return self._result is not None or self._group._ready(self._seq)
 
 
 class LocalCommunicator(Communicator):

@@ -111,8 +111,8 @@ class _Heartbeat:
 
 
 class _TorchWork(Work):
-    def __init__(self, comm: TorchDistCommunicator, work, out: torch.Tensor, numel: int | list[int], seq: int, what: str,
-                 result_device: torch.device) -> None:
+    def __init__(self, comm: TorchDistCommunicator, work, out: torch.Tensor, numel: int | list[int], seq: int,
+                 what: str, result_device: torch.device) -> None:
         self._comm, self._work, self._out, self._numel = comm, work, out, numel
         self._seq, self._what, self._device = seq, what, result_device
         self._result: list[torch.Tensor] | None = None
