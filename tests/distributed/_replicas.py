@@ -180,6 +180,8 @@ def exchange_cases(comm, cases: list[dict]) -> list[dict]:
     for case in cases:
         codec = get_codec(case["codec"])
         comm.exchange = case.get("exchange")  # None: the default for this M
+        if "pairwise" in case:  # gloo: M-1 rounds of isend/irecv (default) or one all_to_all_single
+            comm.pairwise_all_to_all = case["pairwise"]
         before = dict(comm.stats.totals(), wire_sent=comm.stats.wire_sent, wire_received=comm.stats.wire_received)
         values = exchange_values(comm.rank, case["numel"], case)
         contribution = comm.encode(values, codec)

@@ -194,3 +194,15 @@ def test_lossy_codecs_round_the_mean_once_more_within_the_codec_bound(run):
         assert not torch.equal(got, exact)  # the rounding is real
         for p, q in zip(exact.split(sizes), got.split(sizes), strict=True):
             assert rounding_bound_ok(codec, p, q), case
+
+
+def test_gloo_all_to_all_single_and_the_pairwise_rounds_give_the_same_bits():
+    cases = [{"codec": c, "numel": NUMEL, "seed": 20 + i, "pairwise": p, "poison": [1] if i == 2 else []}
+             for i, c in enumerate(["fp32", "fp4_e3m0", "int8"]) for p in (True, False)]
+    results = run_processes(exchange_cases, 4, args=(cases,), timeout_s=90)
+    for res in results:
+        for a, b in zip(res[0::2], res[1::2], strict=True):
+            assert a["exchange"] == b["exchange"] == "reduce_scatter"
+            assert torch.equal(a["mean"], b["mean"]) and a["dropped"] == b["dropped"]
+            assert a["counted"] == b["counted"]
+    assert results[0][4]["dropped"] == [1]

@@ -127,6 +127,58 @@ class _TorchWork(Work):
         return self._result is not None or bool(self._work.is_completed())
 
 
+class _PairwiseWork(Work):
+    """An all-to-all in M-1 rounds on a helper thread: in round k this rank sends its chunk for rank
+    ``rank + k`` and receives the one from ``rank - k`` (``isend``/``irecv``, tagged with the collective's
+    number), so every link carries one flow each way at a time, as a ring does. (gloo's own
+    all-to-all sends to all peers at once; through per-worker shaped links it reached ~65 % of the
+    link rate where this and the ring all-gather reach ~90 %: benchmarks/link.py.)"""
+
+    def __init__(self, comm: TorchDistCommunicator, chunks, recv_sizes, seq: int, what: str,
+                 result_device: torch.device) -> None:
+        self._comm, self._seq, self._what, self._device = comm, seq, what, result_device
+        M, me = comm.world_size, comm.rank
+        src = [c.to(comm.device) for c in chunks]
+        self._bufs = [torch.empty(n, dtype=torch.uint8, device=comm.device) for n in recv_sizes]
+        self._bufs[me] = src[me]
+        self._error: BaseException | None = None
+        self._result: list[torch.Tensor] | None = None
+
+        def run() -> None:
+            try:
+                for k in range(1, M):
+                    to, frm = (me + k) % M, (me - k) % M
+                    works = []
+                    if src[to].numel():
+                        works.append(dist.isend(src[to], dst=comm.global_ranks[to], group=comm.group, tag=seq))
+                    if self._bufs[frm].numel():
+                        works.append(dist.irecv(self._bufs[frm], src=comm.global_ranks[frm], group=comm.group,
+                                                tag=seq))
+                    for w in works:
+                        w.wait()
+            except BaseException as exc:  # noqa: BLE001 - raised as a CommError by wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name=f"diloco-all-to-all-{seq}", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> list[torch.Tensor]:
+        if self._result is None:
+            t0 = time.monotonic()
+            self._thread.join(timeout=self._comm.timeout_s)
+            if self._thread.is_alive():
+                exc = TimeoutError(f"{self._what} still running after {self._comm.timeout_s:g}s")
+                self._comm._fail(self._comm._diagnose(self._what, self._seq, exc, time.monotonic() - t0), exc)
+            if self._error is not None:
+                self._comm._fail(self._comm._diagnose(self._what, self._seq, self._error, time.monotonic() - t0),
+                                 self._error)
+            self._result = [b.to(self._device) for b in self._bufs]
+        return self._result
+
+    def is_completed(self) -> bool:
+        return self._result is not None or not self._thread.is_alive()
+
+
 class _DoneWork(Work):
     """World of one: nothing to exchange."""
 
@@ -155,6 +207,9 @@ class TorchDistCommunicator(Communicator):
             fault; default the default process group's store. ``None`` and no default store: errors
             cannot name the missing ranks.
         heartbeat_s: interval of the liveness heartbeat (0 disables it).
+        pairwise_all_to_all: run all-to-alls as M-1 rounds of point-to-point transfers on a helper
+            thread (one peer per round) instead of ``all_to_all_single``; default: on for gloo, off for
+            nccl (whose all-to-all already is grouped point-to-point on the GPU's own streams).
     """
 
     def __init__(
@@ -164,6 +219,7 @@ class TorchDistCommunicator(Communicator):
         timeout_s: float,
         store: dist.Store | None = None,
         heartbeat_s: float = 0.5,
+        pairwise_all_to_all: bool | None = None,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError(
@@ -181,6 +237,7 @@ class TorchDistCommunicator(Communicator):
         self.timeout_s = float(timeout_s)
         backend = str(dist.get_backend(group)).lower()
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.pairwise_all_to_all = (backend == "gloo") if pairwise_all_to_all is None else bool(pairwise_all_to_all)
         self.stats = CommStats()
         self._seq = 0
         self._failed: str | None = None
@@ -212,6 +269,8 @@ class TorchDistCommunicator(Communicator):
         if self.world_size == 1:
             return _DoneWork(chunks[0])
         device = chunks[self.rank].device
+        if self.pairwise_all_to_all:
+            return _PairwiseWork(self, chunks, recv_sizes, seq, what, device)
         src = torch.cat([c.reshape(-1) for c in chunks]).to(self.device)
         out = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=self.device)
         send_sizes = [c.numel() for c in chunks]
