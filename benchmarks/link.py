@@ -173,9 +173,9 @@ def throttle(comm, mbps: float, latency_ms: float):
     def throttled_gather(payload, tag):
         return _ThrottledWork(gather(payload, tag), ready_at((comm.world_size - 1) * payload.numel()))
 
-    def throttled_a2a(chunks, recv_sizes, tag):
+    def throttled_a2a(chunks, recv_sizes, tag, seq=None):
         out = sum(c.numel() for j, c in enumerate(chunks) if j != comm.rank)
-        return _ThrottledWork(a2a(chunks, recv_sizes, tag), ready_at(out))
+        return _ThrottledWork(a2a(chunks, recv_sizes, tag, seq), ready_at(out))
 
     comm._start_all_gather, comm._start_all_to_all = throttled_gather, throttled_a2a
     return comm

@@ -129,8 +129,15 @@ class LocalCommunicator(Communicator):
         self.group._post(seq, self.rank, payload)
         return _LocalWork(self.group, seq, self.rank, f"all-gather {tag!r}")
 
-    def _start_all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str) -> Work:
-        seq = self._next_seq()
+    def _can_pipeline(self) -> bool:
+        return True  # collectives are matched by their number
+
+    def _reserve(self, what: str) -> int:
+        return self._next_seq()
+
+    def _start_all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str,
+                          seq: int | None = None) -> Work:
+        seq = self._next_seq() if seq is None else seq
         self.group._post(seq, self.rank, list(chunks))
         me = self.rank
 

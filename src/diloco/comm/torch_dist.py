@@ -263,9 +263,20 @@ class TorchDistCommunicator(Communicator):
         work = self._issue(what, seq, lambda: _all_gather_single(out, src, group=self.group, async_op=True))
         return _TorchWork(self, work, out, src.numel(), seq, what, payload.device)
 
-    def _start_all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str) -> Work:
+    def _can_pipeline(self) -> bool:
+        # pairwise rounds are matched by their tag (the collective's number), not by issue order
+        return self.pairwise_all_to_all and self.world_size > 1
+
+    def _reserve(self, what: str) -> int:
+        return self._enter(what)
+
+    def _start_all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str,
+                          seq: int | None = None) -> Work:
         what = f"all-to-all {tag!r}" if tag else "all-to-all"
-        seq = self._enter(what)
+        if seq is None:
+            seq = self._enter(what)
+        else:
+            assert self._can_pipeline(), "a reserved number needs tagged (pairwise) all-to-alls"
         if self.world_size == 1:
             return _DoneWork(chunks[0])
         device = chunks[self.rank].device
