@@ -2,9 +2,11 @@
 
 Runs the same algorithm code as the in-process backend (:mod:`diloco.comm.local`):
 the exchanges of :mod:`diloco.comm.base` are built on two collectives on 1-D
-uint8 tensors, ``all_gather_single`` and ``all_to_all_single`` (uneven splits),
-both issued with ``async_op=True``, so a fragment's exchange travels while the
-next inner steps compute. Device-agnostic: tensors go to ``self.device`` (the
+uint8 tensors, ``all_gather_single`` and an all-to-all (uneven splits): on gloo
+M-1 pairwise rounds of ``isend``/``irecv`` on a helper thread, tagged with the
+collective's number (see :class:`_PairwiseWork`), elsewhere ``all_to_all_single``;
+all asynchronous, so a fragment's exchange travels while the next inner steps
+compute. Device-agnostic: tensors go to ``self.device`` (the
 current CUDA device under nccl, CPU otherwise) and results come back to the
 caller's device.
 
@@ -130,9 +132,10 @@ class _TorchWork(Work):
 class _PairwiseWork(Work):
     """An all-to-all in M-1 rounds on a helper thread: in round k this rank sends its chunk for rank
     ``rank + k`` and receives the one from ``rank - k`` (``isend``/``irecv``, tagged with the collective's
-    number), so every link carries one flow each way at a time, as a ring does. (gloo's own
-    all-to-all sends to all peers at once; through per-worker shaped links it reached ~65 % of the
-    link rate where this and the ring all-gather reach ~90 %: benchmarks/link.py.)"""
+    number), so every link carries one flow each way at a time, as a ring does (gloo's own all-to-all
+    sends to all peers at once; on shaped links both ran at ~60 % of the link rate, measured by
+    benchmarks/link.py). Being matched by tag, not by issue order, these rounds may be issued from a
+    helper thread: that is what lets the reduce-scatter exchange run entirely in the background."""
 
     def __init__(self, comm: TorchDistCommunicator, chunks, recv_sizes, seq: int, what: str,
                  result_device: torch.device) -> None:
