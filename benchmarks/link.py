@@ -72,7 +72,7 @@ METHODS = {  # name -> (algorithm, num_fragments, overlap_steps, codec)
 class Link:
     """M namespaces joined by shaped veths (a pair for M = 2, a bridge for more); always torn down."""
 
-    def __init__(self, latency_ms: float, workers: int = 2) -> None:
+    def __init__(self, latency_ms: float, workers: int = 2, queue_ms: float = 100.0) -> None:
         tag = f"{os.getpid() % 100000}"
         self.workers = workers
         self.ns = [f"dlk{tag}{chr(97 + i)}" for i in range(workers)]
@@ -80,6 +80,7 @@ class Link:
         self.hub_ns = f"dlk{tag}hub" if workers > 2 else None
         self.hub_dev = [f"dlkh{tag}{chr(97 + i)}" for i in range(workers)] if workers > 2 else []
         self.latency_ms = latency_ms
+        self.queue_ms = queue_ms
         self.notes: list[str] = []
 
     def shaped(self) -> list[tuple[str, str]]:
@@ -134,7 +135,7 @@ class Link:
                     note = "latency NOT emulated: the kernel has no netem qdisc (bandwidth only, via tbf)"
                     if note not in self.notes:
                         self.notes.append(note)
-            self._run(*base, "tbf", "rate", f"{rate}bit", "burst", str(burst), "latency", "100ms")
+            self._run(*base, "tbf", "rate", f"{rate}bit", "burst", str(burst), "latency", f"{self.queue_ms:g}ms")
 
     def close(self) -> None:
         for ns in self.ns + ([self.hub_ns] if self.hub_ns else []):  # a namespace takes its veth ends along
@@ -172,9 +173,9 @@ def throttle(comm, mbps: float, latency_ms: float):
     def throttled_gather(payload, tag):
         return _ThrottledWork(gather(payload, tag), ready_at((comm.world_size - 1) * payload.numel()))
 
-    def throttled_a2a(chunks, recv_sizes, tag):
+    def throttled_a2a(chunks, recv_sizes, tag, seq=None):
         out = sum(c.numel() for j, c in enumerate(chunks) if j != comm.rank)
-        return _ThrottledWork(a2a(chunks, recv_sizes, tag), ready_at(out))
+        return _ThrottledWork(a2a(chunks, recv_sizes, tag, seq), ready_at(out))
 
     comm._start_all_gather, comm._start_all_to_all = throttled_gather, throttled_a2a
     return comm
@@ -227,6 +228,34 @@ def probe_overlap(comm, mbps: float) -> dict:
             "effective_mbps": others * payload.numel() * 8 / t_comm / 1e6}  # per rank, each way, both at once
 
 
+def probe_exchanges(comm, numel: int, codec_name: str, mbps: float) -> dict:
+    """Seconds of one ``mean_async`` of ``numel`` values with each exchange, alone (no compute): median of 3,
+    beside the link time of the bytes the traffic function says cross each worker's link."""
+    import torch
+
+    from diloco.algorithm.codecs import get_codec
+
+    codec = get_codec(codec_name)
+    values = torch.randn(numel, generator=torch.Generator().manual_seed(comm.rank))
+    out = {}
+    for exchange in ("all_gather", "reduce_scatter"):
+        comm.exchange = exchange
+        payload = comm.encode(values, codec)
+        comm.mean_async(payload, codec=codec, numel=numel, tag="probe").wait()  # warm every connection
+        times, sent = [], 0
+        for _ in range(3):
+            comm.barrier()
+            t0 = time.perf_counter()
+            work = comm.mean_async(payload, codec=codec, numel=numel, tag="probe")
+            work.wait()
+            times.append(time.perf_counter() - t0)
+            sent = max(work.link_bytes.sent, work.link_bytes.received)
+        out[exchange] = {"s": statistics.median(times), "bytes_each_way": sent,
+                         "link_s": sent * 8 / (mbps * 1e6)}
+    comm.exchange = None
+    return out
+
+
 def run_method(comm, name: str, args, dev: str | None, exchange: str | None = None) -> dict:
     import torch
 
@@ -275,7 +304,8 @@ def run_method(comm, name: str, args, dev: str | None, exchange: str | None = No
     non_block = n_params - sum(p.numel() for p in model.blocks.parameters())
     ran = comm.exchange_for(n_params)  # every payload here is far larger than M values
     return {"method": name if exchange is None else f"{name} [{exchange}]", "base_method": name,
-            "workers": comm.world_size, "exchange": ran, "kind": kind, "H": 1 if kind == "dp" else args.H, "P": P, "tau": tau, "codec": codec,
+            "workers": comm.world_size, "exchange": ran, "kind": kind, "H": 1 if kind == "dp" else args.H,
+            "P": P, "tau": tau, "codec": codec,
             "bits": algo.codec.bits_per_value, "steps": measured, "compute_s": compute, "wall_s": wall,
             "utilization": compute / wall, "s_per_step": wall / measured,
             "compute_s_per_step": compute / measured, "bytes_sent": comm.stats.bytes_sent - sent0,
@@ -300,6 +330,12 @@ def worker(args) -> None:
         throttle(comm, args.mbps, args.latency_ms)
     dev = None if args.throttle else args.ifname
     out = {"rank": args.rank, "probe": probe_overlap(comm, args.mbps), "runs": []}
+    if args.workers > 2:
+        from diloco.models import Transformer, make_config
+
+        n = sum(p.numel() for p in Transformer(make_config(args.size, vocab_size=args.vocab,
+                                                           seq_len=args.seq)).parameters())
+        out["probe"]["exchanges"] = probe_exchanges(comm, n, "bf16", args.mbps)
     for name in args.methods.split(","):
         for exchange in _exchanges(args):
             out["runs"].append(run_method(comm, name, args, dev, exchange))
@@ -371,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency-ms", type=float, default=0.0, help="one-way delay per direction (needs netem)")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--workers", type=int, default=2, help="M, worker processes (one namespace each)")
+    ap.add_argument("--queue-ms", type=float, default=100.0,
+                    help="tbf queue: packets that would wait longer are dropped (tbf's 'latency')")
     ap.add_argument("--exchanges", default="default",
                     help="comma-separated: default, all_gather, reduce_scatter (each method runs with each)")
     ap.add_argument("--H", type=int, default=24, help="sync_every for the DiLoCo methods")
@@ -419,16 +457,30 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def exchange_mbps(probe: dict, run: dict, mbps: float) -> float | None:
+    """The rate the run's exchange really achieved alone (the exchange probe, M > 2): bytes / seconds."""
+    e = probe.get("exchanges", {}).get(run.get("exchange"))
+    return None if e is None else mbps * e["link_s"] / e["s"]
+
+
+def _with_predictions(run: dict, probe: dict, mbps: float, latency_ms: float) -> dict:
+    xmbps = exchange_mbps(probe, run, mbps)
+    return {"predicted_utilization": predict(run, mbps, latency_ms),
+            "effective_mbps": probe["effective_mbps"],
+            "predicted_utilization_effective": predict(run, probe["effective_mbps"], latency_ms),
+            "exchange_mbps": xmbps,
+            "predicted_utilization_exchange": None if xmbps is None else predict(run, xmbps, latency_ms)}
+
+
 def _repredict(path: Path) -> int:
     if not path.exists():
         raise SystemExit(f"--repredict: {path} does not exist; run the benchmark first (sudo, ~5 min)")
     saved = json.loads(path.read_text())
     latency = saved["config"].get("latency_ms", 0.0)
-    for r in saved["rows"]:
-        r["predicted_utilization"] = predict(r, r["mbps"], latency)
-        r["predicted_utilization_effective"] = predict(r, r["effective_mbps"], latency)
-    args = argparse.Namespace(**saved["config"] | {"out": str(path)})
     probes = {float(k): v for k, v in saved["overlap_probe"].items()}
+    for r in saved["rows"]:
+        r.update(_with_predictions(r, probes[float(r["mbps"])], r["mbps"], latency))
+    args = argparse.Namespace(**saved["config"] | {"out": str(path)})
     report(saved["rows"], probes, saved["notes"], args)
     return 0
 
@@ -447,7 +499,7 @@ def _orchestrate(args, bandwidths: list[float]) -> int:
             notes.append("no root or no iproute2: THROTTLE IN THE COMMUNICATOR (sleep bytes/bandwidth), not a link")
         else:
             try:
-                link = cleanup.enter_context(Link(args.latency_ms, args.workers))  # torn down on any exit
+                link = cleanup.enter_context(Link(args.latency_ms, args.workers, args.queue_ms))  # always torn down
             except (subprocess.CalledProcessError, OSError) as exc:
                 detail = getattr(exc, "stderr", "") or str(exc)
                 notes.append(f"network namespaces unavailable ({detail.strip()}): THROTTLE IN THE COMMUNICATOR")
@@ -463,11 +515,8 @@ def _orchestrate(args, bandwidths: list[float]) -> int:
                 util = sum(m["utilization"] for m in mates) / len(mates)
                 rows.append(run | {"mbps": mbps, "utilization": util,
                                    "s_per_step": max(m["s_per_step"] for m in mates),
-                                   "utilization_per_rank": [m["utilization"] for m in mates],
-                                   "predicted_utilization": predict(run, mbps, args.latency_ms),
-                                   "effective_mbps": probes[mbps]["effective_mbps"],
-                                   "predicted_utilization_effective": predict(
-                                       run, probes[mbps]["effective_mbps"], args.latency_ms)})
+                                   "utilization_per_rank": [m["utilization"] for m in mates]}
+                            | _with_predictions(run, probes[mbps], mbps, args.latency_ms))
         if link is not None:
             notes += link.notes
     report(rows, probes, notes, args)
@@ -486,9 +535,13 @@ def report(rows: list[dict], probes: dict, notes: list[str], args) -> None:
         print(f"  {mbps:>7g} Mbit/s: comm {p['comm_s']:.2f} s (effective {p['effective_mbps']:.1f} Mbit/s each way), "
               f"compute {p['compute_s']:.2f} s, serial {p['serial_s']:.2f} s, overlapped {p['overlapped_s']:.2f} s "
               f"-> {p['fraction_hidden']:.0%} of the shorter one hidden")
+        for ex, e in p.get("exchanges", {}).items():
+            print(f"           one bf16 exchange of the model alone, {ex}: {e['s']:.2f} s for "
+                  f"{e['bytes_each_way'] / 1e6:.2f} MB each way ({e['link_s']:.2f} s at the configured rate)")
     width = max(13, *(len(r["method"]) for r in rows))
-    print(f"\n{'Mbit/s':>7} {'method':<{width}} {'util':>6} {'sim':>6} {'sim@eff':>7} {'s/step':>7} {'MB sent':>8} "
-          f"{'MB wire':>8}")
+    xchg = any(r.get("predicted_utilization_exchange") is not None for r in rows)
+    print(f"\n{'Mbit/s':>7} {'method':<{width}} {'util':>6} {'sim':>6} {'sim@eff':>7} "
+          + (f"{'sim@xchg':>8} " if xchg else "") + f"{'s/step':>7} {'MB sent':>8} {'MB wire':>8}")
 
     def pct(x: float | None) -> str:
         return "-" if x is None else f"{x:.1%}"
@@ -496,15 +549,18 @@ def report(rows: list[dict], probes: dict, notes: list[str], args) -> None:
     for r in rows:
         wire = f"{r['wire_tx_bytes'] / 1e6:.2f}" if r["wire_tx_bytes"] else "-"
         print(f"{r['mbps']:>7g} {r['method']:<{width}} {r['utilization']:>6.1%} {pct(r['predicted_utilization']):>6} "
-              f"{pct(r['predicted_utilization_effective']):>7} {r['s_per_step']:>7.3f} {r['bytes_sent'] / 1e6:>8.2f} "
-              f"{wire:>8}")
+              f"{pct(r['predicted_utilization_effective']):>7} "
+              + (f"{pct(r.get('predicted_utilization_exchange')):>8} " if xchg else "")
+              + f"{r['s_per_step']:>7.3f} {r['bytes_sent'] / 1e6:>8.2f} {wire:>8}")
     print("util: measured compute time / wall time, mean of the workers. sim: diloco.sim.predict_utilization at\n"
           "the measured compute time per step and the configured bandwidth; sim@eff: at the bandwidth the probe\n"
           "measured (both with overlap_backward=False: exchanges after the step, as the trainer does). MB sent:\n"
           "what the communicator counted leaving each worker in the window (diloco.traffic); MB wire: bytes\n"
           "that left the worker's veth (TCP/IP headers and store traffic included). M > 2: the simulator\n"
-          "charges 2(M-1)/M per bit; all-gather rows scale the bits to its (M-1).")
-    for key, label in (("predicted_utilization", "configured"), ("predicted_utilization_effective", "effective")):
+          "charges 2(M-1)/M per bit; all-gather rows scale the bits to its (M-1). sim@xchg (M > 2): at the rate\n"
+          "the run's exchange achieved alone in the exchange probe.")
+    for key, label in (("predicted_utilization", "configured"), ("predicted_utilization_effective", "effective"),
+                       ("predicted_utilization_exchange", "exchange probe's")):
         gaps = [(r, 100 * (r[key] - r["utilization"])) for r in rows if r.get(key) is not None]
         if gaps:
             misses = ", ".join(f"{r['method']} at {r['mbps']:g} ({g:+.1f})" for r, g in gaps if abs(g) > 5)

@@ -180,6 +180,8 @@ def exchange_cases(comm, cases: list[dict]) -> list[dict]:
     for case in cases:
         codec = get_codec(case["codec"])
         comm.exchange = case.get("exchange")  # None: the default for this M
+        if "pairwise" in case:  # gloo: M-1 rounds of isend/irecv (default) or one all_to_all_single
+            comm.pairwise_all_to_all = case["pairwise"]
         before = dict(comm.stats.totals(), wire_sent=comm.stats.wire_sent, wire_received=comm.stats.wire_received)
         values = exchange_values(comm.rank, case["numel"], case)
         contribution = comm.encode(values, codec)
@@ -205,7 +207,7 @@ def mesh_exchange_rank(comm, cfg: dict) -> dict:
             "cross_wire": wcomm.cross.stats.wire_sent}
 
 
-# -- FSDP inside a worker -----------------------------------------------------------------------------------------------
+# -- FSDP inside a worker ---------------------------------------------------------------------------------------------
 def algorithm_state_bytes(algo) -> dict:
     """Bytes this rank holds for the global copy and for the outer optimizers' state (storage sizes)."""
     glob = sum(g.untyped_storage().nbytes() for g in algo.global_flat)

@@ -23,7 +23,10 @@ import math
 import pytest
 import torch
 
-from _replicas import exchange_cases, exchange_values
+from functools import partial
+
+from _replicas import exchange_cases, exchange_values, single_thread
+from diloco.comm.local import run_replicas
 from diloco.algorithm.codecs import BlockScaledCodec, get_codec
 from diloco.distributed import run_processes
 from diloco.traffic import all_gather_bytes, reduce_scatter_bytes, shard_sizes
@@ -138,6 +141,16 @@ def round_per_shard(codec, x: torch.Tensor, m: int) -> torch.Tensor:
     return torch.cat([codec.decode(codec.encode(p), len(p)) for p in x.split(shard_sizes(x.numel(), m))])
 
 
+def test_the_in_process_backend_gives_the_same_bits_and_bytes(run):
+    m, cases, results = run
+    with single_thread():
+        local = run_replicas(partial(exchange_cases, cases=cases), m, timeout=60)
+    for a, b in zip(local, results, strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert (x["exchange"], x["dropped"], x["counted"]) == (y["exchange"], y["dropped"], y["counted"])
+            assert (x["mean"] is None and y["mean"] is None) or torch.equal(x["mean"], y["mean"])
+
+
 def rounding_bound_ok(codec, x: torch.Tensor, y: torch.Tensor) -> bool:
     """Is ``y`` within ``codec``'s bound of one rounding of ``x``?
 
@@ -181,3 +194,15 @@ def test_lossy_codecs_round_the_mean_once_more_within_the_codec_bound(run):
         assert not torch.equal(got, exact)  # the rounding is real
         for p, q in zip(exact.split(sizes), got.split(sizes), strict=True):
             assert rounding_bound_ok(codec, p, q), case
+
+
+def test_gloo_all_to_all_single_and_the_pairwise_rounds_give_the_same_bits():
+    cases = [{"codec": c, "numel": NUMEL, "seed": 20 + i, "pairwise": p, "poison": [1] if i == 2 else []}
+             for i, c in enumerate(["fp32", "fp4_e3m0", "int8"]) for p in (True, False)]
+    results = run_processes(exchange_cases, 4, args=(cases,), timeout_s=90)
+    for res in results:
+        for a, b in zip(res[0::2], res[1::2], strict=True):
+            assert a["exchange"] == b["exchange"] == "reduce_scatter"
+            assert torch.equal(a["mean"], b["mean"]) and a["dropped"] == b["dropped"]
+            assert a["counted"] == b["counted"]
+    assert results[0][4]["dropped"] == [1]

@@ -99,3 +99,20 @@ def test_a_peer_that_hangs_is_named_after_the_timeout():
     # the wait timeout, plus ~1.25 s spent reading the peers' heartbeats
     assert timeout <= waited < timeout + 5
     assert info.value.failures[1].error_type == "killed"  # the hung rank, killed by run_processes
+
+
+def test_a_peer_that_dies_before_a_reduce_scatter_is_named_by_both_survivors():
+    """M = 3: the exchange is the reduce-scatter (an all-to-all in pairwise rounds on gloo)."""
+    timeout = 20.0
+    cfg = {"H": 4, "steps": 8, "victim": 2, "die_at": 4, "how": "sigkill"}
+    with pytest.raises(ProcessFailure) as info:
+        run_processes(dies_before_exchange, 3, args=(cfg,), comm_timeout_s=timeout, timeout_s=90)
+    failures = info.value.failures
+    assert failures[2].error_type == "exit"
+    for rank in (0, 1):
+        assert failures[rank].error_type == "CommError", failures[rank]
+        msg = failures[rank].message
+        step, waited = re.search(r"\[step=(\d+) waited_s=([\d.]+)\]", msg).groups()
+        assert int(step) == 4 and float(waited) < timeout
+        assert "all-to-all 'fragment 0 shards'" in msg and "collective #2" in msg
+        assert "rank(s) [2] never reached it" in msg and "rank(s) [2] stopped responding" in msg

@@ -62,3 +62,31 @@ def test_a_failing_replica_aborts_its_peers_instead_of_hanging():
 def test_payload_type_is_checked():
     with pytest.raises(TypeError, match="uint8"):
         LocalGroup(1).communicators[0].all_gather_async(torch.zeros(3))
+
+
+def test_mean_async_in_process_matches_the_rank_order_mean_for_both_exchanges():
+    from diloco.algorithm.codecs import get_codec
+
+    codec = get_codec("fp32")
+
+    def fn(comm, exchange):
+        comm.exchange = exchange
+        values = torch.arange(10, dtype=torch.float32) * (comm.rank + 1)
+        work = comm.mean_async(comm.encode(values, codec), codec=codec, numel=10, tag="t")
+        return work.exchange, work.wait()[0]
+
+    want = torch.arange(10, dtype=torch.float32) * (1 + 2 + 3) / 3
+    for exchange in ("all_gather", "reduce_scatter"):
+        for ran, mean in run_replicas(lambda c, e=exchange: fn(c, e), 3):
+            assert ran == exchange and torch.equal(mean, want)
+
+
+def test_exchange_and_contribution_mistakes_are_value_errors_that_say_what_to_do():
+    from diloco.algorithm.codecs import get_codec
+
+    comm = LocalGroup(1).communicators[0]
+    with pytest.raises(ValueError, match="unknown exchange 'ring'; choose one of all_gather, reduce_scatter"):
+        comm.exchange = "ring"
+    codec = get_codec("int8")
+    with pytest.raises(ValueError, match="encode it with this communicator's encode"):
+        comm.mean_async(torch.zeros(5, dtype=torch.uint8), codec=codec, numel=100)

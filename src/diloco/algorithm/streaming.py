@@ -97,7 +97,8 @@ class StreamingDiLoCo(ReplicaAlgorithm):
             model, num_fragments, pattern=fragment_pattern, fragments=fragments
         )
         broadcast_parameters(model, comm)  # identical start on every replica, by construction
-        device = torch.device(offload_device) if offload_device is not None else local_shards(self.fragments[0].params[:1])[0].device
+        first = local_shards(self.fragments[0].params[:1])[0]
+        device = torch.device(offload_device) if offload_device is not None else first.device
         factory = outer_optimizer or default_outer_optimizer
         self.global_flat: list[torch.Tensor] = []
         self.outer_optimizers: list[torch.optim.Optimizer] = []

@@ -33,6 +33,7 @@ sizes given).
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -72,9 +73,21 @@ class Communicator(abc.ABC):
         """Backend hook: start gathering a 1-D uint8 ``payload`` from every replica."""
 
     @abc.abstractmethod
-    def _start_all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str) -> Work:
+    def _start_all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str,
+                          seq: int | None = None) -> Work:
         """Backend hook: send 1-D uint8 ``chunks[j]`` to replica ``j``; ``wait()`` gives the chunk each
-        replica ``j`` sent here (``recv_sizes[j]`` bytes), in rank order (``chunks[rank]`` for this one)."""
+        replica ``j`` sent here (``recv_sizes[j]`` bytes), in rank order (``chunks[rank]`` for this one).
+
+        ``seq``: a collective number :meth:`_reserve` gave earlier (only where :meth:`_can_pipeline`)."""
+
+    def _can_pipeline(self) -> bool:
+        """Whether an all-to-all may be issued from a helper thread with a number reserved in program
+        order (it is matched by that number, not by the order in which ranks issue it)."""
+        return False
+
+    def _reserve(self, what: str) -> int:
+        """Reserve the next collective number, in program order (see :meth:`_can_pipeline`)."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def broadcast_(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
@@ -134,7 +147,12 @@ class Communicator(abc.ABC):
             return MeanWork(self, handle, lb, codec, numel, tag, gather=self._all_gather(contribution, tag))
         recv = [sizes[self.rank]] * self.world_size
         first = self._all_to_all(list(contribution.split(sizes)), recv, f"{tag} shards")
-        return MeanWork(self, handle, lb, codec, numel, tag, shards=first, sizes=sizes)
+        means_seq = None
+        if self._can_pipeline():  # the means' all-gather will start on a helper thread: number it now
+            means_seq = self._reserve(f"all-to-all {tag + ' means'!r}")
+            others = self.world_size - 1
+            self.stats.wire(sent=sizes[self.rank] * others, received=sum(sizes) - sizes[self.rank])
+        return MeanWork(self, handle, lb, codec, numel, tag, shards=first, sizes=sizes, means_seq=means_seq)
 
     def close(self) -> None:
         """Release backend resources (no-op by default)."""
@@ -162,54 +180,80 @@ class MeanWork:
 
     All-gather: one collective, started at once. Reduce-scatter: the all-to-all of
     shards starts at once (it overlaps with whatever the caller computes until
-    ``wait``); the owner's sum, the encoding of the mean and the all-gather of the
-    means run inside ``wait()``, in program order, so every replica issues its
-    collectives in the same order.
+    ``wait``). The owner's sum, the encoding of the mean and the all-gather of the
+    means follow on a helper thread as soon as the shards are in, where the backend
+    matches collectives by a number reserved at the start (in-process; gloo with
+    pairwise all-to-alls), so the whole exchange overlaps with compute; elsewhere
+    (nccl, workers of several ranks) they run inside ``wait()``, in program order, so
+    every replica issues its collectives in the same order.
     """
 
     def __init__(self, comm: Communicator, handle: int, link: LinkBytes, codec: Codec, numel: int, tag: str, *,
-                 gather: Work | None = None, shards: Work | None = None, sizes: list[int] | None = None) -> None:
+                 gather: Work | None = None, shards: Work | None = None, sizes: list[int] | None = None,
+                 means_seq: int | None = None) -> None:
         self._comm, self._handle, self._codec, self._numel, self._tag = comm, handle, codec, numel, tag
         #: Bytes this exchange moves over this replica's link (the traffic function), each way.
         self.link_bytes = link
         self._gather, self._shards, self._sizes = gather, shards, sizes
         self._result: tuple[torch.Tensor | None, list[int]] | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        if means_seq is not None:
+            self._thread = threading.Thread(target=self._pipeline, args=(means_seq,), daemon=True,
+                                            name=f"diloco-mean-{means_seq}")
+            self._thread.start()
+
+    def _pipeline(self, means_seq: int) -> None:
+        try:
+            self._result = self._reduce(means_seq)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by wait() in the caller's thread
+            self._error = exc
 
     @property
     def exchange(self) -> str:
         return "all_gather" if self._gather is not None else "reduce_scatter"
 
     def is_completed(self) -> bool:
-        """True when the first stage is done (the rest of a reduce-scatter runs in ``wait``)."""
+        """True when ``wait`` would not block (on the all-to-all of shards, where the rest runs in ``wait``)."""
+        if self._thread is not None:
+            return not self._thread.is_alive()
         first = self._gather if self._gather is not None else self._shards
         return self._result is not None or first.is_completed()
 
     def wait(self) -> tuple[torch.Tensor | None, list[int]]:
-        from diloco.algorithm.outer import average_payloads  # the FP32 rank-order mean, shared with every mode
-
-        if self._result is not None:
-            return self._result
-        comm, codec = self._comm, self._codec
-        if self._gather is not None:
-            self._result = average_payloads(self._gather.wait(), codec, self._numel)
-        else:
-            M, me = comm.world_size, comm.rank
-            counts = shard_sizes(self._numel, M)
-            mine, dropped = average_payloads(self._shards.wait(), codec, counts[me])
-            if mine is None:  # every replica dropped (all agree): send a defined placeholder
-                mine = torch.full((counts[me],), float("nan"), device=self._shards_device())
-            encoded = codec.encode(mine)
-            means = comm._all_to_all([encoded] * M, self._sizes, f"{self._tag} means").wait()
-            if len(dropped) == M:
-                self._result = (None, dropped)
-            else:
-                self._result = (torch.cat([codec.decode(b, n) for b, n in zip(means, counts, strict=True)]),
-                                dropped)
-        self._comm.stats.finish(self._handle)
+        if self._thread is not None:
+            self._thread.join()  # bounded: each collective inside has the communicator's timeout
+            self._thread = None
+            if self._error is None:
+                self._comm.stats.finish(self._handle)
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            self._result = self._reduce(None)
+            self._comm.stats.finish(self._handle)
         return self._result
 
-    def _shards_device(self) -> torch.device:
-        return self._shards.wait()[0].device
+    def _reduce(self, means_seq: int | None) -> tuple[torch.Tensor | None, list[int]]:
+        from diloco.algorithm.outer import average_payloads  # the FP32 rank-order mean, shared with every mode
+
+        comm, codec = self._comm, self._codec
+        if self._gather is not None:
+            return average_payloads(self._gather.wait(), codec, self._numel)
+        M, me = comm.world_size, comm.rank
+        counts = shard_sizes(self._numel, M)
+        shards = self._shards.wait()
+        mine, dropped = average_payloads(shards, codec, counts[me])
+        if mine is None:  # every replica dropped (all agree): send a defined placeholder
+            mine = torch.full((counts[me],), float("nan"), device=shards[me].device)
+        encoded = codec.encode(mine)
+        what = f"{self._tag} means"
+        if means_seq is None:
+            means = comm._all_to_all([encoded] * M, self._sizes, what).wait()
+        else:  # numbered at the start; its bytes were counted there
+            means = comm._start_all_to_all([encoded] * M, self._sizes, what, seq=means_seq).wait()
+        if len(dropped) == M:
+            return None, dropped
+        return torch.cat([codec.decode(b, n) for b, n in zip(means, counts, strict=True)]), dropped
 
 
 class _AccountedWork(Work):

@@ -97,13 +97,16 @@ class LocalGroup:
 class _LocalWork(Work):
     def __init__(self, group: LocalGroup, seq: int, rank: int, what: str, pick: Callable | None = None) -> None:
         self._group, self._seq, self._rank, self._what, self._pick = group, seq, rank, what, pick
+        self._result: list[torch.Tensor] | None = None
 
     def wait(self) -> list[torch.Tensor]:
-        items = self._group._collect(self._seq, self._rank, self._what)
-        return items if self._pick is None else self._pick(items)
+        if self._result is None:  # collected once: the slot is freed when every replica has
+            items = self._group._collect(self._seq, self._rank, self._what)
+            self._result = items if self._pick is None else self._pick(items)
+        return self._result
 
     def is_completed(self) -> bool:
-        return self._group._ready(self._seq)
+        return self._result is not None or self._group._ready(self._seq)
 
 
 class LocalCommunicator(Communicator):
@@ -126,8 +129,15 @@ class LocalCommunicator(Communicator):
         self.group._post(seq, self.rank, payload)
         return _LocalWork(self.group, seq, self.rank, f"all-gather {tag!r}")
 
-    def _start_all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str) -> Work:
-        seq = self._next_seq()
+    def _can_pipeline(self) -> bool:
+        return True  # collectives are matched by their number
+
+    def _reserve(self, what: str) -> int:
+        return self._next_seq()
+
+    def _start_all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str,
+                          seq: int | None = None) -> Work:
+        seq = self._next_seq() if seq is None else seq
         self.group._post(seq, self.rank, list(chunks))
         me = self.rank
 

@@ -179,7 +179,9 @@ class WorkerCommunicator(Communicator):
         cross = self.cross.all_gather_async(mine, tag=f"{tag} shard {self.layout.local_rank}/{R}")
         return _ShardedWork(self, cross, n, shard, tag)
 
-    def _start_all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str) -> Work:
+    def _start_all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str,
+                          seq: int | None = None) -> Work:
+        assert seq is None, "workers of several ranks never pipeline (their intra stage is order-matched)"
         R, lr = self.layout.ranks_per_worker, self.layout.local_rank
         pieces = []
         for c in chunks:
