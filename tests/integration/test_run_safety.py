@@ -239,3 +239,28 @@ def test_no_readable_checkpoint_says_what_to_do(tmp_path, token_cache, capsys):
     err = capsys.readouterr().err
     assert "no readable checkpoint" in err and "step 8:" in err and "step 4:" in err and "--overwrite" in err
     assert snapshot(out) == before
+
+
+def test_compare_reuses_a_finished_run_and_resumes_an_interrupted_one(tmp_path, token_cache, capsys):
+    preset = load_preset("tiny")
+    preset_file = tmp_path / "p.json"
+    preset_file.write_text(json.dumps({"base": {**preset["base"], "checkpoint_every": 4},
+                                       "methods": {"dp": {"method": "dp"}, "diloco": {"method": "diloco"}}}))
+    out = tmp_path / "cmp"
+    args = ["compare", "--preset", str(preset_file), "--out", str(out), "--cache-dir", str(token_cache),
+            "--no-progress", *STEPS]
+    # diloco was killed after step 6: its checkpoint at step 4 is resumed, dp trains afresh
+    cfg = TrainConfig.from_dict({**preset["base"], "checkpoint_every": 4, "steps": 8, "eval_every": 4})
+    with pytest.raises(SimulatedCrash):
+        Trainer(cfg, out / "diloco", cache_dir=token_cache, progress=False, callbacks=[CrashAfter(6)]).run()
+    assert cli_main(args) == 0
+    first = {r["name"]: r for r in json.loads((out / "compare.json").read_text())}
+    steps = [r["step"] for r in map(json.loads, (out / "diloco" / "metrics.jsonl").read_text().splitlines())
+             if "loss" in r]
+    assert steps == list(range(1, 9)) and not first["diloco"]["reused"]
+    before = snapshot(out / "dp")
+    assert cli_main(args) == 0  # everything finished: reused, nothing retrained
+    again = {r["name"]: r for r in json.loads((out / "compare.json").read_text())}
+    assert again["dp"]["reused"] and again["diloco"]["reused"]
+    assert again["dp"]["final_eval_loss"] == first["dp"]["final_eval_loss"]
+    assert snapshot(out / "dp") == before
