@@ -84,6 +84,13 @@ def test_resume_of_a_finished_run_says_so_and_changes_nothing(finished_run, toke
     assert snapshot(out) == before
 
 
+def test_settings_that_do_not_change_training_may_differ(finished_run, token_cache, capsys):
+    out, before = finished_run
+    assert cli_train(out, token_cache, "--resume", "--set", "checkpoint_every=4", "--set", "keep_checkpoints=5") == 0
+    assert "already finished" in capsys.readouterr().err
+    assert snapshot(out) == before
+
+
 def test_resume_and_overwrite_together_are_refused(finished_run, token_cache, capsys):
     out, before = finished_run
     assert cli_train(out, token_cache, "--resume", "--overwrite") == 2
