@@ -91,6 +91,17 @@ def test_settings_that_do_not_change_training_may_differ(finished_run, token_cac
     assert snapshot(out) == before
 
 
+def test_resume_at_the_last_checkpoint_without_a_summary_writes_it(tmp_path, token_cache):
+    out = tmp_path / "run"
+    assert cli_train(out, token_cache) == 0
+    want = strict_json(out / "summary.json")["final_eval_loss"]
+    (out / "summary.json").unlink()  # killed after the last checkpoint, before the summary
+    metrics = (out / "metrics.jsonl").read_bytes()
+    assert cli_train(out, token_cache, "--resume") == 0
+    assert strict_json(out / "summary.json")["final_eval_loss"] == want
+    assert (out / "metrics.jsonl").read_bytes() == metrics
+
+
 def test_resume_and_overwrite_together_are_refused(finished_run, token_cache, capsys):
     out, before = finished_run
     assert cli_train(out, token_cache, "--resume", "--overwrite") == 2
