@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -282,3 +283,35 @@ def test_compare_reuses_a_finished_run_and_resumes_an_interrupted_one(tmp_path, 
     assert again["dp"]["reused"] and again["diloco"]["reused"]
     assert again["dp"]["final_eval_loss"] == first["dp"]["final_eval_loss"]
     assert snapshot(out / "dp") == before
+
+
+def test_the_fix_an_unloadable_checkpoint_names_works(tmp_path, token_cache, capsys):
+    """A file that matches its record but does not load (written by something else): the message names
+    what to delete; after deleting it, --resume continues from the step before and ends as the full run."""
+    cfg = tiny(steps=8, checkpoint_every=2, eval_every=4)
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    train(cfg, full, cache_dir=token_cache, progress=False)
+    with pytest.raises(SimulatedCrash):
+        Trainer(cfg, cut, cache_dir=token_cache, progress=False, callbacks=[CrashAfter(6)]).run()
+    record_path = cut / "checkpoints" / "step-00000006.json"
+    record = json.loads(record_path.read_text())
+    for rank in range(cfg.replicas):
+        path = cut / "checkpoints" / "step-00000006" / f"replica-{rank}.pt"
+        torch.save({"model": _NotATensor()}, path)
+        record["files"][path.name] = ckpt._digest(path)
+    record_path.write_text(json.dumps(record))
+    (cut / "checkpoints" / "latest.json").write_text(json.dumps(record))
+    args = ["train", "--preset", "tiny", "--method", "diloco", "--out", str(cut), "--cache-dir", str(token_cache),
+            "--no-progress", "--set", "steps=8", "--set", "checkpoint_every=2", "--set", "eval_every=4", "--resume"]
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err
+    assert "weights_only" not in err
+    step_dir, step_record = str(cut / "checkpoints" / "step-00000006"), str(record_path)
+    assert f"delete {step_dir} and {step_record}" in err
+    shutil.rmtree(step_dir)
+    record_path.unlink()
+    assert cli_main(args) == 0
+    a, b = ckpt.load_latest(full), ckpt.load_latest(cut)
+    for ra, rb in zip(a["replicas"], b["replicas"], strict=True):
+        for k in ra["model"]:
+            assert torch.equal(ra["model"][k], rb["model"][k]), k
