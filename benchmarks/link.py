@@ -1,13 +1,21 @@
-"""Two workers across an emulated slow link: measured compute utilization of DP, DiLoCo and Streaming DiLoCo.
+"""M workers across emulated slow links: measured compute utilization of DP, DiLoCo and Streaming DiLoCo.
 
-Two worker processes, each in its own network namespace, joined by a veth pair
-whose two ends are shaped by ``tc`` (tbf: bandwidth; netem: latency, where the
-kernel has it). Everything the workers exchange (gloo's all-gathers and the
-rendezvous store) crosses that link. The namespaces, the veth pair and the
-private addresses (10.213.0.1 / .2) are created by this script and always torn
-down, even on error or Ctrl-C. Needs root and iproute2 (``apt-get install -y
-iproute2``). If namespaces cannot be created, the workers run on loopback and
-a throttle in the communicator sleeps bytes/bandwidth instead: the output says so.
+M worker processes (``--workers``, default 2), each in its own network namespace.
+For M = 2 the two are joined by a veth pair whose two ends are shaped by ``tc``
+(tbf: bandwidth; netem: latency, where the kernel has it). For M > 2 each
+worker's veth leads to a bridge in a namespace of its own, and both ends of each
+veth are shaped: every worker has a link of the given bandwidth each way (its
+upload and its download), which is what the simulator models. Everything the
+workers exchange (gloo's collectives and the rendezvous store) crosses those
+links. The namespaces, veths, bridge and private addresses (10.213.0.x) are
+created by this script and always torn down, even on error or Ctrl-C. Needs
+root and iproute2 (``apt-get install -y iproute2``). If namespaces cannot be
+created, the workers run on loopback and a throttle in the communicator sleeps
+bytes/bandwidth instead: the output says so.
+
+``--exchanges all_gather,reduce_scatter`` runs every method with each exchange
+of the communicator forced (see ``diloco.comm.base``; default: the
+communicator's own choice, all-gather for M <= 2, reduce-scatter above).
 
 Each worker trains a small transformer (``diloco.models`` size ``cpu-1m``,
 vocab 4096, seq 128) on synthetic tokens, one intra-op thread per worker, with:
@@ -23,8 +31,10 @@ step). Window: H steps after 3 warm-up steps (exactly one sync of every fragment
 
     sudo .venv/bin/python benchmarks/link.py                 # ~5 minutes on 2 cores
     .venv/bin/python benchmarks/link.py --bandwidths 20 --quick
+    sudo .venv/bin/python benchmarks/link.py --workers 4 --bandwidths 20 --methods DiLoCo,+overlap \
+        --exchanges all_gather,reduce_scatter                # M = 4, both exchanges, ~4 minutes
 
-Prints a table and writes benchmarks/results/link.json.
+Prints a table and writes benchmarks/results/link.json (link_m<M>.json for M != 2).
 """
 
 from __future__ import annotations
@@ -43,7 +53,11 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-ADDRS = ("10.213.0.1", "10.213.0.2")  # private, only inside the two namespaces this script creates
+def addr(rank: int) -> str:
+    """Worker ``rank``'s private address, only inside the namespaces this script creates."""
+    return f"10.213.0.{rank + 1}"
+
+
 PORT = 29517
 METHODS = {  # name -> (algorithm, num_fragments, overlap_steps, codec)
     "DP": ("dp", 1, 0, "bf16"),
@@ -56,14 +70,21 @@ METHODS = {  # name -> (algorithm, num_fragments, overlap_steps, codec)
 
 # =============================================================================================== the link
 class Link:
-    """Two namespaces joined by a shaped veth pair; a context manager that always tears down."""
+    """M namespaces joined by shaped veths (a pair for M = 2, a bridge for more); always torn down."""
 
-    def __init__(self, latency_ms: float) -> None:
+    def __init__(self, latency_ms: float, workers: int = 2) -> None:
         tag = f"{os.getpid() % 100000}"
-        self.ns = (f"dlk{tag}a", f"dlk{tag}b")
-        self.dev = (f"dlkv{tag}a", f"dlkv{tag}b")
+        self.workers = workers
+        self.ns = [f"dlk{tag}{chr(97 + i)}" for i in range(workers)]
+        self.dev = [f"dlkv{tag}{chr(97 + i)}" for i in range(workers)]
+        self.hub_ns = f"dlk{tag}hub" if workers > 2 else None
+        self.hub_dev = [f"dlkh{tag}{chr(97 + i)}" for i in range(workers)] if workers > 2 else []
         self.latency_ms = latency_ms
         self.notes: list[str] = []
+
+    def shaped(self) -> list[tuple[str, str]]:
+        """(namespace, device) of every shaped veth end: each worker's upload, and its download."""
+        return list(zip(self.ns, self.dev, strict=True)) + [(self.hub_ns, d) for d in self.hub_dev]
 
     @staticmethod
     def _run(*cmd: str) -> None:
@@ -73,10 +94,21 @@ class Link:
         try:
             for ns in self.ns:
                 self._run("ip", "netns", "add", ns)
-            self._run("ip", "link", "add", self.dev[0], "type", "veth", "peer", "name", self.dev[1])
-            for ns, dev, addr in zip(self.ns, self.dev, ADDRS, strict=True):
+            if self.hub_ns is None:
+                self._run("ip", "link", "add", self.dev[0], "type", "veth", "peer", "name", self.dev[1])
+            else:
+                hub, bridge = self.hub_ns, "br0"
+                self._run("ip", "netns", "add", hub)
+                self._run("ip", "-n", hub, "link", "add", bridge, "type", "bridge")
+                self._run("ip", "-n", hub, "link", "set", bridge, "up")
+                for dev, hdev in zip(self.dev, self.hub_dev, strict=True):
+                    self._run("ip", "link", "add", dev, "type", "veth", "peer", "name", hdev)
+                    self._run("ip", "link", "set", hdev, "netns", hub)
+                    self._run("ip", "-n", hub, "link", "set", hdev, "master", bridge)
+                    self._run("ip", "-n", hub, "link", "set", hdev, "up")
+            for rank, (ns, dev) in enumerate(zip(self.ns, self.dev, strict=True)):
                 self._run("ip", "link", "set", dev, "netns", ns)
-                self._run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+                self._run("ip", "-n", ns, "addr", "add", f"{addr(rank)}/24", "dev", dev)
                 self._run("ip", "-n", ns, "link", "set", dev, "up")
                 self._run("ip", "-n", ns, "link", "set", "lo", "up")
                 # Long-lived bulk connections (as between datacenters) keep their congestion window across
@@ -91,7 +123,7 @@ class Link:
         """Both directions: ``mbps`` Mbit/s (tbf), plus the latency (netem) when asked and available."""
         rate = int(mbps * 1e6)
         burst = max(64 * 1024, rate // 8 // 50)  # >= one GSO packet and ~20 ms of traffic
-        for ns, dev in zip(self.ns, self.dev, strict=True):
+        for ns, dev in self.shaped():
             base = ["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root"]
             if self.latency_ms > 0:
                 try:
@@ -105,9 +137,10 @@ class Link:
             self._run(*base, "tbf", "rate", f"{rate}bit", "burst", str(burst), "latency", "100ms")
 
     def close(self) -> None:
-        for ns in self.ns:  # deleting a namespace deletes the veth end inside it, and so the pair
+        for ns in self.ns + ([self.hub_ns] if self.hub_ns else []):  # a namespace takes its veth ends along
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        subprocess.run(["ip", "link", "del", self.dev[0]], capture_output=True)  # if never moved
+        for dev in self.dev:  # any veth never moved into a namespace
+            subprocess.run(["ip", "link", "del", dev], capture_output=True)
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -128,16 +161,22 @@ class _ThrottledWork:
 
 
 def throttle(comm, mbps: float, latency_ms: float):
-    """Fallback link: an exchange of n bytes finishes (M-1) n * 8 / bandwidth after the link is free."""
+    """Fallback link: a collective moving b bytes to the others finishes b * 8 / bandwidth after the link is free."""
     state = {"free_at": 0.0}
-    start = comm._start_all_gather
+    gather, a2a = comm._start_all_gather, comm._start_all_to_all
 
-    def throttled(payload, tag):
-        now = time.monotonic()
-        state["free_at"] = max(now, state["free_at"]) + (comm.world_size - 1) * payload.numel() * 8 / (mbps * 1e6)
-        return _ThrottledWork(start(payload, tag), state["free_at"] + latency_ms / 1e3)
+    def ready_at(nbytes: int) -> float:
+        state["free_at"] = max(time.monotonic(), state["free_at"]) + nbytes * 8 / (mbps * 1e6)
+        return state["free_at"] + latency_ms / 1e3
 
-    comm._start_all_gather = throttled
+    def throttled_gather(payload, tag):
+        return _ThrottledWork(gather(payload, tag), ready_at((comm.world_size - 1) * payload.numel()))
+
+    def throttled_a2a(chunks, recv_sizes, tag):
+        out = sum(c.numel() for j, c in enumerate(chunks) if j != comm.rank)
+        return _ThrottledWork(a2a(chunks, recv_sizes, tag), ready_at(out))
+
+    comm._start_all_gather, comm._start_all_to_all = throttled_gather, throttled_a2a
     return comm
 
 
@@ -151,7 +190,8 @@ def probe_overlap(comm, mbps: float) -> dict:
     """Does an async gloo all-gather progress while this process computes? ~1 s of traffic vs ~1 s of matmuls."""
     import torch
 
-    payload = torch.randint(0, 255, (int(min(mbps * 1e6 / 8, 40e6)),), dtype=torch.uint8)
+    others = comm.world_size - 1  # an all-gather moves (M-1) payloads each way per rank
+    payload = torch.randint(0, 255, (int(min(mbps * 1e6 / 8, 40e6) / others),), dtype=torch.uint8)
     a = torch.randn(256, 256)
     reps = 1
     t0 = time.perf_counter()
@@ -184,10 +224,10 @@ def probe_overlap(comm, mbps: float) -> dict:
     hidden = (t_comm + t_compute - t_both) / min(t_comm, t_compute)
     return {"payload_bytes": payload.numel(), "comm_s": t_comm, "compute_s": t_compute, "overlapped_s": t_both,
             "serial_s": t_comm + t_compute, "fraction_hidden": hidden,
-            "effective_mbps": payload.numel() * 8 / t_comm / 1e6}  # one payload each way, both ways at once
+            "effective_mbps": others * payload.numel() * 8 / t_comm / 1e6}  # per rank, each way, both at once
 
 
-def run_method(comm, name: str, args, dev: str | None) -> dict:
+def run_method(comm, name: str, args, dev: str | None, exchange: str | None = None) -> dict:
     import torch
 
     from diloco.algorithm.data_parallel import DataParallel
@@ -196,6 +236,7 @@ def run_method(comm, name: str, args, dev: str | None) -> dict:
 
     kind, P, tau, codec = METHODS[name]
     P = args.fragments if P is None else P
+    comm.exchange = exchange  # None: the communicator's default for M
     torch.manual_seed(0)
     model = Transformer(make_config(args.size, vocab_size=args.vocab, seq_len=args.seq))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -208,6 +249,11 @@ def run_method(comm, name: str, args, dev: str | None) -> dict:
         warmup, measured = 3, args.H  # the window of H steps holds exactly one sync of every fragment
     gen = torch.Generator().manual_seed(comm.rank)
     compute = 0.0
+    # One exchange of the payload's size first, so that every pair of workers' TCP connection is past slow
+    # start, as in a long run (a ring all-gather uses only neighbours; the all-to-all uses every pair).
+    n_params = sum(p.numel() for p in model.parameters())
+    warm = algo.codec
+    comm.mean_async(comm.encode(torch.zeros(n_params), warm), codec=warm, numel=n_params, tag="warm-up").wait()
     comm.barrier()
     for step in range(1, warmup + measured + 1):
         if step == warmup + 1:
@@ -227,7 +273,9 @@ def run_method(comm, name: str, args, dev: str | None) -> dict:
     wall = time.perf_counter() - t_start
     n_params = sum(p.numel() for p in model.parameters())
     non_block = n_params - sum(p.numel() for p in model.blocks.parameters())
-    return {"method": name, "kind": kind, "H": 1 if kind == "dp" else args.H, "P": P, "tau": tau, "codec": codec,
+    ran = comm.exchange_for(n_params)  # every payload here is far larger than M values
+    return {"method": name if exchange is None else f"{name} [{exchange}]", "base_method": name,
+            "workers": comm.world_size, "exchange": ran, "kind": kind, "H": 1 if kind == "dp" else args.H, "P": P, "tau": tau, "codec": codec,
             "bits": algo.codec.bits_per_value, "steps": measured, "compute_s": compute, "wall_s": wall,
             "utilization": compute / wall, "s_per_step": wall / measured,
             "compute_s_per_step": compute / measured, "bytes_sent": comm.stats.bytes_sent - sent0,
@@ -243,34 +291,41 @@ def worker(args) -> None:
 
     torch.set_num_threads(1)
     os.environ["GLOO_SOCKET_IFNAME"] = args.ifname
-    store = dist.TCPStore(args.addr, args.port, world_size=2, is_master=args.rank == 0,
+    store = dist.TCPStore(args.addr, args.port, world_size=args.workers, is_master=args.rank == 0,
                           timeout=timedelta(seconds=120))
-    dist.init_process_group("gloo", store=store, rank=args.rank, world_size=2, timeout=timedelta(seconds=900))
+    dist.init_process_group("gloo", store=store, rank=args.rank, world_size=args.workers,
+                            timeout=timedelta(seconds=900))
     comm = TorchDistCommunicator(timeout_s=900, heartbeat_s=0)  # no heartbeat traffic on the measured link
     if args.throttle:
         throttle(comm, args.mbps, args.latency_ms)
     dev = None if args.throttle else args.ifname
     out = {"rank": args.rank, "probe": probe_overlap(comm, args.mbps), "runs": []}
     for name in args.methods.split(","):
-        out["runs"].append(run_method(comm, name, args, dev))
-        print(f"  [rank {args.rank}] {name}: {out['runs'][-1]['utilization']:.1%}", file=sys.stderr, flush=True)
+        for exchange in _exchanges(args):
+            out["runs"].append(run_method(comm, name, args, dev, exchange))
+            print(f"  [rank {args.rank}] {out['runs'][-1]['method']}: {out['runs'][-1]['utilization']:.1%}",
+                  file=sys.stderr, flush=True)
     comm.barrier()
     Path(args.json_out).write_text(json.dumps(out))
     dist.destroy_process_group()
 
 
 # ====================================================================================== the orchestrator
+def _exchanges(args) -> list[str | None]:
+    return [None if e == "default" else e for e in args.exchanges.split(",")]
+
+
 def launch(args, mbps: float, link: Link | None, tmp: Path) -> list[dict]:
     procs, outs = [], []
-    for rank in range(2):
+    for rank in range(args.workers):
         out = tmp / f"bw{mbps:g}_rank{rank}.json"
         cmd = [sys.executable, __file__, "--worker", "--rank", str(rank), "--mbps", str(mbps),
                "--json-out", str(out), "--methods", args.methods, "--H", str(args.H),
                "--fragments", str(args.fragments), "--dp-steps", str(args.dp_steps), "--size", args.size,
                "--batch", str(args.batch), "--seq", str(args.seq), "--vocab", str(args.vocab),
-               "--latency-ms", str(args.latency_ms)]
+               "--latency-ms", str(args.latency_ms), "--workers", str(args.workers), "--exchanges", args.exchanges]
         if link is not None:
-            cmd = ["ip", "netns", "exec", link.ns[rank]] + cmd + ["--addr", ADDRS[0], "--ifname", link.dev[rank]]
+            cmd = ["ip", "netns", "exec", link.ns[rank]] + cmd + ["--addr", addr(0), "--ifname", link.dev[rank]]
         else:
             cmd += ["--addr", "127.0.0.1", "--ifname", "lo", "--throttle"]
         procs.append(subprocess.Popen(cmd))
@@ -287,14 +342,24 @@ def launch(args, mbps: float, link: Link | None, tmp: Path) -> list[dict]:
 
 
 def predict(run: dict, mbps: float, latency_ms: float) -> float | None:
+    """``diloco.sim.predict_utilization`` for the run. The simulator charges each worker's link the
+    all-reduce figure 2(M-1)/M per parameter bit (``sim/hardware.py``), the reduce-scatter's; for a
+    run that did the all-gather, its bits are scaled by the all-gather's (M-1) over that figure
+    (``diloco.traffic.exchange_bytes``), so the simulator sees the bytes that crossed the link."""
     try:
         from diloco.sim import predict_utilization
+        from diloco.traffic import exchange_bytes
     except ImportError:
         return None
+    m = run.get("workers", 2)
+    ran = run.get("exchange", "all_gather")
+    scale = (exchange_bytes(payload_bytes=1.0, num_replicas=m, exchange=ran)
+             / exchange_bytes(payload_bytes=1.0, num_replicas=m, exchange="reduce_scatter")) if m > 1 else 1.0
     return predict_utilization(
         method=run["kind"], num_params=run["num_params"], num_layers=run["num_layers"],
         step_time_s=run["compute_s_per_step"], bandwidth_bps=mbps * 1e6, latency_s=latency_ms / 1e3,
-        sync_every=run["H"], num_fragments=run["P"], overlap_steps=run["tau"], bits=run["bits"], num_workers=2,
+        sync_every=run["H"], num_fragments=run["P"], overlap_steps=run["tau"], bits=run["bits"] * scale,
+        num_workers=m,
         non_block_params=run["non_block_params"],
         # DataParallel and StreamingDiLoCo exchange whole payloads after the step, not layer by layer
         overlap_backward=False)
@@ -305,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bandwidths", default="20,100,1000", help="Mbit/s, comma-separated")
     ap.add_argument("--latency-ms", type=float, default=0.0, help="one-way delay per direction (needs netem)")
     ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--workers", type=int, default=2, help="M, worker processes (one namespace each)")
+    ap.add_argument("--exchanges", default="default",
+                    help="comma-separated: default, all_gather, reduce_scatter (each method runs with each)")
     ap.add_argument("--H", type=int, default=24, help="sync_every for the DiLoCo methods")
     ap.add_argument("--fragments", type=int, default=3, help="P for Streaming (fragment 0 = non-block params)")
     ap.add_argument("--dp-steps", type=int, default=4)
@@ -314,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--quick", action="store_true", help="H=8, 2 DP steps (smoke run)")
     ap.add_argument("--force-throttle", action="store_true", help="skip namespaces; use the in-process throttle")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "link.json"))
+    ap.add_argument("--out", default=None, help="default benchmarks/results/link.json (link_m<M>.json for M != 2)")
     ap.add_argument("--repredict", action="store_true",
                     help="no training: recompute the simulator's predictions for the measurements in --out "
                          "(after a change to the simulator) and print the table again")
@@ -325,6 +393,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--throttle", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = str(Path(__file__).parent / "results" / ("link.json" if args.workers == 2 else
+                                                             f"link_m{args.workers}.json"))
+    if args.workers < 2 or args.workers > 26:
+        raise SystemExit(f"--workers must lie in 2..26, got {args.workers}")
+    for e in args.exchanges.split(","):
+        if e not in ("default", "all_gather", "reduce_scatter"):
+            raise SystemExit(f"--exchanges: unknown {e!r}; use default, all_gather or reduce_scatter")
     if args.worker:
         args.rank, args.mbps = int(args.rank), float(args.mbps)
         worker(args)
@@ -371,7 +447,7 @@ def _orchestrate(args, bandwidths: list[float]) -> int:
             notes.append("no root or no iproute2: THROTTLE IN THE COMMUNICATOR (sleep bytes/bandwidth), not a link")
         else:
             try:
-                link = cleanup.enter_context(Link(args.latency_ms))  # torn down on any exit from this block
+                link = cleanup.enter_context(Link(args.latency_ms, args.workers))  # torn down on any exit
             except (subprocess.CalledProcessError, OSError) as exc:
                 detail = getattr(exc, "stderr", "") or str(exc)
                 notes.append(f"network namespaces unavailable ({detail.strip()}): THROTTLE IN THE COMMUNICATOR")
@@ -384,7 +460,7 @@ def _orchestrate(args, bandwidths: list[float]) -> int:
             probes[mbps] = results[0]["probe"]
             for i, run in enumerate(results[0]["runs"]):
                 mates = [r["runs"][i] for r in results]
-                util = sum(m["utilization"] for m in mates) / 2
+                util = sum(m["utilization"] for m in mates) / len(mates)
                 rows.append(run | {"mbps": mbps, "utilization": util,
                                    "s_per_step": max(m["s_per_step"] for m in mates),
                                    "utilization_per_rank": [m["utilization"] for m in mates],
@@ -401,7 +477,8 @@ def _orchestrate(args, bandwidths: list[float]) -> int:
 def report(rows: list[dict], probes: dict, notes: list[str], args) -> None:
     r0 = rows[0]
     print(f"\nmodel {args.size}: {r0['num_params'] / 1e6:.2f}M params ({r0['num_layers']} blocks), batch "
-          f"{args.batch}x{args.seq}, 2 workers x 1 thread; DiLoCo H={args.H}, Streaming P={args.fragments}")
+          f"{args.batch}x{args.seq}, {getattr(args, 'workers', 2)} workers x 1 thread; DiLoCo H={args.H}, "
+          f"Streaming P={args.fragments}")
     for n in notes:
         print(f"NOTE: {n}")
     print("\noverlap probe (async all-gather of ~1 s of traffic while ~1 s of matmuls run; medians of 3):")
@@ -409,7 +486,8 @@ def report(rows: list[dict], probes: dict, notes: list[str], args) -> None:
         print(f"  {mbps:>7g} Mbit/s: comm {p['comm_s']:.2f} s (effective {p['effective_mbps']:.1f} Mbit/s each way), "
               f"compute {p['compute_s']:.2f} s, serial {p['serial_s']:.2f} s, overlapped {p['overlapped_s']:.2f} s "
               f"-> {p['fraction_hidden']:.0%} of the shorter one hidden")
-    print(f"\n{'Mbit/s':>7} {'method':<13} {'util':>6} {'sim':>6} {'sim@eff':>7} {'s/step':>7} {'MB sent':>8} "
+    width = max(13, *(len(r["method"]) for r in rows))
+    print(f"\n{'Mbit/s':>7} {'method':<{width}} {'util':>6} {'sim':>6} {'sim@eff':>7} {'s/step':>7} {'MB sent':>8} "
           f"{'MB wire':>8}")
 
     def pct(x: float | None) -> str:
@@ -417,14 +495,15 @@ def report(rows: list[dict], probes: dict, notes: list[str], args) -> None:
 
     for r in rows:
         wire = f"{r['wire_tx_bytes'] / 1e6:.2f}" if r["wire_tx_bytes"] else "-"
-        print(f"{r['mbps']:>7g} {r['method']:<13} {r['utilization']:>6.1%} {pct(r['predicted_utilization']):>6} "
+        print(f"{r['mbps']:>7g} {r['method']:<{width}} {r['utilization']:>6.1%} {pct(r['predicted_utilization']):>6} "
               f"{pct(r['predicted_utilization_effective']):>7} {r['s_per_step']:>7.3f} {r['bytes_sent'] / 1e6:>8.2f} "
               f"{wire:>8}")
-    print("util: measured compute time / wall time, mean of the 2 workers. sim: diloco.sim.predict_utilization at\n"
+    print("util: measured compute time / wall time, mean of the workers. sim: diloco.sim.predict_utilization at\n"
           "the measured compute time per step and the configured bandwidth; sim@eff: at the bandwidth the probe\n"
           "measured (both with overlap_backward=False: exchanges after the step, as the trainer does). MB sent:\n"
-          "logical payload per worker in the window; MB wire: bytes that left the worker's veth (TCP/IP headers\n"
-          "and store traffic included).")
+          "what the communicator counted leaving each worker in the window (diloco.traffic); MB wire: bytes\n"
+          "that left the worker's veth (TCP/IP headers and store traffic included). M > 2: the simulator\n"
+          "charges 2(M-1)/M per bit; all-gather rows scale the bits to its (M-1).")
     for key, label in (("predicted_utilization", "configured"), ("predicted_utilization_effective", "effective")):
         gaps = [(r, 100 * (r[key] - r["utilization"])) for r in rows if r.get(key) is not None]
         if gaps:
@@ -441,12 +520,12 @@ def report(rows: list[dict], probes: dict, notes: list[str], args) -> None:
         ok = "MET" if fp4 >= 0.95 else "NOT MET"
         print(f"\ntarget (DP <= 20% and Streaming+overlap+FP4 >= 95% at one bandwidth): {ok} at {mbps:g} Mbit/s: "
               f"DP {dp:.1%}, Streaming+overlap+FP4 {fp4:.1%}")
-    else:
+    elif any(r["method"] == "DP" for r in rows):
         print("\ntarget: no bandwidth in the sweep brings DP to <= 20%; add a lower one")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"config": {k: v for k, v in vars(args).items() if k not in (
         "rank", "mbps", "json_out", "addr", "ifname", "port", "worker", "throttle")}, "notes": notes,
-        "overlap_probe": {str(k): v for k, v in probes.items()}, "rows": rows}, indent=2) + "\n")
+        "overlap_probe": {str(k): v for k, v in probes.items()}, "rows": rows}, indent=2, allow_nan=False) + "\n")
     print(f"wrote {args.out}")
 
 

@@ -160,3 +160,104 @@ def dies_before_exchange(comm, cfg: dict) -> dict:
         except CommError as exc:  # re-raised with what the test checks: the step and the time waited
             raise CommError(f"{exc} [step={t} waited_s={time.monotonic() - t0:.3f}]") from exc
     return {"steps": cfg["steps"]}
+
+
+# -- the exchange itself ----------------------------------------------------------------------------------------------
+def exchange_values(rank: int, numel: int, case: dict) -> torch.Tensor:
+    """Replica ``rank``'s vector for one exchange case (reproducible in the test process)."""
+    gen = torch.Generator().manual_seed(1000 * case.get("seed", 0) + rank)
+    values = torch.randn(numel, generator=gen) * case.get("scale", 1.0)
+    if rank in case.get("poison", ()):
+        values[numel // 2] = float("inf") if rank % 2 else float("nan")
+    return values
+
+
+def exchange_cases(comm, cases: list[dict]) -> list[dict]:
+    """Average one vector per case through ``comm.mean_async``; what every rank saw and counted."""
+    from diloco.algorithm.codecs import get_codec
+
+    out = []
+    for case in cases:
+        codec = get_codec(case["codec"])
+        comm.exchange = case.get("exchange")  # None: the default for this M
+        before = dict(comm.stats.totals(), wire_sent=comm.stats.wire_sent, wire_received=comm.stats.wire_received)
+        values = exchange_values(comm.rank, case["numel"], case)
+        contribution = comm.encode(values, codec)
+        work = comm.mean_async(contribution, codec=codec, numel=case["numel"], tag="test")
+        mean, dropped = work.wait()
+        after = dict(comm.stats.totals(), wire_sent=comm.stats.wire_sent, wire_received=comm.stats.wire_received)
+        out.append({"mean": mean, "dropped": dropped, "exchange": work.exchange,
+                    "link": (work.link_bytes.sent, work.link_bytes.received),
+                    "counted": {k: after[k] - before[k] for k in ("bytes_sent", "bytes_received", "wire_sent",
+                                                                  "wire_received")},
+                    "in_flight_after": comm.stats.in_flight})
+    return out
+
+
+def mesh_exchange_rank(comm, cfg: dict) -> dict:
+    """One rank of an M x R grid: the worker's vector (the same on its R ranks) through the worker communicator."""
+    from diloco.comm.mesh import build_layout
+
+    layout = build_layout(cfg["workers"], cfg["ranks_per_worker"])
+    wcomm = layout.communicator(timeout_s=60)
+    out = exchange_cases(wcomm, cfg["cases"])  # exchange_values keyed by wcomm.rank = the worker index
+    return {"worker": layout.worker, "cases": out, "cross": wcomm.cross.stats.totals(),
+            "cross_wire": wcomm.cross.stats.wire_sent}
+
+
+# -- FSDP inside a worker -----------------------------------------------------------------------------------------------
+def algorithm_state_bytes(algo) -> dict:
+    """Bytes this rank holds for the global copy and for the outer optimizers' state (storage sizes)."""
+    glob = sum(g.untyped_storage().nbytes() for g in algo.global_flat)
+    outer = sum(v.untyped_storage().nbytes() for o in algo.outer_optimizers for st in o.state.values()
+                for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return {"global_bytes": glob, "outer_state_bytes": outer}
+
+
+def fsdp_rank(comm, cfg: dict) -> dict:
+    """One rank of an M x R grid: the worker's model ``fully_shard``'ed over its R ranks (FSDP2, gloo),
+    StreamingDiLoCo on this rank's shards, exchanging with the same-index rank of every other worker."""
+    from torch.distributed.fsdp import fully_shard
+
+    from diloco.comm.mesh import build_layout
+
+    layout = build_layout(cfg["workers"], cfg["ranks_per_worker"])
+    R = layout.ranks_per_worker
+    model = make_model(seed=layout.worker * R)  # every rank of a worker starts from the worker's model
+    for block in model.blocks:
+        fully_shard(block, mesh=layout.device_mesh["local"])
+    fully_shard(model, mesh=layout.device_mesh["local"])
+    opt = mesh_inner_optimizer(model.parameters())
+    scomm = layout.shard_communicator(timeout_s=60)
+    algo = _mesh_algo(model, opt, scomm, cfg)
+    for x, y in batches(dist.get_rank(), cfg["steps"]):  # this rank's half of the worker's batch
+        model(x, y)[1].backward()
+        opt.step()
+        opt.zero_grad()
+        algo.step()
+    algo.flush()
+    glob = algo.global_state_dict()
+    return {"worker": layout.worker, "local_rank": layout.local_rank,
+            "global": {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in glob.items()},
+            "local": {k: v.full_tensor() for k, v in model.state_dict().items()},
+            "sharded": all(hasattr(p, "to_local") for p in model.parameters()),
+            "memory": algorithm_state_bytes(algo), "stats": scomm.stats.totals()}
+
+
+def reference_state(comm, cfg: dict) -> dict:
+    """``mesh_reference_replica`` with the states by name and the algorithm's memory."""
+    R = cfg["ranks_per_worker"]
+    model = make_model(seed=comm.rank * R)
+    opt = mesh_inner_optimizer(model.parameters())
+    algo = _mesh_algo(model, opt, comm, cfg)
+    shards = [batches(comm.rank * R + j, cfg["steps"]) for j in range(R)]
+    for step in zip(*shards, strict=True):
+        x = torch.cat([b[0] for b in step])
+        y = torch.cat([b[1] for b in step])
+        model(x, y)[1].backward()
+        opt.step()
+        opt.zero_grad()
+        algo.step()
+    algo.flush()
+    return {"global": algo.global_state_dict(), "local": {k: v.clone() for k, v in model.state_dict().items()},
+            "memory": algorithm_state_bytes(algo), "stats": comm.stats.totals()}

@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from _replicas import mesh_rank, mesh_reference_replica, single_thread
+from _replicas import mesh_exchange_rank, mesh_rank, mesh_reference_replica, single_thread
 from diloco.comm.local import run_replicas
 from diloco.distributed import ProcessFailure, run_processes
 
@@ -72,3 +72,25 @@ def test_layout_needs_an_initialized_process_group():
 
     with pytest.raises(ValueError, match="not initialized"):
         build_layout(2, 2)
+
+
+def test_three_workers_of_two_ranks_run_the_reduce_scatter_exchange_like_three_replicas():
+    """M = 3 workers x R = 2 ranks: the all-to-all of shards and of means is cut into byte-pieces per local
+    rank (as the all-gather is); every rank ends with the 3-replica result, bit for bit."""
+    from _replicas import exchange_cases
+
+    cases = [{"codec": "fp32", "numel": 1001, "seed": 7}, {"codec": "fp4_e3m0", "numel": 1001, "seed": 8},
+             {"codec": "int8", "numel": 999, "seed": 9, "poison": [2]}]
+    grid = run_processes(mesh_exchange_rank, 6, args=({"workers": 3, "ranks_per_worker": 2, "cases": cases},),
+                         timeout_s=90)
+    flat = run_processes(exchange_cases, 3, args=(cases,), timeout_s=90)
+    for g in grid:
+        for got, want in zip(g["cases"], flat[g["worker"]], strict=True):
+            assert got["exchange"] == want["exchange"] == "reduce_scatter"
+            assert got["dropped"] == want["dropped"]
+            assert torch.equal(got["mean"], want["mean"])
+            assert got["counted"] == want["counted"]  # per worker: the traffic function, as one replica
+    assert grid[0]["cases"][2]["dropped"] == [2]
+    # each local rank carries about half of its worker's slow-link bytes
+    per_worker = sum(c["counted"]["wire_sent"] for c in flat[0])
+    assert abs(grid[0]["cross_wire"] + grid[1]["cross_wire"] - per_worker) <= 8 * len(cases)

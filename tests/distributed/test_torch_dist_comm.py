@@ -35,9 +35,9 @@ def test_all_gather_broadcast_barrier_and_bytes_on_three_processes():
         assert res["gathered"] == expected  # rank order, both exchanges
         assert res["done"]
         assert torch.equal(res["weights"], torch.ones(2, 3)) and torch.equal(res["counts"], torch.ones(4).long())
-        # logical accounting: own payloads out, the M-1 = 2 others' in; both were in flight together
-        assert res["stats"] == {"bytes_sent": 7, "bytes_received": 14, "num_exchanges": 2,
-                                "peak_in_flight": 7, "peak_exchange": 5}
+        # what crosses each rank's link: its payloads to the M-1 = 2 others, theirs in; both in flight together
+        assert res["stats"] == {"bytes_sent": 14, "bytes_received": 14, "num_exchanges": 2,
+                                "peak_in_flight": 14, "peak_exchange": 10}
 
 
 def _alone(comm) -> dict:

@@ -275,6 +275,7 @@ def test_offload_keeps_global_copy_on_requested_device():
 @pytest.mark.parametrize("M", [1, 3])
 def test_every_sync_report_quotes_the_bytes_the_communicator_counted(M):
     from diloco.algorithm.codecs import get_codec
+    from diloco.traffic import reduce_scatter_bytes, shard_sizes
 
     H, P, steps = 6, 3, 18
     out = train_replicas(
@@ -285,12 +286,22 @@ def test_every_sync_report_quotes_the_bytes_the_communicator_counted(M):
     for _, algo, snaps in out:
         reports = [r for _, _, rs in snaps for r in rs]
         assert len(reports) == sum(len(algo.schedule.finishes(t)) for t in range(1, steps + 1))
+        rank = algo.comm.rank
+
+        def link(fragment: int) -> int:  # M = 3: the reduce-scatter exchange, same bytes each way
+            n = algo.fragment_sizes()[fragment]
+            if M == 1:
+                return 0
+            shards = [codec.num_bytes(s) for s in shard_sizes(n, M)]
+            lb = reduce_scatter_bytes(shards, rank)
+            assert lb.sent == lb.received
+            return lb.sent
+
         for r in reports:
-            payload = codec.num_bytes(algo.fragment_sizes()[r.fragment])
-            assert (r.bytes_sent, r.bytes_received) == ((payload if M > 1 else 0), payload * (M - 1))
-        in_flight = sum(codec.num_bytes(algo.fragment_sizes()[p]) for p in algo.pending_fragments)
-        assert sum(r.bytes_sent for r in reports) + (in_flight if M > 1 else 0) == algo.comm.stats.bytes_sent
-        assert sum(r.bytes_received for r in reports) + in_flight * (M - 1) == algo.comm.stats.bytes_received
+            assert (r.bytes_sent, r.bytes_received) == (link(r.fragment), link(r.fragment))
+        in_flight = sum(link(p) for p in algo.pending_fragments)
+        assert sum(r.bytes_sent for r in reports) + in_flight == algo.comm.stats.bytes_sent
+        assert sum(r.bytes_received for r in reports) + in_flight == algo.comm.stats.bytes_received
 
 
 def test_data_parallel_reports_the_gradient_payload_each_step():

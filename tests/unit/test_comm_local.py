@@ -17,7 +17,8 @@ def test_all_gather_returns_payloads_in_rank_order_and_counts_bytes():
     res = run_replicas(fn, 3)
     for ranks, stats in res:
         assert ranks == [0, 1, 2]
-        assert stats["bytes_sent"] == 5 and stats["bytes_received"] == 10 and stats["peak_in_flight"] == 5
+        # what crosses each replica's link: its payload to each of the 2 others, theirs in
+        assert stats["bytes_sent"] == 10 and stats["bytes_received"] == 10 and stats["peak_in_flight"] == 10
 
 
 def test_peak_in_flight_sums_overlapping_exchanges():

@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from diloco.scaling.sweep import GridSpec, expand, get_runner, ladder, read_results, run_id_of, run_sweep
+from diloco.scaling.sweep import (
+    GridSpec,
+    expand,
+    get_runner,
+    ladder,
+    read_results,
+    register_runner,
+    run_id_of,
+    run_sweep,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -166,7 +175,8 @@ def test_a_truncated_last_line_is_tolerated_and_repaired(tmp_path):
     configs = expand(grid)
     good = {**configs[0], "eval_loss": 3.1, "status": "ok", "error": None, "wall_time_s": 1.0}
     out.write_text(json.dumps(good) + "\n" + json.dumps({**configs[1], "eval_loss": 3.2})[:40])
-    assert [r["run_id"] for r in read_results(out)] == [configs[0]["run_id"]]
+    with pytest.warns(UserWarning, match="r.jsonl:2: skipped an unfinished last line"):
+        assert [r["run_id"] for r in read_results(out)] == [configs[0]["run_id"]]
     counter = Counter()
     run_sweep(grid, results_path=out, run_fn=counter, progress=False)
     assert len(counter.calls) == len(configs) - 1  # the half-written run is run again
@@ -194,6 +204,9 @@ def test_runner_registry():
                                     "global_batch": 32, "outer_lr": 0.6})["synthetic"] is True
     with pytest.raises(ValueError, match="unknown runner"):
         get_runner("nope")
+    with pytest.raises(ValueError, match="must be a callable"):
+        register_runner("bad", "diloco.train.sweep_runner:run_config")  # no import strings any more
+    assert get_runner("train").__module__ == "diloco.scaling.sweep"  # a plain (lazy) import of the trainer
 
 
 def _sweep_cmd(grid_path: Path, out: Path, delay: float) -> list[str]:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from diloco.sim import ModelSpec, data_parallel, diloco, predict_utilization, streaming, utilization_curve
 from diloco.sim.dag import ComputeStream
 from diloco.sim.utilization import build_plan, fragment_units, paper_methods
+from diloco.traffic import EXCHANGES, exchange_bytes
 
 FAST = settings(max_examples=40, deadline=None)
 layers = st.integers(1, 30)
@@ -37,14 +38,41 @@ def test_infinite_bandwidth_is_full_utilization(L, T, N):
 
 
 @FAST
-@given(T=step_times, N=params, b=bits, gbps=st.floats(0.01, 1e4), latency=st.floats(0, 1.0))
-def test_data_parallel_one_layer_by_hand(T, N, b, gbps, latency):
+@given(T=step_times, N=params, b=bits, gbps=st.floats(0.01, 1e4), latency=st.floats(0, 1.0),
+       M=st.integers(2, 9), exchange=st.sampled_from(EXCHANGES))
+def test_data_parallel_one_layer_by_hand(T, N, b, gbps, latency, M, exchange):
     # One layer: its gradient is ready at the end of the step and needed at the start of the next,
-    # so the whole reduction is exposed: CU = T / (T + N b / W + latency).
+    # so the whole reduction is exposed: CU = T / (T + link bits / W + hops * latency), with the
+    # link bits of the shared traffic function and one latency per ring hop.
     bw = gbps * 1e9
     cu = predict_utilization(method="dp", num_params=N, num_layers=1, step_time_s=T, bandwidth_bps=bw,
-                             latency_s=latency, bits=b)
-    assert cu == pytest.approx(T / (T + N * b / bw + latency), rel=1e-12)
+                             latency_s=latency, bits=b, num_workers=M, exchange=exchange)
+    link_bits = 8 * exchange_bytes(payload_bytes=N * b / 8, num_replicas=M, exchange=exchange)
+    hops = 2 * (M - 1) if exchange == "reduce_scatter" else M - 1
+    assert cu == pytest.approx(T / (T + link_bits / bw + hops * latency), rel=1e-12)
+
+
+def test_papers_all_reduce_and_the_all_gather_send_the_same_at_two_workers():
+    model = ModelSpec(12, 1e9, 0.3)
+    bw = np.logspace(8, 11, 7)
+    a = utilization_curve(model, diloco(sync_every=10), bw, exchange="all_gather")
+    b = utilization_curve(model, diloco(sync_every=10), bw, exchange="reduce_scatter")
+    np.testing.assert_array_equal(a, b)
+    # at M = 4 the all-gather sends (M-1) = 3 payloads, the all-reduce 1.5: it needs more bandwidth
+    a4 = utilization_curve(model, diloco(sync_every=10), bw, exchange="all_gather", num_workers=4)
+    b4 = utilization_curve(model, diloco(sync_every=10), bw, exchange="reduce_scatter", num_workers=4)
+    assert np.all(a4 <= b4 + 1e-12) and np.any(a4 < b4 - 1e-3)
+
+
+def test_latency_is_pipelined_not_link_time():
+    # 48 layers, 50 ms per hop, unlimited bandwidth: the old model charged 49 x 100 ms of link time per step
+    # (29.9 % for DP); pipelined, each message is only delayed, so DP loses about one exchange's latency.
+    model = ModelSpec(48, 1e10, 0.8)
+    cu = utilization_curve(model, data_parallel(), [np.inf], latency_s=0.05)[0]
+    assert 0.8 / (0.8 + 0.1) - 1e-9 <= cu < 1.0
+    # latency grows with the ring: 2(M-1) hops
+    cu8 = utilization_curve(model, data_parallel(), [np.inf], latency_s=0.05, num_workers=8)[0]
+    assert cu8 < cu
 
 
 @FAST
@@ -210,12 +238,13 @@ def test_overlapping_fragments_queue_on_the_link():
 @given(L=layers, T=step_times, H=st.integers(1, 40), gbps=st.floats(0.01, 100), latency=st.floats(0, 0.05))
 def test_exchange_after_the_step_closed_form(L, T, H, gbps, latency):
     # overlap_backward=False (how DataParallel / StreamingDiLoCo at tau=0 exchange): nothing overlaps,
-    # so every H steps the whole payload (L + 1 units, each with its latency) is added to H T.
+    # so every H steps the whole payload (L + 1 units sent back to back; only the last one's latency,
+    # two ring hops at M = 2, is exposed: latency is pipelined) is added to H T.
     model = ModelSpec(L, 1e9, T, non_block_params=2e8)
     method = data_parallel() if H == 1 else diloco(sync_every=H)
     bits = sum(build_plan(model, method).unit_bits)
     cu = utilization_curve(model, method, [gbps * 1e9], latency_s=latency, overlap_backward=False)[0]
-    assert cu == pytest.approx(H * T / (H * T + bits / (gbps * 1e9) + (L + 1) * latency), rel=1e-9)
+    assert cu == pytest.approx(H * T / (H * T + bits / (gbps * 1e9) + 2 * latency), rel=1e-9)
     overlapped = utilization_curve(model, method, [gbps * 1e9], latency_s=latency)[0]
     assert overlapped >= cu - 1e-12  # releasing layer by layer can only help
 

@@ -84,13 +84,14 @@ def test_more_replicas_and_larger_h_only_reduce_communication():
        bits=st.sampled_from([4.0, 16.0]))
 def test_agrees_with_the_simulator_when_nothing_can_overlap(params, step, gbps, lat, bits):
     # Two chips, one each side, one layer: the simulator cannot hide the reduction behind anything, and the
-    # ring over R = 2 chips sends N b bits; so wall-clock utilization = simulated utilization.
+    # ring over R = 2 chips sends N b bits; so wall-clock utilization = simulated utilization. The paper's
+    # model charges its latency e once per all-reduce: the simulator's one-hop exchange at M = 2 (all-gather).
     batch = 1e6
     flops = 6 * params * batch / (2 * step)  # chosen so that one step computes for `step` seconds
     wc = data_parallel_wallclock(num_params=params, num_tokens=batch * 100, batch_tokens=batch, num_chips=2,
                                  flops_per_chip=flops, cross=Network(gbps * 1e9, lat), bits_per_param=bits)
     sim = predict_utilization(method="dp", num_params=params, num_layers=1, step_time_s=step,
-                              bandwidth_bps=gbps * 1e9, latency_s=lat, bits=bits)
+                              bandwidth_bps=gbps * 1e9, latency_s=lat, bits=bits, exchange="all_gather")
     assert wc.utilization == pytest.approx(sim, rel=1e-9)
 
 

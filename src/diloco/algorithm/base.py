@@ -41,9 +41,25 @@ class SyncReport:
     skipped: bool = False  # every replica's contribution was non-finite: global left unchanged
 
 
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a parameter sharded by ``fully_shard`` (a DTensor), else ``t`` itself.
+
+    A view of the shard's storage, taken afresh at every use (FSDP may re-point it at lazy init):
+    with FSDP inside a worker, the global copy, the outer optimizer and the exchange (between the
+    same-index ranks of the workers) all work on this rank's shard only.
+    """
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None else t
+
+
+def local_shards(params) -> list[torch.Tensor]:
+    """Each tensor's local shard (see :func:`local_shard`)."""
+    return [local_shard(p.detach()) for p in params]
+
+
 def broadcast_parameters(model: nn.Module, comm: Communicator, src: int = 0) -> None:
-    """Make every replica start from replica ``src``'s parameters and buffers."""
-    tensors = [p.data for p in model.parameters()] + [b for b in model.buffers()]
+    """Make every replica start from replica ``src``'s parameters and buffers (their local shards)."""
+    tensors = local_shards(model.parameters()) + local_shards(model.buffers())
     comm.broadcast_(tensors, src=src)
 
 

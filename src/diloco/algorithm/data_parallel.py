@@ -22,8 +22,6 @@ from torch import nn
 from diloco.algorithm.base import ReplicaAlgorithm, SyncReport, broadcast_parameters
 from diloco.algorithm.codecs import Codec, get_codec
 from diloco.algorithm.fragments import flatten
-from diloco.algorithm.outer import average_payloads
-from diloco.comm.accounting import exchanged_bytes
 from diloco.comm.base import Communicator
 
 
@@ -50,11 +48,11 @@ class DataParallel(ReplicaAlgorithm):
         self.step_count += 1
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat = flatten(grads)
-        payload = self.codec.encode(flat)
-        payloads = self.comm.all_gather_async(payload, tag="gradients").wait()
-        mean, dropped = average_payloads(payloads, self.codec, flat.numel(), out_device=flat.device)
-        report = SyncReport(self.step_count, 0, self.step_count, flat.numel(),
-                            *exchanged_bytes(payload.numel(), len(payloads)), dropped)
+        work = self.comm.mean_async(self.comm.encode(flat, self.codec), codec=self.codec, numel=flat.numel(),
+                                    tag="gradients")
+        mean, dropped = work.wait()
+        report = SyncReport(self.step_count, 0, self.step_count, flat.numel(), work.link_bytes.sent,
+                            work.link_bytes.received, dropped)
         if mean is None:  # every replica diverged: no update this step
             report.skipped = True
             mean = torch.zeros_like(flat)

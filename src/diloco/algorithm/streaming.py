@@ -11,9 +11,10 @@ One instance per replica, called explicitly after every inner optimizer step::
 
 Per fragment p, when the schedule starts its sync (after step t):
     outer gradient  Delta_p = global_p - local_p      (FP32)
-    payload         = codec.encode(Delta_p), sent asynchronously (all-gather)
+    payload         = comm.encode(Delta_p, codec), sent asynchronously (comm.mean_async)
 and when it finishes (after step t + tau):
-    mean Delta_p    = FP32 average of every replica's decoded payload (non-finite ones dropped)
+    mean Delta_p    = FP32 average of every replica's decoded payload (non-finite ones dropped;
+                      all-gather for M <= 2, reduce-scatter above: see diloco.comm.base)
     global_p        <- OuterOpt_p(global_p, mean Delta_p)     (one optimizer state per fragment)
     local_p         <- alpha * local_p + (1 - alpha) * global_p
 
@@ -32,20 +33,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from diloco.algorithm.base import ReplicaAlgorithm, SyncReport, broadcast_parameters
+from diloco.algorithm.base import ReplicaAlgorithm, SyncReport, local_shards, broadcast_parameters, local_shard
 from diloco.algorithm.codecs import Codec, get_codec
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
-from diloco.algorithm.outer import OuterOptimizerFactory, average_payloads, default_outer_optimizer, merge_
+from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer, merge_
 from diloco.algorithm.schedule import Schedule, resolve_schedule
-from diloco.comm.accounting import exchanged_bytes
-from diloco.comm.base import Communicator, Work
+from diloco.comm.base import Communicator, MeanWork
 
 
 @dataclass
 class _Pending:
     started_at: int
     payload: torch.Tensor
-    work: Work
+    work: MeanWork
 
 
 class StreamingDiLoCo(ReplicaAlgorithm):
@@ -97,12 +97,12 @@ class StreamingDiLoCo(ReplicaAlgorithm):
             model, num_fragments, pattern=fragment_pattern, fragments=fragments
         )
         broadcast_parameters(model, comm)  # identical start on every replica, by construction
-        device = torch.device(offload_device) if offload_device is not None else self.fragments[0].params[0].device
+        device = torch.device(offload_device) if offload_device is not None else local_shards(self.fragments[0].params[:1])[0].device
         factory = outer_optimizer or default_outer_optimizer
         self.global_flat: list[torch.Tensor] = []
         self.outer_optimizers: list[torch.optim.Optimizer] = []
         for frag in self.fragments:
-            g = flatten(frag.params).to(device).requires_grad_(True)
+            g = flatten(local_shards(frag.params)).to(device).requires_grad_(True)
             self.global_flat.append(g)
             self.outer_optimizers.append(factory([g]))
         self.step_count = 0
@@ -125,39 +125,39 @@ class StreamingDiLoCo(ReplicaAlgorithm):
     @torch.no_grad()
     def _start(self, p: int, t: int) -> None:
         frag, g = self.fragments[p], self.global_flat[p]
-        local = flatten(frag.params)  # a fresh copy: the outer gradient overwrites it
+        local = flatten(local_shards(frag.params))  # a fresh copy: the outer gradient overwrites it
         delta = torch.sub(g.detach().to(local.device), local, out=local)
-        payload = self.codec.encode(delta)
-        work = self.comm.all_gather_async(payload, tag=f"fragment {p}")
+        payload = self.comm.encode(delta, self.codec)
+        work = self.comm.mean_async(payload, codec=self.codec, numel=delta.numel(), tag=f"fragment {p}")
         self._pending[p] = _Pending(t, payload, work)
 
     @torch.no_grad()
     def _finish(self, p: int, t: int) -> SyncReport:
         pending = self._pending.pop(p)
-        payloads = pending.work.wait()
+        mean, dropped = pending.work.wait()
         g = self.global_flat[p]
-        mean, dropped = average_payloads(payloads, self.codec, g.numel(), out_device=g.device)
-        sent, received = exchanged_bytes(pending.payload.numel(), len(payloads))
-        report = SyncReport(t, p, pending.started_at, g.numel(), sent, received, dropped)
+        link = pending.work.link_bytes
+        report = SyncReport(t, p, pending.started_at, g.numel(), link.sent, link.received, dropped)
         if mean is None:
             report.skipped = True
         else:
-            g.grad = mean
+            g.grad = mean.to(g.device)
             self.outer_optimizers[p].step()
             g.grad = None
-        merge_(self.fragments[p].params, self._views(p), self.merge_alpha)
+        merge_(local_shards(self.fragments[p].params), self._views(p), self.merge_alpha)
         return report
 
     def _views(self, p: int) -> list[torch.Tensor]:
         g, out, offset = self.global_flat[p].detach(), [], 0
-        for param in self.fragments[p].params:
+        for param in local_shards(self.fragments[p].params):
             out.append(g[offset : offset + param.numel()].view(param.shape))
             offset += param.numel()
         return out
 
     # -- global parameters ---------------------------------------------------
     def global_named_parameters(self) -> dict[str, torch.Tensor]:
-        """Name -> global (outer) value of every trainable parameter (views into the flat copies)."""
+        """Name -> global (outer) value of every trainable parameter (views into the flat copies;
+        this rank's shard of it for a ``fully_shard``'ed model)."""
         return {n: v for p, f in enumerate(self.fragments) for n, v in zip(f.names, self._views(p), strict=True)}
 
     def global_state_dict(self) -> dict[str, torch.Tensor]:
@@ -170,10 +170,18 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         glob = self.global_named_parameters()
         canonical = {id(p): n for n, p in self.model.named_parameters()}
-        for name, param in self.model.named_parameters(remove_duplicate=False):
+        for name, param in self.model.named_parameters(remove_duplicate=False):  # tied weights: every alias
             value = glob.get(canonical.get(id(param), ""))
-            if value is not None and name in state:
-                state[name] = value.to(device=state[name].device, dtype=state[name].dtype).clone()
+            if value is None or name not in state:
+                continue
+            ref = state[name]
+            value = value.to(device=local_shard(ref).device, dtype=ref.dtype).clone()
+            if hasattr(ref, "device_mesh"):  # a fully_shard'ed parameter: this rank's shard of the DTensor
+                from torch.distributed.tensor import DTensor
+
+                value = DTensor.from_local(value, ref.device_mesh, ref.placements, shape=ref.shape,
+                                           stride=ref.stride())
+            state[name] = value
         return state
 
     @property
@@ -207,7 +215,8 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         for p in sorted(state["pending"]):
             entry = state["pending"][p]
             payload = entry["payload"]
-            work = self.comm.all_gather_async(payload, tag=f"fragment {p} (resumed)")
+            work = self.comm.mean_async(payload, codec=self.codec, numel=self.global_flat[int(p)].numel(),
+                                        tag=f"fragment {p} (resumed)")
             self._pending[int(p)] = _Pending(int(entry["started_at"]), payload, work)
         # The re-issued exchanges were already counted before the checkpoint.
         self.comm.stats.load_state_dict(state["comm_stats"])

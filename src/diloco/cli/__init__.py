@@ -3,6 +3,10 @@
 Each sub-command lives in its own module of this package and exposes
 ``register(subparsers)``, which adds its parser and sets ``func`` (a callable
 taking the parsed ``argparse.Namespace`` and returning an exit code).
+
+Dispatch is lazy: only the chosen sub-command's module is imported (``diloco
+simulate`` and ``diloco plan`` never load torch); ``diloco --help`` lists the
+commands from :data:`COMMANDS` without importing any of them.
 """
 
 from __future__ import annotations
@@ -11,36 +15,51 @@ import argparse
 import importlib
 import sys
 
-# Sub-command modules, in the order `diloco --help` lists them.
-COMMANDS = ("train", "compare", "simulate", "sweep", "fit", "report")
+# Sub-command modules and their one-line help, in the order `diloco --help` lists them.
+COMMANDS: dict[str, str] = {
+    "train": "train one configuration (data-parallel, DiLoCo or Streaming DiLoCo)",
+    "compare": "train several methods on the same data and compare loss against bytes",
+    "simulate": "compute utilization and wall-clock vs bandwidth (data-parallel, DiLoCo, Streaming DiLoCo)",
+    "plan": "recommend a method and settings for a model, hardware, workers, link and token budget",
+    "sweep": "run a resumable grid of runs (sizes x methods x hyperparameters) into a JSONL file",
+    "fit": "fit power laws to sweep results (loss, optimal lr and batch; held-out check)",
+    "report": "plots and a Markdown report of the fitted scaling laws",
+}
+
+DESCRIPTION = ("Train language models with data-parallel, DiLoCo and Streaming DiLoCo; simulate compute "
+               "utilization over slow links; plan a run; fit scaling laws.")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="diloco",
-        description=(
-            "Train language models with data-parallel, DiLoCo and Streaming DiLoCo; "
-            "simulate compute utilization over slow links; fit scaling laws."
-        ),
-    )
+def _top_parser() -> argparse.ArgumentParser:
+    epilog = "commands:\n" + "\n".join(f"  {name:<10} {text}" for name, text in COMMANDS.items())
+    epilog += "\n\nrun `diloco COMMAND --help` for a command's options"
+    parser = argparse.ArgumentParser(prog="diloco", description=DESCRIPTION, epilog=epilog,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", nargs="?", choices=list(COMMANDS), metavar="COMMAND")
+    return parser
+
+
+def build_parser(command: str) -> argparse.ArgumentParser:
+    """The parser of one sub-command (its module imported now, and only it)."""
+    if command not in COMMANDS:
+        raise ValueError(f"unknown command {command!r}; choose one of {', '.join(COMMANDS)}")
+    parser = argparse.ArgumentParser(prog="diloco", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"diloco.cli.{name}")
-        except ModuleNotFoundError as exc:  # a command not built yet
-            if exc.name != f"diloco.cli.{name}":
-                raise
-            continue
-        module.register(sub)
+    importlib.import_module(f"diloco.cli.{command}").register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-"):
+        top = _top_parser()
+        top.parse_args(argv)  # --help exits here; anything else is an option without a command
+        top.print_help()
         return 2
+    command = argv[0]
+    if command not in COMMANDS:
+        _top_parser().parse_args(argv[:1])  # exits 2 with "invalid choice", listing the commands
+    args = build_parser(command).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except ValueError as exc:  # a user error: say what and how to fix it, no traceback

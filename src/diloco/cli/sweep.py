@@ -1,24 +1,48 @@
-"""`diloco sweep`: run a grid of training jobs, resumably, into one JSONL results file."""
+"""`diloco sweep`: run a grid of training jobs, resumably, into one JSONL results file.
+
+    diloco sweep --grid grid.json --out results.jsonl                          # one run at a time, each its own process
+    diloco sweep --grid grid.json --out results.jsonl --workers 4              # four at a time
+    diloco sweep --grid grid.json --out results.jsonl --executor slurm \\
+                 --submitit-dir runs/slurm --slurm partition=gpu --slurm timeout_min=120 --slurm gpus_per_node=1
+"""
 
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import time
 from pathlib import Path
+from typing import Any
+
+EXECUTOR_CHOICES = ("inline", "local", "submitit-local", "slurm")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sweep", help="run a resumable grid of runs (sizes x methods x hyperparameters) into a JSONL file",
         description="Expand the grid of a JSON file (see docs/scaling.md) and run every point that has no "
-                    "finished record in --out yet, appending one JSON line per run. Interrupt it at any "
-                    "time and run the same command again to continue.",
+                    "finished record in --out yet, appending one JSON line per run as it finishes. Interrupt it "
+                    "at any time and run the same command again to continue; no run is recorded twice.",
     )
     p.add_argument("--grid", type=Path, required=True, help="grid JSON file (data only, never executed)")
     p.add_argument("--out", type=Path, required=True, help="results JSONL file (appended to)")
     p.add_argument("--runner", default=None,
                    help="run function by name: 'train' (the trainer) or 'synthetic' (a known noisy law, "
                         "for demos and tests); default: the grid's 'runner' field, else 'train'")
+    ex = p.add_argument_group("where runs execute")
+    ex.add_argument("--executor", choices=EXECUTOR_CHOICES, default=None,
+                    help="local: each run in a fresh process of its own, --workers at a time (the default for "
+                         "the trainer); inline: in this process, one after another (the default for the synthetic "
+                         "runner); slurm: each run a SLURM job through submitit; submitit-local: submitit's local "
+                         "executor (each run its own process; for trying the SLURM path without a cluster)")
+    ex.add_argument("--workers", type=int, default=1, help="with --executor local: runs at a time (default 1)")
+    ex.add_argument("--submitit-dir", type=Path, default=None,
+                    help="with slurm / submitit-local: folder for job scripts and logs (default: OUT's folder "
+                         "/ submitit)")
+    ex.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
+                    help="a submitit parameter for every job, e.g. partition=gpu, timeout_min=120, "
+                         "gpus_per_node=1, cpus_per_task=8 (repeatable; values parsed as JSON when they can be)")
     p.add_argument("--synthetic-delay", type=float, default=0.0, metavar="SECONDS",
                    help="with the synthetic runner: sleep this long per run (to watch or interrupt a sweep)")
     p.add_argument("--retry-failed", action="store_true", help="run again the points whose last record failed")
@@ -27,10 +51,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def delayed(config: dict, *, fn: Any, delay: float) -> dict:
+    """A runner slowed down by ``delay`` seconds (module-level, so process executors can send it)."""
+    time.sleep(delay)
+    return fn(config)
+
+
+def _parameters(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--slurm {item!r}: give KEY=VALUE, e.g. --slurm partition=gpu")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     import dataclasses
-    import json
 
+    from diloco.scaling.executors import make_executor
     from diloco.scaling.sweep import GridSpec, expand, get_runner, read_results, run_sweep
 
     grid = GridSpec.from_json(args.grid)
@@ -39,6 +82,15 @@ def run(args: argparse.Namespace) -> int:
     if args.synthetic_delay < 0 or (args.synthetic_delay > 0 and grid.runner != "synthetic"):
         raise ValueError(f"--synthetic-delay={args.synthetic_delay}: only a non-negative delay, with the "
                          f"synthetic runner (this sweep uses {grid.runner!r})")
+    executor_name = args.executor or ("inline" if grid.runner == "synthetic" else "local")
+    if args.workers != 1 and executor_name != "local":
+        raise ValueError(f"--workers={args.workers} goes with --executor local (this sweep uses {executor_name})")
+    if args.slurm and executor_name not in ("slurm", "submitit-local"):
+        raise ValueError(f"--slurm goes with --executor slurm or submitit-local (this sweep uses {executor_name})")
+    run_fn = get_runner(grid.runner)
+    parameters = _parameters(args.slurm)
+    folder = args.submitit_dir or args.out.parent / "submitit"
+    executor = make_executor(executor_name, workers=args.workers, folder=folder, parameters=parameters)
     if args.dry_run:
         done = {r.get("run_id") for r in read_results(args.out) if r.get("status") == "ok"}
         configs = expand(grid)
@@ -47,17 +99,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"{c['run_id']}  {mark}  {c['size']:>6}  {c['method']:<9} M={c['replicas']}  "
                   f"lr={c['inner_lr']:.4g}  B={c['global_batch']}  outer_lr={c['outer_lr']}  H={c['sync_every']}  "
                   f"tokens={c['tokens']}")
-        print(f"{len(configs)} runs, {sum(c['run_id'] in done for c in configs)} already done")
+        print(f"{len(configs)} runs, {sum(c['run_id'] in done for c in configs)} already done; "
+              f"executor {executor.name}")
         return 0
-    run_fn = get_runner(grid.runner)
     if args.synthetic_delay > 0:
-        inner, delay = run_fn, args.synthetic_delay
-
-        def run_fn(config: dict) -> dict:  # noqa: F811 - the same runner, slowed down
-            time.sleep(delay)
-            return inner(config)
-
+        run_fn = functools.partial(delayed, fn=run_fn, delay=args.synthetic_delay)
     summary = run_sweep(grid, results_path=args.out, run_fn=run_fn, progress=not args.no_progress,
-                        retry_failed=args.retry_failed)
+                        retry_failed=args.retry_failed, executor=executor)
     print(json.dumps(dataclasses.asdict(summary)))
     return 0

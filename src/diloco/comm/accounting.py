@@ -1,11 +1,20 @@
 """Byte accounting shared by every communicator backend.
 
-Counts are logical payload bytes, per replica: ``sent`` is what this replica
-contributed to an exchange (exactly the codec's output), ``received`` the
-payloads of the other M-1 replicas. ``peak_in_flight`` is the largest sum of
-``sent`` bytes of exchanges started but not yet waited on at any moment:
-with Streaming DiLoCo and overlap it is one fragment's payload; with data
-parallelism, one step's gradients.
+Counts are per replica and per direction, in bytes that cross this replica's
+link: ``bytes_sent`` is what leaves it, ``bytes_received`` what arrives, as
+given by the one traffic function (:mod:`diloco.traffic`) for the exchange the
+communicator ran. For an all-gather of an ``n``-byte payload that is
+``(M-1)·n`` each way (at M = 2 the payload once, as before); for the
+reduce-scatter exchange (M >= 3) it is ``2(M-1)/M·n`` each way for equal shards.
+
+``wire_sent`` / ``wire_received`` are counted independently, from the sizes
+of the tensors the backend really hands to its collectives for other replicas
+(a replica's own shard never leaves it); the tests check that they equal the
+traffic function. They are diagnostics, not checkpointed.
+
+``peak_in_flight`` is the largest sum of ``sent`` bytes of exchanges started
+but not yet waited on at any moment: with Streaming DiLoCo and overlap it is
+one fragment's exchange; with data parallelism, one step's gradients.
 """
 
 from __future__ import annotations
@@ -20,15 +29,6 @@ class Exchange:
     received: int
 
 
-def exchanged_bytes(payload_bytes: int, num_replicas: int) -> tuple[int, int]:
-    """(sent, received) of one all-gather of a ``payload_bytes`` payload among ``num_replicas``.
-
-    Sent is the logical payload once (what this replica contributes; a lone replica sends nothing),
-    received is every peer's payload. Communicators count these; sync reports quote them.
-    """
-    return (payload_bytes if num_replicas > 1 else 0), payload_bytes * (num_replicas - 1)
-
-
 @dataclass
 class CommStats:
     bytes_sent: int = 0
@@ -38,6 +38,9 @@ class CommStats:
     peak_in_flight: int = 0
     #: Largest single exchange (``sent`` bytes): the peak bytes per sync.
     peak_exchange: int = 0
+    #: Bytes handed to the backend's collectives for (from) other replicas, measured from tensor sizes.
+    wire_sent: int = 0
+    wire_received: int = 0
     _open: dict[int, Exchange] = field(default_factory=dict, repr=False)
     _next: int = 0
 
@@ -57,6 +60,11 @@ class CommStats:
         ex = self._open.pop(handle)
         self.in_flight -= ex.sent
         return ex
+
+    def wire(self, *, sent: int, received: int) -> None:
+        """Record bytes a backend collective really moves to (from) other replicas."""
+        self.wire_sent += sent
+        self.wire_received += received
 
     def totals(self) -> dict[str, int]:
         return {

@@ -2,22 +2,32 @@
 
 The algorithm needs three things from the replicas' network:
 
-* ``all_gather_async(payload)``: every replica contributes one encoded byte
-  buffer of the same size; the returned :class:`Work` handle, once waited on,
-  gives all replicas' buffers in rank order. Each replica then decodes and sums
-  them in FP32 *in rank order*, so every replica computes bit-identical averages
-  whatever the wire format. (A quantized all-reduce cannot be summed in the
-  quantized domain without losing the FP32 sum the paper asks for; all-gather
-  of packed bytes keeps the sum exact and the payload small.)
+* ``mean_async(contribution)``: the FP32 mean over replicas of one vector (an
+  outer gradient, a step's gradients), whose encoded contribution
+  ``encode(values, codec)`` made. Two exchanges (:mod:`diloco.comm.exchange`,
+  bytes in :mod:`diloco.traffic`): for M <= 2 an all-gather of the encoded
+  payloads, each replica decoding and summing all M in FP32 in rank order; for
+  M >= 3 a reduce-scatter at the bandwidth limit of an all-reduce (all-to-all of
+  encoded shards, each shard's owner sums its shard in FP32 in rank order and
+  encodes the mean, all-gather of the means). Either way every replica ends with
+  the same bits, and non-finite contributions are dropped and reported.
+  ``exchange`` (an attribute, default :func:`diloco.traffic.default_exchange`)
+  picks one by name, e.g. to compare them.
 * ``broadcast_(tensors, src)``: used once at start-up so that all replicas start
   from identical parameters.
 * ``barrier()``: used by the trainer around checkpoints.
 
+``all_gather_async(payload)`` (every replica's byte buffer, in rank order) is
+public too: the mesh's intra-worker stage and the link benchmark's probe use it.
+
 Byte accounting is the same for every backend (see :mod:`diloco.comm.accounting`):
-``bytes_sent`` is the payload this replica contributes, ``bytes_received`` the
-payloads of the M-1 others. How many bytes a given collective *algorithm* moves
-on the physical links (ring, tree, ...) is a property of the backend, documented
-there; the logical counts here are what the codec produced.
+``bytes_sent`` / ``bytes_received`` are what crosses this replica's link each
+way, from the traffic function; ``wire_sent`` / ``wire_received`` what the
+backend's collectives were really handed, for checking one against the other.
+
+Backends implement two collectives on 1-D uint8 tensors: ``_start_all_gather``
+(same size everywhere) and ``_start_all_to_all`` (piece ``j`` to replica ``j``,
+sizes given).
 """
 
 from __future__ import annotations
@@ -27,7 +37,10 @@ from collections.abc import Sequence
 
 import torch
 
-from diloco.comm.accounting import CommStats, exchanged_bytes
+from diloco.algorithm.codecs import Codec
+from diloco.comm.accounting import CommStats
+from diloco.comm.exchange import chunk_bytes, encode_contribution, link_bytes, resolve_exchange
+from diloco.traffic import LinkBytes, all_gather_bytes, check_exchange, default_exchange, shard_sizes
 
 
 class CommError(RuntimeError):
@@ -52,10 +65,16 @@ class Communicator(abc.ABC):
     rank: int
     world_size: int
     stats: CommStats
+    _exchange: str | None = None
 
     @abc.abstractmethod
     def _start_all_gather(self, payload: torch.Tensor, tag: str) -> Work:
         """Backend hook: start gathering a 1-D uint8 ``payload`` from every replica."""
+
+    @abc.abstractmethod
+    def _start_all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str) -> Work:
+        """Backend hook: send 1-D uint8 ``chunks[j]`` to replica ``j``; ``wait()`` gives the chunk each
+        replica ``j`` sent here (``recv_sizes[j]`` bytes), in rank order (``chunks[rank]`` for this one)."""
 
     @abc.abstractmethod
     def broadcast_(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
@@ -65,20 +84,132 @@ class Communicator(abc.ABC):
     def barrier(self) -> None:
         """Block until every replica reaches this point."""
 
+    # -- which exchange -------------------------------------------------------
+    @property
+    def exchange(self) -> str:
+        """The exchange :meth:`mean_async` runs (``"all_gather"`` or ``"reduce_scatter"``)."""
+        return self._exchange if self._exchange is not None else default_exchange(self.world_size)
+
+    @exchange.setter
+    def exchange(self, name: str | None) -> None:
+        self._exchange = None if name is None else check_exchange(name)
+
+    def exchange_for(self, numel: int) -> str:
+        """The exchange really run for ``numel`` values (all-gather for M <= 2 or numel < M)."""
+        return resolve_exchange(self.exchange, num_replicas=self.world_size, numel=numel)
+
+    # -- public collectives -----------------------------------------------------
     def all_gather_async(self, payload: torch.Tensor, *, tag: str = "") -> Work:
         """Start gathering ``payload`` (1-D uint8, same size on every replica) from all replicas.
 
         ``tag`` labels the exchange in the byte accounting (e.g. ``"fragment 3"``).
         """
-        if payload.dtype != torch.uint8 or payload.dim() != 1:
-            raise TypeError(f"payload must be a 1-D uint8 tensor, got {payload.dtype} with shape {tuple(payload.shape)}")
-        sent, received = exchanged_bytes(payload.numel(), self.world_size)
-        handle = self.stats.start(tag, sent=sent, received=received)
-        work = self._start_all_gather(payload, tag)
+        _check_bytes(payload, "payload")
+        lb = all_gather_bytes(payload.numel(), self.world_size)
+        handle = self.stats.start(tag, sent=lb.sent, received=lb.received)
+        work = self._all_gather(payload, tag)
         return _AccountedWork(work, self.stats, handle)
+
+    def encode(self, values: torch.Tensor, codec: Codec) -> torch.Tensor:
+        """This replica's encoded contribution of 1-D FP32 ``values`` to :meth:`mean_async`."""
+        return encode_contribution(values, codec, num_replicas=self.world_size,
+                                   exchange=self.exchange_for(values.numel()))
+
+    def mean_async(self, contribution: torch.Tensor, *, codec: Codec, numel: int, tag: str = "") -> MeanWork:
+        """Start averaging ``contribution`` (from :meth:`encode`, ``numel`` values) over the replicas.
+
+        ``wait()`` returns ``(mean, dropped)``: the FP32 mean on the contribution's device (``None``
+        when every contribution was non-finite) and the ranks whose contribution was dropped.
+        """
+        _check_bytes(contribution, "contribution")
+        exchange = self.exchange_for(numel)
+        sizes = chunk_bytes(codec, numel=numel, num_replicas=self.world_size, exchange=exchange)
+        if contribution.numel() != sum(sizes):
+            raise ValueError(f"contribution of {contribution.numel()} bytes, but {exchange} of {numel} values "
+                             f"with {codec.name} among {self.world_size} replicas takes {sum(sizes)}: encode it "
+                             f"with this communicator's encode() (same codec, same exchange)")
+        lb = link_bytes(codec, numel=numel, num_replicas=self.world_size, exchange=exchange, rank=self.rank)
+        handle = self.stats.start(tag, sent=lb.sent, received=lb.received)
+        if exchange == "all_gather":
+            return MeanWork(self, handle, lb, codec, numel, tag, gather=self._all_gather(contribution, tag))
+        recv = [sizes[self.rank]] * self.world_size
+        first = self._all_to_all(list(contribution.split(sizes)), recv, f"{tag} shards")
+        return MeanWork(self, handle, lb, codec, numel, tag, shards=first, sizes=sizes)
 
     def close(self) -> None:
         """Release backend resources (no-op by default)."""
+
+    # -- hooks, with the bytes they really move ---------------------------------
+    def _all_gather(self, payload: torch.Tensor, tag: str) -> Work:
+        others = self.world_size - 1
+        self.stats.wire(sent=payload.numel() * others, received=payload.numel() * others)
+        return self._start_all_gather(payload, tag)
+
+    def _all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str) -> Work:
+        assert len(chunks) == len(recv_sizes) == self.world_size
+        self.stats.wire(sent=sum(c.numel() for j, c in enumerate(chunks) if j != self.rank),
+                        received=sum(s for j, s in enumerate(recv_sizes) if j != self.rank))
+        return self._start_all_to_all(chunks, recv_sizes, tag)
+
+
+def _check_bytes(t: torch.Tensor, what: str) -> None:
+    if t.dtype != torch.uint8 or t.dim() != 1:
+        raise TypeError(f"{what} must be a 1-D uint8 tensor, got {t.dtype} with shape {tuple(t.shape)}")
+
+
+class MeanWork:
+    """Handle of :meth:`Communicator.mean_async`; ``wait()`` -> ``(mean or None, dropped ranks)``.
+
+    All-gather: one collective, started at once. Reduce-scatter: the all-to-all of
+    shards starts at once (it overlaps with whatever the caller computes until
+    ``wait``); the owner's sum, the encoding of the mean and the all-gather of the
+    means run inside ``wait()``, in program order, so every replica issues its
+    collectives in the same order.
+    """
+
+    def __init__(self, comm: Communicator, handle: int, link: LinkBytes, codec: Codec, numel: int, tag: str, *,
+                 gather: Work | None = None, shards: Work | None = None, sizes: list[int] | None = None) -> None:
+        self._comm, self._handle, self._codec, self._numel, self._tag = comm, handle, codec, numel, tag
+        #: Bytes this exchange moves over this replica's link (the traffic function), each way.
+        self.link_bytes = link
+        self._gather, self._shards, self._sizes = gather, shards, sizes
+        self._result: tuple[torch.Tensor | None, list[int]] | None = None
+
+    @property
+    def exchange(self) -> str:
+        return "all_gather" if self._gather is not None else "reduce_scatter"
+
+    def is_completed(self) -> bool:
+        """True when the first stage is done (the rest of a reduce-scatter runs in ``wait``)."""
+        first = self._gather if self._gather is not None else self._shards
+        return self._result is not None or first.is_completed()
+
+    def wait(self) -> tuple[torch.Tensor | None, list[int]]:
+        from diloco.algorithm.outer import average_payloads  # the FP32 rank-order mean, shared with every mode
+
+        if self._result is not None:
+            return self._result
+        comm, codec = self._comm, self._codec
+        if self._gather is not None:
+            self._result = average_payloads(self._gather.wait(), codec, self._numel)
+        else:
+            M, me = comm.world_size, comm.rank
+            counts = shard_sizes(self._numel, M)
+            mine, dropped = average_payloads(self._shards.wait(), codec, counts[me])
+            if mine is None:  # every replica dropped (all agree): send a defined placeholder
+                mine = torch.full((counts[me],), float("nan"), device=self._shards_device())
+            encoded = codec.encode(mine)
+            means = comm._all_to_all([encoded] * M, self._sizes, f"{self._tag} means").wait()
+            if len(dropped) == M:
+                self._result = (None, dropped)
+            else:
+                self._result = (torch.cat([codec.decode(b, n) for b, n in zip(means, counts, strict=True)]),
+                                dropped)
+        self._comm.stats.finish(self._handle)
+        return self._result
+
+    def _shards_device(self) -> torch.device:
+        return self._shards.wait()[0].device
 
 
 class _AccountedWork(Work):

@@ -95,11 +95,12 @@ class LocalGroup:
 
 
 class _LocalWork(Work):
-    def __init__(self, group: LocalGroup, seq: int, rank: int, what: str) -> None:
-        self._group, self._seq, self._rank, self._what = group, seq, rank, what
+    def __init__(self, group: LocalGroup, seq: int, rank: int, what: str, pick: Callable | None = None) -> None:
+        self._group, self._seq, self._rank, self._what, self._pick = group, seq, rank, what, pick
 
     def wait(self) -> list[torch.Tensor]:
-        return self._group._collect(self._seq, self._rank, self._what)
+        items = self._group._collect(self._seq, self._rank, self._what)
+        return items if self._pick is None else self._pick(items)
 
     def is_completed(self) -> bool:
         return self._group._ready(self._seq)
@@ -124,6 +125,21 @@ class LocalCommunicator(Communicator):
         seq = self._next_seq()
         self.group._post(seq, self.rank, payload)
         return _LocalWork(self.group, seq, self.rank, f"all-gather {tag!r}")
+
+    def _start_all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str) -> Work:
+        seq = self._next_seq()
+        self.group._post(seq, self.rank, list(chunks))
+        me = self.rank
+
+        def pick(items: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+            out = [sent[me] for sent in items]  # replica j's chunk for this replica
+            got = [c.numel() for c in out]
+            if got != list(recv_sizes):
+                raise CommError(f"replica {me}: all-to-all {tag!r} expected chunks of {list(recv_sizes)} bytes, "
+                                f"got {got}: the replicas disagree on the exchange")
+            return out
+
+        return _LocalWork(self.group, seq, self.rank, f"all-to-all {tag!r}", pick)
 
     def broadcast_(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
         seq = self._next_seq()

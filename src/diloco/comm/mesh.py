@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -58,10 +59,20 @@ class Layout:
     local_rank: int
     intra_group: dist.ProcessGroup
     cross_group: dist.ProcessGroup
+    #: The (worker, local) DeviceMesh; ``device_mesh["local"]`` is the mesh to ``fully_shard`` a worker's model on.
+    device_mesh: Any = None
 
     def communicator(self, *, timeout_s: float) -> WorkerCommunicator:
-        """The communicator DiLoCo uses across workers (rank = worker index, world size = M)."""
+        """The communicator DiLoCo uses across workers of replicated ranks (rank = worker index, world size = M)."""
         return WorkerCommunicator(self, timeout_s=timeout_s)
+
+    def shard_communicator(self, *, timeout_s: float) -> TorchDistCommunicator:
+        """The communicator across workers whose ranks hold *shards* (FSDP inside a worker).
+
+        This rank's column: the ranks with the same local index in every worker, which hold the same
+        shard of the parameters. Each exchanges its own shard only; no intra-worker stage.
+        """
+        return TorchDistCommunicator(self.cross_group, timeout_s=timeout_s)
 
 
 def build_layout(num_workers: int, ranks_per_worker: int, *, device_type: str | None = None) -> Layout:
@@ -89,7 +100,7 @@ def build_layout(num_workers: int, ranks_per_worker: int, *, device_type: str | 
     rank = dist.get_rank()
     return Layout(num_workers, ranks_per_worker, worker=rank // ranks_per_worker,
                   local_rank=rank % ranks_per_worker, intra_group=mesh.get_group("local"),
-                  cross_group=mesh.get_group("worker"))
+                  cross_group=mesh.get_group("worker"), device_mesh=mesh)
 
 
 class _ShardedWork(Work):
@@ -116,13 +127,40 @@ class _ShardedWork(Work):
         return self._result is not None or self._cross.is_completed()
 
 
+class _ShardedAllToAllWork(Work):
+    """As :class:`_ShardedWork` for an all-to-all: byte-piece l of every chunk crosses in column l."""
+
+    def __init__(self, comm: WorkerCommunicator, cross: Work, recv_sizes: list[int], piece: list[int],
+                 tag: str) -> None:
+        self._comm, self._cross, self._recv, self._piece, self._tag = comm, cross, recv_sizes, piece, tag
+        self._result: list[torch.Tensor] | None = None
+
+    def wait(self) -> list[torch.Tensor]:
+        if self._result is None:
+            mine = self._cross.wait()  # piece l of the chunk every worker sent to this worker
+            R = self._comm.layout.ranks_per_worker
+            if R == 1:
+                self._result = [m[:n] for m, n in zip(mine, self._recv, strict=True)]
+            else:
+                rows = self._comm.intra.all_gather_async(torch.cat(mine), tag=self._tag).wait()
+                by_rank = [r.split(self._piece) for r in rows]  # [local rank][worker] -> piece
+                self._result = [torch.cat([by_rank[r][w] for r in range(R)])[:n]
+                                for w, n in enumerate(self._recv)]
+        return self._result
+
+    def is_completed(self) -> bool:
+        return self._result is not None or self._cross.is_completed()
+
+
 class WorkerCommunicator(Communicator):
     """Replica ``layout.worker`` of ``layout.num_workers``: DiLoCo's communicator across workers of R ranks.
 
-    Byte accounting in ``stats`` is logical and per worker, as for every backend (n sent, (M-1) n
-    received per exchange), so it compares directly with the in-process run. What the ranks really
-    move is counted by the two inner communicators: ``cross.stats`` (this rank's shards over the slow
-    link) and ``intra.stats`` (the fast intra-worker stage).
+    Byte accounting in ``stats`` is per worker, as for every backend (what crosses the worker's
+    slow link, from :mod:`diloco.traffic`), so it compares directly with the in-process run. What
+    the ranks really move is counted by the two inner communicators: ``cross.stats`` /
+    ``cross.stats.wire_*`` (this rank's byte-pieces over the slow link) and ``intra.stats`` (the fast
+    intra-worker stage). Both exchanges work: the all-to-all of the reduce-scatter exchange is cut
+    into byte-pieces per local rank exactly like the all-gather.
     """
 
     def __init__(self, layout: Layout, *, timeout_s: float) -> None:
@@ -140,6 +178,18 @@ class WorkerCommunicator(Communicator):
         mine = padded[self.layout.local_rank * shard : (self.layout.local_rank + 1) * shard]
         cross = self.cross.all_gather_async(mine, tag=f"{tag} shard {self.layout.local_rank}/{R}")
         return _ShardedWork(self, cross, n, shard, tag)
+
+    def _start_all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str) -> Work:
+        R, lr = self.layout.ranks_per_worker, self.layout.local_rank
+        pieces = []
+        for c in chunks:
+            k = -(-c.numel() // R)  # ceil, zero-padded: every local rank sends pieces of the same size
+            padded = c.new_zeros(R * k)
+            padded[: c.numel()] = c
+            pieces.append(padded[lr * k : (lr + 1) * k])
+        piece = [-(-n // R) for n in recv_sizes]
+        cross = self.cross._all_to_all(pieces, piece, f"{tag} piece {lr}/{R}")
+        return _ShardedAllToAllWork(self, cross, list(recv_sizes), piece, tag)
 
     def broadcast_(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
         """Worker ``src``'s values everywhere: across workers per column, then from local rank 0 in each row."""

@@ -1,18 +1,18 @@
 """The torch.distributed backend: one replica per process (gloo on CPU, nccl on GPU).
 
 Runs the same algorithm code as the in-process backend (:mod:`diloco.comm.local`):
-the algorithm hands over a 1-D uint8 payload, :meth:`all_gather_async` starts
-``all_gather_single`` with ``async_op=True`` and returns at once, so a fragment's
-exchange travels while the next inner steps compute; ``wait()`` returns the
-M payloads in rank order and every replica decodes and sums them in FP32 in
-that order (bit-identical averages on every rank, whatever the wire format).
+the exchanges of :mod:`diloco.comm.base` are built on two collectives on 1-D
+uint8 tensors, ``all_gather_single`` and ``all_to_all_single`` (uneven splits),
+both issued with ``async_op=True``, so a fragment's exchange travels while the
+next inner steps compute. Device-agnostic: tensors go to ``self.device`` (the
+current CUDA device under nccl, CPU otherwise) and results come back to the
+caller's device.
 
-Bytes on the wire. The logical counts in :class:`~diloco.comm.accounting.CommStats`
-(payload n sent, (M-1) n received per replica) are what the collective moves
-per rank with gloo's and NCCL's ring all-gather: every rank forwards each of the
-other M-1 payloads once around the ring, so it sends (M-1) n and receives
-(M-1) n bytes (gloo's ``sent`` is therefore (M-1) times the logical ``sent``;
-for M = 2 they coincide). See docs/distributed.md.
+Bytes on the wire. The counts in :class:`~diloco.comm.accounting.CommStats` are
+what crosses each rank's link, from :mod:`diloco.traffic`: an all-gather (ring
+in gloo and NCCL, or direct) moves (M-1) n bytes each way per rank; the
+reduce-scatter exchange's all-to-all and all-gather of shards move 2(M-1)/M n.
+See docs/distributed.md.
 
 Faults. Collectives are matched by order, as everywhere in torch.distributed.
 A peer that died makes gloo fail fast ("connection reset by peer"); a peer that
@@ -111,7 +111,7 @@ class _Heartbeat:
 
 
 class _TorchWork(Work):
-    def __init__(self, comm: TorchDistCommunicator, work, out: torch.Tensor, numel: int, seq: int, what: str,
+    def __init__(self, comm: TorchDistCommunicator, work, out: torch.Tensor, numel: int | list[int], seq: int, what: str,
                  result_device: torch.device) -> None:
         self._comm, self._work, self._out, self._numel = comm, work, out, numel
         self._seq, self._what, self._device = seq, what, result_device
@@ -205,6 +205,20 @@ class TorchDistCommunicator(Communicator):
         out = torch.empty(self.world_size * src.numel(), dtype=torch.uint8, device=self.device)
         work = self._issue(what, seq, lambda: _all_gather_single(out, src, group=self.group, async_op=True))
         return _TorchWork(self, work, out, src.numel(), seq, what, payload.device)
+
+    def _start_all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str) -> Work:
+        what = f"all-to-all {tag!r}" if tag else "all-to-all"
+        seq = self._enter(what)
+        if self.world_size == 1:
+            return _DoneWork(chunks[0])
+        device = chunks[self.rank].device
+        src = torch.cat([c.reshape(-1) for c in chunks]).to(self.device)
+        out = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=self.device)
+        send_sizes = [c.numel() for c in chunks]
+        work = self._issue(what, seq, lambda: dist.all_to_all_single(
+            out, src, output_split_sizes=list(recv_sizes), input_split_sizes=send_sizes, group=self.group,
+            async_op=True))
+        return _TorchWork(self, work, out, list(recv_sizes), seq, what, device)
 
     def broadcast_(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
         """One broadcast per dtype: the tensors are packed into one flat buffer (few large messages)."""

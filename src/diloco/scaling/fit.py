@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -23,7 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from diloco.scaling.laws import ALTERNATIVE_FORMS, FittedLaw, fit_law, get_form, log_residual
+from diloco.scaling.laws import (
+    ALTERNATIVE_FORMS,
+    CHINCHILLA_SOURCE,
+    FittedLaw,
+    bootstrap_coefs,
+    fit_law,
+    get_form,
+    interval,
+    log_residual,
+    token_budget_factor,
+)
 from diloco.scaling.sweep import read_results
 
 # Huber thresholds, in log units. Losses: 2e-2, so residuals under 2 % count quadratically and
@@ -58,12 +69,64 @@ def key_order(key: str) -> tuple[int, str, int]:
 
 
 # -- inputs ---------------------------------------------------------------------------------------
+def _record_lines(path: Path) -> list[int]:
+    """Line numbers (1-based) of the records :func:`read_results` returns, in the same order."""
+    lines = Path(path).read_text(encoding="utf-8").split("\n")[:-1]  # the unfinished tail is not a record
+    return [i for i, line in enumerate(lines, 1) if line.strip()]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def load_records(path: Path) -> list[dict[str, Any]]:
-    """The finished ("ok") runs of a sweep results file, the last record of each run_id."""
-    latest: dict[str, dict[str, Any]] = {}
-    for i, rec in enumerate(read_results(path)):
-        latest[rec.get("run_id") or f"line-{i}"] = rec
-    ok = [r for r in latest.values() if r.get("status", "ok") == "ok" and r.get("eval_loss") is not None]
+    """The finished ("ok") runs of a sweep results file, the last record of each run_id.
+
+    Every record is checked before anything is fitted: a line that is not a JSON object, a record
+    without ``method`` or ``num_params``, a ``method`` or ``replicas`` of the wrong kind, or an
+    ``eval_loss`` that is not a number is a ValueError naming ``path:line``. A finished record whose
+    loss is NaN, infinite or <= 0 is skipped with a warning naming its line (it cannot be fitted
+    in log space, and it must not silently remove or keep a law depending on where it sits).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"results file {path} does not exist; run `diloco sweep --out {path}` first")
+    records = read_results(path)
+    line_of = _record_lines(path)
+    latest: dict[str, tuple[int, dict[str, Any]]] = {}
+    for line, rec in zip(line_of, records):
+        where = f"{path}:{line}"
+        if not isinstance(rec, dict):
+            raise ValueError(f"{where}: a record must be a JSON object, got {type(rec).__name__} "
+                             f"({json.dumps(rec)[:60]}); fix or delete that line")
+        if rec.get("status", "ok") != "ok":
+            latest[rec.get("run_id") or f"line-{line}"] = (line, rec)
+            continue
+        for key in ("method", "num_params", "eval_loss"):
+            if key not in rec:
+                raise ValueError(f"{where}: the record has no {key!r} (keys: {', '.join(sorted(rec)) or 'none'}); "
+                                 f"every finished run needs method, num_params and eval_loss")
+        if not isinstance(rec["method"], str) or not rec["method"]:
+            raise ValueError(f"{where}: method={rec['method']!r} must be a name such as 'dp' or 'diloco'")
+        if not (_number(rec["num_params"]) and rec["num_params"] > 0):
+            raise ValueError(f"{where}: num_params={rec['num_params']!r} must be a positive number")
+        replicas = rec.get("replicas", 1)
+        if replicas is not None and not (_number(replicas) and replicas >= 1 and replicas == int(replicas)):
+            raise ValueError(f"{where}: replicas={replicas!r} must be a whole number >= 1")
+        loss = rec["eval_loss"]
+        if loss is not None and not _number(loss):
+            raise ValueError(f"{where}: eval_loss={loss!r} is not a number")
+        latest[rec.get("run_id") or f"line-{line}"] = (line, rec)
+    ok = []
+    for line, rec in latest.values():
+        if rec.get("status", "ok") != "ok" or rec.get("eval_loss") is None:
+            continue
+        loss = float(rec["eval_loss"])
+        if not (math.isfinite(loss) and loss > 0):
+            warnings.warn(f"{path}:{line}: skipped a run with eval_loss={loss!r} (not a finite positive loss)",
+                          stacklevel=2)
+            continue
+        ok.append(rec)
     if not ok:
         raise ValueError(f"{path} holds no finished runs (status 'ok'); run `diloco sweep` first")
     return ok
@@ -84,7 +147,8 @@ def paper_table4_records() -> list[dict[str, Any]]:
         for col, loss in zip(table["columns"][2:], losses):
             method, replicas = ("dp", 1) if col == "dp" else ("diloco", int(col.split("-m")[1]))
             records.append({"run_id": f"paper-{size}-{col}", "size": size, "num_params": n, "method": method,
-                            "replicas": replicas, "eval_loss": loss, "status": "ok", "source": "paper"})
+                            "replicas": replicas, "eval_loss": loss, "tokens": 20 * n, "status": "ok",
+                            "source": "paper"})
     return records
 
 
@@ -176,6 +240,9 @@ class Prediction:
     replicas: int
     loss: float
     loss_law: str
+    loss_interval: tuple[float, float] | None  # 90 % bootstrap interval (None: fitted without --bootstrap)
+    tokens: float | None  # the token budget asked for (None: the sweep's tokens per parameter)
+    notes: tuple[str, ...]  # what the prediction rests on beyond the fitted law (fallbacks, extrapolation)
     inner_lr: float | None
     global_batch: float | None
     global_batch_rounded: int | None  # the nearest power of two that M divides
@@ -190,6 +257,7 @@ class Prediction:
 class ScalingFit:
     points: list[BestPoint]
     loss_laws: dict[str, FittedLaw]  # per method key: A * N^alpha
+    loss_laws_c: dict[str, FittedLaw]  # per method key: A * N^alpha + C
     joint: dict[str, FittedLaw]  # over the joint method's M: "joint" and Table 13's alternatives
     lr_laws: dict[str, FittedLaw]
     lr_joint: FittedLaw | None
@@ -199,31 +267,85 @@ class ScalingFit:
     sync_every_by_replicas: dict[int, int]
     holdout: list[HoldoutRow]
     settings: dict[str, Any] = field(default_factory=dict)
+    bootstrap: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # law id -> refit coefficients
+    warnings: list[str] = field(default_factory=list)  # laws not fitted, and why
+
+    def loss_law(self, method: str = "diloco", replicas: int = 1, law: str = "auto") -> tuple[str, FittedLaw, list[str]]:
+        """(law id, the law, notes) that predicts the loss of ``method`` with M = ``replicas``.
+
+        ``law``: "auto" (the group's own law with an offset, "power+C", if fitted; else its pure power
+        law; else the joint law over M, said in the notes), "power", "power+C", or a joint form name.
+        """
+        key = method_key(method, replicas)
+        joint_ok = method == self.settings.get("joint_method")
+        notes: list[str] = []
+        if law == "auto":
+            if key in self.loss_laws_c:
+                law = "power+C"
+            elif key in self.loss_laws:
+                law = "power"
+            else:
+                law = "joint+C" if "joint+C" in self.joint else "joint"
+                fitted_m = sorted({p.replicas for p in self.points if p.method == method})
+                notes.append(f"no law fitted for {key} (fitted M: {fitted_m or 'none'}): the joint law {law} "
+                             f"over M is used, "
+                             + ("an interpolation" if fitted_m and min(fitted_m) < replicas < max(fitted_m)
+                                else "an extrapolation") + f" to M = {replicas}")
+        if law in ("power", "power+C"):
+            laws = self.loss_laws if law == "power" else self.loss_laws_c
+            if key not in laws:
+                raise ValueError(f"no fitted {law} law for {key}; fitted: {', '.join(laws) or 'none'} "
+                                 f"(or use a joint law: {', '.join(self.joint) or 'none fitted'})")
+            return f"{law}:{key}", laws[key], notes
+        if not joint_ok or law not in self.joint:
+            raise ValueError(f"law {law!r} is not fitted for method {method!r}; joint laws "
+                             f"({', '.join(self.joint) or 'none'}) cover method {self.settings.get('joint_method')!r}")
+        return law, self.joint[law], notes
 
     def predict(self, num_params: float, *, method: str = "diloco", replicas: int = 1,
-                law: str = "auto") -> Prediction:
-        """Loss and recommended hyperparameters at N (and M). ``law``: "auto" (the method's own
-        power law if fitted, else the joint law), "power", or a joint form name."""
+                law: str = "auto", tokens: float | None = None) -> Prediction:
+        """Loss (with its bootstrap interval) and recommended hyperparameters at N (and M).
+
+        ``tokens``: the token budget; the laws are fitted at the sweep's tokens per parameter
+        (``settings["tokens_per_param"]``, the paper's 20), and another budget moves the loss by
+        Chinchilla's data term, noted as an extrapolation.
+        """
+        if not (num_params > 0 and math.isfinite(num_params)):
+            raise ValueError(f"num_params={num_params!r}: give a positive parameter count, e.g. 4e9")
+        if not (isinstance(replicas, int) and replicas >= 1):
+            raise ValueError(f"replicas={replicas!r}: give a whole number of replicas >= 1")
         key = method_key(method, replicas)
         m = 1 if method == "dp" else int(replicas)
         joint_ok = method == self.settings.get("joint_method")
-        if law == "auto":
-            law = "power" if key in self.loss_laws else "joint"
-        if law == "power":
-            if key not in self.loss_laws:
-                raise ValueError(f"no fitted law for {key}; fitted: {', '.join(self.loss_laws)} (or use a joint law)")
-            fitted = self.loss_laws[key]
-        else:
-            if not joint_ok or law not in self.joint:
-                raise ValueError(f"law {law!r} is not fitted for method {method!r}; joint laws "
-                                 f"({', '.join(self.joint)}) cover method {self.settings.get('joint_method')!r}")
-            fitted = self.joint[law]
+        law_id, fitted, notes = self.loss_law(method, m, law)
+        loss = float(fitted.predict(num_params, m))
+        span = interval(fitted, self.bootstrap.get(law_id, []), num_params, m)
+        sizes = [p.num_params for p in self.points]
+        if sizes and not min(sizes) <= num_params <= max(sizes):
+            notes.append(f"N = {num_params:.3g} is outside the fitted sizes {min(sizes):.3g}..{max(sizes):.3g}: "
+                         f"an extrapolation")
+        tpp = self.settings.get("tokens_per_param")
+        if tokens is not None:
+            if not (tokens > 0 and math.isfinite(tokens)):
+                raise ValueError(f"tokens={tokens!r}: give a positive token budget, e.g. 2e11")
+            if tpp is None:
+                raise ValueError("these records do not say their tokens per parameter; fit records with 'tokens'")
+            ref = tpp * num_params
+            if abs(tokens / ref - 1) > 1e-9:
+                factor = token_budget_factor(num_params, tokens, ref)
+                loss *= factor
+                span = None if span is None else (span[0] * factor, span[1] * factor)
+                notes.append(f"token budget {tokens:.3g} = {tokens / num_params:.3g} tokens/param, not the fitted "
+                             f"{tpp:g}: loss x {factor:.4f} by {CHINCHILLA_SOURCE} (an extrapolation)")
 
         def hparam(laws: dict[str, FittedLaw], joint: FittedLaw | None) -> float | None:
             chosen = laws.get(key) or (joint if joint_ok else None)
             return None if chosen is None else float(chosen.predict(num_params, m))
 
         lr, batch = hparam(self.lr_laws, self.lr_joint), hparam(self.batch_laws, self.batch_joint)
+        if lr is None or batch is None:
+            notes.append("no inner-lr / batch law: the records carry no inner_lr / global_batch "
+                         "(e.g. the paper's table of best losses)")
         rounded = None
         if batch is not None:
             rounded = max(m, 2 ** round(math.log2(batch)))
@@ -232,7 +354,9 @@ class ScalingFit:
         if method != "dp" and self.outer_lr_by_replicas:
             nearest = min(self.outer_lr_by_replicas, key=lambda r: abs(math.log2(r) - math.log2(m)))
             outer, sync = self.outer_lr_by_replicas[nearest], self.sync_every_by_replicas.get(nearest)
-        return Prediction(float(num_params), method, m, float(fitted.predict(num_params, m)), fitted.form,
+            if nearest != m:
+                notes.append(f"outer lr and H from the nearest fitted M = {nearest}")
+        return Prediction(float(num_params), method, m, loss, law_id, span, tokens, tuple(notes),
                           lr, batch, rounded, outer, sync)
 
     def to_dict(self) -> dict[str, Any]:
@@ -240,12 +364,36 @@ class ScalingFit:
         return {
             "settings": self.settings,
             "points": [{**asdict(p), "key": p.key} for p in self.points],
-            "loss_laws": laws(self.loss_laws), "joint": laws(self.joint),
+            "loss_laws": laws(self.loss_laws), "loss_laws_c": laws(self.loss_laws_c), "joint": laws(self.joint),
             "lr_laws": laws(self.lr_laws), "lr_joint": self.lr_joint and self.lr_joint.to_dict(),
             "batch_laws": laws(self.batch_laws), "batch_joint": self.batch_joint and self.batch_joint.to_dict(),
             "outer_lr_by_replicas": self.outer_lr_by_replicas, "sync_every_by_replicas": self.sync_every_by_replicas,
             "holdout": [{**asdict(h), "residual": h.residual} for h in self.holdout],
+            "bootstrap": self.bootstrap, "warnings": list(self.warnings),
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "the fit") -> ScalingFit:
+        """The inverse of :meth:`to_dict`: read the JSON ``diloco fit`` writes (e.g. for ``diloco plan``)."""
+        try:
+            laws = lambda d: {k: FittedLaw.from_dict(v) for k, v in (d or {}).items()}  # noqa: E731
+            one = lambda d: None if d is None else FittedLaw.from_dict(d)  # noqa: E731
+            point_fields = {f.name for f in BestPoint.__dataclass_fields__.values()}
+            return cls(
+                points=[BestPoint(**{k: v for k, v in p.items() if k in point_fields}) for p in data["points"]],
+                loss_laws=laws(data["loss_laws"]), loss_laws_c=laws(data.get("loss_laws_c")),
+                joint=laws(data["joint"]), lr_laws=laws(data["lr_laws"]), lr_joint=one(data.get("lr_joint")),
+                batch_laws=laws(data["batch_laws"]), batch_joint=one(data.get("batch_joint")),
+                outer_lr_by_replicas={int(k): float(v) for k, v in data["outer_lr_by_replicas"].items()},
+                sync_every_by_replicas={int(k): int(v) for k, v in data["sync_every_by_replicas"].items()},
+                holdout=[HoldoutRow(**{k: v for k, v in h.items() if k != "residual"}) for h in data["holdout"]],
+                settings=dict(data.get("settings", {})),
+                bootstrap={k: [dict(c) for c in v] for k, v in (data.get("bootstrap") or {}).items()},
+                warnings=list(data.get("warnings", [])),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"{where} is not the JSON `diloco fit` writes ({type(exc).__name__}: {exc}); "
+                             f"run `diloco fit --results RESULTS.jsonl --json FIT.json`") from None
 
     def coefficient_table(self) -> str:
         """The fitted laws as a Markdown table."""
@@ -258,6 +406,8 @@ class ScalingFit:
 
         joint_group = f"{self.settings.get('joint_method')} (all M)"
         for key, f in self.loss_laws.items():
+            add("loss", key, f)
+        for key, f in self.loss_laws_c.items():
             add("loss", key, f)
         for f in self.joint.values():
             add("loss", joint_group, f)
@@ -284,15 +434,34 @@ class ScalingFit:
         return {k: float(np.mean(v)) for k, v in acc.items()}
 
 
+def _n_params_of_form(form: str) -> int:
+    """Parameters of a form that describe the dependence on N (all but the M terms B and beta)."""
+    return sum(1 for p in get_form(form).params if p not in ("beta", "B"))
+
+
 def _fit_or_none(form: str, pts: list[BestPoint], y: list[float | None], delta: float,
-                 max_inits: int) -> FittedLaw | None:
-    """A fit if the points allow it (enough distinct sizes, every value present), else None."""
+                 max_inits: int, group: str, warn: list[str] | None) -> FittedLaw | None:
+    """A fit if the points allow it, else None (with the reason added to ``warn`` when it is not obvious).
+
+    The points allow it when every value is present and there are more distinct sizes than the form
+    has parameters in N (so at least one size checks the curve), and more points than parameters.
+    """
     if not pts or any(v is None or not v > 0 for v in y):
         return None
-    if len({p.num_params for p in pts}) < 2 or len(pts) < len(get_form(form).params) + 1:
+    sizes = len({p.num_params for p in pts})
+    need = _n_params_of_form(form) + 1
+    if sizes < 2 or sizes < need or len(pts) < len(get_form(form).params) + 1:
+        if warn is not None and sizes >= 2:
+            warn.append(f"{form} law for {group} not fitted: it has {_n_params_of_form(form)} parameters in N but "
+                        f"the data has {sizes} model sizes (needs {need}); add sizes to fit it")
         return None
-    return fit_law(form, [p.num_params for p in pts], [p.replicas for p in pts], y,
-                   huber_delta=delta, max_inits=max_inits)
+    try:
+        return fit_law(form, [p.num_params for p in pts], [p.replicas for p in pts], y,
+                       huber_delta=delta, max_inits=max_inits)
+    except ValueError as exc:
+        if warn is not None:
+            warn.append(f"{form} law for {group} not fitted: {exc}")
+        return None
 
 
 def _targets(pts: list[BestPoint]) -> dict[str, list[float | None]]:
@@ -303,11 +472,18 @@ def _targets(pts: list[BestPoint]) -> dict[str, list[float | None]]:
 def fit_scaling(records: Iterable[Mapping[str, Any]], *, smooth_by: str | None = None,
                 joint_method: str = "diloco", loss_huber_delta: float = LOSS_HUBER_DELTA,
                 hparam_huber_delta: float = HPARAM_HUBER_DELTA, max_inits: int = 64,
-                alternatives: Iterable[str] = ALTERNATIVE_FORMS) -> ScalingFit:
-    """Every fit of the module docstring, from finished sweep records (see :func:`load_records`)."""
+                alternatives: Iterable[str] = ALTERNATIVE_FORMS, bootstrap: int = 0, seed: int = 0) -> ScalingFit:
+    """Every fit of the module docstring, from finished sweep records (see :func:`load_records`).
+
+    ``bootstrap`` > 0 refits every loss law that many times on resampled residuals, so that
+    :meth:`ScalingFit.predict` can give an interval.
+    """
+    records = list(records)
     points = best_points(records, smooth_by=smooth_by)
     if not points:
         raise ValueError("no records to fit: run `diloco sweep` first, or use the paper's table (--paper-table4)")
+    if bootstrap < 0:
+        raise ValueError(f"bootstrap={bootstrap}: give a number of resamples >= 0")
     alternatives = tuple(alternatives)
     for name in alternatives:
         get_form(name)
@@ -317,24 +493,31 @@ def fit_scaling(records: Iterable[Mapping[str, Any]], *, smooth_by: str | None =
         by_key[p.key].append(p)
     joint_pts = [p for p in points if p.method == joint_method]
     largest = max(p.num_params for p in points)
+    warn: list[str] = []
 
-    def fit_all(pts_by_key: dict[str, list[BestPoint]], jpts: list[BestPoint]) -> dict[str, Any]:
+    def fit_all(pts_by_key: dict[str, list[BestPoint]], jpts: list[BestPoint], w: list[str] | None) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for target, delta in deltas.items():
-            out[target] = {key: _fit_or_none("power", pts, _targets(pts)[target], delta, max_inits)
+            out[target] = {key: _fit_or_none("power", pts, _targets(pts)[target], delta, max_inits, key, w)
                            for key, pts in pts_by_key.items()}
+            if target == "loss":
+                out["loss_c"] = {key: _fit_or_none("power+C", pts, _targets(pts)[target], delta, max_inits, key, w)
+                                 for key, pts in pts_by_key.items()}
             forms = ("joint",) + (alternatives if target == "loss" else ())
-            out[target + "_joint"] = {f: _fit_or_none(f, jpts, _targets(jpts)[target], delta, max_inits)
+            out[target + "_joint"] = {f: _fit_or_none(f, jpts, _targets(jpts)[target], delta, max_inits,
+                                                      f"{joint_method} (all M)", w if target == "loss" else None)
                                       for f in forms}
         return out
 
-    full = fit_all(by_key, joint_pts)
+    full = fit_all(by_key, joint_pts, warn)
     # Leave-largest-out: the same fits without the largest size, evaluated at it.
     held = fit_all({k: [p for p in v if p.num_params < largest] for k, v in by_key.items()},
-                   [p for p in joint_pts if p.num_params < largest])
+                   [p for p in joint_pts if p.num_params < largest], None)
     holdout = []
     for target in deltas:
         candidates = [("power", key, law, by_key[key]) for key, law in held[target].items()]
+        if target == "loss":
+            candidates += [("power+C", key, law, by_key[key]) for key, law in held["loss_c"].items()]
         candidates += [(form, None, law, joint_pts) for form, law in held[target + "_joint"].items()]
         for law_name, key, law, pts in candidates:
             if law is None:
@@ -355,9 +538,31 @@ def fit_scaling(records: Iterable[Mapping[str, Any]], *, smooth_by: str | None =
         if p.sync_every is not None:
             sync[p.replicas].append(p.sync_every)
     drop_none = lambda d: {k: v for k, v in d.items() if v is not None}  # noqa: E731
+
+    # Bootstrap every loss law: ids "power:<key>", "power+C:<key>" and the joint form names.
+    samples: dict[str, list[dict[str, float]]] = {}
+    if bootstrap:
+        laws = [(f"power:{k}", f, by_key[k]) for k, f in drop_none(full["loss"]).items()]
+        laws += [(f"power+C:{k}", f, by_key[k]) for k, f in drop_none(full["loss_c"]).items()]
+        laws += [(name, f, joint_pts) for name, f in drop_none(full["loss_joint"]).items()]
+        for i, (law_id, law, pts) in enumerate(laws):
+            samples[law_id] = bootstrap_coefs(law, [p.num_params for p in pts], [p.replicas for p in pts],
+                                              [p.loss for p in pts], num_samples=bootstrap,
+                                              huber_delta=loss_huber_delta, seed=seed + i)
+            if len(samples[law_id]) < bootstrap:
+                warn.append(f"bootstrap of {law_id}: {bootstrap - len(samples[law_id])} of {bootstrap} refits "
+                            f"did not converge and were left out")
+
+    ratios = [r["tokens"] / r["num_params"] for r in records
+              if _number(r.get("tokens")) and _number(r.get("num_params")) and r["num_params"] > 0]
+    tokens_per_param = float(np.median(ratios)) if ratios else None
+    if ratios and max(ratios) > 1.01 * min(ratios):
+        warn.append(f"the runs use {min(ratios):.3g}..{max(ratios):.3g} tokens per parameter; the laws take "
+                    f"the median, {tokens_per_param:.3g}")
     return ScalingFit(
         points=points,
         loss_laws=drop_none(full["loss"]),
+        loss_laws_c=drop_none(full["loss_c"]),
         joint=drop_none(full["loss_joint"]),
         lr_laws=drop_none(full["inner_lr"]),
         lr_joint=full["inner_lr_joint"]["joint"],
@@ -368,5 +573,8 @@ def fit_scaling(records: Iterable[Mapping[str, Any]], *, smooth_by: str | None =
         holdout=holdout,
         settings={"smooth_by": smooth_by, "joint_method": joint_method, "loss_huber_delta": loss_huber_delta,
                   "hparam_huber_delta": hparam_huber_delta, "max_inits": max_inits,
-                  "held_out_num_params": largest},
+                  "held_out_num_params": largest, "tokens_per_param": tokens_per_param,
+                  "bootstrap": bootstrap, "seed": seed},
+        bootstrap=samples,
+        warnings=warn,
     )

@@ -8,6 +8,7 @@ M. The forms are those of the DiLoCo scaling-laws paper (arXiv 2503.09799):
 name        formula                         paper
 ==========  ==============================  =====================================
 power       A * N^alpha                     Table 7: one law per method / per M
+power+C     A * N^alpha + C                 one law per method / per M, with an offset
 joint       A * N^alpha * M^beta            Table 10 (loss), Tables 8-9 (lr, batch)
 joint+C     A * N^alpha * M^beta + C        Table 13
 exp-M+C     A * N^(alpha + beta*M) + C      Table 13 (best on held-out 2.4B)
@@ -30,8 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.optimize import minimize
-from scipy.special import huber, softmax
+
+# scipy is imported inside the fitting functions: reading and evaluating a fitted law (the planner)
+# needs numpy only.
 
 # A form maps internal parameters theta, x = log N and M to (log yhat, d log yhat / d theta).
 _Model = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
@@ -62,6 +64,11 @@ def _power(theta: np.ndarray, x: np.ndarray, m: np.ndarray) -> tuple[np.ndarray,
     return a + alpha * x, np.stack([np.ones_like(x), x], axis=1)
 
 
+def _power_c(theta: np.ndarray, x: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a, alpha, c = theta
+    return _plus_c(a + alpha * x, np.stack([np.ones_like(x), x], axis=1), c)
+
+
 def _joint(theta: np.ndarray, x: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     a, alpha, beta = theta
     lm = np.log(m)
@@ -90,8 +97,8 @@ def _additive(theta: np.ndarray, x: np.ndarray, m: np.ndarray) -> tuple[np.ndarr
     a, alpha, b, beta, c = theta
     lm = np.log(m)
     terms = np.stack([a + alpha * x, b + beta * lm, np.full_like(x, c)], axis=1)
-    w = softmax(terms, axis=1)
     out = np.logaddexp.reduce(terms, axis=1)
+    w = np.exp(terms - out[:, None])  # softmax over the three terms
     jac = np.stack([w[:, 0], w[:, 0] * x, w[:, 1], w[:, 1] * lm, w[:, 2]], axis=1)
     return out, jac
 
@@ -100,6 +107,7 @@ FORMS: dict[str, LawForm] = {
     f.name: f
     for f in (
         LawForm("power", "A * N^alpha", ("A", "alpha"), frozenset({"A"}), _power, False),
+        LawForm("power+C", "A * N^alpha + C", ("A", "alpha", "C"), frozenset({"A", "C"}), _power_c, False),
         LawForm("joint", "A * N^alpha * M^beta", ("A", "alpha", "beta"), frozenset({"A"}), _joint, True),
         LawForm("joint+C", "A * N^alpha * M^beta + C", ("A", "alpha", "beta", "C"),
                 frozenset({"A", "C"}), _joint_c, True),
@@ -179,6 +187,8 @@ def _initial_points(form: LawForm, logy: np.ndarray, x0: float) -> list[np.ndarr
     cs = tuple(math.log(f * ymin) for f in (0.1, 0.5, 0.9))
     if form.name == "power":
         grid = [(ymean,), alphas]
+    elif form.name == "power+C":
+        grid = [(ymean - 1.0, ymean - 3.0), alphas, cs]
     elif form.name == "joint":
         grid = [(ymean,), alphas, betas]
     elif form.name == "joint+C":
@@ -191,13 +201,18 @@ def _initial_points(form: LawForm, logy: np.ndarray, x0: float) -> list[np.ndarr
 
 
 def fit_law(form_name: str, num_params: Any, replicas: Any, y: Any, *, huber_delta: float = 2e-2,
-            max_inits: int = 200, seed: int = 0) -> FittedLaw:
+            max_inits: int = 200, seed: int = 0, init: dict[str, float] | None = None) -> FittedLaw:
     """Fit one law by minimising sum_i Huber_delta(log yhat_i - log y_i) with L-BFGS-B.
 
     ``huber_delta`` is in log units (2e-2: 2 %; Chinchilla used 1e-3): residuals larger than it
     count linearly, so one outlier run cannot drag the law. Starts come from a grid
-    (at most ``max_inits``, a seeded random subset when the grid is larger); the best optimum wins.
+    (at most ``max_inits``, a seeded random subset when the grid is larger), or from ``init`` alone
+    (coefficients of a previous fit, e.g. for bootstrap refits); the best optimum wins. A fit where no
+    start converges (L-BFGS-B's success flag) or every optimum is non-finite is a ValueError.
     """
+    from scipy.optimize import minimize
+    from scipy.special import huber
+
     form = get_form(form_name)
     n, m, yv = (np.asarray(v, float).ravel() for v in np.broadcast_arrays(num_params, replicas, y))
     if np.any(n <= 0) or np.any(m <= 0) or np.any(yv <= 0) or not np.all(np.isfinite(yv)):
@@ -231,7 +246,11 @@ def fit_law(form_name: str, num_params: Any, replicas: Any, y: Any, *, huber_del
         grad[1] += -x0 * grad[0]  # chain rule through to_theta
         return float(huber(huber_delta, r).sum() * scale), grad * scale
 
-    starts = _initial_points(form, logy, x0)
+    if init is not None:
+        theta0 = form.to_internal(init)
+        starts = [np.concatenate([[theta0[0] + x0 * theta0[1]], theta0[1:]])]
+    else:
+        starts = _initial_points(form, logy, x0)
     if len(starts) > max_inits:
         pick = np.random.default_rng(seed).choice(len(starts), size=max_inits, replace=False)
         starts = [starts[i] for i in sorted(pick)]
@@ -239,17 +258,97 @@ def fit_law(form_name: str, num_params: Any, replicas: Any, y: Any, *, huber_del
     # and the floor stops log C from running off towards -inf when the best C is 0.
     log_ymin = float(logy.min())
     bounds = [(log_ymin - 20.0, log_ymin) if p == "C" else (None, None) for p in form.params]
+    if init is not None:  # a warm start may sit on the C bound's far side after resampling
+        starts = [np.clip(phi, [lo if lo is not None else -np.inf for lo, _ in bounds],
+                          [hi if hi is not None else np.inf for _, hi in bounds]) for phi in starts]
     best = None
     with _single_threaded_blas():
         results = [minimize(objective, phi0, jac=True, method="L-BFGS-B", bounds=bounds,
                             options={"maxiter": 5000, "ftol": 1e-12, "gtol": 1e-8}) for phi0 in starts]
-    for res in results:
-        if np.all(np.isfinite(res.x)) and (best is None or res.fun < best.fun):
+    # An optimum counts if L-BFGS-B says it converged (or stopped on the relative-reduction test, which is
+    # how it ends at a flat minimum) and every coefficient is finite.
+    def converged(r: Any) -> bool:
+        if not (np.all(np.isfinite(r.x)) and np.isfinite(r.fun)):
+            return False
+        if r.success:
+            return True
+        # "ABNORMAL_TERMINATION_IN_LNSRCH" at a minimum: the line search cannot improve a point whose
+        # projected gradient is already ~0 (the objective is O(1) near the optimum). Anything else fails.
+        g = np.asarray(r.jac, float).copy()
+        for i, (lo, hi) in enumerate(bounds):
+            if (lo is not None and r.x[i] <= lo + 1e-9 and g[i] > 0) or (hi is not None and r.x[i] >= hi - 1e-9
+                                                                         and g[i] < 0):
+                g[i] = 0.0  # pressing against a bound: not a gradient the optimizer could follow
+        return r.status == 2 and float(np.max(np.abs(g))) < 1e-4
+
+    usable = [r for r in results if converged(r)]
+    for res in usable:
+        if best is None or res.fun < best.fun:
             best = res
-    assert best is not None, "every start diverged"
+    if best is None:
+        messages = sorted({str(r.message) for r in results})
+        raise ValueError(f"fitting {form.name!r} to {len(yv)} points failed: no start converged "
+                         f"(optimizer: {'; '.join(messages)[:300]}); try more points or a smaller form")
     return FittedLaw(form.name, form.to_natural(to_theta(best.x)), len(yv), float(best.fun / scale))
 
 
 def log_residual(actual: Any, predicted: Any) -> np.ndarray:
     """|log y - log yhat|: the paper's held-out error (0.0025 ~ 0.25 % of the loss)."""
     return np.abs(np.log(np.asarray(actual, float)) - np.log(np.asarray(predicted, float)))
+
+
+def bootstrap_coefs(law: FittedLaw, num_params: Any, replicas: Any, y: Any, *, num_samples: int = 100,
+                    huber_delta: float = 2e-2, seed: int = 0) -> list[dict[str, float]]:
+    """Coefficients of ``num_samples`` residual-bootstrap refits of ``law`` (for prediction intervals).
+
+    Each replicate keeps the fitted values and adds residuals ``log y - log yhat`` drawn with
+    replacement, then refits from the original coefficients. With few points (7 sizes) this
+    interval reflects the scatter of the points about the law, not the choice of the form.
+    """
+    if num_samples < 1:
+        return []
+    n, m, yv = (np.asarray(v, float).ravel() for v in np.broadcast_arrays(num_params, replicas, y))
+    fitted = np.log(law.predict(n, m))
+    resid = np.log(yv) - fitted
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(num_samples):
+        y_star = np.exp(fitted + rng.choice(resid, size=resid.size, replace=True))
+        try:
+            out.append(fit_law(law.form, n, m, y_star, huber_delta=huber_delta, init=law.coef).coef)
+        except ValueError:  # the warm start failed: the grid of starts, then leave it out (the caller counts)
+            try:
+                out.append(fit_law(law.form, n, m, y_star, huber_delta=huber_delta, max_inits=16).coef)
+            except ValueError:
+                continue
+    return out
+
+
+def interval(law: FittedLaw, samples: list[dict[str, float]], num_params: Any, replicas: Any = 1,
+             level: float = 0.9) -> tuple[float, float] | None:
+    """The central ``level`` interval of a prediction over bootstrap coefficients, or None without samples."""
+    if not samples:
+        return None
+    preds = np.array([float(FittedLaw(law.form, c, law.num_points, 0.0).predict(num_params, replicas))
+                      for c in samples])
+    lo, hi = np.quantile(preds, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+#: Chinchilla's fit of loss against parameters N and tokens D (Hoffmann et al. 2022, Approach 3):
+#: L = E + A / N^a + B / D^b. Only its data term is used, as a ratio, to move a law fitted at one
+#: token budget to another (an extrapolation: the DiLoCo laws are fitted at 20 tokens per parameter).
+CHINCHILLA = {"E": 1.69, "A": 406.4, "B": 410.7, "a": 0.34, "b": 0.28}
+CHINCHILLA_SOURCE = "Hoffmann et al. 2022 (Chinchilla), Approach 3: L = 1.69 + 406.4/N^0.34 + 410.7/D^0.28"
+
+
+def token_budget_factor(num_params: float, tokens: float, reference_tokens: float) -> float:
+    """L(N, D) / L(N, D_ref) under Chinchilla's law: how a loss at ``reference_tokens`` moves to ``tokens``."""
+    if not (num_params > 0 and tokens > 0 and reference_tokens > 0):
+        raise ValueError(f"need positive N, D and D_ref, got {num_params}, {tokens}, {reference_tokens}")
+    c = CHINCHILLA
+
+    def loss(d: float) -> float:
+        return c["E"] + c["A"] / num_params ** c["a"] + c["B"] / d ** c["b"]
+
+    return loss(tokens) / loss(reference_tokens)

@@ -4,8 +4,10 @@ A :class:`GridSpec` expands into plain-dict run configs, each with a stable ``ru
 the config). :func:`run_sweep` calls a *run function* on every config whose ``run_id`` has no
 finished record yet and appends one JSON line per finished run, flushed and fsync'ed, so a crash or
 Ctrl-C loses at most the run in progress and a restart picks up where it stopped. The run
-function is looked up by name in :data:`RUNNERS`: ``"train"`` (the real trainer, imported from
-``diloco.train.sweep_runner``) or ``"synthetic"`` (a known noisy law, for tests and demos).
+function is looked up by name in :data:`RUNNERS`: ``"train"`` (the real trainer,
+``diloco.train.sweep_runner.run_config``) or ``"synthetic"`` (a known noisy law, for tests and demos).
+Where the runs execute (this process, one process per run locally, or SLURM jobs) is the
+executor's business (:mod:`diloco.scaling.executors`); this module is the only writer of the file.
 
 The record format is documented in docs/scaling.md.
 """
@@ -15,11 +17,10 @@ from __future__ import annotations
 import copy
 import fcntl
 import hashlib
-import importlib
 import json
 import math
 import os
-import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from diloco.files import append_jsonl, read_jsonl
 from diloco.scaling.synthetic import synthetic_run
 
 RunFn = Callable[[dict[str, Any]], dict[str, Any]]
@@ -45,35 +47,33 @@ SIZE_PARAMS: dict[str, int] = {
     "10B": 10_000_000_000,
 }
 
-# Run functions by name: a callable, or "module:attribute" imported on first use (so that listing
-# the registry does not import torch). The trainer is expected at the "train" address.
-RUNNERS: dict[str, RunFn | str] = {
+def train_runner(config: dict[str, Any]) -> dict[str, Any]:
+    """The real trainer (:func:`diloco.train.sweep_runner.run_config`); imported when a run starts, not
+    when this module is (it pulls in torch)."""
+    from diloco.train.sweep_runner import run_config
+
+    return run_config(config)
+
+
+#: Run functions by name (``diloco sweep --runner NAME``). Module-level functions, so that the
+#: process executors can send them to a child by name.
+RUNNERS: dict[str, RunFn] = {
     "synthetic": synthetic_run,
-    "train": "diloco.train.sweep_runner:run_config",
+    "train": train_runner,
 }
 
 
-def register_runner(name: str, fn: RunFn | str) -> None:
-    """Make ``fn`` (a callable or a "module:attribute" string) available as ``diloco sweep --runner NAME``."""
+def register_runner(name: str, fn: RunFn) -> None:
+    """Make ``fn`` available as ``diloco sweep --runner NAME`` (a module-level function for process executors)."""
+    if not callable(fn):
+        raise ValueError(f"runner {name!r} must be a callable taking a run config, got {type(fn).__name__}")
     RUNNERS[name] = fn
 
 
 def get_runner(name: str) -> RunFn:
     if name not in RUNNERS:
         raise ValueError(f"unknown runner {name!r}; registered runners: {', '.join(sorted(RUNNERS))}")
-    entry = RUNNERS[name]
-    if isinstance(entry, str):
-        module_name, _, attr = entry.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not module_name.startswith(exc.name):
-                raise
-            raise ValueError(f"runner {name!r} is not available yet: module {module_name} does not exist "
-                             f"(use --runner synthetic to try the sweep machinery)") from None
-        entry = getattr(module, attr)
-        RUNNERS[name] = entry
-    return entry
+    return RUNNERS[name]
 
 
 def ladder(start: float, stop: float, factor: float | str) -> tuple[float, ...]:
@@ -274,23 +274,11 @@ def expand(grid: GridSpec) -> list[dict[str, Any]]:
 
 
 # -- the results file ---------------------------------------------------------------------------
-def read_results(path: Path) -> list[dict[str, Any]]:
-    """All records of a results JSONL file, in order. A truncated last line (a crash mid-write) is
-    skipped; a corrupt line anywhere else is an error, since it means the file was edited."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    lines = path.read_text().split("\n")
-    complete = lines[:-1]  # the text after the last newline, if any, is an unfinished write
-    records = []
-    for i, line in enumerate(complete, 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{i} is not valid JSON ({exc}); fix or delete that line") from None
-    return records
+def read_results(path: Path, *, warn: bool = True) -> list[dict[str, Any]]:
+    """All records of a results JSONL file, in order (:func:`diloco.files.read_jsonl`): an unfinished
+    last line (a crash mid-write) is skipped with a warning; a corrupt line anywhere else is an
+    error naming the file and line, since it means the file was edited."""
+    return read_jsonl(path, on_partial=(lambda msg: warnings.warn(msg, stacklevel=3)) if warn else None)
 
 
 def _drop_partial_tail(f: Any) -> None:
@@ -330,12 +318,10 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _record(config: Mapping[str, Any], result: Mapping[str, Any] | None, error: str | None,
-            elapsed: float) -> dict[str, Any]:
+def _record(config: Mapping[str, Any], result: Mapping[str, Any] | None, error: str | None) -> dict[str, Any]:
     if result is not None and not isinstance(result, Mapping):
         result, error = None, error or f"the run function returned {type(result).__name__}, not a dict"
     rec = {**config, **(result or {})}
-    rec.setdefault("wall_time_s", round(elapsed, 3))
     loss = rec.get("eval_loss")
     if error is None and not (isinstance(loss, (int, float)) and math.isfinite(loss)):
         error = f"diverged or no result: eval_loss={loss!r}"
@@ -347,13 +333,19 @@ def _record(config: Mapping[str, Any], result: Mapping[str, Any] | None, error: 
 
 
 def run_sweep(grid: GridSpec, *, results_path: Path, run_fn: RunFn, progress: bool = True,
-              retry_failed: bool = False) -> SweepSummary:
+              retry_failed: bool = False, executor: Any = None) -> SweepSummary:
     """Run every grid point without a finished record in ``results_path``; append one line per run.
 
-    A run function that raises marks its run "failed" (with the error) and the sweep continues;
-    failed runs are retried on the next call only with ``retry_failed``. KeyboardInterrupt stops
-    the sweep, losing only the run in progress. Readers take the last record per ``run_id``.
+    ``executor`` (:mod:`diloco.scaling.executors`; default: this process, one run after another)
+    decides where runs execute; records are appended here, by this process alone, as runs finish,
+    so each is written once. A run function that raises marks its run "failed" (with the error) and
+    the sweep continues; failed runs are retried on the next call only with ``retry_failed``.
+    KeyboardInterrupt stops the sweep, losing only the runs in progress. Readers take the last
+    record per ``run_id``.
     """
+    from diloco.scaling.executors import InlineExecutor
+
+    executor = executor or InlineExecutor()
     configs = expand(grid)
     results_path = Path(results_path)
     results_path.parent.mkdir(parents=True, exist_ok=True)
@@ -368,22 +360,19 @@ def run_sweep(grid: GridSpec, *, results_path: Path, run_fn: RunFn, progress: bo
         todo = [c for c in configs if c["run_id"] not in finished]
         summary = SweepSummary(total=len(configs), skipped=len(configs) - len(todo), ran=0, failed=0)
         bar = tqdm(total=len(configs), initial=summary.skipped, disable=not progress, unit="run",
-                   desc="sweep", dynamic_ncols=True)
+                   desc=f"sweep ({executor.name})", dynamic_ncols=True)
+        written: set[str] = set()
         try:
-            for cfg in todo:
-                bar.set_postfix_str(f"{cfg['size']} {cfg['method']} M={cfg['replicas']} "
-                                    f"lr={cfg['inner_lr']:.3g} B={cfg['global_batch']}")
-                t0 = time.perf_counter()
-                try:
-                    result, error = run_fn(copy.deepcopy(cfg)), None
-                except Exception as exc:  # a failed run is data; KeyboardInterrupt still stops the sweep
-                    result, error = None, f"{type(exc).__name__}: {exc}"
-                rec = _record(cfg, result, error, time.perf_counter() - t0)
-                f.write((json.dumps(rec, allow_nan=False) + "\n").encode())
-                f.flush()
-                os.fsync(f.fileno())
+            for cfg, result, error in executor.run(run_fn, [copy.deepcopy(c) for c in todo]):
+                if cfg["run_id"] in written:  # an executor must not deliver a run twice; never write it twice
+                    raise RuntimeError(f"executor {executor.name} delivered run {cfg['run_id']} twice")
+                rec = _record(cfg, result, error)
+                append_jsonl(f, rec)
+                written.add(cfg["run_id"])
                 summary.ran += 1
                 summary.failed += rec["status"] == "failed"
+                bar.set_postfix_str(f"{cfg['size']} {cfg['method']} M={cfg['replicas']} "
+                                    f"lr={cfg['inner_lr']:.3g} B={cfg['global_batch']}")
                 bar.update(1)
         finally:
             bar.close()

@@ -6,10 +6,25 @@
   utilization curves, :func:`predict_utilization`, bandwidth needed per target.
 * :mod:`diloco.sim.paper` — Streaming DiLoCo Table 4 and Scaling Laws Table 6, and their reproduction.
 * :mod:`diloco.sim.wallclock` — the Scaling Laws paper's wall-clock model.
-* :mod:`diloco.sim.hardware` — model presets (1B / 10B / 100B), bandwidth grids, ring all-reduce factor.
+* :mod:`diloco.sim.hardware` — model presets (1B / 10B / 100B), bandwidth grids, step time from
+  hardware, latency hops.
+* :mod:`diloco.sim.loss` — predicted eval loss of a setting: scaling law plus the ablations' costs.
+* :mod:`diloco.sim.planner` — candidates (DP, DiLoCo over H, Streaming over P, tau, codec) ranked
+  by predicted wall-clock within a loss tolerance of DP (``diloco plan``).
+
+Nothing here imports torch (``import diloco.sim`` takes numpy only).
 """
 
-from diloco.sim.hardware import GBIT, PRESETS, ModelSpec, bandwidth_grid, preset, ring_allreduce_factor
+from diloco.sim.hardware import (
+    GBIT,
+    PAPER_EXCHANGE,
+    PRESETS,
+    ModelSpec,
+    bandwidth_grid,
+    latency_hops,
+    preset,
+    step_time_from_hardware,
+)
 from diloco.sim.utilization import (
     TARGETS,
     MethodSpec,
@@ -26,7 +41,8 @@ from diloco.sim.utilization import (
 from diloco.sim.wallclock import Network, WallClock, data_parallel_wallclock, diloco_wallclock
 
 __all__ = [
-    "GBIT", "PRESETS", "ModelSpec", "bandwidth_grid", "preset", "ring_allreduce_factor",
+    "GBIT", "PAPER_EXCHANGE", "PRESETS", "ModelSpec", "bandwidth_grid", "latency_hops", "preset",
+    "step_time_from_hardware",
     "TARGETS", "MethodSpec", "SweepResult", "bandwidth_needed", "data_parallel", "diloco", "paper_methods",
     "predict_utilization", "streaming", "sweep", "utilization_curve",
     "Network", "WallClock", "data_parallel_wallclock", "diloco_wallclock",

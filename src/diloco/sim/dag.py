@@ -10,8 +10,13 @@ What is modelled (Streaming DiLoCo's simulator, as reconstructed in PAPERS.md)
   = 1 : 1 : 1).
 * **Communication** goes over one FIFO link per worker. The reduction of a
   unit (one layer, or the non-block parameters) is *released* when that
-  unit's parameter-backward finishes in the step its sync starts, and takes
-  ``bits / bandwidth + latency`` seconds once the link is free.
+  unit's parameter-backward finishes in the step its sync starts; it holds
+  the link for ``bits / bandwidth`` seconds once the link is free, and
+  completes ``latency`` seconds after its last bit is sent. Latency is
+  pipelined: it delays a message's completion but does not hold the link, so
+  the next message starts sending at once (``latency`` is the whole
+  exchange's, e.g. one hop's latency times the hops of a ring: see
+  :func:`diloco.sim.hardware.latency_hops`).
 * **Who reduces when** is asked of :class:`diloco.algorithm.schedule.Schedule`,
   the one the trainer runs: fragments in ``schedule.starts(t)`` release their
   units during step t; fragments in ``schedule.finishes(t - 1)`` gate step t.
@@ -30,7 +35,7 @@ What is modelled (Streaming DiLoCo's simulator, as reconstructed in PAPERS.md)
 Compute utilization = compute time / wall-clock time over one period of the
 schedule (H steps) in the steady state. Both workers are identical, so one
 is simulated; the number of workers enters through the bits each puts on
-its link (see :func:`diloco.sim.hardware.ring_allreduce_factor`).
+its link (:func:`diloco.traffic.exchange_bytes`) and the latency hops.
 
 Why it is fast: time only needs care around events. Between two events the
 clock advances by the nominal compute time, steps with no event advance by
@@ -164,7 +169,7 @@ def simulate_utilization(
     H, T = sched.sync_every, stream.step_time_s
 
     bits = np.asarray(plan.unit_bits, dtype=float)
-    transfer = bits[:, None] / bw[None, :] + latency_s  # (units, bandwidths) seconds on the link
+    transfer = bits[:, None] / bw[None, :]  # (units, bandwidths) seconds the link is busy
     clock = np.zeros(bw.size)  # this worker's wall clock
     link_free = np.zeros(bw.size)  # when the link finishes its last queued reduction
     done = np.zeros((len(bits), bw.size))  # when each unit's latest reduction completes
@@ -191,7 +196,7 @@ def simulate_utilization(
                         clock = np.maximum(clock, done[u])
                     else:  # FIFO: starts when released and the link is free
                         link_free = np.maximum(link_free, clock) + transfer[u]
-                        done[u] = link_free
+                        done[u] = link_free + latency_s  # pipelined: latency delays, never blocks
                 clock = clock + (T - pos)
             step += 1
         periods.append(clock)

@@ -1,4 +1,4 @@
-"""Model presets, bandwidth grids and link arithmetic for the compute-utilization simulator.
+"""Model presets, bandwidth grids, step time from hardware and latency hops for the simulator.
 
 The presets are Streaming DiLoCo's simulator models (its Table 4): layer
 count, parameter count and the step time the paper states. They are the
@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
+
+from diloco.traffic import check_exchange
 
 GBIT = 1e9  # bits per second in one Gbit/s
 
@@ -70,23 +72,54 @@ def preset(name: str) -> ModelSpec:
 
 
 def bandwidth_grid(low_gbps: float = 0.1, high_gbps: float = 1000.0, num: int = 50) -> np.ndarray:
-    """Log-spaced bandwidths in bits/s. The default is the grid every paper value lies on."""
+    """Log-spaced bandwidths in bits/s. The default is the grid every paper value lies on.
+
+    ``num = 1`` (with ``low == high``) is one bandwidth.
+    """
+    if num == 1 and low_gbps == high_gbps and low_gbps > 0:
+        return np.array([low_gbps * GBIT])
     if not (0 < low_gbps < high_gbps):
-        raise ValueError(f"need 0 < low < high Gbit/s, got low={low_gbps!r}, high={high_gbps!r}")
+        raise ValueError(f"need 0 < low < high Gbit/s (or low == high with num 1), got low={low_gbps!r}, "
+                         f"high={high_gbps!r}")
     if num < 2:
-        raise ValueError(f"a bandwidth grid needs at least 2 points, got num={num}")
+        raise ValueError(f"a bandwidth grid from low to high needs at least 2 points, got num={num}")
     return np.logspace(np.log10(low_gbps), np.log10(high_gbps), num) * GBIT
 
 
-def ring_allreduce_factor(num_workers: int) -> float:
-    """Fraction of a payload each worker sends (and receives) in a ring all-reduce: 2(M-1)/M.
+def step_time_from_hardware(*, num_params: float, tokens_per_step: float, num_chips: float,
+                            peak_flops: float, mfu: float) -> float:
+    """Seconds per inner step: 6 N B / (R Q u), the training FLOPs of a step over the chips' achieved FLOP/s.
 
-    For M = 2 workers it is 1: each sends the full payload, the assumption
-    that fits the paper's table.
+    ``tokens_per_step`` B is the global batch in tokens (all workers together)
+    and ``num_chips`` R counts every chip of every worker: each of M workers
+    runs B / M tokens on R / M chips, so the step time does not depend on M.
     """
-    if not isinstance(num_workers, int) or num_workers < 1:
+    for name, v in (("num_params", num_params), ("tokens_per_step", tokens_per_step), ("num_chips", num_chips),
+                    ("peak_flops", peak_flops)):
+        if not (np.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be a positive number, got {v!r}")
+    if not (np.isfinite(mfu) and 0 < mfu <= 1):
+        raise ValueError(f"mfu must lie in (0, 1] (a fraction of peak, e.g. 0.4), got {mfu!r}")
+    return 6.0 * num_params * tokens_per_step / (num_chips * peak_flops * mfu)
+
+
+def latency_hops(exchange: str, num_workers: int) -> int:
+    """Sequential message rounds of one exchange among M workers, each paying the link latency once.
+
+    ``"reduce_scatter"`` (the papers' all-reduce, run as a ring): 2(M - 1)
+    hops, M - 1 to reduce-scatter and M - 1 to all-gather. ``"all_gather"``
+    (as a ring): M - 1 hops. One worker sends nothing: 0.
+    """
+    check_exchange(exchange)
+    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
         raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
-    return 2.0 * (num_workers - 1) / num_workers
+    rounds = num_workers - 1
+    return 2 * rounds if exchange == "reduce_scatter" else rounds
 
 
-__all__ = ["GBIT", "ModelSpec", "PRESETS", "preset", "bandwidth_grid", "ring_allreduce_factor"]
+#: The exchange the papers' simulators assume: an all-reduce at its bandwidth limit, 2(M-1)/M of the payload.
+PAPER_EXCHANGE = "reduce_scatter"
+
+
+__all__ = ["GBIT", "ModelSpec", "PAPER_EXCHANGE", "PRESETS", "preset", "bandwidth_grid", "latency_hops",
+           "step_time_from_hardware"]

@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from diloco.methods import block_groups
 from diloco.algorithm.schedule import Schedule
+from diloco.layout import PATTERNS, block_groups
 from diloco.sim.dag import ComputeStream, SyncPlan, simulate_utilization
-from diloco.sim.hardware import GBIT, ModelSpec, ring_allreduce_factor
+from diloco.sim.hardware import GBIT, PAPER_EXCHANGE, ModelSpec, latency_hops
+from diloco.traffic import exchange_bytes
 
 #: Target utilizations of the papers' tables.
 TARGETS: tuple[float, ...] = (0.5, 0.8, 0.9, 0.95, 0.99)
@@ -58,7 +59,7 @@ class MethodSpec:
     def __post_init__(self) -> None:
         if not (np.isfinite(self.bits) and self.bits > 0):
             raise ValueError(f"bits must be > 0 (bits per parameter on the wire), got {self.bits!r}")
-        if self.fragment_pattern not in ("strided", "sequential"):
+        if self.fragment_pattern not in PATTERNS:
             raise ValueError(f"fragment_pattern must be 'strided' or 'sequential', got {self.fragment_pattern!r}")
         offsets = None
         if self.fragment_spacing is not None:
@@ -142,14 +143,22 @@ def fragment_units(num_layers: int, num_fragments: int, pattern: str = "strided"
     return ((L,), *blocks)
 
 
+def link_bits_per_param(bits: float, num_workers: int, exchange: str = PAPER_EXCHANGE) -> float:
+    """Bits one worker's link carries (each way) per parameter synced: :func:`diloco.traffic.exchange_bytes`."""
+    return 8.0 * exchange_bytes(payload_bytes=bits / 8.0, num_replicas=num_workers, exchange=exchange)
+
+
 def build_plan(model: ModelSpec, method: MethodSpec, *, num_workers: int = 2,
-               overlap_backward: bool = True) -> SyncPlan:
+               overlap_backward: bool = True, exchange: str = PAPER_EXCHANGE) -> SyncPlan:
     """The transfer units and their bits on one worker's link for ``method`` on ``model``.
 
     ``overlap_backward``: see :class:`~diloco.sim.dag.SyncPlan` (True: the papers' per-layer
     release; False: whole-payload exchanges after the step, as this project's trainer does).
+    ``exchange``: how the payload is reduced (:mod:`diloco.traffic`); the papers assume an
+    all-reduce at its bandwidth limit ("reduce_scatter", 2(M-1)/M); at M = 2 both exchanges send
+    the whole payload once.
     """
-    per_param = method.bits * ring_allreduce_factor(num_workers)
+    per_param = link_bits_per_param(method.bits, num_workers, exchange)
     unit_bits = (model.params_per_layer * per_param,) * model.num_layers + (model.non_block_params * per_param,)
     units = fragment_units(model.num_layers, method.num_fragments, method.fragment_pattern)
     return SyncPlan(method.schedule, units, unit_bits, overlap_backward=overlap_backward)
@@ -163,11 +172,19 @@ def utilization_curve(
     latency_s: float = 0.0,
     num_workers: int = 2,
     overlap_backward: bool = True,
+    exchange: str = PAPER_EXCHANGE,
 ) -> np.ndarray:
-    """Steady-state compute utilization at each bandwidth (bits/s) of one worker's cross-datacenter link."""
+    """Steady-state compute utilization at each bandwidth (bits/s) of one worker's cross-datacenter link.
+
+    ``latency_s`` is one hop's latency; an exchange among M workers pays it
+    :func:`~diloco.sim.hardware.latency_hops` times (pipelined: see :mod:`diloco.sim.dag`).
+    """
+    if not (latency_s >= 0 and np.isfinite(latency_s)):
+        raise ValueError(f"latency_s must be >= 0 seconds, got {latency_s!r}")
     stream = ComputeStream(model.num_layers, model.step_time_s)
-    plan = build_plan(model, method, num_workers=num_workers, overlap_backward=overlap_backward)
-    return simulate_utilization(stream, plan, bandwidth_bps, latency_s=latency_s)
+    plan = build_plan(model, method, num_workers=num_workers, overlap_backward=overlap_backward, exchange=exchange)
+    hops = latency_hops(exchange, num_workers)
+    return simulate_utilization(stream, plan, bandwidth_bps, latency_s=latency_s * hops)
 
 
 _METHODS = ("dp", "diloco", "streaming")
@@ -189,6 +206,7 @@ def predict_utilization(
     non_block_params: float = 0.0,
     fragment_pattern: str = "strided",
     overlap_backward: bool = True,
+    exchange: str = PAPER_EXCHANGE,
 ) -> float:
     """Predicted compute utilization (0..1] of one configuration at one link bandwidth.
 
@@ -196,8 +214,12 @@ def predict_utilization(
     their defaults), ``"diloco"`` (P = 1) or ``"streaming"``. The other
     arguments are the run's measured or configured values: step time in
     seconds (compute only, without communication), bandwidth in bits/s,
-    latency in seconds per reduction message (one per layer), bits per
-    parameter on the wire, and the parameters outside the repeated blocks.
+    latency in seconds per hop (pipelined; an exchange among M workers pays
+    :func:`~diloco.sim.hardware.latency_hops` hops), bits per parameter on
+    the wire, and the parameters outside the repeated blocks. ``exchange``
+    names how the payload is reduced (:mod:`diloco.traffic`; the papers'
+    all-reduce is "reduce_scatter", this project's default at M = 2 is
+    "all_gather": the same bytes at M = 2).
     ``num_fragments`` counts fragment 0 (non-block parameters) as the trainer does.
     ``overlap_backward=False`` predicts this project's ``DataParallel`` / ``StreamingDiLoCo``,
     which exchange whole payloads after the step instead of layer by layer during the backward.
@@ -215,7 +237,7 @@ def predict_utilization(
     model = ModelSpec(num_layers, float(num_params), float(step_time_s), float(non_block_params))
     spec = MethodSpec(method, sync_every, num_fragments, overlap_steps, float(bits), fragment_pattern)
     cu = utilization_curve(model, spec, [float(bandwidth_bps)], latency_s=latency_s, num_workers=num_workers,
-                           overlap_backward=overlap_backward)
+                           overlap_backward=overlap_backward, exchange=exchange)
     return float(cu[0])
 
 
@@ -268,13 +290,16 @@ def sweep(
     latency_s: float = 0.0,
     num_workers: int = 2,
     targets: Sequence[float] = TARGETS,
+    overlap_backward: bool = True,
+    exchange: str = PAPER_EXCHANGE,
 ) -> SweepResult:
     """Curves and the table of bandwidth needed per target for each method."""
     labels = [m.label for m in methods]
     if len(set(labels)) != len(labels):
         raise ValueError(f"method labels must be distinct, got {labels}")
     bw = np.asarray(bandwidth_bps, dtype=float)
-    curves = {m.label: utilization_curve(model, m, bw, latency_s=latency_s, num_workers=num_workers)
+    curves = {m.label: utilization_curve(model, m, bw, latency_s=latency_s, num_workers=num_workers,
+                                         overlap_backward=overlap_backward, exchange=exchange)
               for m in methods}
     needed = {k: bandwidth_needed(bw, c, targets) for k, c in curves.items()}
     return SweepResult(model, bw, curves, needed, tuple(targets))
@@ -282,6 +307,6 @@ def sweep(
 
 __all__ = [
     "TARGETS", "MethodSpec", "data_parallel", "diloco", "streaming", "paper_fragments", "paper_methods",
-    "fragment_units", "build_plan", "utilization_curve", "predict_utilization", "bandwidth_needed",
+    "fragment_units", "link_bits_per_param", "build_plan", "utilization_curve", "predict_utilization", "bandwidth_needed",
     "SweepResult", "sweep",
 ]

@@ -2,9 +2,9 @@
 
 A sweep record's config (see :mod:`diloco.scaling.sweep`) becomes a :class:`TrainConfig`:
 the grid's ``base`` mapping holds the fixed settings (e.g. ``vocab_size``, ``seq_len``,
-``warmup_steps``) plus two keys of the runner itself: ``runs_dir`` (where each run's own
-directory goes, default ``runs/sweep``) and ``cache_dir`` (tokenizer and token cache,
-default ``~/.cache/diloco``).
+``warmup_steps``, and for streaming runs ``num_fragments`` / ``overlap_steps``) plus two keys of the
+runner itself: ``runs_dir`` (where each run's own directory goes, default ``runs/sweep``) and
+``cache_dir`` (tokenizer and token cache, default ``$DILOCO_CACHE`` or ``~/.cache/diloco``).
 """
 
 from __future__ import annotations
@@ -12,18 +12,32 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from diloco.files import default_cache_dir
 from diloco.train.config import TrainConfig
 from diloco.train.trainer import train
 
 
+#: Settings of Streaming DiLoCo alone: a grid's ``base`` may hold them for its streaming runs; the
+#: data-parallel and DiLoCo runs of the same grid leave them at their defaults (P = 1, tau = 0).
+STREAMING_ONLY = ("num_fragments", "overlap_steps", "fragment_pattern", "merge_alpha")
+
+
 def config_from_record(config: dict[str, Any]) -> tuple[TrainConfig, Path, Path]:
+    """The :class:`TrainConfig` of a sweep record, its run directory and the cache folder.
+
+    The record's ``method`` ("dp", "diloco" or "streaming") is the trainer's method; the
+    streaming-only settings of the grid's ``base`` apply to its streaming runs only.
+    """
     base = dict(config.get("base", {}))
     runs_dir = Path(base.pop("runs_dir", "runs/sweep"))
-    cache_dir = Path(base.pop("cache_dir", Path.home() / ".cache" / "diloco"))
+    cache_dir = Path(base.pop("cache_dir", None) or default_cache_dir())
     method = config["method"]
+    if method != "streaming":
+        for key in STREAMING_ONLY:
+            base.pop(key, None)
     fields = {**base, "size": config["size"], "replicas": config["replicas"], "inner_lr": config["inner_lr"],
               "global_batch": config["global_batch"], "tokens": config["tokens"], "steps": 0,
-              "seed": config.get("seed", 0), "method": "dp" if method == "dp" else "diloco"}
+              "seed": config.get("seed", 0), "method": method}
     if method != "dp":
         fields |= {"outer_lr": config["outer_lr"], "sync_every": config["sync_every"]}
     return TrainConfig.from_dict(fields), runs_dir / config["run_id"], cache_dir

@@ -1,0 +1,263 @@
+"""`diloco plan`: which method and settings to run over a given link, and what it will cost.
+
+    diloco plan --size 10B --workers 2 --tokens-per-step 4e6 --bandwidth 10 1 0.1
+    diloco plan --params 1.3e9 --layers 24 --chips 64 --peak-flops 989e12 --mfu 0.4 \\
+                --tokens-per-step 4e6 --tokens 26e9 --workers 4 --bandwidth 1 --loss-law my.fit.json
+
+For each bandwidth: every candidate (DP; DiLoCo over H and codec; Streaming DiLoCo over H,
+fragments, tau and codec) with predicted utilization, wall-clock, bytes, peak bandwidth and eval
+loss, and the recommendation (the fastest within ``--tolerance`` of DP's loss). Writes plan.json,
+plan.md and plan.png (loss vs wall-clock) to --out. Imports no torch (unless --model-config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from diloco.cli.simulate import (
+    add_link_args,
+    add_model_args,
+    add_run_args,
+    bandwidths_bps,
+    format_duration,
+    format_gbps,
+    resolve_exchange,
+    resolve_model,
+)
+from diloco.sim.hardware import GBIT, ModelSpec
+from diloco.sim.planner import (
+    CODEC_BITS,
+    DEFAULT_OVERLAP,
+    DEFAULT_SYNC_EVERY,
+    DEFAULT_TOLERANCE,
+    Evaluated,
+    Plan,
+    Setup,
+    candidates,
+    evaluate,
+)
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"--{what} {text!r}: give comma-separated whole numbers, e.g. 30,100") from None
+    if not values:
+        raise ValueError(f"--{what} is empty")
+    return values
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan", help="recommend a method and settings for a model, hardware, workers, link and token budget",
+        description="Predict utilization, wall-clock, bytes, peak bandwidth and eval loss of data-parallel, DiLoCo "
+                    "and Streaming DiLoCo settings at each link bandwidth, and recommend the fastest whose predicted "
+                    "loss is within --tolerance of data-parallel. Every number says where it comes from.",
+    )
+    add_model_args(p)
+    p.add_argument("--model-config", type=Path, default=None,
+                   help="a JSON model config (diloco.models.ModelConfig fields): parameters and layers counted "
+                        "from it (imports torch)")
+    add_run_args(p)
+    add_link_args(p, default_bandwidths=False)
+    c = p.add_argument_group("candidates and the loss model")
+    c.add_argument("--sync-every", default=",".join(map(str, DEFAULT_SYNC_EVERY)),
+                   help="H values to consider, comma-separated (default 30,100,300)")
+    c.add_argument("--overlap", default=",".join(map(str, DEFAULT_OVERLAP)),
+                   help="tau values for Streaming DiLoCo (default 0,1,5)")
+    c.add_argument("--fragment-layers", default="3", help="blocks per Streaming fragment (default 3)")
+    c.add_argument("--codecs", default=",".join(CODEC_BITS), help=f"codecs (default {','.join(CODEC_BITS)})")
+    c.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE * 100,
+                   help="loss tolerance relative to data-parallel, in %% (default 0.5)")
+    c.add_argument("--loss-law", type=Path, default=None,
+                   help="a `diloco fit` JSON to predict loss from (default: the Scaling Laws paper's Table 4, "
+                        "fitted by diloco fit and shipped with the package)")
+    c.add_argument("--ablations", choices=("paper", "project"), default="paper",
+                   help="costs of H, fragments, tau and bits: the papers' ablations (default) or this project's "
+                        "measured laptop-scale runs")
+    p.add_argument("--top", type=int, default=12, help="candidates printed per bandwidth (default 12; all in files)")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default runs/plan-<model>)")
+    p.add_argument("--no-plot", action="store_true", help="do not write plan.png")
+    p.set_defaults(func=run)
+
+
+def _model(args: argparse.Namespace) -> tuple[ModelSpec, str]:
+    if args.model_config is None:
+        return resolve_model(args)
+    if args.size is not None or args.params is not None or args.layers is not None:
+        raise ValueError("give --model-config or --size or --params/--layers, not several")
+    from diloco.files import read_json
+    from diloco.models.transformer import ModelConfig, count_params, flops_per_token
+
+    data = read_json(args.model_config)
+    if not isinstance(data, dict):
+        raise ValueError(f"{args.model_config}: expected a JSON object of ModelConfig fields")
+    try:
+        config = ModelConfig(**data)
+    except TypeError as exc:
+        raise ValueError(f"{args.model_config}: {exc}") from None
+    total = count_params(config)
+    args.params, args.layers = float(total), config.n_layers
+    args.non_block_params = float(total - config.n_layers * (count_params(config, embeddings=False) - config.d_model)
+                                  // config.n_layers * 1)
+    model, source = resolve_model(args)
+    per_token = flops_per_token(config)
+    return ModelSpec(model.num_layers, model.num_params, model.step_time_s, model.non_block_params,
+                     name=args.model_config.stem), source + f" (model: {args.model_config}, {per_token:.3g} FLOPs/token)"
+
+
+def _row(e: Evaluated, mark: str) -> str:
+    flag = "x" if any(t.extrapolated for t in e.loss.terms) else " "
+    bw90 = "-" if e.bandwidth_for_90_gbps is None else f"{e.bandwidth_for_90_gbps:.3g}"
+    return (f"{mark} {e.candidate.label:<40}{e.utilization:>7.1%}{format_duration(e.wall_clock_s):>11}"
+            f"{e.bytes_sent / 1e12:>10.3g}{e.peak_gbps:>9.3g}{bw90:>8}  {e.loss.loss:.4f} ({e.loss_vs_dp:+.2%}){flag}")
+
+
+def format_plan(plan: Plan, top: int) -> str:
+    lines = []
+    head = (f"  {'candidate':<40}{'util':>7}{'wall':>11}{'TB sent':>10}{'peak':>9}{'bw@90%':>8}  loss (vs DP)")
+    for bw, rows in plan.rows.items():
+        rec = plan.recommended[bw]
+        fastest = rows[0]
+        lines.append(f"\n== {format_gbps(bw)}: recommended {rec.candidate.label}: {rec.utilization:.1%} utilization, "
+                     f"{format_duration(rec.wall_clock_s)}, loss {rec.loss.loss:.4f} ({rec.loss_vs_dp:+.2%} vs DP)")
+        if fastest is not rec:
+            lines.append(f"   (fastest at any loss: {fastest.candidate.label}, {format_duration(fastest.wall_clock_s)}, "
+                         f"loss {fastest.loss_vs_dp:+.2%} vs DP: outside the {plan.tolerance:.2%} tolerance)")
+        lines.append(head + "   [peak, bw@90%: Gbit/s]")
+        shown = rows[:top] + ([rec] if rec not in rows[:top] else [])
+        dp = next(e for e in rows if e.candidate.method == "dp")
+        if dp not in shown:
+            shown.append(dp)
+        for e in shown:
+            lines.append(_row(e, "*" if e is rec else " "))
+    return "\n".join(lines)
+
+
+def format_sources(plan: Plan) -> str:
+    s = plan.sources
+    any_row = next(iter(plan.rows.values()))
+    lines = ["where the numbers come from:"]
+    for key in ("step_time", "utilization", "wall_clock", "bytes"):
+        lines.append(f"  {key}: {s[key]}")
+    lines.append(f"  loss: {s['loss_law']}")
+    seen: dict[tuple[str, str], None] = {}
+    for e in any_row:
+        for t in e.loss.terms:
+            seen.setdefault((f"loss {t.name}", t.source))
+        for n in e.loss.notes:
+            seen.setdefault(("loss note", n))
+    for name, src in seen:
+        lines.append(f"  {name}: {src}")
+    lines.append("  'x' after a loss: an ablation cost used outside its data (an extrapolation)")
+    return "\n".join(lines)
+
+
+def markdown(plan: Plan) -> str:
+    st = plan.setup
+    m = st.model
+    out = [f"# Plan: {m.name}, {st.num_workers} workers", "",
+           f"{m.num_params:.4g} parameters, {m.num_layers} layers; step time {m.step_time_s:.4g} s "
+           f"({st.step_time_source}); {st.tokens:.4g} tokens at {st.tokens_per_step:.4g} per step "
+           f"({st.steps:.4g} steps); exchange {st.exchange}; latency {st.latency_s:g} s per hop; "
+           f"tolerance {plan.tolerance:.2%} of DP's loss.", ""]
+    for bw, rows in plan.rows.items():
+        rec = plan.recommended[bw]
+        out += [f"## {format_gbps(bw)}: recommended **{rec.candidate.label}**", "",
+                "| candidate | utilization | wall-clock | TB sent / worker | peak Gbit/s | Gbit/s for 90 % | "
+                "eval loss | vs DP | 90 % interval |", "|---|---|---|---|---|---|---|---|---|"]
+        for e in rows:
+            iv = "-" if e.loss.interval is None else f"{e.loss.interval[0]:.4f}–{e.loss.interval[1]:.4f}"
+            bw90 = "-" if e.bandwidth_for_90_gbps is None else f"{e.bandwidth_for_90_gbps:.3g}"
+            name = f"**{e.candidate.label}**" if e is rec else e.candidate.label
+            out.append(f"| {name} | {e.utilization:.1%} | {format_duration(e.wall_clock_s)} | "
+                       f"{e.bytes_sent / 1e12:.3g} | {e.peak_gbps:.3g} | {bw90} | {e.loss.loss:.4f} | "
+                       f"{e.loss_vs_dp:+.2%} | {iv} |")
+        out.append("")
+    out += ["## Sources", "", "```", format_sources(plan), "```", ""]
+    return "\n".join(out)
+
+
+def plot_plan(plan: Plan, path: Path) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.5, 4.8), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    markers = {"dp": "s", "diloco": "o", "streaming": "^"}
+    for i, (bw, rows) in enumerate(plan.rows.items()):
+        color = f"C{i}"
+        for method, marker in markers.items():
+            pts = [e for e in rows if e.candidate.method == method]
+            ax.scatter([e.wall_clock_s / 3600 for e in pts], [e.loss.loss for e in pts], s=14, marker=marker,
+                       color=color, alpha=0.6, label=f"{format_gbps(bw)} {method}")
+        rec = plan.recommended[bw]
+        ax.scatter([rec.wall_clock_s / 3600], [rec.loss.loss], s=120, marker="*", color=color, edgecolor="k",
+                   zorder=5)
+    dp_loss = next(e.loss.loss for e in next(iter(plan.rows.values())) if e.candidate.method == "dp")
+    ax.axhline(dp_loss * (1 + plan.tolerance), color="0.5", ls="--", lw=0.8, label="DP + tolerance")
+    ax.set_xscale("log")
+    ax.set_xlabel("predicted wall-clock (hours)")
+    ax.set_ylabel("predicted eval loss")
+    ax.set_title(f"{plan.setup.model.name}, M = {plan.setup.num_workers}: loss vs wall-clock (star: recommended)")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=6, ncol=2, loc="upper right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
+def run(args: argparse.Namespace) -> int:
+    from diloco.files import atomic_write_bytes, write_json
+    from diloco.sim.loss import LossModel
+
+    model, step_source = _model(args)
+    exchange = resolve_exchange(args)
+    bws = bandwidths_bps(args.bandwidth)
+    if bws is None:
+        raise ValueError("give the link: --bandwidth GBPS [GBPS ...] (e.g. --bandwidth 10 1 0.1)")
+    if args.tokens_per_step is None:
+        raise ValueError("give --tokens-per-step (the global batch in tokens): wall-clock counts steps")
+    if not args.tokens_per_step > 0:
+        raise ValueError(f"--tokens-per-step={args.tokens_per_step}: must be > 0")
+    if args.steps is not None:
+        raise ValueError("diloco plan takes --tokens (the token budget), not --steps")
+    tokens = args.tokens if args.tokens is not None else 20.0 * model.num_params
+    if not (tokens > 0 and math.isfinite(tokens)):
+        raise ValueError(f"--tokens={args.tokens}: give a positive token budget")
+    if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
+        raise ValueError(f"--tolerance={args.tolerance}: give a percentage >= 0, e.g. 0.5")
+    if args.top < 1:
+        raise ValueError(f"--top={args.top}: must be >= 1")
+    cands = candidates(model.num_layers, sync_every=_ints(args.sync_every, "sync-every"),
+                       overlap=_ints(args.overlap, "overlap"),
+                       fragment_layers=_ints(args.fragment_layers, "fragment-layers"),
+                       codecs=tuple(c.strip() for c in args.codecs.split(",") if c.strip()),
+                       num_workers=args.workers)
+    loss_model = (LossModel.paper(ablations=args.ablations) if args.loss_law is None
+                  else LossModel.from_fit_file(args.loss_law, ablations=args.ablations))
+    setup = Setup(model, step_source, args.workers, tokens, args.tokens_per_step, args.latency, exchange,
+                  args.release == "per-layer")
+    plan = evaluate(setup, cands, bws, loss_model, tolerance=args.tolerance / 100)
+
+    print(f"model {model.name}: {model.num_params:.4g} params, {model.num_layers} layers; step {model.step_time_s:.4g} s "
+          f"({step_source}); M = {args.workers}; {tokens:.4g} tokens"
+          + (" (20 per parameter, the default)" if args.tokens is None else "")
+          + f", {args.tokens_per_step:.4g} per step; {len(cands)} candidates; tolerance {args.tolerance:g} % of DP")
+    print(format_plan(plan, args.top))
+    print()
+    print(format_sources(plan))
+
+    out = args.out or Path("runs") / f"plan-{model.name.replace(' ', '_')}"
+    write_json(out / "plan.json", plan.to_dict())
+    atomic_write_bytes(out / "plan.md", markdown(plan).encode("utf-8"))
+    written = [out / "plan.json", out / "plan.md"]
+    if not args.no_plot:
+        written.append(plot_plan(plan, out / "plan.png"))
+    print("wrote " + ", ".join(str(w) for w in written))
+    return 0

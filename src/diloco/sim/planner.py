@@ -1,0 +1,251 @@
+"""The planner: from a model, hardware, workers, link and token budget to a recommended setting.
+
+For every candidate (data-parallel; DiLoCo over H and codec; Streaming DiLoCo over H, fragment
+size, tau and codec) and every link bandwidth asked about:
+
+* **utilization**: the per-layer simulator (:func:`diloco.sim.utilization.utilization_curve`),
+  at the given step time, exchange and release;
+* **wall-clock**: steps x step time / utilization, steps = tokens / tokens per step;
+* **bytes**: what one worker sends over the run (:func:`diloco.traffic.exchange_bytes` of each
+  exchange; DP every step, DiLoCo and Streaming DiLoCo the whole model once per H steps);
+* **peak bandwidth**: the largest single exchange sent within one step (Streaming DiLoCo's
+  measure: DiLoCo does not lower it, fragments divide it by about P);
+* **bandwidth for 90 %**: the smallest bandwidth of the papers' grid at which the candidate
+  reaches 90 % utilization;
+* **eval loss**: :class:`diloco.sim.loss.LossModel` (scaling law plus ablation costs, each with
+  its source).
+
+The recommendation is the fastest candidate whose predicted loss is within ``tolerance`` of
+data-parallel's (ties: lower loss, then fewer bytes). Pure numpy: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from diloco.sim.hardware import GBIT, PAPER_EXCHANGE, ModelSpec
+from diloco.sim.loss import LossEstimate, LossModel
+from diloco.sim.utilization import MethodSpec, data_parallel, diloco, streaming, utilization_curve
+from diloco.traffic import exchange_bytes
+
+#: Codecs the planner considers, with their bits per value on the wire (scales included). They are
+#: the names and sizes of ``diloco.algorithm.codecs`` (a test checks the sizes), kept here so the
+#: planner does not import torch.
+CODEC_BITS: dict[str, float] = {"bf16": 16.0, "fp8_e4m3": 8.25, "fp4_e3m0": 4.5}
+DEFAULT_SYNC_EVERY = (30, 100, 300)
+DEFAULT_OVERLAP = (0, 1, 5)
+DEFAULT_FRAGMENT_LAYERS = (3,)
+DEFAULT_TOLERANCE = 0.005
+_SIMPLER = {"dp": 0, "diloco": 1, "streaming": 2}
+#: The bandwidths (Gbit/s) on which "bandwidth for 90 %" is read: the papers' grid.
+READ_GRID_GBPS = np.logspace(-2, 3, 61)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One setting: method, H, fragments (P counts the non-block fragment), tau and codec."""
+
+    method: str  # "dp", "diloco" or "streaming"
+    sync_every: int = 1
+    num_fragments: int = 1
+    fragment_layers: int | None = None
+    overlap_steps: int = 0
+    codec: str = "bf16"
+
+    @property
+    def bits(self) -> float:
+        return CODEC_BITS[self.codec]
+
+    @property
+    def label(self) -> str:
+        if self.method == "dp":
+            return f"DP {self.codec}"
+        if self.method == "diloco":
+            return f"DiLoCo H={self.sync_every} {self.codec}"
+        return (f"Streaming H={self.sync_every} P={self.num_fragments} tau={self.overlap_steps} {self.codec}")
+
+    def spec(self) -> MethodSpec:
+        if self.method == "dp":
+            return data_parallel(bits=self.bits, label=self.label)
+        if self.method == "diloco":
+            return diloco(sync_every=self.sync_every, bits=self.bits, label=self.label)
+        return streaming(sync_every=self.sync_every, num_fragments=self.num_fragments,
+                         overlap_steps=self.overlap_steps, bits=self.bits, label=self.label)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "method": self.method, "sync_every": self.sync_every,
+                "num_fragments": self.num_fragments, "fragment_layers": self.fragment_layers,
+                "overlap_steps": self.overlap_steps, "codec": self.codec, "bits": self.bits}
+
+
+def candidates(num_layers: int, *, sync_every: Sequence[int] = DEFAULT_SYNC_EVERY,
+               overlap: Sequence[int] = DEFAULT_OVERLAP, fragment_layers: Sequence[int] = DEFAULT_FRAGMENT_LAYERS,
+               codecs: Sequence[str] = tuple(CODEC_BITS), num_workers: int = 2) -> list[Candidate]:
+    """DP (bf16), DiLoCo over H x codec, Streaming DiLoCo over H x fragment size x tau x codec."""
+    unknown = [c for c in codecs if c not in CODEC_BITS]
+    if unknown:
+        raise ValueError(f"unknown codec(s) {unknown}; the planner knows {', '.join(CODEC_BITS)}")
+    for name, values, low in (("sync_every", sync_every, 1), ("overlap", overlap, 0),
+                              ("fragment_layers", fragment_layers, 1)):
+        if not values or any(not isinstance(v, int) or v < low for v in values):
+            raise ValueError(f"{name}={list(values)}: give whole numbers >= {low}")
+    out = [Candidate("dp")]
+    if num_workers < 2:
+        return out
+    for H in sync_every:
+        for codec in codecs:
+            out.append(Candidate("diloco", sync_every=H, codec=codec))
+    for H in sync_every:
+        for k in fragment_layers:
+            if k > num_layers:
+                continue
+            P = math.ceil(num_layers / k) + 1  # k-block fragments plus the non-block one (the trainer's layout)
+            if P > H:
+                continue
+            for tau in overlap:
+                if tau >= H:
+                    continue
+                for codec in codecs:
+                    out.append(Candidate("streaming", sync_every=H, num_fragments=P, fragment_layers=k,
+                                         overlap_steps=tau, codec=codec))
+    return out
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the planner is asked about."""
+
+    model: ModelSpec
+    step_time_source: str
+    num_workers: int
+    tokens: float
+    tokens_per_step: float
+    latency_s: float = 0.0
+    exchange: str = PAPER_EXCHANGE
+    overlap_backward: bool = True
+
+    @property
+    def steps(self) -> float:
+        return self.tokens / self.tokens_per_step
+
+    def to_dict(self) -> dict[str, Any]:
+        m = self.model
+        return {"model": {"name": m.name, "num_params": m.num_params, "num_layers": m.num_layers,
+                          "non_block_params": m.non_block_params, "step_time_s": m.step_time_s},
+                "step_time_source": self.step_time_source, "num_workers": self.num_workers, "tokens": self.tokens,
+                "tokens_per_step": self.tokens_per_step, "steps": self.steps, "latency_s": self.latency_s,
+                "exchange": self.exchange, "release": "per-layer" if self.overlap_backward else "after-step"}
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """A candidate's predicted numbers at one bandwidth."""
+
+    candidate: Candidate
+    bandwidth_bps: float
+    utilization: float
+    wall_clock_s: float
+    bytes_sent: float  # per worker over the run
+    peak_gbps: float
+    bandwidth_for_90_gbps: float | None
+    loss: LossEstimate
+    loss_vs_dp: float  # relative: loss / DP loss - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.candidate.to_dict(), "bandwidth_gbps": self.bandwidth_bps / GBIT,
+                "utilization": self.utilization, "wall_clock_s": self.wall_clock_s, "bytes_sent": self.bytes_sent,
+                "peak_gbps": self.peak_gbps, "bandwidth_for_90_gbps": self.bandwidth_for_90_gbps,
+                "loss": self.loss.to_dict(), "loss_vs_dp": self.loss_vs_dp}
+
+
+@dataclass
+class Plan:
+    setup: Setup
+    tolerance: float
+    rows: dict[float, list[Evaluated]]  # bandwidth (bits/s) -> every candidate, fastest first
+    recommended: dict[float, Evaluated]
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"setup": self.setup.to_dict(), "tolerance": self.tolerance, "sources": self.sources,
+                "bandwidths": [{"bandwidth_gbps": bw / GBIT, "recommended": self.recommended[bw].candidate.label,
+                                "candidates": [e.to_dict() for e in rows]} for bw, rows in self.rows.items()]}
+
+
+def _payload_bytes(num_params: float, bits: float, setup: Setup) -> float:
+    return exchange_bytes(payload_bytes=num_params * bits / 8.0, num_replicas=setup.num_workers,
+                          exchange=setup.exchange)
+
+
+def _peak_params(model: ModelSpec, c: Candidate) -> float:
+    """Parameters in the largest single exchange: the whole model, or the largest fragment."""
+    if c.method != "streaming" or c.num_fragments == 1:
+        return model.num_params
+    per_layer = model.params_per_layer
+    blocks = max(math.ceil(model.num_layers / (c.num_fragments - 1)), 1)
+    return max(model.non_block_params, blocks * per_layer)
+
+
+def evaluate(setup: Setup, cands: Sequence[Candidate], bandwidths_bps: Sequence[float], loss_model: LossModel,
+             *, tolerance: float = DEFAULT_TOLERANCE) -> Plan:
+    """Every candidate at every bandwidth, and the recommendation at each."""
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance={tolerance!r}: give a relative loss tolerance >= 0, e.g. 0.005 for 0.5 %")
+    bws = np.array(sorted(set(float(b) for b in bandwidths_bps)))
+    if bws.size == 0 or np.any(~(bws > 0)):
+        raise ValueError(f"bandwidths must be positive bits/s, got {list(bandwidths_bps)}")
+    if not any(c.method == "dp" for c in cands):
+        raise ValueError("the candidates must include data-parallel: the loss tolerance is relative to it")
+    model, M, T = setup.model, setup.num_workers, setup.model.step_time_s
+    read_grid = READ_GRID_GBPS * GBIT
+    losses = {c: loss_model.estimate(method=c.method, num_params=model.num_params, replicas=M, tokens=setup.tokens,
+                                     sync_every=c.sync_every, num_fragments=c.num_fragments,
+                                     fragment_layers=c.fragment_layers, overlap_steps=c.overlap_steps, bits=c.bits)
+              for c in cands}
+    dp_loss = next(losses[c].loss for c in cands if c.method == "dp")
+    rows: dict[float, list[Evaluated]] = {float(b): [] for b in bws}
+    for c in cands:
+        if M == 1:  # one worker: nothing crosses the link
+            cu = np.ones(bws.size + read_grid.size)
+        else:
+            cu = utilization_curve(model, c.spec(), np.concatenate([bws, read_grid]), latency_s=setup.latency_s,
+                                   num_workers=M, overlap_backward=setup.overlap_backward, exchange=setup.exchange)
+        hit = np.flatnonzero(cu[bws.size:] >= 0.9 - 1e-12)
+        bw90 = float(READ_GRID_GBPS[hit[0]]) if hit.size else None
+        syncs = setup.steps / c.sync_every
+        sent = 0.0 if M == 1 else _payload_bytes(model.num_params, c.bits, setup) * syncs
+        peak = 0.0 if M == 1 else 8 * _payload_bytes(_peak_params(model, c), c.bits, setup) / T / GBIT
+        for i, bw in enumerate(bws):
+            u = float(cu[i])
+            rows[float(bw)].append(Evaluated(c, float(bw), u, setup.steps * T / u, sent, peak, bw90, losses[c],
+                                             losses[c].loss / dp_loss - 1))
+    recommended = {}
+    for bw, evs in rows.items():
+        evs.sort(key=lambda e: (e.wall_clock_s, e.loss.loss, e.bytes_sent))
+        ok = [e for e in evs if e.loss_vs_dp <= tolerance + 1e-12]
+        # ties within 0.1 % of wall-clock go to the lower loss, then fewer bytes, then the simpler method
+        best = min(e.wall_clock_s for e in ok)
+        near = [e for e in ok if e.wall_clock_s <= best * 1.001]
+        recommended[bw] = min(near, key=lambda e: (e.loss.loss, e.bytes_sent, _SIMPLER[e.candidate.method],
+                                                   e.candidate.overlap_steps))
+    sources = {
+        "utilization": "diloco.sim per-layer simulator (Streaming DiLoCo's model: forward, backward, one FIFO link; "
+                       f"exchange {setup.exchange}, release {'per-layer' if setup.overlap_backward else 'after-step'}, "
+                       f"latency {setup.latency_s:g} s per hop, pipelined)",
+        "step_time": setup.step_time_source,
+        "wall_clock": f"steps x step time / utilization, steps = {setup.tokens:.4g} tokens / "
+                      f"{setup.tokens_per_step:.4g} tokens per step = {setup.steps:.4g}",
+        "bytes": "diloco.traffic.exchange_bytes per exchange x exchanges over the run (per worker, sent)",
+        "loss_law": loss_model.source,
+        "ablations": loss_model.ablations,
+    }
+    return Plan(setup, tolerance, rows, recommended, sources)
+
+
+__all__ = ["CODEC_BITS", "Candidate", "DEFAULT_OVERLAP", "DEFAULT_SYNC_EVERY", "DEFAULT_TOLERANCE", "Evaluated",
+           "Plan", "Setup", "candidates", "evaluate"]
