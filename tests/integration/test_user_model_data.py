@@ -201,3 +201,42 @@ def test_bad_input_is_refused_before_the_run_directory_is_touched(user, tmp_path
                          "--no-progress", *base, *extra]) == 2
         capsys.readouterr()
         assert not fresh.exists(), f"{name}: a run directory was created"
+
+
+def test_token_files_and_your_tokenizer_train_and_resume_like_the_bundled_corpus(user, tmp_path):
+    """Pre-tokenized ids (nanoGPT .bin, memory-mapped) and a tokenizer.json go through the same trainer:
+    the same shards, evaluation and exact resume."""
+    import numpy as np
+
+    from _hooks import CrashAfter, SimulatedCrash
+    from diloco.data import load_text_documents, train_tokenizer
+    from diloco.train.trainer import Trainer
+
+    docs = load_text_documents([str(user["text"])])
+    tok = train_tokenizer([d.text for d in docs], 400)
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text(tok.to_json(), encoding="utf-8")
+    ids = np.concatenate([np.asarray(tok.encode(d.text) + [tok.eod_id], dtype=np.uint16) for d in docs])
+    ids.tofile(tmp_path / "corpus.bin")
+    from diloco.train.config import load_preset
+
+    base = dict(load_preset("tiny")["base"], size="tiny", seq_len=32, global_batch=4, replicas=2,
+                method="streaming", sync_every=4, num_fragments=2, overlap_steps=1, merge_alpha=0.5,
+                codec="fp4_e3m0", steps=12, warmup_steps=2, eval_every=6, eval_batches=2, checkpoint_every=4,
+                threads=1)
+    by_ids = TrainConfig.from_dict(base | {"sources": [str(tmp_path / "corpus.bin")], "vocab_size": tok.vocab_size})
+    by_json = TrainConfig.from_dict(base | {"sources": [str(user["text"])], "tokenizer": str(tmp_path / "tok")})
+    results = {}
+    for name, cfg in (("ids", by_ids), ("json", by_json)):
+        full, cut = tmp_path / f"{name}-full", tmp_path / f"{name}-cut"
+        results[name] = Trainer(cfg, full, cache_dir=user["cache"], progress=False).run()
+        with pytest.raises(SimulatedCrash):
+            Trainer(cfg, cut, cache_dir=user["cache"], progress=False, callbacks=[CrashAfter(6)]).run()
+        resumed = Trainer(cfg, cut, cache_dir=user["cache"], progress=False).run(resume=True)
+        assert resumed.final_eval_loss == results[name].final_eval_loss
+        a, b = ckpt.load_latest(full), ckpt.load_latest(cut)
+        for ra, rb in zip(a["replicas"], b["replicas"], strict=True):
+            assert all(torch.equal(ra["model"][k], rb["model"][k]) for k in ra["model"])
+        assert math.isfinite(results[name].final_eval_loss)
+    # the same tokenizer on the same text: the tokenizer.json run reads ids from the same vocabulary
+    assert prepare_inputs(by_json, user["cache"]).data.vocab_size == tok.vocab_size
