@@ -183,24 +183,28 @@ def _bad_cases(tmp: Path, user) -> list[tuple[str, list[str], str]]:
     ], base
 
 
-def test_bad_input_is_refused_before_the_run_directory_is_touched(user, tmp_path, capsys):
+BAD_CASES = ["missing path", "unknown source", "empty corpus", "not UTF-8", "ids >= vocab", "too small for validation",
+             "too small for one batch", "no blocks for P > 1", "unknown model type", "not a model"]
+
+
+@pytest.mark.parametrize("case", BAD_CASES)
+def test_bad_input_is_refused_before_the_run_directory_is_touched(user, tmp_path, capsys, case):
     cases, base = _bad_cases(tmp_path, user)
-    for name, extra, message in cases:
-        out = tmp_path / f"run-{name.replace(' ', '-')}"
-        out.mkdir()
-        (out / "my-results.txt").write_text("earlier results, not to be lost\n")
-        before = _snapshot(out)
-        args = ["train", "--preset", "tiny", "--out", str(out), "--cache-dir", str(user["cache"]), "--no-progress",
-                *base, *extra]
-        assert cli_main(args) == 2, name
-        err = capsys.readouterr().err
-        assert re.search(message, err, re.S), f"{name}: {err}"
-        assert _snapshot(out) == before, f"{name}: the run directory changed"
-        fresh = tmp_path / f"fresh-{name.replace(' ', '-')}"
-        assert cli_main(["train", "--preset", "tiny", "--out", str(fresh), "--cache-dir", str(user["cache"]),
-                         "--no-progress", *base, *extra]) == 2
-        capsys.readouterr()
-        assert not fresh.exists(), f"{name}: a run directory was created"
+    assert sorted(name for name, _, _ in cases) == sorted(BAD_CASES)
+    _, extra, message = next(c for c in cases if c[0] == case)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "my-results.txt").write_text("earlier results, not to be lost\n")
+    before = _snapshot(out)
+    common = ["--preset", "tiny", "--cache-dir", str(user["cache"]), "--no-progress", *base, *extra]
+    assert cli_main(["train", "--out", str(out), *common]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err, re.S), err
+    assert _snapshot(out) == before, "the run directory changed"
+    fresh = tmp_path / "fresh"
+    assert cli_main(["train", "--out", str(fresh), *common]) == 2
+    assert re.search(message, capsys.readouterr().err, re.S)
+    assert not fresh.exists(), "a run directory was created"
 
 
 def test_token_files_and_your_tokenizer_train_and_resume_like_the_bundled_corpus(user, tmp_path):
