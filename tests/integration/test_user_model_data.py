@@ -135,11 +135,22 @@ def test_hf_model_on_your_text_trains_evaluates_global_params_and_resumes_bit_id
 # -- bad input: refused before anything is trained or written ----------------------------------
 
 FACTORY = """
+import torch.nn.functional as F
 from torch import nn
 
 
+class Bigram(nn.Module):  # no block list: nothing for the fragmenter to split by
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.net = nn.Sequential(nn.Embedding(vocab_size, 16), nn.Linear(16, vocab_size))
+
+    def forward(self, idx, targets=None):
+        logits = self.net(idx)
+        return logits, None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
 def mlp(*, vocab_size, seq_len):
-    return nn.Sequential(nn.Embedding(vocab_size, 16), nn.Linear(16, vocab_size))
+    return Bigram(vocab_size)
 """
 
 
@@ -176,7 +187,7 @@ def _bad_cases(tmp: Path, user) -> list[tuple[str, list[str], str]]:
          r"40 tokens make 1 windows .* fewer than batch_size=4\. Lower seq_len or the per-replica batch size"),
         ("no blocks for P > 1", ["--set", f"model={tmp / 'mine.py'}:mlp", "--method", "streaming",
                                  "--set", "num_fragments=2", "--set", "overlap_steps=0"],
-         r"num_fragments=2 needs repeated blocks.*Sequential has none.*--set fragments='prefix\|prefix,prefix"),
+         r"num_fragments=2 needs repeated blocks.*Bigram has none.*--set fragments='prefix\|prefix,prefix"),
         ("unknown model type", ["--set", f"model=hf:{tmp / 'lama.json'}"],
          r"model_type='lama' is not a model type transformers .* knows; use one such as llama"),
         ("not a model", ["--set", "model=llama"], r"model='llama' is not a model: use '' .*'hf:PATH'"),
@@ -244,3 +255,16 @@ def test_token_files_and_your_tokenizer_train_and_resume_like_the_bundled_corpus
         assert math.isfinite(results[name].final_eval_loss)
     # the same tokenizer on the same text: the tokenizer.json run reads ids from the same vocabulary
     assert prepare_inputs(by_json, user["cache"]).data.vocab_size == tok.vocab_size
+
+
+def test_explicit_fragments_for_a_model_without_blocks_from_the_command_line(user, tmp_path):
+    """The fix the no-blocks message gives works: --set fragments=PREFIXES splits the model as named."""
+    (tmp_path / "mine.py").write_text(FACTORY)
+    out = tmp_path / "run"
+    args = ["train", "--preset", "tiny", "--method", "streaming", "--out", str(out), "--cache-dir", str(user["cache"]),
+            "--no-progress", "--set", f"sources={user['text']}", "--set", "vocab_size=384", "--set", "steps=4",
+            "--set", f"model={tmp_path / 'mine.py'}:mlp", "--set", "num_fragments=2", "--set", "overlap_steps=0",
+            "--set", "fragments=net.0,net.1"]
+    assert cli_main(args) == 0
+    sizes = [g.numel() for g in ckpt.load_latest(out)["replicas"][0]["algorithm"]["global"]]
+    assert sizes == [384 * 16, 16 * 384 + 384]  # fragment 0: the embedding; fragment 1: the linear head
