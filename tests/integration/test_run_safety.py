@@ -210,7 +210,8 @@ def test_a_damaged_latest_checkpoint_falls_back_and_ends_bit_identical(tmp_path,
     full, cut = tmp_path / "full", tmp_path / "cut"
     train(cfg, full, cache_dir=token_cache, progress=False)
     with pytest.raises(SimulatedCrash):
-        Trainer(cfg, cut, cache_dir=token_cache, progress=False, callbacks=[CrashAfter(20)]).run()
+        crash = CrashAfter(20, replicas=cfg.replicas)
+        Trainer(cfg, cut, cache_dir=token_cache, progress=False, callbacks=[crash]).run()
     assert ckpt.saved_steps(cut) == [8, 16]
     damaged = cut / "checkpoints" / "step-00000016" / "replica-1.pt"
     data = bytearray(damaged.read_bytes())
@@ -271,7 +272,8 @@ def test_compare_reuses_a_finished_run_and_resumes_an_interrupted_one(tmp_path, 
     # diloco was killed after step 6: its checkpoint at step 4 is resumed, dp trains afresh
     cfg = TrainConfig.from_dict({**preset["base"], "checkpoint_every": 4, "steps": 8, "eval_every": 4})
     with pytest.raises(SimulatedCrash):
-        Trainer(cfg, out / "diloco", cache_dir=token_cache, progress=False, callbacks=[CrashAfter(6)]).run()
+        crash = CrashAfter(6, replicas=cfg.replicas)
+        Trainer(cfg, out / "diloco", cache_dir=token_cache, progress=False, callbacks=[crash]).run()
     assert cli_main(args) == 0
     first = {r["name"]: r for r in json.loads((out / "compare.json").read_text())}
     steps = [r["step"] for r in map(json.loads, (out / "diloco" / "metrics.jsonl").read_text().splitlines())
@@ -292,7 +294,8 @@ def test_the_fix_an_unloadable_checkpoint_names_works(tmp_path, token_cache, cap
     full, cut = tmp_path / "full", tmp_path / "cut"
     train(cfg, full, cache_dir=token_cache, progress=False)
     with pytest.raises(SimulatedCrash):
-        Trainer(cfg, cut, cache_dir=token_cache, progress=False, callbacks=[CrashAfter(6)]).run()
+        crash = CrashAfter(6, replicas=cfg.replicas)
+        Trainer(cfg, cut, cache_dir=token_cache, progress=False, callbacks=[crash]).run()
     record_path = cut / "checkpoints" / "step-00000006.json"
     record = json.loads(record_path.read_text())
     for rank in range(cfg.replicas):
