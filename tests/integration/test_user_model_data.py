@@ -246,7 +246,7 @@ def test_token_files_and_your_tokenizer_train_and_resume_like_the_bundled_corpus
         full, cut = tmp_path / f"{name}-full", tmp_path / f"{name}-cut"
         results[name] = Trainer(cfg, full, cache_dir=user["cache"], progress=False).run()
         with pytest.raises(SimulatedCrash):
-            Trainer(cfg, cut, cache_dir=user["cache"], progress=False, callbacks=[CrashAfter(6)]).run()
+            Trainer(cfg, cut, cache_dir=user["cache"], progress=False, callbacks=[CrashAfter(6, replicas=2)]).run()
         resumed = Trainer(cfg, cut, cache_dir=user["cache"], progress=False).run(resume=True)
         assert resumed.final_eval_loss == results[name].final_eval_loss
         a, b = ckpt.load_latest(full), ckpt.load_latest(cut)
