@@ -16,6 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
+from diloco.files import default_cache_dir
 from diloco.train.compare import run_compare
 from diloco.train.config import TrainConfig, load_preset
 
@@ -44,7 +45,7 @@ def main() -> None:
                     help="quality.py's results: the best inner lr of dp and diloco")
     ap.add_argument("--runs", type=Path, default=Path("runs/quality/budgets"),
                     help="run directory (default: quality.py's budget runs, whose reference runs are reused)")
-    ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "diloco")
+    ap.add_argument("--cache-dir", type=Path, default=default_cache_dir())
     ap.add_argument("--out", type=Path, default=RESULTS / "gap_ablation.json")
     args = ap.parse_args()
     if not args.quality.exists():

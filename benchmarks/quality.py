@@ -21,9 +21,9 @@ import argparse
 import json
 from pathlib import Path
 
+from diloco.files import default_cache_dir, read_jsonl
 from diloco.train.compare import add_relative_columns, format_table, run_compare
 from diloco.train.config import TrainConfig, load_preset
-from diloco.train.metrics import read_jsonl
 
 METHODS = {
     "dp": {"method": "dp"},
@@ -51,7 +51,7 @@ def main() -> None:
                     help="smaller token budgets for the final-gap-vs-budget curve, comma-separated ('' skips)")
     ap.add_argument("--budget-methods", default="dp,diloco,streaming,diloco-m1")
     ap.add_argument("--runs", type=Path, default=Path("runs/quality"))
-    ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "diloco")
+    ap.add_argument("--cache-dir", type=Path, default=default_cache_dir())
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "quality.json")
     args = ap.parse_args()
     base = {**load_preset("demo")["base"], "steps": 0, "tokens": args.tokens, "eval_every": 100,

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from diloco.data import ShardSampler, prepare_tokens
+from diloco.files import default_cache_dir
 from diloco.train.config import TrainConfig, load_preset
 from diloco.train.trainer import Trainer, build_model
 
@@ -55,7 +56,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "diloco")
+    ap.add_argument("--cache-dir", type=Path, default=default_cache_dir())
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "throughput.json")
     args = ap.parse_args()
     preset = load_preset("demo")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from diloco.train.trainer import TrainerCallback
 
 
@@ -10,11 +12,18 @@ class SimulatedCrash(RuntimeError):
 
 
 class CrashAfter(TrainerCallback):
-    """Stop every replica right after step ``step`` (trained, logged and checkpointed as due)."""
+    """Stop every replica right after step ``step`` (trained, logged and checkpointed as due).
 
-    def __init__(self, step: int) -> None:
+    The ``replicas`` replica threads first wait for each other, so that every one has finished
+    the step, replica 0's checkpoint record included, before any stops: otherwise the first to
+    stop aborts the group while another may still be finishing a checkpoint.
+    """
+
+    def __init__(self, step: int, *, replicas: int) -> None:
         self.step = step
+        self._together = threading.Barrier(replicas)
 
     def on_step_end(self, step: int, *, rank: int) -> None:
         if step >= self.step:
+            self._together.wait(timeout=120)
             raise SimulatedCrash(f"stopped after step {self.step}")

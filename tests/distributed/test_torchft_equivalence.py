@@ -67,7 +67,7 @@ def _torchft_replica(replica: int, lighthouse: str, H: int, P: int, tau: int, al
                 inner.zero_grad()
                 losses.append(loss.item())
     finally:
-        manager.shutdown(wait=False)
+        manager.shutdown(wait=True)
     return {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 

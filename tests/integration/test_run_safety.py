@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,24 @@ def test_resume_of_a_finished_run_says_so_and_changes_nothing(finished_run, toke
     assert "already finished (step 8 of 8); nothing to do" in captured.err
     assert json.loads(captured.out)["final_eval_loss"] == strict_json(out / "summary.json")["final_eval_loss"]
     assert snapshot(out) == before
+
+
+def test_settings_that_do_not_change_training_may_differ(finished_run, token_cache, capsys):
+    out, before = finished_run
+    assert cli_train(out, token_cache, "--resume", "--set", "checkpoint_every=4", "--set", "keep_checkpoints=5") == 0
+    assert "already finished" in capsys.readouterr().err
+    assert snapshot(out) == before
+
+
+def test_resume_at_the_last_checkpoint_without_a_summary_writes_it(tmp_path, token_cache):
+    out = tmp_path / "run"
+    assert cli_train(out, token_cache) == 0
+    want = strict_json(out / "summary.json")["final_eval_loss"]
+    (out / "summary.json").unlink()  # killed after the last checkpoint, before the summary
+    metrics = (out / "metrics.jsonl").read_bytes()
+    assert cli_train(out, token_cache, "--resume") == 0
+    assert strict_json(out / "summary.json")["final_eval_loss"] == want
+    assert (out / "metrics.jsonl").read_bytes() == metrics
 
 
 def test_resume_and_overwrite_together_are_refused(finished_run, token_cache, capsys):
@@ -191,7 +210,8 @@ def test_a_damaged_latest_checkpoint_falls_back_and_ends_bit_identical(tmp_path,
     full, cut = tmp_path / "full", tmp_path / "cut"
     train(cfg, full, cache_dir=token_cache, progress=False)
     with pytest.raises(SimulatedCrash):
-        Trainer(cfg, cut, cache_dir=token_cache, progress=False, callbacks=[CrashAfter(20)]).run()
+        crash = CrashAfter(20, replicas=cfg.replicas)
+        Trainer(cfg, cut, cache_dir=token_cache, progress=False, callbacks=[crash]).run()
     assert ckpt.saved_steps(cut) == [8, 16]
     damaged = cut / "checkpoints" / "step-00000016" / "replica-1.pt"
     data = bytearray(damaged.read_bytes())
@@ -239,3 +259,62 @@ def test_no_readable_checkpoint_says_what_to_do(tmp_path, token_cache, capsys):
     err = capsys.readouterr().err
     assert "no readable checkpoint" in err and "step 8:" in err and "step 4:" in err and "--overwrite" in err
     assert snapshot(out) == before
+
+
+def test_compare_reuses_a_finished_run_and_resumes_an_interrupted_one(tmp_path, token_cache, capsys):
+    preset = load_preset("tiny")
+    preset_file = tmp_path / "p.json"
+    preset_file.write_text(json.dumps({"base": {**preset["base"], "checkpoint_every": 4},
+                                       "methods": {"dp": {"method": "dp"}, "diloco": {"method": "diloco"}}}))
+    out = tmp_path / "cmp"
+    args = ["compare", "--preset", str(preset_file), "--out", str(out), "--cache-dir", str(token_cache),
+            "--no-progress", *STEPS]
+    # diloco was killed after step 6: its checkpoint at step 4 is resumed, dp trains afresh
+    cfg = TrainConfig.from_dict({**preset["base"], "checkpoint_every": 4, "steps": 8, "eval_every": 4})
+    with pytest.raises(SimulatedCrash):
+        crash = CrashAfter(6, replicas=cfg.replicas)
+        Trainer(cfg, out / "diloco", cache_dir=token_cache, progress=False, callbacks=[crash]).run()
+    assert cli_main(args) == 0
+    first = {r["name"]: r for r in json.loads((out / "compare.json").read_text())}
+    steps = [r["step"] for r in map(json.loads, (out / "diloco" / "metrics.jsonl").read_text().splitlines())
+             if "loss" in r]
+    assert steps == list(range(1, 9)) and not first["diloco"]["reused"]
+    before = snapshot(out / "dp")
+    assert cli_main(args) == 0  # everything finished: reused, nothing retrained
+    again = {r["name"]: r for r in json.loads((out / "compare.json").read_text())}
+    assert again["dp"]["reused"] and again["diloco"]["reused"]
+    assert again["dp"]["final_eval_loss"] == first["dp"]["final_eval_loss"]
+    assert snapshot(out / "dp") == before
+
+
+def test_the_fix_an_unloadable_checkpoint_names_works(tmp_path, token_cache, capsys):
+    """A file that matches its record but does not load (written by something else): the message names
+    what to delete; after deleting it, --resume continues from the step before and ends as the full run."""
+    cfg = tiny(steps=8, checkpoint_every=2, eval_every=4)
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    train(cfg, full, cache_dir=token_cache, progress=False)
+    with pytest.raises(SimulatedCrash):
+        crash = CrashAfter(6, replicas=cfg.replicas)
+        Trainer(cfg, cut, cache_dir=token_cache, progress=False, callbacks=[crash]).run()
+    record_path = cut / "checkpoints" / "step-00000006.json"
+    record = json.loads(record_path.read_text())
+    for rank in range(cfg.replicas):
+        path = cut / "checkpoints" / "step-00000006" / f"replica-{rank}.pt"
+        torch.save({"model": _NotATensor()}, path)
+        record["files"][path.name] = ckpt._digest(path)
+    record_path.write_text(json.dumps(record))
+    (cut / "checkpoints" / "latest.json").write_text(json.dumps(record))
+    args = ["train", "--preset", "tiny", "--method", "diloco", "--out", str(cut), "--cache-dir", str(token_cache),
+            "--no-progress", "--set", "steps=8", "--set", "checkpoint_every=2", "--set", "eval_every=4", "--resume"]
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err
+    assert "weights_only" not in err
+    step_dir, step_record = str(cut / "checkpoints" / "step-00000006"), str(record_path)
+    assert f"delete {step_dir} and {step_record}" in err
+    shutil.rmtree(step_dir)
+    record_path.unlink()
+    assert cli_main(args) == 0
+    a, b = ckpt.load_latest(full), ckpt.load_latest(cut)
+    for ra, rb in zip(a["replicas"], b["replicas"], strict=True):
+        for k in ra["model"]:
+            assert torch.equal(ra["model"][k], rb["model"][k]), k

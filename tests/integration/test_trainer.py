@@ -89,7 +89,8 @@ def test_interrupted_and_resumed_run_ends_identical(tmp_path, cache, method):
     train(cfg, full, cache_dir=cache, progress=False)
     cut = tmp_path / "cut"
     with pytest.raises(SimulatedCrash):
-        Trainer(cfg, cut, cache_dir=cache, progress=False, callbacks=[CrashAfter(13)]).run()
+        crash = CrashAfter(13, replicas=cfg.replicas)
+        Trainer(cfg, cut, cache_dir=cache, progress=False, callbacks=[crash]).run()
     assert ckpt.latest_meta(cut)["step"] == 8
     resumed = Trainer(cfg, cut, cache_dir=cache, progress=False).run(resume=True)
     a, b = ckpt.load_latest(full), ckpt.load_latest(cut)

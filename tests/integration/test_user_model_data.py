@@ -135,11 +135,22 @@ def test_hf_model_on_your_text_trains_evaluates_global_params_and_resumes_bit_id
 # -- bad input: refused before anything is trained or written ----------------------------------
 
 FACTORY = """
+import torch.nn.functional as F
 from torch import nn
 
 
+class Bigram(nn.Module):  # no block list: nothing for the fragmenter to split by
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.net = nn.Sequential(nn.Embedding(vocab_size, 16), nn.Linear(16, vocab_size))
+
+    def forward(self, idx, targets=None):
+        logits = self.net(idx)
+        return logits, None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
 def mlp(*, vocab_size, seq_len):
-    return nn.Sequential(nn.Embedding(vocab_size, 16), nn.Linear(16, vocab_size))
+    return Bigram(vocab_size)
 """
 
 
@@ -176,28 +187,84 @@ def _bad_cases(tmp: Path, user) -> list[tuple[str, list[str], str]]:
          r"40 tokens make 1 windows .* fewer than batch_size=4\. Lower seq_len or the per-replica batch size"),
         ("no blocks for P > 1", ["--set", f"model={tmp / 'mine.py'}:mlp", "--method", "streaming",
                                  "--set", "num_fragments=2", "--set", "overlap_steps=0"],
-         r"num_fragments=2 needs repeated blocks.*Sequential has none.*--set fragments='prefix\|prefix,prefix"),
+         r"num_fragments=2 needs repeated blocks.*Bigram has none.*--set fragments='prefix\|prefix,prefix"),
         ("unknown model type", ["--set", f"model=hf:{tmp / 'lama.json'}"],
          r"model_type='lama' is not a model type transformers .* knows; use one such as llama"),
         ("not a model", ["--set", "model=llama"], r"model='llama' is not a model: use '' .*'hf:PATH'"),
     ], base
 
 
-def test_bad_input_is_refused_before_the_run_directory_is_touched(user, tmp_path, capsys):
+BAD_CASES = ["missing path", "unknown source", "empty corpus", "not UTF-8", "ids >= vocab", "too small for validation",
+             "too small for one batch", "no blocks for P > 1", "unknown model type", "not a model"]
+
+
+@pytest.mark.parametrize("case", BAD_CASES)
+def test_bad_input_is_refused_before_the_run_directory_is_touched(user, tmp_path, capsys, case):
     cases, base = _bad_cases(tmp_path, user)
-    for name, extra, message in cases:
-        out = tmp_path / f"run-{name.replace(' ', '-')}"
-        out.mkdir()
-        (out / "my-results.txt").write_text("earlier results, not to be lost\n")
-        before = _snapshot(out)
-        args = ["train", "--preset", "tiny", "--out", str(out), "--cache-dir", str(user["cache"]), "--no-progress",
-                *base, *extra]
-        assert cli_main(args) == 2, name
-        err = capsys.readouterr().err
-        assert re.search(message, err, re.S), f"{name}: {err}"
-        assert _snapshot(out) == before, f"{name}: the run directory changed"
-        fresh = tmp_path / f"fresh-{name.replace(' ', '-')}"
-        assert cli_main(["train", "--preset", "tiny", "--out", str(fresh), "--cache-dir", str(user["cache"]),
-                         "--no-progress", *base, *extra]) == 2
-        capsys.readouterr()
-        assert not fresh.exists(), f"{name}: a run directory was created"
+    assert sorted(name for name, _, _ in cases) == sorted(BAD_CASES)
+    _, extra, message = next(c for c in cases if c[0] == case)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "my-results.txt").write_text("earlier results, not to be lost\n")
+    before = _snapshot(out)
+    common = ["--preset", "tiny", "--cache-dir", str(user["cache"]), "--no-progress", *base, *extra]
+    assert cli_main(["train", "--out", str(out), *common]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err, re.S), err
+    assert _snapshot(out) == before, "the run directory changed"
+    fresh = tmp_path / "fresh"
+    assert cli_main(["train", "--out", str(fresh), *common]) == 2
+    assert re.search(message, capsys.readouterr().err, re.S)
+    assert not fresh.exists(), "a run directory was created"
+
+
+def test_token_files_and_your_tokenizer_train_and_resume_like_the_bundled_corpus(user, tmp_path):
+    """Pre-tokenized ids (nanoGPT .bin, memory-mapped) and a tokenizer.json go through the same trainer:
+    the same shards, evaluation and exact resume."""
+    import numpy as np
+
+    from _hooks import CrashAfter, SimulatedCrash
+    from diloco.data import load_text_documents, train_tokenizer
+    from diloco.train.trainer import Trainer
+
+    docs = load_text_documents([str(user["text"])])
+    tok = train_tokenizer([d.text for d in docs], 400)
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text(tok.to_json(), encoding="utf-8")
+    ids = np.concatenate([np.asarray(tok.encode(d.text) + [tok.eod_id], dtype=np.uint16) for d in docs])
+    ids.tofile(tmp_path / "corpus.bin")
+    from diloco.train.config import load_preset
+
+    base = dict(load_preset("tiny")["base"], size="tiny", seq_len=32, global_batch=4, replicas=2,
+                method="streaming", sync_every=4, num_fragments=2, overlap_steps=1, merge_alpha=0.5,
+                codec="fp4_e3m0", steps=12, warmup_steps=2, eval_every=6, eval_batches=2, checkpoint_every=4,
+                threads=1)
+    by_ids = TrainConfig.from_dict(base | {"sources": [str(tmp_path / "corpus.bin")], "vocab_size": tok.vocab_size})
+    by_json = TrainConfig.from_dict(base | {"sources": [str(user["text"])], "tokenizer": str(tmp_path / "tok")})
+    results = {}
+    for name, cfg in (("ids", by_ids), ("json", by_json)):
+        full, cut = tmp_path / f"{name}-full", tmp_path / f"{name}-cut"
+        results[name] = Trainer(cfg, full, cache_dir=user["cache"], progress=False).run()
+        with pytest.raises(SimulatedCrash):
+            Trainer(cfg, cut, cache_dir=user["cache"], progress=False, callbacks=[CrashAfter(6, replicas=2)]).run()
+        resumed = Trainer(cfg, cut, cache_dir=user["cache"], progress=False).run(resume=True)
+        assert resumed.final_eval_loss == results[name].final_eval_loss
+        a, b = ckpt.load_latest(full), ckpt.load_latest(cut)
+        for ra, rb in zip(a["replicas"], b["replicas"], strict=True):
+            assert all(torch.equal(ra["model"][k], rb["model"][k]) for k in ra["model"])
+        assert math.isfinite(results[name].final_eval_loss)
+    # the same tokenizer on the same text: the tokenizer.json run reads ids from the same vocabulary
+    assert prepare_inputs(by_json, user["cache"]).data.vocab_size == tok.vocab_size
+
+
+def test_explicit_fragments_for_a_model_without_blocks_from_the_command_line(user, tmp_path):
+    """The fix the no-blocks message gives works: --set fragments=PREFIXES splits the model as named."""
+    (tmp_path / "mine.py").write_text(FACTORY)
+    out = tmp_path / "run"
+    args = ["train", "--preset", "tiny", "--method", "streaming", "--out", str(out), "--cache-dir", str(user["cache"]),
+            "--no-progress", "--set", f"sources={user['text']}", "--set", "vocab_size=384", "--set", "steps=4",
+            "--set", f"model={tmp_path / 'mine.py'}:mlp", "--set", "num_fragments=2", "--set", "overlap_steps=0",
+            "--set", "fragments=net.0,net.1"]
+    assert cli_main(args) == 0
+    sizes = [g.numel() for g in ckpt.load_latest(out)["replicas"][0]["algorithm"]["global"]]
+    assert sizes == [384 * 16, 16 * 384 + 384]  # fragment 0: the embedding; fragment 1: the linear head

@@ -54,9 +54,10 @@ def test_a_failing_replica_aborts_its_peers_instead_of_hanging():
             raise RuntimeError("boom in replica 1")
         comm.all_gather_async(torch.zeros(1, dtype=torch.uint8)).wait()
 
+    before = threading.active_count()  # other tests' daemon threads (e.g. torchft's) may still run
     with pytest.raises(RuntimeError, match="boom in replica 1"):
         run_replicas(fn, 2, timeout=30)
-    assert threading.active_count() < 5
+    assert threading.active_count() <= before
 
 
 def test_payload_type_is_checked():

@@ -16,7 +16,7 @@ def _python(code: str) -> str:
 
 def test_sim_traffic_schedule_and_the_package_never_import_torch():
     out = _python("import sys, diloco, diloco.sim, diloco.traffic, diloco.algorithm.schedule, "
-                  "diloco.methods, diloco.algorithm, diloco.comm, diloco.train, diloco.scaling\n"
+                  "diloco.methods, diloco.layout, diloco.algorithm, diloco.comm, diloco.train, diloco.scaling\n"
                   "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     assert out == "[]"
 

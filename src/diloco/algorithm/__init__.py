@@ -17,7 +17,7 @@ _EXPORTS = {
     "Fragment": ".fragments",
     "find_blocks": ".fragments",
     "split_fragments": ".fragments",
-    "block_groups": "diloco.methods",
+    "block_groups": "diloco.layout",
     "Codec": ".codecs",
     "CODEC_NAMES": ".codecs",
     "get_codec": ".codecs",

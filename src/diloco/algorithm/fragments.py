@@ -17,7 +17,7 @@ they are also what MaxText's and the paper's simulator timing (one extra
 fragment, "1 + L/|p|") suggest.
 
 The layout itself (which block goes to which fragment) is pure arithmetic in
-:func:`diloco.methods.block_fragments`, shared with the simulator.
+:func:`diloco.layout.block_fragments`, shared with the simulator.
 
 Any ``nn.Module`` works with explicit fragments: a list whose items are each a
 list of parameter names, parameters, or modules.
@@ -32,9 +32,9 @@ from typing import Literal
 import torch
 from torch import nn
 
-from diloco.methods import NON_BLOCK_FRAGMENT, block_fragments, block_groups, check_fragment_pattern
+from diloco.layout import NON_BLOCK_FRAGMENT, block_fragments, block_groups, check_pattern
 
-Pattern = Literal["strided", "sequential"]  # diloco.methods.FRAGMENT_PATTERNS
+Pattern = Literal["strided", "sequential"]  # diloco.layout.PATTERNS
 FragmentSpec = Sequence[Sequence[str | nn.Parameter | nn.Module]]
 
 
@@ -124,7 +124,7 @@ def split_fragments(
 
 
 def _block_groups(model: nn.Module, named: list[tuple[str, nn.Parameter]], P: int, pattern: str) -> list[list[str]]:
-    check_fragment_pattern(pattern)
+    check_pattern(pattern)
     found = find_blocks(model)
     if found is None:
         raise ValueError(

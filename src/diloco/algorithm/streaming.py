@@ -171,7 +171,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         glob = self.global_named_parameters()
         canonical = {id(p): n for n, p in self.model.named_parameters()}
-        for name, param in self.model.named_parameters(remove_duplicate=False):
+        for name, param in self.model.named_parameters(remove_duplicate=False):  # tied weights: every alias
             value = glob.get(canonical.get(id(param), ""))
             if value is None or name not in state:
                 continue

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from diloco.algorithm.schedule import Schedule
-from diloco.methods import FRAGMENT_PATTERNS, METHODS, block_fragments
+from diloco.layout import PATTERNS, block_fragments
+from diloco.methods import METHODS
 from diloco.sim.dag import ComputeStream, SyncPlan, simulate_utilization
 from diloco.sim.hardware import GBIT, PAPER_EXCHANGE, ModelSpec, latency_hops
 from diloco.traffic import exchange_bytes
@@ -59,7 +60,7 @@ class MethodSpec:
     def __post_init__(self) -> None:
         if not (np.isfinite(self.bits) and self.bits > 0):
             raise ValueError(f"bits must be > 0 (bits per parameter on the wire), got {self.bits!r}")
-        if self.fragment_pattern not in FRAGMENT_PATTERNS:
+        if self.fragment_pattern not in PATTERNS:
             raise ValueError(f"fragment_pattern must be 'strided' or 'sequential', got {self.fragment_pattern!r}")
         offsets = None
         if self.fragment_spacing is not None:
@@ -131,7 +132,7 @@ def paper_methods(
 
 
 def fragment_units(num_layers: int, num_fragments: int, pattern: str = "strided") -> tuple[tuple[int, ...], ...]:
-    """Units (layers 0..L-1, non-block = L) of each fragment, in the trainer's layout (:func:`diloco.methods.block_fragments`)."""
+    """Units (layers 0..L-1, non-block = L) of each fragment, in the trainer's layout (:func:`diloco.layout.block_fragments`)."""
     L, P = num_layers, num_fragments
     if P == 1:
         return (tuple(range(L + 1)),)

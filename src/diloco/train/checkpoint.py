@@ -138,7 +138,10 @@ def load_replica(run_dir: Path, rank: int, step: int | None = None) -> dict[str,
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means a damaged file
         # Not `from exc`: torch's message advises weights_only=False, i.e. running code from a bad file.
-        raise CheckpointError(f"checkpoint {path} is damaged or not a checkpoint ({_reason(exc)})") from None
+        raise CheckpointError(
+            f"checkpoint {path} is damaged or not a checkpoint ({_reason(exc)}); to resume from the checkpoint "
+            f"before it, delete {_step_dir(run_dir, step)} and {_meta_file(run_dir, step)}, or start afresh "
+            f"with --overwrite") from None
 
 
 def load_latest(run_dir: Path) -> dict[str, Any]:

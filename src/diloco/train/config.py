@@ -14,7 +14,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from diloco.methods import FRAGMENT_PATTERNS, METHODS, schedule_errors
+from diloco.layout import PATTERNS
+from diloco.methods import METHODS, schedule_errors
 
 #: ``checkpoint_every = -1`` (the default): at the first outer-sync boundary after every this many steps.
 AUTO_CHECKPOINT_STEPS = 100
@@ -110,8 +111,8 @@ class TrainConfig:
                  f"method='diloco' is P=1, tau=0 (got num_fragments={self.num_fragments}, "
                  f"overlap_steps={self.overlap_steps}): use method='streaming' for fragments or overlap")
         need(0.0 <= self.merge_alpha <= 1.0, f"merge_alpha={self.merge_alpha}: need 0 <= alpha <= 1")
-        need(self.fragment_pattern in FRAGMENT_PATTERNS,
-             f"fragment_pattern={self.fragment_pattern!r}: choose one of {', '.join(FRAGMENT_PATTERNS)}")
+        need(self.fragment_pattern in PATTERNS,
+             f"fragment_pattern={self.fragment_pattern!r}: choose one of {', '.join(PATTERNS)}")
         need(self.inner_lr > 0, f"inner_lr={self.inner_lr}: must be > 0")
         need(self.outer_lr > 0, f"outer_lr={self.outer_lr}: must be > 0")
         need(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio={self.min_lr_ratio}: need 0..1")

@@ -6,7 +6,8 @@ only reads it and says what to do:
 
 * empty or absent: start a new run;
 * ``--resume``: continue from the newest readable checkpoint, if the saved
-  config matches (``steps`` / ``tokens`` may grow); a run that already reached
+  config matches (``steps`` / ``tokens`` may grow; :data:`RUNTIME_KEYS`, which do
+  not change what is trained, may differ and take the new value); a run that already reached
   its last step is *finished* and nothing is written;
 * another run (any config) without ``--resume``: an error naming the keys that
   differ, unless ``--overwrite`` says to replace it.
@@ -30,6 +31,9 @@ RUN_FILES: tuple[str, ...] = ("config.json", "metrics.jsonl", "summary.json", "c
 
 #: Settings a resume may change: the budget (to train further).
 RESUMABLE_CHANGES: tuple[str, ...] = ("steps", "tokens")
+
+#: Settings that do not change what is trained: two runs differing only in these are the same run.
+RUNTIME_KEYS: tuple[str, ...] = ("checkpoint_every", "keep_checkpoints", "tensorboard")
 
 Action = Literal["new", "overwrite", "resume", "finished"]
 
@@ -67,6 +71,14 @@ def config_differences(old: dict[str, Any], new: dict[str, Any], *, ignore: tupl
     return out
 
 
+def _with_defaults(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved config with the fields added since it was written at their defaults (as it trained)."""
+    try:
+        return TrainConfig.from_dict(saved).to_dict()
+    except (ValueError, TypeError):  # written by another version: compare it as it is
+        return saved
+
+
 def _saved_config(out_dir: Path) -> dict[str, Any] | None:
     path = out_dir / "config.json"
     if not path.exists():
@@ -74,7 +86,7 @@ def _saved_config(out_dir: Path) -> dict[str, Any] | None:
     data = read_json(path)
     if not isinstance(data, dict):
         raise ValueError(f"{path} is not a JSON object; is --out the right folder?")
-    return data
+    return _with_defaults(data)
 
 
 def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
@@ -105,7 +117,7 @@ def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overw
     if saved is None:
         raise ValueError(f"--out {out_dir} already holds run files ({', '.join(present)}) without a config.json; "
                          f"{replace}")
-    diff = config_differences(saved, new)
+    diff = config_differences(saved, new, ignore=RUNTIME_KEYS)
     if diff:
         raise ValueError(f"--out {out_dir} holds another run; its config differs in:\n  " + "\n  ".join(diff)
                          + f"\n{replace}")
@@ -125,8 +137,8 @@ def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overw
 
 def _plan_resume(out_dir: Path, cfg: TrainConfig, present: list[str]) -> RunDirPlan:
     found = ckpt.find_resumable(out_dir)  # raises "nothing to resume" when there is no checkpoint
-    saved = found.meta.get("config", {})
-    diff = config_differences(saved, cfg.to_dict(), ignore=RESUMABLE_CHANGES)
+    saved = _with_defaults(found.meta.get("config", {}))
+    diff = config_differences(saved, cfg.to_dict(), ignore=RESUMABLE_CHANGES + RUNTIME_KEYS)
     if diff:
         raise ValueError(f"--resume: the checkpoint in {out_dir} was written by a different config; it differs in:"
                          f"\n  " + "\n  ".join(diff) + f"\nresume with the same settings (see {out_dir}/config.json)")
@@ -154,4 +166,6 @@ def clear_run(out_dir: Path) -> None:
             path.unlink()
 
 
-__all__ = ["RUN_FILES", "RunDirPlan", "clear_run", "config_differences", "existing_run_files", "plan_run_dir"]
+__all__ = [
+    "RUNTIME_KEYS", "RUN_FILES", "RunDirPlan", "clear_run", "config_differences", "existing_run_files", "plan_run_dir",
+]
