@@ -115,7 +115,7 @@ def mesh_rank(comm, cfg: dict) -> dict:
             "intra_stats": wcomm.intra.stats.totals(), "fragment_sizes": list(algo.fragment_sizes())}
 
 
-def mesh_reference_replica(comm, cfg: dict) -> dict:
+def _train_mesh_reference(comm, cfg: dict):
     """The in-process twin of a worker: one replica whose batch is its R ranks' batches concatenated."""
     R = cfg["ranks_per_worker"]
     model = make_model(seed=comm.rank * R)
@@ -130,6 +130,12 @@ def mesh_reference_replica(comm, cfg: dict) -> dict:
         opt.zero_grad()
         algo.step()
     algo.flush()
+    return model, algo
+
+
+def mesh_reference_replica(comm, cfg: dict) -> dict:
+    """The in-process twin of a worker (see :func:`_train_mesh_reference`): flat global copies."""
+    model, algo = _train_mesh_reference(comm, cfg)
     return {"global": [g.detach().clone() for g in algo.global_flat],
             "local": [p.detach().clone() for p in model.parameters()], "stats": comm.stats.totals()}
 
@@ -248,18 +254,6 @@ def fsdp_rank(comm, cfg: dict) -> dict:
 
 def reference_state(comm, cfg: dict) -> dict:
     """``mesh_reference_replica`` with the states by name and the algorithm's memory."""
-    R = cfg["ranks_per_worker"]
-    model = make_model(seed=comm.rank * R)
-    opt = mesh_inner_optimizer(model.parameters())
-    algo = _mesh_algo(model, opt, comm, cfg)
-    shards = [batches(comm.rank * R + j, cfg["steps"]) for j in range(R)]
-    for step in zip(*shards, strict=True):
-        x = torch.cat([b[0] for b in step])
-        y = torch.cat([b[1] for b in step])
-        model(x, y)[1].backward()
-        opt.step()
-        opt.zero_grad()
-        algo.step()
-    algo.flush()
+    model, algo = _train_mesh_reference(comm, cfg)
     return {"global": algo.global_state_dict(), "local": {k: v.clone() for k, v in model.state_dict().items()},
             "memory": algorithm_state_bytes(algo), "stats": comm.stats.totals()}
