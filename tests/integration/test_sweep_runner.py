@@ -36,3 +36,31 @@ def test_sweep_with_the_real_trainer_records_losses(tmp_path, token_cache):
         assert trained["method"] == r["method"]
         expected = (2, 1) if r["method"] == "streaming" else (1, 0)
         assert (trained["num_fragments"], trained["overlap_steps"]) == expected
+
+
+def test_a_run_killed_mid_sweep_resumes_when_the_sweep_restarts(tmp_path, token_cache):
+    """The sweep was killed while this run trained: its folder holds a checkpoint. Rerunning the record
+    resumes it (metrics continue from the checkpoint, one line per step) instead of failing on the folder."""
+    import pytest
+
+    from _hooks import CrashAfter, SimulatedCrash
+    from diloco.scaling.sweep import GridSpec, expand
+    from diloco.train.sweep_runner import config_from_record, run_config
+    from diloco.train.trainer import Trainer
+
+    grid = {"sizes": ["tiny"], "methods": ["diloco"], "replicas": [2], "inner_lr": [3e-3], "global_batch": [8],
+            "outer_lr": [0.7], "sync_every": [4], "tokens_per_param": 0.1, "runner": "train",
+            "base": {"vocab_size": 512, "seq_len": 32, "warmup_steps": 2, "eval_every": 1000, "eval_batches": 2,
+                     "checkpoint_every": 4, "runs_dir": str(tmp_path / "runs"), "cache_dir": str(token_cache)}}
+    (tmp_path / "grid.json").write_text(json.dumps(grid))
+    (record,) = expand(GridSpec.from_dict(grid))
+    cfg, run_dir, cache_dir = config_from_record(record)
+    assert cfg.total_steps > 6
+    with pytest.raises(SimulatedCrash):
+        Trainer(cfg, run_dir, cache_dir=cache_dir, progress=False,
+                callbacks=[CrashAfter(6, replicas=cfg.replicas)]).run()
+    result = run_config(record)
+    assert result["eval_loss"] < 6.0 and (run_dir / "summary.json").exists()
+    steps = [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert steps == list(range(1, cfg.total_steps + 1))  # resumed at step 4: 5 and 6 redone, none twice
+    assert run_config(record)["eval_loss"] == result["eval_loss"]  # finished: taken as it is

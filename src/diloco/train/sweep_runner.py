@@ -48,7 +48,9 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
     from diloco.models import count_params, make_config
 
     cfg, run_dir, cache_dir = config_from_record(config)
-    result = train(cfg, run_dir, cache_dir=cache_dir, progress=False)
+    # reuse: a sweep restarted after a kill finds this run's folder holding the run it was training;
+    # it resumes from its last checkpoint (or takes a finished one as it is) instead of failing on it.
+    result = train(cfg, run_dir, cache_dir=cache_dir, progress=False, reuse=True)
     mc = make_config(cfg.size, vocab_size=cfg.vocab_size, seq_len=cfg.seq_len)
     return {"eval_loss": result.final_eval_loss, "num_params": count_params(mc, embeddings=False),
             "wall_time_s": result.wall_time_s, "run_dir": str(run_dir)}
