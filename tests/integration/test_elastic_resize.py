@@ -99,3 +99,13 @@ def test_elastic_refuses_resume_and_overwrite(tmp_path: Path):
 
     with pytest.raises(ValueError, match="elastic launch resumes by itself"):
         plan_run_dir(tmp_path, _cfg(2), resume=True, elastic=True)
+
+
+def test_elastic_outside_torchrun_is_refused_before_anything_is_written(tmp_path: Path, capsys, monkeypatch):
+    from diloco.cli import main as cli_main
+
+    for var in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    assert cli_main(["train", "--preset", "tiny", "--elastic", "--out", str(tmp_path / "run")]) == 2
+    assert "--elastic needs a torchrun launch" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
