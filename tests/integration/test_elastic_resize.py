@@ -26,7 +26,8 @@ from diloco.train.trainer import Trainer
 
 def _cfg(replicas: int) -> TrainConfig:
     return TrainConfig.from_dict({**load_preset("tiny")["base"], **load_preset("tiny")["methods"]["streaming"],
-                                  "replicas": replicas, "global_batch": 12, "steps": 24, "checkpoint_every": 8, "threads": 1})
+                                  "replicas": replicas, "global_batch": 12, "steps": 24, "checkpoint_every": 8,
+                                  "threads": 1})
 
 
 def _elastic(out: Path, cache: Path, replicas: int):
@@ -73,7 +74,8 @@ def test_a_run_resumes_with_another_number_of_workers(tmp_path: Path, token_cach
             assert torch.equal(got["opt"]["state"][k]["exp_avg"], s["exp_avg"])
             assert float(got["opt"]["state"][k]["step"]) == float(s["step"]) == 8
         # the in-flight exchanges of the checkpoint are dropped, the same on every worker
-        assert got["dropped_in_flight"] == {int(p): int(e["started_at"]) for p, e in mine["algorithm"]["pending"].items()}
+        pending = mine["algorithm"]["pending"]
+        assert got["dropped_in_flight"] == {int(p): int(e["started_at"]) for p, e in pending.items()}
     # the rest of the epoch is dealt anew: disjoint shards, none of the windows read before the checkpoint
     read = set()
     for state in (r["sampler"] for r in saved["replicas"]):

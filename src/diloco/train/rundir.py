@@ -177,5 +177,6 @@ def clear_run(out_dir: Path) -> None:
 
 
 __all__ = [
-    "ELASTIC_KEYS", "RUNTIME_KEYS", "RUN_FILES", "RunDirPlan", "clear_run", "config_differences", "existing_run_files", "plan_run_dir",
+    "ELASTIC_KEYS", "RUNTIME_KEYS", "RUN_FILES", "RunDirPlan", "clear_run", "config_differences", "existing_run_files",
+    "plan_run_dir",
 ]

@@ -489,8 +489,8 @@ class Trainer:
         saved = ckpt.load_replica(self.out_dir, rep.rank if own else 0, step)
         algo_state = dict(saved["algorithm"])
         if algo_state.get("pending"):
-            algo_state["dropped_in_flight"] = {**algo_state.get("dropped_in_flight", {}),
-                                               **{int(p): int(e["started_at"]) for p, e in algo_state["pending"].items()}}
+            started = {int(p): int(e["started_at"]) for p, e in algo_state["pending"].items()}
+            algo_state["dropped_in_flight"] = {**algo_state.get("dropped_in_flight", {}), **started}
             algo_state["pending"] = {}
         rep.model.load_state_dict(saved["model"])
         rep.opt.load_state_dict(saved["optimizer"])
