@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from diloco.cli._common import add_config_args, cache_dir, load_preset, overrides, resolve
@@ -72,7 +73,13 @@ def run(args: argparse.Namespace) -> int:
     if args.elastic:  # M = this launch's number of workers
         from diloco.train.config import TrainConfig
 
-        cfg = TrainConfig.from_dict({**cfg.to_dict(), "replicas": read_env().world_size // cfg.ranks_per_worker})
+        env = read_env()
+        cfg = TrainConfig.from_dict({**cfg.to_dict(), "replicas": env.world_size // cfg.ranks_per_worker})
+        if env.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+            print("diloco: --elastic: a node joining this job will wait for the rendezvous until it times out "
+                  "(torch's shared rendezvous store); start the torchrun agents with "
+                  "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in their environment (docs/distributed.md, Elastic restarts)",
+                  file=sys.stderr, flush=True)
 
     # The world size is checked against replicas x ranks_per_worker before joining; workers x ranks layout;
     # timeouts; every communicator and the process group closed on the way out.
