@@ -184,7 +184,7 @@ def test_a_node_killed_and_a_node_joining_resume_by_themselves(tmp_path: Path, t
         joined = time.monotonic()
         resumed2, seen2 = _resumed(watch, logs["A"], inode, old=1, new=2)
         report["join_to_next_step_s"] = seen2 - joined
-        # seen by polling every 20 ms: the steps trained in the last poll interval before the restart may be missed
+        # seen by polling every 20 ms: steps trained in the last interval before the restart may be missed
         report["steps_redone_after_join_at_least"] = watch.max_step.get(inode, 0) - resumed2
         report["resumed_from_after_join"] = resumed2
         for name in ("A", "C"):
@@ -199,7 +199,7 @@ def test_a_node_killed_and_a_node_joining_resume_by_themselves(tmp_path: Path, t
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                _kill_node(proc)  # the agent and its worker: nothing left running
     print("elastic:", json.dumps(report))
     (tmp_path / "report.json").write_text(json.dumps(report))
 
