@@ -108,6 +108,8 @@ class StreamingDiLoCo(ReplicaAlgorithm):
             self.outer_optimizers.append(factory([g]))
         self.step_count = 0
         self._pending: dict[int, _Pending] = {}
+        # Exchanges dropped by an elastic restart (fragment -> step started): finished as skipped syncs.
+        self._dropped_in_flight: dict[int, int] = {}
 
     # -- the loop hooks (ReplicaAlgorithm) -----------------------------------
     def after_optimizer_step(self) -> list[SyncReport]:
@@ -120,7 +122,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
 
     def flush(self) -> list[SyncReport]:
         """Finish every exchange still in flight now (e.g. at the end of training)."""
-        return [self._finish(p, self.step_count) for p in sorted(self._pending)]
+        return [self._finish(p, self.step_count) for p in sorted(set(self._pending) | set(self._dropped_in_flight))]
 
     # -- one fragment's sync -------------------------------------------------
     @torch.no_grad()
@@ -134,6 +136,10 @@ class StreamingDiLoCo(ReplicaAlgorithm):
 
     @torch.no_grad()
     def _finish(self, p: int, t: int) -> SyncReport:
+        if p in self._dropped_in_flight:  # no exchange to wait for: merge with the unchanged global copy
+            g = self.global_flat[p]
+            merge_(local_shards(self.fragments[p].params), self._views(p), self.merge_alpha)
+            return SyncReport(t, p, self._dropped_in_flight.pop(p), g.numel(), 0, 0, skipped=True)
         pending = self._pending.pop(p)
         mean, dropped = pending.work.wait()
         g = self.global_flat[p]
@@ -198,11 +204,17 @@ class StreamingDiLoCo(ReplicaAlgorithm):
             "outer_optimizers": [o.state_dict() for o in self.outer_optimizers],
             "pending": {p: {"started_at": x.started_at, "payload": x.payload.clone()} for p, x in self._pending.items()},
             "comm_stats": self.comm.stats.state_dict(),
-        }
+        } | ({"dropped_in_flight": dict(self._dropped_in_flight)} if self._dropped_in_flight else {})
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore; in-flight exchanges are re-issued (every replica must load the same step)."""
+        """Restore; in-flight exchanges are re-issued (every replica must load the same step).
+
+        ``state["dropped_in_flight"]`` (fragment -> step started; an elastic restart moves ``pending``
+        there, as contributions encoded for the old peers cannot be exchanged with the new ones): those
+        fragments are not exchanged; at their finish step the local copy merges with the unchanged
+        global one (a skipped sync: the fragment loses one outer step).
+        """
         if len(state["global"]) != len(self.global_flat):
             raise ValueError(f"checkpoint has {len(state['global'])} fragments, this run has {len(self.global_flat)}")
         for g, saved in zip(self.global_flat, state["global"], strict=True):
@@ -213,6 +225,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
             opt.load_state_dict(saved)
         self.step_count = int(state["step"])
         self._pending = {}
+        self._dropped_in_flight = {int(p): int(v) for p, v in state.get("dropped_in_flight", {}).items()}
         for p in sorted(state["pending"]):
             entry = state["pending"][p]
             payload = entry["payload"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from diloco.cli._common import add_config_args, cache_dir, load_preset, overrides, resolve
@@ -36,6 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="replace the run --out holds (deletes its config.json, metrics.jsonl, summary.json, "
                         "checkpoints/ and tb/); without it such an --out is an error")
     p.add_argument("--device", default=None, help="torch device (default: cuda:LOCAL_RANK if available, else cpu)")
+    p.add_argument("--elastic", action="store_true",
+                   help="under torchrun --nnodes MIN:MAX --max-restarts K (TorchElastic): the number of replicas "
+                        "is the launch's (WORLD_SIZE / ranks_per_worker), and every (re)start resumes from the "
+                        "newest checkpoint in --out, even one written with another number of replicas, or starts "
+                        "the run if there is none (see docs/distributed.md, 'Elastic restarts')")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="under torchrun: seconds to wait for a peer before stopping with an error that names "
                         "the missing rank (default: 300)")
@@ -53,13 +59,27 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve(preset, args.method, overrides(args))
     name = Path(args.preset).stem
     out = args.out or Path("runs") / f"{name}-{args.method or cfg.method}"
+    if args.elastic and not _under_torchrun():
+        raise ValueError("--elastic needs a torchrun launch, e.g. `torchrun --nnodes 1:2 --max-restarts 3 "
+                         "--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29400 -m diloco train --elastic ...`")
     if not _under_torchrun():
         trainer = Trainer(cfg, out, cache_dir=cache_dir(args), progress=not args.no_progress,
                           device=args.device or "cpu")
         print(json.dumps(trainer.run(resume=args.resume, overwrite=args.overwrite).to_dict(), indent=2))
         return 0
 
-    from diloco.distributed.launch import setup_communicators
+    from diloco.distributed.launch import read_env, setup_communicators
+
+    if args.elastic:  # M = this launch's number of workers
+        from diloco.train.config import TrainConfig
+
+        env = read_env()
+        cfg = TrainConfig.from_dict({**cfg.to_dict(), "replicas": env.world_size // cfg.ranks_per_worker})
+        if env.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+            print("diloco: --elastic: a node joining this job will wait for the rendezvous until it times out "
+                  "(torch's shared rendezvous store); start the torchrun agents with "
+                  "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in their environment (docs/distributed.md, Elastic restarts)",
+                  file=sys.stderr, flush=True)
 
     # The world size is checked against replicas x ranks_per_worker before joining; workers x ranks layout;
     # timeouts; every communicator and the process group closed on the way out.
@@ -68,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         trainer = Trainer(cfg, out, cache_dir=cache_dir(args), progress=not args.no_progress,
                           device=str(comms.device))
         result = trainer.run_replica(comms.replica, resume=args.resume, overwrite=args.overwrite,
-                                     intra=comms.intra)
+                                     intra=comms.intra, elastic=args.elastic)
         if result is not None:
             print(json.dumps(result.to_dict(), indent=2))
     return 0

@@ -319,15 +319,28 @@ class ShardSampler:
                 f"{tokens.size} tokens make {tokens.size // span} windows of seq_len+1={span} tokens, "
                 f"{per_rank} per replica for world_size={world_size}: fewer than batch_size={batch_size}. "
                 f"Lower seq_len or the per-replica batch size, use fewer replicas, or add corpus sources")
-        if partition == "interleaved":
-            windows = np.arange(per_rank, dtype=np.int64) * self.world_size + self.rank
-        else:
-            windows = np.arange(per_rank, dtype=np.int64) + self.rank * per_rank
-        self.window_starts = windows * span  # sorted token offsets of this replica's windows
+        self._num_windows = tokens.size // span
         self.epoch = 0
         self.index = 0  # windows of the current epoch already read
+        # Re-cuts of the current epoch (elastic restarts): (world_size, index) of each earlier stage.
+        self.cuts: list[tuple[int, int]] = []
+        self._set_shard()
+
+    def _set_shard(self) -> None:
+        """This replica's windows for the current epoch (and stage), and their order cache reset."""
+        windows = np.arange(self._num_windows, dtype=np.int64)
+        for stage, (world, index) in enumerate(self.cuts):  # what earlier stages left unread
+            read = [_deal(windows, r, world, self.partition)[self._permutation(stage, r, world, windows)][:index]
+                    for r in range(world)]
+            windows = np.setdiff1d(windows, np.concatenate(read))
+        self.window_starts = _deal(windows, self.rank, self.world_size, self.partition) * (self.seq_len + 1)
         self._order_epoch = -1
         self._order = np.empty(0, dtype=np.int64)
+
+    def _permutation(self, stage: int, rank: int, world: int, windows: np.ndarray) -> np.ndarray:
+        size = _deal(windows, rank, world, self.partition).size
+        key = [self.seed, rank, self.epoch] + ([stage] if stage else [])  # stage 0: the order of a plain run
+        return np.random.default_rng(key).permutation(size)
 
     @property
     def tokens_per_batch(self) -> int:
@@ -339,8 +352,9 @@ class ShardSampler:
 
     def _epoch_order(self) -> np.ndarray:
         if self._order_epoch != self.epoch:
-            rng = np.random.default_rng([self.seed, self.rank, self.epoch])
-            self._order = rng.permutation(self.window_starts.size)
+            stage = len(self.cuts)
+            key = [self.seed, self.rank, self.epoch] + ([stage] if stage else [])
+            self._order = np.random.default_rng(key).permutation(self.window_starts.size)
             self._order_epoch = self.epoch
         return self._order
 
@@ -356,6 +370,9 @@ class ShardSampler:
             need -= take
             if self.index == order.size:  # a batch may straddle two epochs
                 self.epoch, self.index = self.epoch + 1, 0
+                if self.cuts:  # a re-cut lasts until the end of its epoch; then the usual partition
+                    self.cuts = []
+                    self._set_shard()
         return self.window_starts[np.concatenate(picked)]
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -363,23 +380,66 @@ class ShardSampler:
         return _gather(self.tokens, self.next_starts(), self.seq_len)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "rank": self.rank,
-                "world_size": self.world_size, "batch_size": self.batch_size, "seq_len": self.seq_len,
-                "num_tokens": int(self.tokens.size), "partition": self.partition}
+        state = {"epoch": self.epoch, "index": self.index, "seed": self.seed, "rank": self.rank,
+                 "world_size": self.world_size, "batch_size": self.batch_size, "seq_len": self.seq_len,
+                 "num_tokens": int(self.tokens.size), "partition": self.partition}
+        if self.cuts:  # only after a re-cut, so that states saved before elastic restarts existed are unchanged
+            state["cuts"] = [list(c) for c in self.cuts]
+        return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at a saved position; the sampler must be built with the same data and settings."""
-        for field in ("seed", "rank", "world_size", "batch_size", "seq_len", "num_tokens", "partition"):
+    def _check_same_data(self, state: dict[str, Any], fields: tuple[str, ...]) -> None:
+        for field in fields:
             mine = self.state_dict()[field]
             if state.get(field) != mine:
                 raise ValueError(f"sampler state has {field}={state.get(field)!r} but this sampler has {mine!r}; "
                                  f"resume with the data and settings the state was saved with")
-        epoch, index = state["epoch"], state["index"]
+
+    def _set_position(self, epoch: Any, index: Any, cuts: list[tuple[int, int]]) -> None:
+        self.epoch, self.cuts = epoch, cuts
+        self._set_shard()
         if not (isinstance(epoch, int) and epoch >= 0 and isinstance(index, int)
                 and 0 <= index < self.windows_per_epoch):
             raise ValueError(f"sampler state epoch={epoch!r}, index={index!r}: need epoch >= 0 and "
                              f"0 <= index < {self.windows_per_epoch}")
-        self.epoch, self.index = epoch, index
+        self.index = index
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at a saved position; the sampler must be built with the same data and settings."""
+        self._check_same_data(state, ("seed", "rank", "world_size", "batch_size", "seq_len", "num_tokens",
+                                      "partition"))
+        self._set_position(state["epoch"], state["index"], [tuple(c) for c in state.get("cuts", [])])
+
+    def recut_from(self, state: dict[str, Any]) -> None:
+        """Continue the epoch of a run of another number of replicas (an elastic restart): see below.
+
+        ``state`` is any one old replica's :meth:`state_dict` (all replicas read in lockstep, so they
+        hold the same epoch, index and cuts). The windows the old replicas read in this epoch are
+        computed from the seed, their number and ``index`` alone; the rest of the epoch is dealt
+        to the new replicas (this one is ``rank`` of ``world_size``) as the partition deals a
+        corpus, and read in a new seeded order. No window is read twice in the epoch, and none is
+        skipped but the fewer than ``world_size`` left over by equal shards. From the next epoch
+        on, the usual partition into ``world_size`` shards applies. With the same number of
+        replicas and batch size this is :meth:`load_state_dict`.
+        """
+        self._check_same_data(state, ("seed", "seq_len", "num_tokens", "partition"))
+        old_world, epoch, index = state["world_size"], state["epoch"], state["index"]
+        cuts = [tuple(c) for c in state.get("cuts", [])]
+        if old_world == self.world_size and state["batch_size"] == self.batch_size:
+            self._set_position(epoch, index, cuts)
+            return
+        if index > 0:  # a stage with nothing read yet leaves nothing to cut away
+            cuts.append((old_world, index))
+        self._set_position(epoch, 0, cuts)
+        if self.windows_per_epoch < self.batch_size:  # the rest of the epoch is too short: start the next
+            self._set_position(epoch + 1, 0, [])
+
+
+def _deal(windows: np.ndarray, rank: int, world: int, partition: Partition) -> np.ndarray:
+    """Replica ``rank``'s windows among ``world`` equal shards of the sorted ``windows`` (leftovers unread)."""
+    per = windows.size // world
+    if partition == "interleaved":
+        return windows[rank::world][:per]
+    return windows[rank * per:(rank + 1) * per]
 
 
 def eval_batches(tokens: np.ndarray, *, batch_size: int, seq_len: int,

@@ -35,6 +35,9 @@ RESUMABLE_CHANGES: tuple[str, ...] = ("steps", "tokens")
 #: Settings that do not change what is trained: two runs differing only in these are the same run.
 RUNTIME_KEYS: tuple[str, ...] = ("checkpoint_every", "keep_checkpoints", "tensorboard")
 
+#: Settings an elastic restart changes: the number of workers is the launch's (see docs/distributed.md).
+ELASTIC_KEYS: tuple[str, ...] = ("replicas",)
+
 Action = Literal["new", "overwrite", "resume", "finished"]
 
 
@@ -90,14 +93,21 @@ def _saved_config(out_dir: Path) -> dict[str, Any] | None:
 
 
 def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
-                 reuse: bool = False) -> RunDirPlan:
+                 reuse: bool = False, elastic: bool = False) -> RunDirPlan:
     """Decide what to do with ``out_dir`` without writing anything; a ValueError says why not and how to fix it.
 
     ``reuse`` (for compare and sweeps, which rerun a list of configs): a run of this same config
     is taken as it is when finished and resumed when interrupted (started again if it stopped
     before its first checkpoint); a run of another config is still an error.
+
+    ``elastic`` (a restart under TorchElastic): ``reuse`` where the number of workers (``replicas``)
+    may differ from the saved run's; the checkpoint's own number is in the plan's ``meta``.
     """
     out_dir = Path(out_dir)
+    extra = ELASTIC_KEYS if elastic else ()
+    if elastic and (resume or overwrite):
+        raise ValueError("an elastic launch resumes by itself: drop --resume / --overwrite (or --elastic)")
+    reuse = reuse or elastic
     if sum((resume, overwrite, reuse)) > 1:
         raise ValueError("--resume continues the run in --out, --overwrite replaces it (and reuse takes a "
                          "finished one as it is): choose one")
@@ -106,7 +116,7 @@ def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overw
     present = existing_run_files(out_dir)
     new = cfg.to_dict()
     if resume:
-        return _plan_resume(out_dir, cfg, present)
+        return _plan_resume(out_dir, cfg, present, extra)
     if not present:
         return RunDirPlan(out_dir, "new")
     if overwrite:
@@ -117,7 +127,7 @@ def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overw
     if saved is None:
         raise ValueError(f"--out {out_dir} already holds run files ({', '.join(present)}) without a config.json; "
                          f"{replace}")
-    diff = config_differences(saved, new, ignore=RUNTIME_KEYS)
+    diff = config_differences(saved, new, ignore=RUNTIME_KEYS + extra)
     if diff:
         raise ValueError(f"--out {out_dir} holds another run; its config differs in:\n  " + "\n  ".join(diff)
                          + f"\n{replace}")
@@ -125,7 +135,7 @@ def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overw
         if (out_dir / "summary.json").exists():
             return RunDirPlan(out_dir, "finished", notices=(f"reusing the finished run in {out_dir}",))
         if ckpt.checkpoint_dir(out_dir).exists():
-            return _plan_resume(out_dir, cfg, present)
+            return _plan_resume(out_dir, cfg, present, extra)
         return RunDirPlan(out_dir, "overwrite", notices=(f"{out_dir} holds this config, stopped before its first "
                                                           f"checkpoint: starting it again",))
     if (out_dir / "summary.json").exists():
@@ -135,10 +145,10 @@ def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overw
                      f"{replace}")
 
 
-def _plan_resume(out_dir: Path, cfg: TrainConfig, present: list[str]) -> RunDirPlan:
+def _plan_resume(out_dir: Path, cfg: TrainConfig, present: list[str], extra: tuple[str, ...] = ()) -> RunDirPlan:
     found = ckpt.find_resumable(out_dir)  # raises "nothing to resume" when there is no checkpoint
     saved = _with_defaults(found.meta.get("config", {}))
-    diff = config_differences(saved, cfg.to_dict(), ignore=RESUMABLE_CHANGES + RUNTIME_KEYS)
+    diff = config_differences(saved, cfg.to_dict(), ignore=RESUMABLE_CHANGES + RUNTIME_KEYS + extra)
     if diff:
         raise ValueError(f"--resume: the checkpoint in {out_dir} was written by a different config; it differs in:"
                          f"\n  " + "\n  ".join(diff) + f"\nresume with the same settings (see {out_dir}/config.json)")
@@ -167,5 +177,6 @@ def clear_run(out_dir: Path) -> None:
 
 
 __all__ = [
-    "RUNTIME_KEYS", "RUN_FILES", "RunDirPlan", "clear_run", "config_differences", "existing_run_files", "plan_run_dir",
+    "ELASTIC_KEYS", "RUNTIME_KEYS", "RUN_FILES", "RunDirPlan", "clear_run", "config_differences", "existing_run_files",
+    "plan_run_dir",
 ]

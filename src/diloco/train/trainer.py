@@ -176,6 +176,7 @@ class _Run:
     wall_before: float  # wall time of the run before this resume
     t0: float  # perf_counter when this process started the run
     threads: int | None = None  # torch intra-op threads per replica (in-process runs), kept across resumes
+    saved_replicas: int | None = None  # M of the checkpoint resumed from (differs after an elastic restart)
 
     def wall_time(self) -> float:
         return time.perf_counter() - self.t0 + self.wall_before
@@ -244,13 +245,14 @@ class Trainer:
         self.callbacks = tuple(callbacks)
 
     # -- setup ---------------------------------------------------------------
-    def plan(self, *, resume: bool = False, overwrite: bool = False, reuse: bool = False) -> RunDirPlan:
+    def plan(self, *, resume: bool = False, overwrite: bool = False, reuse: bool = False,
+             elastic: bool = False) -> RunDirPlan:
         """Check every setting and decide what to do with ``out_dir`` (see :func:`~diloco.train.rundir.plan_run_dir`).
 
         Reads only: a mistake found here leaves the run directory exactly as it was.
         """
         self._validate()
-        return plan_run_dir(self.out_dir, self.cfg, resume=resume, overwrite=overwrite, reuse=reuse)
+        return plan_run_dir(self.out_dir, self.cfg, resume=resume, overwrite=overwrite, reuse=reuse, elastic=elastic)
 
     def _validate(self) -> None:
         """What the config cannot check alone (it is validated when built): that the data sources exist,
@@ -291,7 +293,8 @@ class Trainer:
         meta = plan.meta or {}
         return _Run(data=inputs.data, val=inputs.val_batches, template=inputs.model, fragments=inputs.fragments,
                     start_step=plan.start_step,
-                    wall_before=float(meta.get("wall_time_s", 0.0)), t0=time.perf_counter())
+                    wall_before=float(meta.get("wall_time_s", 0.0)), t0=time.perf_counter(),
+                    saved_replicas=int(meta.get("num_replicas", cfg.replicas)))
 
     def _logger(self, start_step: int, resume: bool) -> MultiLogger:
         sinks: list[MetricLogger] = [JSONLSink(self.out_dir / "metrics.jsonl",
@@ -332,13 +335,17 @@ class Trainer:
         return self._finish(run, results[0])
 
     def run_replica(self, comm: Communicator, *, resume: bool = False, overwrite: bool = False,
-                    intra: Communicator | None = None) -> RunResult | None:
+                    intra: Communicator | None = None, elastic: bool = False) -> RunResult | None:
         """This process is one replica of ``comm``'s group (torchrun). Replica 0 logs and returns the result.
 
         With ``cfg.ranks_per_worker`` = R > 1, ``comm`` connects the workers (rank = worker index, e.g.
         :class:`~diloco.comm.mesh.WorkerCommunicator`, whose ``barrier`` spans every process) and
         ``intra`` the R ranks of this worker, over which gradients are averaged every step.
         Logged losses are those of replica 0's first rank (no extra collective per step to average them).
+
+        ``elastic`` (a restart under TorchElastic, the config's ``replicas`` set to the launch's): resume
+        from the newest checkpoint if there is one, even one written by another number of workers
+        (see :meth:`_restore_resized`), else start; no ``resume`` / ``overwrite``.
         """
         cfg = self.cfg
         R = cfg.ranks_per_worker
@@ -350,10 +357,13 @@ class Trainer:
                              f"{1 if intra is None else intra.world_size} ranks; launch replicas x ranks_per_worker "
                              f"= {cfg.replicas * R} processes")
         lead = comm.rank == 0 and (intra is None or intra.rank == 0)
-        plan = self.plan(resume=resume, overwrite=overwrite)  # every process decides the same, reading only
+        plan = self.plan(resume=resume, overwrite=overwrite, elastic=elastic)  # every process decides the same
         comm.barrier()  # ... before the lead writes anything
         if lead:
             _tell(plan.notices)
+            if elastic and plan.action == "resume":
+                _tell([f"elastic restart: resuming from step {plan.start_step} (written by "
+                       f"{(plan.meta or {}).get('num_replicas')} workers) with {cfg.replicas} workers"])
         if plan.action == "finished":
             return RunResult.from_dict(plan.summary) if lead else None
         run = self._prepare(plan, comm, lead)
@@ -395,7 +405,9 @@ class Trainer:
         """Every replica (thread or process) runs this: build, restore, then train step by step."""
         cfg = self.cfg
         rep = self._build_replica(comm, intra, run)
-        if run.start_step > 0:
+        if run.start_step > 0 and run.saved_replicas not in (None, cfg.replicas):
+            self._restore_resized(rep, run.start_step, run.saved_replicas)
+        elif run.start_step > 0:
             self._restore(rep, run.start_step)
         final_eval = float("nan")
         if rep.evaluates and run.start_step == cfg.total_steps:  # resumed at the end, before the summary
@@ -461,6 +473,32 @@ class Trainer:
         rep.algo.load_state_dict(mine["algorithm"])
         rep.sampler.load_state_dict(mine["sampler"])
         rep.dropped, rep.train_time = int(mine["dropped"]), float(mine["train_time_s"])
+
+    def _restore_resized(self, rep: _Replica, step: int, saved_replicas: int) -> None:
+        """Resume a checkpoint of ``saved_replicas`` workers with ``cfg.replicas`` (an elastic restart).
+
+        Global parameters and outer-optimizer state are the same in every file: each worker takes
+        them from its own. Worker r < saved_replicas keeps file r's local parameters and inner
+        optimizer; a worker beyond them starts from the global parameters with a copy of worker 0's
+        inner optimizer (AdamW moments and step count). In-flight exchanges are dropped on every
+        worker (their contributions were encoded for the old peers): each such fragment's next sync
+        starts from the saved global copy. The sampler re-cuts the rest of the epoch
+        (:meth:`~diloco.data.ShardSampler.recut_from`).
+        """
+        own = rep.rank < saved_replicas
+        saved = ckpt.load_replica(self.out_dir, rep.rank if own else 0, step)
+        algo_state = dict(saved["algorithm"])
+        if algo_state.get("pending"):
+            started = {int(p): int(e["started_at"]) for p, e in algo_state["pending"].items()}
+            algo_state["dropped_in_flight"] = {**algo_state.get("dropped_in_flight", {}), **started}
+            algo_state["pending"] = {}
+        rep.model.load_state_dict(saved["model"])
+        rep.opt.load_state_dict(saved["optimizer"])
+        rep.algo.load_state_dict(algo_state)
+        if not own:
+            rep.model.load_state_dict(rep.algo.global_state_dict())
+        rep.sampler.recut_from(saved["sampler"])
+        rep.dropped, rep.train_time = int(saved["dropped"]), float(saved["train_time_s"])
 
     def _train_step(self, rep: _Replica, step: int) -> _StepOutcome:
         """One inner step: batch, forward/backward, gradient syncs, optimizer step, then the algorithm's syncs."""
