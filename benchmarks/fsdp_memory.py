@@ -27,7 +27,8 @@ import torch
 def rank_fn(comm, cfg: dict) -> dict:
     import torch.distributed as dist
 
-    from diloco.algorithm.streaming import StreamingDiLoCo, local_shard
+    from diloco.algorithm.base import local_shard
+    from diloco.algorithm.streaming import StreamingDiLoCo
     from diloco.comm.mesh import build_layout
     from diloco.models import Transformer, make_config
 
@@ -45,7 +46,7 @@ def rank_fn(comm, cfg: dict) -> dict:
     else:
         xcomm = layout.communicator(timeout_s=120)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    algo = StreamingDiLoCo(model, opt, comm=xcomm, sync_every=cfg["P"], num_fragments=cfg["P"], codec="fp32")
+    algo = StreamingDiLoCo(model, comm=xcomm, sync_every=cfg["P"], num_fragments=cfg["P"], codec="fp32")
     gen = torch.Generator().manual_seed(dist.get_rank())
     for _ in range(2 * cfg["P"]):
         x = torch.randint(0, cfg["vocab"], (2, cfg["seq"]), generator=gen)
