@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from diloco.data.corpus import SOURCES, Document, load_documents, normalize_text
+from diloco.data.corpus import CORPORA, SOURCES, Document, load_documents, normalize_text
 from diloco.data.shards import TokenData, prepare_tokens
 from diloco.data.tokenizer import load_tokenizer_file
 
@@ -201,7 +201,7 @@ def load_token_files(specs: Sequence[str], *, vocab_size: int, val_fraction: flo
 
 
 def _is_bundled(spec: str) -> bool:
-    return spec in SOURCES and not Path(spec).exists()
+    return (spec in SOURCES or spec in CORPORA) and not Path(spec).exists()
 
 
 def check_sources(sources: Sequence[str]) -> None:
