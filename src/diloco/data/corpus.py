@@ -21,6 +21,7 @@ is the text in the package.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib.util
 import json
@@ -65,10 +66,19 @@ class _Source:
     path: str = ""  # a Debian source's data directory; empty: a pip package found with find_spec
 
     def locate(self) -> Path | None:
-        """The data directory, or None when the package is not installed."""
+        """The data directory, or None when the package is not installed.
+
+        A Debian path may hold a ``*`` for the version (``linux-doc-*``): the newest installed is used.
+        """
         if self.path:
-            return Path(self.path) if Path(self.path).exists() else None
+            found = [Path(p) for p in glob.glob(self.path) if Path(p).is_dir()]
+            return max(found, key=_version_key) if found else None
         return _find_package_dir(self.package)
+
+
+def _version_key(path: Path) -> list[tuple[int, int | str]]:
+    """Natural order of paths (linux-doc-6.10 after linux-doc-6.9)."""
+    return [(1, int(t)) if t.isdigit() else (0, t) for t in re.split(r"(\d+)", str(path))]
 
 
 def _find_package_dir(package: str) -> Path | None:
@@ -195,12 +205,12 @@ SOURCES: dict[str, _Source] = {
         package="dict-gcide", install=f"{_APT} dict-gcide", load=_debian("load_gcide"),
         licence="GPL-2+ (GCIDE, from Webster's 1913, public domain, and WordNet 1.5)", path="/usr/share/dictd"),
     "linux-doc": _Source(
-        package="linux-doc-6.1", install=f"{_APT} linux-doc-6.1", load=_debian("load_linux_doc"),
+        package="linux-doc", install=f"{_APT} linux-doc", load=_debian("load_linux_doc"),
         licence="GPL-2 (most files; a few dual-licensed, see the package's copyright file)",
-        path="/usr/share/doc/linux-doc-6.1/Documentation"),
+        path="/usr/share/doc/linux-doc-*/Documentation"),
     "python-doc": _Source(
-        package="python3.11-doc", install=f"{_APT} python3.11-doc", load=_debian("load_python_doc"),
-        licence="PSF License (Python documentation)", path="/usr/share/doc/python3.11/html/_sources"),
+        package="python3-doc", install=f"{_APT} python3-doc", load=_debian("load_python_doc"),
+        licence="PSF License (Python documentation)", path="/usr/share/doc/python3.*/html/_sources"),
     "jargon": _Source(
         package="jargon-text", install=f"{_APT} jargon-text", load=_debian("load_jargon"),
         licence="GPL-2+ (the Jargon File 4.4.7)", path="/usr/share/doc/jargon-text"),

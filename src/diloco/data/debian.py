@@ -9,10 +9,10 @@ and licences are registered in :data:`diloco.data.corpus.SOURCES` and described 
   entries in the dictionary's order. Entries are found through the dictd index (headword, offset,
   length in dictd's base-64); the ``00-database-*`` header entries are left out. Three lines of
   the file are not UTF-8: decoded with U+FFFD replacement.
-* ``linux-doc`` (``linux-doc-6.1``): the kernel's documentation, one document per ``.rst`` / ``.txt``
+* ``linux-doc`` (``linux-doc``; Debian 12: ``linux-doc-6.1``): the kernel's documentation, one document per ``.rst`` / ``.txt``
   file under ``Documentation/`` (gzipped), in path order. Device-tree YAML schemas, SVG and the
   rendered HTML are left out: they are data, not prose.
-* ``python-doc`` (``python3.11-doc``): the Python documentation's reStructuredText sources
+* ``python-doc`` (``python3-doc``; Debian 12: ``python3.11-doc``): the Python documentation's reStructuredText sources
   (``html/_sources/**/*.rst.txt``), one document per page.
 * ``jargon`` (``jargon-text``): the Jargon File 4.4.7, one document.
 * ``fortunes`` (``fortunes``, ``fortunes-min``): the fortune cookie files, one document per file
@@ -81,7 +81,7 @@ def _read_maybe_gz(path: Path) -> str:
 
 
 def load_linux_doc(root: Path) -> list[Document]:
-    """``root`` = /usr/share/doc/linux-doc-6.1/Documentation: every .rst/.txt file (gzipped or not)."""
+    """``root`` = /usr/share/doc/linux-doc-<version>/Documentation: every .rst/.txt file (gzipped or not)."""
     _need(root, "linux-doc")
     suffixes = (".rst", ".txt", ".rst.gz", ".txt.gz")
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith(suffixes))
@@ -90,7 +90,7 @@ def load_linux_doc(root: Path) -> list[Document]:
 
 
 def load_python_doc(root: Path) -> list[Document]:
-    """``root`` = /usr/share/doc/python3.11/html/_sources: the .rst.txt page sources."""
+    """``root`` = /usr/share/doc/python3.<minor>/html/_sources: the .rst.txt page sources."""
     _need(root, "python-doc")
     files = sorted(p for p in root.rglob("*.rst.txt") if p.is_file())
     return [Document(str(p.relative_to(root)).removesuffix(".txt"), "python-doc",
