@@ -33,6 +33,7 @@ def _final(out_dir):
     return state["replicas"], json.loads((out_dir / "summary.json").read_text())["final_eval_loss"]
 
 
+@pytest.mark.slow  # ~35 s on 2 cores with a cold inductor cache (the compilation), ~10 s warm
 def test_compiled_run_matches_eager_and_resumes_exactly(tmp_path, cache):
     train(tiny(), tmp_path / "eager", cache_dir=cache, progress=False)
     eager_reps, eager_loss = _final(tmp_path / "eager")

@@ -118,6 +118,14 @@ def test_missing_debian_source_names_package_and_apt_command(monkeypatch, tmp_pa
         load_gcide(tmp_path)  # a package that looks incomplete says how to reinstall it
 
 
+def test_versioned_debian_paths_pick_the_newest(tmp_path, monkeypatch):
+    for version in ("6.1", "6.9", "6.10"):
+        (tmp_path / f"linux-doc-{version}" / "Documentation").mkdir(parents=True)
+    src = dataclasses.replace(SOURCES["linux-doc"], path=str(tmp_path / "linux-doc-*" / "Documentation"))
+    assert src.locate() == tmp_path / "linux-doc-6.10" / "Documentation"  # natural order: 6.10 after 6.9
+    assert dataclasses.replace(src, path=str(tmp_path / "nothing-*")).locate() is None
+
+
 def test_corpus_names_expand_to_their_sources():
     assert expand_sources(["small"]) == ["shakespeare", "bible"]
     assert expand_sources(["large"])[:2] == ["shakespeare", "bible"] and set(CORPORA["large"]) <= set(SOURCES)
