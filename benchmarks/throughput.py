@@ -99,7 +99,7 @@ def levers(args: argparse.Namespace) -> None:
         for name in LEVERS:
             # the loss against fp32's of the same seed: the lever's effect; fp32's spread over seeds: the noise
             dl = [a - b for a, b in zip(loss[name], loss["fp32"])]
-            rows.append({"config": name, "tokens_per_s": statistics.median(tps[name]),
+            rows.append({"config": name, "tokens_per_s": statistics.median(tps[name]), "tokens_per_s_rounds": tps[name],
                          "speedup": statistics.median(tps[name]) / fp32, "final_eval_loss": loss[name],
                          "loss_minus_fp32_same_seed": dl})
         noise = max(loss["fp32"]) - min(loss["fp32"]) if args.rounds > 1 else None
