@@ -81,7 +81,8 @@ def resolve_paths(spec: str) -> list[Path]:
             raise ValueError(f"source {spec!r}: unknown file type {path.suffix or '(none)'!r}; text must be "
                              f".txt/.md/.jsonl (UTF-8) and token files .bin/.npy")
         return [path]
-    bundled = f"; the bundled sources are {', '.join(sorted(SOURCES))}" if "/" not in spec and "." not in spec else ""
+    bundled = (f"; the bundled sources are {', '.join(sorted(SOURCES))} (mixes: {', '.join(sorted(CORPORA))})"
+               if "/" not in spec and "." not in spec else "")
     raise ValueError(f"source {spec!r}: no such file or folder{bundled}; give an existing file, folder or glob "
                      f"(e.g. 'data/*.txt')")
 
