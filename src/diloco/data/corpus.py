@@ -17,6 +17,11 @@ running its ``__init__`` (``bible/__init__`` imports the deprecated ``pkg_resour
 
 Normalisation is deliberately minimal (see :func:`normalize_text`) so that the text the model sees
 is the text in the package.
+
+A larger corpus for longer runs comes from Debian packages (``gcide``, ``linux-doc``, ``python-doc``,
+``jargon``, ``fortunes``: :mod:`diloco.data.debian`), which ``make setup`` installs as root. Named mixes
+(:data:`CORPORA`): ``small`` = the two texts above (the default), ``large`` = all seven, 32.2M tokens at
+vocab 4096 (docs/data.md).
 """
 
 from __future__ import annotations
