@@ -5,11 +5,16 @@ PY := $(VENV)/bin/python
 RUN := LD_PRELOAD=$$(ls /usr/lib/*/libtcmalloc_minimal.so.4 2>/dev/null | head -n 1) $(PY)
 
 .PHONY: setup corpus demo test bench clean
-setup: $(VENV)/.installed corpus
+setup: $(VENV)/.installed $(VENV)/.corpus
 
 # The larger corpus (sources=large, docs/data.md): texts from Debian packages, installed with apt as root
 # (about 10 s and 67 MB of downloads here; skip it with `make setup CORPUS_DEBS=`). The demo and tests need none.
+# Tried once per virtualenv (the stamp); `make corpus` tries again.
 CORPUS_DEBS ?= dict-gcide linux-doc python3-doc jargon-text fortunes
+$(VENV)/.corpus: | $(VENV)/.installed
+	@$(MAKE) --no-print-directory corpus CORPUS_DEBS="$(CORPUS_DEBS)"
+	@touch $@
+
 corpus:
 	@[ -z "$(CORPUS_DEBS)" ] || dpkg -s $(CORPUS_DEBS) >/dev/null 2>&1 || ( command -v apt-get >/dev/null && \
 		[ "$$(id -u)" = 0 ] && (DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(CORPUS_DEBS) >/dev/null 2>&1 || \
