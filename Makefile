@@ -4,8 +4,23 @@ PY := $(VENV)/bin/python
 # tcmalloc speeds up small-tensor CPU training here (see README, Performance); preloaded when present.
 RUN := LD_PRELOAD=$$(ls /usr/lib/*/libtcmalloc_minimal.so.4 2>/dev/null | head -n 1) $(PY)
 
-.PHONY: setup demo test bench clean
-setup: $(VENV)/.installed
+.PHONY: setup corpus demo test bench clean
+setup: $(VENV)/.installed $(VENV)/.corpus
+
+# The larger corpus (sources=large, docs/data.md): texts from Debian packages, installed with apt as root
+# (about 10 s and 67 MB of downloads here; skip it with `make setup CORPUS_DEBS=`). The demo and tests need none.
+# Tried once per virtualenv (the stamp); `make corpus` tries again.
+CORPUS_DEBS ?= dict-gcide linux-doc python3-doc jargon-text fortunes
+$(VENV)/.corpus: | $(VENV)/.installed
+	@$(MAKE) --no-print-directory corpus CORPUS_DEBS="$(CORPUS_DEBS)"
+	@touch $@
+
+corpus:
+	@[ -z "$(CORPUS_DEBS)" ] || dpkg -s $(CORPUS_DEBS) >/dev/null 2>&1 || ( command -v apt-get >/dev/null && \
+		[ "$$(id -u)" = 0 ] && (DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(CORPUS_DEBS) >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(CORPUS_DEBS) \
+		>/dev/null 2>&1)) && echo "installed the large corpus' Debian packages ($(CORPUS_DEBS))" ) || \
+		echo "large corpus not installed (optional; needs apt as root): apt-get install --no-install-recommends $(CORPUS_DEBS)"
 
 $(VENV)/.installed: pyproject.toml requirements-dev.txt
 	python3 -m venv $(VENV)

@@ -139,7 +139,7 @@ def test_overwrite_replaces_a_run_deliberately(tmp_path, token_cache):
     ("size=huge", "size='huge': choose one of"),
     ("dp_codec=nope", "dp_codec='nope': choose one of"),
     ("num_fragments=5", "num_fragments=5 needs 4 block fragments but size='tiny' has 3 blocks"),
-    ("sources=shakespeare,nope", "source 'nope': no such file or folder; the bundled sources are bible, shakespeare"),
+    ("sources=shakespeare,nope", "source 'nope': no such file or folder; the bundled sources are bible, fortunes, gcide"),
 ])
 def test_bad_settings_are_reported_before_the_directory_is_made(tmp_path, token_cache, capsys, setting, message):
     out = tmp_path / "never"

@@ -180,7 +180,7 @@ def _bad_cases(tmp: Path, user) -> list[tuple[str, list[str], str]]:
         ("ids >= vocab", ["--set", f"sources={tmp / 'ids.bin'}", "--set", "vocab_size=512"],
          r"ids.bin holds token id 599, which is >= vocab_size=512; set vocab_size to at least 600"),
         ("unknown source", ["--set", "sources=shakespear"], r"'shakespear': no such file or folder; the bundled "
-                                                            r"sources are bible, shakespeare"),
+                                                            r"sources are bible, fortunes, gcide"),
         ("too small for validation", ["--set", f"sources={tmp / 'short.txt'}"],
          r"validation split of \d+ tokens .* fewer than batch_size=8; raise val_fraction or lower seq_len"),
         ("too small for one batch", ["--set", f"sources={tmp / 'nano'}", "--set", "vocab_size=4096"],

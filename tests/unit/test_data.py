@@ -123,7 +123,7 @@ def test_missing_source_names_package_and_install_command(monkeypatch, source, c
     assert isinstance(info.value, ValueError)
 
 
-@pytest.mark.parametrize("sources, match", [(("gcide",), "unknown corpus source 'gcide'; available: bible"),
+@pytest.mark.parametrize("sources, match", [(("wikipedia",), "unknown corpus source 'wikipedia'; available: bible"),
                                             (("bible", "bible"), "repeats"), ((), "at least one"),
                                             ("bible", "sequence of names")])
 def test_bad_source_lists(sources, match):

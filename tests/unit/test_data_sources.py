@@ -132,7 +132,7 @@ def test_bad_sources_name_the_value_and_the_fix(tmp_path):
     (tmp_path / "data.csv").write_text("a,b\n", encoding="utf-8")
     cases.append(([str(tmp_path / "data.csv")], r"unknown file type '.csv'.*\.txt/\.md/\.jsonl"))
     cases.append(([str(tmp_path / "*.parquet")], r"the glob matches no .*check the pattern"))
-    cases.append((["shakespear"], r"'shakespear': no such file or folder; the bundled sources are bible, shakespeare"))
+    cases.append((["shakespear"], r"'shakespear': no such file or folder; the bundled sources are bible, fortunes, gcide"))
     np.arange(10, dtype=np.uint16).tofile(tmp_path / "t.bin")
     cases.append(([str(tmp_path / "t.bin"), "bible"], r"cannot be mixed with text"))
     for sources, message in cases:

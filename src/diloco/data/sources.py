@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from diloco.data.corpus import SOURCES, Document, load_documents, normalize_text
+from diloco.data.corpus import CORPORA, SOURCES, Document, load_documents, normalize_text
 from diloco.data.shards import TokenData, prepare_tokens
 from diloco.data.tokenizer import load_tokenizer_file
 
@@ -81,7 +81,8 @@ def resolve_paths(spec: str) -> list[Path]:
             raise ValueError(f"source {spec!r}: unknown file type {path.suffix or '(none)'!r}; text must be "
                              f".txt/.md/.jsonl (UTF-8) and token files .bin/.npy")
         return [path]
-    bundled = f"; the bundled sources are {', '.join(sorted(SOURCES))}" if "/" not in spec and "." not in spec else ""
+    bundled = (f"; the bundled sources are {', '.join(sorted(SOURCES))} (mixes: {', '.join(sorted(CORPORA))})"
+               if "/" not in spec and "." not in spec else "")
     raise ValueError(f"source {spec!r}: no such file or folder{bundled}; give an existing file, folder or glob "
                      f"(e.g. 'data/*.txt')")
 
@@ -201,7 +202,7 @@ def load_token_files(specs: Sequence[str], *, vocab_size: int, val_fraction: flo
 
 
 def _is_bundled(spec: str) -> bool:
-    return spec in SOURCES and not Path(spec).exists()
+    return (spec in SOURCES or spec in CORPORA) and not Path(spec).exists()
 
 
 def check_sources(sources: Sequence[str]) -> None:

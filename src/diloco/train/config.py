@@ -68,7 +68,8 @@ class TrainConfig:
     checkpoint_every: int = -1  # steps; -1 = auto (see checkpoint_interval), 0 = only at the end
     keep_checkpoints: int = 2  # K: the last K checkpoints are kept (an unreadable latest falls back)
     seed: int = 0
-    bf16: bool = False
+    bf16: bool = False  # bf16 autocast of forward and loss (weights, grads and optimizer state stay fp32)
+    compile: bool = False  # torch.compile each replica's model in place (diloco.train.speed); names unchanged
     threads: int = 0  # torch intra-op threads per replica; 0 = auto (diloco.train.threads.default_threads)
     val_fraction: float = 0.02
     tensorboard: bool = False

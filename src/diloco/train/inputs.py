@@ -51,6 +51,7 @@ def prepare_inputs(cfg: Any, cache_dir: Path | str) -> Inputs:
     """Data, validation batches, the seeded model and its fragments for ``cfg`` (a TrainConfig)."""
     from diloco.data import ShardSampler, eval_batches, prepare_data
     from diloco.models.factory import build_model, check_model
+    from diloco.train.speed import unwrap_compiled
 
     check_model(cfg.model)  # a bad model string, config or factory fails before any data work
     data = prepare_data(cfg.sources, vocab_size=cfg.vocab_size, cache_dir=cache_dir, val_fraction=cfg.val_fraction,
@@ -62,4 +63,5 @@ def prepare_inputs(cfg: Any, cache_dir: Path | str) -> Inputs:
                  seq_len=cfg.seq_len, seed=cfg.seed)  # raises when a replica's shard holds less than one batch
     model = build_model(cfg.model, size=cfg.size, vocab_size=data.vocab_size, seq_len=cfg.seq_len, seed=cfg.seed,
                         z_loss=cfg.z_loss)
+    model = unwrap_compiled(model)  # a torch.compile wrapper's names carry `_orig_mod.`: use the module's own
     return Inputs(data, val, model, run_fragments(cfg, model))

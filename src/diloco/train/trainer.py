@@ -44,6 +44,7 @@ from diloco.train.config import TrainConfig
 from diloco.files import write_json
 from diloco.train.metrics import JSONLSink, MetricLogger, MultiLogger, TensorBoardSink
 from diloco.train.rundir import RunDirPlan, clear_run, plan_run_dir
+from diloco.train.speed import compile_in_place, tcmalloc_notice
 from diloco.train.threads import default_threads
 
 
@@ -316,7 +317,7 @@ class Trainer:
                              f"{cfg.replicas * cfg.ranks_per_worker} processes with torchrun, "
                              f"or set ranks_per_worker=1")
         plan = self.plan(resume=resume, overwrite=overwrite, reuse=reuse)
-        _tell(plan.notices)
+        _tell([*plan.notices, *_speed_notices(self.device)])
         if plan.action == "finished":
             return RunResult.from_dict(plan.summary)
         run = self._prepare(plan)
@@ -360,7 +361,7 @@ class Trainer:
         plan = self.plan(resume=resume, overwrite=overwrite, elastic=elastic)  # every process decides the same
         comm.barrier()  # ... before the lead writes anything
         if lead:
-            _tell(plan.notices)
+            _tell([*plan.notices, *_speed_notices(self.device)])
             if elastic and plan.action == "resume":
                 _tell([f"elastic restart: resuming from step {plan.start_step} (written by "
                        f"{(plan.meta or {}).get('num_replicas')} workers) with {cfg.replicas} workers"])
@@ -439,6 +440,8 @@ class Trainer:
         local = 0 if intra is None else intra.rank
         model = copy.deepcopy(run.template).to(dev)
         eval_model = copy.deepcopy(model) if comm.rank == 0 and local == 0 else None
+        if cfg.compile:  # in place: parameter names (fragments, checkpoints, global state) stay the same
+            compile_in_place(model)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2),
                                 weight_decay=cfg.weight_decay)
         algo = self._algorithm(model, comm, run.fragments)
@@ -571,6 +574,11 @@ def _tell(notices: Sequence[str]) -> None:
     """What the user must know about their run directory (a skipped checkpoint, a finished run)."""
     for line in notices:
         print(f"diloco: {line}", file=sys.stderr, flush=True)
+
+
+def _speed_notices(device: torch.device) -> list[str]:
+    notice = tcmalloc_notice(device)
+    return [notice] if notice else []
 
 
 def _dropped(reports: list[SyncReport]) -> int:
