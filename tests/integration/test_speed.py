@@ -50,7 +50,7 @@ def test_compiled_run_matches_eager_and_resumes_exactly(tmp_path, cache):
     # interrupted after step 7 (checkpoint at 6), resumed: bit-identical to the uninterrupted compiled run
     cut = tmp_path / "cut"
     with pytest.raises(SimulatedCrash):
-        Trainer(tiny(compile=True), cut, cache_dir=cache, progress=False, callbacks=[CrashAfter(7)]).run()
+        Trainer(tiny(compile=True), cut, cache_dir=cache, progress=False, callbacks=[CrashAfter(7, replicas=2)]).run()
     assert ckpt.latest_meta(cut)["step"] == 6
     resumed = Trainer(tiny(compile=True), cut, cache_dir=cache, progress=False).run(resume=True)
     cut_reps, _ = _final(cut)
