@@ -47,7 +47,9 @@ def test_compiled_run_matches_eager_and_resumes_exactly(tmp_path, cache):
         for ge, gc in zip(re_["algorithm"]["global"], rc["algorithm"]["global"]):
             torch.testing.assert_close(gc, ge, rtol=1e-4, atol=1e-5)
     assert full_loss == pytest.approx(eager_loss, rel=1e-4)
-    # interrupted after step 7 (checkpoint at 6), resumed: bit-identical to the uninterrupted compiled run
+    # interrupted after step 7 (checkpoint at 6), resumed: the same run as the uninterrupted compiled one,
+    # within float tolerance. Not bit for bit: compiled CPU kernels were seen to differ in the last bits
+    # between runs (1 run in 3 here), unlike the eager trainer, whose resume tests stay bit-identical.
     cut = tmp_path / "cut"
     with pytest.raises(SimulatedCrash):
         Trainer(tiny(compile=True), cut, cache_dir=cache, progress=False, callbacks=[CrashAfter(7, replicas=2)]).run()
@@ -56,10 +58,10 @@ def test_compiled_run_matches_eager_and_resumes_exactly(tmp_path, cache):
     cut_reps, _ = _final(cut)
     for rf, rc in zip(full_reps, cut_reps):
         for k in rf["model"]:
-            assert torch.equal(rf["model"][k], rc["model"][k]), k
+            torch.testing.assert_close(rc["model"][k], rf["model"][k], rtol=1e-4, atol=1e-5, msg=k)
         for gf, gc in zip(rf["algorithm"]["global"], rc["algorithm"]["global"]):
-            assert torch.equal(gf, gc)
-    assert resumed.final_eval_loss == full_loss
+            torch.testing.assert_close(gc, gf, rtol=1e-4, atol=1e-5)
+    assert resumed.final_eval_loss == pytest.approx(full_loss, rel=1e-4)
 
 
 def test_compile_keeps_parameter_names_and_unwrap_restores_them():

@@ -23,9 +23,8 @@ import contextlib
 import copy
 import math
 import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -45,6 +44,7 @@ from diloco.files import write_json
 from diloco.train.metrics import JSONLSink, MetricLogger, MultiLogger, TensorBoardSink
 from diloco.train.rundir import RunDirPlan, clear_run, plan_run_dir
 from diloco.train.speed import compile_in_place, tcmalloc_notice
+from diloco.train.step_log import StepTable, progress_bar, update_bar
 from diloco.train.threads import default_threads
 
 
@@ -87,41 +87,6 @@ class RunResult:
         d["out_dir"] = Path(d["out_dir"])
         d["final_eval_loss"] = float("nan") if d.get("final_eval_loss") is None else float(d["final_eval_loss"])
         return cls(**{f: d[f] for f in cls.__dataclass_fields__})
-
-
-class _StepTable:
-    """Collects each replica's per-step record; logs one merged row once all M have reported."""
-
-    def __init__(self, num_replicas: int, logger: MetricLogger, on_row: Callable[[dict], None]) -> None:
-        self.m = num_replicas
-        self.logger = logger
-        self.on_row = on_row
-        self._rows: dict[int, list[dict]] = {}
-        self._lock = threading.Lock()
-
-    def add(self, rank: int, step: int, record: dict[str, Any]) -> None:
-        with self._lock:
-            parts = self._rows.setdefault(step, [])
-            parts.append(record | {"rank": rank})
-            if len(parts) < self.m:
-                return
-            del self._rows[step]
-            row = merge_step_records(parts)
-            self.logger.log(row)
-            self.on_row(row)
-
-
-def merge_step_records(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """One row per step: mean loss over replicas, global tokens, replica 0's byte counters."""
-    parts = sorted(parts, key=lambda r: r["rank"])
-    first = parts[0]
-    row = {k: v for k, v in first.items() if k not in ("rank", "loss", "step_time_s", "compute_time_s", "tokens")}
-    row["loss"] = sum(p["loss"] for p in parts) / len(parts)
-    row["tokens"] = sum(p["tokens"] for p in parts)
-    row["step_time_s"] = max(p["step_time_s"] for p in parts)
-    row["compute_time_s"] = max(p["compute_time_s"] for p in parts)
-    row["tokens_per_s"] = row["tokens"] / row["step_time_s"] if row["step_time_s"] > 0 else None
-    return row
 
 
 def build_model(cfg: TrainConfig, vocab_size: int) -> torch.nn.Module:
@@ -322,8 +287,8 @@ class Trainer:
             return RunResult.from_dict(plan.summary)
         run = self._prepare(plan)
         logger = self._logger(run.start_step, plan.action == "resume")
-        bar = _progress_bar(self.progress, cfg.total_steps, run.start_step, cfg.method)
-        table = _StepTable(cfg.replicas, logger, lambda row: _update_bar(bar, row))
+        bar = progress_bar(self.progress, cfg.total_steps, run.start_step, cfg.method)
+        table = StepTable(cfg.replicas, logger, lambda row: update_bar(bar, row))
         # Chosen once per run and kept on resume: the thread count can change float reduction order.
         run.threads = cfg.threads or int((plan.meta or {}).get("threads") or default_threads(cfg.replicas))
         torch.set_num_threads(run.threads)
@@ -369,8 +334,8 @@ class Trainer:
             return RunResult.from_dict(plan.summary) if lead else None
         run = self._prepare(plan, comm, lead)
         logger = self._logger(run.start_step, plan.action == "resume") if lead else MultiLogger()
-        bar = _progress_bar(self.progress and lead, cfg.total_steps, run.start_step, cfg.method)
-        table = _StepTable(1, logger, lambda row: _update_bar(bar, row))
+        bar = progress_bar(self.progress and lead, cfg.total_steps, run.start_step, cfg.method)
+        table = StepTable(1, logger, lambda row: update_bar(bar, row))
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         try:
@@ -401,7 +366,7 @@ class Trainer:
         return result
 
     # -- one replica ---------------------------------------------------------
-    def _replica_loop(self, comm: Communicator, *, run: _Run, table: _StepTable, logger: MetricLogger,
+    def _replica_loop(self, comm: Communicator, *, run: _Run, table: StepTable, logger: MetricLogger,
                       intra: Communicator | None = None) -> dict[str, Any]:
         """Every replica (thread or process) runs this: build, restore, then train step by step."""
         cfg = self.cfg
@@ -583,20 +548,6 @@ def _speed_notices(device: torch.device) -> list[str]:
 
 def _dropped(reports: list[SyncReport]) -> int:
     return sum(len(r.dropped_replicas) for r in reports)
-
-
-def _progress_bar(enabled: bool, total: int, initial: int, desc: str):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True, leave=True)
-
-
-def _update_bar(bar, row: dict) -> None:
-    if bar is not None:
-        bar.update(1)
-        bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s'] or 0:.0f}", refresh=False)
 
 
 def train(cfg: TrainConfig, out_dir: Path, *, cache_dir: Path, resume: bool = False, overwrite: bool = False,
