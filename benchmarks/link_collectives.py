@@ -8,13 +8,30 @@ each pattern moving ``--shard-mb`` per peer, medians of 3 after a barrier:
 
 * one pairwise round: every rank sends one shard to rank+1 and receives one from rank-1;
 * the same round with 3 shards in one message (one connection, 3x the bytes);
-* M-1 pairwise rounds (what the communicator's gloo all-to-all does);
-* ``all_to_all_single`` (gloo's own: every peer at once);
+* M-1 rounds of one shard each, all to rank+1 (a new message per round, the same connection);
+* M-1 pairwise rounds, sending to rank+k and receiving from rank-k in round k (what the
+  communicator's gloo all-to-all does);
+* M-1 rounds of partners that send to each other (:func:`exchange_partners`, a candidate fix);
+* M-1 sends and M-1 receives posted at once (``isend``/``irecv`` to every peer, then wait for all);
+* ``all_to_all_single`` (gloo's own);
 * ``all_gather_single`` of one shard (gloo's ring).
 
-Each row's "ideal" is the bytes leaving a rank divided by the link rate.
+Each row's "ideal" is the bytes leaving a rank divided by the link rate; "retransmits" counts the TCP
+segments all namespaces retransmitted per timed run (/proc/net/snmp).
 
-    sudo .venv/bin/python benchmarks/link_collectives.py    # ~3 min; benchmarks/results/link_collectives.json
+What it found (benchmarks/results/link_collectives*.json, 4 workers, 20 Mbit/s): every pattern that
+talks to ONE peer (one round, 3x the bytes, 3 rounds to the same peer, the ring all-gather) reaches
+85-95 % of the link rate; every pattern that talks to several peers in turn or at once (pairwise
+rounds, partner rounds, all sends at once, gloo's all_to_all_single) reaches 48-70 %. Ruled out as the
+cause: a fixed cost per round (the fraction is the same with 4x larger messages), the one-directional
+schedule (partner rounds are no faster), the tbf queue length (20 / 100 / 400 ms), TCP offloads
+(``--no-offload``), and loss alone (multi-peer patterns retransmit 100-2,400 segments per run against
+0-150 for one-peer ones, but with Reno instead of BBR the pairwise rounds retransmit none and still run
+at 57 %). So on this emulated link a peer change costs throughput the fluid model of the simulator
+(bytes / bandwidth) has no term for; the cause inside TCP / tbf is not found.
+
+    sudo .venv/bin/python benchmarks/link_collectives.py    # ~1 min; benchmarks/results/link_collectives.json
+    sudo .venv/bin/python benchmarks/link_collectives.py --congestion reno --out ...   # the variants above
 """
 
 from __future__ import annotations
@@ -33,7 +50,38 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from link import Link, addr  # noqa: E402 - the same emulated links as the link benchmark
 
-PATTERNS = ("one_round", "one_round_3x", "pairwise_rounds", "all_to_all_single", "all_gather_ring")
+PATTERNS = ("one_round", "one_round_3x", "same_peer_rounds", "pairwise_rounds", "partner_rounds", "concurrent_p2p", "all_to_all_single",
+            "all_gather_ring")
+
+
+def exchange_partners(num_ranks: int) -> list[list[int]]:
+    """A round-robin schedule of pairwise exchanges: ``rounds[k][r]`` is rank ``r``'s partner in round ``k``
+    (``r`` itself: idle that round). Every pair meets once; M - 1 rounds for even M, M for odd (the circle
+    method: the last rank stays put while the others rotate; with odd M a phantom rank marks the idle one).
+    Tried as a fix for the slow all-to-all (partners send to each other, so a round ends for both at about
+    the same time): it ran no faster than the one-directional rounds (see the module docstring)."""
+    if num_ranks < 1:
+        raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
+    if num_ranks == 1:
+        return []
+    n = num_ranks + (num_ranks % 2)  # even, with a phantom rank when M is odd
+    rounds = []
+    for k in range(n - 1):
+        partner = [0] * n
+        for i in range(n - 1):
+            j = (k - i) % (n - 1)
+            partner[i] = n - 1 if j == i else j
+            if j == i:
+                partner[n - 1] = i
+        rounds.append([p if p < num_ranks else r for r, p in enumerate(partner[:num_ranks])])
+    return rounds
+
+
+def _retransmitted_segments() -> int:
+    """TCP segments this namespace has retransmitted so far (/proc/net/snmp, per network namespace)."""
+    head, values = [line.split() for line in Path("/proc/net/snmp").read_text().splitlines()
+                    if line.startswith("Tcp:")][:2]
+    return int(values[head.index("RetransSegs")])
 
 
 def worker(rank: int, m: int, nbytes: int, port: int, out: str) -> None:
@@ -55,6 +103,26 @@ def worker(rank: int, m: int, nbytes: int, port: int, out: str) -> None:
         for k in range(1, m):
             exchange(k, shard, recv)
 
+    recvs = [torch.empty(nbytes, dtype=torch.uint8) for _ in range(m)]
+
+    def concurrent() -> None:
+        works = [dist.isend(shard, (rank + k) % m) for k in range(1, m)]
+        works += [dist.irecv(recvs[k], (rank - k) % m) for k in range(1, m)]
+        for w in works:
+            w.wait()
+
+    def partners() -> None:
+        for rnd in exchange_partners(m):
+            p = rnd[rank]
+            if p != rank:
+                works = [dist.isend(shard, p), dist.irecv(recv, p)]
+                for w in works:
+                    w.wait()
+
+    def same_peer() -> None:
+        for _ in range(1, m):
+            exchange(1, shard, recv)
+
     def a2a() -> None:
         dist.all_to_all_single(torch.empty(m * nbytes, dtype=torch.uint8), torch.zeros(m * nbytes, dtype=torch.uint8))
 
@@ -62,17 +130,19 @@ def worker(rank: int, m: int, nbytes: int, port: int, out: str) -> None:
         dist.all_gather_into_tensor(torch.empty(m * nbytes, dtype=torch.uint8), shard)
 
     fns = {"one_round": lambda: exchange(1, shard, recv), "one_round_3x": lambda: exchange(1, big, recv_big),
-           "pairwise_rounds": pairwise, "all_to_all_single": a2a, "all_gather_ring": ring}
+           "same_peer_rounds": same_peer, "pairwise_rounds": pairwise, "partner_rounds": partners, "concurrent_p2p": concurrent, "all_to_all_single": a2a, "all_gather_ring": ring}
     res = {}
     for name in PATTERNS:
         fns[name]()  # warm the connections this pattern uses
         times = []
+        retrans0 = _retransmitted_segments()
         for _ in range(3):
             dist.barrier()
             t0 = time.perf_counter()
             fns[name]()
             times.append(time.perf_counter() - t0)
         res[name] = statistics.median(times)
+        res[f"{name}_retransmits"] = (_retransmitted_segments() - retrans0) / 3
     Path(out).write_text(json.dumps(res))
     dist.destroy_process_group()
 
@@ -84,6 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-mb", type=float, default=0.7625, help="bytes per peer (default: one bf16 shard "
                     "of cpu-1m at M = 4)")
     ap.add_argument("--port", type=int, default=29533)
+    ap.add_argument("--queue-ms", type=float, default=100.0, help="tbf queue (as benchmarks/link.py)")
+    ap.add_argument("--congestion", default=None, help="TCP congestion control in the namespaces "
+                    "(e.g. reno, bbr; default: the host's)")
+    ap.add_argument("--inner-qdisc", default=None, help="a qdisc inside each tbf (e.g. fq_codel, fq); "
+                    "default: tbf's own FIFO")
+    ap.add_argument("--no-offload", action="store_true", help="TSO/GSO/GRO off on the veths (wire-size packets)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "link_collectives.json")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -94,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespaces); run with sudo")
     m = args.workers
-    with tempfile.TemporaryDirectory() as tmp, Link(0.0, m) as link:
+    with tempfile.TemporaryDirectory() as tmp, Link(0.0, m, args.queue_ms, args.congestion, args.inner_qdisc,
+                                                    not args.no_offload) as link:
         link.shape(args.mbps)
         procs = []
         for r in range(m):
@@ -108,16 +185,23 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"a worker failed (exit code {p.returncode})")
         per_rank = [json.loads(Path(f"{tmp}/r{r}.json").read_text()) for r in range(m)]
     link_s = nbytes * 8 / (args.mbps * 1e6)
-    ideal = {"one_round": link_s, "one_round_3x": 3 * link_s, "pairwise_rounds": (m - 1) * link_s,
+    ideal = {"one_round": link_s, "one_round_3x": 3 * link_s, "same_peer_rounds": (m - 1) * link_s,
+             "pairwise_rounds": (m - 1) * link_s, "partner_rounds": (m - 1) * link_s, "concurrent_p2p": (m - 1) * link_s,
              "all_to_all_single": (m - 1) * link_s, "all_gather_ring": (m - 1) * link_s}
     rows = [{"pattern": p, "seconds_max_rank": max(r[p] for r in per_rank), "ideal_s": ideal[p],
              "fraction_of_link_rate": ideal[p] / max(r[p] for r in per_rank)} for p in PATTERNS]
     print(f"\n{m} workers, {args.mbps:g} Mbit/s each way per worker, {nbytes / 1e6:.3f} MB per peer message")
-    print(f"{'pattern':<20} {'seconds':>8} {'ideal':>7} {'of link rate':>13}")
     for r in rows:
-        print(f"{r['pattern']:<20} {r['seconds_max_rank']:>8.3f} {r['ideal_s']:>7.3f} {r['fraction_of_link_rate']:>12.0%}")
+        r["retransmits_per_run"] = sum(pr[f"{r['pattern']}_retransmits"] for pr in per_rank)
+    print(f"{'pattern':<20} {'seconds':>8} {'ideal':>7} {'of link rate':>13} {'retransmits':>12}")
+    for r in rows:
+        print(f"{r['pattern']:<20} {r['seconds_max_rank']:>8.3f} {r['ideal_s']:>7.3f} {r['fraction_of_link_rate']:>12.0%}"
+              f" {r['retransmits_per_run']:>12.0f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": {"workers": m, "mbps": args.mbps, "shard_bytes": nbytes},
+    args.out.write_text(json.dumps({"config": {"workers": m, "mbps": args.mbps, "shard_bytes": nbytes,
+                                               "queue_ms": args.queue_ms, "inner_qdisc": args.inner_qdisc,
+                                               "offload": not args.no_offload, "congestion": args.congestion or
+                                               Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()},
                                     "rows": rows, "per_rank": per_rank}, indent=2, allow_nan=False) + "\n")
     print(f"wrote {args.out}")
     return 0
