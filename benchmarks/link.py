@@ -73,7 +73,7 @@ class Link:
     """M namespaces joined by shaped veths (a pair for M = 2, a bridge for more); always torn down."""
 
     def __init__(self, latency_ms: float, workers: int = 2, queue_ms: float = 100.0,
-                 congestion: str | None = None, inner_qdisc: str | None = None, offload: bool = True) -> None:
+                 congestion: str | None = None, offload: bool = True) -> None:
         tag = f"{os.getpid() % 100000}"
         self.workers = workers
         self.ns = [f"dlk{tag}{chr(97 + i)}" for i in range(workers)]
@@ -83,7 +83,6 @@ class Link:
         self.latency_ms = latency_ms
         self.queue_ms = queue_ms
         self.congestion = congestion  # TCP congestion control in the namespaces (None: the host's default)
-        self.inner_qdisc = inner_qdisc  # a qdisc inside tbf's queue (e.g. fq_codel); None: tbf's own FIFO
         self.offload = offload  # False: no TSO/GSO/GRO on the veths, so tbf sees wire-size (MTU) packets
         self.notes: list[str] = []
 
@@ -144,11 +143,7 @@ class Link:
                     note = "latency NOT emulated: the kernel has no netem qdisc (bandwidth only, via tbf)"
                     if note not in self.notes:
                         self.notes.append(note)
-            self._run(*base, "handle", "1:", "tbf", "rate", f"{rate}bit", "burst", str(burst),
-                      "latency", f"{self.queue_ms:g}ms")
-            if self.inner_qdisc:
-                self._run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "parent", "1:1",
-                          "handle", "10:", self.inner_qdisc)
+            self._run(*base, "tbf", "rate", f"{rate}bit", "burst", str(burst), "latency", f"{self.queue_ms:g}ms")
 
     def close(self) -> None:
         for ns in self.ns + ([self.hub_ns] if self.hub_ns else []):  # a namespace takes its veth ends along

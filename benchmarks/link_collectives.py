@@ -28,7 +28,8 @@ schedule (partner rounds are no faster), the tbf queue length (20 / 100 / 400 ms
 (``--no-offload``), and loss alone (multi-peer patterns retransmit 100-2,400 segments per run against
 0-150 for one-peer ones, but with Reno instead of BBR the pairwise rounds retransmit none and still run
 at 57 %). So on this emulated link a peer change costs throughput the fluid model of the simulator
-(bytes / bandwidth) has no term for; the cause inside TCP / tbf is not found.
+(bytes / bandwidth) has no term for; the cause inside TCP / tbf is not found (a fair-queueing qdisc under tbf, fq_codel or sfq, would be the
+next thing to try: this kernel has neither).
 
     sudo .venv/bin/python benchmarks/link_collectives.py    # ~1 min; benchmarks/results/link_collectives.json
     sudo .venv/bin/python benchmarks/link_collectives.py --congestion reno --out ...   # the variants above
@@ -157,8 +158,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queue-ms", type=float, default=100.0, help="tbf queue (as benchmarks/link.py)")
     ap.add_argument("--congestion", default=None, help="TCP congestion control in the namespaces "
                     "(e.g. reno, bbr; default: the host's)")
-    ap.add_argument("--inner-qdisc", default=None, help="a qdisc inside each tbf (e.g. fq_codel, fq); "
-                    "default: tbf's own FIFO")
     ap.add_argument("--no-offload", action="store_true", help="TSO/GSO/GRO off on the veths (wire-size packets)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "link_collectives.json")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
@@ -170,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespaces); run with sudo")
     m = args.workers
-    with tempfile.TemporaryDirectory() as tmp, Link(0.0, m, args.queue_ms, args.congestion, args.inner_qdisc,
+    with tempfile.TemporaryDirectory() as tmp, Link(0.0, m, args.queue_ms, args.congestion,
                                                     not args.no_offload) as link:
         link.shape(args.mbps)
         procs = []
@@ -199,8 +198,7 @@ def main(argv: list[str] | None = None) -> int:
               f" {r['retransmits_per_run']:>12.0f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"config": {"workers": m, "mbps": args.mbps, "shard_bytes": nbytes,
-                                               "queue_ms": args.queue_ms, "inner_qdisc": args.inner_qdisc,
-                                               "offload": not args.no_offload, "congestion": args.congestion or
+                                               "queue_ms": args.queue_ms,                                                "offload": not args.no_offload, "congestion": args.congestion or
                                                Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()},
                                     "rows": rows, "per_rank": per_rank}, indent=2, allow_nan=False) + "\n")
     print(f"wrote {args.out}")
