@@ -1,0 +1,143 @@
+"""Point 4 of issue 15: the long runs against DP, beside the targets; curves and gaps as JSON and a plot.
+
+    .venv/bin/python studies/outer-tuning/long_report.py      # reads results-long.jsonl and the run folders
+
+Writes long-summary.json (every run's eval-loss curve, final loss, bytes per replica) and long-curves.png
+(eval loss against tokens, and each method's gap to DP against tokens per parameter, per size). A run
+still in progress shows its curve so far (from its metrics.jsonl) and no final loss.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+from stages import method_key  # noqa: E402
+
+from diloco.scaling.sweep import _model_zoo_params  # noqa: E402 - N as the sweep counts it
+
+TARGETS = {  # method key -> (max final loss / DP's, min DP bytes / the method's), from issue 15
+    "streaming-m2-h30-fp4_e3m0": (1.01, 200.0), "streaming-m2-h100-fp4_e3m0": (1.015, 600.0),
+    "diloco-m1-h30": (1.0, None),
+}
+
+
+def _rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written
+            continue
+    return out
+
+
+def collect() -> list[dict]:
+    """One entry per long run: finished ones from results-long.jsonl, unfinished ones from runs/."""
+    runs = {}
+    for rec in _rows(HERE / "results-long.jsonl"):
+        runs[rec["run_id"]] = rec
+    for cfg in sorted((ROOT / "runs" / "outer-tuning").glob("long-*/*/config.json")):
+        run_id = cfg.parent.name
+        if run_id not in runs:
+            runs[run_id] = {"run_id": run_id, "run_dir": str(cfg.parent.relative_to(ROOT)), "status": "running"}
+    grids = {}
+    for path in HERE.glob("long-*.json"):
+        g = json.loads(path.read_text())
+        grids[g["base"]["runs_dir"]] = g
+    out = []
+    for run_id, rec in runs.items():
+        run_dir = ROOT / rec["run_dir"]
+        config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
+        metrics = _rows(run_dir / "metrics.jsonl")
+        curve = [(m["tokens_seen"], m["eval_loss"]) for m in metrics if "eval_loss" in m and m["eval_loss"] is not None]
+        summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+        if "method" in rec:
+            key, seed, size, n = method_key(rec), rec["seed"], rec["size"], rec["num_params"]
+        else:  # unfinished: name it from its config
+            pseudo = {"method": config.get("method"), "replicas": config.get("replicas"),
+                      "sync_every": config.get("sync_every"), "base": {"codec": config.get("codec")}}
+            key = method_key(pseudo) if pseudo["method"] else "?"
+            seed, size = config.get("seed"), config.get("size")
+            n = _model_zoo_params(size, config) if size else None
+        out.append({"run_id": run_id, "key": key, "seed": seed, "size": size, "num_params": n,
+                    "status": rec.get("status"), "final_eval_loss": summary.get("final_eval_loss"),
+                    "bytes_sent_per_replica": summary.get("bytes_sent_per_replica"), "curve": curve})
+    return sorted(out, key=lambda r: (str(r["size"]), r["key"], str(r["seed"])))
+
+
+def report(runs: list[dict]) -> None:
+    for size in sorted({str(r["size"]) for r in runs}):
+        group = [r for r in runs if str(r["size"]) == size]
+        dp = [r for r in group if r["key"] == "dp" and r["final_eval_loss"] is not None]
+        dp_loss = dp[0]["final_eval_loss"] if dp else None
+        dp_bytes = dp[0]["bytes_sent_per_replica"] if dp else None
+        print(f"\n{size}: final eval loss of the global parameters, bytes sent per replica")
+        print(f"{'method':<28} {'seed':>4} {'eval loss':>9} {'/ DP':>7} {'DP bytes / bytes':>16}  target")
+        for r in group:
+            loss = r["final_eval_loss"]
+            ratio = loss / dp_loss if loss is not None and dp_loss else None
+            fewer = dp_bytes / r["bytes_sent_per_replica"] if dp_bytes and r["bytes_sent_per_replica"] else None
+            t = TARGETS.get(r["key"])
+            verdict = "-"
+            if t and ratio is not None:
+                ok = ratio <= t[0] and (t[1] is None or (fewer is not None and fewer >= t[1]))
+                verdict = f"{'met' if ok else 'MISSED'} (<= {t[0]:g} x DP" + (f", >= {t[1]:g}x fewer bytes)" if t[1] else ")")
+            shown = f"{loss:.4f}" if loss is not None else f"({len(r['curve'])} evals)"
+            print(f"{r['key']:<28} {str(r['seed']):>4} {shown:>9} {ratio if ratio is None else round(ratio, 4)!s:>7} "
+                  f"{'-' if fewer is None else f'{fewer:,.0f}':>16}  {verdict}")
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted({str(r["size"]) for r in runs if r["curve"]})
+    if not sizes:
+        return
+    fig, axes = plt.subplots(2, len(sizes), figsize=(6.5 * len(sizes), 8), squeeze=False)
+    for col, size in enumerate(sizes):
+        group = [r for r in runs if str(r["size"]) == size and r["curve"]]
+        dp = next((r for r in group if r["key"] == "dp"), None)
+        for r in group:
+            t, loss = zip(*r["curve"], strict=True)
+            axes[0][col].plot(t, loss, label=f"{r['key']} s{r['seed']}")
+            if dp is not None and r is not dp and r["num_params"]:
+                ref = dict(dp["curve"])
+                pts = [(tok / r["num_params"], 100 * (l_ / ref[tok] - 1)) for tok, l_ in r["curve"] if tok in ref]
+                if pts:
+                    axes[1][col].plot(*zip(*pts, strict=True), marker=".", label=f"{r['key']} s{r['seed']}")
+        axes[0][col].set(title=f"{size}: eval loss (global parameters)", xlabel="tokens", ylabel="eval loss")
+        axes[0][col].set_ylim(top=min(6.0, axes[0][col].get_ylim()[1]))
+        axes[1][col].axhline(0, color="k", lw=0.8)
+        axes[1][col].set(title=f"{size}: gap to DP at the same tokens (mid-run points: same schedule, not its end)",
+                         xlabel="tokens per parameter", ylabel="eval loss vs DP (%)")
+        for ax in axes[:, col]:
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    runs = collect()
+    if not runs:
+        print("no long runs yet (studies/outer-tuning/stages.py write long; then run the long-*.json grids)")
+        return 1
+    report(runs)
+    (HERE / "long-summary.json").write_text(json.dumps(runs, indent=1, allow_nan=False) + "\n")
+    plot(runs, HERE / "long-curves.png")
+    print(f"\nwrote {HERE / 'long-summary.json'} and {HERE / 'long-curves.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

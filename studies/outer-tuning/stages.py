@@ -1,0 +1,200 @@
+"""The staged search of issue 15 (point 3): print what the results say, and write the next stage's grids.
+
+A full factorial (inner lr x outer lr x outer momentum x warmup, per method) is ~200 runs, hours on this
+machine; this search goes one coordinate at a time, each stage at the previous stage's best, and
+brackets every optimum (a best value at the edge of what was tried gets the next value out):
+
+    stage 1  inner lr per method at outer lr 0.7 / Nesterov 0.5          (s1-*.json, written by hand)
+    stage 2  outer lr {0.5, 0.7, 1.0} x outer momentum {0, 0.5, 0.9} at the stage-1 inner lr
+    stage 3  warmup {15, 60} (30 so far) and inner lr x 1/2, x 2 at the best outer settings
+
+    .venv/bin/python studies/outer-tuning/stages.py table            # best per method so far
+    .venv/bin/python studies/outer-tuning/stages.py write stage2     # -> s2-*.json (then run them)
+    .venv/bin/python studies/outer-tuning/stages.py write long       # point 4: long-*.json, 20 tokens/param
+
+Every run is recorded in results.jsonl by ``diloco sweep`` (resumable); this script only reads it and
+writes grid files that do not exist yet (it never overwrites one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "results.jsonl"
+OUTER_LRS = (0.5, 0.7, 1.0)
+MOMENTA = (0.0, 0.5, 0.9)
+WARMUPS = (15, 60)
+
+
+def method_key(rec: dict) -> str:
+    """One name per method of the search: dp, diloco-m1-h30, diloco-m2-h10, streaming-m2-h30-fp4_e3m0, ..."""
+    if rec["method"] == "dp":
+        return "dp"
+    key = f"{rec['method']}-m{rec['replicas']}-h{rec['sync_every']}"
+    return key + (f"-{rec['base']['codec']}" if rec["method"] == "streaming" else "")
+
+
+def settings(rec: dict) -> tuple:
+    """The searched settings of a record: (inner lr, outer lr, outer momentum, warmup)."""
+    base = rec["base"]
+    return (rec["inner_lr"], rec["outer_lr"], base.get("outer_momentum"), base.get("warmup_steps"))
+
+
+def load(path: Path = RESULTS) -> dict[str, dict[tuple, float]]:
+    """method key -> settings -> eval loss (finished runs of the search's length only; diverged = inf)."""
+    out: dict[str, dict[tuple, float]] = defaultdict(dict)
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        loss = rec.get("eval_loss")
+        out[method_key(rec)][settings(rec)] = math.inf if loss is None else float(loss)
+    return out
+
+
+def best(runs: dict[tuple, float]) -> tuple[tuple, float]:
+    s = min(runs, key=runs.get)
+    return s, runs[s]
+
+
+def edges(runs: dict[tuple, float], s: tuple) -> list[str]:
+    """The coordinates along which ``s`` is at the edge of what was tried (the others held at ``s``)."""
+    names = ("inner lr", "outer lr", "outer momentum", "warmup")
+    out = []
+    for i, name in enumerate(names):
+        tried = sorted({t[i] for t in runs if all(t[j] == s[j] for j in range(4) if j != i) and t[i] is not None})
+        if len(tried) > 1 and s[i] in (tried[0], tried[-1]):
+            out.append(f"{name} {'low' if s[i] == tried[0] else 'high'} end of {tried}")
+    return out
+
+
+def table(results: dict[str, dict[tuple, float]]) -> None:
+    dp = best(results["dp"])[1] if results.get("dp") else None
+    print(f"{'method':<28} {'runs':>4} {'inner lr':>8} {'outer':>5} {'mom':>4} {'warm':>4} {'eval loss':>9} "
+          f"{'vs DP':>7}  at an edge")
+    for key in sorted(results, key=lambda k: (k != "dp", k)):
+        s, loss = best(results[key])
+        rel = f"{100 * (loss / dp - 1):+.2f}%" if dp else "-"
+        o = "-" if s[1] is None else f"{s[1]:g}"
+        m = "-" if s[2] is None else f"{s[2]:g}"
+        print(f"{key:<28} {len(results[key]):>4} {s[0]:>8g} {o:>5} {m:>4} {s[3]:>4} {loss:>9.4f} {rel:>7}  "
+              f"{'; '.join(edges(results[key], s)) or '-'}")
+
+
+def _template(key: str) -> dict:
+    """The stage-1 grid a method key came from (its base settings and axes)."""
+    for path in sorted(HERE.glob("s1-*.json")):
+        grid = json.loads(path.read_text())
+        for m in grid.get("replicas", [1]):
+            for h in grid.get("sync_every", [None]):
+                rec = {"method": grid["methods"][0], "replicas": m, "sync_every": h, "base": grid["base"]}
+                if method_key(rec) == key:
+                    return {**grid, "replicas": [m], "sync_every": [h]} if h is not None else grid
+    raise SystemExit(f"no stage-1 grid makes {key!r}")
+
+
+def _write(name: str, grid: dict, written: list[str]) -> None:
+    path = HERE / f"{name}.json"
+    if path.exists():
+        print(f"kept {path.name} (exists)")
+        return
+    path.write_text(json.dumps(grid, indent=1) + "\n")
+    written.append(path.stem)
+
+
+def write_stage2(results: dict[str, dict[tuple, float]]) -> list[str]:
+    written: list[str] = []
+    for key in sorted(k for k in results if k != "dp"):
+        (lr, _, _, warm), _ = best(results[key])
+        grid = _template(key)
+        for mom in MOMENTA:
+            g = {**grid, "_comment": f"Stage 2: {key}, outer lr x outer momentum {mom:g} at inner lr {lr:g}.",
+                 "inner_lr": [lr], "outer_lr": list(OUTER_LRS),
+                 "base": {**grid["base"], "outer_momentum": mom, "warmup_steps": warm,
+                          "runs_dir": f"runs/outer-tuning/s2-{key}"}}
+            _write(f"s2-{key}-mom{mom:g}", g, written)
+    return written
+
+
+def write_stage3(results: dict[str, dict[tuple, float]]) -> list[str]:
+    written: list[str] = []
+    for key in sorted(results):
+        (lr, outer, mom, warm), _ = best(results[key])
+        grid = _template(key)
+        base = {**grid["base"], "runs_dir": f"runs/outer-tuning/s3-{key}"}
+        axes = {} if key == "dp" else {"outer_lr": [outer]}
+        if mom is not None:
+            base["outer_momentum"] = mom
+        for w in WARMUPS:
+            _write(f"s3-{key}-warmup{w}", {**grid, **axes, "_comment": f"Stage 3: {key}, warmup {w} at the best so far.",
+                                           "inner_lr": [lr], "base": {**base, "warmup_steps": w}}, written)
+        lrs = [v for v in (lr / 2, lr * 2) if (v, outer, mom, warm) not in results[key]]
+        if lrs:
+            _write(f"s3-{key}-lr", {**grid, **axes, "_comment": f"Stage 3: {key}, inner lr around {lr:g} at the best "
+                                    "outer settings.", "inner_lr": lrs, "base": {**base, "warmup_steps": warm}},
+                   written)
+    return written
+
+
+LONG = {  # point 4: method key -> seeds (FP4 against FP32 at two seeds; the rest one)
+    "dp": (0,), "diloco-m1-h30": (0,), "streaming-m2-h30-fp4_e3m0": (0, 1), "streaming-m2-h30-fp32": (0, 1),
+    "streaming-m2-h100-fp4_e3m0": (0,), "diloco-m2-h30": (0,),
+}
+
+
+def write_long(results: dict[str, dict[tuple, float]], *, size: str, tokens_per_param: float) -> list[str]:
+    """Point 4: each method at its best settings for ``tokens_per_param`` tokens per parameter, evaluated
+    every 400 steps (the eval-loss-vs-tokens curves). FP32 Streaming takes FP4's settings."""
+    written: list[str] = []
+    for key, seeds in LONG.items():
+        src = key.replace("-fp32", "-fp4_e3m0")
+        if not results.get(src):
+            print(f"skipped {key}: no search results for {src}")
+            continue
+        (lr, outer, mom, warm), _ = best(results[src])
+        grid = _template(src)
+        base = {**grid["base"], "warmup_steps": warm, "eval_every": 400, "runs_dir": f"runs/outer-tuning/long-{size}"}
+        if mom is not None:
+            base["outer_momentum"] = mom
+        if key.endswith("-fp32"):
+            base["codec"] = "fp32"
+        axes = {} if key == "dp" else {"outer_lr": [outer]}
+        for seed in seeds:
+            g = {**grid, **axes, "_comment": f"Point 4: {key} at its best search settings, {tokens_per_param:g} "
+                 f"tokens per parameter, seed {seed}.", "sizes": [size], "inner_lr": [lr],
+                 "tokens_per_param": tokens_per_param, "seed": seed, "base": base}
+            _write(f"long-{size}-{key}-seed{seed}", g, written)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("table")
+    w = sub.add_parser("write")
+    w.add_argument("stage", choices=("stage2", "stage3", "long"))
+    w.add_argument("--size", default="cpu-1m", help="long: the model size")
+    w.add_argument("--tokens-per-param", type=float, default=20.0, help="long: tokens per parameter")
+    args = ap.parse_args(argv)
+    results = load()
+    if args.cmd == "table":
+        table(results)
+        return 0
+    if args.stage == "long":
+        written = write_long(results, size=args.size, tokens_per_param=args.tokens_per_param)
+    else:
+        written = (write_stage2 if args.stage == "stage2" else write_stage3)(results)
+    print(" ".join(written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
