@@ -110,3 +110,23 @@ def test_streaming_records_train_streaming_and_base_fragments_reach_only_streami
     assert by_method["diloco"].method == "diloco"
     assert (by_method["diloco"].num_fragments, by_method["diloco"].overlap_steps) == (1, 0)
     assert by_method["dp"].method == "dp" and by_method["dp"].num_fragments == 1
+
+
+def test_several_grids_sweep_as_one_and_a_shared_point_runs_once(tmp_path, capsys):
+    """A staged search is several grid files: `--grid a --grid b` runs their union, each point once."""
+    a = {**GRID, "sizes": ["35M"], "inner_lr": [1e-3, 2e-3]}
+    b = {**GRID, "sizes": ["35M"], "inner_lr": [2e-3, 4e-3]}  # 2e-3 is in both
+    paths = []
+    for name, grid in (("a", a), ("b", b)):
+        paths += ["--grid", str(tmp_path / f"{name}.json")]
+        (tmp_path / f"{name}.json").write_text(json.dumps(grid))
+    out = tmp_path / "r.jsonl"
+    assert main(["sweep", *paths, "--out", str(out), "--no-progress"]) == 0
+    want = {c["run_id"] for g in (a, b) for c in expand(GridSpec(**g))}
+    got = [r["run_id"] for r in read_results(out)]
+    assert sorted(got) == sorted(want) and len(got) == len(set(got)) == 3 * 2  # 3 lrs x (dp, diloco)
+    assert {r["inner_lr"] for r in read_results(out)} == {1e-3, 2e-3, 4e-3}
+    capsys.readouterr()
+    (tmp_path / "c.json").write_text(json.dumps({**a, "runner": "train"}))
+    assert main(["sweep", *paths, "--grid", str(tmp_path / "c.json"), "--out", str(tmp_path / "x.jsonl")]) == 2
+    assert "different runners" in capsys.readouterr().err and not (tmp_path / "x.jsonl").exists()

@@ -2,6 +2,7 @@
 
     diloco sweep --grid grid.json --out results.jsonl                          # one run at a time, each its own process
     diloco sweep --grid grid.json --out results.jsonl --workers 4              # four at a time
+    diloco sweep --grid a.json --grid b.json --out results.jsonl --workers 2   # several grids as one sweep
     diloco sweep --grid grid.json --out results.jsonl --executor slurm \\
                  --submitit-dir runs/slurm --slurm partition=gpu --slurm timeout_min=120 --slurm gpus_per_node=1
 """
@@ -25,7 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "finished record in --out yet, appending one JSON line per run as it finishes. Interrupt it "
                     "at any time and run the same command again to continue; no run is recorded twice.",
     )
-    p.add_argument("--grid", type=Path, required=True, help="grid JSON file (data only, never executed)")
+    p.add_argument("--grid", type=Path, required=True, action="append",
+                   help="grid JSON file (data only, never executed); repeat it to sweep several grids as one "
+                        "(a point two grids share runs once)")
     p.add_argument("--out", type=Path, required=True, help="results JSONL file (appended to)")
     p.add_argument("--runner", default=None,
                    help="run function by name: 'train' (the trainer) or 'synthetic' (a known noisy law, "
@@ -74,26 +77,27 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
 
     from diloco.scaling.executors import make_executor
-    from diloco.scaling.sweep import GridSpec, expand, get_runner, read_results, run_sweep
+    from diloco.scaling.sweep import GridSpec, expand_grids, get_runner, read_results, run_sweep
 
-    grid = GridSpec.from_json(args.grid)
+    grids = [GridSpec.from_json(path) for path in args.grid]
     if args.runner is not None:
-        grid = dataclasses.replace(grid, runner=args.runner)
-    if args.synthetic_delay < 0 or (args.synthetic_delay > 0 and grid.runner != "synthetic"):
+        grids = [dataclasses.replace(g, runner=args.runner) for g in grids]
+    configs = expand_grids(grids)  # checks that the grids agree on the runner
+    runner = grids[0].runner
+    if args.synthetic_delay < 0 or (args.synthetic_delay > 0 and runner != "synthetic"):
         raise ValueError(f"--synthetic-delay={args.synthetic_delay}: only a non-negative delay, with the "
-                         f"synthetic runner (this sweep uses {grid.runner!r})")
-    executor_name = args.executor or ("inline" if grid.runner == "synthetic" else "local")
+                         f"synthetic runner (this sweep uses {runner!r})")
+    executor_name = args.executor or ("inline" if runner == "synthetic" else "local")
     if args.workers != 1 and executor_name != "local":
         raise ValueError(f"--workers={args.workers} goes with --executor local (this sweep uses {executor_name})")
     if args.slurm and executor_name not in ("slurm", "submitit-local"):
         raise ValueError(f"--slurm goes with --executor slurm or submitit-local (this sweep uses {executor_name})")
-    run_fn = get_runner(grid.runner)
+    run_fn = get_runner(runner)
     parameters = _parameters(args.slurm)
     folder = args.submitit_dir or args.out.parent / "submitit"
     executor = make_executor(executor_name, workers=args.workers, folder=folder, parameters=parameters)
     if args.dry_run:
         done = {r.get("run_id") for r in read_results(args.out) if r.get("status") == "ok"}
-        configs = expand(grid)
         for c in configs:
             mark = "done" if c["run_id"] in done else "todo"
             print(f"{c['run_id']}  {mark}  {c['size']:>6}  {c['method']:<9} M={c['replicas']}  "
@@ -104,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.synthetic_delay > 0:
         run_fn = functools.partial(delayed, fn=run_fn, delay=args.synthetic_delay)
-    summary = run_sweep(grid, results_path=args.out, run_fn=run_fn, progress=not args.no_progress,
+    summary = run_sweep(grids, results_path=args.out, run_fn=run_fn, progress=not args.no_progress,
                         retry_failed=args.retry_failed, executor=executor)
     print(json.dumps(dataclasses.asdict(summary)))
     return 0

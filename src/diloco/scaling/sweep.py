@@ -274,6 +274,26 @@ def expand(grid: GridSpec) -> list[dict[str, Any]]:
     return out
 
 
+def expand_grids(grids: Sequence[GridSpec]) -> list[dict[str, Any]]:
+    """The runs of several grids (a staged search is one grid per stage and method), in order, each once:
+    a point two grids share (the same config, so the same ``run_id``) runs once. The grids must agree on
+    the run function, since one sweep calls one."""
+    grids = list(grids)
+    if not grids:
+        raise ValueError("give at least one grid")
+    runners = sorted({g.runner for g in grids})
+    if len(runners) > 1:
+        raise ValueError(f"the grids name different runners {runners}; sweep them one runner at a time "
+                         f"(or pass --runner to use one for all)")
+    out, seen = [], set()
+    for grid in grids:
+        for cfg in expand(grid):
+            if cfg["run_id"] not in seen:
+                seen.add(cfg["run_id"])
+                out.append(cfg)
+    return out
+
+
 # -- the results file ---------------------------------------------------------------------------
 def read_results(path: Path, *, warn: bool = True) -> list[dict[str, Any]]:
     """All records of a results JSONL file, in order (:func:`diloco.files.read_jsonl`): an unfinished
@@ -333,9 +353,11 @@ def _record(config: Mapping[str, Any], result: Mapping[str, Any] | None, error: 
     return _jsonable(rec)
 
 
-def run_sweep(grid: GridSpec, *, results_path: Path, run_fn: RunFn, progress: bool = True,
+def run_sweep(grid: GridSpec | Sequence[GridSpec], *, results_path: Path, run_fn: RunFn, progress: bool = True,
               retry_failed: bool = False, executor: Any = None) -> SweepSummary:
     """Run every grid point without a finished record in ``results_path``; append one line per run.
+
+    ``grid`` may be several grids, swept as one (:func:`expand_grids`: a shared point runs once).
 
     ``executor`` (:mod:`diloco.scaling.executors`; default: this process, one run after another)
     decides where runs execute; records are appended here, by this process alone, as runs finish,
@@ -347,7 +369,7 @@ def run_sweep(grid: GridSpec, *, results_path: Path, run_fn: RunFn, progress: bo
     from diloco.scaling.executors import InlineExecutor
 
     executor = executor or InlineExecutor()
-    configs = expand(grid)
+    configs = expand_grids([grid] if isinstance(grid, GridSpec) else grid)
     results_path = Path(results_path)
     results_path.parent.mkdir(parents=True, exist_ok=True)
     with results_path.open("a+b") as f:
