@@ -58,6 +58,7 @@ def collect() -> list[dict]:
         metrics = _rows(run_dir / "metrics.jsonl")
         curve = [(m["tokens_seen"], m["eval_loss"]) for m in metrics if "eval_loss" in m and m["eval_loss"] is not None]
         summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+        outer = (config.get("outer_lr"), config.get("outer_momentum")) if config.get("method") != "dp" else None
         if "method" in rec:
             key, seed, size, n = method_key(rec), rec["seed"], rec["size"], rec["num_params"]
         else:  # unfinished: name it from its config
@@ -66,7 +67,8 @@ def collect() -> list[dict]:
             key = method_key(pseudo) if pseudo["method"] else "?"
             seed, size = config.get("seed"), config.get("size")
             n = _model_zoo_params(size, config) if size else None
-        out.append({"run_id": run_id, "key": key, "seed": seed, "size": size, "num_params": n,
+        out.append({"run_id": run_id, "key": key, "seed": seed, "size": size, "num_params": n, "outer": outer,
+                    "inner_lr": config.get("inner_lr"), "warmup_steps": config.get("warmup_steps"),
                     "status": rec.get("status"), "final_eval_loss": summary.get("final_eval_loss"),
                     "bytes_sent_per_replica": summary.get("bytes_sent_per_replica"), "curve": curve})
     return sorted(out, key=lambda r: (str(r["size"]), r["key"], str(r["seed"])))
@@ -79,7 +81,8 @@ def report(runs: list[dict]) -> None:
         dp_loss = dp[0]["final_eval_loss"] if dp else None
         dp_bytes = dp[0]["bytes_sent_per_replica"] if dp else None
         print(f"\n{size}: final eval loss of the global parameters, bytes sent per replica")
-        print(f"{'method':<28} {'seed':>4} {'eval loss':>9} {'/ DP':>7} {'DP bytes / bytes':>16}  target")
+        print(f"{'method':<28} {'seed':>4} {'inner lr':>8} {'outer':>9} {'eval loss':>9} {'/ DP':>7} "
+              f"{'DP bytes / bytes':>16}  target")
         for r in group:
             loss = r["final_eval_loss"]
             ratio = loss / dp_loss if loss is not None and dp_loss else None
@@ -90,7 +93,8 @@ def report(runs: list[dict]) -> None:
                 ok = ratio <= t[0] and (t[1] is None or (fewer is not None and fewer >= t[1]))
                 verdict = f"{'met' if ok else 'MISSED'} (<= {t[0]:g} x DP" + (f", >= {t[1]:g}x fewer bytes)" if t[1] else ")")
             shown = f"{loss:.4f}" if loss is not None else f"({len(r['curve'])} evals)"
-            print(f"{r['key']:<28} {str(r['seed']):>4} {shown:>9} {ratio if ratio is None else round(ratio, 4)!s:>7} "
+            outer = "-" if not r["outer"] else f"{r['outer'][0]:g} / {r['outer'][1]:g}"
+            print(f"{r['key']:<28} {str(r['seed']):>4} {r['inner_lr']!s:>8} {outer:>9} {shown:>9} {ratio if ratio is None else round(ratio, 4)!s:>7} "
                   f"{'-' if fewer is None else f'{fewer:,.0f}':>16}  {verdict}")
 
 
@@ -109,12 +113,13 @@ def plot(runs: list[dict], path: Path) -> None:
         dp = next((r for r in group if r["key"] == "dp"), None)
         for r in group:
             t, loss = zip(*r["curve"], strict=True)
-            axes[0][col].plot(t, loss, label=f"{r['key']} s{r['seed']}")
+            label = f"{r['key']} s{r['seed']}" + ("" if not r["outer"] else f" outer {r['outer'][0]:g}/{r['outer'][1]:g}")
+            axes[0][col].plot(t, loss, label=label)
             if dp is not None and r is not dp and r["num_params"]:
                 ref = dict(dp["curve"])
                 pts = [(tok / r["num_params"], 100 * (l_ / ref[tok] - 1)) for tok, l_ in r["curve"] if tok in ref]
                 if pts:
-                    axes[1][col].plot(*zip(*pts, strict=True), marker=".", label=f"{r['key']} s{r['seed']}")
+                    axes[1][col].plot(*zip(*pts, strict=True), marker=".", label=label)
         axes[0][col].set(title=f"{size}: eval loss (global parameters)", xlabel="tokens", ylabel="eval loss")
         axes[0][col].set_ylim(top=min(6.0, axes[0][col].get_ylim()[1]))
         axes[1][col].axhline(0, color="k", lw=0.8)

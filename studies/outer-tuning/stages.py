@@ -147,19 +147,23 @@ def write_stage3(results: dict[str, dict[tuple, float]]) -> list[str]:
 LONG = {  # point 4: method key -> seeds (FP4 against FP32 at two seeds; the rest one)
     "dp": (0,), "diloco-m1-h30": (0,), "streaming-m2-h30-fp4_e3m0": (0, 1), "streaming-m2-h30-fp32": (0, 1),
     "streaming-m2-h100-fp4_e3m0": (0,), "diloco-m2-h30": (0,),
+    "streaming-m2-h30-fp4_e3m0-paper": (0,),  # the papers' outer 0.7 / Nesterov 0.9 at the best inner lr
 }
 
 
 def write_long(results: dict[str, dict[tuple, float]], *, size: str, tokens_per_param: float) -> list[str]:
     """Point 4: each method at its best settings for ``tokens_per_param`` tokens per parameter, evaluated
-    every 400 steps (the eval-loss-vs-tokens curves). FP32 Streaming takes FP4's settings."""
+    every 400 steps (the eval-loss-vs-tokens curves). FP32 Streaming takes FP4's settings; ``-paper``
+    takes the papers' outer lr 0.7 and Nesterov momentum 0.9 instead of the search's."""
     written: list[str] = []
     for key, seeds in LONG.items():
-        src = key.replace("-fp32", "-fp4_e3m0")
+        src = key.replace("-fp32", "-fp4_e3m0").removesuffix("-paper")
         if not results.get(src):
             print(f"skipped {key}: no search results for {src}")
             continue
         (lr, outer, mom, warm), _ = best(results[src])
+        if key.endswith("-paper"):
+            outer, mom = 0.7, 0.9
         grid = _template(src)
         base = {**grid["base"], "warmup_steps": warm, "eval_every": 400, "runs_dir": f"runs/outer-tuning/long-{size}"}
         if mom is not None:
