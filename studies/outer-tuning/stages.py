@@ -9,6 +9,7 @@ brackets every optimum (a best value at the edge of what was tried gets the next
     stage 3  warmup {15, 60} (30 so far) and inner lr x 1/2, x 2 at the best outer settings
 
     .venv/bin/python studies/outer-tuning/stages.py table            # best per method so far
+    .venv/bin/python studies/outer-tuning/stages.py plot             # search.png
     .venv/bin/python studies/outer-tuning/stages.py write stage2     # -> s2-*.json (then run them)
     .venv/bin/python studies/outer-tuning/stages.py write long       # point 4: long-*.json, 20 tokens/param
 
@@ -179,10 +180,53 @@ def write_long(results: dict[str, dict[tuple, float]], *, size: str, tokens_per_
     return written
 
 
+def plot(results: dict[str, dict[tuple, float]], path: Path) -> None:
+    """One panel per method: eval loss against outer lr, one line per outer momentum (at that method's best
+    inner lr and warmup), and against inner lr for DP; DP's best as a dashed line everywhere."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted(results, key=lambda k: (k != "dp", k))
+    dp = best(results["dp"])[1] if results.get("dp") else None
+    cols = 3
+    rows = -(-len(keys) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False, sharey=True)
+    for ax in axes.flat[len(keys):]:
+        ax.set_visible(False)
+    for ax, key in zip(axes.flat, keys, strict=False):
+        runs = results[key]
+        (lr, _, _, warm), _ = best(runs)
+        if key == "dp":
+            pts = sorted((s[0], v) for s, v in runs.items() if s[3] == warm and math.isfinite(v))
+            ax.plot(*zip(*pts, strict=True), marker="o")
+            ax.set(xscale="log", xlabel="inner lr")
+            ax.set_xticks([p for p, _ in pts], [f"{p:g}" for p, _ in pts], minor=False)
+            ax.minorticks_off()
+        else:
+            for mom in sorted({s[2] for s in runs}):
+                pts = sorted((s[1], v) for s, v in runs.items() if s[0] == lr and s[2] == mom and s[3] == warm
+                             and math.isfinite(v))
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), marker="o", label=f"momentum {mom:g}")
+            ax.set(xlabel=f"outer lr (inner lr {lr:g})")
+            ax.legend(fontsize=7)
+        if dp is not None:
+            ax.axhline(dp, color="k", ls="--", lw=0.8)
+        ax.set_title(key, fontsize=8)
+        ax.grid(alpha=0.3)
+    for row in axes:
+        row[0].set_ylabel("eval loss, 1 token/param\n(dashed: DP's best)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("table")
+    sub.add_parser("plot", help="search.png: eval loss against the outer settings, per method")
     w = sub.add_parser("write")
     w.add_argument("stage", choices=("stage2", "stage3", "long"))
     w.add_argument("--size", default="cpu-1m", help="long: the model size")
@@ -191,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     results = load()
     if args.cmd == "table":
         table(results)
+        return 0
+    if args.cmd == "plot":
+        plot(results, HERE / "search.png")
+        print(f"wrote {HERE / 'search.png'}")
         return 0
     if args.stage == "long":
         written = write_long(results, size=args.size, tokens_per_param=args.tokens_per_param)
