@@ -69,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     from diloco.distributed.launch import read_env, setup_communicators
+    from diloco.distributed.watchdog import exit_when_orphaned
+
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by a torchrun agent: a killed agent takes its worker along
+        exit_when_orphaned(what="this node's torchrun agent")
 
     if args.elastic:  # M = this launch's number of workers
         from diloco.train.config import TrainConfig
