@@ -48,17 +48,27 @@ def settings(rec: dict) -> tuple:
 
 
 def load(path: Path = RESULTS) -> dict[str, dict[tuple, float]]:
-    """method key -> settings -> eval loss (finished runs of the search's length only; diverged = inf)."""
-    out: dict[str, dict[tuple, float]] = defaultdict(dict)
-    if not path.exists():
-        return out
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        rec = json.loads(line)
-        loss = rec.get("eval_loss")
-        out[method_key(rec)][settings(rec)] = math.inf if loss is None else float(loss)
-    return out
+    """method key -> settings -> eval loss (diverged: inf). A setting run more than once (a later stage's grid
+    may hold an earlier stage's best point; compiled bf16 runs are not bit-reproducible) gets the mean."""
+    runs: dict[str, dict[tuple, list[float]]] = defaultdict(lambda: defaultdict(list))
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                loss = rec.get("eval_loss")
+                runs[method_key(rec)][settings(rec)].append(math.inf if loss is None else float(loss))
+    return {k: {s: sum(v) / len(v) for s, v in by.items()} for k, by in runs.items()}
+
+
+def repeats(path: Path = RESULTS) -> list[tuple[str, tuple, list[float]]]:
+    """Every setting run more than once, with its losses: the run-to-run noise of the search."""
+    runs: dict[tuple, list[float]] = defaultdict(list)
+    for line in path.read_text().splitlines() if path.exists() else []:
+        if line.strip():
+            rec = json.loads(line)
+            if rec.get("eval_loss") is not None:
+                runs[(method_key(rec), settings(rec))].append(rec["eval_loss"])
+    return [(k, s, v) for (k, s), v in runs.items() if len(v) > 1]
 
 
 def best(runs: dict[tuple, float]) -> tuple[tuple, float]:
@@ -78,6 +88,11 @@ def edges(runs: dict[tuple, float], s: tuple) -> list[str]:
 
 
 def table(results: dict[str, dict[tuple, float]]) -> None:
+    rep = repeats()
+    if rep:
+        spread = [max(v) - min(v) for _, _, v in rep]
+        print(f"run-to-run noise: {len(rep)} settings run twice or more, loss spread "
+              f"{min(spread):.4f} .. {max(spread):.4f} (mean {sum(spread) / len(spread):.4f}); their mean is used")
     dp = best(results["dp"])[1] if results.get("dp") else None
     print(f"{'method':<28} {'runs':>4} {'inner lr':>8} {'outer':>5} {'mom':>4} {'warm':>4} {'eval loss':>9} "
           f"{'vs DP':>7}  at an edge")
