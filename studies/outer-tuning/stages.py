@@ -6,7 +6,8 @@ brackets every optimum (a best value at the edge of what was tried gets the next
 
     stage 1  inner lr per method at outer lr 0.7 / Nesterov 0.5          (s1-*.json, written by hand)
     stage 2  outer lr {0.5, 0.7, 1.0} x outer momentum {0, 0.5, 0.9} at the stage-1 inner lr
-    stage 3  warmup {15, 60} (30 so far) and inner lr x 1/2, x 2 at the best outer settings
+    stage 3  warmup {15, 60} (30 so far) and inner lr x 1/2, x 2 at the best outer settings; an outer lr at
+             the edge of stage 2's grid gets one more (x 1.4 or / 1.4)
 
     .venv/bin/python studies/outer-tuning/stages.py table            # best per method so far
     .venv/bin/python studies/outer-tuning/stages.py plot             # search.png
@@ -152,6 +153,14 @@ def write_stage3(results: dict[str, dict[tuple, float]]) -> list[str]:
         for w in WARMUPS:
             _write(f"s3-{key}-warmup{w}", {**grid, **axes, "_comment": f"Stage 3: {key}, warmup {w} at the best so far.",
                                            "inner_lr": [lr], "base": {**base, "warmup_steps": w}}, written)
+        if key != "dp":  # the outer lr bracketed too: one step (x 1.4) past an edge of stage 2's grid
+            tried = sorted({t[1] for t in results[key] if t[0] == lr and t[2] == mom and t[3] == warm})
+            beyond = [] if len(tried) < 2 else [round(outer * 1.4, 3)] if outer == tried[-1] else \
+                [round(outer / 1.4, 3)] if outer == tried[0] else []
+            if beyond:
+                _write(f"s3-{key}-outer", {**grid, "_comment": f"Stage 3: {key}, outer lr {beyond[0]:g} (past the "
+                                           f"edge of stage 2) at the best so far.", "inner_lr": [lr], "outer_lr": beyond,
+                                           "base": {**base, "warmup_steps": warm}}, written)
         lrs = [v for v in (lr / 2, lr * 2) if (v, outer, mom, warm) not in results[key]]
         if lrs:
             _write(f"s3-{key}-lr", {**grid, **axes, "_comment": f"Stage 3: {key}, inner lr around {lr:g} at the best "
