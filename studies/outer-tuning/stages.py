@@ -204,6 +204,24 @@ def write_long(results: dict[str, dict[tuple, float]], *, size: str, tokens_per_
     return written
 
 
+def markdown(results: dict[str, dict[tuple, float]]) -> None:
+    """The README / docs table: each method's best settings, and the best loss at each outer momentum."""
+    dp = best(results["dp"])[1] if results.get("dp") else None
+    print("| method | runs | inner lr | outer lr / momentum | warmup | eval loss | vs DP | best at momentum 0 / 0.5 / 0.9 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for key in sorted(results, key=lambda k: (k != "dp", k)):
+        runs = results[key]
+        (lr, outer, mom, warm), loss = best(runs)
+        by_mom = []
+        for m in MOMENTA:
+            vals = [v for t, v in runs.items() if t[2] == m]
+            by_mom.append(f"{min(vals):.3f}" if vals else "–")
+        o = "–" if outer is None else f"{outer:g} / {mom:g}"
+        rel = f"{100 * (loss / dp - 1):+.2f} %" if dp else "–"
+        print(f"| {key} | {len(runs)} | {lr:g} | {o} | {warm} | {loss:.4f} | {rel} | "
+              f"{'–' if key == 'dp' else ' / '.join(by_mom)} |")
+
+
 def plot(results: dict[str, dict[tuple, float]], path: Path) -> None:
     """One panel per method: eval loss against outer lr, one line per outer momentum (at that method's best
     inner lr and warmup), and against inner lr for DP; DP's best as a dashed line everywhere."""
@@ -250,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("table")
+    sub.add_parser("markdown", help="the table for the docs")
     sub.add_parser("plot", help="search.png: eval loss against the outer settings, per method")
     w = sub.add_parser("write")
     w.add_argument("stage", choices=("stage2", "stage3", "long"))
@@ -259,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     results = load()
     if args.cmd == "table":
         table(results)
+        return 0
+    if args.cmd == "markdown":
+        markdown(results)
         return 0
     if args.cmd == "plot":
         plot(results, HERE / "search.png")
