@@ -8,6 +8,7 @@ brackets every optimum (a best value at the edge of what was tried gets the next
     stage 2  outer lr {0.5, 0.7, 1.0} x outer momentum {0, 0.5, 0.9} at the stage-1 inner lr
     stage 3  warmup {15, 60} (30 so far) and inner lr x 1/2, x 2 at the best outer settings; an outer lr at
              the edge of stage 2's grid gets one more (x 1.4 or / 1.4)
+    stage 4  one step past every edge the best still sits on (write_bracket)
 
     .venv/bin/python studies/outer-tuning/stages.py table            # best per method so far
     .venv/bin/python studies/outer-tuning/stages.py plot             # search.png
@@ -169,6 +170,36 @@ def write_stage3(results: dict[str, dict[tuple, float]]) -> list[str]:
     return written
 
 
+def write_bracket(results: dict[str, dict[tuple, float]], *, stage: str) -> list[str]:
+    """One step past every edge the best setting sits on (inner lr x2 or /2, outer lr x1.4 or /1.4, warmup x2
+    or /2; an outer momentum of 0.9, the papers', is not pushed further), the others held at the best."""
+    written: list[str] = []
+    for key in sorted(results):
+        runs = results[key]
+        s, _ = best(runs)
+        lr, outer, mom, warm = s
+        grid = _template(key)
+        for i, name, up, down in ((0, "lr", 2.0, 0.5), (1, "outer", 1.4, 1 / 1.4), (3, "warmup", 2.0, 0.5)):
+            if s[i] is None:
+                continue
+            tried = sorted({t[i] for t in runs if all(t[j] == s[j] for j in range(4) if j != i)})
+            if len(tried) < 2 or s[i] not in (tried[0], tried[-1]):
+                continue
+            value = s[i] * (up if s[i] == tried[-1] else down)
+            value = int(round(value)) if i == 3 else round(value, 6)
+            point = list(s)
+            point[i] = value
+            base = {**grid["base"], "warmup_steps": point[3], "runs_dir": f"runs/outer-tuning/{stage}-{key}"}
+            if mom is not None:
+                base["outer_momentum"] = mom
+            g = {**grid, "_comment": f"{stage}: {key}, {name} {value:g} (one step past the edge of {tried}).",
+                 "inner_lr": [point[0]], "base": base}
+            if key != "dp":
+                g["outer_lr"] = [point[1]]
+            _write(f"{stage}-{key}-{name}", g, written)
+    return written
+
+
 LONG = {  # point 4: method key -> seeds (FP4 against FP32 at two seeds; the rest one)
     "dp": (0,), "diloco-m1-h30": (0,), "streaming-m2-h30-fp4_e3m0": (0, 1), "streaming-m2-h30-fp32": (0, 1),
     "streaming-m2-h100-fp4_e3m0": (0,), "diloco-m2-h30": (0,),
@@ -271,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("markdown", help="the table for the docs")
     sub.add_parser("plot", help="search.png: eval loss against the outer settings, per method")
     w = sub.add_parser("write")
-    w.add_argument("stage", choices=("stage2", "stage3", "long"))
+    w.add_argument("stage", choices=("stage2", "stage3", "stage4", "long"))
     w.add_argument("--size", default="cpu-1m", help="long: the model size")
     w.add_argument("--tokens-per-param", type=float, default=20.0, help="long: tokens per parameter")
     args = ap.parse_args(argv)
@@ -288,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.stage == "long":
         written = write_long(results, size=args.size, tokens_per_param=args.tokens_per_param)
+    elif args.stage == "stage4":
+        written = write_bracket(results, stage="s4")
     else:
         written = (write_stage2 if args.stage == "stage2" else write_stage3)(results)
     print(" ".join(written))
