@@ -238,14 +238,15 @@ def write_long(results: dict[str, dict[tuple, float]], *, size: str, tokens_per_
 def markdown(results: dict[str, dict[tuple, float]]) -> None:
     """The README / docs table: each method's best settings, and the best loss at each outer momentum."""
     dp = best(results["dp"])[1] if results.get("dp") else None
-    print("| method | runs | inner lr | outer lr / momentum | warmup | eval loss | vs DP | best at momentum 0 / 0.5 / 0.9 |")
+    print("| method | runs | inner lr | outer lr / momentum | warmup | eval loss | vs DP | stage 2 (warmup 30): best at "
+          "momentum 0 / 0.5 / 0.9 |")
     print("|---|---|---|---|---|---|---|---|")
     for key in sorted(results, key=lambda k: (k != "dp", k)):
         runs = results[key]
         (lr, outer, mom, warm), loss = best(runs)
         by_mom = []
         for m in MOMENTA:
-            vals = [v for t, v in runs.items() if t[2] == m]
+            vals = [v for t, v in runs.items() if t[2] == m and t[3] == 30]
             by_mom.append(f"{min(vals):.3f}" if vals else "–")
         o = "–" if outer is None else f"{outer:g} / {mom:g}"
         rel = f"{100 * (loss / dp - 1):+.2f} %" if dp else "–"
