@@ -19,6 +19,16 @@ sys.path.insert(0, str(HERE))
 from stages import method_key  # noqa: E402
 
 from diloco.scaling.sweep import _model_zoo_params  # noqa: E402 - N as the sweep counts it
+from diloco.traffic import exchange_bytes  # noqa: E402
+
+
+def dp_bytes_at_m2(summary: dict) -> float | None:
+    """What DP over M = 2 replicas sends per replica (fp32 gradients every step: the trainer's DP exchange
+    at M = 2), from a DP run's summary; the sweep runs DP with one replica, which sends nothing."""
+    if not summary.get("num_params") or not summary.get("steps"):
+        return None
+    return summary["steps"] * exchange_bytes(payload_bytes=4 * summary["num_params"], num_replicas=2,
+                                             exchange="all_gather")
 
 TARGETS = {  # method key -> (max final loss / DP's, min DP bytes / the method's), from issue 15
     "streaming-m2-h30-fp4_e3m0": (1.01, 200.0), "streaming-m2-h100-fp4_e3m0": (1.015, 600.0),
@@ -47,10 +57,6 @@ def collect() -> list[dict]:
         run_id = cfg.parent.name
         if run_id not in runs:
             runs[run_id] = {"run_id": run_id, "run_dir": str(cfg.parent.relative_to(ROOT)), "status": "running"}
-    grids = {}
-    for path in HERE.glob("long-*.json"):
-        g = json.loads(path.read_text())
-        grids[g["base"]["runs_dir"]] = g
     out = []
     for run_id, rec in runs.items():
         run_dir = ROOT / rec["run_dir"]
@@ -70,7 +76,8 @@ def collect() -> list[dict]:
         out.append({"run_id": run_id, "key": key, "seed": seed, "size": size, "num_params": n, "outer": outer,
                     "inner_lr": config.get("inner_lr"), "warmup_steps": config.get("warmup_steps"),
                     "status": rec.get("status"), "final_eval_loss": summary.get("final_eval_loss"),
-                    "bytes_sent_per_replica": summary.get("bytes_sent_per_replica"), "curve": curve})
+                    "bytes_sent_per_replica": summary.get("bytes_sent_per_replica"),
+                    "dp_bytes_at_m2": dp_bytes_at_m2(summary) if key == "dp" else None, "curve": curve})
     return sorted(out, key=lambda r: (str(r["size"]), r["key"], str(r["seed"])))
 
 
@@ -79,8 +86,9 @@ def report(runs: list[dict]) -> None:
         group = [r for r in runs if str(r["size"]) == size]
         dp = [r for r in group if r["key"] == "dp" and r["final_eval_loss"] is not None]
         dp_loss = dp[0]["final_eval_loss"] if dp else None
-        dp_bytes = dp[0]["bytes_sent_per_replica"] if dp else None
-        print(f"\n{size}: final eval loss of the global parameters, bytes sent per replica")
+        dp_bytes = dp[0]["dp_bytes_at_m2"] if dp else None
+        print(f"\n{size}: final eval loss of the global parameters; bytes sent per replica against DP's at M = 2 "
+              f"(fp32 gradients every step, {dp_bytes / 1e9:.2f} GB)" if dp_bytes else f"\n{size}: (no DP run yet)")
         print(f"{'method':<28} {'seed':>4} {'inner lr':>8} {'outer':>9} {'eval loss':>9} {'/ DP':>7} "
               f"{'DP bytes / bytes':>16}  target")
         for r in group:
