@@ -119,19 +119,20 @@ def plot(runs: list[dict], path: Path) -> None:
     for col, size in enumerate(sizes):
         group = [r for r in runs if str(r["size"]) == size and r["curve"]]
         dp = next((r for r in group if r["key"] == "dp"), None)
-        for r in group:
+        for i, r in enumerate(group):
+            color = f"C{i % 10}"  # the same run, the same colour in both panels
             t, loss = zip(*r["curve"], strict=True)
             label = f"{r['key']} s{r['seed']}" + ("" if not r["outer"] else f" outer {r['outer'][0]:g}/{r['outer'][1]:g}")
-            axes[0][col].plot(t, loss, label=label)
+            axes[0][col].plot(t, loss, label=label, color=color)
             if dp is not None and r is not dp and r["num_params"]:
                 ref = dict(dp["curve"])
                 pts = [(tok / r["num_params"], 100 * (l_ / ref[tok] - 1)) for tok, l_ in r["curve"] if tok in ref]
                 if pts:
-                    axes[1][col].plot(*zip(*pts, strict=True), marker=".", label=label)
+                    axes[1][col].plot(*zip(*pts, strict=True), marker=".", label=label, color=color)
         axes[0][col].set(title=f"{size}: eval loss (global parameters)", xlabel="tokens", ylabel="eval loss")
         axes[0][col].set_ylim(top=min(6.0, axes[0][col].get_ylim()[1]))
         axes[1][col].axhline(0, color="k", lw=0.8)
-        axes[1][col].set(title=f"{size}: gap to DP at the same tokens (mid-run points: same schedule, not its end)",
+        axes[1][col].set(title=f"{size}: gap to DP at the same tokens",
                          xlabel="tokens per parameter", ylabel="eval loss vs DP (%)")
         for ax in axes[:, col]:
             ax.grid(alpha=0.3)
