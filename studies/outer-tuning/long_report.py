@@ -98,8 +98,10 @@ def report(runs: list[dict]) -> None:
             t = TARGETS.get(r["key"])
             verdict = "-"
             if t and ratio is not None:
-                ok = ratio <= t[0] and (t[1] is None or (fewer is not None and fewer >= t[1]))
-                verdict = f"{'met' if ok else 'MISSED'} (<= {t[0]:g} x DP" + (f", >= {t[1]:g}x fewer bytes)" if t[1] else ")")
+                parts = [f"loss {'met' if ratio <= t[0] else 'MISSED'} (<= {t[0]:g} x DP)"]
+                if t[1]:
+                    parts.append(f"bytes {'met' if fewer is not None and fewer >= t[1] else 'MISSED'} (>= {t[1]:g}x fewer)")
+                verdict = ", ".join(parts)
             shown = f"{loss:.4f}" if loss is not None else f"({len(r['curve'])} evals)"
             outer = "-" if not r["outer"] else f"{r['outer'][0]:g} / {r['outer'][1]:g}"
             print(f"{r['key']:<28} {str(r['seed']):>4} {r['inner_lr']!s:>8} {outer:>9} {shown:>9} {ratio if ratio is None else round(ratio, 4)!s:>7} "
