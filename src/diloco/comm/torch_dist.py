@@ -112,6 +112,37 @@ class _Heartbeat:
         return {r: self.store.add(self._key(r), 0) for r in global_ranks}
 
 
+def name_culprits(*, seq: int, last_entered: dict[int, int], silent: Sequence[int], heartbeat: bool,
+                  label=lambda rank: "") -> list[str]:
+    """What a failed collective #seq says about the peers: who never reached it, who went silent.
+
+    Args:
+        last_entered: each peer's number of the last collective it entered (from the store).
+        silent: the peers whose heartbeat did not move while this rank watched.
+        heartbeat: whether heartbeats were watched at all (otherwise ``silent`` means nothing).
+        label: extra text after a rank's number (e.g. its global rank).
+    """
+    behind = [r for r in sorted(last_entered) if last_entered[r] < seq]
+    # A peer that reached the collective and then went silent most often failed on the same fault
+    # (it met the dead rank first, gave up and exited), so it is named apart from the culprit.
+    dead = [r for r in silent if r in behind]
+    followed = [r for r in silent if r not in behind]
+    parts = []
+    if behind:
+        detail = ", ".join(f"rank {r}{label(r)} last entered #{last_entered[r]}" for r in behind)
+        parts.append(f"rank(s) {behind} never reached it ({detail})")
+    if dead:
+        parts.append(f"rank(s) {dead} stopped responding (heartbeat stopped: process dead or stopped)")
+    if followed:
+        parts.append(f"rank(s) {followed} entered it and then stopped responding (they failed inside it, "
+                     "probably on the same fault, and exited)")
+    if behind and not dead and heartbeat:
+        parts.append("their heartbeat is alive: hung or slower than the timeout")
+    if not behind and not silent:
+        parts.append("every peer had entered it and is alive: a peer failed inside the collective")
+    return parts
+
+
 class _TorchWork(Work):
     def __init__(self, comm: TorchDistCommunicator, work, out: torch.Tensor, numel: int | list[int], seq: int,
                  what: str, result_device: torch.device) -> None:
@@ -387,17 +418,8 @@ class TorchDistCommunicator(Communicator):
                 silent = [r for r, g in zip(peers, globals_, strict=True) if after[g] == before[g]]
         except Exception as store_exc:  # noqa: BLE001
             return f"{head}; could not read the peers' progress from the store ({store_exc}); backend: {backend_msg}"
-        behind = [r for r in peers if last[r] < seq]
-        parts = [head]
-        if behind:
-            detail = ", ".join(f"rank {r}{self._global(r)} last entered #{last[r]}" for r in behind)
-            parts.append(f"rank(s) {behind} never reached it ({detail})")
-        if silent:
-            parts.append(f"rank(s) {silent} stopped responding (heartbeat stopped: process dead or stopped)")
-        if behind and not silent and self._heartbeat is not None:
-            parts.append("their heartbeat is alive: hung or slower than the timeout")
-        if not behind and not silent:
-            parts.append("every peer had entered it and is alive: a peer failed inside the collective")
+        parts = [head, *name_culprits(seq=seq, last_entered=last, silent=silent,
+                                      heartbeat=self._heartbeat is not None, label=self._global)]
         parts.append(f"backend: {backend_msg}")
         return "; ".join(parts)
 
