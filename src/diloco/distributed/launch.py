@@ -178,8 +178,20 @@ class Communicators:
         """True on the one process that logs and writes shared files: replica 0's first rank."""
         return self.replica.rank == 0 and self.local_rank_in_worker == 0
 
-    def close(self) -> None:
-        """Close every communicator opened (their heartbeats) and the process group if it was ours."""
+    def close(self, *, synchronize: bool = True) -> None:
+        """Close every communicator opened (their heartbeats) and the process group if it was ours.
+
+        With ``synchronize`` (a clean exit), the ranks first meet in a barrier bounded by the
+        communicator's timeout, so no rank tears its connections down while a peer still finishes its
+        last transfer over them (a peer can then abort in gloo's threads at exit). After a failure
+        (``synchronize=False``, what the context manager passes on an exception) nobody waits.
+        """
+        if synchronize and self.owns_process_group and dist.is_initialized() and dist.get_world_size() > 1:
+            try:
+                timeout_s = (self.replica.cross if self.intra is not None else self.replica).timeout_s
+                dist.barrier(async_op=True).wait(timeout=timedelta(seconds=timeout_s))
+            except Exception:  # noqa: BLE001 - a peer already gone: nothing left to protect
+                pass
         opened = [self.replica.cross, self.replica.intra] if self.intra is not None else [self.replica]
         for comm in opened:
             comm.close()
@@ -189,8 +201,8 @@ class Communicators:
     def __enter__(self) -> Communicators:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(synchronize=exc_type is None)
 
 
 def check_world_size(world_size: int, replicas: Any, ranks_per_worker: Any) -> None:
