@@ -9,6 +9,8 @@ brackets every optimum (a best value at the edge of what was tried gets the next
     stage 3  warmup {15, 60} (30 so far) and inner lr x 1/2, x 2 at the best outer settings; an outer lr at
              the edge of stage 2's grid gets one more (x 1.4 or / 1.4)
     stage 4  one step past every edge the best still sits on (write_bracket)
+    stage 5  the same again, and the inner lr x 1/2, x 2 where it was tried at one value only at the best's
+             warmup (stage 4 moved warmup to 120 at a fixed inner lr)
 
     .venv/bin/python studies/outer-tuning/stages.py table            # best per method so far
     .venv/bin/python studies/outer-tuning/stages.py plot             # search.png
@@ -86,6 +88,8 @@ def edges(runs: dict[tuple, float], s: tuple) -> list[str]:
         tried = sorted({t[i] for t in runs if all(t[j] == s[j] for j in range(4) if j != i) and t[i] is not None})
         if len(tried) > 1 and s[i] in (tried[0], tried[-1]):
             out.append(f"{name} {'low' if s[i] == tried[0] else 'high'} end of {tried}")
+        elif len(tried) == 1 and i == 0:
+            out.append(f"inner lr tried at {tried[0]:g} only")
     return out
 
 
@@ -170,9 +174,12 @@ def write_stage3(results: dict[str, dict[tuple, float]]) -> list[str]:
     return written
 
 
-def write_bracket(results: dict[str, dict[tuple, float]], *, stage: str) -> list[str]:
+def write_bracket(results: dict[str, dict[tuple, float]], *, stage: str, lone_lr: bool = False) -> list[str]:
     """One step past every edge the best setting sits on (inner lr x2 or /2, outer lr x1.4 or /1.4, warmup x2
-    or /2; an outer momentum of 0.9, the papers', is not pushed further), the others held at the best."""
+    or /2; an outer momentum of 0.9, the papers', is not pushed further), the others held at the best.
+
+    With ``lone_lr`` an inner lr tried at only one value at the best's other settings (so neither bracketed
+    nor flagged as an edge) gets both neighbours, x 1/2 and x 2."""
     written: list[str] = []
     for key in sorted(results):
         runs = results[key]
@@ -183,19 +190,27 @@ def write_bracket(results: dict[str, dict[tuple, float]], *, stage: str) -> list
             if s[i] is None:
                 continue
             tried = sorted({t[i] for t in runs if all(t[j] == s[j] for j in range(4) if j != i)})
-            if len(tried) < 2 or s[i] not in (tried[0], tried[-1]):
+            if lone_lr and i == 0 and len(tried) == 1:
+                factors = (down, up)
+            elif len(tried) < 2 or s[i] not in (tried[0], tried[-1]):
                 continue
-            value = s[i] * (up if s[i] == tried[-1] else down)
-            value = int(round(value)) if i == 3 else round(value, 6)
-            point = list(s)
-            point[i] = value
-            base = {**grid["base"], "warmup_steps": point[3], "runs_dir": f"runs/outer-tuning/{stage}-{key}"}
+            else:
+                factors = (up if s[i] == tried[-1] else down,)
+            points = []
+            for f in factors:
+                value = s[i] * f
+                point = list(s)
+                point[i] = int(round(value)) if i == 3 else round(value, 6)
+                points.append(point)
+            base = {**grid["base"], "warmup_steps": points[0][3], "runs_dir": f"runs/outer-tuning/{stage}-{key}"}
             if mom is not None:
                 base["outer_momentum"] = mom
-            g = {**grid, "_comment": f"{stage}: {key}, {name} {value:g} (one step past the edge of {tried}).",
-                 "inner_lr": [point[0]], "base": base}
+            values = ", ".join(f"{p[i]:g}" for p in points)
+            why = "tried at one value only" if len(factors) == 2 else f"one step past the edge of {tried}"
+            g = {**grid, "_comment": f"{stage}: {key}, {name} {values} ({why}).",
+                 "inner_lr": [p[0] for p in points], "base": base}
             if key != "dp":
-                g["outer_lr"] = [point[1]]
+                g["outer_lr"] = [points[0][1]]
             _write(f"{stage}-{key}-{name}", g, written)
     return written
 
@@ -303,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("markdown", help="the table for the docs")
     sub.add_parser("plot", help="search.png: eval loss against the outer settings, per method")
     w = sub.add_parser("write")
-    w.add_argument("stage", choices=("stage2", "stage3", "stage4", "long"))
+    w.add_argument("stage", choices=("stage2", "stage3", "stage4", "stage5", "long"))
     w.add_argument("--size", default="cpu-1m", help="long: the model size")
     w.add_argument("--tokens-per-param", type=float, default=20.0, help="long: tokens per parameter")
     args = ap.parse_args(argv)
@@ -320,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.stage == "long":
         written = write_long(results, size=args.size, tokens_per_param=args.tokens_per_param)
-    elif args.stage == "stage4":
-        written = write_bracket(results, stage="s4")
+    elif args.stage in ("stage4", "stage5"):
+        written = write_bracket(results, stage="s" + args.stage[-1], lone_lr=args.stage == "stage5")
     else:
         written = (write_stage2 if args.stage == "stage2" else write_stage3)(results)
     print(" ".join(written))
