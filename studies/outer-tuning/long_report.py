@@ -2,8 +2,9 @@
 
     .venv/bin/python studies/outer-tuning/long_report.py      # reads results-long.jsonl and the run folders
 
-Writes long-summary.json (every run's eval-loss curve, final loss, bytes per replica) and long-curves.png
-(eval loss against tokens, and each method's gap to DP against tokens per parameter, per size). A run
+Writes long-summary.json (every run's eval-loss curve, final loss, bytes per replica; the gap against N),
+long-curves.png (eval loss against tokens, and each method's gap to DP against tokens per parameter, per
+size) and long-gap-vs-n.png (our final gaps beside the papers' at 35M and up, and their trend extended down). A run
 still in progress shows its curve so far (from its metrics.jsonl) and no final loss.
 """
 
@@ -18,6 +19,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 from stages import method_key  # noqa: E402
 
+from diloco.scaling.fit import paper_table4  # noqa: E402
 from diloco.scaling.sweep import _model_zoo_params  # noqa: E402 - N as the sweep counts it
 from diloco.traffic import exchange_bytes  # noqa: E402
 
@@ -143,15 +145,125 @@ def plot(runs: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+# -- the gap against N: ours beside the papers' ------------------------------------------------------------
+def paper_gaps() -> dict[str, list[tuple[float, float]]]:
+    """The papers' final gap to DP (%) against N, per method key of ours they correspond to.
+
+    DiLoCo M = 1 and M = 2 (H = 30 there too): Scaling Laws Table 4; Streaming DiLoCo H = 30 and H = 100
+    (P of 3 blocks, FP4, tau = 1 or more): Streaming DiLoCo Table 5. The papers count N with embeddings at
+    nominal sizes (35M and up); ours are non-embedding parameters: the comparison is of trends, not rows."""
+    import importlib.resources as resources
+
+    t4 = paper_table4()
+    cols = t4["columns"]
+    out: dict[str, list[tuple[float, float]]] = {"diloco-m1-h30": [], "diloco-m2-h30": []}
+    for row in t4["rows"]:
+        _, n, *losses = row
+        loss = dict(zip(cols[2:], losses, strict=True))
+        out["diloco-m1-h30"].append((n, 100 * (loss["diloco-m1"] / loss["dp"] - 1)))
+        out["diloco-m2-h30"].append((n, 100 * (loss["diloco-m2"] / loss["dp"] - 1)))
+    abl = json.loads((resources.files("diloco.sim.data") / "ablations.json").read_text())["paper"]
+    dp = dict((n, loss) for n, loss in abl["dp_table5"]["rows"])
+    sd = {n: (h30, h100) for n, h30, h100 in abl["sync_every"]["rows"]}
+    out["streaming-m2-h30"] = [(n, 100 * (sd[n][0] / dp[n] - 1)) for n in sorted(dp)]
+    out["streaming-m2-h100"] = [(n, 100 * (sd[n][1] / dp[n] - 1)) for n in sorted(dp)]
+    return out
+
+
+def _series(key: str) -> str | None:
+    """The papers' series a run of ours sits beside (FP4 and FP32 Streaming alike: the papers found no cost)."""
+    for series in ("diloco-m1-h30", "diloco-m2-h30", "streaming-m2-h30", "streaming-m2-h100"):
+        if key.startswith(series):
+            return series
+    return None
+
+
+def gap_against_n(runs: list[dict]) -> list[dict]:
+    """Per (size, method, outer settings): our final gap to DP (mean over seeds) and, at the same N, the papers'
+    trend gap = a + b log10 N (least squares over their rows) extrapolated down to our size."""
+    import numpy as np
+
+    papers = paper_gaps()
+    trend = {k: np.polyfit(np.log10([n for n, _ in v]), [g for _, g in v], 1) for k, v in papers.items()}
+    rows = []
+    for size in sorted({str(r["size"]) for r in runs}):
+        group = [r for r in runs if str(r["size"]) == size and r["final_eval_loss"] is not None]
+        dp = next((r for r in group if r["key"] == "dp"), None)
+        if dp is None:
+            continue
+        by: dict[tuple, list[dict]] = {}
+        for r in group:
+            if r is not dp and _series(r["key"]):
+                by.setdefault((r["key"], tuple(r["outer"] or ())), []).append(r)
+        for (key, outer), rs in sorted(by.items()):
+            gaps = [100 * (r["final_eval_loss"] / dp["final_eval_loss"] - 1) for r in rs]
+            b, a = trend[_series(key)]
+            n = rs[0]["num_params"]
+            rows.append({"size": size, "num_params": n, "key": key, "outer": list(outer), "seeds": len(rs),
+                         "gap_pct": float(np.mean(gaps)), "gap_pct_seeds": gaps,
+                         "papers_trend_gap_pct": float(a + b * np.log10(n)),
+                         "papers_gap_pct_at_smallest": papers[_series(key)][0][1],
+                         "papers_smallest_n": papers[_series(key)][0][0]})
+    return rows
+
+
+def report_gap_against_n(rows: list[dict]) -> None:
+    print("\nThe gap against N: ours (final, 20 tokens/param, mean over seeds) beside the papers' (also 20 tokens/param).")
+    print("'papers' trend' extrapolates gap = a + b log10(N) from the papers' rows (35M and up) to our N: a "
+          "direction, not a prediction.")
+    print(f"{'size':<10} {'method':<28} {'outer':>9} {'seeds':>5} {'ours':>7} {'papers trend':>12} "
+          f"{'papers at 35M':>13}")
+    for r in rows:
+        outer = "-" if not r["outer"] else f"{r['outer'][0]:g} / {r['outer'][1]:g}"
+        print(f"{r['size']:<10} {r['key']:<28} {outer:>9} {r['seeds']:>5} {r['gap_pct']:>+6.2f}% "
+              f"{r['papers_trend_gap_pct']:>+11.2f}% {r['papers_gap_pct_at_smallest']:>+12.2f}%")
+
+
+def plot_gap_against_n(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    papers = paper_gaps()
+    fig, axes = plt.subplots(1, len(papers), figsize=(4.2 * len(papers), 4), sharey=True)
+    for ax, (series, pts) in zip(axes, papers.items(), strict=True):
+        n, g = zip(*pts, strict=True)
+        ax.plot(n, g, "ks", label="papers (20 tokens/param)")
+        b, a = np.polyfit(np.log10(n), g, 1)
+        xs = np.logspace(5, np.log10(max(n)), 50)
+        ax.plot(xs, a + b * np.log10(xs), "k--", lw=0.8, label="papers' trend, extrapolated")
+        colors: dict[str, str] = {}  # one colour per setting, whatever the size
+        for r in (x for x in rows if _series(x["key"]) == series):
+            outer = "" if not r["outer"] else f" outer {r['outer'][0]:g}/{r['outer'][1]:g}"
+            label = " ".join(["ours", r["key"].removeprefix(series).strip("-")]).strip() + outer
+            new = label not in colors
+            colors.setdefault(label, f"C{len(colors)}")
+            ax.plot([r["num_params"]] * len(r["gap_pct_seeds"]), r["gap_pct_seeds"], "o", color=colors[label],
+                    label=label if new else None)
+        ax.axhline(0, color="grey", lw=0.6)
+        ax.set(xscale="log", title=series, xlabel="parameters N")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    axes[0].set_ylabel("final eval loss vs DP (%)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> int:
     runs = collect()
     if not runs:
         print("no long runs yet (studies/outer-tuning/stages.py write long; then run the long-*.json grids)")
         return 1
     report(runs)
-    (HERE / "long-summary.json").write_text(json.dumps(runs, indent=1, allow_nan=False) + "\n")
+    gaps = gap_against_n(runs)
+    report_gap_against_n(gaps)
+    summary = {"runs": runs, "gap_against_n": gaps}
+    (HERE / "long-summary.json").write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n")
     plot(runs, HERE / "long-curves.png")
-    print(f"\nwrote {HERE / 'long-summary.json'} and {HERE / 'long-curves.png'}")
+    plot_gap_against_n(gaps, HERE / "long-gap-vs-n.png")
+    print(f"\nwrote {HERE / 'long-summary.json'}, {HERE / 'long-curves.png'} and {HERE / 'long-gap-vs-n.png'}")
     return 0
 
 
