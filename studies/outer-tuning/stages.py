@@ -219,16 +219,19 @@ LONG = {  # point 4: method key -> seeds (FP4 against FP32 at two seeds; the res
     "dp": (0,), "diloco-m1-h30": (0,), "streaming-m2-h30-fp4_e3m0": (0, 1), "streaming-m2-h30-fp32": (0, 1),
     "streaming-m2-h100-fp4_e3m0": (0,), "diloco-m2-h30": (0,),
     "streaming-m2-h30-fp4_e3m0-paper": (0,),  # the papers' outer 0.7 / Nesterov 0.9 at the best inner lr
+    # stage 5 moved M = 1's best to DP's inner lr (4e-3 at warmup 120): the long run again at those settings
+    "diloco-m1-h30-retuned": (0,),
 }
 
 
 def write_long(results: dict[str, dict[tuple, float]], *, size: str, tokens_per_param: float) -> list[str]:
     """Point 4: each method at its best settings for ``tokens_per_param`` tokens per parameter, evaluated
     every 400 steps (the eval-loss-vs-tokens curves). FP32 Streaming takes FP4's settings; ``-paper``
-    takes the papers' outer lr 0.7 and Nesterov momentum 0.9 instead of the search's."""
+    takes the papers' outer lr 0.7 and Nesterov momentum 0.9 instead of the search's; ``-retuned`` is a
+    method's run again at the best of a later stage (written once: an existing grid is never rewritten)."""
     written: list[str] = []
     for key, seeds in LONG.items():
-        src = key.replace("-fp32", "-fp4_e3m0").removesuffix("-paper")
+        src = key.replace("-fp32", "-fp4_e3m0").removesuffix("-paper").removesuffix("-retuned")
         if not results.get(src):
             print(f"skipped {key}: no search results for {src}")
             continue
@@ -243,8 +246,8 @@ def write_long(results: dict[str, dict[tuple, float]], *, size: str, tokens_per_
             base["codec"] = "fp32"
         axes = {} if key == "dp" else {"outer_lr": [outer]}
         for seed in seeds:
-            g = {**grid, **axes, "_comment": f"Point 4: {key} at its best search settings, {tokens_per_param:g} "
-                 f"tokens per parameter, seed {seed}.", "sizes": [size], "inner_lr": [lr],
+            g = {**grid, **axes, "_comment": f"Point 4: {key} at its best search settings (inner lr {lr:g}, "
+                 f"warmup {warm}), {tokens_per_param:g} tokens per parameter, seed {seed}.", "sizes": [size], "inner_lr": [lr],
                  "tokens_per_param": tokens_per_param, "seed": seed, "base": base}
             _write(f"long-{size}-{key}-seed{seed}", g, written)
     return written
