@@ -126,7 +126,8 @@ def plot(runs: list[dict], path: Path) -> None:
         for i, r in enumerate(group):
             color = f"C{i % 10}"  # the same run, the same colour in both panels
             t, loss = zip(*r["curve"], strict=True)
-            label = f"{r['key']} s{r['seed']}" + ("" if not r["outer"] else f" outer {r['outer'][0]:g}/{r['outer'][1]:g}")
+            label = (f"{r['key']} s{r['seed']} lr {r['inner_lr']:g}"
+                     + ("" if not r["outer"] else f" outer {r['outer'][0]:g}/{r['outer'][1]:g}"))
             axes[0][col].plot(t, loss, label=label, color=color)
             if dp is not None and r is not dp and r["num_params"]:
                 ref = dict(dp["curve"])
@@ -194,12 +195,13 @@ def gap_against_n(runs: list[dict]) -> list[dict]:
         by: dict[tuple, list[dict]] = {}
         for r in group:
             if r is not dp and _series(r["key"]):
-                by.setdefault((r["key"], tuple(r["outer"] or ())), []).append(r)
-        for (key, outer), rs in sorted(by.items()):
+                by.setdefault((r["key"], tuple(r["outer"] or ()), r["inner_lr"]), []).append(r)
+        for (key, outer, inner_lr), rs in sorted(by.items()):
             gaps = [100 * (r["final_eval_loss"] / dp["final_eval_loss"] - 1) for r in rs]
             b, a = trend[_series(key)]
             n = rs[0]["num_params"]
-            rows.append({"size": size, "num_params": n, "key": key, "outer": list(outer), "seeds": len(rs),
+            rows.append({"size": size, "num_params": n, "key": key, "outer": list(outer), "inner_lr": inner_lr,
+                         "seeds": len(rs),
                          "gap_pct": float(np.mean(gaps)), "gap_pct_seeds": gaps,
                          "papers_trend_gap_pct": float(a + b * np.log10(n)),
                          "papers_gap_pct_at_smallest": papers[_series(key)][0][1],
@@ -211,11 +213,11 @@ def report_gap_against_n(rows: list[dict]) -> None:
     print("\nThe gap against N: ours (final, 20 tokens/param, mean over seeds) beside the papers' (also 20 tokens/param).")
     print("'papers' trend' extrapolates gap = a + b log10(N) from the papers' rows (35M and up) to our N: a "
           "direction, not a prediction.")
-    print(f"{'size':<10} {'method':<28} {'outer':>9} {'seeds':>5} {'ours':>7} {'papers trend':>12} "
+    print(f"{'size':<10} {'method':<28} {'inner lr':>8} {'outer':>9} {'seeds':>5} {'ours':>7} {'papers trend':>12} "
           f"{'papers at 35M':>13}")
     for r in rows:
         outer = "-" if not r["outer"] else f"{r['outer'][0]:g} / {r['outer'][1]:g}"
-        print(f"{r['size']:<10} {r['key']:<28} {outer:>9} {r['seeds']:>5} {r['gap_pct']:>+6.2f}% "
+        print(f"{r['size']:<10} {r['key']:<28} {r['inner_lr']!s:>8} {outer:>9} {r['seeds']:>5} {r['gap_pct']:>+6.2f}% "
               f"{r['papers_trend_gap_pct']:>+11.2f}% {r['papers_gap_pct_at_smallest']:>+12.2f}%")
 
 
@@ -237,7 +239,7 @@ def plot_gap_against_n(rows: list[dict], path: Path) -> None:
         colors: dict[str, str] = {}  # one colour per setting, whatever the size
         for r in (x for x in rows if _series(x["key"]) == series):
             outer = "" if not r["outer"] else f" outer {r['outer'][0]:g}/{r['outer'][1]:g}"
-            label = " ".join(["ours", r["key"].removeprefix(series).strip("-")]).strip() + outer
+            label = " ".join(["ours", r["key"].removeprefix(series).strip("-")]).strip() + f" lr {r['inner_lr']:g}" + outer
             new = label not in colors
             colors.setdefault(label, f"C{len(colors)}")
             ax.plot([r["num_params"]] * len(r["gap_pct_seeds"]), r["gap_pct_seeds"], "o", color=colors[label],
