@@ -1,6 +1,6 @@
 """Point 4 of issue 15: the long runs against DP, beside the targets; curves and gaps as JSON and a plot.
 
-    .venv/bin/python studies/outer-tuning/long_report.py      # reads results-long.jsonl and the run folders
+    .venv/bin/python studies/outer-tuning/long_report.py      # reads results-long*.jsonl and the run folders
 
 Writes long-summary.json (every run's eval-loss curve, final loss, bytes per replica; the gap against N),
 long-curves.png (eval loss against tokens, and each method's gap to DP against tokens per parameter, per
@@ -51,10 +51,12 @@ def _rows(path: Path) -> list[dict]:
 
 
 def collect() -> list[dict]:
-    """One entry per long run: finished ones from results-long.jsonl, unfinished ones from runs/."""
+    """One entry per long run: finished ones from results-long*.jsonl (one file per sweep that ran at the same
+    time as another: a sweep locks its output), unfinished ones from runs/."""
     runs = {}
-    for rec in _rows(HERE / "results-long.jsonl"):
-        runs[rec["run_id"]] = rec
+    for path in sorted(HERE.glob("results-long*.jsonl")):
+        for rec in _rows(path):
+            runs[rec["run_id"]] = rec
     for cfg in sorted((ROOT / "runs" / "outer-tuning").glob("long-*/*/config.json")):
         run_id = cfg.parent.name
         if run_id not in runs:
