@@ -219,9 +219,11 @@ LONG = {  # point 4: method key -> seeds (FP4 against FP32 at two seeds; the res
     "dp": (0,), "diloco-m1-h30": (0,), "streaming-m2-h30-fp4_e3m0": (0, 1), "streaming-m2-h30-fp32": (0, 1),
     "streaming-m2-h100-fp4_e3m0": (0,), "diloco-m2-h30": (0,),
     "streaming-m2-h30-fp4_e3m0-paper": (0,),  # the papers' outer 0.7 / Nesterov 0.9 at the best inner lr
-    # stage 5 moved M = 1's best to DP's inner lr (4e-3 at warmup 120): the long run again at those settings
-    "diloco-m1-h30-retuned": (0,),
+    # stage 5 moved DiLoCo's best inner lr at warmup 120 (the long runs' warmup) to DP's, 4e-3: the long runs
+    # again at the best of the runs with that warmup
+    "diloco-m1-h30-retuned": (0,), "diloco-m2-h30-retuned": (0,),
 }
+LONG_WARMUP = 120  # the "-retuned" runs take the best inner lr among the search's runs at this warmup
 
 
 def write_long(results: dict[str, dict[tuple, float]], *, size: str, tokens_per_param: float) -> list[str]:
@@ -235,7 +237,10 @@ def write_long(results: dict[str, dict[tuple, float]], *, size: str, tokens_per_
         if not results.get(src):
             print(f"skipped {key}: no search results for {src}")
             continue
-        (lr, outer, mom, warm), _ = best(results[src])
+        runs = results[src]
+        if key.endswith("-retuned"):
+            runs = {k: v for k, v in runs.items() if k[3] == LONG_WARMUP}
+        (lr, outer, mom, warm), _ = best(runs)
         if key.endswith("-paper"):
             outer, mom = 0.7, 0.9
         grid = _template(src)
