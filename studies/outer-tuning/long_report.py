@@ -1,6 +1,7 @@
 """Point 4 of issue 15: the long runs against DP, beside the targets; curves and gaps as JSON and a plot.
 
     .venv/bin/python studies/outer-tuning/long_report.py      # reads results-long*.jsonl and the run folders
+    .venv/bin/python studies/outer-tuning/long_report.py --markdown     # the README's tables
 
 Writes long-summary.json (every run's eval-loss curve, final loss, bytes per replica; the gap against N),
 long-curves.png (eval loss against tokens, and each method's gap to DP against tokens per parameter, per
@@ -22,6 +23,7 @@ from stages import method_key  # noqa: E402
 from diloco.scaling.fit import paper_table4  # noqa: E402
 from diloco.scaling.sweep import _model_zoo_params  # noqa: E402 - N as the sweep counts it
 from diloco.traffic import exchange_bytes  # noqa: E402
+from diloco.train.compare import _human  # noqa: E402 - the byte counts as the demo's table prints them
 
 
 def dp_bytes_at_m2(summary: dict) -> float | None:
@@ -148,6 +150,34 @@ def plot(runs: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+NAMES = {"dp": "data-parallel (M = 2, fp32 gradients every step)", "diloco-m1-h30": "DiLoCo M = 1, H = 30",
+         "diloco-m2-h30": "DiLoCo M = 2, H = 30", "streaming-m2-h30-fp4_e3m0": "Streaming M = 2, H = 30, FP4",
+         "streaming-m2-h30-fp32": "Streaming M = 2, H = 30, FP32", "streaming-m2-h100-fp4_e3m0": "Streaming M = 2, H = 100, FP4"}
+
+
+def markdown(runs: list[dict]) -> None:
+    """The README's table per size: finished runs, seeds averaged per setting, bytes against DP at M = 2."""
+    for size in sorted({str(r["size"]) for r in runs}):
+        group = [r for r in runs if str(r["size"]) == size and r["final_eval_loss"] is not None]
+        dp = next((r for r in group if r["key"] == "dp"), None)
+        if dp is None:
+            continue
+        by: dict[tuple, list[dict]] = {}
+        for r in group:
+            by.setdefault((r["key"], r["inner_lr"], tuple(r["outer"] or ())), []).append(r)
+        print(f"\n{size} ({dp['num_params'] / 1e6:.2f}M parameters):\n")
+        print("| method | inner lr | outer lr / momentum | seeds | eval loss | vs DP | sent per replica | × fewer than DP |")
+        print("|---|---|---|---|---|---|---|---|")
+        for (key, lr, outer), rs in sorted(by.items(), key=lambda kv: (kv[0][0] != "dp", kv[0][0], -kv[0][1])):
+            loss = sum(r["final_eval_loss"] for r in rs) / len(rs)
+            sent = dp["dp_bytes_at_m2"] if key == "dp" else rs[0]["bytes_sent_per_replica"]
+            fewer = "1" if key == "dp" else ("–" if not sent else f"{dp['dp_bytes_at_m2'] / sent:,.0f}")
+            gap = "–" if key == "dp" else f"{100 * (loss / dp['final_eval_loss'] - 1):+.2f} %"
+            each = "" if len(rs) == 1 else " (" + " / ".join(f"{r['final_eval_loss']:.4f}" for r in rs) + ")"
+            print(f"| {NAMES.get(key, key)} | {lr:g} | {'–' if not outer else f'{outer[0]:g} / {outer[1]:g}'} | "
+                  f"{len(rs)} | {loss:.4f}{each} | {gap} | {_human(sent) if sent else '0'} | {fewer} |")
+
+
 # -- the gap against N: ours beside the papers' ------------------------------------------------------------
 def paper_gaps() -> dict[str, list[tuple[float, float]]]:
     """The papers' final gap to DP (%) against N, per method key of ours they correspond to.
@@ -260,6 +290,9 @@ def main() -> int:
     if not runs:
         print("no long runs yet (studies/outer-tuning/stages.py write long; then run the long-*.json grids)")
         return 1
+    if sys.argv[1:] == ["--markdown"]:
+        markdown(runs)
+        return 0
     report(runs)
     gaps = gap_against_n(runs)
     report_gap_against_n(gaps)
