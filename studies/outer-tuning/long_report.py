@@ -128,7 +128,7 @@ def plot(runs: list[dict], path: Path) -> None:
         group = [r for r in runs if str(r["size"]) == size and r["curve"]]
         dp = next((r for r in group if r["key"] == "dp"), None)
         for i, r in enumerate(group):
-            color = f"C{i % 10}"  # the same run, the same colour in both panels
+            color = plt.cm.tab20(i % 20)  # the same run, the same colour in both panels
             t, loss = zip(*r["curve"], strict=True)
             label = (f"{r['key']} s{r['seed']} lr {r['inner_lr']:g}"
                      + ("" if not r["outer"] else f" outer {r['outer'][0]:g}/{r['outer'][1]:g}"))
