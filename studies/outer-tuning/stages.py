@@ -11,6 +11,7 @@ brackets every optimum (a best value at the edge of what was tried gets the next
     stage 4  one step past every edge the best still sits on (write_bracket)
     stage 5  the same again, and the inner lr x 1/2, x 2 where it was tried at one value only at the best's
              warmup (stage 4 moved warmup to 120 at a fixed inner lr)
+    stage 6  the same once more (stage 5 moved warmup to 240 and M = 1's inner lr to 4e-3)
 
     .venv/bin/python studies/outer-tuning/stages.py table            # best per method so far
     .venv/bin/python studies/outer-tuning/stages.py plot             # search.png
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("markdown", help="the table for the docs")
     sub.add_parser("plot", help="search.png: eval loss against the outer settings, per method")
     w = sub.add_parser("write")
-    w.add_argument("stage", choices=("stage2", "stage3", "stage4", "stage5", "long"))
+    w.add_argument("stage", choices=("stage2", "stage3", "stage4", "stage5", "stage6", "long"))
     w.add_argument("--size", default="cpu-1m", help="long: the model size")
     w.add_argument("--tokens-per-param", type=float, default=20.0, help="long: tokens per parameter")
     args = ap.parse_args(argv)
@@ -343,8 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.stage == "long":
         written = write_long(results, size=args.size, tokens_per_param=args.tokens_per_param)
-    elif args.stage in ("stage4", "stage5"):
-        written = write_bracket(results, stage="s" + args.stage[-1], lone_lr=args.stage == "stage5")
+    elif args.stage in ("stage4", "stage5", "stage6"):
+        written = write_bracket(results, stage="s" + args.stage[-1], lone_lr=args.stage != "stage4")
     else:
         written = (write_stage2 if args.stage == "stage2" else write_stage3)(results)
     print(" ".join(written))
