@@ -155,8 +155,8 @@ NAMES = {"dp": "data-parallel (M = 2, fp32 gradients every step)", "diloco-m1-h3
          "streaming-m2-h30-fp32": "Streaming M = 2, H = 30, FP32", "streaming-m2-h100-fp4_e3m0": "Streaming M = 2, H = 100, FP4"}
 
 
-def markdown(runs: list[dict]) -> None:
-    """The README's table per size: finished runs, seeds averaged per setting, bytes against DP at M = 2."""
+def settings_by_size(runs: list[dict]):
+    """Per size with a finished DP run: (size, DP's run, {(key, inner lr, outer): the finished runs, seeds})."""
     for size in sorted({str(r["size"]) for r in runs}):
         group = [r for r in runs if str(r["size"]) == size and r["final_eval_loss"] is not None]
         dp = next((r for r in group if r["key"] == "dp"), None)
@@ -165,6 +165,12 @@ def markdown(runs: list[dict]) -> None:
         by: dict[tuple, list[dict]] = {}
         for r in group:
             by.setdefault((r["key"], r["inner_lr"], tuple(r["outer"] or ())), []).append(r)
+        yield size, dp, by
+
+
+def markdown(runs: list[dict]) -> None:
+    """The README's table per size: finished runs, seeds averaged per setting, bytes against DP at M = 2."""
+    for size, dp, by in settings_by_size(runs):
         print(f"\n{size} ({dp['num_params'] / 1e6:.2f}M parameters):\n")
         print("| method | inner lr | outer lr / momentum | seeds | eval loss | vs DP | sent per replica | × fewer than DP |")
         print("|---|---|---|---|---|---|---|---|")
@@ -219,16 +225,10 @@ def gap_against_n(runs: list[dict]) -> list[dict]:
     papers = paper_gaps()
     trend = {k: np.polyfit(np.log10([n for n, _ in v]), [g for _, g in v], 1) for k, v in papers.items()}
     rows = []
-    for size in sorted({str(r["size"]) for r in runs}):
-        group = [r for r in runs if str(r["size"]) == size and r["final_eval_loss"] is not None]
-        dp = next((r for r in group if r["key"] == "dp"), None)
-        if dp is None:
-            continue
-        by: dict[tuple, list[dict]] = {}
-        for r in group:
-            if r is not dp and _series(r["key"]):
-                by.setdefault((r["key"], tuple(r["outer"] or ()), r["inner_lr"]), []).append(r)
-        for (key, outer, inner_lr), rs in sorted(by.items()):
+    for size, dp, by in settings_by_size(runs):
+        for (key, inner_lr, outer), rs in sorted(by.items()):
+            if not _series(key):
+                continue
             gaps = [100 * (r["final_eval_loss"] / dp["final_eval_loss"] - 1) for r in rs]
             b, a = trend[_series(key)]
             n = rs[0]["num_params"]
