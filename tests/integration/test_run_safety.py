@@ -173,6 +173,7 @@ def test_compare_checks_every_method_before_training_any(tmp_path, token_cache, 
                      "--no-progress", *STEPS]) == 2
     err = capsys.readouterr().err
     assert "nothing was trained" in err and "diloco: --out" in err and "method: 'dp' -> 'diloco'" in err
+    assert "pass --fresh to replace it" in err and "--overwrite" not in err  # compare's own flag
     assert snapshot(out) == before and not (out / "dp").exists()
     # a bad setting in one method: reported before any trains
     preset_file.write_text(json.dumps({"base": preset["base"], "methods": {"dp": {"method": "dp"},

@@ -32,7 +32,7 @@ def run_compare(
     plans, errors = {}, []
     for name, trainer in trainers.items():
         try:
-            plans[name] = trainer.plan(reuse=reuse, overwrite=not reuse)
+            plans[name] = trainer.plan(reuse=reuse, overwrite=not reuse, replace_flag="--fresh")
         except ValueError as exc:
             errors.append(f"{name}: {exc}")
     if errors:

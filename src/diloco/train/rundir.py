@@ -93,7 +93,7 @@ def _saved_config(out_dir: Path) -> dict[str, Any] | None:
 
 
 def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
-                 reuse: bool = False, elastic: bool = False) -> RunDirPlan:
+                 reuse: bool = False, elastic: bool = False, replace_flag: str = "--overwrite") -> RunDirPlan:
     """Decide what to do with ``out_dir`` without writing anything; a ValueError says why not and how to fix it.
 
     ``reuse`` (for compare and sweeps, which rerun a list of configs): a run of this same config
@@ -102,6 +102,7 @@ def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overw
 
     ``elastic`` (a restart under TorchElastic): ``reuse`` where the number of workers (``replicas``)
     may differ from the saved run's; the checkpoint's own number is in the plan's ``meta``.
+    ``replace_flag``: the caller's option that replaces a run, named in the error (``diloco compare``: --fresh).
     """
     out_dir = Path(out_dir)
     extra = ELASTIC_KEYS if elastic else ()
@@ -123,7 +124,7 @@ def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overw
         return RunDirPlan(out_dir, "overwrite", notices=(f"--overwrite: replacing the run in {out_dir} "
                                                           f"({', '.join(present)})",))
     saved = _saved_config(out_dir)
-    replace = f"choose another --out, or pass --overwrite to replace it (deletes {', '.join(present)})"
+    replace = f"choose another --out, or pass {replace_flag} to replace it (deletes {', '.join(present)})"
     if saved is None:
         raise ValueError(f"--out {out_dir} already holds run files ({', '.join(present)}) without a config.json; "
                          f"{replace}")

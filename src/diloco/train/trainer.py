@@ -220,13 +220,14 @@ class Trainer:
 
     # -- setup ---------------------------------------------------------------
     def plan(self, *, resume: bool = False, overwrite: bool = False, reuse: bool = False,
-             elastic: bool = False) -> RunDirPlan:
+             elastic: bool = False, replace_flag: str = "--overwrite") -> RunDirPlan:
         """Check every setting and decide what to do with ``out_dir`` (see :func:`~diloco.train.rundir.plan_run_dir`).
 
         Reads only: a mistake found here leaves the run directory exactly as it was.
         """
         self._validate()
-        return plan_run_dir(self.out_dir, self.cfg, resume=resume, overwrite=overwrite, reuse=reuse, elastic=elastic)
+        return plan_run_dir(self.out_dir, self.cfg, resume=resume, overwrite=overwrite, reuse=reuse, elastic=elastic,
+                            replace_flag=replace_flag)
 
     def _validate(self) -> None:
         """What the config cannot check alone (it is validated when built): that the data sources exist,
