@@ -121,7 +121,7 @@ def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overw
     if not present:
         return RunDirPlan(out_dir, "new")
     if overwrite:
-        return RunDirPlan(out_dir, "overwrite", notices=(f"--overwrite: replacing the run in {out_dir} "
+        return RunDirPlan(out_dir, "overwrite", notices=(f"{replace_flag}: replacing the run in {out_dir} "
                                                           f"({', '.join(present)})",))
     saved = _saved_config(out_dir)
     replace = f"choose another --out, or pass {replace_flag} to replace it (deletes {', '.join(present)})"
