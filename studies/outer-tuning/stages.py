@@ -230,8 +230,9 @@ LONG_WARMUP = 120  # the "-retuned" runs take the best inner lr among the search
 def write_long(results: dict[str, dict[tuple, float]], *, size: str, tokens_per_param: float) -> list[str]:
     """Point 4: each method at its best settings for ``tokens_per_param`` tokens per parameter, evaluated
     every 400 steps (the eval-loss-vs-tokens curves). FP32 Streaming takes FP4's settings; ``-paper``
-    takes the papers' outer lr 0.7 and Nesterov momentum 0.9 instead of the search's; ``-retuned`` is a
-    method's run again at the best of a later stage (written once: an existing grid is never rewritten)."""
+    takes the papers' outer lr 0.7 and Nesterov momentum 0.9 instead of the search's; ``-retuned`` takes the
+    best inner lr among the search's runs at the long runs' warmup, ``LONG_WARMUP`` (written once: an existing
+    grid is never rewritten)."""
     written: list[str] = []
     for key, seeds in LONG.items():
         src = key.replace("-fp32", "-fp4_e3m0").removesuffix("-paper").removesuffix("-retuned")
@@ -252,8 +253,9 @@ def write_long(results: dict[str, dict[tuple, float]], *, size: str, tokens_per_
             base["codec"] = "fp32"
         axes = {} if key == "dp" else {"outer_lr": [outer]}
         for seed in seeds:
-            g = {**grid, **axes, "_comment": f"Point 4: {key} at its best search settings (inner lr {lr:g}, "
-                 f"warmup {warm}), {tokens_per_param:g} tokens per parameter, seed {seed}.", "sizes": [size], "inner_lr": [lr],
+            comment = (f"Point 4: {key} at its best search settings (inner lr {lr:g}, warmup {warm}), "
+                       f"{tokens_per_param:g} tokens per parameter, seed {seed}.")
+            g = {**grid, **axes, "_comment": comment, "sizes": [size], "inner_lr": [lr],
                  "tokens_per_param": tokens_per_param, "seed": seed, "base": base}
             _write(f"long-{size}-{key}-seed{seed}", g, written)
     return written

@@ -186,13 +186,12 @@ class Communicators:
         last transfer over them (a peer can then abort in gloo's threads at exit). After a failure
         (``synchronize=False``, what the context manager passes on an exception) nobody waits.
         """
+        opened = [self.replica.cross, self.replica.intra] if self.intra is not None else [self.replica]
         if synchronize and self.owns_process_group and dist.is_initialized() and dist.get_world_size() > 1:
             try:
-                timeout_s = (self.replica.cross if self.intra is not None else self.replica).timeout_s
-                dist.barrier(async_op=True).wait(timeout=timedelta(seconds=timeout_s))
+                dist.barrier(async_op=True).wait(timeout=timedelta(seconds=opened[0].timeout_s))
             except Exception:  # noqa: BLE001 - a peer already gone: nothing left to protect
                 pass
-        opened = [self.replica.cross, self.replica.intra] if self.intra is not None else [self.replica]
         for comm in opened:
             comm.close()
         if self.owns_process_group and dist.is_initialized():
