@@ -17,6 +17,12 @@ def test_a_peer_that_gave_up_on_the_same_fault_is_not_called_the_culprit():
     assert not any("[1, 2]" in p for p in parts)
 
 
+def test_a_peer_killed_inside_the_collective_is_the_culprit_when_no_other_peer_is_behind():
+    """M = 2, rank 1 is SIGKILLed after entering the collective: nobody else to blame (seen in CI)."""
+    parts = name_culprits(seq=8, last_entered={1: 8}, silent=[1], heartbeat=True)
+    assert parts == ["rank(s) [1] stopped responding (heartbeat stopped: process dead or stopped)"]
+
+
 def test_a_live_peer_behind_is_called_hung_only_when_heartbeats_were_watched():
     hung = name_culprits(seq=3, last_entered={1: 2}, silent=[], heartbeat=True)
     assert hung[-1] == "their heartbeat is alive: hung or slower than the timeout"

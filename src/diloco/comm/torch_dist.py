@@ -123,10 +123,14 @@ def name_culprits(*, seq: int, last_entered: dict[int, int], silent: Sequence[in
         label: extra text after a rank's number (e.g. its global rank).
     """
     behind = [r for r in sorted(last_entered) if last_entered[r] < seq]
-    # A peer that reached the collective and then went silent most often failed on the same fault
-    # (it met the dead rank first, gave up and exited), so it is named apart from the culprit.
+    # A peer that reached the collective and then went silent, while another silent peer never reached
+    # it, most often failed on the same fault (it met the dead rank first, gave up and exited), so it is
+    # named apart from that culprit. With no silent peer behind, the silent peers are the culprits
+    # (e.g. killed inside the collective).
     dead = [r for r in silent if r in behind]
     followed = [r for r in silent if r not in behind]
+    if not dead:
+        dead, followed = followed, []
     parts = []
     if behind:
         detail = ", ".join(f"rank {r}{label(r)} last entered #{last_entered[r]}" for r in behind)
