@@ -17,6 +17,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
+SUMMARY = HERE / "long-summary.json"
 sys.path.insert(0, str(HERE))
 from stages import method_key  # noqa: E402
 
@@ -63,9 +64,17 @@ def collect() -> list[dict]:
         run_id = cfg.parent.name
         if run_id not in runs:
             runs[run_id] = {"run_id": run_id, "run_dir": str(cfg.parent.relative_to(ROOT)), "status": "running"}
+    # run folders are not in git: a finished run whose folder is gone (another machine, a fresh clone) keeps the
+    # entry the last report recorded for it in long-summary.json instead of losing its curve and settings
+    recorded = {}
+    if SUMMARY.exists():
+        recorded = {r["run_id"]: r for r in json.loads(SUMMARY.read_text())["runs"]}
     out = []
     for run_id, rec in runs.items():
         run_dir = ROOT / rec["run_dir"]
+        if not (run_dir / "config.json").exists() and run_id in recorded:
+            out.append(recorded[run_id])
+            continue
         config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
         metrics = _rows(run_dir / "metrics.jsonl")
         curve = [(m["tokens_seen"], m["eval_loss"]) for m in metrics if "eval_loss" in m and m["eval_loss"] is not None]
@@ -87,12 +96,19 @@ def collect() -> list[dict]:
     return sorted(out, key=lambda r: (str(r["size"]), r["key"], str(r["seed"])))
 
 
+def reference_dp(group: list[dict]) -> dict | None:
+    """The DP run every gap of a size is measured against: the finished DP run with the lowest final loss (DP
+    ran at more than one inner lr at some sizes; the better one is the honest reference)."""
+    done = [r for r in group if r["key"] == "dp" and r["final_eval_loss"] is not None]
+    return min(done, key=lambda r: r["final_eval_loss"]) if done else None
+
+
 def report(runs: list[dict]) -> None:
     for size in sorted({str(r["size"]) for r in runs}):
         group = [r for r in runs if str(r["size"]) == size]
-        dp = [r for r in group if r["key"] == "dp" and r["final_eval_loss"] is not None]
-        dp_loss = dp[0]["final_eval_loss"] if dp else None
-        dp_bytes = dp[0]["dp_bytes_at_m2"] if dp else None
+        dp = reference_dp(group)
+        dp_loss = dp["final_eval_loss"] if dp else None
+        dp_bytes = dp["dp_bytes_at_m2"] if dp else None
         print(f"\n{size}: final eval loss of the global parameters; bytes sent per replica against DP's at M = 2 "
               f"(fp32 gradients every step, {dp_bytes / 1e9:.2f} GB)" if dp_bytes else f"\n{size}: (no DP run yet)")
         print(f"{'method':<28} {'seed':>4} {'inner lr':>8} {'outer':>9} {'eval loss':>9} {'/ DP':>7} "
@@ -126,7 +142,7 @@ def plot(runs: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(2, len(sizes), figsize=(6.5 * len(sizes), 8), squeeze=False)
     for col, size in enumerate(sizes):
         group = [r for r in runs if str(r["size"]) == size and r["curve"]]
-        dp = next((r for r in group if r["key"] == "dp"), None)
+        dp = reference_dp(group)
         for i, r in enumerate(group):
             color = plt.cm.tab20(i % 20)  # the same run, the same colour in both panels
             t, loss = zip(*r["curve"], strict=True)
@@ -159,7 +175,7 @@ def settings_by_size(runs: list[dict]):
     """Per size with a finished DP run: (size, DP's run, {(key, inner lr, outer): the finished runs, seeds})."""
     for size in sorted({str(r["size"]) for r in runs}):
         group = [r for r in runs if str(r["size"]) == size and r["final_eval_loss"] is not None]
-        dp = next((r for r in group if r["key"] == "dp"), None)
+        dp = reference_dp(group)
         if dp is None:
             continue
         by: dict[tuple, list[dict]] = {}
@@ -178,7 +194,7 @@ def markdown(runs: list[dict]) -> None:
             loss = sum(r["final_eval_loss"] for r in rs) / len(rs)
             sent = dp["dp_bytes_at_m2"] if key == "dp" else rs[0]["bytes_sent_per_replica"]
             fewer = "1" if key == "dp" else ("–" if not sent else f"{dp['dp_bytes_at_m2'] / sent:,.0f}")
-            gap = "–" if key == "dp" else f"{100 * (loss / dp['final_eval_loss'] - 1):+.2f} %"
+            gap = "–" if rs[0] is dp else f"{100 * (loss / dp['final_eval_loss'] - 1):+.2f} %"
             each = "" if len(rs) == 1 else " (" + " / ".join(f"{r['final_eval_loss']:.4f}" for r in rs) + ")"
             print(f"| {NAMES.get(key, key)} | {lr:g} | {'–' if not outer else f'{outer[0]:g} / {outer[1]:g}'} | "
                   f"{len(rs)} | {loss:.4f}{each} | {gap} | {_human(sent) if sent else '0'} | {fewer} |")
@@ -297,7 +313,7 @@ def main() -> int:
     gaps = gap_against_n(runs)
     report_gap_against_n(gaps)
     summary = {"runs": runs, "gap_against_n": gaps}
-    (HERE / "long-summary.json").write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n")
+    SUMMARY.write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n")
     plot(runs, HERE / "long-curves.png")
     plot_gap_against_n(gaps, HERE / "long-gap-vs-n.png")
     print(f"\nwrote {HERE / 'long-summary.json'}, {HERE / 'long-curves.png'} and {HERE / 'long-gap-vs-n.png'}")

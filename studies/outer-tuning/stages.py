@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("markdown", help="the table for the docs")
     sub.add_parser("plot", help="search.png: eval loss against the outer settings, per method")
     w = sub.add_parser("write")
-    w.add_argument("stage", choices=("stage2", "stage3", "stage4", "stage5", "stage6", "long"))
+    w.add_argument("stage", choices=("stage2", "stage3", "stage4", "stage5", "stage6", "stage7", "long"))
     w.add_argument("--size", default="cpu-1m", help="long: the model size")
     w.add_argument("--tokens-per-param", type=float, default=20.0, help="long: tokens per parameter")
     args = ap.parse_args(argv)
@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.stage == "long":
         written = write_long(results, size=args.size, tokens_per_param=args.tokens_per_param)
-    elif args.stage in ("stage4", "stage5", "stage6"):
+    elif args.stage in ("stage4", "stage5", "stage6", "stage7"):
         written = write_bracket(results, stage="s" + args.stage[-1], lone_lr=args.stage != "stage4")
     else:
         written = (write_stage2 if args.stage == "stage2" else write_stage3)(results)
