@@ -12,6 +12,11 @@ brackets every optimum (a best value at the edge of what was tried gets the next
     stage 5  the same again, and the inner lr x 1/2, x 2 where it was tried at one value only at the best's
              warmup (stage 4 moved warmup to 120 at a fixed inner lr)
     stage 6  the same once more (stage 5 moved warmup to 240 and M = 1's inner lr to 4e-3)
+    stage 7  the same once more (the inner lr at warmup 240 past DP's, DiLoCo's edges; warmup 480 at the best lr),
+             and Streaming H = 100 at warmup 120 and 240 by hand (searched at 15-60 only)
+    stage 8  the same, with H = 100's inner lr x 1/2, x 2 at its new warmup (120), and its outer settings there
+             (0.7 / 0.9 and 1.0 / 0.5) by hand
+    stage 9  the same once more (H = 100's inner lr moved to 4e-3 at warmup 120)
 
     .venv/bin/python studies/outer-tuning/stages.py table            # best per method so far
     .venv/bin/python studies/outer-tuning/stages.py plot             # search.png
@@ -223,6 +228,8 @@ LONG = {  # point 4: method key -> seeds (FP4 against FP32 at two seeds; the res
     # stage 5 moved DiLoCo's best inner lr at warmup 120 (the long runs' warmup) to DP's, 4e-3: the long runs
     # again at the best of the runs with that warmup
     "diloco-m1-h30-retuned": (0,), "diloco-m2-h30-retuned": (0,),
+    # stage 7 moved Streaming H = 100's best warmup from 30 (its long run's) to 120, the others' long-run warmup
+    "streaming-m2-h100-fp4_e3m0-retuned": (0,),
 }
 LONG_WARMUP = 120  # the "-retuned" runs take the best inner lr among the search's runs at this warmup
 
@@ -329,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("markdown", help="the table for the docs")
     sub.add_parser("plot", help="search.png: eval loss against the outer settings, per method")
     w = sub.add_parser("write")
-    w.add_argument("stage", choices=("stage2", "stage3", "stage4", "stage5", "stage6", "stage7", "long"))
+    w.add_argument("stage", choices=("stage2", "stage3", "stage4", "stage5", "stage6", "stage7", "stage8", "stage9", "long"))
     w.add_argument("--size", default="cpu-1m", help="long: the model size")
     w.add_argument("--tokens-per-param", type=float, default=20.0, help="long: tokens per parameter")
     args = ap.parse_args(argv)
@@ -346,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.stage == "long":
         written = write_long(results, size=args.size, tokens_per_param=args.tokens_per_param)
-    elif args.stage in ("stage4", "stage5", "stage6", "stage7"):
+    elif args.stage in ("stage4", "stage5", "stage6", "stage7", "stage8", "stage9"):
         written = write_bracket(results, stage="s" + args.stage[-1], lone_lr=args.stage != "stage4")
     else:
         written = (write_stage2 if args.stage == "stage2" else write_stage3)(results)
