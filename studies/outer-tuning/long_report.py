@@ -172,7 +172,7 @@ NAMES = {"dp": "data-parallel (M = 2, fp32 gradients every step)", "diloco-m1-h3
 
 
 def settings_by_size(runs: list[dict]):
-    """Per size with a finished DP run: (size, DP's run, {(key, inner lr, outer): the finished runs, seeds})."""
+    """Per size with a finished DP run: (size, DP's run, {(key, inner lr, outer, warmup): the finished runs, seeds})."""
     for size in sorted({str(r["size"]) for r in runs}):
         group = [r for r in runs if str(r["size"]) == size and r["final_eval_loss"] is not None]
         dp = reference_dp(group)
@@ -180,7 +180,7 @@ def settings_by_size(runs: list[dict]):
             continue
         by: dict[tuple, list[dict]] = {}
         for r in group:
-            by.setdefault((r["key"], r["inner_lr"], tuple(r["outer"] or ())), []).append(r)
+            by.setdefault((r["key"], r["inner_lr"], tuple(r["outer"] or ()), r["warmup_steps"]), []).append(r)
         yield size, dp, by
 
 
@@ -188,15 +188,17 @@ def markdown(runs: list[dict]) -> None:
     """The README's table per size: finished runs, seeds averaged per setting, bytes against DP at M = 2."""
     for size, dp, by in settings_by_size(runs):
         print(f"\n{size} ({dp['num_params'] / 1e6:.2f}M parameters):\n")
-        print("| method | inner lr | outer lr / momentum | seeds | eval loss | vs DP | sent per replica | × fewer than DP |")
-        print("|---|---|---|---|---|---|---|---|")
-        for (key, lr, outer), rs in sorted(by.items(), key=lambda kv: (kv[0][0] != "dp", kv[0][0], -kv[0][1])):
+        print("| method | inner lr | outer lr / momentum | warmup | seeds | eval loss | vs DP | sent per replica | "
+              "× fewer than DP |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for (key, lr, outer, warm), rs in sorted(by.items(), key=lambda kv: (kv[0][0] != "dp", kv[0][0], -kv[0][1],
+                                                                             kv[0][2], kv[0][3])):
             loss = sum(r["final_eval_loss"] for r in rs) / len(rs)
             sent = dp["dp_bytes_at_m2"] if key == "dp" else rs[0]["bytes_sent_per_replica"]
             fewer = "1" if key == "dp" else ("–" if not sent else f"{dp['dp_bytes_at_m2'] / sent:,.0f}")
             gap = "–" if rs[0] is dp else f"{100 * (loss / dp['final_eval_loss'] - 1):+.2f} %"
             each = "" if len(rs) == 1 else " (" + " / ".join(f"{r['final_eval_loss']:.4f}" for r in rs) + ")"
-            print(f"| {NAMES.get(key, key)} | {lr:g} | {'–' if not outer else f'{outer[0]:g} / {outer[1]:g}'} | "
+            print(f"| {NAMES.get(key, key)} | {lr:g} | {'–' if not outer else f'{outer[0]:g} / {outer[1]:g}'} | {warm} | "
                   f"{len(rs)} | {loss:.4f}{each} | {gap} | {_human(sent) if sent else '0'} | {fewer} |")
 
 
@@ -242,13 +244,13 @@ def gap_against_n(runs: list[dict]) -> list[dict]:
     trend = {k: np.polyfit(np.log10([n for n, _ in v]), [g for _, g in v], 1) for k, v in papers.items()}
     rows = []
     for size, dp, by in settings_by_size(runs):
-        for (key, inner_lr, outer), rs in sorted(by.items()):
+        for (key, inner_lr, outer, warm), rs in sorted(by.items()):
             if not _series(key):
                 continue
             gaps = [100 * (r["final_eval_loss"] / dp["final_eval_loss"] - 1) for r in rs]
             b, a = trend[_series(key)]
             n = rs[0]["num_params"]
-            rows.append({"size": size, "num_params": n, "key": key, "outer": list(outer), "inner_lr": inner_lr,
+            rows.append({"size": size, "num_params": n, "key": key, "outer": list(outer), "inner_lr": inner_lr, "warmup_steps": warm,
                          "seeds": len(rs),
                          "gap_pct": float(np.mean(gaps)), "gap_pct_seeds": gaps,
                          "papers_trend_gap_pct": float(a + b * np.log10(n)),
@@ -261,11 +263,11 @@ def report_gap_against_n(rows: list[dict]) -> None:
     print("\nThe gap against N: ours (final, 20 tokens/param, mean over seeds) beside the papers' (also 20 tokens/param).")
     print("'papers' trend' extrapolates gap = a + b log10(N) from the papers' rows (35M and up) to our N: a "
           "direction, not a prediction.")
-    print(f"{'size':<10} {'method':<28} {'inner lr':>8} {'outer':>9} {'seeds':>5} {'ours':>7} {'papers trend':>12} "
+    print(f"{'size':<10} {'method':<28} {'inner lr':>8} {'outer':>9} {'warmup':>6} {'seeds':>5} {'ours':>7} {'papers trend':>12} "
           f"{'papers at 35M':>13}")
     for r in rows:
         outer = "-" if not r["outer"] else f"{r['outer'][0]:g} / {r['outer'][1]:g}"
-        print(f"{r['size']:<10} {r['key']:<28} {r['inner_lr']!s:>8} {outer:>9} {r['seeds']:>5} {r['gap_pct']:>+6.2f}% "
+        print(f"{r['size']:<10} {r['key']:<28} {r['inner_lr']!s:>8} {outer:>9} {r['warmup_steps']!s:>6} {r['seeds']:>5} {r['gap_pct']:>+6.2f}% "
               f"{r['papers_trend_gap_pct']:>+11.2f}% {r['papers_gap_pct_at_smallest']:>+12.2f}%")
 
 
@@ -287,7 +289,8 @@ def plot_gap_against_n(rows: list[dict], path: Path) -> None:
         colors: dict[str, str] = {}  # one colour per setting, whatever the size
         for r in (x for x in rows if _series(x["key"]) == series):
             outer = "" if not r["outer"] else f" outer {r['outer'][0]:g}/{r['outer'][1]:g}"
-            label = " ".join(["ours", r["key"].removeprefix(series).strip("-")]).strip() + f" lr {r['inner_lr']:g}" + outer
+            label = " ".join(["ours", r["key"].removeprefix(series).strip("-")]).strip() + f" lr {r['inner_lr']:g}" + outer \
+                + f" warmup {r['warmup_steps']}"
             new = label not in colors
             colors.setdefault(label, f"C{len(colors)}")
             ax.plot([r["num_params"]] * len(r["gap_pct_seeds"]), r["gap_pct_seeds"], "o", color=colors[label],
