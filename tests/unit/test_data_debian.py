@@ -143,13 +143,15 @@ _ABSENT = [name for name in DEBIAN if SOURCES[name].locate() is None]
 @pytest.mark.skipif(bool(_ABSENT), reason=f"Debian corpus packages not installed ({', '.join(_ABSENT)}); "
                                           f"`make setup` as root installs them")
 def test_installed_debian_sources_load_as_documented():
-    # docs/data.md's table: documents and megabytes of normalised text per source
+    # docs/data.md's table: documents and megabytes of normalised text per source. Debian's updates change a
+    # package's files a little between versions (linux-doc 6.1.192: 5,127 documents; 6.1.176: 5,128), so the
+    # counts are checked to 2 %: a loader that dropped the gzipped files or read the HTML too is far outside.
     expected = {"gcide": (27, 39.9), "linux-doc": (5127, 28.5), "python-doc": (497, 11.0), "jargon": (1, 1.7),
                 "fortunes": (43, 2.6)}
     for name in DEBIAN:
         docs = load_documents((name,))
         n, mb = expected[name]
-        assert len(docs) == n, name
-        assert sum(len(d.text.encode()) for d in docs) / 1e6 == pytest.approx(mb, abs=0.05), name
+        assert len(docs) == pytest.approx(n, rel=0.02), name
+        assert sum(len(d.text.encode()) for d in docs) / 1e6 == pytest.approx(mb, rel=0.02, abs=0.05), name
         assert len({d.name for d in docs}) == len(docs), name
         assert all(d.text == corpus_mod.normalize_text(d.text) for d in docs[:50]), name
