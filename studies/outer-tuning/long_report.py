@@ -149,15 +149,19 @@ def plot(runs: list[dict], path: Path) -> None:
             label = (f"{r['key']} s{r['seed']} lr {r['inner_lr']:g}"
                      + ("" if not r["outer"] else f" outer {r['outer'][0]:g}/{r['outer'][1]:g}"))
             axes[0][col].plot(t, loss, label=label, color=color)
-            if dp is not None and r is not dp and r["num_params"]:
-                ref = dict(dp["curve"])
+            if dp is not None and r["key"] != "dp" and r["num_params"]:
+                # against the best DP at the same tokens (DP at a higher inner lr trails mid-run, leads at the end)
+                ref: dict[int, float] = {}
+                for d in (x for x in group if x["key"] == "dp"):
+                    for tok, loss_ in d["curve"]:
+                        ref[tok] = min(ref.get(tok, loss_), loss_)
                 pts = [(tok / r["num_params"], 100 * (l_ / ref[tok] - 1)) for tok, l_ in r["curve"] if tok in ref]
                 if pts:
                     axes[1][col].plot(*zip(*pts, strict=True), marker=".", label=label, color=color)
         axes[0][col].set(title=f"{size}: eval loss (global parameters)", xlabel="tokens", ylabel="eval loss")
         axes[0][col].set_ylim(top=min(6.0, axes[0][col].get_ylim()[1]))
         axes[1][col].axhline(0, color="k", lw=0.8)
-        axes[1][col].set(title=f"{size}: gap to DP at the same tokens",
+        axes[1][col].set(title=f"{size}: gap to the best DP at the same tokens",
                          xlabel="tokens per parameter", ylabel="eval loss vs DP (%)")
         for ax in axes[:, col]:
             ax.grid(alpha=0.3)
