@@ -143,6 +143,12 @@ def plot(runs: list[dict], path: Path) -> None:
     for col, size in enumerate(sizes):
         group = [r for r in runs if str(r["size"]) == size and r["curve"]]
         dp = reference_dp(group)
+        # the gap panel is against the best DP at each token count (DP at a higher inner lr trails mid-run, leads
+        # at the end)
+        ref: dict[int, float] = {}
+        for d in (x for x in group if x["key"] == "dp"):
+            for tok, loss_ in d["curve"]:
+                ref[tok] = min(ref.get(tok, loss_), loss_)
         for i, r in enumerate(group):
             color = plt.cm.tab20(i % 20)  # the same run, the same colour in both panels
             t, loss = zip(*r["curve"], strict=True)
@@ -150,11 +156,6 @@ def plot(runs: list[dict], path: Path) -> None:
                      + ("" if not r["outer"] else f" outer {r['outer'][0]:g}/{r['outer'][1]:g}"))
             axes[0][col].plot(t, loss, label=label, color=color)
             if dp is not None and r["key"] != "dp" and r["num_params"]:
-                # against the best DP at the same tokens (DP at a higher inner lr trails mid-run, leads at the end)
-                ref: dict[int, float] = {}
-                for d in (x for x in group if x["key"] == "dp"):
-                    for tok, loss_ in d["curve"]:
-                        ref[tok] = min(ref.get(tok, loss_), loss_)
                 pts = [(tok / r["num_params"], 100 * (l_ / ref[tok] - 1)) for tok, l_ in r["curve"] if tok in ref]
                 if pts:
                     axes[1][col].plot(*zip(*pts, strict=True), marker=".", label=label, color=color)
@@ -254,8 +255,8 @@ def gap_against_n(runs: list[dict]) -> list[dict]:
             gaps = [100 * (r["final_eval_loss"] / dp["final_eval_loss"] - 1) for r in rs]
             b, a = trend[_series(key)]
             n = rs[0]["num_params"]
-            rows.append({"size": size, "num_params": n, "key": key, "outer": list(outer), "inner_lr": inner_lr, "warmup_steps": warm,
-                         "seeds": len(rs),
+            rows.append({"size": size, "num_params": n, "key": key, "outer": list(outer), "inner_lr": inner_lr,
+                         "warmup_steps": warm, "seeds": len(rs),
                          "gap_pct": float(np.mean(gaps)), "gap_pct_seeds": gaps,
                          "papers_trend_gap_pct": float(a + b * np.log10(n)),
                          "papers_gap_pct_at_smallest": papers[_series(key)][0][1],
@@ -323,7 +324,7 @@ def main() -> int:
     SUMMARY.write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n")
     plot(runs, HERE / "long-curves.png")
     plot_gap_against_n(gaps, HERE / "long-gap-vs-n.png")
-    print(f"\nwrote {HERE / 'long-summary.json'}, {HERE / 'long-curves.png'} and {HERE / 'long-gap-vs-n.png'}")
+    print(f"\nwrote {SUMMARY}, {HERE / 'long-curves.png'} and {HERE / 'long-gap-vs-n.png'}")
     return 0
 
 

@@ -41,6 +41,7 @@ RESULTS = HERE / "results.jsonl"
 OUTER_LRS = (0.5, 0.7, 1.0)
 MOMENTA = (0.0, 0.5, 0.9)
 WARMUPS = (15, 60)
+BRACKET_STAGES = tuple(f"stage{i}" for i in range(4, 10))  # each one step past the edges left (write_bracket)
 
 
 def method_key(rec: dict) -> str:
@@ -336,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("markdown", help="the table for the docs")
     sub.add_parser("plot", help="search.png: eval loss against the outer settings, per method")
     w = sub.add_parser("write")
-    w.add_argument("stage", choices=("stage2", "stage3", "stage4", "stage5", "stage6", "stage7", "stage8", "stage9", "long"))
+    w.add_argument("stage", choices=("stage2", "stage3", *BRACKET_STAGES, "long"))
     w.add_argument("--size", default="cpu-1m", help="long: the model size")
     w.add_argument("--tokens-per-param", type=float, default=20.0, help="long: tokens per parameter")
     args = ap.parse_args(argv)
@@ -353,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.stage == "long":
         written = write_long(results, size=args.size, tokens_per_param=args.tokens_per_param)
-    elif args.stage in ("stage4", "stage5", "stage6", "stage7", "stage8", "stage9"):
+    elif args.stage in BRACKET_STAGES:
         written = write_bracket(results, stage="s" + args.stage[-1], lone_lr=args.stage != "stage4")
     else:
         written = (write_stage2 if args.stage == "stage2" else write_stage3)(results)
