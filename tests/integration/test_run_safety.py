@@ -11,6 +11,7 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -101,6 +102,49 @@ def test_resume_at_the_last_checkpoint_without_a_summary_writes_it(tmp_path, tok
     assert cli_train(out, token_cache, "--resume") == 0
     assert strict_json(out / "summary.json")["final_eval_loss"] == want
     assert (out / "metrics.jsonl").read_bytes() == metrics
+
+
+def test_resume_on_data_that_changed_is_refused_and_changes_nothing(tmp_path, token_cache, capsys):
+    """A corpus that changed between sittings (e.g. an upgraded Debian package) would continue the run on
+    other batches: the resume is refused naming both digests, the run directory is left byte-identical,
+    and with the data restored the same resume goes on and records the data's digest."""
+    from diloco.train.inputs import prepare_inputs
+
+    ids = prepare_inputs(tiny(), token_cache).data.train[:20_000].astype(np.uint16)
+    corpus = tmp_path / "corpus.bin"
+    ids.tofile(corpus)
+    cfg = tiny(sources=[str(corpus)], steps=12, eval_every=6, checkpoint_every=4, threads=1)
+    out = tmp_path / "run"
+    with pytest.raises(SimulatedCrash):
+        Trainer(cfg, out, cache_dir=token_cache, progress=False, callbacks=[CrashAfter(8, replicas=2)]).run()
+    digest = prepare_inputs(cfg, token_cache).data.digest()
+    assert ckpt.latest_meta(out)["data_sha256"] == digest
+    changed = ids.copy()
+    changed[1234] = (int(changed[1234]) + 1) % 512  # one token of 20,000
+    changed.tofile(corpus)
+    before = snapshot(out)
+    with pytest.raises(ValueError, match=r"(?s)the data differs.*" + digest[:16] + r".*in its checkpoint.*another --out"):
+        Trainer(cfg, out, cache_dir=token_cache, progress=False).run(resume=True)
+    assert snapshot(out) == before
+    ids.tofile(corpus)  # the fix the message names: the data the run used
+    result = Trainer(cfg, out, cache_dir=token_cache, progress=False).run(resume=True)
+    assert result.data_sha256 == digest == strict_json(out / "summary.json")["data_sha256"]
+    assert ckpt.latest_meta(out)["step"] == 12
+
+
+def test_token_digest_covers_every_token_and_the_split():
+    from diloco.data import TokenData
+
+    def data(train, val, dtype=np.uint16):
+        return TokenData(np.asarray(train, dtype=dtype), np.asarray(val, dtype=dtype), None, (), {})
+
+    a = data(range(10), range(10, 13))
+    same = data(range(10), range(10, 13))
+    one_token = data([*range(9), 11], range(10, 13))
+    moved_split = data(range(11), range(11, 13))  # the same token stream, cut one token later
+    wider = data(range(10), range(10, 13), np.uint32)
+    assert a.digest() == same.digest()
+    assert len({a.digest(), one_token.digest(), moved_split.digest(), wider.digest()}) == 4
 
 
 def test_resume_and_overwrite_together_are_refused(finished_run, token_cache, capsys):

@@ -76,6 +76,19 @@ class TokenData:
         """Size of the vocabulary the ids index: the model's embedding size (every id is below it)."""
         return int(self.metadata["vocab_size"])
 
+    def digest(self) -> str:
+        """SHA-256 of the training and validation token ids, in order: what a run trained and evaluated on.
+
+        A run records it (checkpoints, summary.json) and a resume checks it, so a corpus that changed
+        between sittings (an upgraded Debian package of the ``large`` corpus, an edited text file) is caught
+        instead of silently continuing on other data."""
+        h = hashlib.sha256()
+        for arr in (self.train, self.val):
+            arr = np.ascontiguousarray(arr)
+            h.update(f"{arr.dtype.str}:{arr.size}|".encode())
+            h.update(memoryview(arr).cast("B"))
+        return h.hexdigest()
+
 
 def split_point(text: str, val_fraction: float) -> int:
     """Where a document's validation tail starts: the last line start that leaves at least

@@ -74,6 +74,7 @@ class RunResult:
     train_time_s: float
     num_params: int
     dropped_contributions: int
+    data_sha256: str | None = None  # TokenData.digest() of what the run trained on (None: a run from before it was kept)
 
     def to_dict(self) -> dict[str, Any]:
         """Strict-JSON-ready: a non-finite loss (a diverged run) becomes None."""
@@ -87,6 +88,7 @@ class RunResult:
         d = dict(data)
         d["out_dir"] = Path(d["out_dir"])
         d["final_eval_loss"] = float("nan") if d.get("final_eval_loss") is None else float(d["final_eval_loss"])
+        d.setdefault("data_sha256", None)  # a summary written before runs kept it
         return cls(**{f: d[f] for f in cls.__dataclass_fields__})
 
 
@@ -149,6 +151,7 @@ class _Run:
     wall_before: float  # wall time of the run before this resume
     t0: float  # perf_counter when this process started the run
     threads: int | None = None  # torch intra-op threads per replica (in-process runs), kept across resumes
+    data_sha256: str | None = None  # TokenData.digest(): kept in every checkpoint, checked on resume
     saved_replicas: int | None = None  # M of the checkpoint resumed from (differs after an elastic restart)
 
     def wall_time(self) -> float:
@@ -256,6 +259,8 @@ class Trainer:
             comm.barrier()
         # Data, validation batches, the seeded model and its fragments, each checked (diloco.train.inputs).
         inputs = prepare_inputs(cfg, self.cache_dir)
+        digest = inputs.data.digest()
+        _check_same_data(plan, digest, self.out_dir)  # every process, before the lead touches the run directory
         if lead:  # everything is validated and the data is ready: only now is the run directory touched
             if plan.action == "overwrite":
                 clear_run(self.out_dir)
@@ -269,7 +274,7 @@ class Trainer:
         return _Run(data=inputs.data, val=inputs.val_batches, template=inputs.model, fragments=inputs.fragments,
                     start_step=plan.start_step,
                     wall_before=float(meta.get("wall_time_s", 0.0)), t0=time.perf_counter(),
-                    saved_replicas=int(meta.get("num_replicas", cfg.replicas)))
+                    saved_replicas=int(meta.get("num_replicas", cfg.replicas)), data_sha256=digest)
 
     def _logger(self, start_step: int, resume: bool) -> MultiLogger:
         sinks: list[MetricLogger] = [JSONLSink(self.out_dir / "metrics.jsonl",
@@ -370,6 +375,7 @@ class Trainer:
             train_time_s=rank0["train_time_s"],
             num_params=rank0["num_params"],
             dropped_contributions=rank0["dropped"],
+            data_sha256=run.data_sha256,
         )
         write_json(self.out_dir / "summary.json", result.to_dict())
         return result
@@ -542,8 +548,22 @@ class Trainer:
         rep.comm.barrier()  # every replica's file is on disk before the step becomes "latest"
         if rep.evaluates:
             ckpt.commit(self.out_dir, step, {"config": self.cfg.to_dict(), "num_replicas": self.cfg.replicas,
-                                             "wall_time_s": run.wall_time(), "threads": run.threads},
+                                             "wall_time_s": run.wall_time(), "threads": run.threads,
+                                             "data_sha256": run.data_sha256},
                         keep=self.cfg.keep_checkpoints)
+
+
+def _check_same_data(plan: RunDirPlan, digest: str, out_dir: Path) -> None:
+    """A resume continues on the data its checkpoint was trained on, or not at all: the sampler's state
+    indexes token positions, so other data (a corpus package upgraded between sittings, an edited text
+    file) would silently train on different batches than the run began with."""
+    saved = (plan.meta or {}).get("data_sha256")
+    if plan.action == "resume" and saved is not None and saved != digest:
+        raise ValueError(
+            f"--resume: the data differs from what the run in {out_dir} was trained on (token SHA-256 "
+            f"{digest[:16]}... now, {saved[:16]}... in its checkpoint), so the resumed run would not continue "
+            f"the same run. Restore the data it used (for the bundled corpora: the same versions of the "
+            f"packages listed in docs/data.md), or train afresh in another --out (this run is left as it is)")
 
 
 def _tell(notices: Sequence[str]) -> None:
