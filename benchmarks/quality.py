@@ -105,7 +105,7 @@ def gap_vs_budget(args, base: dict, best: dict, methods: list[str]) -> dict:
     loss |= {(m, args.tokens): best[m]["final_eval_loss"] for m in methods}
     budgets.append(args.tokens)
     out = {}
-    print(f"\nfinal eval loss gap vs DP by token budget (each method at its best inner lr):")
+    print("\nfinal eval loss gap vs DP by token budget (each method at its best inner lr):")
     print(f"  {'method':<16}" + "".join(f"{b / 1e6:>9.2f}M" for b in budgets) + "   trend per doubling   +1% at   0% at")
     for m in methods:
         if m == "dp":

@@ -47,7 +47,7 @@ _EXPORTS = {
     # the trainer
     "TrainConfig": "diloco.train.config",
     "Trainer": "diloco.train.trainer",
-    "RunResult": "diloco.train.trainer",
+    "RunResult": "diloco.train.result",
     # models and data
     "Transformer": "diloco.models.transformer",
     "ModelConfig": "diloco.models.transformer",

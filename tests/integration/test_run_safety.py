@@ -19,7 +19,8 @@ from _hooks import CrashAfter, SimulatedCrash
 from diloco.cli import main as cli_main
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig, load_preset
-from diloco.train.trainer import RunResult, Trainer, train
+from diloco.train.result import RunResult
+from diloco.train.trainer import Trainer, train
 
 STEPS = ["--set", "steps=8", "--set", "eval_every=4"]
 

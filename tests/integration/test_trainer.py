@@ -13,7 +13,8 @@ from diloco.cli import main as cli_main
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig, load_preset
 from diloco.train.metrics import read_jsonl
-from diloco.train.trainer import Trainer, lr_at, train
+from diloco.train.lr import lr_at
+from diloco.train.trainer import Trainer, train
 
 
 @pytest.fixture(scope="module")

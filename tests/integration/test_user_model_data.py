@@ -26,7 +26,7 @@ from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig
 from diloco.train.inputs import prepare_inputs
 from diloco.train.metrics import read_jsonl
-from diloco.train.trainer import evaluate
+from diloco.train.evaluation import evaluate
 
 pytestmark = pytest.mark.timeout(240)
 

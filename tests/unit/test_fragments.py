@@ -1,5 +1,4 @@
 import pytest
-import torch
 from torch import nn
 
 from _tiny import make_model

@@ -3,13 +3,12 @@
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from diloco.cli import main
 from diloco.sim import ModelSpec, PRESETS, utilization_curve
 from diloco.sim.loss import LossModel
-from diloco.sim.planner import CODEC_BITS, Candidate, Setup, candidates, evaluate
+from diloco.sim.planner import CODEC_BITS, Setup, candidates, evaluate
 
 
 @pytest.fixture(scope="module")

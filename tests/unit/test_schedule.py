@@ -133,7 +133,6 @@ def test_streaming_diloco_runs_the_schedule_it_is_given():
     def replica(comm, schedule):
         torch.manual_seed(0)
         model = TinyNet()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
         algo = StreamingDiLoCo(model, comm=comm, sync_every=4, num_fragments=2, overlap_steps=1,
                                schedule=schedule)
         done = []

@@ -4,7 +4,6 @@ Every executor must give the same records as the inline one, each run written ex
 sweep that is interrupted resumes without rerunning or rewriting what finished.
 """
 
-import functools
 import json
 import os
 

@@ -26,7 +26,7 @@ from diloco.cli.simulate import (
     resolve_exchange,
     resolve_model,
 )
-from diloco.sim.hardware import GBIT, ModelSpec
+from diloco.sim.hardware import ModelSpec
 from diloco.sim.planner import (
     CODEC_BITS,
     DEFAULT_OVERLAP,

@@ -14,7 +14,7 @@ from diloco._lazy import lazy_exports
 _EXPORTS = {
     "TrainConfig": ".config",
     "Trainer": ".trainer",
-    "RunResult": ".trainer",
+    "RunResult": ".result",
     "train": ".trainer",
 }
 

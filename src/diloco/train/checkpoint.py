@@ -189,8 +189,8 @@ def find_resumable(run_dir: Path) -> Resumable:
         return Resumable(meta, tuple(skipped))
     raise CheckpointError(
         f"no readable checkpoint in {root}:\n  " + "\n  ".join(skipped or ["(no complete step)"])
-        + f"\nnothing can be resumed: start afresh with --overwrite (deletes this run's results) "
-          f"or train into another --out")
+        + "\nnothing can be resumed: start afresh with --overwrite (deletes this run's results) "
+          "or train into another --out")
 
 
 def _committed_step(run_dir: Path) -> int | None:

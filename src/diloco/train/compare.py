@@ -8,7 +8,8 @@ from typing import Any
 
 from diloco.files import atomic_write_bytes, read_jsonl, write_json
 from diloco.train.config import TrainConfig
-from diloco.train.trainer import RunResult, Trainer
+from diloco.train.result import RunResult
+from diloco.train.trainer import Trainer
 
 
 def run_compare(

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import sys
 import threading
 import time
@@ -32,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from diloco.algorithm.base import ReplicaAlgorithm, SyncReport
 from diloco.algorithm.data_parallel import DataParallel
@@ -40,56 +38,16 @@ from diloco.algorithm.streaming import StreamingDiLoCo
 from diloco.comm.base import CommError, Communicator
 from diloco.comm.local import run_replicas
 from diloco.train import checkpoint as ckpt
-from diloco.train.config import TrainConfig
 from diloco.files import write_json
+from diloco.train.config import TrainConfig
+from diloco.train.evaluation import autocast, evaluate
+from diloco.train.lr import lr_at
+from diloco.train.result import RunResult
 from diloco.train.metrics import JSONLSink, MetricLogger, MultiLogger, TensorBoardSink
 from diloco.train.rundir import RunDirPlan, clear_run, plan_run_dir
 from diloco.train.speed import compile_in_place, tcmalloc_notice
 from diloco.train.step_log import StepTable, progress_bar, update_bar
 from diloco.train.threads import default_threads
-
-
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to inner_lr, then cosine decay to min_lr_ratio * inner_lr at the last step."""
-    total = cfg.total_steps
-    if cfg.warmup_steps > 0 and step <= cfg.warmup_steps:
-        return cfg.inner_lr * step / cfg.warmup_steps
-    span = max(1, total - cfg.warmup_steps)
-    progress = min(1.0, (step - cfg.warmup_steps) / span)
-    floor = cfg.min_lr_ratio
-    return cfg.inner_lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-@dataclass
-class RunResult:
-    out_dir: Path
-    final_eval_loss: float
-    steps: int
-    tokens: int
-    bytes_sent_per_replica: int
-    bytes_received_per_replica: int
-    peak_bytes_per_sync: int
-    peak_bytes_in_flight: int
-    wall_time_s: float
-    train_time_s: float
-    num_params: int
-    dropped_contributions: int
-    data_sha256: str | None = None  # TokenData.digest() of what the run trained on (None: a run from before it was kept)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Strict-JSON-ready: a non-finite loss (a diverged run) becomes None."""
-        d = dict(self.__dict__)
-        d["out_dir"] = str(self.out_dir)
-        return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in d.items()}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunResult:
-        """Read back :meth:`to_dict` (e.g. a finished run's summary.json)."""
-        d = dict(data)
-        d["out_dir"] = Path(d["out_dir"])
-        d["final_eval_loss"] = float("nan") if d.get("final_eval_loss") is None else float(d["final_eval_loss"])
-        d.setdefault("data_sha256", None)  # a summary written before runs kept it
-        return cls(**{f: d[f] for f in cls.__dataclass_fields__})
 
 
 def build_model(cfg: TrainConfig, vocab_size: int) -> torch.nn.Module:
@@ -100,31 +58,10 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> torch.nn.Module:
                  z_loss=cfg.z_loss)
 
 
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], bf16: bool = False) -> float:
-    """Mean cross-entropy (no z-loss) over fixed validation batches."""
-    was_training = model.training
-    model.eval()
-    total, count = 0.0, 0
-    device = next(model.parameters()).device
-    for x, y in batches:
-        x, y = x.to(device), y.to(device)
-        with _autocast(bf16, device):
-            logits, _ = model(x)
-        total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum").item()
-        count += y.numel()
-    model.train(was_training)
-    return total / count
-
-
 # The replicas of one process are threads: their first step (where torch.compile compiles the model) runs
 # under this lock, one replica at a time. Concurrent compilation made compiled runs irreproducible (the
 # same config ending 5.430 or 5.461 on the tiny preset in bf16); serialized, they are bit for bit.
 _COMPILE_LOCK = threading.Lock()
-
-
-def _autocast(enabled: bool, device: torch.device):
-    return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
 
 
 class TrainerCallback:
@@ -494,7 +431,7 @@ class Trainer:
         tokens = x.numel()  # the replica's
         x, y = x[rep.rows].to(dev, non_blocking=True), y[rep.rows].to(dev, non_blocking=True)
         with _COMPILE_LOCK if (cfg.compile and not rep.compiled) else contextlib.nullcontext():
-            with _autocast(cfg.bf16, dev):
+            with autocast(cfg.bf16, dev):
                 _, loss = rep.model(x, y)
             loss.backward()
         rep.compiled = True
