@@ -25,12 +25,13 @@ def test_sweep_with_the_real_trainer_records_losses(tmp_path, token_cache):
     assert cli_main(["sweep", "--grid", str(tmp_path / "grid.json"), "--out", str(out), "--no-progress"]) == 0
     records = read_results(out)
     assert sorted(r["method"] for r in records) == ["diloco", "dp", "streaming"]
+    assert len({r["data_sha256"] for r in records}) == 1 and len(records[0]["data_sha256"]) == 64  # the same data
     for r in records:
         assert r["status"] == "ok", r
         assert r["eval_loss"] < 5.9  # learned something: ln(512) = 6.24 at init
         assert r["num_params"] == 37184
         run_dir = tmp_path / "runs" / r["run_id"]
-        assert (run_dir / "summary.json").exists()
+        assert json.loads((run_dir / "summary.json").read_text())["data_sha256"] == r["data_sha256"]
         trained = json.loads((run_dir / "config.json").read_text())
         trained = trained.get("config", trained)
         assert trained["method"] == r["method"]

@@ -44,7 +44,8 @@ def config_from_record(config: dict[str, Any]) -> tuple[TrainConfig, Path, Path]
 
 
 def run_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Train one grid point; return what the sweep records (non-embedding N, final eval loss, wall time)."""
+    """Train one grid point; return what the sweep records (non-embedding N, final eval loss, wall time, and the
+    SHA-256 of the token ids it trained on: two sweeps' losses are comparable only on the same data)."""
     from diloco.models import count_params, make_config
 
     cfg, run_dir, cache_dir = config_from_record(config)
@@ -53,4 +54,4 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
     result = train(cfg, run_dir, cache_dir=cache_dir, progress=False, reuse=True)
     mc = make_config(cfg.size, vocab_size=cfg.vocab_size, seq_len=cfg.seq_len)
     return {"eval_loss": result.final_eval_loss, "num_params": count_params(mc, embeddings=False),
-            "wall_time_s": result.wall_time_s, "run_dir": str(run_dir)}
+            "wall_time_s": result.wall_time_s, "run_dir": str(run_dir), "data_sha256": result.data_sha256}
