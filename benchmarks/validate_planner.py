@@ -26,7 +26,8 @@ import statistics
 from pathlib import Path
 
 from diloco.files import write_json
-from diloco.scaling.fit import fit_scaling, load_records
+from diloco.scaling.fit import fit_scaling
+from diloco.scaling.records import load_records
 from diloco.sim.hardware import ModelSpec
 from diloco.sim.loss import LossModel
 from diloco.sim.planner import Candidate, Setup, evaluate

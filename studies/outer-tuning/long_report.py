@@ -21,7 +21,7 @@ SUMMARY = HERE / "long-summary.json"
 sys.path.insert(0, str(HERE))
 from stages import method_key  # noqa: E402
 
-from diloco.scaling.fit import paper_table4  # noqa: E402
+from diloco.scaling.records import paper_table4  # noqa: E402
 from diloco.scaling.sweep import _model_zoo_params  # noqa: E402 - N as the sweep counts it
 from diloco.traffic import exchange_bytes  # noqa: E402
 from diloco.train.compare import _human  # noqa: E402 - the byte counts as the demo's table prints them

@@ -130,7 +130,8 @@ def test_codec_bits_are_the_codecs(paper_loss):
 
 
 def test_packaged_paper_fit_is_what_diloco_fit_gives(paper_loss):
-    from diloco.scaling.fit import fit_scaling, paper_table4_records
+    from diloco.scaling.fit import fit_scaling
+    from diloco.scaling.records import paper_table4_records
 
     fresh = fit_scaling(paper_table4_records(), alternatives=(), max_inits=64)
     for key, law in fresh.loss_laws_c.items():

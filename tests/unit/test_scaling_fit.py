@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diloco.scaling.fit import best_points, fit_scaling, load_records, method_key, quadratic_optimum, split_key
+from diloco.scaling.fit import best_points, fit_scaling, quadratic_optimum
+from diloco.scaling.records import load_records, method_key, split_key
 from diloco.scaling.laws import fit_law, log_residual
 from diloco.scaling.sweep import GridSpec, expand
 from diloco.scaling.synthetic import SyntheticLaw, synthetic_run
@@ -241,7 +242,7 @@ def test_a_fit_whose_optimizer_never_converges_is_an_error_not_an_assert():
 
 
 def test_bootstrap_intervals_cover_the_fitted_value_and_token_budget_moves_the_loss():
-    from diloco.scaling.fit import paper_table4_records
+    from diloco.scaling.records import paper_table4_records
 
     fit = fit_scaling(paper_table4_records(), alternatives=("joint+C",), max_inits=16, bootstrap=40)
     pr = fit.predict(1e10, method="dp")

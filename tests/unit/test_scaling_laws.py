@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import approx_fprime
 
-from diloco.scaling.fit import paper_table4, paper_table4_records, fit_scaling
+from diloco.scaling.fit import fit_scaling
+from diloco.scaling.records import paper_table4, paper_table4_records
 from diloco.scaling.laws import FORMS, FittedLaw, fit_law, get_form, log_residual
 
 # Fitting the paper's Table 4 losses reproduces its Table 7 (A, alpha per method) and Table 10

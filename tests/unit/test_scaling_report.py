@@ -5,7 +5,8 @@ import json
 import pytest
 
 from diloco.cli import main
-from diloco.scaling.fit import BestPoint, fit_scaling, paper_table4_records
+from diloco.scaling.fit import BestPoint, fit_scaling
+from diloco.scaling.records import paper_table4_records
 from diloco.scaling.report import MARKDOWN, PLOTS, percent_vs_dp, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -23,7 +23,8 @@ def add_input_args(p: argparse.ArgumentParser) -> None:
 
 def load_fit(args: argparse.Namespace) -> tuple[Any, str]:
     """(ScalingFit, a one-line description of the data's source)."""
-    from diloco.scaling.fit import fit_scaling, load_records, paper_table4, paper_table4_records
+    from diloco.scaling.fit import fit_scaling
+    from diloco.scaling.records import load_records, paper_table4, paper_table4_records
 
     if args.max_inits < 1:
         raise ValueError(f"--max-inits={args.max_inits}: need at least 1")
@@ -81,7 +82,7 @@ def _format_prediction(pr) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from diloco.files import write_json
-    from diloco.scaling.fit import split_key
+    from diloco.scaling.records import split_key
 
     for n in args.predict:
         if not n > 0:

@@ -7,7 +7,8 @@
     report.py     PNG plots and a Markdown report
 """
 
-from diloco.scaling.fit import ScalingFit, best_points, fit_scaling, load_records, paper_table4_records
+from diloco.scaling.fit import ScalingFit, best_points, fit_scaling
+from diloco.scaling.records import load_records, paper_table4_records
 from diloco.scaling.laws import FORMS, FittedLaw, fit_law
 from diloco.scaling.sweep import RUNNERS, GridSpec, expand, read_results, register_runner, run_sweep
 

@@ -13,7 +13,8 @@ from matplotlib.ticker import LogLocator, ScalarFormatter  # noqa: E402
 import numpy as np  # noqa: E402
 
 from diloco.files import atomic_write_bytes, atomic_write_with  # noqa: E402
-from diloco.scaling.fit import BestPoint, ScalingFit, key_order, split_key  # noqa: E402
+from diloco.scaling.fit import BestPoint, ScalingFit  # noqa: E402
+from diloco.scaling.records import key_order, split_key  # noqa: E402
 from diloco.scaling.laws import FittedLaw  # noqa: E402
 
 PLOTS = {"loss": "loss_vs_n.png", "hparams": "hparams_vs_n.png", "vs_dp": "pct_vs_dp.png"}
