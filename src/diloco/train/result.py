@@ -24,7 +24,7 @@ class RunResult:
     train_time_s: float
     num_params: int
     dropped_contributions: int
-    data_sha256: str | None = None  # TokenData.digest() of what the run trained on (None: a run from before it was kept)
+    data_sha256: str | None = None  # TokenData.digest() of what it trained on (None: written before runs kept it)
 
     def to_dict(self) -> dict[str, Any]:
         """Strict-JSON-ready: a non-finite loss (a diverged run) becomes None."""
