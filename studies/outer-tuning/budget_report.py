@@ -106,7 +106,12 @@ def plot(rows: list[dict], path: Path) -> None:
         if key in TARGETS:
             ax.axhline(TARGETS[key], color=f"C{i}", ls=":", lw=1, label=f"target for {key}")
     ax.axhline(0, color="k", lw=0.8)
-    ax.set(xscale="log", xlabel="tokens per parameter (each run's schedule completes there)",
+    ax.axvline(20, color="grey", ls="--", lw=0.8, label="the papers' budget (20)")
+    budgets = sorted({r["tokens_per_param"] for r in rows})
+    ax.set_xscale("log")
+    ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
+    ax.minorticks_off()
+    ax.set( xlabel="tokens per parameter (each run's schedule completes there)",
            ylabel="final eval loss vs DP (%)", title=f"{SIZE}: the gap against the token budget (inner lr 8e-3)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
