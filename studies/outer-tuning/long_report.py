@@ -1,7 +1,8 @@
 """Point 4 of issue 15: the long runs against DP, beside the targets; curves and gaps as JSON and a plot.
 
     .venv/bin/python studies/outer-tuning/long_report.py      # reads results-long*.jsonl and the run folders
-    .venv/bin/python studies/outer-tuning/long_report.py --markdown     # the README's tables
+    .venv/bin/python studies/outer-tuning/long_report.py --markdown     # every setting's table (docs/tuning.md)
+    .venv/bin/python studies/outer-tuning/long_report.py --best         # each method at its best (the README)
 
 Writes long-summary.json (every run's eval-loss curve, final loss, bytes per replica; the gap against N),
 long-curves.png (eval loss against tokens, and each method's gap to DP against tokens per parameter, per
@@ -207,6 +208,31 @@ def markdown(runs: list[dict]) -> None:
                   f"{len(rs)} | {loss:.4f}{each} | {gap} | {_human(sent) if sent else '0'} | {fewer} |")
 
 
+def markdown_best(runs: list[dict]) -> None:
+    """One table for every size: each method at its best finished setting (mean over seeds), against DP at its
+    best; the columns are the sizes (the README's summary; ``markdown`` has every setting)."""
+    sizes, cells = [], {}
+    for size, dp, by in settings_by_size(runs):
+        sizes.append(f"`{size}` ({dp['num_params'] / 1e6:.2f}M)")
+        best: dict[str, tuple[float, tuple, list[dict]]] = {}
+        for (key, lr, outer, warm), rs in by.items():
+            loss = sum(r["final_eval_loss"] for r in rs) / len(rs)
+            if key not in best or loss < best[key][0]:
+                best[key] = (loss, (lr, outer), rs)
+        for key, (loss, (lr, outer), rs) in best.items():
+            gap = "–" if key == "dp" else f"{100 * (loss / dp['final_eval_loss'] - 1):+.2f} %"
+            seeds = "" if len(rs) == 1 else f", {len(rs)} seeds"
+            how = f"lr {lr:g}" + ("" if not outer else f", outer {outer[0]:g} / {outer[1]:g}") + seeds
+            cells.setdefault(key, {})[size] = f"{loss:.4f} ({gap}; {how})"
+    print("| method | " + " | ".join(sizes) + " |")
+    print("|---|" + "---|" * len(sizes))
+    order = ["dp", "diloco-m1-h30", "diloco-m2-h30", "streaming-m2-h30-fp4_e3m0", "streaming-m2-h30-fp32",
+             "streaming-m2-h100-fp4_e3m0"]
+    for key in sorted(cells, key=lambda k: order.index(k) if k in order else len(order)):
+        row = [cells[key].get(size, "–") for size, _, _ in settings_by_size(runs)]
+        print(f"| {NAMES.get(key, key)} | " + " | ".join(row) + " |")
+
+
 # -- the gap against N: ours beside the papers' ------------------------------------------------------------
 def paper_gaps() -> dict[str, list[tuple[float, float]]]:
     """The papers' final gap to DP (%) against N, per method key of ours they correspond to.
@@ -316,6 +342,9 @@ def main() -> int:
         return 1
     if sys.argv[1:] == ["--markdown"]:
         markdown(runs)
+        return 0
+    if sys.argv[1:] == ["--best"]:
+        markdown_best(runs)
         return 0
     report(runs)
     gaps = gap_against_n(runs)
