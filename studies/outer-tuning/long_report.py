@@ -317,15 +317,19 @@ def plot_gap_against_n(rows: list[dict], path: Path) -> None:
         b, a = np.polyfit(np.log10(n), g, 1)
         xs = np.logspace(4.8, np.log10(max(n)), 50)  # down to the smallest of ours (cpu-0.1m, 97k)
         ax.plot(xs, a + b * np.log10(xs), "k--", lw=0.8, label="papers' trend, extrapolated")
-        colors: dict[str, str] = {}  # one colour per setting, whatever the size
-        for r in (x for x in rows if _series(x["key"]) == series):
-            outer = "" if not r["outer"] else f" outer {r['outer'][0]:g}/{r['outer'][1]:g}"
-            label = " ".join(["ours", r["key"].removeprefix(series).strip("-")]).strip() + f" lr {r['inner_lr']:g}" + outer \
-                + f" warmup {r['warmup_steps']}"
-            new = label not in colors
-            colors.setdefault(label, f"C{len(colors)}")
-            ax.plot([r["num_params"]] * len(r["gap_pct_seeds"]), r["gap_pct_seeds"], "o", color=colors[label],
-                    label=label if new else None)
+        mine = [x for x in rows if _series(x["key"]) == series and x["key"] == series + ("-fp4_e3m0" if
+                                                                               series.startswith("streaming") else "")]
+        for r in mine:  # every setting tried, faded: the spread over settings at each size
+            ax.plot([r["num_params"]] * len(r["gap_pct_seeds"]), r["gap_pct_seeds"], "o", color="C0", alpha=0.25,
+                    ms=4, label=None)
+        best = {}  # per size, the setting with the lowest mean gap
+        for r in mine:
+            if r["size"] not in best or r["gap_pct"] < best[r["size"]]["gap_pct"]:
+                best[r["size"]] = r
+        if best:
+            ax.plot([], [], "o", color="C0", alpha=0.25, ms=4, label="ours, every setting tried")
+            pts = sorted((r["num_params"], r["gap_pct"]) for r in best.values())
+            ax.plot(*zip(*pts, strict=True), "o-", color="C3", ms=7, label="ours, best setting per size")
         ax.axhline(0, color="grey", lw=0.6)
         ax.set(xscale="log", title=series, xlabel="parameters N")
         ax.grid(alpha=0.3)
