@@ -101,8 +101,14 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for i, key in enumerate(sorted({r["key"] for r in rows})):
-        pts = sorted((r["tokens_per_param"], r["gap_pct"]) for r in rows if r["key"] == key)
-        ax.plot(*zip(*pts, strict=True), "o-", color=f"C{i}", label=key)
+        mine = [r for r in rows if r["key"] == key]
+        ax.plot([r["tokens_per_param"] for r in mine], [r["gap_pct"] for r in mine], "o", color=f"C{i}", alpha=0.5,
+                ms=4)  # every seed
+        by: dict[float, list[float]] = {}
+        for r in mine:
+            by.setdefault(r["tokens_per_param"], []).append(r["gap_pct"])
+        tpp = sorted(by)
+        ax.plot(tpp, [sum(by[t]) / len(by[t]) for t in tpp], "o-", color=f"C{i}", label=f"{key} (mean over seeds)")
         if key in TARGETS:
             ax.axhline(TARGETS[key], color=f"C{i}", ls=":", lw=1, label=f"target for {key}")
     ax.axhline(0, color="k", lw=0.8)
@@ -133,7 +139,7 @@ def main(argv: list[str]) -> int:
         print("no finished budget runs yet (budget_report.py write; then the sweep in this file's docstring)")
         return 1
     print(f"{SIZE}: final eval loss against DP at the same token budget (each run's schedule completes there)")
-    print(f"{'method':<28} {'tokens/param':>12} {'eval loss':>9} {'DP':>8} {'vs DP':>8}")
+    print(f"{'method':<28} {'tokens/param':>12} {'eval loss':>9} {'DP':>8} {'vs DP':>8}  (one line per run)")
     for r in rows:
         print(f"{r['key']:<28} {r['tokens_per_param']:>12g} {r['eval_loss']:>9.4f} {r['dp_eval_loss']:>8.4f} "
               f"{r['gap_pct']:>+7.2f}%")
