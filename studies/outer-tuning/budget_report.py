@@ -118,7 +118,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
     ax.minorticks_off()
     ax.set( xlabel="tokens per parameter (each run's schedule completes there)",
-           ylabel="final eval loss vs DP (%)", title=f"{SIZE}: the gap against the token budget (inner lr 8e-3)")
+           ylabel="final eval loss vs DP (%)", title=f"{SIZE}: the gap against the token budget (DP and Streaming at inner lr 8e-3)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
