@@ -8,8 +8,9 @@ run's curve mid-way is not: its lr is still high there).
         echo --grid $g; done) --out studies/outer-tuning/results-budget.jsonl --workers 2
     .venv/bin/python studies/outer-tuning/budget_report.py            # table, budget-summary.json, budget.png
 
-The settings are the cpu-0.25m long runs' at inner lr 8e-3, DP and Streaming alike (DP's best at 20 tokens per
-parameter turned out to be 1.6e-2, 1.1 % lower; the budgets were not rerun there);
+The settings are the cpu-0.25m long runs' at inner lr 8e-3, DP and Streaming alike, and DP also at 1.6e-2 (its best
+at 20 tokens per parameter; `budget-*-dp-lr0.016-*.json`): each Streaming run is reported against DP at
+the same lr and against DP at its best lr at that budget;
 the 20 tokens-per-parameter point is those long runs (results-long*.jsonl / long-summary.json).
 """
 
