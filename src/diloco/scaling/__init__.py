@@ -3,6 +3,7 @@
     sweep.py      GridSpec -> run configs -> run_sweep (one JSONL file, resumable)
     synthetic.py  a known noisy law as a stand-in trainer (tests, demos)
     laws.py       the parametric forms and their Huber fit in log space
+    records.py    the finished records a fit reads (checked), the paper's Table 4 as records
     fit.py        best point per (method, N) -> every law, leave-largest-out, predict()
     report.py     PNG plots and a Markdown report
 """

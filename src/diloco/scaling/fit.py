@@ -364,7 +364,7 @@ def fit_scaling(records: Iterable[Mapping[str, Any]], *, smooth_by: str | None =
                 joint_method: str = "diloco", loss_huber_delta: float = LOSS_HUBER_DELTA,
                 hparam_huber_delta: float = HPARAM_HUBER_DELTA, max_inits: int = 64,
                 alternatives: Iterable[str] = ALTERNATIVE_FORMS, bootstrap: int = 0, seed: int = 0) -> ScalingFit:
-    """Every fit of the module docstring, from finished sweep records (see :func:`diloco.scaling.records.load_records`).
+    """Every fit of the module docstring, from finished sweep records (:func:`~diloco.scaling.records.load_records`).
 
     ``bootstrap`` > 0 refits every loss law that many times on resampled residuals, so that
     :meth:`ScalingFit.predict` can give an interval.

@@ -12,7 +12,8 @@ only reads it and says what to do:
 * another run (any config) without ``--resume``: an error naming the keys that
   differ, unless ``--overwrite`` says to replace it.
 
-So a typo on the command line can never truncate, overwrite or delete results.
+Once the data is built, :func:`check_same_data` refuses a resume on token ids whose SHA-256 differs
+from the checkpoint's. So a typo on the command line can never truncate, overwrite or delete results.
 """
 
 from __future__ import annotations
@@ -177,7 +178,20 @@ def clear_run(out_dir: Path) -> None:
             path.unlink()
 
 
+def check_same_data(plan: RunDirPlan, digest: str, out_dir: Path) -> None:
+    """A resume continues on the data its checkpoint was trained on, or not at all: the sampler's state
+    indexes token positions, so other data (a corpus package upgraded between sittings, an edited text
+    file) would silently train on different batches than the run began with."""
+    saved = (plan.meta or {}).get("data_sha256")
+    if plan.action == "resume" and saved is not None and saved != digest:
+        raise ValueError(
+            f"--resume: the data differs from what the run in {out_dir} was trained on (token SHA-256 "
+            f"{digest[:16]}... now, {saved[:16]}... in its checkpoint), so the resumed run would not continue "
+            f"the same run. Restore the data it used (for the bundled corpora: the same versions of the "
+            f"packages listed in docs/data.md), or train afresh in another --out (this run is left as it is)")
+
+
 __all__ = [
-    "ELASTIC_KEYS", "RUNTIME_KEYS", "RUN_FILES", "RunDirPlan", "clear_run", "config_differences", "existing_run_files",
-    "plan_run_dir",
+    "ELASTIC_KEYS", "RUNTIME_KEYS", "RUN_FILES", "RunDirPlan", "check_same_data", "clear_run", "config_differences",
+    "existing_run_files", "plan_run_dir",
 ]

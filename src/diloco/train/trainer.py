@@ -44,7 +44,7 @@ from diloco.train.evaluation import autocast, evaluate
 from diloco.train.lr import lr_at
 from diloco.train.result import RunResult
 from diloco.train.metrics import JSONLSink, MetricLogger, MultiLogger, TensorBoardSink
-from diloco.train.rundir import RunDirPlan, clear_run, plan_run_dir
+from diloco.train.rundir import RunDirPlan, check_same_data, clear_run, plan_run_dir
 from diloco.train.speed import compile_in_place, tcmalloc_notice
 from diloco.train.step_log import StepTable, progress_bar, update_bar
 from diloco.train.threads import default_threads
@@ -197,7 +197,7 @@ class Trainer:
         # Data, validation batches, the seeded model and its fragments, each checked (diloco.train.inputs).
         inputs = prepare_inputs(cfg, self.cache_dir)
         digest = inputs.data.digest()
-        _check_same_data(plan, digest, self.out_dir)  # every process, before the lead touches the run directory
+        check_same_data(plan, digest, self.out_dir)  # every process, before the lead touches the run directory
         if lead:  # everything is validated and the data is ready: only now is the run directory touched
             if plan.action == "overwrite":
                 clear_run(self.out_dir)
@@ -488,19 +488,6 @@ class Trainer:
                                              "wall_time_s": run.wall_time(), "threads": run.threads,
                                              "data_sha256": run.data_sha256},
                         keep=self.cfg.keep_checkpoints)
-
-
-def _check_same_data(plan: RunDirPlan, digest: str, out_dir: Path) -> None:
-    """A resume continues on the data its checkpoint was trained on, or not at all: the sampler's state
-    indexes token positions, so other data (a corpus package upgraded between sittings, an edited text
-    file) would silently train on different batches than the run began with."""
-    saved = (plan.meta or {}).get("data_sha256")
-    if plan.action == "resume" and saved is not None and saved != digest:
-        raise ValueError(
-            f"--resume: the data differs from what the run in {out_dir} was trained on (token SHA-256 "
-            f"{digest[:16]}... now, {saved[:16]}... in its checkpoint), so the resumed run would not continue "
-            f"the same run. Restore the data it used (for the bundled corpora: the same versions of the "
-            f"packages listed in docs/data.md), or train afresh in another --out (this run is left as it is)")
 
 
 def _tell(notices: Sequence[str]) -> None:
