@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "communicator); under torchrun each process is one replica (torch.distributed: gloo on "
                     "CPU, nccl on GPU), e.g. `torchrun --nproc-per-node 2 -m diloco train --preset demo "
                     "--method diloco`, or with --set ranks_per_worker=R one of R data-parallel ranks of a "
-                    "replica (launch replicas x R processes). Writes config.json, metrics.jsonl, summary.json "
+                    "replica (launch replicas x R processes; --set worker_sharding=fsdp shards each replica's "
+                    "model over its R ranks with FSDP, see docs/fsdp.md). Writes config.json, metrics.jsonl, summary.json "
                     "and checkpoints/ to --out. Checkpoints: by default every 100 steps, rounded up to a "
                     "multiple of sync_every for diloco/streaming (--set checkpoint_every=N steps; 0 = only at "
                     "the end), keeping the last 2 (--set keep_checkpoints=K); a killed run continues with "
@@ -78,6 +79,11 @@ def run(args: argparse.Namespace) -> int:
         from diloco.train.config import TrainConfig
 
         env = read_env()
+        if env.world_size % cfg.ranks_per_worker:
+            raise ValueError(f"--elastic: {env.world_size} processes cannot form workers of ranks_per_worker="
+                             f"{cfg.ranks_per_worker} ranks; launch a multiple of {cfg.ranks_per_worker} processes "
+                             f"(--nproc-per-node {cfg.ranks_per_worker} per node) or set ranks_per_worker to a "
+                             f"divisor of {env.world_size}")
         cfg = TrainConfig.from_dict({**cfg.to_dict(), "replicas": env.world_size // cfg.ranks_per_worker})
         if env.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
             print("diloco: --elastic: a node joining this job will wait for the rendezvous until it times out "
@@ -88,11 +94,12 @@ def run(args: argparse.Namespace) -> int:
     # The world size is checked against replicas x ranks_per_worker before joining; workers x ranks layout;
     # timeouts; every communicator and the process group closed on the way out.
     with setup_communicators(replicas=cfg.replicas, ranks_per_worker=cfg.ranks_per_worker,
-                             timeout_s=args.timeout, device=args.device) as comms:
+                             timeout_s=args.timeout, device=args.device,
+                             worker_sharding=cfg.worker_sharding) as comms:
         trainer = Trainer(cfg, out, cache_dir=cache_dir(args), progress=not args.no_progress,
                           device=str(comms.device))
         result = trainer.run_replica(comms.replica, resume=args.resume, overwrite=args.overwrite,
-                                     intra=comms.intra, elastic=args.elastic)
+                                     intra=comms.intra, elastic=args.elastic, mesh=comms.mesh)
         if result is not None:
             print(json.dumps(result.to_dict(), indent=2))
     return 0

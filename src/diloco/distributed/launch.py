@@ -167,6 +167,10 @@ class Communicators:
     num_replicas: int
     ranks_per_worker: int
     owns_process_group: bool = False
+    #: ``worker_sharding="fsdp"``: the worker's 1-D DeviceMesh to ``fully_shard`` its model on (else None).
+    #: ``replica`` then connects this rank's column (the same-index ranks of every worker, which hold the
+    #: same shard) and ``intra`` the worker's R ranks (also when R = 1).
+    mesh: Any = None
 
     @property
     def local_rank_in_worker(self) -> int:
@@ -186,7 +190,12 @@ class Communicators:
         last transfer over them (a peer can then abort in gloo's threads at exit). After a failure
         (``synchronize=False``, what the context manager passes on an exception) nobody waits.
         """
-        opened = [self.replica.cross, self.replica.intra] if self.intra is not None else [self.replica]
+        if self.mesh is not None:
+            opened = [self.replica, self.intra]
+        elif self.intra is not None:
+            opened = [self.replica.cross, self.replica.intra]
+        else:
+            opened = [self.replica]
         if synchronize and self.owns_process_group and dist.is_initialized() and dist.get_world_size() > 1:
             try:
                 dist.barrier(async_op=True).wait(timeout=timedelta(seconds=opened[0].timeout_s))
@@ -220,7 +229,8 @@ def check_world_size(world_size: int, replicas: Any, ranks_per_worker: Any) -> N
 
 def setup_communicators(*, replicas: int | None = None, ranks_per_worker: int = 1, timeout_s: float = 300.0,
                         backend: str | None = None, process_group_timeout_s: float | None = None,
-                        device: str | torch.device | None = None) -> Communicators:
+                        device: str | torch.device | None = None,
+                        worker_sharding: str = "replicate") -> Communicators:
     """Join a torchrun job and build its communicators: the one call a training script needs.
 
     Args:
@@ -233,6 +243,9 @@ def setup_communicators(*, replicas: int | None = None, ranks_per_worker: int = 
         process_group_timeout_s: the process group's own timeout (one collective in the backend);
             default ``max(1800, 2 * timeout_s)``.
         device: this process's device (default: ``cuda:LOCAL_RANK`` when CUDA is available, else CPU).
+        worker_sharding: ``"replicate"`` (each rank of a worker a full copy) or ``"fsdp"`` (the worker's model
+            to be ``fully_shard``'ed over its R ranks on ``Communicators.mesh``; ``replica`` is then this
+            rank's column across workers, see :meth:`~diloco.comm.mesh.Layout.shard_communicator`).
 
     The world size is checked against M x R from torchrun's environment *before* any process group
     is created, so a wrong launch fails at once with a message saying what to launch. If the
@@ -245,6 +258,8 @@ def setup_communicators(*, replicas: int | None = None, ranks_per_worker: int = 
     R = ranks_per_worker
     if isinstance(R, bool) or not isinstance(R, int) or R < 1:
         raise ValueError(f"ranks_per_worker={R!r}: need an integer >= 1")
+    if worker_sharding not in ("replicate", "fsdp"):
+        raise ValueError(f"worker_sharding={worker_sharding!r}: choose 'replicate' or 'fsdp'")
     M = replicas if replicas is not None else env.world_size // R
     check_world_size(env.world_size, M, R)
     if not timeout_s > 0:
@@ -261,7 +276,15 @@ def setup_communicators(*, replicas: int | None = None, ranks_per_worker: int = 
     try:
         from diloco.comm.torch_dist import TorchDistCommunicator
 
-        if R == 1:
+        mesh = None
+        if worker_sharding == "fsdp":
+            from diloco.comm.mesh import build_layout
+
+            layout = build_layout(M, R)
+            replica = layout.shard_communicator(timeout_s=timeout_s)
+            intra = TorchDistCommunicator(layout.intra_group, timeout_s=timeout_s)
+            mesh = layout.device_mesh["local"]
+        elif R == 1:
             replica, intra = TorchDistCommunicator(timeout_s=timeout_s), None
         else:
             from diloco.comm.mesh import build_layout
@@ -272,4 +295,4 @@ def setup_communicators(*, replicas: int | None = None, ranks_per_worker: int = 
         if owns and dist.is_initialized():
             dist.destroy_process_group()
         raise
-    return Communicators(env, replica, intra, torch.device(device), M, R, owns)
+    return Communicators(env, replica, intra, torch.device(device), M, R, owns, mesh)

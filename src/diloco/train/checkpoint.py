@@ -18,6 +18,12 @@ Resuming (:func:`find_resumable`) takes the newest recorded step whose files
 all match their records; a damaged newest one (a disk error, a truncated copy)
 is reported and the one before it is used. Loading uses ``weights_only=True``:
 tensors and plain containers, never code.
+
+FSDP workers (``worker_sharding = "fsdp"``) write sharded checkpoints instead: a
+folder per worker in the step's folder, every rank writing its shard with
+``torch.distributed.checkpoint`` (:mod:`diloco.train.sharded_checkpoint`). Their
+record says ``"format": "dcp"`` and lists every file of the step's folder with its
+size and SHA-256; the commit, keep-K and fallback rules are the same.
 """
 
 from __future__ import annotations
@@ -44,12 +50,13 @@ def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / _DIR
 
 
-def _step_dir(run_dir: Path, step: int) -> Path:
+def step_dir(run_dir: Path, step: int) -> Path:
+    """The folder of one step's checkpoint files."""
     return checkpoint_dir(run_dir) / f"{_PREFIX}{step:08d}"
 
 
 def _replica_file(run_dir: Path, step: int, rank: int) -> Path:
-    return _step_dir(run_dir, step) / f"replica-{rank}.pt"
+    return step_dir(run_dir, step) / f"replica-{rank}.pt"
 
 
 def _meta_file(run_dir: Path, step: int) -> Path:
@@ -75,15 +82,19 @@ def commit(run_dir: Path, step: int, meta: dict[str, Any], *, keep: int = 2) -> 
     and keep only the last ``keep`` steps."""
     if keep < 1:
         raise ValueError(f"keep={keep}: keep at least the checkpoint just written")
-    n = int(meta.get("num_replicas", 1))
-    files = {f"replica-{r}.pt": _digest(_replica_file(run_dir, step, r)) for r in range(n)}
+    if meta.get("format") == "dcp":  # sharded: every file every rank wrote, by its path in the step's folder
+        root = step_dir(run_dir, step)
+        files = {p.relative_to(root).as_posix(): _digest(p) for p in sorted(root.rglob("*")) if p.is_file()}
+    else:
+        n = int(meta.get("num_replicas", 1))
+        files = {f"replica-{r}.pt": _digest(_replica_file(run_dir, step, r)) for r in range(n)}
     body = {"step": step, **meta, "files": files}
     write_json(_meta_file(run_dir, step), body)
     write_json(checkpoint_dir(run_dir) / "latest.json", body)
     for old in saved_steps(run_dir)[:-keep]:
         if old < step:
             _meta_file(run_dir, old).unlink(missing_ok=True)  # first: a step without its record is not resumable
-            shutil.rmtree(_step_dir(run_dir, old), ignore_errors=True)
+            shutil.rmtree(step_dir(run_dir, old), ignore_errors=True)
 
 
 def verify_replica(run_dir: Path, rank: int, step: int, meta: dict[str, Any]) -> None:
@@ -99,6 +110,22 @@ def verify_replica(run_dir: Path, rank: int, step: int, meta: dict[str, Any]) ->
     if got != want:
         raise CheckpointError(f"checkpoint {path} is damaged ({got['bytes']} bytes whose SHA-256 differs from "
                               f"the {want['bytes']} bytes written)")
+
+
+def verify_files(run_dir: Path, step: int, meta: dict[str, Any]) -> None:
+    """Check every file of a sharded (DCP) checkpoint against the size and SHA-256 in its record."""
+    root = step_dir(run_dir, step)
+    files = meta.get("files") or {}
+    if not files:
+        raise CheckpointError(f"the record of {root} lists no files")
+    for name, want in files.items():
+        path = root / name
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint file {path} is missing")
+        got = _digest(path)
+        if got != want:
+            raise CheckpointError(f"checkpoint file {path} is damaged ({got['bytes']} bytes whose SHA-256 differs "
+                                  f"from the {want['bytes']} bytes written)")
 
 
 def saved_steps(run_dir: Path) -> list[int]:
@@ -140,7 +167,7 @@ def load_replica(run_dir: Path, rank: int, step: int | None = None) -> dict[str,
         # Not `from exc`: torch's message advises weights_only=False, i.e. running code from a bad file.
         raise CheckpointError(
             f"checkpoint {path} is damaged or not a checkpoint ({_reason(exc)}); to resume from the checkpoint "
-            f"before it, delete {_step_dir(run_dir, step)} and {_meta_file(run_dir, step)}, or start afresh "
+            f"before it, delete {step_dir(run_dir, step)} and {_meta_file(run_dir, step)}, or start afresh "
             f"with --overwrite") from None
 
 
@@ -181,8 +208,11 @@ def find_resumable(run_dir: Path) -> Resumable:
             continue  # written after the last commit: an interrupted checkpoint, not a damaged one
         try:
             meta = _step_meta(run_dir, step)
-            for rank in range(int(meta.get("num_replicas", 1))):
-                verify_replica(run_dir, rank, step, meta)
+            if meta.get("format") == "dcp":
+                verify_files(run_dir, step, meta)
+            else:
+                for rank in range(int(meta.get("num_replicas", 1))):
+                    verify_replica(run_dir, rank, step, meta)
         except (CheckpointError, ValueError, KeyError, TypeError) as exc:
             skipped.append(f"step {step}: {exc}")
             continue
@@ -225,5 +255,5 @@ def _reason(exc: BaseException) -> str:
 
 __all__ = [
     "CheckpointError", "Resumable", "checkpoint_dir", "commit", "find_resumable", "latest_meta",
-    "load_latest", "load_replica", "save_replica", "saved_steps", "verify_replica",
+    "load_latest", "load_replica", "save_replica", "saved_steps", "step_dir", "verify_files", "verify_replica",
 ]

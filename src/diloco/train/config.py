@@ -20,6 +20,9 @@ from diloco.methods import METHODS, schedule_errors
 #: ``checkpoint_every = -1`` (the default): at the first outer-sync boundary after every this many steps.
 AUTO_CHECKPOINT_STEPS = 100
 
+#: How a worker's R ranks hold its model: each a full copy (gradients averaged), or a shard (FSDP2).
+WORKER_SHARDING = ("replicate", "fsdp")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -37,6 +40,8 @@ class TrainConfig:
     method: str = "diloco"
     replicas: int = 2  # M
     ranks_per_worker: int = 1  # R: under torchrun, each replica (worker) is R data-parallel processes
+    worker_sharding: str = "replicate"  # a worker's R ranks: "replicate" (each a full copy) or "fsdp" (fully_shard)
+    fsdp_mixed_precision: bool = False  # fsdp: bf16 forward/backward, fp32 gradient reduction and master weights
     sync_every: int = 30  # H
     num_fragments: int = 1  # P
     fragment_pattern: str = "strided"
@@ -94,6 +99,17 @@ class TrainConfig:
         need(self.dp_codec in CODEC_NAMES, f"dp_codec={self.dp_codec!r}: choose one of {', '.join(CODEC_NAMES)}")
         need(self.replicas >= 1, f"replicas={self.replicas}: need at least 1")
         need(self.ranks_per_worker >= 1, f"ranks_per_worker={self.ranks_per_worker}: need at least 1")
+        need(self.worker_sharding in WORKER_SHARDING,
+             f"worker_sharding={self.worker_sharding!r}: choose one of {', '.join(WORKER_SHARDING)}")
+        if self.worker_sharding == "fsdp":
+            need(self.method != "dp",
+                 f"worker_sharding='fsdp' runs DiLoCo / streaming workers, not method={self.method!r}: "
+                 f"use method='diloco' or 'streaming', or worker_sharding='replicate'")
+            need(not self.compile, "compile=true with worker_sharding='fsdp' is not supported: set compile=false "
+                                   "or worker_sharding='replicate'")
+        need(not self.fsdp_mixed_precision or self.worker_sharding == "fsdp",
+             f"fsdp_mixed_precision=true needs worker_sharding='fsdp' (got {self.worker_sharding!r}); "
+             f"for replicated workers use bf16=true")
         ranks = self.replicas * max(1, self.ranks_per_worker)
         need(self.global_batch >= ranks and self.global_batch % ranks == 0,
              f"global_batch={self.global_batch} must be a positive multiple of replicas={self.replicas} x "

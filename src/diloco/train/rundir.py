@@ -36,6 +36,9 @@ RESUMABLE_CHANGES: tuple[str, ...] = ("steps", "tokens")
 #: Settings that do not change what is trained: two runs differing only in these are the same run.
 RUNTIME_KEYS: tuple[str, ...] = ("checkpoint_every", "keep_checkpoints", "tensorboard")
 
+#: Settings a resume of FSDP workers may change: their sharded checkpoints load onto any R (resharding).
+RESHARD_KEYS: tuple[str, ...] = ("ranks_per_worker",)
+
 #: Settings an elastic restart changes: the number of workers is the launch's (see docs/distributed.md).
 ELASTIC_KEYS: tuple[str, ...] = ("replicas",)
 
@@ -150,6 +153,9 @@ def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overw
 def _plan_resume(out_dir: Path, cfg: TrainConfig, present: list[str], extra: tuple[str, ...] = ()) -> RunDirPlan:
     found = ckpt.find_resumable(out_dir)  # raises "nothing to resume" when there is no checkpoint
     saved = _with_defaults(found.meta.get("config", {}))
+    check_format(found.meta, cfg, out_dir)
+    if cfg.worker_sharding == "fsdp":  # sharded checkpoints reshard onto any number of ranks per worker
+        extra = (*extra, *RESHARD_KEYS)
     diff = config_differences(saved, cfg.to_dict(), ignore=RESUMABLE_CHANGES + RUNTIME_KEYS + extra)
     if diff:
         raise ValueError(f"--resume: the checkpoint in {out_dir} was written by a different config; it differs in:"
@@ -166,6 +172,21 @@ def _plan_resume(out_dir: Path, cfg: TrainConfig, present: list[str], extra: tup
                           notices=(f"the run in {out_dir} is already finished (step {step} of {total}); "
                                    f"nothing to do. Its results: {out_dir}/summary.json",))
     return RunDirPlan(out_dir, "resume", start_step=step, meta=found.meta, notices=notices)
+
+
+def check_format(meta: dict[str, Any], cfg: TrainConfig, out_dir: Path) -> None:
+    """A checkpoint resumes only into workers of its own kind: sharded (DCP) for FSDP, one file per worker else."""
+    sharded = meta.get("format") == "dcp"
+    step = meta.get("step")
+    if cfg.worker_sharding == "fsdp" and not sharded:
+        raise ValueError(
+            f"--resume: the checkpoint of step {step} in {out_dir} holds one file per worker (replicated workers, "
+            f"worker_sharding='replicate'); FSDP workers resume only from sharded checkpoints. Resume it with "
+            f"--set worker_sharding=replicate (and its ranks_per_worker), or start the FSDP run in another --out")
+    if cfg.worker_sharding != "fsdp" and sharded:
+        raise ValueError(
+            f"--resume: the checkpoint of step {step} in {out_dir} is sharded (written by FSDP workers); resume it "
+            f"with --set worker_sharding=fsdp under torchrun, or start afresh in another --out")
 
 
 def clear_run(out_dir: Path) -> None:
@@ -192,6 +213,6 @@ def check_same_data(plan: RunDirPlan, digest: str, out_dir: Path) -> None:
 
 
 __all__ = [
-    "ELASTIC_KEYS", "RUNTIME_KEYS", "RUN_FILES", "RunDirPlan", "check_same_data", "clear_run", "config_differences",
-    "existing_run_files", "plan_run_dir",
+    "ELASTIC_KEYS", "RESHARD_KEYS", "RUNTIME_KEYS", "RUN_FILES", "RunDirPlan", "check_format", "check_same_data",
+    "clear_run", "config_differences", "existing_run_files", "plan_run_dir",
 ]

@@ -10,7 +10,12 @@ Under torchrun a replica may be a *worker* of R = ``ranks_per_worker`` processes
 its 1/R slice of the replica's batch, the R gradients are averaged inside the
 worker every step, and the algorithm runs across workers. A worker thus trains
 on exactly the batches the in-process replica would, and its R ranks hold one
-state, checkpointed once (by local rank 0) in the same format.
+state, checkpointed once (by local rank 0) in the same format. With
+``worker_sharding = "fsdp"`` the worker's R ranks instead hold one model
+``fully_shard``'ed between them (:mod:`diloco.train.sharding`; ``mesh`` given to
+:meth:`Trainer.run_replica`): FSDP averages the gradients, the algorithm runs on
+each rank's shard between the same-index ranks of the workers, and every rank
+writes its shard of the checkpoint (:mod:`diloco.train.sharded_checkpoint`).
 
 Outputs in ``out_dir``: ``config.json`` (resolved), ``metrics.jsonl`` (one row
 per step, eval rows too), ``summary.json`` and ``checkpoints/`` (see
@@ -38,6 +43,7 @@ from diloco.algorithm.streaming import StreamingDiLoCo
 from diloco.comm.base import CommError, Communicator
 from diloco.comm.local import run_replicas
 from diloco.train import checkpoint as ckpt
+from diloco.train import sharded_checkpoint
 from diloco.files import write_json
 from diloco.train.config import TrainConfig
 from diloco.train.evaluation import autocast, evaluate
@@ -45,6 +51,7 @@ from diloco.train.lr import lr_at
 from diloco.train.result import RunResult
 from diloco.train.metrics import JSONLSink, MetricLogger, MultiLogger, TensorBoardSink
 from diloco.train.rundir import RunDirPlan, check_same_data, clear_run, plan_run_dir
+from diloco.train.sharding import full_tensors, scalar, shard_worker_model
 from diloco.train.speed import compile_in_place, tcmalloc_notice
 from diloco.train.step_log import StepTable, progress_bar, update_bar
 from diloco.train.threads import default_threads
@@ -90,6 +97,7 @@ class _Run:
     threads: int | None = None  # torch intra-op threads per replica (in-process runs), kept across resumes
     data_sha256: str | None = None  # TokenData.digest(): kept in every checkpoint, checked on resume
     saved_replicas: int | None = None  # M of the checkpoint resumed from (differs after an elastic restart)
+    saved_ranks: int | None = None  # R of the checkpoint resumed from (an FSDP run may resume with another)
 
     def wall_time(self) -> float:
         return time.perf_counter() - self.t0 + self.wall_before
@@ -109,6 +117,7 @@ class _Replica:
     sampler: Any  # diloco.data.ShardSampler
     rows: slice  # the rows of each replica batch this rank computes
     params: list[torch.nn.Parameter]
+    mesh: Any = None  # the worker's DeviceMesh when its model is fully_shard'ed over its ranks (fsdp), else None
     dropped: int = 0
     compiled: bool = False  # the compiled model has run once (its compilation is behind us)
     train_time: float = 0.0
@@ -125,6 +134,14 @@ class _Replica:
     @property
     def evaluates(self) -> bool:
         return self.rank == 0 and self.local == 0
+
+    @property
+    def sharded(self) -> bool:
+        return self.mesh is not None
+
+    def barrier(self) -> None:
+        """Every process of the run (``comm`` alone spans only this rank's column when the workers are sharded)."""
+        _Everyone(self.comm, self.intra if self.sharded else None).barrier()
 
 
 @dataclass
@@ -182,10 +199,10 @@ class Trainer:
         if cfg.tensorboard:
             TensorBoardSink.check_available()
 
-    def _prepare(self, plan: RunDirPlan, comm: Communicator | None = None, lead: bool = True) -> _Run:
+    def _prepare(self, plan: RunDirPlan, comm: Any = None, lead: bool = True) -> _Run:
         """Data, validation batches, the initial model; then (lead) the run directory is set up.
 
-        Under torch.distributed (``comm`` given, a barrier over every process) the ``lead`` process
+        Under torch.distributed (``comm`` given: its ``barrier()`` spans every process) the ``lead`` process
         builds the tokenizer and token cache first and the others then read it, instead of all of
         them racing to build it.
         """
@@ -211,7 +228,8 @@ class Trainer:
         return _Run(data=inputs.data, val=inputs.val_batches, template=inputs.model, fragments=inputs.fragments,
                     start_step=plan.start_step,
                     wall_before=float(meta.get("wall_time_s", 0.0)), t0=time.perf_counter(),
-                    saved_replicas=int(meta.get("num_replicas", cfg.replicas)), data_sha256=digest)
+                    saved_replicas=int(meta.get("num_replicas", cfg.replicas)), data_sha256=digest,
+                    saved_ranks=int(meta.get("config", {}).get("ranks_per_worker", cfg.ranks_per_worker)))
 
     def _logger(self, start_step: int, resume: bool) -> MultiLogger:
         sinks: list[MetricLogger] = [JSONLSink(self.out_dir / "metrics.jsonl",
@@ -228,6 +246,11 @@ class Trainer:
         interrupted one. Without any, an ``out_dir`` holding a run is an error.
         """
         cfg = self.cfg
+        if cfg.worker_sharding == "fsdp":
+            raise ValueError(f"worker_sharding='fsdp' shards each worker over its ranks, one process each: launch "
+                             f"replicas x ranks_per_worker = {cfg.replicas * cfg.ranks_per_worker} processes with "
+                             f"torchrun (torchrun --nproc-per-node {cfg.replicas * cfg.ranks_per_worker} -m diloco "
+                             f"train ...), or set worker_sharding=replicate to train in one process")
         if cfg.ranks_per_worker != 1:
             raise ValueError(f"ranks_per_worker={cfg.ranks_per_worker} needs one process per rank: launch "
                              f"{cfg.replicas * cfg.ranks_per_worker} processes with torchrun, "
@@ -252,7 +275,7 @@ class Trainer:
         return self._finish(run, results[0])
 
     def run_replica(self, comm: Communicator, *, resume: bool = False, overwrite: bool = False,
-                    intra: Communicator | None = None, elastic: bool = False) -> RunResult | None:
+                    intra: Communicator | None = None, elastic: bool = False, mesh: Any = None) -> RunResult | None:
         """This process is one replica of ``comm``'s group (torchrun). Replica 0 logs and returns the result.
 
         With ``cfg.ranks_per_worker`` = R > 1, ``comm`` connects the workers (rank = worker index, e.g.
@@ -263,9 +286,17 @@ class Trainer:
         ``elastic`` (a restart under TorchElastic, the config's ``replicas`` set to the launch's): resume
         from the newest checkpoint if there is one, even one written by another number of workers
         (see :meth:`_restore_resized`), else start; no ``resume`` / ``overwrite``.
+
+        ``mesh`` (``worker_sharding = "fsdp"``, from :func:`~diloco.distributed.setup_communicators`): the
+        worker's DeviceMesh; ``comm`` then connects this rank's column (the same-index ranks of every worker)
+        and ``intra`` the worker's ranks.
         """
         cfg = self.cfg
         R = cfg.ranks_per_worker
+        if (cfg.worker_sharding == "fsdp") != (mesh is not None) or (mesh is not None and intra is None):
+            raise ValueError(f"worker_sharding={cfg.worker_sharding!r} but this process was set up for "
+                             f"{'sharded' if mesh is not None else 'replicated'} workers: pass "
+                             f"setup_communicators(worker_sharding={cfg.worker_sharding!r}) and its mesh and intra")
         if comm.world_size != cfg.replicas:
             raise ValueError(f"config replicas={cfg.replicas} but {comm.world_size} replicas were launched; "
                              f"pass --set replicas={comm.world_size} or launch {cfg.replicas * R} processes")
@@ -275,7 +306,8 @@ class Trainer:
                              f"= {cfg.replicas * R} processes")
         lead = comm.rank == 0 and (intra is None or intra.rank == 0)
         plan = self.plan(resume=resume, overwrite=overwrite, elastic=elastic)  # every process decides the same
-        comm.barrier()  # ... before the lead writes anything
+        everyone = _Everyone(comm, intra if mesh is not None else None)
+        everyone.barrier()  # ... before the lead writes anything
         if lead:
             _tell([*plan.notices, *_speed_notices(self.device)])
             if elastic and plan.action == "resume":
@@ -283,14 +315,14 @@ class Trainer:
                        f"{(plan.meta or {}).get('num_replicas')} workers) with {cfg.replicas} workers"])
         if plan.action == "finished":
             return RunResult.from_dict(plan.summary) if lead else None
-        run = self._prepare(plan, comm, lead)
+        run = self._prepare(plan, everyone, lead)
         logger = self._logger(run.start_step, plan.action == "resume") if lead else MultiLogger()
         bar = progress_bar(self.progress and lead, cfg.total_steps, run.start_step, cfg.method)
         table = StepTable(1, logger, lambda row: update_bar(bar, row))
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         try:
-            out = self._replica_loop(comm, run=run, table=table, logger=logger, intra=intra)
+            out = self._replica_loop(comm, run=run, table=table, logger=logger, intra=intra, mesh=mesh)
         finally:
             logger.close()
             if bar is not None:
@@ -319,24 +351,25 @@ class Trainer:
 
     # -- one replica ---------------------------------------------------------
     def _replica_loop(self, comm: Communicator, *, run: _Run, table: StepTable, logger: MetricLogger,
-                      intra: Communicator | None = None) -> dict[str, Any]:
+                      intra: Communicator | None = None, mesh: Any = None) -> dict[str, Any]:
         """Every replica (thread or process) runs this: build, restore, then train step by step."""
         cfg = self.cfg
-        rep = self._build_replica(comm, intra, run)
-        if run.start_step > 0 and run.saved_replicas not in (None, cfg.replicas):
-            self._restore_resized(rep, run.start_step, run.saved_replicas)
+        rep = self._build_replica(comm, intra, run, mesh)
+        resized = run.saved_replicas not in (None, cfg.replicas) or \
+            (rep.sharded and run.saved_ranks not in (None, cfg.ranks_per_worker))
+        if run.start_step > 0 and resized:
+            self._restore_resized(rep, run.start_step, run.saved_replicas, run.saved_ranks)
         elif run.start_step > 0:
             self._restore(rep, run.start_step)
         final_eval = float("nan")
-        if rep.evaluates and run.start_step == cfg.total_steps:  # resumed at the end, before the summary
-            rep.eval_model.load_state_dict(rep.algo.global_state_dict())
-            final_eval = evaluate(rep.eval_model, run.val, cfg.bf16)
+        if rep.rank == 0 and run.start_step == cfg.total_steps:  # resumed at the end, before the summary
+            final_eval = self._evaluate(rep, run, None, None)
         step = run.start_step
         try:
             for step in range(run.start_step + 1, cfg.total_steps + 1):
                 out = self._train_step(rep, step)
                 table.add(rep.rank, step, self._step_record(rep, step, out))
-                if rep.evaluates and (step % cfg.eval_every == 0 or step == cfg.total_steps):
+                if rep.rank == 0 and (step % cfg.eval_every == 0 or step == cfg.total_steps):
                     final_eval = self._evaluate(rep, run, step, logger)
                 if (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0) or step == cfg.total_steps:
                     self._checkpoint(rep, run, step)
@@ -349,7 +382,7 @@ class Trainer:
         return {"final_eval_loss": final_eval, "stats": comm.stats.totals(), "train_time_s": rep.train_time,
                 "num_params": sum(p.numel() for p in rep.params), "dropped": rep.dropped}
 
-    def _build_replica(self, comm: Communicator, intra: Communicator | None, run: _Run) -> _Replica:
+    def _build_replica(self, comm: Communicator, intra: Communicator | None, run: _Run, mesh: Any = None) -> _Replica:
         """This replica's model, inner optimizer, algorithm and data sampler (the algorithm equalises inits)."""
         from diloco.data import ShardSampler
 
@@ -357,20 +390,23 @@ class Trainer:
         local = 0 if intra is None else intra.rank
         model = copy.deepcopy(run.template).to(dev)
         eval_model = copy.deepcopy(model) if comm.rank == 0 and local == 0 else None
+        if mesh is not None:  # the worker's ranks shard one model (every rank built the same seeded template)
+            shard_worker_model(model, mesh, mixed_precision=cfg.fsdp_mixed_precision)
         if cfg.compile:  # in place: parameter names (fragments, checkpoints, global state) stay the same
             compile_in_place(model)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2),
                                 weight_decay=cfg.weight_decay)
         algo = self._algorithm(model, comm, run.fragments)
-        # Inside a worker of R ranks: gradients averaged every step (fp32, exact up to the summation order).
-        in_worker = DataParallel(model, comm=intra, codec="fp32") if intra is not None else None
+        # Inside a worker of R replicated ranks: gradients averaged every step (fp32, exact up to the summation
+        # order). Sharded workers: FSDP's reduce-scatter averages them.
+        in_worker = DataParallel(model, comm=intra, codec="fp32") if intra is not None and mesh is None else None
         # The replica's sampler on every rank of the worker; rank `local` computes `rows` of each batch.
         sampler = ShardSampler(run.data.train, rank=comm.rank, world_size=cfg.replicas,
                                batch_size=cfg.batch_per_replica, seq_len=cfg.seq_len, seed=cfg.seed)
         rows = slice(local * cfg.batch_per_rank, (local + 1) * cfg.batch_per_rank)
         params = [p for p in model.parameters() if p.requires_grad]
         return _Replica(comm=comm, intra=intra, model=model, eval_model=eval_model, opt=opt, algo=algo,
-                        in_worker=in_worker, sampler=sampler, rows=rows, params=params)
+                        in_worker=in_worker, sampler=sampler, rows=rows, params=params, mesh=mesh)
 
     def _algorithm(self, model: torch.nn.Module, comm: Communicator,
                    fragments: list[list[str]] | None = None) -> ReplicaAlgorithm:
@@ -386,16 +422,25 @@ class Trainer:
                                     nesterov=cfg.outer_nesterov and cfg.outer_momentum > 0),
         )
 
+    def _load(self, rep: _Replica, step: int, worker: int, rank: int = 0) -> dict[str, Any]:
+        """Worker ``worker``'s saved state of ``step`` (sharded workers: onto this rank's shards, with rank
+        ``rank``'s non-tensor state)."""
+        if not rep.sharded:
+            return ckpt.load_replica(self.out_dir, worker, step)
+        return sharded_checkpoint.load_worker(self.out_dir, step, worker=worker, rank=rank, model=rep.model,
+                                              opt=rep.opt, algo=rep.algo, process_group=rep.mesh.get_group())
+
     def _restore(self, rep: _Replica, step: int) -> None:
-        mine = ckpt.load_replica(self.out_dir, rep.rank, step)
+        mine = self._load(rep, step, rep.rank, rep.local)
         rep.model.load_state_dict(mine["model"])
         rep.opt.load_state_dict(mine["optimizer"])
         rep.algo.load_state_dict(mine["algorithm"])
         rep.sampler.load_state_dict(mine["sampler"])
         rep.dropped, rep.train_time = int(mine["dropped"]), float(mine["train_time_s"])
 
-    def _restore_resized(self, rep: _Replica, step: int, saved_replicas: int) -> None:
-        """Resume a checkpoint of ``saved_replicas`` workers with ``cfg.replicas`` (an elastic restart).
+    def _restore_resized(self, rep: _Replica, step: int, saved_replicas: int, saved_ranks: int | None = None) -> None:
+        """Resume a checkpoint of ``saved_replicas`` workers with ``cfg.replicas`` (an elastic restart), or of
+        sharded workers of ``saved_ranks`` ranks with ``cfg.ranks_per_worker`` (DCP reshards every tensor).
 
         Global parameters and outer-optimizer state are the same in every file: each worker takes
         them from its own. Worker r < saved_replicas keeps file r's local parameters and inner
@@ -406,7 +451,8 @@ class Trainer:
         (:meth:`~diloco.data.ShardSampler.recut_from`).
         """
         own = rep.rank < saved_replicas
-        saved = ckpt.load_replica(self.out_dir, rep.rank if own else 0, step)
+        rank = rep.local if rep.local < (saved_ranks or 1) else 0  # whose counters and sampler position
+        saved = self._load(rep, step, rep.rank if own else 0, rank)
         algo_state = dict(saved["algorithm"])
         if algo_state.get("pending"):
             started = {int(p): int(e["started_at"]) for p, e in algo_state["pending"].items()}
@@ -417,7 +463,10 @@ class Trainer:
         rep.algo.load_state_dict(algo_state)
         if not own:
             rep.model.load_state_dict(rep.algo.global_state_dict())
-        rep.sampler.recut_from(saved["sampler"])
+        if saved_replicas != self.cfg.replicas:
+            rep.sampler.recut_from(saved["sampler"])
+        else:  # only the ranks per worker changed: the workers read on as they were
+            rep.sampler.load_state_dict(saved["sampler"])
         rep.dropped, rep.train_time = int(saved["dropped"]), float(saved["train_time_s"])
 
     def _train_step(self, rep: _Replica, step: int) -> _StepOutcome:
@@ -441,6 +490,7 @@ class Trainer:
         rep.dropped += _dropped(rep.algo.before_optimizer_step())
         t1 = time.perf_counter()
         grad_norm = torch.nn.utils.clip_grad_norm_(rep.params, cfg.grad_clip) if cfg.grad_clip > 0 else None
+        grad_norm = None if grad_norm is None else scalar(grad_norm)  # sharded: a DTensor, gathered
         rep.opt.step()
         rep.opt.zero_grad(set_to_none=True)
         compute += time.perf_counter() - t1
@@ -466,28 +516,55 @@ class Trainer:
             "step_time_s": out.step_time, "compute_time_s": out.compute_time,
         }
 
-    def _evaluate(self, rep: _Replica, run: _Run, step: int, logger: MetricLogger) -> float:
-        """Eval loss of the global parameters (replica 0 only); logged as an eval row."""
+    def _evaluate(self, rep: _Replica, run: _Run, step: int | None, logger: MetricLogger | None) -> float:
+        """Eval loss of the global parameters (replica 0; its first rank evaluates and logs an eval row).
+
+        Sharded workers: every rank of worker 0 calls this, to gather the global parameters' shards.
+        """
+        if not (rep.evaluates or rep.sharded):
+            return float("nan")
+        state = rep.algo.global_state_dict()
+        if rep.sharded:
+            state = full_tensors(state)
+        if not rep.evaluates:
+            return float("nan")
         assert rep.eval_model is not None
-        rep.eval_model.load_state_dict(rep.algo.global_state_dict())
+        rep.eval_model.load_state_dict(state)
         loss = evaluate(rep.eval_model, run.val, self.cfg.bf16)
-        logger.log({"step": step, "eval_loss": loss, "tokens_seen": step * self.cfg.tokens_per_step})
+        if logger is not None and step is not None:
+            logger.log({"step": step, "eval_loss": loss, "tokens_seen": step * self.cfg.tokens_per_step})
         return loss
 
     def _checkpoint(self, rep: _Replica, run: _Run, step: int) -> None:
-        """Every replica writes its file; after a barrier replica 0 makes ``step`` the latest."""
-        if rep.local == 0:  # a worker's ranks hold one state: its first rank writes it
-            ckpt.save_replica(self.out_dir, step, rep.rank, {
-                "model": rep.model.state_dict(), "optimizer": rep.opt.state_dict(),
-                "algorithm": rep.algo.state_dict(), "sampler": rep.sampler.state_dict(), "dropped": rep.dropped,
-                "train_time_s": rep.train_time,
-            })
-        rep.comm.barrier()  # every replica's file is on disk before the step becomes "latest"
+        """Every replica writes its file (sharded workers: every rank its shards); after a barrier replica 0
+        makes ``step`` the latest."""
+        state = {"model": rep.model.state_dict(), "optimizer": rep.opt.state_dict(),
+                 "algorithm": rep.algo.state_dict(), "sampler": rep.sampler.state_dict(), "dropped": rep.dropped,
+                 "train_time_s": rep.train_time} if rep.sharded or rep.local == 0 else None
+        if rep.sharded:
+            sharded_checkpoint.save_worker(self.out_dir, step, worker=rep.rank, rank=rep.local, state=state,
+                                           model=rep.model, algo=rep.algo, process_group=rep.mesh.get_group())
+        elif state is not None:  # a worker's replicated ranks hold one state: its first rank writes it
+            ckpt.save_replica(self.out_dir, step, rep.rank, state)
+        rep.barrier()  # every replica's file is on disk before the step becomes "latest"
         if rep.evaluates:
+            fmt = {"format": sharded_checkpoint.FORMAT} if rep.sharded else {}
             ckpt.commit(self.out_dir, step, {"config": self.cfg.to_dict(), "num_replicas": self.cfg.replicas,
                                              "wall_time_s": run.wall_time(), "threads": run.threads,
-                                             "data_sha256": run.data_sha256},
+                                             "data_sha256": run.data_sha256, **fmt},
                         keep=self.cfg.keep_checkpoints)
+
+
+class _Everyone:
+    """A barrier over every process: ``comm``'s, then (sharded workers, whose ``comm`` is one column) ``intra``'s."""
+
+    def __init__(self, comm: Communicator, intra: Communicator | None) -> None:
+        self.comm, self.intra = comm, intra
+
+    def barrier(self) -> None:
+        self.comm.barrier()
+        if self.intra is not None:
+            self.intra.barrier()
 
 
 def _tell(notices: Sequence[str]) -> None:

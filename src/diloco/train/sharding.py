@@ -1,0 +1,66 @@
+"""FSDP workers in the trainer: a worker's model ``fully_shard``'ed (FSDP2) over its R ranks.
+
+With ``worker_sharding = "fsdp"`` each DiLoCo worker's R ranks hold one model
+between them: every repeated block (the project's ``blocks``, an HF model's
+``model.layers`` / ``transformer.h``, ...: :func:`~diloco.algorithm.fragments.find_blocks`)
+is its own FSDP unit, then the root (embeddings, final norm, head). FSDP
+all-gathers a unit's parameters for its forward and backward and reduce-scatters
+its gradients, averaged over the R ranks, so each rank keeps and steps only its
+shard: the inner AdamW state, the global copy and the outer-optimizer state are
+all 1/R of a replicated worker's. :class:`~diloco.algorithm.streaming.StreamingDiLoCo`
+works on those shards unchanged and exchanges them between the same-index ranks
+of the workers (:meth:`~diloco.comm.mesh.Layout.shard_communicator`).
+
+``mixed_precision``: bf16 parameters for forward and backward, gradients reduced
+in fp32, the sharded master weights (and so the optimizer states and the global
+copy) fp32: FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def shard_worker_model(model: nn.Module, mesh: Any, *, mixed_precision: bool = False) -> nn.Module:
+    """``fully_shard`` every repeated block of ``model`` and then the model itself on ``mesh`` (in place).
+
+    ``mesh``: the worker's 1-D DeviceMesh (``Layout.device_mesh["local"]``). A model without repeated
+    blocks is sharded as one unit (correct, but every parameter is gathered at once).
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from diloco.algorithm.fragments import find_blocks
+
+    kwargs: dict[str, Any] = {"mesh": mesh}
+    if mixed_precision:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    found = find_blocks(model)
+    if found is not None:
+        for block in found[1]:
+            fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def is_sharded(t: torch.Tensor) -> bool:
+    """True for a DTensor (a parameter, state or global value of an FSDP-sharded model)."""
+    return hasattr(t, "device_mesh") and hasattr(t, "full_tensor")
+
+
+def full_tensors(state: dict[str, Any]) -> dict[str, Any]:
+    """Every DTensor of ``state`` gathered into a plain tensor (a collective: call on every rank of the mesh,
+    with the same keys in the same order); other values as they are."""
+    return {k: v.full_tensor() if isinstance(v, torch.Tensor) and is_sharded(v) else v for k, v in state.items()}
+
+
+def scalar(value: Any) -> float:
+    """A float from a number, a tensor or a DTensor (``clip_grad_norm_`` returns one for sharded gradients)."""
+    if isinstance(value, torch.Tensor) and is_sharded(value):
+        value = value.full_tensor()
+    return float(value)
+
+
+__all__ = ["full_tensors", "is_sharded", "scalar", "shard_worker_model"]
