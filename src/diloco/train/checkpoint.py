@@ -82,11 +82,12 @@ def commit(run_dir: Path, step: int, meta: dict[str, Any], *, keep: int = 2) -> 
     and keep only the last ``keep`` steps."""
     if keep < 1:
         raise ValueError(f"keep={keep}: keep at least the checkpoint just written")
+    n = int(meta.get("num_replicas", 1))
     if meta.get("format") == "dcp":  # sharded: every file every rank wrote, by its path in the step's folder
         root = step_dir(run_dir, step)
-        files = {p.relative_to(root).as_posix(): _digest(p) for p in sorted(root.rglob("*")) if p.is_file()}
+        files = {p.relative_to(root).as_posix(): _digest(p) for w in range(n)
+                 for p in sorted((root / f"worker-{w}").rglob("*")) if p.is_file()}
     else:
-        n = int(meta.get("num_replicas", 1))
         files = {f"replica-{r}.pt": _digest(_replica_file(run_dir, step, r)) for r in range(n)}
     body = {"step": step, **meta, "files": files}
     write_json(_meta_file(run_dir, step), body)

@@ -30,6 +30,7 @@ elastic resizing included, is the same for both.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,8 @@ def save_worker(run_dir: Path, step: int, *, worker: int, rank: int, state: dict
 
     tensors, rest = _tensors(state, model, algo)
     where = worker_dir(run_dir, step, worker)
+    if rank == 0 and where.exists():  # left by a run killed while writing this (uncommitted) step
+        shutil.rmtree(where)  # before dcp.save's first collective: no other rank of the worker writes yet
     where.mkdir(parents=True, exist_ok=True)
     dcp.save(tensors, checkpoint_id=where, process_group=process_group)
     atomic_write_with(_rank_file(run_dir, step, worker, rank), lambda f: torch.save(rest, f))
