@@ -105,6 +105,9 @@ def test_fsdp_workers_equal_replicated_workers_in_fp32(runs: dict[str, Path]):
         for names, flat in zip(frags, replicated["algorithm"]["global"], strict=True):
             mine = torch.cat([sharded[f"global/{n}"].reshape(-1) for n in names])
             torch.testing.assert_close(mine, flat, rtol=0, atol=5e-5)
+    # the bytes a worker sent: its R ranks' columns together, the same as a replicated worker's
+    got, want = (json.loads((run / "summary.json").read_text()) for run in (fsdp, rep))
+    assert got["bytes_sent_per_replica"] == want["bytes_sent_per_replica"] > 0
     # not vacuous: the workers trained apart between syncs, and the parameters moved from their start
     w0, w1 = sc.read_full(fsdp, STEPS, 0), sc.read_full(fsdp, STEPS, 1)
     assert not torch.equal(w0["model/embed.weight"], w1["model/embed.weight"])

@@ -379,7 +379,10 @@ class Trainer:
             where = f"replica {rep.rank}" if intra is None else \
                 f"replica {rep.rank} (rank {rep.local} of its {intra.world_size})"
             raise CommError(f"{where} at step {step}: {exc}") from exc
-        return {"final_eval_loss": final_eval, "stats": comm.stats.totals(), "train_time_s": rep.train_time,
+        stats = comm.stats.totals()
+        if rep.sharded:  # each rank counted its own column (its shard): the worker's bytes are their sum
+            stats = _worker_totals(stats, rep.mesh)
+        return {"final_eval_loss": final_eval, "stats": stats, "train_time_s": rep.train_time,
                 "num_params": sum(p.numel() for p in rep.params), "dropped": rep.dropped}
 
     def _build_replica(self, comm: Communicator, intra: Communicator | None, run: _Run, mesh: Any = None) -> _Replica:
@@ -565,6 +568,16 @@ class _Everyone:
         self.comm.barrier()
         if self.intra is not None:
             self.intra.barrier()
+
+
+def _worker_totals(stats: dict[str, int], mesh: Any) -> dict[str, int]:
+    """Byte counters summed over a sharded worker's ranks (one collective; exchanges counted once)."""
+    import torch.distributed as dist
+
+    keys = [k for k in stats if k != "num_exchanges"]
+    summed = torch.tensor([stats[k] for k in keys], dtype=torch.int64)
+    dist.all_reduce(summed, group=mesh.get_group())
+    return {**stats, **dict(zip(keys, summed.tolist(), strict=True))}
 
 
 def _tell(notices: Sequence[str]) -> None:
