@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 # tcmalloc speeds up small-tensor CPU training here (see README, Performance); preloaded when present.
 RUN := LD_PRELOAD=$$(ls /usr/lib/*/libtcmalloc_minimal.so.4 2>/dev/null | head -n 1) $(PY)
 
-.PHONY: setup corpus demo test bench clean
+.PHONY: setup corpus demo test docs bench clean
 setup: $(VENV)/.installed $(VENV)/.corpus
 
 # The larger corpus (sources=large, docs/data.md): texts from Debian packages, installed with apt as root
@@ -41,5 +41,9 @@ demo: setup
 test: setup
 	$(RUN) -m pytest
 
+# The documentation site into site/ (strict: a broken link or reference fails; the tests run the same build).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache
