@@ -64,3 +64,14 @@ def test_no_user_facing_text_names_internal_work_items():
 
 def test_readme_is_a_front_door():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+
+
+def test_the_home_page_renders_with_its_navigation_in_a_browser(site, tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_screenshot", ROOT / "scripts" / "docs_screenshot.py")
+    shot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shot)
+    if shot.find_chromium() is None:
+        pytest.skip("no Chromium here (apt-get install chromium); scripts/docs_screenshot.py needs it")
+    assert shot.check_home(site, tmp_path / "home.png") == []
