@@ -118,6 +118,7 @@ class _Replica:
     rows: slice  # the rows of each replica batch this rank computes
     params: list[torch.nn.Parameter]
     mesh: Any = None  # the worker's DeviceMesh when its model is fully_shard'ed over its ranks (fsdp), else None
+    saved_ranks: int = 1  # R of the checkpoint this replica resumes from
     dropped: int = 0
     compiled: bool = False  # the compiled model has run once (its compilation is behind us)
     train_time: float = 0.0
@@ -274,7 +275,7 @@ class Trainer:
                 bar.close()
         return self._finish(run, results[0])
 
-    def run_replica(self, comm: Communicator, *, resume: bool = False, overwrite: bool = False,
+    def run_replica(self, comm: Communicator, *, resume: bool = False, overwrite: bool = False, reuse: bool = False,
                     intra: Communicator | None = None, elastic: bool = False, mesh: Any = None) -> RunResult | None:
         """This process is one replica of ``comm``'s group (torchrun). Replica 0 logs and returns the result.
 
@@ -285,7 +286,8 @@ class Trainer:
 
         ``elastic`` (a restart under TorchElastic, the config's ``replicas`` set to the launch's): resume
         from the newest checkpoint if there is one, even one written by another number of workers
-        (see :meth:`_restore_resized`), else start; no ``resume`` / ``overwrite``.
+        (see :meth:`_restore_resized`), else start; no ``resume`` / ``overwrite``. ``resume``, ``overwrite``
+        and ``reuse`` as in :meth:`run`.
 
         ``mesh`` (``worker_sharding = "fsdp"``, from :func:`~diloco.distributed.setup_communicators`): the
         worker's DeviceMesh; ``comm`` then connects this rank's column (the same-index ranks of every worker)
@@ -305,7 +307,7 @@ class Trainer:
                              f"{1 if intra is None else intra.world_size} ranks; launch replicas x ranks_per_worker "
                              f"= {cfg.replicas * R} processes")
         lead = comm.rank == 0 and (intra is None or intra.rank == 0)
-        plan = self.plan(resume=resume, overwrite=overwrite, elastic=elastic)  # every process decides the same
+        plan = self.plan(resume=resume, overwrite=overwrite, reuse=reuse, elastic=elastic)  # every process alike
         everyone = _Everyone(comm, intra if mesh is not None else None)
         everyone.barrier()  # ... before the lead writes anything
         if lead:
@@ -357,8 +359,9 @@ class Trainer:
         rep = self._build_replica(comm, intra, run, mesh)
         resized = run.saved_replicas not in (None, cfg.replicas) or \
             (rep.sharded and run.saved_ranks not in (None, cfg.ranks_per_worker))
+        rep.saved_ranks = run.saved_ranks or cfg.ranks_per_worker
         if run.start_step > 0 and resized:
-            self._restore_resized(rep, run.start_step, run.saved_replicas, run.saved_ranks)
+            self._restore_resized(rep, run.start_step, run.saved_replicas)
         elif run.start_step > 0:
             self._restore(rep, run.start_step)
         final_eval = float("nan")
@@ -441,9 +444,9 @@ class Trainer:
         rep.sampler.load_state_dict(mine["sampler"])
         rep.dropped, rep.train_time = int(mine["dropped"]), float(mine["train_time_s"])
 
-    def _restore_resized(self, rep: _Replica, step: int, saved_replicas: int, saved_ranks: int | None = None) -> None:
+    def _restore_resized(self, rep: _Replica, step: int, saved_replicas: int) -> None:
         """Resume a checkpoint of ``saved_replicas`` workers with ``cfg.replicas`` (an elastic restart), or of
-        sharded workers of ``saved_ranks`` ranks with ``cfg.ranks_per_worker`` (DCP reshards every tensor).
+        sharded workers of ``rep.saved_ranks`` ranks with ``cfg.ranks_per_worker`` (DCP reshards every tensor).
 
         Global parameters and outer-optimizer state are the same in every file: each worker takes
         them from its own. Worker r < saved_replicas keeps file r's local parameters and inner
@@ -454,7 +457,7 @@ class Trainer:
         (:meth:`~diloco.data.ShardSampler.recut_from`).
         """
         own = rep.rank < saved_replicas
-        rank = rep.local if rep.local < (saved_ranks or 1) else 0  # whose counters and sampler position
+        rank = rep.local if rep.local < rep.saved_ranks else 0  # whose counters and sampler position
         saved = self._load(rep, step, rep.rank if own else 0, rank)
         algo_state = dict(saved["algorithm"])
         if algo_state.get("pending"):
@@ -595,8 +598,8 @@ def _dropped(reports: list[SyncReport]) -> int:
     return sum(len(r.dropped_replicas) for r in reports)
 
 
-def train(cfg: TrainConfig, out_dir: Path, *, cache_dir: Path, resume: bool = False, overwrite: bool = False,
-          reuse: bool = False, progress: bool = True, device: str = "cpu") -> RunResult:
+def train_model(cfg: TrainConfig, out_dir: Path, *, cache_dir: Path, resume: bool = False,
+                overwrite: bool = False, reuse: bool = False, progress: bool = True, device: str = "cpu") -> RunResult:
     """Train one configuration; see :class:`Trainer` and :meth:`Trainer.run`."""
     return Trainer(cfg, out_dir, cache_dir=cache_dir, progress=progress, device=device).run(
         resume=resume, overwrite=overwrite, reuse=reuse)
