@@ -2,13 +2,14 @@
 
 One FSDP run of 2 workers x 2 ranks (4 processes, tiny preset, Streaming DiLoCo P = 3,
 tau = 1, fp32 on the wire, 24 steps, a checkpoint every 4) is the reference the
-tests share (a module fixture):
+tests share (module fixtures, launched side by side to save start-up time):
 
 * against the same run with replicated workers (2 replicas, one process each: the
   in-process run, which the replicated 2 x 2 torchrun run equals to 1e-5, see
   test_train_torchrun.py): equal within float tolerance, eval losses every 4 steps
   and every worker's local and global parameters;
-* killed with SIGKILL and resumed: bit-identical to it;
+* the same run with every rank SIGKILLed after its step-4 checkpoint, then resumed:
+  bit-identical to it;
 * resumed from its step-4 checkpoint with R = 1 (resharding) and with M = 1 (the
   elastic path): both continue, each within a tolerance the test explains.
 """
@@ -50,14 +51,49 @@ KEEP_ALL = ["--set", "keep_checkpoints=20"]  # the resharding tests start from s
 
 @pytest.fixture(scope="module")
 def runs(token_cache: Path, tmp_path_factory) -> dict[str, Path]:
-    """The FSDP reference run (torchrun, 4 processes) and, meanwhile, the in-process run of 2 replicated replicas."""
+    """The FSDP reference run (torchrun, 4 processes); beside it the same run killed with SIGKILL after its
+    step-4 checkpoint; then the in-process run of 2 replicated replicas."""
     root = tmp_path_factory.mktemp("fsdp-runs")
-    out = {"fsdp": root / "fsdp", "replicate": root / "replicate"}
+    out = {"fsdp": root / "fsdp", "killed": root / "killed", "replicate": root / "replicate"}
     proc = _torchrun(_train_args(out["fsdp"], token_cache, "streaming", *RUN, *FSDP, *KEEP_ALL), root / "fsdp.log",
                      nproc=4)
+    killed = _torchrun(_train_args(out["killed"], token_cache, "streaming", *RUN, *FSDP), root / "killed.log",
+                       nproc=4)  # keep_checkpoints at its default, 2
+    try:
+        _wait_for_checkpoint(out["killed"], 4, killed, root / "killed.log")
+        workers = {_rank_of(pid): pid for pid in _children(killed.pid)}
+        assert sorted(workers) == [0, 1, 2, 3], workers
+        os.kill(workers[3], signal.SIGKILL)  # worker 1's second rank first, then the rest: the machine died
+        for pid in (workers[0], workers[1], workers[2], killed.pid):
+            os.kill(pid, signal.SIGKILL)
+        killed.wait(timeout=60)
+    finally:
+        if killed.poll() is None:
+            killed.kill()
+            killed.wait()
+    # stopped mid-run: a committed checkpoint, no results
+    assert 4 <= ckpt.latest_meta(out["killed"])["step"] < STEPS and not (out["killed"] / "summary.json").exists()
     _in_process(_train_args(out["replicate"], token_cache, "streaming", *BASE))
     _finish(proc, root / "fsdp.log")
     return out
+
+
+@pytest.fixture(scope="module")
+def continued(runs: dict[str, Path], token_cache: Path, tmp_path_factory) -> dict[str, Path]:
+    """Side by side: the killed run resumed (4 processes); the reference's step-4 checkpoint resumed with
+    R = 1 (2 processes) and, elastic, with M = 1 (2 processes)."""
+    root = tmp_path_factory.mktemp("fsdp-continued")
+    r1, m1 = _from_step(runs["fsdp"], 4, root / "r1"), _from_step(runs["fsdp"], 4, root / "m1")
+    procs = {
+        "killed": _torchrun(_train_args(runs["killed"], token_cache, "streaming", *RUN, *FSDP, "--resume"),
+                            root / "killed.log", nproc=4),
+        "r1": _torchrun(_train_args(r1, token_cache, "streaming", *BASE, *FSDP, "--set", "ranks_per_worker=1",
+                                    "--resume"), root / "r1.log", nproc=2),
+        "m1": _torchrun(_train_args(m1, token_cache, "streaming", *RUN, *FSDP, "--elastic"), root / "m1.log", nproc=2),
+    }
+    for name, proc in procs.items():
+        _finish(proc, root / f"{name}.log")
+    return {"killed": runs["killed"], "r1": r1, "m1": m1, "m1.log": root / "m1.log"}
 
 
 def _losses(run: Path) -> dict[int, float]:
@@ -147,26 +183,10 @@ def _tensors_and_state(run: Path, step: int, worker: int) -> tuple[dict[str, tor
     return sc.read_full(run, step, worker), ranks
 
 
-def test_fsdp_run_killed_with_sigkill_resumes_bit_identical(runs: dict[str, Path], token_cache: Path, tmp_path: Path):
-    run, log = tmp_path / "killed", tmp_path / "killed.log"
-    args = _train_args(run, token_cache, "streaming", *RUN, *FSDP)  # keep_checkpoints at its default, 2
-    proc = _torchrun(args, log, nproc=4)
-    try:
-        _wait_for_checkpoint(run, 4, proc, log)
-        workers = {_rank_of(pid): pid for pid in _children(proc.pid)}
-        assert sorted(workers) == [0, 1, 2, 3], workers
-        os.kill(workers[3], signal.SIGKILL)  # worker 1's second rank
-        proc.wait(timeout=60)  # the agent stops the others and exits
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    killed_at = ckpt.latest_meta(run)["step"]
-    assert 4 <= killed_at < STEPS and not (run / "summary.json").exists()
-
-    log2 = tmp_path / "resume.log"
-    _finish(_torchrun([*args, "--resume"], log2, nproc=4), log2)
-    ref = runs["fsdp"]
+def test_fsdp_run_killed_with_sigkill_resumes_bit_identical(runs: dict[str, Path], continued: dict[str, Path]):
+    """Every rank of the killed run (see ``runs``) got SIGKILL right after its step-4 checkpoint was committed;
+    ``--resume`` (4 fresh processes) ends with the same bits as the uninterrupted run."""
+    run, ref = continued["killed"], runs["fsdp"]
     for w in range(2):
         got, want = _tensors_and_state(run, STEPS, w), _tensors_and_state(ref, STEPS, w)
         _assert_identical(got, want, f"worker {w}")
@@ -189,7 +209,7 @@ def _from_step(run: Path, step: int, dest: Path) -> Path:
     return dest
 
 
-def test_resume_with_fewer_ranks_and_with_fewer_workers(runs: dict[str, Path], token_cache: Path, tmp_path: Path):
+def test_resume_with_fewer_ranks_and_with_fewer_workers(runs: dict[str, Path], continued: dict[str, Path]):
     """From the step-4 checkpoint of the 2 x 2 run (no exchange in flight there: fragment 0 synced at
     step 3, fragment 1 starts at step 5).
 
@@ -206,13 +226,7 @@ def test_resume_with_fewer_ranks_and_with_fewer_workers(runs: dict[str, Path], t
     other batches). It must finish with every step logged once and stay close to the reference: every
     eval loss after the restart within 2 % (measured: at most 0.5 %).
     """
-    ref = runs["fsdp"]
-    r1, m1 = _from_step(ref, 4, tmp_path / "r1"), _from_step(ref, 4, tmp_path / "m1")
-    p1 = _torchrun(_train_args(r1, token_cache, "streaming", *BASE, *FSDP, "--set", "ranks_per_worker=1",
-                               "--resume"), tmp_path / "r1.log", nproc=2)
-    p2 = _torchrun(_train_args(m1, token_cache, "streaming", *RUN, *FSDP, "--elastic"), tmp_path / "m1.log", nproc=2)
-    _finish(p1, tmp_path / "r1.log")
-    _finish(p2, tmp_path / "m1.log")
+    ref, r1, m1 = runs["fsdp"], continued["r1"], continued["m1"]
     want = _evals(ref)
 
     got = _evals(r1)
@@ -230,7 +244,7 @@ def test_resume_with_fewer_ranks_and_with_fewer_workers(runs: dict[str, Path], t
     got = _evals(m1)
     assert sorted(_losses(m1)) == list(range(1, STEPS + 1)) and got.keys() == want.keys()
     assert "elastic restart: resuming from step 4 (written by 2 workers) with 1 workers" in \
-        (tmp_path / "m1.log").read_text()
+        continued["m1.log"].read_text()
     assert ckpt.latest_meta(m1)["num_replicas"] == 1
     for step in got:
         assert got[step] == pytest.approx(want[step], rel=0.02), step
