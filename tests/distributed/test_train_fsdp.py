@@ -8,8 +8,8 @@ tests share (module fixtures, launched side by side to save start-up time):
   in-process run, which the replicated 2 x 2 torchrun run equals to 1e-5, see
   test_train_torchrun.py): equal within float tolerance, eval losses every 4 steps
   and every worker's local and global parameters;
-* the same run with every rank SIGKILLed after its step-4 checkpoint, then resumed:
-  bit-identical to it;
+* the same run, its checkpoints written in the background, with every rank SIGKILLed
+  after its step-4 checkpoint, then resumed: bit-identical to it;
 * resumed from its step-4 checkpoint with R = 1 (resharding) and with M = 1 (the
   elastic path): both continue, each within a tolerance the test explains.
 """
@@ -46,6 +46,7 @@ STEPS = 24
 BASE = ["--set", f"steps={STEPS}", "--set", "checkpoint_every=4", "--set", "codec=fp32", "--set", "eval_every=4"]
 RUN = [*BASE, "--set", "ranks_per_worker=2"]
 FSDP = ["--set", "worker_sharding=fsdp"]
+ASYNC = ["--set", "checkpoint_async=true"]  # the killed run writes its checkpoints in the background
 KEEP_ALL = ["--set", "keep_checkpoints=20"]  # the resharding tests start from step 4 (a runtime setting)
 
 
@@ -57,7 +58,7 @@ def runs(token_cache: Path, tmp_path_factory) -> dict[str, Path]:
     out = {"fsdp": root / "fsdp", "killed": root / "killed", "replicate": root / "replicate"}
     proc = _torchrun(_train_args(out["fsdp"], token_cache, "streaming", *RUN, *FSDP, *KEEP_ALL), root / "fsdp.log",
                      nproc=4)
-    killed = _torchrun(_train_args(out["killed"], token_cache, "streaming", *RUN, *FSDP), root / "killed.log",
+    killed = _torchrun(_train_args(out["killed"], token_cache, "streaming", *RUN, *FSDP, *ASYNC), root / "killed.log",
                        nproc=4)  # keep_checkpoints at its default, 2
     try:
         _wait_for_checkpoint(out["killed"], 4, killed, root / "killed.log")
@@ -85,7 +86,7 @@ def continued(runs: dict[str, Path], token_cache: Path, tmp_path_factory) -> dic
     root = tmp_path_factory.mktemp("fsdp-continued")
     r1, m1 = _from_step(runs["fsdp"], 4, root / "r1"), _from_step(runs["fsdp"], 4, root / "m1")
     procs = {
-        "killed": _torchrun(_train_args(runs["killed"], token_cache, "streaming", *RUN, *FSDP, "--resume"),
+        "killed": _torchrun(_train_args(runs["killed"], token_cache, "streaming", *RUN, *FSDP, *ASYNC, "--resume"),
                             root / "killed.log", nproc=4),
         "r1": _torchrun(_train_args(r1, token_cache, "streaming", *BASE, *FSDP, "--set", "ranks_per_worker=1",
                                     "--resume"), root / "r1.log", nproc=2),
@@ -185,7 +186,9 @@ def _tensors_and_state(run: Path, step: int, worker: int) -> tuple[dict[str, tor
 
 def test_fsdp_run_killed_with_sigkill_resumes_bit_identical(runs: dict[str, Path], continued: dict[str, Path]):
     """Every rank of the killed run (see ``runs``) got SIGKILL right after its step-4 checkpoint was committed;
-    ``--resume`` (4 fresh processes) ends with the same bits as the uninterrupted run."""
+    ``--resume`` (4 fresh processes) ends with the same bits as the uninterrupted run. The killed run writes
+    its checkpoints in the background (``checkpoint_async``, committed a step later), the reference in the
+    foreground: the same files."""
     run, ref = continued["killed"], runs["fsdp"]
     for w in range(2):
         got, want = _tensors_and_state(run, STEPS, w), _tensors_and_state(ref, STEPS, w)

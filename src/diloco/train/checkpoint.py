@@ -113,6 +113,17 @@ def verify_replica(run_dir: Path, rank: int, step: int, meta: dict[str, Any]) ->
                               f"the {want['bytes']} bytes written)")
 
 
+def discard_uncommitted(run_dir: Path, step: int) -> list[int]:
+    """Delete the step folders after ``step`` (the one a resume starts from): writes a crash interrupted, or
+    damaged ones skipped. Sharded checkpoints are written into a folder per worker by many processes: a
+    folder must be empty before a run writes that step again. Returns the steps deleted."""
+    gone = [s for s in saved_steps(run_dir) if s > step]
+    for s in gone:
+        _meta_file(run_dir, s).unlink(missing_ok=True)
+        shutil.rmtree(step_dir(run_dir, s), ignore_errors=True)
+    return gone
+
+
 def verify_files(run_dir: Path, step: int, meta: dict[str, Any]) -> None:
     """Check every file of a sharded (DCP) checkpoint against the size and SHA-256 in its record."""
     root = step_dir(run_dir, step)
@@ -255,6 +266,7 @@ def _reason(exc: BaseException) -> str:
 
 
 __all__ = [
-    "CheckpointError", "Resumable", "checkpoint_dir", "commit", "find_resumable", "latest_meta",
-    "load_latest", "load_replica", "save_replica", "saved_steps", "step_dir", "verify_files", "verify_replica",
+    "CheckpointError", "Resumable", "checkpoint_dir", "commit", "discard_uncommitted", "find_resumable",
+    "latest_meta", "load_latest", "load_replica", "save_replica", "saved_steps", "step_dir", "verify_files",
+    "verify_replica",
 ]

@@ -82,6 +82,7 @@ class TrainConfig:
     eval_batches: int = setting(16, "batches of global_batch sequences per evaluation")
     checkpoint_every: int = setting(-1, "steps between checkpoints; -1 = auto (every 100, rounded up to a multiple of sync_every), 0 = only at the end")
     keep_checkpoints: int = setting(2, "K: the last K checkpoints are kept (an unreadable newest one falls back)")
+    checkpoint_async: bool = setting(False, "with worker_sharding=fsdp: write each checkpoint in the background (dcp.async_save), committed at the next step")
     seed: int = setting(0, "seed of the model's initialisation and the data order")
     bf16: bool = setting(False, "bf16 autocast of forward and loss (weights, grads and optimizer state stay fp32)")
     compile: bool = setting(False, "torch.compile each replica's model (parameter names unchanged)")
@@ -117,6 +118,9 @@ class TrainConfig:
                  f"use method='diloco' or 'streaming', or worker_sharding='replicate'")
             need(not self.compile, "compile=true with worker_sharding='fsdp' is not supported: set compile=false "
                                    "or worker_sharding='replicate'")
+        need(not self.checkpoint_async or self.worker_sharding == "fsdp",
+             f"checkpoint_async=true needs worker_sharding='fsdp' (sharded checkpoints; got "
+             f"{self.worker_sharding!r}): set checkpoint_async=false")
         need(not self.fsdp_mixed_precision or self.worker_sharding == "fsdp",
              f"fsdp_mixed_precision=true needs worker_sharding='fsdp' (got {self.worker_sharding!r}); "
              f"for replicated workers use bf16=true")

@@ -30,7 +30,6 @@ elastic resizing included, is the same for both.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -111,22 +110,55 @@ def _tensors(state: dict[str, Any], model: nn.Module, algo: Any) -> tuple[dict[s
     return tensors, rest
 
 
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy that training cannot change while it is written (a DTensor: a copy of its local shard)."""
+    if is_sharded(t):
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(t.to_local().detach().clone(), t.device_mesh, t.placements, shape=t.shape,
+                                  stride=t.stride(), run_check=False)
+    return t.detach().clone()
+
+
+class _Copied:
+    """DCP's stager for tensors :func:`_copy` already copied (DCP's own stager copies whole storages, which
+    fails on FSDP's parameters, whose storages it may have freed)."""
+
+    should_synchronize_after_execute = False
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        return state_dict
+
+    def synchronize_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def save_worker(run_dir: Path, step: int, *, worker: int, rank: int, state: dict[str, Any], model: nn.Module,
-                algo: Any, process_group: Any) -> None:
+                algo: Any, process_group: Any, async_group: Any = None) -> Any:
     """Every rank of worker ``worker`` (together: DCP is a collective over ``process_group``, the worker's ranks).
 
     ``state``: the trainer's replicate-format state of this rank (model and optimizer state dicts of the
     sharded model, the algorithm's ``state_dict()``, sampler, counters).
+
+    ``async_group`` (a process group of the worker's ranks used for nothing else): copy the tensors now and
+    write them in a background thread (``dcp.async_save``, whose collectives then run on that group, never
+    interleaved with training's); returns its Future, done when this rank's shard and (on the worker's first
+    rank) DCP's index are written. Without it, returns None once everything is written.
     """
     import torch.distributed.checkpoint as dcp
 
     tensors, rest = _tensors(state, model, algo)
     where = worker_dir(run_dir, step, worker)
-    if rank == 0 and where.exists():  # left by a run killed while writing this (uncommitted) step
-        shutil.rmtree(where)  # before dcp.save's first collective: no other rank of the worker writes yet
     where.mkdir(parents=True, exist_ok=True)
-    dcp.save(tensors, checkpoint_id=where, process_group=process_group)
     atomic_write_with(_rank_file(run_dir, step, worker, rank), lambda f: torch.save(rest, f))
+    if async_group is not None:
+        return dcp.async_save({k: _copy(v) for k, v in tensors.items()}, checkpoint_id=where,
+                              process_group=async_group, async_stager=_Copied())
+    dcp.save(tensors, checkpoint_id=where, process_group=process_group)
+    return None
 
 
 def load_worker(run_dir: Path, step: int, *, worker: int, rank: int, model: nn.Module, opt: torch.optim.Optimizer,

@@ -119,6 +119,8 @@ class _Replica:
     params: list[torch.nn.Parameter]
     mesh: Any = None  # the worker's DeviceMesh when its model is fully_shard'ed over its ranks (fsdp), else None
     saved_ranks: int = 1  # R of the checkpoint this replica resumes from
+    async_group: Any = None  # checkpoint_async: the worker's ranks, for the background checkpoint writes only
+    writing: tuple[int, Any, dict[str, Any]] | None = None  # checkpoint_async: (step, Future, record) not committed
     dropped: int = 0
     compiled: bool = False  # the compiled model has run once (its compilation is behind us)
     train_time: float = 0.0
@@ -219,6 +221,8 @@ class Trainer:
         if lead:  # everything is validated and the data is ready: only now is the run directory touched
             if plan.action == "overwrite":
                 clear_run(self.out_dir)
+            if plan.action == "resume" and (plan.meta or {}).get("format") == sharded_checkpoint.FORMAT:
+                ckpt.discard_uncommitted(self.out_dir, plan.start_step)  # before any rank writes one again
             self.out_dir.mkdir(parents=True, exist_ok=True)
             write_json(self.out_dir / "config.json", cfg.to_dict())
         if comm is not None and lead:
@@ -374,6 +378,8 @@ class Trainer:
                 table.add(rep.rank, step, self._step_record(rep, step, out))
                 if rep.rank == 0 and (step % cfg.eval_every == 0 or step == cfg.total_steps):
                     final_eval = self._evaluate(rep, run, step, logger)
+                if rep.writing is not None:  # the checkpoint written in the background since the last step
+                    self._commit(rep, *rep.writing)
                 if (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0) or step == cfg.total_steps:
                     self._checkpoint(rep, run, step)
                 for callback in self.callbacks:
@@ -396,8 +402,11 @@ class Trainer:
         local = 0 if intra is None else intra.rank
         model = copy.deepcopy(run.template).to(dev)
         eval_model = copy.deepcopy(model) if comm.rank == 0 and local == 0 else None
+        async_group = None
         if mesh is not None:  # the worker's ranks shard one model (every rank built the same seeded template)
             shard_worker_model(model, mesh, mixed_precision=cfg.fsdp_mixed_precision)
+            if cfg.checkpoint_async:
+                async_group = _worker_groups(mesh, cfg.replicas, cfg.ranks_per_worker)
         if cfg.compile:  # in place: parameter names (fragments, checkpoints, global state) stay the same
             compile_in_place(model)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2),
@@ -412,7 +421,8 @@ class Trainer:
         rows = slice(local * cfg.batch_per_rank, (local + 1) * cfg.batch_per_rank)
         params = [p for p in model.parameters() if p.requires_grad]
         return _Replica(comm=comm, intra=intra, model=model, eval_model=eval_model, opt=opt, algo=algo,
-                        in_worker=in_worker, sampler=sampler, rows=rows, params=params, mesh=mesh)
+                        in_worker=in_worker, sampler=sampler, rows=rows, params=params, mesh=mesh,
+                        async_group=async_group)
 
     def _algorithm(self, model: torch.nn.Module, comm: Communicator,
                    fragments: list[list[str]] | None = None) -> ReplicaAlgorithm:
@@ -547,18 +557,30 @@ class Trainer:
         state = {"model": rep.model.state_dict(), "optimizer": rep.opt.state_dict(),
                  "algorithm": rep.algo.state_dict(), "sampler": rep.sampler.state_dict(), "dropped": rep.dropped,
                  "train_time_s": rep.train_time} if rep.sharded or rep.local == 0 else None
+        record = {"config": self.cfg.to_dict(), "num_replicas": self.cfg.replicas, "wall_time_s": run.wall_time(),
+                  "threads": run.threads, "data_sha256": run.data_sha256}
+        writing = None
         if rep.sharded:
-            sharded_checkpoint.save_worker(self.out_dir, step, worker=rep.rank, rank=rep.local, state=state,
-                                           model=rep.model, algo=rep.algo, process_group=rep.mesh.get_group())
+            record["format"] = sharded_checkpoint.FORMAT
+            writing = sharded_checkpoint.save_worker(
+                self.out_dir, step, worker=rep.rank, rank=rep.local, state=state, model=rep.model, algo=rep.algo,
+                process_group=rep.mesh.get_group(), async_group=rep.async_group)
         elif state is not None:  # a worker's replicated ranks hold one state: its first rank writes it
             ckpt.save_replica(self.out_dir, step, rep.rank, state)
+        if writing is not None and step < self.cfg.total_steps:
+            rep.writing = (step, writing, record)  # committed after the next step (the writes overlap it)
+        else:
+            self._commit(rep, step, writing, record)
+
+    def _commit(self, rep: _Replica, step: int, writing: Any, record: dict[str, Any]) -> None:
+        """Once every rank's files of ``step`` are written (a background write: its Future), replica 0 records
+        the step and makes it the latest."""
+        if writing is not None:
+            writing.result()
+        rep.writing = None
         rep.barrier()  # every replica's file is on disk before the step becomes "latest"
         if rep.evaluates:
-            fmt = {"format": sharded_checkpoint.FORMAT} if rep.sharded else {}
-            ckpt.commit(self.out_dir, step, {"config": self.cfg.to_dict(), "num_replicas": self.cfg.replicas,
-                                             "wall_time_s": run.wall_time(), "threads": run.threads,
-                                             "data_sha256": run.data_sha256, **fmt},
-                        keep=self.cfg.keep_checkpoints)
+            ckpt.commit(self.out_dir, step, record, keep=self.cfg.keep_checkpoints)
 
 
 class _Everyone:
@@ -571,6 +593,16 @@ class _Everyone:
         self.comm.barrier()
         if self.intra is not None:
             self.intra.barrier()
+
+
+def _worker_groups(mesh: Any, num_workers: int, ranks_per_worker: int) -> Any:
+    """A second process group over this worker's ranks (every process creates every worker's, in one order)."""
+    import torch.distributed as dist
+
+    layout = [[w * ranks_per_worker + r for r in range(ranks_per_worker)] for w in range(num_workers)]
+    mine, _ = dist.new_subgroups_by_enumeration(layout, backend="gloo")
+    assert dist.get_process_group_ranks(mine) == dist.get_process_group_ranks(mesh.get_group())
+    return mine
 
 
 def _worker_totals(stats: dict[str, int], mesh: Any) -> dict[str, int]:
