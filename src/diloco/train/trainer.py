@@ -33,7 +33,9 @@ from typing import Any
 import torch
 
 from diloco.algorithm.base import ReplicaAlgorithm, SyncReport
+from diloco.algorithm.codecs import get_codec
 from diloco.algorithm.data_parallel import DataParallel
+from diloco.algorithm.inner import build_inner_optimizer
 from diloco.algorithm.streaming import StreamingDiLoCo
 from diloco.comm.base import CommError, Communicator
 from diloco.comm.local import run_replicas
@@ -360,8 +362,8 @@ class Trainer:
         eval_model = copy.deepcopy(model) if comm.rank == 0 and local == 0 else None
         if cfg.compile:  # in place: parameter names (fragments, checkpoints, global state) stay the same
             compile_in_place(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2),
-                                weight_decay=cfg.weight_decay)
+        opt = build_inner_optimizer(model, name=cfg.inner_optimizer, lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2),
+                                    weight_decay=cfg.weight_decay)
         algo = self._algorithm(model, comm, run.fragments)
         # Inside a worker of R ranks: gradients averaged every step (fp32, exact up to the summation order).
         in_worker = DataParallel(model, comm=intra, codec="fp32") if intra is not None else None
@@ -382,7 +384,8 @@ class Trainer:
             model, comm=comm, sync_every=cfg.sync_every, num_fragments=cfg.num_fragments,
             fragment_pattern=cfg.fragment_pattern, fragments=fragments, schedule=cfg.schedule_spec,
             overlap_steps=cfg.overlap_steps,
-            merge_alpha=cfg.merge_alpha, codec=cfg.codec,
+            merge_alpha=cfg.merge_alpha, codec=get_codec(cfg.codec, topk_density=cfg.topk_density),
+            eager=cfg.eager, error_feedback_decay=cfg.ef_decay,
             outer_optimizer=partial(torch.optim.SGD, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
                                     nesterov=cfg.outer_nesterov and cfg.outer_momentum > 0),
         )
