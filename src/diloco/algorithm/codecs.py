@@ -16,6 +16,11 @@ fp4_e3m0   4.5           1 sign, 3 exponent, 0 mantissa bits (exmy E3M0), block 
 fp4_e2m1   4.5           OCP MX / NVFP4 element (0, .5, 1, 1.5, 2, 3, 4, 6), block 16
 =========  ============  ==========================================================
 
+Three compressing codecs meant for error feedback, ``stat2`` / ``stat4`` (a
+statistical quantizer, 2.125 / 4.5 bits) and ``topk`` (chunked top-k, 0.22
+bits at density 1/64), live in :mod:`diloco.algorithm.compress`; the
+guarantees below are the wire formats' (:data:`CODEC_NAMES`), not theirs.
+
 Rounding. Every codec rounds to nearest, ties to even (the IEEE default and
 what torch's own casts do): a value exactly halfway between two representable
 values takes the one whose code is even. For int8 that is the even integer;
