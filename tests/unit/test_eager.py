@@ -65,7 +65,7 @@ def test_eager_with_one_replica_is_diloco_bit_for_bit(codec, P):
         assert torch.equal(a, b)
     for a, b in zip(a_plain.global_flat, a_eager.global_flat, strict=True):
         assert torch.equal(a, b)
-    assert not torch.equal(a_eager.global_flat[0], torch.cat([p.detach().reshape(-1) for p in make_model(0).parameters()])[:a_eager.global_flat[0].numel()])
+    assert not torch.equal(m_eager.embed.weight, make_model(0).embed.weight)  # it trained: not vacuous
 
 
 class ConstantStep(torch.optim.Optimizer):
