@@ -61,7 +61,8 @@ class FailureModel:
       slice and when it takes it back; their sum (22.5 s) is fitted to the elastic and decoupled
       rows; the even split is a choice (only the sum enters goodput).
     * ``slice_chips``: chips idled by one failure while it recovers (an elastic job drops the whole
-      model-parallel slice holding the failed chip); chosen, 256.
+      model-parallel slice holding the failed chip); chosen, 256. A job or learner smaller than a
+      slice loses all its chips (the slice is capped at its size).
     * ``slowdowns``: relative step time of each group (learner / replica); empty: no stragglers.
     """
 
@@ -157,11 +158,8 @@ def goodput_non_elastic(chips: float, model: FailureModel = FailureModel()) -> f
 def goodput_elastic(chips: float, model: FailureModel = FailureModel()) -> float:
     """Data-parallel that drops a failed slice (stall t_down) and takes it back after recovery (t_up)."""
     _check_chips(chips, 1)
-    if model.slice_chips > chips:
-        raise ValueError(f"slice_chips={model.slice_chips:g} > chips={chips:g}: a failure cannot idle more chips "
-                         "than the job (or learner) has; lower slice_chips or use fewer learners")
     rho = 1.0 / (1.0 + failure_rate(chips, model) * model.rescale_s)
-    idle = rho * model.slice_chips * model.recovery_mean_s / model.chip_mtbi_s
+    idle = rho * min(model.slice_chips, chips) * model.recovery_mean_s / model.chip_mtbi_s
     return rho * (1.0 - idle)
 
 

@@ -68,8 +68,6 @@ def simulate_goodput(method: str, *, chips: float, learners: int = 1, model: Fai
         stall = model.upscale_s
     else:
         stall = model.rescale_s
-    if not non_elastic and not learner_down and model.slice_chips > n_unit:
-        raise ValueError(f"slice_chips={model.slice_chips:g} > chips per unit {n_unit:g}: lower slice_chips")
     down_r = non_elastic or learner_down  # the unit waits for R itself
     mean_cycle = 1 / lam + stall + (model.recovery_mean_s if down_r else 0.0)
     horizon = failures_per_unit * mean_cycle
@@ -96,7 +94,7 @@ def simulate_goodput(method: str, *, chips: float, learners: int = 1, model: Fai
         failed = start + u < horizon
         slice_down = np.where(failed, np.minimum(r, horizon - (start + u)), 0.0).sum(axis=-1)
         share = run.sum(axis=-1) / horizon
-        useful = useful - model.slice_chips * share * slice_down
+        useful = useful - min(model.slice_chips, n_unit) * share * slice_down
     per_run = useful.sum(axis=-1) / (chips * horizon)
     per_run = per_run * straggler_factor(model, waits=method != "decoupled")
     return MonteCarloGoodput(float(per_run.mean()), float(per_run.std(ddof=1) / math.sqrt(num_runs)), num_runs,
