@@ -147,3 +147,36 @@ def test_bad_settings_name_the_value_and_the_fix():
     with pytest.raises(ValueError, match=r"method='ddp': give one of dp, dp_elastic"):
         goodput("ddp", chips=1e5)
     assert TABLE1_LEARNERS == (2, 4, 8, 16)
+
+
+def test_plan_reports_goodput_under_a_given_mtbf(tmp_path, capsys):
+    import json
+
+    from diloco.cli import main
+
+    base = ["plan", "--size", "1B", "--workers", "8", "--tokens-per-step", "1e6", "--bandwidth", "10", "--no-plot",
+            "--top", "1", "--sync-every", "30", "--codecs", "bf16", "--overlap", "0"]
+    # the cluster's MTBF for 1.2M chips at 1 year per chip: the chips follow from it, Table 1's column
+    assert main([*base, "--mtbf-hours", str(8760 / 1.2e6), "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    report = json.loads((tmp_path / "a" / "plan.json").read_text())["goodput"]
+    assert report["chips"] == pytest.approx(1.2e6) and report["learners"] == 8
+    assert report["goodput"] == pytest.approx(goodput_by_method(chips=1.2e6, learners=8))
+    assert report["goodput"]["decoupled"] == pytest.approx(0.903, abs=5e-4)  # paper: 88
+    assert "decoupled DiLoCo (K = 1)" in out and "90.3%" in out
+    assert "Goodput under failures" in (tmp_path / "a" / "plan.md").read_text()
+    # one chip's MTBI with the chips of the hardware step time
+    hw = ["--chips", "64", "--peak-flops", "1e15", "--mfu", "0.4"]
+    assert main([base[0], "--params", "1e9", "--layers", "24", *base[3:], *hw, "--chip-mtbi-years", "0.01",
+                 "--out", str(tmp_path / "b")]) == 0
+    report = json.loads((tmp_path / "b" / "plan.json").read_text())["goodput"]
+    model = FailureModel(chip_mtbi_hours=87.6)
+    assert report["goodput"] == pytest.approx(goodput_by_method(chips=64, learners=8, model=model))
+    # without the chips, or with both settings: a message that says what to give
+    capsys.readouterr()
+    assert main([*base, "--chip-mtbi-years", "1", "--out", str(tmp_path / "c")]) == 2
+    assert "--chip-mtbi-years needs --chips N" in capsys.readouterr().err
+    assert main([*base, "--chip-mtbi-years", "1", "--mtbf-hours", "1", "--out", str(tmp_path / "c")]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main([*base, "--mtbf-hours", "0", "--out", str(tmp_path / "c")]) == 2
+    assert "--mtbf-hours=0.0: give a positive number" in capsys.readouterr().err
