@@ -75,3 +75,19 @@ def test_the_home_page_renders_with_its_navigation_in_a_browser(site, tmp_path):
     if shot.find_chromium() is None:
         pytest.skip("no Chromium here (apt-get install chromium); scripts/docs_screenshot.py needs it")
     assert shot.check_home(site, tmp_path / "home.png") == []
+
+
+def test_every_docs_page_the_code_and_readmes_name_exists():
+    """Error messages, help texts and READMEs point at documentation pages: each must exist."""
+    paths = [ROOT / "README.md", ROOT / "Makefile", *(ROOT / "studies").glob("*/README.md"),
+             *[p for d in ("src", "benchmarks", "examples", "scripts", "studies") for p in (ROOT / d).rglob("*.py")],
+             *(ROOT / "src").rglob("*.json")]
+    missing = []
+    for p in paths:
+        text = p.read_text()
+        named = set(re.findall(r"\bdocs/[\w/.-]+?\.md\b", text))
+        if p.suffix == ".md":  # relative Markdown links and images of a README
+            named |= {str((p.parent / t).resolve().relative_to(ROOT)) for t in
+                      re.findall(r"\]\((?!https?:|#|mailto:)([^)#\s]+)", text) if (p.parent / t).resolve().is_relative_to(ROOT)}
+        missing += [f"{p.relative_to(ROOT)} names {n}" for n in sorted(named) if not (ROOT / n).exists()]
+    assert not missing, "\n".join(missing)

@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="under torchrun --nnodes MIN:MAX --max-restarts K (TorchElastic): the number of replicas "
                         "is the launch's (WORLD_SIZE / ranks_per_worker), and every (re)start resumes from the "
                         "newest checkpoint in --out, even one written with another number of replicas, or starts "
-                        "the run if there is none (see docs/distributed.md, 'Elastic restarts')")
+                        "the run if there is none (see docs/guides/elastic.md)")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="under torchrun: seconds to wait for a peer before stopping with an error that names "
                         "the missing rank (default: 300)")
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         if env.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
             print("diloco: --elastic: a node joining this job will wait for the rendezvous until it times out "
                   "(torch's shared rendezvous store); start the torchrun agents with "
-                  "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in their environment (docs/distributed.md, Elastic restarts)",
+                  "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in their environment (docs/guides/elastic.md)",
                   file=sys.stderr, flush=True)
 
     # The world size is checked against replicas x ranks_per_worker before joining; workers x ranks layout;
