@@ -197,3 +197,15 @@ def test_simulator_hides_a_whole_outer_step_with_eager_updates():
     plan = SyncPlan(Schedule(4, 1, 4, eager=True), ((0, 1),), (3e9, 3e9), overlap_backward=False)
     assert float(simulate_utilization(stream, plan, 1e9)[0]) == pytest.approx(4 / 6, rel=1e-6)
     assert np.isfinite(utilization(4, eager=True))
+
+
+def test_eager_utilization_curve_is_never_below_overlap_of_one_step():
+    from diloco.sim.hardware import bandwidth_grid, preset
+    from diloco.sim.utilization import diloco, utilization_curve
+
+    model, bw = preset("100B"), bandwidth_grid(0.01, 100, 21)
+    tau0, tau1, eager = (utilization_curve(model, m, bw) for m in (
+        diloco(sync_every=100, bits=4), diloco(sync_every=100, bits=4, overlap_steps=1),
+        diloco(sync_every=100, bits=4, eager=True)))
+    assert np.all(eager >= tau1 - 1e-12) and np.all(tau1 >= tau0 - 1e-12)
+    assert np.any(eager > tau1 + 0.2)  # a whole outer step hides far more than one inner step
