@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from _hooks import CrashAfter, SimulatedCrash
-from diloco.algorithm.inner import CombinedOptimizer
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig, load_preset
 from diloco.train.trainer import Trainer, train_model
@@ -79,4 +78,4 @@ def test_muon_is_the_inner_optimizer_the_trainer_builds(tmp_path, cache):
                          progress=False)
     assert result.final_eval_loss > 0
     state = ckpt.load_latest(tmp_path)["replicas"][0]["optimizer"]
-    assert set(state) == {"muon", "adamw"} and CombinedOptimizer
+    assert set(state) == {"muon", "adamw"}  # one state per part of the combined optimizer

@@ -77,6 +77,7 @@ def test_bit_packing_matches_the_loop(bits):
 @pytest.mark.parametrize("bits", [2, 4])
 def test_statistical_codec_matches_the_reference(bits):
     codec = get_codec(f"stat{bits}")
+    assert isinstance(codec, StatisticalCodec) and codec.bits == bits
     x = torch.randn(2500, generator=torch.Generator().manual_seed(1)) * torch.linspace(0.1, 3.0, 2500)
     payload = codec.encode(x)
     assert payload.numel() == codec.num_bytes(2500) == math.ceil(2500 * bits / 8) + 3 * (1 << bits) * 4
