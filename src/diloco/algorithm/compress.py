@@ -15,7 +15,8 @@ code; each block sends a table of ``L`` FP32 values, the mean of the block's
 values that fell into each bin (the bin's centre when none did). Decoding looks
 the code up in its block's table. r = 2 for 2 bits and 2.5 for 4 bits, the
 best of r in {1.5, 2, 2.5, 3, 4, 6} on 1M N(0, 1) values: relative L2 errors
-0.34 and 0.10 (the best any 4-level quantizer does on Gaussian data is 0.34). Layout: ``[codes][tables]``, codes
+0.34 and 0.10 (the best any 4-level quantizer does on Gaussian data is 0.34);
+``benchmarks/compress_codecs.py`` measures them. Layout: ``[codes][tables]``, codes
 packed LSB first (``ceil(numel * bits / 8)`` bytes), then ``ceil(numel /
 block_size) * L * 4`` bytes of tables.
 
