@@ -40,6 +40,7 @@ from diloco.comm.local import run_replicas
 from diloco.train import checkpoint as ckpt
 from diloco.files import write_json
 from diloco.train.config import TrainConfig
+from diloco.train.device import check_device
 from diloco.train.evaluation import autocast, evaluate
 from diloco.train.lr import lr_at
 from diloco.train.result import RunResult
@@ -155,7 +156,7 @@ class Trainer:
         self.out_dir = Path(out_dir)
         self.cache_dir = Path(cache_dir)
         self.progress = progress
-        self.device = torch.device(device)
+        self.device = check_device(device)  # a ValueError now, before the run directory is touched
         self.callbacks = tuple(callbacks)
 
     # -- setup ---------------------------------------------------------------
