@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import pydoc
 import re
 import shutil
 from pathlib import Path
@@ -20,6 +19,7 @@ from torch.testing import assert_close
 
 transformers = pytest.importorskip("transformers")
 
+from _pretrained import MODEL_VOCAB, make_pretrained_llama, make_text  # noqa: E402
 from diloco.cli import main as cli_main  # noqa: E402
 from diloco.data import ShardSampler, train_tokenizer  # noqa: E402
 from diloco.models.hf import CausalLM  # noqa: E402
@@ -33,7 +33,6 @@ from diloco.train.metrics import read_jsonl  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
-MODEL_VOCAB = 320  # the pretrained model's embedding rows; its tokenizer has 300 tokens (padded, as real models are)
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -45,30 +44,11 @@ def user(tmp_path_factory) -> dict[str, Path]:
     """A folder of text, and a 'pretrained' Llama folder: save_pretrained's weights and config, and a
     tokenizer.json made with the tokenizers library (300 tokens, <|endoftext|> among them)."""
     root = tmp_path_factory.mktemp("pretrained")
-    text = root / "text"
-    text.mkdir()
-    for module in ("argparse", "json", "logging", "pathlib"):
-        (text / f"{module}.txt").write_text(pydoc.render_doc(module, renderer=pydoc.plaintext), encoding="utf-8")
-    docs = [p.read_text(encoding="utf-8") for p in sorted(text.iterdir())]
-    llama = root / "llama"
-    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=MODEL_VOCAB, max_position_embeddings=64)
-    torch.manual_seed(1234)
-    model = transformers.AutoModelForCausalLM.from_config(cfg)
-    tok = train_tokenizer(docs, 300)
-    ids = torch.tensor([i for d in docs for i in tok.encode(d)])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(30):  # "pretrained": a loss well below any random initialisation's
-        starts = torch.randint(0, len(ids) - 33, (8,))
-        batch = torch.stack([ids[s:s + 33] for s in starts.tolist()])
-        model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss.backward()
-        opt.step()
-        opt.zero_grad()
-    model.save_pretrained(llama)
-    tok.save(llama / "tokenizer.json")
+    docs = make_text(root / "text")
+    make_pretrained_llama(root / "llama", docs)
     (root / "big").mkdir()
     train_tokenizer(docs, 400).save(root / "big" / "tokenizer.json")  # more tokens than the model has rows
-    return {"root": root, "text": text, "llama": llama, "big": root / "big" / "tokenizer.json",
+    return {"root": root, "text": root / "text", "llama": root / "llama", "big": root / "big" / "tokenizer.json",
             "cache": root / "cache"}
 
 
