@@ -150,6 +150,49 @@ def test_projects_transformer_exports_to_safetensors_and_loads_back(token_cache,
         load_transformer(tmp_path / "hf")
 
 
+FACTORY = """
+import torch.nn.functional as F
+from torch import nn
+
+
+class Bigram(nn.Module):
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, 16)
+        self.head = nn.Linear(16, vocab_size)
+
+    def forward(self, idx, targets=None):
+        logits = self.head(self.embed(idx))
+        return logits, None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def build(*, vocab_size, seq_len):
+    return Bigram(vocab_size)
+"""
+
+
+def test_data_parallel_run_of_your_factory_exports_to_safetensors(token_cache, tmp_path, capsys):
+    """DP: the global parameters are every replica's; a factory's model is written as model.safetensors."""
+    from safetensors.torch import load_model
+
+    (tmp_path / "mine.py").write_text(FACTORY)
+    run, out = tmp_path / "run", tmp_path / "model"
+    assert cli_main(["train", "--preset", "tiny", "--method", "dp", "--out", str(run), "--cache-dir", str(token_cache),
+                     "--no-progress", "--set", "steps=4", "--set", f"model={tmp_path / 'mine.py'}:build"]) == 0
+    capsys.readouterr()
+    assert cli_main(["export", str(run), "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["model_kind"] == "factory"
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "tokenizer.json"]
+    cfg = _cfg(run)
+    inputs = prepare_inputs(cfg, token_cache)
+    model = inputs.model
+    load_model(model, out / "model.safetensors")
+    for name, value in ckpt.load_latest(run)["replicas"][1]["model"].items():
+        assert torch.equal(model.state_dict()[name], value), name
+    summary = json.loads((run / "summary.json").read_text())
+    assert_close(evaluate(model, inputs.val_batches), summary["final_eval_loss"], rtol=1e-6, atol=0)
+
+
 # -- bad input: a clear error (exit 2) before anything is written --------------------------------------------------
 
 def test_export_refusals_write_nothing(hf_run, tmp_path, capsys):

@@ -237,8 +237,8 @@ def _pretrained(folder: Path, *, vocab_size: int, seq_len: int, load_weights: bo
     try:
         with _quiet(transformers):
             model, info = transformers.AutoModelForCausalLM.from_pretrained(
-                folder, config=config, local_files_only=True, use_safetensors=True, dtype=torch.float32,
-                output_loading_info=True)
+                folder, config=config, local_files_only=True, use_safetensors=True, output_loading_info=True,
+                **_fp32(transformers))
     except RuntimeError as exc:  # size mismatch (transformers prints the details to its logger)
         raise ValueError(f"the weights in {folder} do not match its config.json: "
                          f"{_mismatches(folder, config) or exc}; restore the config the weights were saved with "
@@ -252,6 +252,13 @@ def _pretrained(folder: Path, *, vocab_size: int, seq_len: int, load_weights: bo
         raise ValueError(f"the weights in {folder} do not match its config.json: {'; '.join(parts)}; "
                          f"restore the config the weights were saved with (save_pretrained writes both)")
     return CausalLM(model)
+
+
+def _fp32(transformers: Any) -> dict[str, Any]:
+    """FP32 weights whatever the folder was saved in (the trainer's autocast does bf16): the keyword's name
+    changed in transformers 4.56 (``torch_dtype`` -> ``dtype``)."""
+    major, minor = (int(p) for p in transformers.__version__.split(".")[:2])
+    return {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": torch.float32}
 
 
 def _mismatches(folder: Path, config: Any) -> str:
