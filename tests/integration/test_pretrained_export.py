@@ -221,6 +221,20 @@ def test_export_refusals_write_nothing(hf_run, tmp_path, capsys):
     assert not (tmp_path / "m1").exists() and not (tmp_path / "m2").exists()
 
 
+def test_a_damaged_newest_checkpoint_is_skipped_and_said_or_refused_when_named(hf_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(hf_run, run)
+    victim = run / "checkpoints" / "step-00000008" / "replica-1.pt"
+    victim.write_bytes(victim.read_bytes()[:-100])  # truncated: its SHA-256 no longer matches the record
+    assert cli_main(["export", str(run), "--out", str(tmp_path / "named"), "--step", "8"]) == 2
+    assert re.search(r"diloco export: error: checkpoint .*replica-1.pt is damaged", capsys.readouterr().err)
+    assert not (tmp_path / "named").exists()
+    assert cli_main(["export", str(run), "--out", str(tmp_path / "latest")]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["step"] == 4
+    assert re.search(r"skipped a damaged checkpoint, step 8: .*replica-1.pt is damaged.*exported step 4", captured.err)
+
+
 def _bad_folders(user, tmp: Path) -> dict[str, tuple[list[str], str]]:
     deeper = tmp / "deeper"  # config says 3 layers, the weights hold 2
     shutil.copytree(user["llama"], deeper)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -31,5 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from diloco.train.export import export_run
 
     result = export_run(args.run, args.out, step=args.step, overwrite=args.overwrite, cache_dir=args.cache_dir)
+    for line in result.skipped:
+        print(f"diloco export: skipped a damaged checkpoint, {line}; exported step {result.step}", file=sys.stderr)
     print(json.dumps(result.to_dict(), indent=2))
     return 0

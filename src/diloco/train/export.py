@@ -44,13 +44,16 @@ class ExportResult:
     step: int
     model_kind: str  # "hf", "transformer" or "factory"
     files: dict[str, int]  # name -> bytes
+    skipped: tuple[str, ...] = ()  # newer checkpoints passed over as damaged (one line each)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"out": str(self.out), "step": self.step, "model_kind": self.model_kind, "files": self.files}
+        return {"out": str(self.out), "step": self.step, "model_kind": self.model_kind, "files": self.files,
+                "skipped_damaged": list(self.skipped)}
 
 
-def _checkpoint_meta(run_dir: Path, step: int | None) -> dict[str, Any]:
-    """The record of the checkpoint to export, every replica file checked against its SHA-256."""
+def _checkpoint_meta(run_dir: Path, step: int | None) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The record of the checkpoint to export, every replica file checked against its SHA-256, and the
+    newer checkpoints skipped as damaged (``step`` None: the newest readable one)."""
     if not run_dir.is_dir():
         raise ValueError(f"{run_dir} is not a folder; give the --out folder of a `diloco train` run")
     steps = ckpt.saved_steps(run_dir)
@@ -60,14 +63,14 @@ def _checkpoint_meta(run_dir: Path, step: int | None) -> dict[str, Any]:
                          f"or --resume it if it was interrupted before its first checkpoint")
     if step is None:
         found = ckpt.find_resumable(run_dir)  # the newest readable one; raises naming every damaged one
-        return found.meta
+        return found.meta, found.skipped
     if step not in steps:
         raise ValueError(f"{run_dir} has no checkpoint of step {step}; its checkpoints: "
                          f"{', '.join(map(str, steps))} (leave out --step for the latest)")
     meta = ckpt._step_meta(run_dir, step)
     for rank in range(int(meta.get("num_replicas", 1))):
         ckpt.verify_replica(run_dir, rank, step, meta)
-    return meta
+    return meta, ()
 
 
 def _vocab_and_tokenizer(run_dir: Path, cfg: Any, meta: dict[str, Any], cache_dir: Path | None
@@ -114,7 +117,8 @@ def global_model(run_dir: Path | str, *, step: int | None = None, cache_dir: Pat
                  ) -> tuple[nn.Module, dict[str, Any], Any]:
     """The run's model holding the global parameters of checkpoint ``step`` (default: the latest readable).
 
-    Returns ``(model, checkpoint record, TrainConfig)``; the model is on the CPU, in eval mode.
+    Returns ``(model, checkpoint record, TrainConfig)``; the model is on the CPU, in eval mode. The record's
+    ``"skipped_damaged"`` lists newer checkpoints passed over as damaged.
     """
     from diloco.algorithm.fragments import split_fragments
     from diloco.models.factory import build_model
@@ -123,7 +127,8 @@ def global_model(run_dir: Path | str, *, step: int | None = None, cache_dir: Pat
     from diloco.train.speed import unwrap_compiled
 
     run_dir = Path(run_dir)
-    meta = _checkpoint_meta(run_dir, step)
+    meta, skipped = _checkpoint_meta(run_dir, step)
+    meta = {**meta, "skipped_damaged": list(skipped)}
     cfg = TrainConfig.from_dict(meta["config"])
     vocab, _, _ = _vocab_and_tokenizer(run_dir, cfg, meta, cache_dir)
     model = unwrap_compiled(build_model(cfg.model, size=cfg.size, vocab_size=vocab, seq_len=cfg.seq_len,
@@ -191,4 +196,4 @@ def export_run(run_dir: Path | str, out: Path | str, *, step: int | None = None,
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return ExportResult(out, int(meta["step"]), kind, describe_folder(out))
+    return ExportResult(out, int(meta["step"]), kind, describe_folder(out), tuple(meta["skipped_damaged"]))
