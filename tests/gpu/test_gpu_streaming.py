@@ -1,5 +1,5 @@
 """StreamingDiLoCo on CUDA: the global copy and outer state offloaded to the CPU (``offload_device="cpu"``)
-give the parameters of the all-GPU run, and both those of the CPU run (two replicas as threads, P = 2,
+give the parameters of the all-GPU run, and with FP32 exchanges both those of the CPU run (two replicas as threads, P = 2,
 tau = 1, alpha = 0.5)."""
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ def test_offload_to_cpu_equals_the_all_gpu_run_and_the_cpu_run(codec):
     assert gpu[0]["global_device"].startswith("cuda") and offloaded[0]["global_device"] == "cpu"
     for name, value in gpu[0]["global"].items():
         assert_close(offloaded[0]["global"][name], value, rtol=1e-5, atol=1e-6, msg=name)
-        assert_close(cpu[0]["global"][name], value, rtol=1e-3, atol=1e-4, msg=name)
+        if codec == "fp32":  # FP4 rounds to steps of 2x: a last-bit difference between devices can move a value
+            assert_close(cpu[0]["global"][name], value, rtol=1e-3, atol=1e-4, msg=name)
     for a, b in zip(gpu, offloaded, strict=True):  # every replica holds the same global copy
         for name in a["global"]:
             assert_close(b["global"][name], gpu[0]["global"][name], rtol=1e-5, atol=1e-6, msg=name)

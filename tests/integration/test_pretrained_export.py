@@ -27,7 +27,7 @@ from diloco.models.saving import load_transformer  # noqa: E402
 from diloco.train import checkpoint as ckpt  # noqa: E402
 from diloco.train.config import TrainConfig  # noqa: E402
 from diloco.train.evaluation import evaluate  # noqa: E402
-from diloco.train.export import global_model  # noqa: E402
+from diloco.train.export import export_run, global_model  # noqa: E402
 from diloco.train.inputs import prepare_inputs  # noqa: E402
 from diloco.train.metrics import read_jsonl  # noqa: E402
 
@@ -144,6 +144,16 @@ def test_projects_transformer_exports_to_safetensors_and_loads_back(token_cache,
         assert torch.equal(loaded(x)[0], model(x)[0])
     summary = json.loads((run / "summary.json").read_text())
     assert_close(evaluate(loaded, inputs.val_batches), summary["final_eval_loss"], rtol=1e-6, atol=0)
+    # a run written before runs kept tokenizer.json and checkpoints their vocab_size: rebuilt from its data
+    old = tmp_path / "old-run"
+    shutil.copytree(run, old)
+    (old / "tokenizer.json").unlink()
+    for record in (old / "checkpoints").glob("*.json"):
+        record.write_text(json.dumps({k: v for k, v in json.loads(record.read_text()).items() if k != "vocab_size"}))
+    export_run(old, out=tmp_path / "from-old", cache_dir=token_cache)
+    assert (tmp_path / "from-old" / "tokenizer.json").read_text() == (out / "tokenizer.json").read_text()
+    with torch.no_grad():
+        assert torch.equal(load_transformer(tmp_path / "from-old")(x)[0], model(x)[0])
     with pytest.raises(ValueError, match=r"is a Hugging Face model: load it with transformers"):
         (tmp_path / "hf").mkdir()
         (tmp_path / "hf" / "config.json").write_text('{"model_type": "llama"}')

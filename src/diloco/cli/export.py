@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from diloco.train.export import export_run
 
-    result = export_run(args.run, args.out, step=args.step, overwrite=args.overwrite, cache_dir=args.cache_dir)
+    result = export_run(args.run, out=args.out, step=args.step, overwrite=args.overwrite, cache_dir=args.cache_dir)
     for line in result.skipped:
         print(f"diloco export: skipped a damaged checkpoint, {line}; exported step {result.step}", file=sys.stderr)
     print(json.dumps(result.to_dict(), indent=2))

@@ -167,7 +167,7 @@ def _check_out(out: Path, run_dir: Path, overwrite: bool) -> None:
                          f"--overwrite to replace the folder and everything in it")
 
 
-def export_run(run_dir: Path | str, out: Path | str, *, step: int | None = None, overwrite: bool = False,
+def export_run(run_dir: Path | str, *, out: Path | str, step: int | None = None, overwrite: bool = False,
                cache_dir: Path | None = None) -> ExportResult:
     """Write the run's global parameters (checkpoint ``step``, default the latest) as a model folder ``out``."""
     from diloco.models.factory import describe_model
