@@ -1,13 +1,13 @@
 # Two commands on a fresh machine:  `make demo`  and  `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# tcmalloc speeds up small-tensor CPU training here (see README, Performance); preloaded when present.
+# tcmalloc speeds up small-tensor CPU training here (see docs/results/performance.md); preloaded when present.
 RUN := LD_PRELOAD=$$(ls /usr/lib/*/libtcmalloc_minimal.so.4 2>/dev/null | head -n 1) $(PY)
 
-.PHONY: setup corpus demo test bench clean
+.PHONY: setup corpus demo test docs bench clean
 setup: $(VENV)/.installed $(VENV)/.corpus
 
-# The larger corpus (sources=large, docs/data.md): texts from Debian packages, installed with apt as root
+# The larger corpus (sources=large, docs/guides/data.md): texts from Debian packages, installed with apt as root
 # (about 10 s and 67 MB of downloads here; skip it with `make setup CORPUS_DEBS=`). The demo and tests need none.
 # Tried once per virtualenv (the stamp); `make corpus` tries again.
 CORPUS_DEBS ?= dict-gcide linux-doc python3-doc jargon-text fortunes
@@ -41,5 +41,9 @@ demo: setup
 test: setup
 	$(RUN) -m pytest
 
+# The documentation site into site/ (strict: a broken link or reference fails; the tests run the same build).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

@@ -5,7 +5,7 @@ The public face, imported lazily (``import diloco`` loads nothing heavy; ``diloc
 
     from diloco import StreamingDiLoCo, DataParallel, Schedule, run_replicas
     from diloco import TorchDistCommunicator, setup_communicators      # under torchrun
-    from diloco import TrainConfig, train          # the trainer: train(cfg, out_dir, cache_dir=...)
+    from diloco import TrainConfig, train_model    # the trainer: train_model(cfg, out_dir, cache_dir=...)
 
 Your own loop: one :class:`StreamingDiLoCo` per replica, ``algo.step()`` after every inner
 optimizer step (see ``examples/own_loop.py``).
@@ -47,6 +47,7 @@ _EXPORTS = {
     # the trainer
     "TrainConfig": "diloco.train.config",
     "Trainer": "diloco.train.trainer",
+    "train_model": "diloco.train.trainer",
     "RunResult": "diloco.train.result",
     # models and data
     "Transformer": "diloco.models.transformer",
@@ -57,7 +58,4 @@ _EXPORTS = {
     "prepare_tokens": "diloco.data.shards",
 }
 
-# ``diloco.train`` is the trainer's subpackage *and* the function that trains (the package is
-# callable, see diloco/train/__init__.py), so ``from diloco import train`` means one thing whatever
-# was imported before.
-__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, globals(), modules={"train": "diloco.train"})
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -12,21 +12,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def lazy_exports(package: str, exports: Mapping[str, str], namespace: dict[str, Any], *,
-                 modules: Mapping[str, str] | None = None,
+def lazy_exports(package: str, exports: Mapping[str, str], namespace: dict[str, Any],
                  ) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
     """``(__getattr__, __dir__, __all__)`` for ``package``, whose name ``n`` lives in module ``exports[n]``.
 
-    ``modules`` maps names to modules exported as themselves (a subpackage). Module paths starting
-    with ``.`` are relative to ``package``. An imported name is cached in the package's
+    Module paths starting with ``.`` are relative to ``package``. An imported name is cached in the package's
     ``namespace`` so ``__getattr__`` runs once per name.
     """
-    modules = dict(modules or {})
-
     def __getattr__(name: str) -> Any:
-        if name in modules:
-            value = importlib.import_module(modules[name], package)
-        elif name in exports:
+        if name in exports:
             value = getattr(importlib.import_module(exports[name], package), name)
         else:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
@@ -34,6 +28,6 @@ def lazy_exports(package: str, exports: Mapping[str, str], namespace: dict[str, 
         return value
 
     def __dir__() -> list[str]:
-        return sorted(set(namespace) | set(exports) | set(modules))
+        return sorted(set(namespace) | set(exports))
 
-    return __getattr__, __dir__, sorted(set(exports) | set(modules))
+    return __getattr__, __dir__, sorted(exports)

@@ -1,7 +1,7 @@
 """Point 4 of issue 15: the long runs against DP, beside the targets; curves and gaps as JSON and a plot.
 
     .venv/bin/python studies/outer-tuning/long_report.py      # reads results-long*.jsonl and the run folders
-    .venv/bin/python studies/outer-tuning/long_report.py --markdown     # every setting's table (docs/tuning.md)
+    .venv/bin/python studies/outer-tuning/long_report.py --markdown     # every setting's table (docs/results/tuning.md)
     .venv/bin/python studies/outer-tuning/long_report.py --best         # each method at its best (the README)
 
 Writes long-summary.json (every run's eval-loss curve, final loss, bytes per replica; the gap against N),

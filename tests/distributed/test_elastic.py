@@ -9,7 +9,7 @@ Each agent is ``torchrun --nnodes 1:2 --nproc-per-node 1 --max-restarts 3`` with
    from the newest checkpoint with M = 1;
 3. agent C joins: A's agent restarts its worker, A and C train with M = 2 to the end.
 
-The test measures what docs/distributed.md reports: inner steps redone per failure and seconds
+The test measures what docs/guides/elastic.md reports: inner steps redone per failure and seconds
 from the kill to the next training step.
 """
 

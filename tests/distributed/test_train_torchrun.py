@@ -7,7 +7,7 @@ These tests run the real command line both ways on the tiny preset:
 
 Both use one intra-op thread per replica (``--set threads=1``), so they run the
 same kernels on the same data and must end with the same bits (see
-docs/distributed.md, "Equivalence"). The comparison is of everything a replica
+docs/guides/distributed.md, "Equivalence"). The comparison is of everything a replica
 checkpoints: model, inner optimizer, algorithm (global parameters, outer momenta,
 pending fragments, byte counters) and sampler.
 """

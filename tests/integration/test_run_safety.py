@@ -20,7 +20,7 @@ from diloco.cli import main as cli_main
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig, load_preset
 from diloco.train.result import RunResult
-from diloco.train.trainer import Trainer, train
+from diloco.train.trainer import Trainer, train_model
 
 STEPS = ["--set", "steps=8", "--set", "eval_every=4"]
 
@@ -207,7 +207,7 @@ def test_compare_checks_every_method_before_training_any(tmp_path, token_cache, 
     out = tmp_path / "cmp"
     # the second method's folder holds a run of another config: the first must not train either
     other = tmp_path / "other"
-    train(tiny(method="dp", steps=4), other, cache_dir=token_cache, progress=False)
+    train_model(tiny(method="dp", steps=4), other, cache_dir=token_cache, progress=False)
     (out / "diloco").parent.mkdir(parents=True)
     other.rename(out / "diloco")
     before = snapshot(out)
@@ -230,7 +230,7 @@ def test_compare_checks_every_method_before_training_any(tmp_path, token_cache, 
 
 # -- 2. checkpoints --------------------------------------------------------------------------------
 def test_the_last_k_checkpoints_are_kept(tmp_path, token_cache):
-    train(tiny(steps=12, checkpoint_every=2, keep_checkpoints=3), tmp_path, cache_dir=token_cache, progress=False)
+    train_model(tiny(steps=12, checkpoint_every=2, keep_checkpoints=3), tmp_path, cache_dir=token_cache, progress=False)
     assert ckpt.saved_steps(tmp_path) == [8, 10, 12]
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.json")) == \
         ["latest.json", "step-00000008.json", "step-00000010.json", "step-00000012.json"]
@@ -254,7 +254,7 @@ def test_a_damaged_latest_checkpoint_falls_back_and_ends_bit_identical(tmp_path,
         kw.update(sync_every=6, num_fragments=2, overlap_steps=2, merge_alpha=0.5, codec="int8")
     cfg = tiny(**kw)
     full, cut = tmp_path / "full", tmp_path / "cut"
-    train(cfg, full, cache_dir=token_cache, progress=False)
+    train_model(cfg, full, cache_dir=token_cache, progress=False)
     with pytest.raises(SimulatedCrash):
         crash = CrashAfter(20, replicas=cfg.replicas)
         Trainer(cfg, cut, cache_dir=token_cache, progress=False, callbacks=[crash]).run()
@@ -338,7 +338,7 @@ def test_the_fix_an_unloadable_checkpoint_names_works(tmp_path, token_cache, cap
     what to delete; after deleting it, --resume continues from the step before and ends as the full run."""
     cfg = tiny(steps=8, checkpoint_every=2, eval_every=4)
     full, cut = tmp_path / "full", tmp_path / "cut"
-    train(cfg, full, cache_dir=token_cache, progress=False)
+    train_model(cfg, full, cache_dir=token_cache, progress=False)
     with pytest.raises(SimulatedCrash):
         crash = CrashAfter(6, replicas=cfg.replicas)
         Trainer(cfg, cut, cache_dir=token_cache, progress=False, callbacks=[crash]).run()

@@ -12,7 +12,7 @@ from _tiny import make_model
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig, load_preset
 from diloco.train.speed import TCMALLOC_HINT, compile_in_place, tcmalloc_loaded, tcmalloc_notice, unwrap_compiled
-from diloco.train.trainer import Trainer, train
+from diloco.train.trainer import Trainer, train_model
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +35,9 @@ def _final(out_dir):
 
 @pytest.mark.slow  # ~35 s on 2 cores with a cold inductor cache (the compilation), ~10 s warm
 def test_compiled_run_matches_eager_and_resumes_exactly(tmp_path, cache):
-    train(tiny(), tmp_path / "eager", cache_dir=cache, progress=False)
+    train_model(tiny(), tmp_path / "eager", cache_dir=cache, progress=False)
     eager_reps, eager_loss = _final(tmp_path / "eager")
-    train(tiny(compile=True), tmp_path / "full", cache_dir=cache, progress=False)
+    train_model(tiny(compile=True), tmp_path / "full", cache_dir=cache, progress=False)
     full_reps, full_loss = _final(tmp_path / "full")
     # the same names (no `_orig_mod.` prefix) and, within float tolerance, the same numbers
     for re_, rc in zip(eager_reps, full_reps):
@@ -51,7 +51,7 @@ def test_compiled_run_matches_eager_and_resumes_exactly(tmp_path, cache):
     # uninterrupted run. The M = 2 replicas are threads; compiling them concurrently made runs differ (5.430
     # against 5.461 on the tiny preset, bf16), so the trainer compiles one replica at a time.
     fast = dict(compile=True, bf16=True)
-    train(tiny(**fast), tmp_path / "fast", cache_dir=cache, progress=False)
+    train_model(tiny(**fast), tmp_path / "fast", cache_dir=cache, progress=False)
     fast_reps, fast_loss = _final(tmp_path / "fast")
     cut = tmp_path / "cut"
     with pytest.raises(SimulatedCrash):
@@ -95,7 +95,7 @@ def test_tcmalloc_is_read_from_the_process_maps(tmp_path):
 
 
 def test_trainer_says_whether_tcmalloc_is_loaded(tmp_path, cache, capsys):
-    train(tiny(method="diloco", num_fragments=1, overlap_steps=0, merge_alpha=0.0, steps=2, checkpoint_every=0),
+    train_model(tiny(method="diloco", num_fragments=1, overlap_steps=0, merge_alpha=0.0, steps=2, checkpoint_every=0),
           tmp_path, cache_dir=cache, progress=False)
     err = capsys.readouterr().err
     if tcmalloc_loaded() is not None:

@@ -14,7 +14,7 @@ from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig, load_preset
 from diloco.train.metrics import read_jsonl
 from diloco.train.lr import lr_at
-from diloco.train.trainer import Trainer, train
+from diloco.train.trainer import Trainer, train_model
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def tiny(**kw) -> TrainConfig:
 def test_streaming_two_replicas_loss_falls_and_bytes_match(tmp_path, cache):
     cfg = tiny(method="streaming", replicas=2, sync_every=8, num_fragments=3, overlap_steps=1,
                merge_alpha=0.5, codec="fp4_e3m0", steps=48)
-    result = train(cfg, tmp_path, cache_dir=cache, progress=False)
+    result = train_model(cfg, tmp_path, cache_dir=cache, progress=False)
     rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "loss" in r]
     assert len(rows) == 48
     first, last = sum(r["loss"] for r in rows[:5]) / 5, sum(r["loss"] for r in rows[-5:]) / 5
@@ -53,7 +53,7 @@ def test_streaming_two_replicas_loss_falls_and_bytes_match(tmp_path, cache):
                                 dict(method="diloco", replicas=1, sync_every=8)], ids=["dp", "diloco", "diloco-m1"])
 def test_every_mode_trains_the_tiny_model(tmp_path, cache, kw):
     cfg = tiny(**({"replicas": 2, "steps": 48} | kw))
-    result = train(cfg, tmp_path, cache_dir=cache, progress=False)
+    result = train_model(cfg, tmp_path, cache_dir=cache, progress=False)
     rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "loss" in r]
     first, last = sum(r["loss"] for r in rows[:5]) / 5, sum(r["loss"] for r in rows[-5:]) / 5
     assert last < first - 0.3, (kw, first, last)
@@ -62,7 +62,7 @@ def test_every_mode_trains_the_tiny_model(tmp_path, cache, kw):
 
 def test_tensorboard_sink_writes_the_logged_scalars(tmp_path, cache):
     from tensorboard.backend.event_processing import event_accumulator  # a dev dependency
-    train(tiny(method="diloco", steps=12, eval_every=6, tensorboard=True), tmp_path, cache_dir=cache,
+    train_model(tiny(method="diloco", steps=12, eval_every=6, tensorboard=True), tmp_path, cache_dir=cache,
           progress=False)
     acc = event_accumulator.EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
@@ -87,7 +87,7 @@ def test_interrupted_and_resumed_run_ends_identical(tmp_path, cache, method):
         kw.update(sync_every=6, num_fragments=2, overlap_steps=2, merge_alpha=0.5, codec="int8")
     cfg = tiny(**kw)
     full = tmp_path / "full"
-    train(cfg, full, cache_dir=cache, progress=False)
+    train_model(cfg, full, cache_dir=cache, progress=False)
     cut = tmp_path / "cut"
     with pytest.raises(SimulatedCrash):
         crash = CrashAfter(13, replicas=cfg.replicas)
@@ -108,9 +108,9 @@ def test_interrupted_and_resumed_run_ends_identical(tmp_path, cache, method):
 
 def test_resume_refuses_a_different_config(tmp_path, cache):
     cfg = tiny(method="diloco", steps=8)
-    train(cfg, tmp_path, cache_dir=cache, progress=False)
+    train_model(cfg, tmp_path, cache_dir=cache, progress=False)
     with pytest.raises(ValueError, match="different config"):
-        train(tiny(method="diloco", steps=8, inner_lr=1e-2), tmp_path, cache_dir=cache, progress=False, resume=True)
+        train_model(tiny(method="diloco", steps=8, inner_lr=1e-2), tmp_path, cache_dir=cache, progress=False, resume=True)
 
 
 def test_config_validation_names_values_and_fix():

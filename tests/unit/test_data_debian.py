@@ -143,7 +143,7 @@ _ABSENT = [name for name in DEBIAN if SOURCES[name].locate() is None]
 @pytest.mark.skipif(bool(_ABSENT), reason=f"Debian corpus packages not installed ({', '.join(_ABSENT)}); "
                                           f"`make setup` as root installs them")
 def test_installed_debian_sources_load_as_documented():
-    # docs/data.md's table: documents and megabytes of normalised text per source. Debian's updates change a
+    # docs/guides/data.md's table: documents and megabytes of normalised text per source. Debian's updates change a
     # package's files a little between versions (linux-doc 6.1.192: 5,127 documents; 6.1.176: 5,128), so the
     # counts are checked to 2 %: a loader that dropped the gzipped files or read the HTML too is far outside.
     expected = {"gcide": (27, 39.9), "linux-doc": (5127, 28.5), "python-doc": (497, 11.0), "jargon": (1, 1.7),

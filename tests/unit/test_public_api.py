@@ -23,7 +23,7 @@ def test_sim_traffic_schedule_and_the_package_never_import_torch():
 
 def test_the_users_import_line_works():
     out = _python("from diloco import StreamingDiLoCo, DataParallel, run_replicas, Schedule, "
-                  "TorchDistCommunicator, setup_communicators, TrainConfig, train, get_codec, CODEC_NAMES\n"
+                  "TorchDistCommunicator, setup_communicators, TrainConfig, train_model, get_codec, CODEC_NAMES\n"
                   "print(StreamingDiLoCo.__module__, DataParallel.__module__, run_replicas.__module__, "
                   "setup_communicators.__module__)")
     assert out == ("diloco.algorithm.streaming diloco.algorithm.data_parallel diloco.comm.local "
@@ -43,11 +43,11 @@ def test_every_exported_name_resolves_and_is_listed(package):
         mod.nope  # noqa: B018
 
 
-def test_train_is_one_callable_whatever_was_imported_before():
-    """``diloco.train`` is the subpackage and the function: importing diloco.train.config first changes nothing."""
-    out = _python("import diloco.train.config, diloco\nfrom diloco import train\n"
-                  "import diloco.train.trainer as t\nprint(callable(train), train is diloco.train, t.train.__name__)")
-    assert out == "True True train"
+def test_the_trainer_function_has_a_plain_name_and_the_package_is_a_plain_module():
+    """``diloco.train`` is a subpackage (a plain module); the function that trains is ``train_model``."""
+    out = _python("import types, diloco\nfrom diloco import train_model\nimport diloco.train as t\n"
+                  "print(type(t) is types.ModuleType, callable(t), train_model is t.train_model, train_model.__name__)")
+    assert out == "True False True train_model"
 
 
 def test_codec_registry_is_public():

@@ -50,7 +50,7 @@ range where OCP MX's power-of-two E8M0 scale wastes up to a binade, and the
 candidate search picks the scale that rounds the block best. fp4_e2m1: 0.087
 here against 0.115 for OCP MXFP4 (block 32, E8M0, 4.25 bits); fp4_e3m0: 0.150
 against 0.222. At block 32 (4.25 bits) the same scheme gives 0.094 / 0.164;
-block 16 spends the rest of the 4.5-bit budget. docs/codecs.md has the tables.
+block 16 spends the rest of the 4.5-bit budget. docs/explanations/codecs.md has the tables.
 
 Range. The tensor scale spans fp32's whole exponent range, so huge finite
 values (up to fp32's max) are scaled, not saturated; decoded values are

@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "train": "train one configuration (data-parallel, DiLoCo or Streaming DiLoCo)",
     "export": "write a run's global parameters as a model folder (Hugging Face format / safetensors)",
     "compare": "train several methods on the same data and compare loss against bytes",
+    "config": "print the resolved, validated config of a preset, method and --set overrides",
     "simulate": "compute utilization and wall-clock vs bandwidth (data-parallel, DiLoCo, Streaming DiLoCo)",
     "plan": "recommend a method and settings for a model, hardware, workers, link and token budget",
     "sweep": "run a resumable grid of runs (sizes x methods x hyperparameters) into a JSONL file",

@@ -3,13 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 from pathlib import Path
 
 from diloco.files import default_cache_dir
-from diloco.train.config import TrainConfig, load_preset, parse_override, preset_names
+from diloco.train.config import TrainConfig, load_preset, parse_override, preset_names, reference
+
+
+def config_keys_help() -> str:
+    """Every configuration key with its type, default and meaning, by section (from :func:`reference`)."""
+    lines = ["configuration keys (--set KEY=VALUE; tuples comma-separated; see `diloco config` for a "
+             "preset's values):"]
+    section = None
+    for f in reference():
+        if f.section != section:
+            section = f.section
+            lines.append(f"\n  {section}:")
+        default = ",".join(f.default) if isinstance(f.default, list) else f.default
+        default = '""' if default == "" else str(default).lower() if isinstance(default, bool) else default
+        lines.append(f"    {f.name} ({f.type.replace('tuple[str, ...]', 'list')}, default {default})")
+        lines.append(f"        {f.doc}")
+    return "\n".join(lines)
 
 
 def add_config_args(p: argparse.ArgumentParser, *, default_preset: str) -> None:
+    """--preset, --set, --cache-dir, --no-progress; the help lists every configuration key."""
+    p.formatter_class = argparse.RawDescriptionHelpFormatter  # keeps the key list's layout ...
+    p.description = textwrap.fill(p.description or "", width=100)  # ... so the description is wrapped here
+    p.epilog = config_keys_help()
     p.add_argument("--preset", default=default_preset,
                    help=f"named preset ({', '.join(preset_names())}) or a path to a JSON preset "
                         f"(default: {default_preset})")
@@ -40,4 +61,4 @@ def resolve(preset: dict, method: str | None, extra: dict) -> TrainConfig:
     return TrainConfig.from_dict({**base, **extra})
 
 
-__all__ = ["add_config_args", "cache_dir", "overrides", "resolve", "load_preset"]
+__all__ = ["add_config_args", "cache_dir", "config_keys_help", "overrides", "resolve", "load_preset"]

@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from diloco.train.compare import format_table, run_compare
+    from diloco.train.compare import format_report, run_compare
 
     preset = load_preset(args.preset)
     names = [m.strip() for m in args.methods.split(",")] if args.methods else list(preset["methods"])
@@ -41,6 +41,6 @@ def run(args: argparse.Namespace) -> int:
     rows = run_compare(configs, out, cache_dir=cache_dir(args), progress=not args.no_progress,
                        device=args.device, reuse=not args.fresh)
     print()
-    print(format_table(rows))
+    print(format_report(rows))
     print(f"\nwritten: {out}/compare.json, compare.txt, loss_vs_tokens.png, loss_vs_bytes.png")
     return 0

@@ -46,7 +46,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     hw.add_argument("--mfu", type=float, default=None, help="model FLOP utilization, e.g. 0.4")
     hw.add_argument("--step-time-scale", type=float, default=1.0,
                     help="multiply the step time by this (default 1; Streaming DiLoCo Table 4's fitted "
-                         "calibration is 1.2, see docs/simulator.md). Always printed")
+                         "calibration is 1.2, see docs/explanations/simulator.md). Always printed")
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:

@@ -22,7 +22,7 @@ EXECUTOR_CHOICES = ("inline", "local", "submitit-local", "slurm")
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sweep", help="run a resumable grid of runs (sizes x methods x hyperparameters) into a JSONL file",
-        description="Expand the grid of a JSON file (see docs/scaling.md) and run every point that has no "
+        description="Expand the grid of a JSON file (see docs/guides/scaling-sweeps.md) and run every point that has no "
                     "finished record in --out yet, appending one JSON line per run as it finishes. Interrupt it "
                     "at any time and run the same command again to continue; no run is recorded twice.",
     )

@@ -30,9 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="one of the preset's named methods (e.g. dp, diloco, streaming, diloco-m1); "
                         "default: the preset's base config")
     p.add_argument("--out", type=Path, default=None, help="output directory (default: runs/<preset>-<method>)")
-    p.add_argument("--resume", action="store_true",
+    p.add_argument("--resume", nargs="?", const="yes", choices=("yes", "auto"), metavar="auto",
                    help="continue exactly from the newest readable checkpoint in --out (a damaged newest one is "
-                        "skipped, and said so); a finished run is left as it is")
+                        "skipped, and said so); a finished run is left as it is. `--resume` alone needs a "
+                        "checkpoint; `--resume auto` (for jobs that are requeued with the same command) also "
+                        "starts the run when --out holds none, or holds this config stopped before its first "
+                        "checkpoint")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run --out holds (deletes its config.json, metrics.jsonl, summary.json, "
                         "checkpoints/ and tb/); without it such an --out is an error")
@@ -41,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="under torchrun --nnodes MIN:MAX --max-restarts K (TorchElastic): the number of replicas "
                         "is the launch's (WORLD_SIZE / ranks_per_worker), and every (re)start resumes from the "
                         "newest checkpoint in --out, even one written with another number of replicas, or starts "
-                        "the run if there is none (see docs/distributed.md, 'Elastic restarts')")
+                        "the run if there is none (see docs/guides/elastic.md)")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="under torchrun: seconds to wait for a peer before stopping with an error that names "
                         "the missing rank (default: 300)")
@@ -50,6 +53,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def _resume_mode(args: argparse.Namespace) -> dict[str, bool]:
+    """``--resume`` must find a checkpoint; ``--resume auto`` resumes one or starts (the trainer's ``reuse``)."""
+    if args.resume == "auto" and args.overwrite:
+        raise ValueError("--resume auto continues or starts the run in --out, --overwrite replaces it: choose one")
+    return {"resume": args.resume == "yes", "reuse": args.resume == "auto", "overwrite": args.overwrite}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if not _under_torchrun():
         trainer = Trainer(cfg, out, cache_dir=cache_dir(args), progress=not args.no_progress,
                           device=args.device or "cpu")
-        print(json.dumps(trainer.run(resume=args.resume, overwrite=args.overwrite).to_dict(), indent=2))
+        print(json.dumps(trainer.run(**_resume_mode(args)).to_dict(), indent=2))
         return 0
 
     from diloco.distributed.launch import read_env, setup_communicators
@@ -86,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         if env.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
             print("diloco: --elastic: a node joining this job will wait for the rendezvous until it times out "
                   "(torch's shared rendezvous store); start the torchrun agents with "
-                  "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in their environment (docs/distributed.md, Elastic restarts)",
+                  "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in their environment (docs/guides/elastic.md)",
                   file=sys.stderr, flush=True)
 
     # The world size is checked against replicas x ranks_per_worker before joining; workers x ranks layout;
@@ -95,8 +105,7 @@ def run(args: argparse.Namespace) -> int:
                              timeout_s=args.timeout, device=args.device) as comms:
         trainer = Trainer(cfg, out, cache_dir=cache_dir(args), progress=not args.no_progress,
                           device=str(comms.device))
-        result = trainer.run_replica(comms.replica, resume=args.resume, overwrite=args.overwrite,
-                                     intra=comms.intra, elastic=args.elastic)
+        result = trainer.run_replica(comms.replica, **_resume_mode(args), intra=comms.intra, elastic=args.elastic)
         if result is not None:
             print(json.dumps(result.to_dict(), indent=2))
     return 0

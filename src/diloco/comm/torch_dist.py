@@ -14,7 +14,7 @@ Bytes on the wire. The counts in :class:`~diloco.comm.accounting.CommStats` are
 what crosses each rank's link, from :mod:`diloco.traffic`: an all-gather (ring
 in gloo and NCCL, or direct) moves (M-1) n bytes each way per rank; the
 reduce-scatter exchange's all-to-all and all-gather of shards move 2(M-1)/M n.
-See docs/distributed.md.
+See docs/guides/distributed.md.
 
 Faults. Collectives are matched by order, as everywhere in torch.distributed.
 A peer that died makes gloo fail fast ("connection reset by peer"); a peer that

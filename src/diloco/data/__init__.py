@@ -3,7 +3,7 @@
 ``prepare_data`` takes any source (bundled names, your text files / folders / globs, token files,
 your tokenizer.json; see :mod:`diloco.data.sources`), ``prepare_tokens`` gives the train/validation token streams (cached), ``ShardSampler`` each
 replica's disjoint, resumable batches, ``eval_batches`` the fixed validation batches.
-See docs/data.md.
+See docs/guides/data.md.
 """
 
 from diloco.data.corpus import SOURCES, Document, MissingSourceError, corpus_fingerprint, load_documents

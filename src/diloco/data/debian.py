@@ -2,7 +2,7 @@
 
 Each loader reads files a Debian package installs under ``/usr/share`` (no download at run time) and
 returns :class:`~diloco.data.corpus.Document` objects in a fixed order; the sources, their packages
-and licences are registered in :data:`diloco.data.corpus.SOURCES` and described in docs/data.md.
+and licences are registered in :data:`diloco.data.corpus.SOURCES` and described in docs/guides/data.md.
 
 * ``gcide`` (``dict-gcide``): the Collaborative International Dictionary of English (Webster's
   1913 and WordNet), ``/usr/share/dictd/gcide.dict.dz``: one document per initial letter, the

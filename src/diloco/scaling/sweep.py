@@ -9,7 +9,7 @@ function is looked up by name in :data:`RUNNERS`: ``"train"`` (the real trainer,
 Where the runs execute (this process, one process per run locally, or SLURM jobs) is the
 executor's business (:mod:`diloco.scaling.executors`); this module is the only writer of the file.
 
-The record format is documented in docs/scaling.md.
+The record format is documented in docs/guides/scaling-sweeps.md.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -109,10 +110,18 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def format_report(rows: Sequence[dict[str, Any]]) -> str:
+    """The table, and under it how to read its gaps (:func:`diloco.scaling.paper_gap.reading_note`)."""
+    from diloco.scaling.paper_gap import reading_note
+
+    note = reading_note(rows) if any(r["config"]["method"] == "dp" for r in rows) else ""
+    return format_table(rows) + ("\n\n" + textwrap.fill(note, width=100) if note else "")
+
+
 def write_outputs(rows: list[dict[str, Any]], out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "compare.json", rows)
-    atomic_write_bytes(out_dir / "compare.txt", (format_table(rows) + "\n").encode("utf-8"))
+    atomic_write_bytes(out_dir / "compare.txt", (format_report(rows) + "\n").encode("utf-8"))
     plot_compare(rows, out_dir)
 
 

@@ -9,13 +9,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, fields
+import math
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from diloco.layout import PATTERNS
 from diloco.methods import METHODS, schedule_errors
+
+def setting(default: Any, doc: str) -> Any:
+    """A :class:`TrainConfig` field with its one line of meaning.
+
+    The meaning lives here and nowhere else: ``diloco train --help``, ``diloco config`` and the
+    documentation's reference page all read it (:func:`reference`).
+    """
+    return field(default=default, metadata={"doc": doc})
+
 
 #: ``checkpoint_every = -1`` (the default): at the first outer-sync boundary after every this many steps.
 AUTO_CHECKPOINT_STEPS = 100
@@ -24,55 +34,55 @@ AUTO_CHECKPOINT_STEPS = 100
 @dataclass(frozen=True)
 class TrainConfig:
     # what to train
-    size: str = "cpu-1m"
-    model: str = ""  # "" = the project's Transformer of `size`; "hf:PATH"; "module:function" (diloco.models.factory)
-    vocab_size: int = 4096  # the BPE's size; for token files, the vocabulary their ids index
-    seq_len: int = 128
-    sources: tuple[str, ...] = ("shakespeare", "bible")  # bundled names, text paths/folders/globs, or token files
-    tokenizer: str = ""  # "" = train the project's BPE on the text; or a tokenizer.json (HF tokenizers)
-    eod_token: str = ""  # that tokenizer's end-of-document token (default: the first known one it has)
-    token_dtype: str = "uint16"  # id type of .bin token files
-    z_loss: float = 1e-4
-    # how replicas cooperate
-    method: str = "diloco"
-    replicas: int = 2  # M
-    ranks_per_worker: int = 1  # R: under torchrun, each replica (worker) is R data-parallel processes
-    sync_every: int = 30  # H
-    num_fragments: int = 1  # P
-    fragment_pattern: str = "strided"
-    fragments: tuple[str, ...] = ()  # explicit fragments: "prefix|prefix" per fragment (parameter-name prefixes)
-    schedule: str = "even"  # "even", "torchft" or comma-separated first-send steps (diloco.algorithm.schedule)
-    overlap_steps: int = 0  # tau
-    merge_alpha: float = 0.0  # alpha
-    codec: str = "fp32"  # outer gradients on the wire (DiLoCo / streaming)
-    dp_codec: str = "fp32"  # gradients on the wire (data-parallel)
-    # budget: exactly one of steps / tokens
-    global_batch: int = 16  # sequences per step, split B/M per replica
-    steps: int = 0
-    tokens: int = 0
-    # inner AdamW with linear warmup and cosine decay to min_lr_ratio
-    inner_lr: float = 2e-3
-    warmup_steps: int = 50
-    min_lr_ratio: float = 0.05
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.99
-    grad_clip: float = 1.0
-    # outer Nesterov SGD
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
-    outer_nesterov: bool = True
+    size: str = setting("cpu-1m", "named model size of the project's transformer (diloco.models.sizes; e.g. cpu-1m)")
+    model: str = setting("", "empty: the project's transformer of `size`; hf:PATH (a Hugging Face folder); module:function or file.py:function")
+    vocab_size: int = setting(4096, "the BPE's vocabulary size; for token files, the vocabulary their ids index")
+    seq_len: int = setting(128, "tokens per training sequence (the context length)")
+    sources: tuple[str, ...] = setting(("shakespeare", "bible"), "training data: bundled names (shakespeare, bible, large), text files, folders, globs, or .bin/.npy token files")
+    tokenizer: str = setting("", "empty: train the project's BPE on the text (cached); or a tokenizer.json (Hugging Face tokenizers)")
+    eod_token: str = setting("", "that tokenizer's end-of-document token (default: the first known one it has)")
+    token_dtype: str = setting("uint16", "id type of .bin token files")
+    z_loss: float = setting(1e-4, "weight of the z-loss on the softmax normaliser (stabilises the logits; 0 = off)")
+    # how workers cooperate
+    method: str = setting("diloco", "how replicas cooperate: dp (data-parallel), diloco, or streaming (Streaming DiLoCo)")
+    replicas: int = setting(2, "M: the number of workers (replicas); each trains on its own shard")
+    ranks_per_worker: int = setting(1, "R: under torchrun, the data-parallel processes of one worker (launch M x R)")
+    sync_every: int = setting(30, "H: inner steps between two outer syncs (of each fragment)")
+    num_fragments: int = setting(1, "P: fragments of the model that sync on a staggered schedule (streaming)")
+    fragment_pattern: str = setting("strided", "how blocks map to fragments: strided (block i -> 1 + i mod (P-1)) or sequential")
+    fragments: tuple[str, ...] = setting((), "explicit fragments: one group of parameter-name prefixes (a|b) per fragment; empty: the fragmenter's")
+    schedule: str = setting("even", "when each fragment syncs: even, torchft (torchft 0.2.0's offsets), or P comma-separated first-send steps")
+    overlap_steps: int = setting(0, "tau: inner steps an exchange overlaps before it is merged (streaming)")
+    merge_alpha: float = setting(0.0, "alpha: merge as alpha * local + (1 - alpha) * global (streaming)")
+    codec: str = setting("fp32", "what outer gradients travel as (fp32, bf16, fp8 / fp4 variants, int8: diloco.CODEC_NAMES)")
+    dp_codec: str = setting("fp32", "what gradients travel as in data-parallel (same names as codec)")
+    # budget (exactly one of steps and tokens)
+    global_batch: int = setting(16, "sequences per step over all workers (global_batch / replicas per worker)")
+    steps: int = setting(0, "training steps (set exactly one of steps and tokens)")
+    tokens: int = setting(0, "training tokens, converted to steps of global_batch x seq_len (exactly one of steps and tokens)")
+    # inner optimizer (AdamW, linear warmup, cosine decay to min_lr_ratio)
+    inner_lr: float = setting(2e-3, "peak learning rate of the inner AdamW (linear warmup, cosine decay)")
+    warmup_steps: int = setting(50, "steps of linear learning-rate warmup")
+    min_lr_ratio: float = setting(0.05, "the cosine decays to inner_lr x this at the last step")
+    weight_decay: float = setting(0.1, "AdamW weight decay (inner optimizer)")
+    beta1: float = setting(0.9, "AdamW beta1 (inner optimizer)")
+    beta2: float = setting(0.99, "AdamW beta2 (inner optimizer)")
+    grad_clip: float = setting(1.0, "clip each worker's gradient norm to this (0 = no clipping)")
+    # outer optimizer (Nesterov SGD)
+    outer_lr: float = setting(0.7, "learning rate of the outer Nesterov SGD on the averaged outer gradient")
+    outer_momentum: float = setting(0.9, "momentum of the outer SGD (the papers: 0.9; short runs: 0.5 did better here)")
+    outer_nesterov: bool = setting(True, "Nesterov momentum for the outer SGD (false: heavy-ball)")
     # evaluation, checkpoints, runtime
-    eval_every: int = 100
-    eval_batches: int = 16
-    checkpoint_every: int = -1  # steps; -1 = auto (see checkpoint_interval), 0 = only at the end
-    keep_checkpoints: int = 2  # K: the last K checkpoints are kept (an unreadable latest falls back)
-    seed: int = 0
-    bf16: bool = False  # bf16 autocast of forward and loss (weights, grads and optimizer state stay fp32)
-    compile: bool = False  # torch.compile each replica's model in place (diloco.train.speed); names unchanged
-    threads: int = 0  # torch intra-op threads per replica; 0 = auto (diloco.train.threads.default_threads)
-    val_fraction: float = 0.02
-    tensorboard: bool = False
+    eval_every: int = setting(100, "steps between evaluations of the global parameters on held-out tokens")
+    eval_batches: int = setting(16, "batches of global_batch sequences per evaluation")
+    checkpoint_every: int = setting(-1, "steps between checkpoints; -1 = auto (every 100, rounded up to a multiple of sync_every), 0 = only at the end")
+    keep_checkpoints: int = setting(2, "K: the last K checkpoints are kept (an unreadable newest one falls back)")
+    seed: int = setting(0, "seed of the model's initialisation and the data order")
+    bf16: bool = setting(False, "bf16 autocast of forward and loss (weights, grads and optimizer state stay fp32)")
+    compile: bool = setting(False, "torch.compile each replica's model (parameter names unchanged)")
+    threads: int = setting(0, "torch intra-op threads per replica; 0 = auto (the cores other work leaves free)")
+    val_fraction: float = setting(0.02, "share of the tokens held out for evaluation")
+    tensorboard: bool = setting(False, "also write TensorBoard event files to OUT/tb")
 
     def __post_init__(self) -> None:
         errors: list[str] = []
@@ -99,6 +109,17 @@ class TrainConfig:
              f"global_batch={self.global_batch} must be a positive multiple of replicas={self.replicas} x "
              f"ranks_per_worker={self.ranks_per_worker} (each replica gets global_batch / replicas sequences, "
              f"split evenly over its ranks)")
+        for f in fields(self):  # every number is finite; counts and rates are never negative
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                errors.append(f"{f.name}={value}: must be a finite number")
+        for name in ("steps", "tokens", "seed", "warmup_steps", "overlap_steps"):
+            need(getattr(self, name) >= 0, f"{name}={getattr(self, name)}: must be >= 0")
+        need(self.global_batch >= 1, f"global_batch={self.global_batch}: need at least 1 sequence per step")
+        for name in ("weight_decay", "grad_clip", "z_loss"):
+            need(getattr(self, name) >= 0, f"{name}={getattr(self, name)}: must be >= 0 (0 turns it off)")
+        for name in ("beta1", "beta2", "outer_momentum"):
+            need(0.0 <= getattr(self, name) < 1.0, f"{name}={getattr(self, name)}: need 0 <= {name} < 1")
         need((self.steps > 0) != (self.tokens > 0),
              f"set exactly one of steps={self.steps} or tokens={self.tokens} to a positive value")
         errors += schedule_errors(self.sync_every, self.num_fragments, self.overlap_steps)
@@ -207,6 +228,45 @@ class TrainConfig:
 
     def with_overrides(self, overrides: dict[str, Any]) -> TrainConfig:
         return TrainConfig.from_dict({**self.to_dict(), **overrides})
+
+
+@dataclass(frozen=True)
+class FieldDoc:
+    """One configuration key as the help and the documentation show it."""
+
+    name: str
+    type: str
+    default: Any
+    doc: str
+    section: str
+
+
+def reference() -> list[FieldDoc]:
+    """Every :class:`TrainConfig` key in declaration order, with its type, default, meaning and section.
+
+    The single source of ``diloco train --help``'s key list and the documentation's reference page.
+    """
+    sections = _sections()
+    out = []
+    for f in fields(TrainConfig):
+        assert "doc" in f.metadata, f"TrainConfig.{f.name} has no documentation: declare it with setting()"
+        default = list(f.default) if isinstance(f.default, tuple) else f.default
+        out.append(FieldDoc(f.name, str(f.type), default, f.metadata["doc"], sections[f.name]))
+    return out
+
+
+def _sections() -> dict[str, str]:
+    """Each field's section: the ``# comment`` line above it in the class body."""
+    import inspect
+
+    section, out = "", {}
+    for line in inspect.getsource(TrainConfig).splitlines():
+        text = line.strip()
+        if text.startswith("# ") and line.startswith("    #"):
+            section = text[2:]
+        elif ":" in text and "setting(" in text:
+            out[text.split(":", 1)[0]] = section
+    return out
 
 
 def parse_override(item: str) -> tuple[str, Any]:

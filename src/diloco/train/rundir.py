@@ -36,7 +36,7 @@ RESUMABLE_CHANGES: tuple[str, ...] = ("steps", "tokens")
 #: Settings that do not change what is trained: two runs differing only in these are the same run.
 RUNTIME_KEYS: tuple[str, ...] = ("checkpoint_every", "keep_checkpoints", "tensorboard")
 
-#: Settings an elastic restart changes: the number of workers is the launch's (see docs/distributed.md).
+#: Settings an elastic restart changes: the number of workers is the launch's (see docs/guides/elastic.md).
 ELASTIC_KEYS: tuple[str, ...] = ("replicas",)
 
 Action = Literal["new", "overwrite", "resume", "finished"]
@@ -188,7 +188,7 @@ def check_same_data(plan: RunDirPlan, digest: str, out_dir: Path) -> None:
             f"--resume: the data differs from what the run in {out_dir} was trained on (token SHA-256 "
             f"{digest[:16]}... now, {saved[:16]}... in its checkpoint), so the resumed run would not continue "
             f"the same run. Restore the data it used (for the bundled corpora: the same versions of the "
-            f"packages listed in docs/data.md), or train afresh in another --out (this run is left as it is)")
+            f"packages listed in docs/guides/data.md), or train afresh in another --out (this run is left as it is)")
 
 
 __all__ = [

@@ -14,7 +14,7 @@ from typing import Any
 
 from diloco.files import default_cache_dir
 from diloco.train.config import TrainConfig
-from diloco.train.trainer import train
+from diloco.train.trainer import train_model
 
 
 #: Settings of Streaming DiLoCo alone: a grid's ``base`` may hold them for its streaming runs; the
@@ -51,7 +51,7 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
     cfg, run_dir, cache_dir = config_from_record(config)
     # reuse: a sweep restarted after a kill finds this run's folder holding the run it was training;
     # it resumes from its last checkpoint (or takes a finished one as it is) instead of failing on it.
-    result = train(cfg, run_dir, cache_dir=cache_dir, progress=False, reuse=True)
+    result = train_model(cfg, run_dir, cache_dir=cache_dir, progress=False, reuse=True)
     mc = make_config(cfg.size, vocab_size=cfg.vocab_size, seq_len=cfg.seq_len)
     return {"eval_loss": result.final_eval_loss, "num_params": count_params(mc, embeddings=False),
             "wall_time_s": result.wall_time_s, "run_dir": str(run_dir), "data_sha256": result.data_sha256}

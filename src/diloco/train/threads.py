@@ -4,7 +4,7 @@ torch's CPU kernels split work over a team of threads that meet at a barrier
 after every operation. When another process takes one of those cores, the whole
 team waits for the descheduled thread at every barrier, and a step can become
 ten times slower than with a single thread (measured: ``benchmarks/threads.py``,
-table in docs/training.md). So the default counts only the cores that are free
+table in docs/guides/training.md). So the default counts only the cores that are free
 when the run starts:
 
     busy    = cores of this process's CPU set in use by other work, sampled over 0.2 s (/proc/stat)

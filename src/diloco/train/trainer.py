@@ -256,7 +256,7 @@ class Trainer:
                 bar.close()
         return self._finish(run, results[0])
 
-    def run_replica(self, comm: Communicator, *, resume: bool = False, overwrite: bool = False,
+    def run_replica(self, comm: Communicator, *, resume: bool = False, overwrite: bool = False, reuse: bool = False,
                     intra: Communicator | None = None, elastic: bool = False) -> RunResult | None:
         """This process is one replica of ``comm``'s group (torchrun). Replica 0 logs and returns the result.
 
@@ -267,7 +267,8 @@ class Trainer:
 
         ``elastic`` (a restart under TorchElastic, the config's ``replicas`` set to the launch's): resume
         from the newest checkpoint if there is one, even one written by another number of workers
-        (see :meth:`_restore_resized`), else start; no ``resume`` / ``overwrite``.
+        (see :meth:`_restore_resized`), else start; no ``resume`` / ``overwrite``. ``resume``, ``overwrite``
+        and ``reuse`` as in :meth:`run`.
         """
         cfg = self.cfg
         R = cfg.ranks_per_worker
@@ -279,7 +280,7 @@ class Trainer:
                              f"{1 if intra is None else intra.world_size} ranks; launch replicas x ranks_per_worker "
                              f"= {cfg.replicas * R} processes")
         lead = comm.rank == 0 and (intra is None or intra.rank == 0)
-        plan = self.plan(resume=resume, overwrite=overwrite, elastic=elastic)  # every process decides the same
+        plan = self.plan(resume=resume, overwrite=overwrite, reuse=reuse, elastic=elastic)  # every process alike
         comm.barrier()  # ... before the lead writes anything
         if lead:
             _tell([*plan.notices, *_speed_notices(self.device)])
@@ -510,8 +511,8 @@ def _dropped(reports: list[SyncReport]) -> int:
     return sum(len(r.dropped_replicas) for r in reports)
 
 
-def train(cfg: TrainConfig, out_dir: Path, *, cache_dir: Path, resume: bool = False, overwrite: bool = False,
-          reuse: bool = False, progress: bool = True, device: str = "cpu") -> RunResult:
+def train_model(cfg: TrainConfig, out_dir: Path, *, cache_dir: Path, resume: bool = False,
+                overwrite: bool = False, reuse: bool = False, progress: bool = True, device: str = "cpu") -> RunResult:
     """Train one configuration; see :class:`Trainer` and :meth:`Trainer.run`."""
     return Trainer(cfg, out_dir, cache_dir=cache_dir, progress=progress, device=device).run(
         resume=resume, overwrite=overwrite, reuse=reuse)

@@ -1,0 +1,37 @@
+"""`diloco config`: the resolved, validated configuration of a preset, method and overrides, as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from diloco.cli._common import config_keys_help, load_preset, overrides, resolve
+from diloco.train.config import preset_names
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "config", help="print the resolved, validated config of a preset (and --method, --set)",
+        description="Print the configuration `diloco train` would run with the same --preset, --method and --set "
+                    "(every key, validated), and what follows from it (steps, tokens per step, checkpoint "
+                    "interval). Nothing is trained or written.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=config_keys_help(),
+    )
+    p.add_argument("--preset", default="demo",
+                   help=f"named preset ({', '.join(preset_names())}) or a path to a JSON preset (default: demo)")
+    p.add_argument("--method", default=None, help="one of the preset's named methods; default: its base config")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set sync_every=100 (repeatable)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = resolve(load_preset(args.preset), args.method, overrides(args))
+    derived = {"total_steps": cfg.total_steps, "tokens_per_step": cfg.tokens_per_step,
+               "total_tokens": cfg.total_steps * cfg.tokens_per_step,
+               "checkpoint_interval": cfg.checkpoint_interval, "batch_per_replica": cfg.batch_per_replica}
+    print(json.dumps({"config": cfg.to_dict(), "derived": derived}, indent=2, allow_nan=False))
+    return 0
+
+
+__all__ = ["register"]
