@@ -11,7 +11,7 @@ from _gpu import requires_cuda
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig, load_preset
 from diloco.train.metrics import read_jsonl
-from diloco.train.trainer import train
+from diloco.train.trainer import train_model
 
 pytestmark = [requires_cuda, pytest.mark.timeout(300)]
 
@@ -25,8 +25,8 @@ def _cfg(**kw) -> TrainConfig:
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
 def test_streaming_trains_on_cuda_like_on_cpu(token_cache, tmp_path, bf16):
     cfg = _cfg(bf16=bf16)
-    gpu = train(cfg, tmp_path / "cuda", cache_dir=token_cache, progress=False, device="cuda")
-    cpu = train(cfg, tmp_path / "cpu", cache_dir=token_cache, progress=False, device="cpu")
+    gpu = train_model(cfg, tmp_path / "cuda", cache_dir=token_cache, progress=False, device="cuda")
+    cpu = train_model(cfg, tmp_path / "cpu", cache_dir=token_cache, progress=False, device="cpu")
     rows = {name: [r["loss"] for r in read_jsonl(tmp_path / name / "metrics.jsonl") if "loss" in r]
             for name in ("cuda", "cpu")}
     assert all(math.isfinite(v) for v in rows["cuda"]) and len(rows["cuda"]) == cfg.total_steps
