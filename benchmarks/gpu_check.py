@@ -1,6 +1,6 @@
 """One command on a GPU machine: the GPU test suite, then the GPU measurements, as one JSON file.
 
-    python benchmarks/gpu_check.py              # one CUDA GPU; < 9 minutes on an H100; results/gpu_check.json
+    python benchmarks/gpu_check.py              # one CUDA GPU; sized for < 9 minutes; results/gpu_check.json
     python benchmarks/gpu_check.py --dry-run    # the same code on the CPU at toy sizes (~30 s): checks the script
 
 1. ``pytest tests/gpu`` in a subprocess: counts of passed / failed / skipped and the failures' names.
@@ -13,7 +13,7 @@
    Nesterov momentum: 5 units, 5/3 of DP. Measured three ways for DP, Streaming and Streaming with
    ``offload_device="cpu"``: the bytes of the state tensors on the GPU (should be 5/3 and 1), CUDA's
    allocated memory once the gradients are freed, and CUDA's peak (activations and gradients
-   included: Streaming's peak should be DP's plus the 2 extra units, within a few percent).
+   included: Streaming's peak is reported against DP's peak plus the 2 extra units).
 
 Without CUDA (and without ``--dry-run``) it says so and exits 0 having measured and written nothing.
 Prints a summary and writes ``benchmarks/results/gpu_check.json`` (``gpu_check-dry-run.json``).
@@ -251,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-suite", action="store_true", help="leave out pytest tests/gpu")
     p.add_argument("--suite-timeout", type=float, default=330.0, help="seconds for pytest tests/gpu (default 330)")
     p.add_argument("--out", type=Path, default=None, help="JSON file (default: benchmarks/results/gpu_check.json)")
+    p.add_argument("--budget-s", type=float, default=530.0,
+                   help="stop starting phases once this many seconds have passed (default 530: under 9 minutes)")
     args = p.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         print(f"gpu_check: no CUDA GPU visible to torch {torch.__version__} (torch.cuda.is_available() is False): "
@@ -268,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     phases += [("throughput", lambda: run_throughput(device, size)), ("codec", lambda: run_codec(device, size)),
                ("memory", lambda: run_memory(device, size))]
     for name, fn in phases:
+        if time.perf_counter() - t0 > args.budget_s:
+            result["errors"][name] = f"not run: the {args.budget_s:.0f} s budget was spent before it"
+            continue
         t = time.perf_counter()
         try:
             result[name] = fn()
