@@ -69,6 +69,11 @@ def save_hf(model: nn.Module, folder: Path | str, *, tokenizer_json: str | None 
         hf.config.eos_token_id = eod
         if getattr(hf, "generation_config", None) is not None:
             hf.generation_config.eos_token_id = eod
+    generation = getattr(hf, "generation_config", None)
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id") if generation is not None else ():
+        value = getattr(generation, name, None)  # a default of the original tokenizer (GPT-2's 50256)
+        if isinstance(value, int) and value >= hf.config.vocab_size:
+            setattr(generation, name, getattr(hf.config, name, None))
     hf.save_pretrained(folder)
     if tokenizer_json is not None:
         from tokenizers import Tokenizer
