@@ -135,6 +135,8 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         self._pending: dict[int, _Pending] = {}
         # Exchanges dropped by an elastic restart (fragment -> step started): finished as skipped syncs.
         self._dropped_in_flight: dict[int, int] = {}
+        # Exchanges :meth:`flush` finished before their scheduled step: that step has nothing left to finish.
+        self._flushed: set[int] = set()
 
     # -- the loop hooks (ReplicaAlgorithm) -----------------------------------
     def after_optimizer_step(self) -> list[SyncReport]:
@@ -146,18 +148,26 @@ class StreamingDiLoCo(ReplicaAlgorithm):
             return [r for p in self.schedule.starts(t) for r in self._eager_sync(p, t)]
         for p in self.schedule.starts(t):
             self._start(p, t)
-        return [self._finish(p, t) for p in self.schedule.finishes(t)]
+        due = self.schedule.finishes(t)
+        reports = [self._finish(p, t) for p in due if p not in self._flushed]
+        self._flushed.difference_update(due)
+        return reports
 
     def flush(self) -> list[SyncReport]:
         """Finish every exchange still in flight now (e.g. at the end of training).
 
+        Training may go on afterwards (a finished run resumed with a larger budget): the steps at which
+        the flushed exchanges were due then have nothing to finish.
+
         Eager: each landing average swaps this replica's share out for it in one more outer step (none
-        at M = 1, where the two are equal), so every contribution has been applied exactly once.
+        at M = 1, where the two are equal), so every contribution has been applied exactly once; a
+        flushed fragment's next sync has nothing to land.
         """
-        pending = sorted(set(self._pending) | set(self._dropped_in_flight))
+        in_flight = sorted(set(self._pending) | set(self._dropped_in_flight))
         if self.eager:
-            return [self._eager_landing(p, self.step_count) for p in pending]
-        return [self._finish(p, self.step_count) for p in pending]
+            return [self._eager_landing(p, self.step_count) for p in in_flight]
+        self._flushed.update(in_flight)
+        return [self._finish(p, self.step_count) for p in in_flight]
 
     # -- one fragment's sync -------------------------------------------------
     def _outer_gradient(self, p: int) -> torch.Tensor:
@@ -333,6 +343,9 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         self.step_count = int(state["step"])
         self._pending = {}
         self._dropped_in_flight = {int(p): int(v) for p, v in state.get("dropped_in_flight", {}).items()}
+        # What the schedule has in flight at this step but the checkpoint does not was flushed before it was saved.
+        self._flushed = (set(self.schedule.pending_after(self.step_count)) - {int(p) for p in state["pending"]}
+                         - set(self._dropped_in_flight))
         for p in sorted(state["pending"]):
             entry = state["pending"][p]
             payload = entry["payload"]

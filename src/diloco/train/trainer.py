@@ -12,9 +12,10 @@ worker every step, and the algorithm runs across workers. A worker thus trains
 on exactly the batches the in-process replica would, and its R ranks hold one
 state, checkpointed once (by local rank 0) in the same format.
 
-Outputs in ``out_dir``: ``config.json`` (resolved), ``metrics.jsonl`` (one row
-per step, eval rows too), ``summary.json`` and ``checkpoints/`` (see
-:mod:`diloco.train.checkpoint`).
+Outputs in ``out_dir``: ``config.json`` (resolved), ``tokenizer.json`` (text data),
+``metrics.jsonl`` (one row per step, eval rows too), ``summary.json`` and
+``checkpoints/`` (see :mod:`diloco.train.checkpoint`; ``diloco export`` turns one
+into a model folder).
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from diloco.algorithm.streaming import StreamingDiLoCo
 from diloco.comm.base import CommError, Communicator
 from diloco.comm.local import run_replicas
 from diloco.train import checkpoint as ckpt
-from diloco.files import write_json
+from diloco.files import atomic_write_bytes, write_json
 from diloco.train.config import TrainConfig
+from diloco.train.device import check_device
 from diloco.train.evaluation import autocast, evaluate
 from diloco.train.lr import lr_at
 from diloco.train.result import RunResult
@@ -92,6 +94,7 @@ class _Run:
     threads: int | None = None  # torch intra-op threads per replica (in-process runs), kept across resumes
     data_sha256: str | None = None  # TokenData.digest(): kept in every checkpoint, checked on resume
     saved_replicas: int | None = None  # M of the checkpoint resumed from (differs after an elastic restart)
+    vocab_size: int | None = None  # the data's: the model's embedding rows (kept in checkpoints, for diloco export)
 
     def wall_time(self) -> float:
         return time.perf_counter() - self.t0 + self.wall_before
@@ -157,7 +160,7 @@ class Trainer:
         self.out_dir = Path(out_dir)
         self.cache_dir = Path(cache_dir)
         self.progress = progress
-        self.device = torch.device(device)
+        self.device = check_device(device)  # a ValueError now, before the run directory is touched
         self.callbacks = tuple(callbacks)
 
     # -- setup ---------------------------------------------------------------
@@ -205,13 +208,15 @@ class Trainer:
                 clear_run(self.out_dir)
             self.out_dir.mkdir(parents=True, exist_ok=True)
             write_json(self.out_dir / "config.json", cfg.to_dict())
+            if inputs.data.tokenizer is not None:  # the run's vocabulary travels with it (diloco export)
+                atomic_write_bytes(self.out_dir / "tokenizer.json", inputs.data.tokenizer.to_json().encode("utf-8"))
         if comm is not None and lead:
             comm.barrier()
         # The template was built once and seeded (threads share torch's global RNG); replica 0's copy is
         # broadcast anyway.
         meta = plan.meta or {}
         return _Run(data=inputs.data, val=inputs.val_batches, template=inputs.model, fragments=inputs.fragments,
-                    start_step=plan.start_step,
+                    start_step=plan.start_step, vocab_size=inputs.data.vocab_size,
                     wall_before=float(meta.get("wall_time_s", 0.0)), t0=time.perf_counter(),
                     saved_replicas=int(meta.get("num_replicas", cfg.replicas)), data_sha256=digest)
 
@@ -490,7 +495,7 @@ class Trainer:
         if rep.evaluates:
             ckpt.commit(self.out_dir, step, {"config": self.cfg.to_dict(), "num_replicas": self.cfg.replicas,
                                              "wall_time_s": run.wall_time(), "threads": run.threads,
-                                             "data_sha256": run.data_sha256},
+                                             "data_sha256": run.data_sha256, "vocab_size": run.vocab_size},
                         keep=self.cfg.keep_checkpoints)
 
 
