@@ -21,6 +21,7 @@ import json
 import platform
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> dict:
     g = torch.Generator().manual_seed(0)
     data = torch.randint(0, args.vocab, (8, args.batch, args.seq + 1), generator=g).to(device)
     params = sum(p.numel() for p in models["bare"].parameters())
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext)
+    autocast = (partial(torch.autocast, device.type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext)
 
     def replica(comm):
         algo = StreamingDiLoCo(models["streaming"], comm=comm, sync_every=args.H,

@@ -31,6 +31,10 @@ _EXPORTS = {
     "Codec": "diloco.algorithm.codecs",
     "CODEC_NAMES": "diloco.algorithm.codecs",
     "get_codec": "diloco.algorithm.codecs",
+    "ALL_CODEC_NAMES": "diloco.algorithm.codecs",
+    # bandwidth: error feedback, the inner optimizer (AdamW or Muon)
+    "ErrorFeedback": "diloco.algorithm.error_feedback",
+    "build_inner_optimizer": "diloco.algorithm.inner",
     # communicators
     "Communicator": "diloco.comm.base",
     "CommError": "diloco.comm.base",

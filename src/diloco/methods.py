@@ -6,7 +6,8 @@ schedule, the simulator and the planner can all use the same definitions:
 * :data:`METHODS`: ``dp`` (data-parallel), ``diloco`` (P = 1, tau = 0) and
   ``streaming`` (Streaming DiLoCo);
 * :func:`schedule_errors`: the limits on H = ``sync_every``, P =
-  ``num_fragments`` and tau = ``overlap_steps`` (1 <= P <= H, 0 <= tau < H).
+  ``num_fragments`` and tau = ``overlap_steps`` (1 <= P <= H, 0 <= tau < H; with
+  eager updates tau = H: a whole outer step overlaps the exchange).
 
 Which fragment each block belongs to (fragment 0 holds what lies outside the
 blocks) is :mod:`diloco.layout`.
@@ -25,8 +26,12 @@ def check_method(method: str) -> str:
     return method
 
 
-def schedule_errors(sync_every: int, num_fragments: int, overlap_steps: int) -> list[str]:
-    """What is wrong with H, P, tau (empty if nothing): each message names the value and the fix."""
+def schedule_errors(sync_every: int, num_fragments: int, overlap_steps: int, *, eager: bool = False) -> list[str]:
+    """What is wrong with H, P, tau (empty if nothing): each message names the value and the fix.
+
+    ``eager``: eager updates (arXiv 2502.12996), which overlap a whole outer step: tau must equal H
+    (an exchange finishes as the fragment's next one starts); without them 0 <= tau < H.
+    """
     H, P, tau = sync_every, num_fragments, overlap_steps
     errors = []
     if H < 1:
@@ -37,9 +42,17 @@ def schedule_errors(sync_every: int, num_fragments: int, overlap_steps: int) -> 
     elif P > H:
         errors.append(f"num_fragments (P={P}) cannot exceed sync_every (H={H}): each fragment needs its own "
                       f"step in every window of H steps; use P <= {H} or raise H to >= {P}")
-    if not 0 <= tau < H:
+    if eager:
+        if tau != H:
+            errors.append(f"eager updates overlap a whole outer step: overlap_steps (tau={tau}) must equal "
+                          f"sync_every (H={H}); set overlap_steps={H}")
+    elif tau == H:
+        errors.append(f"overlap_steps (tau={tau}) = sync_every (H={H}) needs eager updates (eager=True); "
+                      f"without them use 0 <= tau <= {H - 1}")
+    elif not 0 <= tau < H:
         errors.append(f"overlap_steps (tau={tau}) must satisfy 0 <= tau < sync_every (H={H}) so that a "
-                      f"fragment's sync finishes before its next one starts; use 0 <= tau <= {H - 1}")
+                      f"fragment's sync finishes before its next one starts; use 0 <= tau <= {H - 1} "
+                      f"(or tau = H with eager updates)")
     return errors
 
 

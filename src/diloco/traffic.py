@@ -20,6 +20,11 @@ Two exchanges of an encoded payload among ``M`` replicas (workers):
   shards from them: ``2(M - 1)/M·n`` each way for equal shards, the
   bandwidth limit of any all-reduce.
 
+Sparse payloads (the top-k codec) always take the all-gather: their sum is not
+one of them, so a shard owner could not re-encode the mean
+(:func:`diloco.comm.exchange.resolve_exchange`). Eager updates (tau = H) change
+when an exchange lands, not what it moves: these functions apply unchanged.
+
 Both count logical point-to-point bytes (each message crosses the sender's
 and the receiver's link once); a ring implementation of the same collective
 moves the same number of bytes per link.

@@ -45,6 +45,9 @@ def cases_for(m: int) -> list[dict]:
              {"codec": "int8", "numel": NUMEL, "seed": 4, "poison": list(range(m))},  # nothing left
              {"codec": "fp8_e4m3", "numel": 2, "seed": 5}]  # fewer values than replicas when m >= 3
     cases += [{"codec": c, "numel": NUMEL, "seed": 10 + i, "scale": 10.0 ** (i - 2)} for i, c in enumerate(LOSSY)]
+    # the compressing codecs: stat2 reduces like the others; sparse top-k is all-gathered at every M
+    cases += [{"codec": "stat2", "numel": NUMEL, "seed": 30}, {"codec": "topk", "numel": NUMEL, "seed": 31},
+              {"codec": "topk", "numel": NUMEL, "seed": 32, "poison": [0]}]
     return cases
 
 
@@ -56,6 +59,8 @@ def run(request):
 
 
 def expected_exchange(m: int, case: dict) -> str:
+    if not get_codec(case["codec"]).reduces_in_place:  # sparse payloads do not sum in place
+        return "all_gather"
     wanted = case.get("exchange", "all_gather" if m <= 2 else "reduce_scatter")
     return "reduce_scatter" if wanted == "reduce_scatter" and m >= 3 and case["numel"] >= m else "all_gather"
 
@@ -192,8 +197,9 @@ def test_lossy_codecs_round_the_mean_once_more_within_the_codec_bound(run):
         sizes = shard_sizes(case["numel"], m)
         assert torch.equal(got, round_per_shard(codec, exact, m)), case
         assert not torch.equal(got, exact)  # the rounding is real
-        for p, q in zip(exact.split(sizes), got.split(sizes), strict=True):
-            assert rounding_bound_ok(codec, p, q), case
+        if codec.name == "bf16" or isinstance(codec, BlockScaledCodec):  # the wire formats' bounds
+            for p, q in zip(exact.split(sizes), got.split(sizes), strict=True):
+                assert rounding_bound_ok(codec, p, q), case
 
 
 def test_gloo_all_to_all_single_and_the_pairwise_rounds_give_the_same_bits():

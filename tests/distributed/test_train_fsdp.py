@@ -175,6 +175,16 @@ def test_the_sharded_checkpoint_every_rank_its_shard_with_digests(runs: dict[str
     assert found.step == STEPS - 4 and "worker-1/__0_0.distcp is damaged" in found.skipped[0]
 
 
+def test_an_fsdp_run_exports_its_global_parameters(runs: dict[str, Path], tmp_path: Path):
+    from diloco.train.export import global_model
+
+    model, meta, _ = global_model(runs["fsdp"], cache_dir=tmp_path)
+    assert meta["step"] == STEPS and meta["format"] == "dcp"
+    full = sc.read_full(runs["fsdp"], STEPS, 0)
+    for name, p in model.named_parameters():
+        assert torch.equal(p, full[f"global/{name}"]), name
+
+
 # -- 2. kill -9, then --resume: bit-identical --------------------------------------
 def _tensors_and_state(run: Path, step: int, worker: int) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
     ranks = [torch.load(ckpt.step_dir(run, step) / f"worker-{worker}" / f"rank-{r}.pt", weights_only=True)

@@ -112,3 +112,13 @@ def test_resume_auto_still_refuses_another_runs_folder(tmp_path, token_cache, ca
     assert cli_train(out, token_cache, "--resume", "auto", "--set", "inner_lr=0.01") == 2
     assert "inner_lr" in capsys.readouterr().err
     assert snapshot(out) == before
+
+
+def test_a_finished_streaming_run_resumed_with_a_larger_budget_trains_on(tmp_path, token_cache):
+    """The last step flushes the exchanges in flight; the steps they were due at must finish nothing."""
+    out = tmp_path / "run"
+    base = ["train", "--preset", "tiny", "--method", "streaming", "--set", "num_fragments=2", "--out", str(out),
+            "--cache-dir", str(token_cache), "--no-progress", "--set", "eval_every=8"]
+    assert cli_main([*base, "--set", "steps=16"]) == 0
+    assert cli_main([*base, "--set", "steps=24", "--resume"]) == 0
+    assert json.loads((out / "summary.json").read_text())["steps"] == 24

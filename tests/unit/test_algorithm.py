@@ -343,3 +343,53 @@ def test_global_state_dict_gives_tied_weights_their_global_value():
         return True
 
     assert run_replicas(replica, 2) == [True, True]
+
+
+def test_training_on_after_a_flush_continues_the_schedule_alike_live_and_resumed():
+    """A finished run (flushed at its last step) resumed with a larger budget: the steps at which the flushed
+    exchanges were due finish nothing, later syncs run as scheduled, and continuing live after the flush
+    equals continuing from the flushed checkpoint bit for bit."""
+    H, tau, cut, more = 4, 2, 5, 9  # after step 5 the syncs started at step 4 are due at 6: flushed instead
+
+    def make(m, c):
+        return StreamingDiLoCo(m, comm=c, sync_every=H, num_fragments=2, overlap_steps=tau, codec="int8")
+
+    def replica(comm):
+        model = make_model(seed=comm.rank)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        algo = make(model, comm)
+        data = batches(comm.rank, cut + more)
+
+        def train(m, o, a, part):
+            done = []
+            for x, y in part:
+                m(x, y)[1].backward()
+                o.step()
+                o.zero_grad()
+                done += [(r.step, r.fragment) for r in a.step()]
+            return done
+
+        train(model, opt, algo, data[:cut])
+        in_flight = algo.pending_fragments
+        assert in_flight, "the test must flush while an exchange is in flight"
+        algo.flush()
+        saved = copy.deepcopy((model.state_dict(), opt.state_dict(), algo.state_dict()))
+        live = train(model, opt, algo, data[cut:])
+        model2 = make_model(seed=99)
+        opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
+        algo2 = make(model2, comm)
+        model2.load_state_dict(saved[0])
+        opt2.load_state_dict(saved[1])
+        algo2.load_state_dict(saved[2])
+        resumed = train(model2, opt2, algo2, data[cut:])
+        return in_flight, live, resumed, model, model2, algo, algo2
+
+    for in_flight, live, resumed, model, model2, algo, algo2 in run_replicas(replica, 2, timeout=60):
+        assert live == resumed
+        finished_at = {step for step, _ in live}
+        assert cut + 1 not in finished_at or not {f for s, f in live if s == cut + 1} & set(in_flight)
+        assert any(step > cut + 1 for step in finished_at)  # the next syncs ran as scheduled
+        for a, b in zip(model.parameters(), model2.parameters(), strict=True):
+            assert torch.equal(a, b)
+        for a, b in zip(algo.global_flat, algo2.global_flat, strict=True):
+            assert torch.equal(a, b)

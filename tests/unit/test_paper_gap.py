@@ -33,7 +33,7 @@ def test_the_demo_note_names_its_budget_the_laws_gaps_and_the_results_page():
     n = 2 * 128 * 128 * 4 * 5 + 4 * 128 * 128 * 5  # 5 blocks of attention (4 d^2) and MLP (2 x d x 4d) ...
     n += 2 * 128 * 5 + 128  # ... plus their two norm scales each and the final norm
     gaps = paper_law_gaps(n)
-    assert f"this run trains {480 * 16 * 128 / n:.2g} tokens per parameter" in note
+    assert f"this run trains {480 * 16 * 128 / n:.2f} tokens per parameter" in note
     assert f"N = {n / 1e6:.2f}M" in note and "16 outer steps" in note
     assert f"M = 1 {gaps[1]:+.2f} %, M = 2 {gaps[2]:+.2f} %" in note
     assert RESULTS_PAGE in note and "20 tokens per parameter" in note

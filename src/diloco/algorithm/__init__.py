@@ -1,4 +1,5 @@
-"""The algorithms: Streaming DiLoCo (DiLoCo is its case P = 1, tau = 0), data parallelism, their parts.
+"""The algorithms: Streaming DiLoCo (DiLoCo is its case P = 1, tau = 0), data parallelism, their parts
+(eager updates, error feedback, the compressing codecs, the inner optimizer: AdamW or Muon).
 
 Lazy: ``diloco.algorithm.schedule`` is torch-free, and
 importing this package loads neither torch nor the other modules.
@@ -21,6 +22,11 @@ _EXPORTS = {
     "Codec": ".codecs",
     "CODEC_NAMES": ".codecs",
     "get_codec": ".codecs",
+    "ALL_CODEC_NAMES": ".codecs",
+    "COMPRESSING_CODECS": ".codecs",
+    "ErrorFeedback": ".error_feedback",
+    "build_inner_optimizer": ".inner",
+    "INNER_OPTIMIZERS": ".inner",
     "default_outer_optimizer": ".outer",
 }
 

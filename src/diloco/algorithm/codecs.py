@@ -16,6 +16,11 @@ fp4_e3m0   4.5           1 sign, 3 exponent, 0 mantissa bits (exmy E3M0), block 
 fp4_e2m1   4.5           OCP MX / NVFP4 element (0, .5, 1, 1.5, 2, 3, 4, 6), block 16
 =========  ============  ==========================================================
 
+Three compressing codecs meant for error feedback, ``stat2`` / ``stat4`` (a
+statistical quantizer, 2.125 / 4.5 bits) and ``topk`` (chunked top-k, 0.22
+bits at density 1/64), live in :mod:`diloco.algorithm.compress`; the
+guarantees below are the wire formats' (:data:`CODEC_NAMES`), not theirs.
+
 Rounding. Every codec rounds to nearest, ties to even (the IEEE default and
 what torch's own casts do): a value exactly halfway between two representable
 values takes the one whose code is even. For int8 that is the even integer;
@@ -97,6 +102,9 @@ class Codec(abc.ABC):
 
     name: str
     bits_per_value: float  # nominal bits per element, scales included, for large numel
+    #: False for sparse payloads (top-k): the sum of two of them is not one of them, so the reduce-scatter
+    #: exchange (which re-encodes each shard's mean) cannot carry them: the communicator all-gathers them.
+    reduces_in_place: bool = True
 
     @abc.abstractmethod
     def num_bytes(self, numel: int) -> int:
@@ -500,14 +508,32 @@ class FP4E2M1Codec(FP4Codec):
 _REGISTRY: dict[str, Codec] = {
     c.name: c for c in (FP32Codec(), BF16Codec(), FP8E4M3Codec(), Int8Codec(), FP4E3M0Codec(), FP4E2M1Codec())
 }
+#: The wire formats above: every guarantee of this module's docstring holds for them.
 CODEC_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+#: The compressing codecs meant for error feedback (:mod:`diloco.algorithm.compress`, which imports this
+#: module: they are built on first use). Lossier by design; see that module for what they guarantee.
+COMPRESSING_CODECS: tuple[str, ...] = ("stat2", "stat4", "topk")
+#: Every name :func:`get_codec` knows.
+ALL_CODEC_NAMES: tuple[str, ...] = CODEC_NAMES + COMPRESSING_CODECS
 
 
-def get_codec(name: str | Codec) -> Codec:
-    """The registered codec called ``name``; a :class:`Codec` instance is passed through."""
+def get_codec(name: str | Codec, *, topk_density: float | None = None) -> Codec:
+    """The registered codec called ``name``; a :class:`Codec` instance is passed through.
+
+    ``topk_density``: for ``"topk"``, the share of each chunk's values sent (default 1/64).
+    """
     if isinstance(name, Codec):
         return name
+    if name in COMPRESSING_CODECS and name not in _REGISTRY:
+        from diloco.algorithm.compress import StatisticalCodec, TopKCodec
+
+        for codec in (StatisticalCodec(bits=2), StatisticalCodec(bits=4), TopKCodec()):
+            _REGISTRY[codec.name] = codec
+    if name == "topk" and topk_density is not None:
+        from diloco.algorithm.compress import TopKCodec
+
+        return TopKCodec(density=topk_density)
     try:
         return _REGISTRY[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown codec {name!r}; valid names: {', '.join(CODEC_NAMES)}") from None
+        raise ValueError(f"unknown codec {name!r}; valid names: {', '.join(ALL_CODEC_NAMES)}") from None

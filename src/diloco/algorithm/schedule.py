@@ -26,6 +26,13 @@ start staggered.
 Since tau < H, a fragment's sync always finishes before its next one starts,
 so at most one exchange per fragment is in flight.
 
+Eager updates (``eager=True``, arXiv 2502.12996) overlap a whole outer step:
+tau = H, so the sync started after step t finishes after step t + H, the step
+at which the same fragment starts its next one. There the finish comes first
+(the previous average lands), then the start; the algorithm applies both in one
+outer step (:mod:`diloco.algorithm.eager`). Still at most one exchange per
+fragment is in flight between steps.
+
 Choosing the staggering (``StreamingDiLoCo(..., schedule=...)``)
 ------------------------------------------------------------------
 The offsets are the whole choice; the three conventions in use, for fragment
@@ -70,13 +77,15 @@ class Schedule:
     """Sync schedule for H = ``sync_every``, P = ``num_fragments``, tau = ``overlap_steps``.
 
     ``offsets`` optionally overrides each fragment's first sync step (values in
-    1..H, one per fragment); by default they are spread evenly.
+    1..H, one per fragment); by default they are spread evenly. ``eager``: eager
+    updates, tau = H (see the module docstring).
     """
 
     sync_every: int
     num_fragments: int = 1
     overlap_steps: int = 0
     offsets: tuple[int, ...] | None = None
+    eager: bool = False
     _first: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -84,7 +93,7 @@ class Schedule:
         for name, value in (("sync_every", H), ("num_fragments", P), ("overlap_steps", tau)):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-        errors = schedule_errors(H, P, tau)
+        errors = schedule_errors(H, P, tau, eager=self.eager)
         if errors:
             raise ValueError("; ".join(errors))
         if self.offsets is None:
@@ -138,20 +147,27 @@ class Schedule:
 
 
 
-def resolve_schedule(spec: object, sync_every: int, num_fragments: int, overlap_steps: int) -> Schedule:
-    """The schedule ``StreamingDiLoCo(schedule=spec)`` runs, validated against its H, P and tau.
+def resolve_schedule(spec: object, sync_every: int, num_fragments: int, overlap_steps: int, *,
+                     eager: bool = False) -> Schedule:
+    """The schedule ``StreamingDiLoCo(schedule=spec)`` runs, validated against its H, P, tau and ``eager``.
 
     ``spec`` is ``None`` or ``"even"`` (this project's default), ``"torchft"`` (:meth:`Schedule.torchft`),
     a sequence of P offsets (each fragment's first send step, 1..H) or a :class:`Schedule`, whose
-    H, P and tau must equal the algorithm's.
+    H, P, tau and ``eager`` must equal the algorithm's.
     """
     H, P, tau = sync_every, num_fragments, overlap_steps
     if spec is None or spec == "even":
-        return Schedule(H, P, tau)
+        return Schedule(H, P, tau, eager=eager)
     if spec == "torchft":
+        if eager:
+            raise ValueError("schedule='torchft' cannot run eager updates (torchft needs tau < H/P); "
+                             "use schedule='even' or offsets")
         return Schedule.torchft(H, P, tau)
     if isinstance(spec, Schedule):
         mine = (spec.sync_every, spec.num_fragments, spec.overlap_steps)
+        if spec.eager != eager:
+            raise ValueError(f"schedule has eager={spec.eager} but the algorithm was given eager={eager}; "
+                             f"pass the same to both")
         if mine != (H, P, tau):
             raise ValueError(f"schedule has (H, P, tau) = {mine} but the algorithm was given sync_every={H}, "
                              f"num_fragments={P}, overlap_steps={tau}; pass the same values to both, or pass "
@@ -166,4 +182,4 @@ def resolve_schedule(spec: object, sync_every: int, num_fragments: int, overlap_
                          f"or a Schedule") from None
     if not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets):
         raise ValueError(f"schedule offsets {offsets!r} must be integers (inner steps 1..{H})")
-    return Schedule(H, P, tau, offsets=offsets)
+    return Schedule(H, P, tau, offsets=offsets, eager=eager)

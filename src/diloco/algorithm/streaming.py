@@ -22,6 +22,15 @@ The global copy of each fragment is kept as one flat FP32 vector (optionally on
 another device, e.g. CPU, to save accelerator memory); the outer optimizer
 steps that flat vector, which is exact for element-wise optimizers such as SGD
 with (Nesterov) momentum or Adam.
+
+Two options change what is sent and applied:
+
+* ``error_feedback_decay`` = beta > 0: the payload is ``encode(e)`` of a per-fragment
+  accumulator ``e <- beta e + Delta_p``, which keeps what the codec dropped
+  (:mod:`diloco.algorithm.error_feedback`);
+* ``eager=True`` (with tau = H): each sync applies this replica's own share of
+  what it just sent at once and the others' average one round later
+  (:mod:`diloco.algorithm.eager`).
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ from torch import nn
 
 from diloco.algorithm.base import ReplicaAlgorithm, SyncReport, local_shards, broadcast_parameters, local_shard
 from diloco.algorithm.codecs import Codec, get_codec
+from diloco.algorithm.eager import eager_landing, eager_outer_gradient, eager_share
+from diloco.algorithm.error_feedback import ErrorFeedback
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
 from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer, merge_
 from diloco.algorithm.schedule import Schedule, resolve_schedule
@@ -46,6 +57,7 @@ class _Pending:
     started_at: int
     payload: torch.Tensor
     work: MeanWork
+    share: torch.Tensor | None = None  # eager: this replica's share of the mean, already applied
 
 
 class StreamingDiLoCo(ReplicaAlgorithm):
@@ -68,6 +80,10 @@ class StreamingDiLoCo(ReplicaAlgorithm):
             and merges after ``(p+1) H/P`` (torchft 0.2.0); a tuple of P offsets (first send step of
             each fragment, 1..H); or a :class:`Schedule` with the same H, P and tau. See
             :mod:`diloco.algorithm.schedule` for the conventions.
+        eager: eager updates (needs ``overlap_steps == sync_every``): a whole outer step overlaps the
+            exchange; this replica's share is applied at once, the others' one round later.
+        error_feedback_decay: beta of the per-fragment error-feedback accumulator ``e <- beta e + Delta``
+            (0, the default: no error feedback; 1: classic; SparseLoCo 0.95, MuLoCo 0.9).
     """
 
     def __init__(
@@ -85,12 +101,16 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         outer_optimizer: OuterOptimizerFactory | None = None,
         offload_device: torch.device | str | None = None,
         schedule: Schedule | Sequence[int] | str | None = None,
+        eager: bool = False,
+        error_feedback_decay: float = 0.0,
     ) -> None:
         if not 0.0 <= float(merge_alpha) <= 1.0:
             raise ValueError(f"merge_alpha (alpha) must lie in [0, 1], got {merge_alpha}")
         self.model = model
         self.comm = comm
-        self.schedule: Schedule = resolve_schedule(schedule, sync_every, num_fragments, overlap_steps)
+        self.eager = bool(eager)
+        self.schedule: Schedule = resolve_schedule(schedule, sync_every, num_fragments, overlap_steps,
+                                                   eager=self.eager)
         self.merge_alpha = float(merge_alpha)
         self.codec = get_codec(codec)
         self.fragments: list[Fragment] = split_fragments(
@@ -106,33 +126,121 @@ class StreamingDiLoCo(ReplicaAlgorithm):
             g = flatten(local_shards(frag.params)).to(device).requires_grad_(True)
             self.global_flat.append(g)
             self.outer_optimizers.append(factory([g]))
+        self.error_feedback: ErrorFeedback | None = None
+        if error_feedback_decay:
+            # Beside the model (not the offloaded global copy): the payload is encoded where Delta is.
+            self.error_feedback = ErrorFeedback([g.numel() for g in self.global_flat], decay=error_feedback_decay,
+                                                device=first.device)
         self.step_count = 0
         self._pending: dict[int, _Pending] = {}
         # Exchanges dropped by an elastic restart (fragment -> step started): finished as skipped syncs.
         self._dropped_in_flight: dict[int, int] = {}
+        # Exchanges :meth:`flush` finished before their scheduled step: that step has nothing left to finish.
+        self._flushed: set[int] = set()
 
     # -- the loop hooks (ReplicaAlgorithm) -----------------------------------
     def after_optimizer_step(self) -> list[SyncReport]:
         """Call after every inner optimizer step (or :meth:`step`): starts and finishes the syncs the schedule says."""
         self.step_count += 1
         t = self.step_count
+        if self.eager:  # a fragment's finish (the previous exchange) coincides with its next start
+            assert set(self.schedule.finishes(t)) <= set(self.schedule.starts(t))
+            return [r for p in self.schedule.starts(t) for r in self._eager_sync(p, t)]
         for p in self.schedule.starts(t):
             self._start(p, t)
-        return [self._finish(p, t) for p in self.schedule.finishes(t)]
+        due = self.schedule.finishes(t)
+        reports = [self._finish(p, t) for p in due if p not in self._flushed]
+        self._flushed.difference_update(due)
+        return reports
 
     def flush(self) -> list[SyncReport]:
-        """Finish every exchange still in flight now (e.g. at the end of training)."""
-        return [self._finish(p, self.step_count) for p in sorted(set(self._pending) | set(self._dropped_in_flight))]
+        """Finish every exchange still in flight now (e.g. at the end of training).
+
+        Training may go on afterwards (a finished run resumed with a larger budget): the steps at which
+        the flushed exchanges were due then have nothing to finish.
+
+        Eager: each landing average swaps this replica's share out for it in one more outer step (none
+        at M = 1, where the two are equal), so every contribution has been applied exactly once; a
+        flushed fragment's next sync has nothing to land.
+        """
+        in_flight = sorted(set(self._pending) | set(self._dropped_in_flight))
+        if self.eager:
+            return [self._eager_landing(p, self.step_count) for p in in_flight]
+        self._flushed.update(in_flight)
+        return [self._finish(p, self.step_count) for p in in_flight]
 
     # -- one fragment's sync -------------------------------------------------
-    @torch.no_grad()
-    def _start(self, p: int, t: int) -> None:
+    def _outer_gradient(self, p: int) -> torch.Tensor:
         frag, g = self.fragments[p], self.global_flat[p]
         local = flatten(local_shards(frag.params))  # a fresh copy: the outer gradient overwrites it
-        delta = torch.sub(g.detach().to(local.device), local, out=local)
-        payload = self.comm.encode(delta, self.codec)
+        return torch.sub(g.detach().to(local.device), local, out=local)
+
+    def _encode(self, p: int, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(payload, what the peers will decode from it: only computed where it is needed)."""
+        n = delta.numel()
+
+        def encode(values: torch.Tensor) -> torch.Tensor:
+            return self.comm.encode(values, self.codec)
+
+        def decode(payload: torch.Tensor) -> torch.Tensor:
+            return self.comm.decode_own(payload, codec=self.codec, numel=n)
+
+        if self.error_feedback is not None:
+            return self.error_feedback.step_(p, delta, encode=encode, decode=decode)
+        payload = encode(delta)
+        return payload, (decode(payload) if self.eager else None)
+
+    @torch.no_grad()
+    def _start(self, p: int, t: int) -> None:
+        delta = self._outer_gradient(p)
+        payload, _ = self._encode(p, delta)
         work = self.comm.mean_async(payload, codec=self.codec, numel=delta.numel(), tag=f"fragment {p}")
         self._pending[p] = _Pending(t, payload, work)
+
+    def _outer_step(self, p: int, grad: torch.Tensor) -> None:
+        g = self.global_flat[p]
+        g.grad = grad.to(g.device)
+        self.outer_optimizers[p].step()
+        g.grad = None
+
+    def _land(self, p: int, t: int) -> tuple[SyncReport, torch.Tensor | None, torch.Tensor | None]:
+        """Wait for fragment p's exchange in flight (eager): (report, the mean or None, the share it swaps)."""
+        g = self.global_flat[p]
+        if p in self._dropped_in_flight:  # an elastic restart dropped it: the others' shares are lost,
+            started = self._dropped_in_flight.pop(p)  # this replica's own stays applied
+            return SyncReport(t, p, started, g.numel(), 0, 0, skipped=True), None, None
+        pending = self._pending.pop(p)
+        mean, dropped = pending.work.wait()
+        link = pending.work.link_bytes
+        report = SyncReport(t, p, pending.started_at, g.numel(), link.sent, link.received, dropped)
+        report.skipped = mean is None
+        assert pending.share is not None, "an eager exchange in flight without its share"
+        return report, mean, pending.share
+
+    @torch.no_grad()
+    def _eager_sync(self, p: int, t: int) -> list[SyncReport]:
+        """Eager sync of fragment p after step t: send, land the previous average, one outer step, merge."""
+        delta = self._outer_gradient(p)
+        payload, sent = self._encode(p, delta)
+        assert sent is not None
+        share = eager_share(sent, self.comm.world_size)
+        reports, mean, landed_share = [], None, None
+        if p in self._pending or p in self._dropped_in_flight:  # waited on before the next one starts
+            report, mean, landed_share = self._land(p, t)
+            reports.append(report)
+        work = self.comm.mean_async(payload, codec=self.codec, numel=delta.numel(), tag=f"fragment {p}")
+        self._pending[p] = _Pending(t, payload, work, share)
+        self._outer_step(p, eager_outer_gradient(share, landed_mean=mean, landed_share=landed_share))
+        merge_(local_shards(self.fragments[p].params), self._views(p), self.merge_alpha)
+        return reports
+
+    @torch.no_grad()
+    def _eager_landing(self, p: int, t: int) -> SyncReport:
+        report, mean, landed_share = self._land(p, t)
+        if landed_share is not None and self.comm.world_size > 1:  # at M = 1 the mean is the share: nothing
+            self._outer_step(p, eager_landing(landed_mean=mean, landed_share=landed_share))
+            merge_(local_shards(self.fragments[p].params), self._views(p), self.merge_alpha)
+        return report
 
     @torch.no_grad()
     def _finish(self, p: int, t: int) -> SyncReport:
@@ -148,9 +256,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         if mean is None:
             report.skipped = True
         else:
-            g.grad = mean.to(g.device)
-            self.outer_optimizers[p].step()
-            g.grad = None
+            self._outer_step(p, mean)
         merge_(local_shards(self.fragments[p].params), self._views(p), self.merge_alpha)
         return report
 
@@ -197,14 +303,20 @@ class StreamingDiLoCo(ReplicaAlgorithm):
 
     # -- checkpointing -------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Global params, outer optimizer states, step counter and in-flight exchanges (their payloads)."""
+        """Global params, outer optimizer states, step counter, in-flight exchanges (their payloads and,
+        eager, the shares already applied) and the error-feedback accumulators."""
+        def pending(x: _Pending) -> dict[str, Any]:
+            entry = {"started_at": x.started_at, "payload": x.payload.clone()}
+            return entry | ({"share": x.share.clone()} if x.share is not None else {})
+
         return {
             "step": self.step_count,
             "global": [g.detach().clone() for g in self.global_flat],
             "outer_optimizers": [o.state_dict() for o in self.outer_optimizers],
-            "pending": {p: {"started_at": x.started_at, "payload": x.payload.clone()} for p, x in self._pending.items()},
+            "pending": {p: pending(x) for p, x in self._pending.items()},
             "comm_stats": self.comm.stats.state_dict(),
-        } | ({"dropped_in_flight": dict(self._dropped_in_flight)} if self._dropped_in_flight else {})
+        } | ({"dropped_in_flight": dict(self._dropped_in_flight)} if self._dropped_in_flight else {}) | (
+            {"error_feedback": self.error_feedback.state_dict()} if self.error_feedback is not None else {})
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -223,17 +335,44 @@ class StreamingDiLoCo(ReplicaAlgorithm):
             g.copy_(saved)
         for opt, saved in zip(self.outer_optimizers, state["outer_optimizers"], strict=True):
             opt.load_state_dict(saved)
+        if self.error_feedback is not None:
+            if "error_feedback" not in state:
+                raise ValueError("this run uses error feedback but the checkpoint has no accumulators; resume "
+                                 "with the error-feedback decay the checkpoint was written with")
+            self.error_feedback.load_state_dict(state["error_feedback"])
         self.step_count = int(state["step"])
         self._pending = {}
         self._dropped_in_flight = {int(p): int(v) for p, v in state.get("dropped_in_flight", {}).items()}
+        # What the schedule has in flight at this step but the checkpoint does not was flushed before it was saved.
+        self._flushed = (set(self.schedule.pending_after(self.step_count)) - {int(p) for p in state["pending"]}
+                         - set(self._dropped_in_flight))
         for p in sorted(state["pending"]):
             entry = state["pending"][p]
             payload = entry["payload"]
+            if self.eager and "share" not in entry:
+                raise ValueError(f"fragment {p}'s exchange in flight has no eager share in the checkpoint: "
+                                 f"it was not written by an eager run; resume with eager=False")
             work = self.comm.mean_async(payload, codec=self.codec, numel=self.global_flat[int(p)].numel(),
                                         tag=f"fragment {p} (resumed)")
-            self._pending[int(p)] = _Pending(int(entry["started_at"]), payload, work)
+            share = entry["share"].clone() if self.eager else None
+            self._pending[int(p)] = _Pending(int(entry["started_at"]), payload, work, share)
         # The re-issued exchanges were already counted before the checkpoint.
         self.comm.stats.load_state_dict(state["comm_stats"])
 
     def fragment_sizes(self) -> Sequence[int]:
         return [g.numel() for g in self.global_flat]
+
+    def state_bytes(self) -> dict[str, int]:
+        """Memory this algorithm adds to the model and inner optimizer, by part (bytes, this replica)."""
+        def size(t: torch.Tensor) -> int:
+            return t.numel() * t.element_size()
+
+        outer = sum(size(v) for o in self.outer_optimizers for st in o.state.values() for v in st.values()
+                    if isinstance(v, torch.Tensor))
+        return {
+            "global": sum(size(g) for g in self.global_flat),
+            "outer_optimizer": outer,
+            "error_feedback": self.error_feedback.num_bytes() if self.error_feedback is not None else 0,
+            "eager_shares": sum(size(x.share) for x in self._pending.values() if x.share is not None),
+            "payloads_in_flight": sum(size(x.payload) for x in self._pending.values()),
+        }

@@ -6,7 +6,8 @@
 
 For each bandwidth: every candidate (DP; DiLoCo over H and codec; Streaming DiLoCo over H,
 fragments, tau and codec) with predicted utilization, wall-clock, bytes, peak bandwidth and eval
-loss, and the recommendation (the fastest within ``--tolerance`` of DP's loss). Writes plan.json,
+loss, and the recommendation (the fastest within ``--tolerance`` of DP's loss). With --mtbf-hours or
+--chip-mtbi-years, also goodput under chip failures per method (diloco.sim.goodput). Writes plan.json,
 plan.md and plan.png (loss vs wall-clock) to --out. Imports no torch (unless --model-config).
 """
 
@@ -26,6 +27,7 @@ from diloco.cli.simulate import (
     resolve_exchange,
     resolve_model,
 )
+from diloco.sim.goodput import HOURS_PER_YEAR, METHOD_LABELS, FailureModel, goodput_by_method
 from diloco.sim.hardware import ModelSpec
 from diloco.sim.planner import (
     CODEC_BITS,
@@ -78,6 +80,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--ablations", choices=("paper", "project"), default="paper",
                    help="costs of H, fragments, tau and bits: the papers' ablations (default) or this project's "
                         "measured laptop-scale runs")
+    g = p.add_argument_group("goodput under chip failures (diloco.sim.goodput; the defaults fit Decoupled DiLoCo's "
+                             "Table 1)")
+    g.add_argument("--mtbf-hours", type=float, default=None,
+                   help="the cluster's mean time between failures, in hours: adds goodput per method (DP, elastic "
+                        "DP, synchronous and decoupled M = --workers); chips from --chips, else 1 year per chip / H")
+    g.add_argument("--chip-mtbi-years", type=float, default=None,
+                   help="mean time between interruptions of one chip, in years (the paper: 1), with --chips: "
+                        "adds goodput per method")
     p.add_argument("--top", type=int, default=12, help="candidates printed per bandwidth (default 12; all in files)")
     p.add_argument("--out", type=Path, default=None, help="output directory (default runs/plan-<model>)")
     p.add_argument("--no-plot", action="store_true", help="do not write plan.png")
@@ -213,6 +223,47 @@ def plot_plan(plan: Plan, path: Path) -> Path:
     return path
 
 
+def failure_setting(args: argparse.Namespace) -> tuple[float, FailureModel] | None:
+    """Chips and failure model from --mtbf-hours / --chip-mtbi-years, or None if neither is given."""
+    if args.mtbf_hours is None and args.chip_mtbi_years is None:
+        return None
+    if args.mtbf_hours is not None and args.chip_mtbi_years is not None:
+        raise ValueError("give --mtbf-hours (the cluster's) or --chip-mtbi-years (one chip's, with --chips), not both")
+    value = args.mtbf_hours if args.mtbf_hours is not None else args.chip_mtbi_years
+    name = "--mtbf-hours" if args.mtbf_hours is not None else "--chip-mtbi-years"
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}={value}: give a positive number, e.g. {name} {0.06 if 'mtbf' in name else 1}")
+    if args.chip_mtbi_years is not None:
+        if args.chips is None:
+            raise ValueError("--chip-mtbi-years needs --chips N (all chips of the run); or give the cluster's "
+                             "--mtbf-hours instead")
+        return float(args.chips), FailureModel(chip_mtbi_hours=args.chip_mtbi_years * HOURS_PER_YEAR)
+    if args.chips is not None:
+        return float(args.chips), FailureModel(chip_mtbi_hours=args.mtbf_hours * args.chips)
+    return HOURS_PER_YEAR / args.mtbf_hours, FailureModel()
+
+
+def goodput_report(chips: float, learners: int, model: FailureModel) -> dict:
+    """Goodput per method for plan.json, with the assumptions it rests on."""
+    values = goodput_by_method(chips=chips, learners=learners, model=model)
+    return {"chips": chips, "learners": learners, "cluster_mtbf_hours": model.chip_mtbi_hours / chips,
+            "goodput": values, "labels": METHOD_LABELS, "model": model.to_dict(),
+            "source": "diloco.sim.goodput: Poisson chip failures, renewal-reward closed forms; constants fitted to "
+                      "Decoupled DiLoCo's Table 1 (docs/explanations/goodput.md)"}
+
+
+def format_goodput(report: dict) -> str:
+    m = report["model"]
+    lines = [f"goodput under failures: {report['chips']:.4g} chips, cluster MTBF {report['cluster_mtbf_hours']:.3g} h "
+             f"({report['cluster_mtbf_hours'] * 3600:.3g} s), M = {report['learners']}; recovery lognormal median "
+             f"{m['recovery_median_s']:g} s (mean {m['recovery_mean_s']:.3g} s), re-scale {m['rescale_s']:g} s, "
+             f"checkpoint every {m['checkpoint_interval_s']:g} s (0: every step)"]
+    for method, value in report["goodput"].items():
+        lines.append(f"  {report['labels'][method]:<48}{value:>7.1%}")
+    lines.append("  (wall-clock above assumes no failures: divide it by the goodput of the method you run)")
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     from diloco.files import atomic_write_bytes, write_json
     from diloco.sim.loss import LossModel
@@ -235,6 +286,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--tolerance={args.tolerance}: give a percentage >= 0, e.g. 0.5")
     if args.top < 1:
         raise ValueError(f"--top={args.top}: must be >= 1")
+    failures = failure_setting(args)
     cands = candidates(model.num_layers, sync_every=_ints(args.sync_every, "sync-every"),
                        overlap=_ints(args.overlap, "overlap"),
                        fragment_layers=_ints(args.fragment_layers, "fragment-layers"),
@@ -253,10 +305,17 @@ def run(args: argparse.Namespace) -> int:
     print(format_plan(plan, args.top))
     print()
     print(format_sources(plan))
+    data, md = plan.to_dict(), markdown(plan)
+    if failures is not None:
+        report = goodput_report(failures[0], args.workers, failures[1])
+        print()
+        print(format_goodput(report))
+        data["goodput"] = report
+        md += "\n## Goodput under failures\n\n```\n" + format_goodput(report) + "\n```\n"
 
     out = args.out or Path("runs") / f"plan-{model.name.replace(' ', '_')}"
-    write_json(out / "plan.json", plan.to_dict())
-    atomic_write_bytes(out / "plan.md", markdown(plan).encode("utf-8"))
+    write_json(out / "plan.json", data)
+    atomic_write_bytes(out / "plan.md", md.encode("utf-8"))
     written = [out / "plan.json", out / "plan.md"]
     if not args.no_plot:
         written.append(plot_plan(plan, out / "plan.png"))

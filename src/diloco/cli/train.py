@@ -73,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
     if args.elastic and not _under_torchrun():
         raise ValueError("--elastic needs a torchrun launch, e.g. `torchrun --nnodes 1:2 --max-restarts 3 "
                          "--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29400 -m diloco train --elastic ...`")
+    if args.device is not None:  # a device this process cannot use is refused before --out is touched
+        from diloco.train.device import check_device
+
+        check_device(args.device)
     if not _under_torchrun():
         trainer = Trainer(cfg, out, cache_dir=cache_dir(args), progress=not args.no_progress,
                           device=args.device or "cpu")

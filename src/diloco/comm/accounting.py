@@ -14,7 +14,9 @@ traffic function. They are diagnostics, not checkpointed.
 
 ``peak_in_flight`` is the largest sum of ``sent`` bytes of exchanges started
 but not yet waited on at any moment: with Streaming DiLoCo and overlap it is
-one fragment's exchange; with data parallelism, one step's gradients.
+one fragment's exchange; with eager updates (tau = H) every fragment's exchange
+is in flight between its sends, so it is the whole model's payload; with data
+parallelism, one step's gradients.
 """
 
 from __future__ import annotations

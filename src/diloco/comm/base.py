@@ -40,7 +40,7 @@ import torch
 
 from diloco.algorithm.codecs import Codec
 from diloco.comm.accounting import CommStats
-from diloco.comm.exchange import chunk_bytes, encode_contribution, link_bytes, resolve_exchange
+from diloco.comm.exchange import chunk_bytes, decode_contribution, encode_contribution, link_bytes, resolve_exchange
 from diloco.traffic import LinkBytes, all_gather_bytes, check_exchange, default_exchange, shard_sizes
 
 
@@ -107,9 +107,9 @@ class Communicator(abc.ABC):
     def exchange(self, name: str | None) -> None:
         self._exchange = None if name is None else check_exchange(name)
 
-    def exchange_for(self, numel: int) -> str:
-        """The exchange really run for ``numel`` values (all-gather for M <= 2 or numel < M)."""
-        return resolve_exchange(self.exchange, num_replicas=self.world_size, numel=numel)
+    def exchange_for(self, numel: int, codec: Codec | None = None) -> str:
+        """The exchange really run for ``numel`` values (all-gather for M <= 2, numel < M or a sparse codec)."""
+        return resolve_exchange(self.exchange, num_replicas=self.world_size, numel=numel, codec=codec)
 
     # -- public collectives -----------------------------------------------------
     def all_gather_async(self, payload: torch.Tensor, *, tag: str = "") -> Work:
@@ -126,7 +126,12 @@ class Communicator(abc.ABC):
     def encode(self, values: torch.Tensor, codec: Codec) -> torch.Tensor:
         """This replica's encoded contribution of 1-D FP32 ``values`` to :meth:`mean_async`."""
         return encode_contribution(values, codec, num_replicas=self.world_size,
-                                   exchange=self.exchange_for(values.numel()))
+                                   exchange=self.exchange_for(values.numel(), codec))
+
+    def decode_own(self, contribution: torch.Tensor, *, codec: Codec, numel: int) -> torch.Tensor:
+        """This replica's contribution (from :meth:`encode`) decoded to FP32: what its peers receive from it."""
+        return decode_contribution(contribution, codec, numel=numel, num_replicas=self.world_size,
+                                   exchange=self.exchange_for(numel, codec))
 
     def mean_async(self, contribution: torch.Tensor, *, codec: Codec, numel: int, tag: str = "") -> MeanWork:
         """Start averaging ``contribution`` (from :meth:`encode`, ``numel`` values) over the replicas.
@@ -135,7 +140,7 @@ class Communicator(abc.ABC):
         when every contribution was non-finite) and the ranks whose contribution was dropped.
         """
         _check_bytes(contribution, "contribution")
-        exchange = self.exchange_for(numel)
+        exchange = self.exchange_for(numel, codec)
         sizes = chunk_bytes(codec, numel=numel, num_replicas=self.world_size, exchange=exchange)
         if contribution.numel() != sum(sizes):
             raise ValueError(f"contribution of {contribution.numel()} bytes, but {exchange} of {numel} values "

@@ -19,6 +19,10 @@ collective or an extra byte (each one learns it from its own shard). That is
 why a shard may never be empty: the reduce-scatter exchange needs at least one
 value per replica; a smaller vector uses the all-gather (:func:`resolve_exchange`).
 
+Sparse payloads (the top-k codec) always use the all-gather: the owner of a shard
+would have to re-encode the mean of M sparse shards, whose union of supports no
+longer fits k values, so the re-encoding would drop some of what was sent.
+
 Result. With the fp32 codec the mean is bit-identical to the all-gather's (the
 same FP32 additions in the same order, element by element, and fp32 is exact on
 the wire). With a lossy codec the mean of the decoded contributions is rounded
@@ -35,10 +39,12 @@ from diloco.algorithm.codecs import Codec, all_finite
 from diloco.traffic import LinkBytes, all_gather_bytes, check_exchange, reduce_scatter_bytes, shard_sizes
 
 
-def resolve_exchange(exchange: str, *, num_replicas: int, numel: int) -> str:
-    """The exchange really run: ``exchange``, except all-gather for M <= 2 or fewer values than replicas."""
+def resolve_exchange(exchange: str, *, num_replicas: int, numel: int, codec: Codec | None = None) -> str:
+    """The exchange really run: ``exchange``, except all-gather for M <= 2, fewer values than replicas,
+    or a codec whose payloads do not sum in place (sparse top-k: :attr:`Codec.reduces_in_place`)."""
     check_exchange(exchange)
-    if exchange == "reduce_scatter" and (num_replicas <= 2 or numel < num_replicas):
+    sparse = codec is not None and not codec.reduces_in_place
+    if exchange == "reduce_scatter" and (num_replicas <= 2 or numel < num_replicas or sparse):
         return "all_gather"
     return exchange
 
@@ -66,3 +72,13 @@ def link_bytes(codec: Codec, *, numel: int, num_replicas: int, exchange: str, ra
     if exchange == "all_gather":
         return all_gather_bytes(sizes[0], num_replicas)
     return reduce_scatter_bytes(sizes, rank)
+
+
+def decode_contribution(payload: torch.Tensor, codec: Codec, *, numel: int, num_replicas: int,
+                        exchange: str) -> torch.Tensor:
+    """This replica's own contribution as its peers will decode it (FP32): what it really sent."""
+    if exchange == "all_gather":
+        return codec.decode(payload, numel)
+    counts = shard_sizes(numel, num_replicas)
+    sizes = chunk_bytes(codec, numel=numel, num_replicas=num_replicas, exchange=exchange)
+    return torch.cat([codec.decode(b, n) for b, n in zip(payload.split(sizes), counts, strict=True)])

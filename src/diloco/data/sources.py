@@ -42,7 +42,7 @@ from diloco.data.corpus import CORPORA, SOURCES, Document, load_documents, norma
 from diloco.data.shards import TokenData, prepare_tokens
 from diloco.data.tokenizer import load_tokenizer_file
 
-__all__ = ["TEXT_SUFFIXES", "TOKEN_SUFFIXES", "check_sources", "load_text_documents", "load_token_files", "prepare_data",
+__all__ = ["TEXT_SUFFIXES", "TOKEN_SUFFIXES", "are_token_files", "check_sources", "load_text_documents", "load_token_files", "prepare_data",
            "resolve_paths"]
 
 TEXT_SUFFIXES = (".txt", ".md", ".jsonl")
@@ -220,6 +220,12 @@ def check_sources(sources: Sequence[str]) -> None:
                    or any(_suffix(f) not in TOKEN_SUFFIXES for s in tokens for f in resolved[s])):
         raise ValueError(f"sources {specs}: token files ({', '.join(tokens)}) cannot be mixed with text; give "
                          f"only token files, or only text")
+
+
+def are_token_files(sources: Sequence[str]) -> bool:
+    """Whether ``sources`` are pre-tokenized files (checked as :func:`check_sources` does; reads no file)."""
+    check_sources(sources)
+    return any(_suffix(f) in TOKEN_SUFFIXES for s in sources if not _is_bundled(s) for f in resolve_paths(s))
 
 
 def prepare_data(sources: Sequence[str], *, vocab_size: int, cache_dir: Path | str, val_fraction: float = 0.02,

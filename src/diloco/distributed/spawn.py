@@ -70,6 +70,8 @@ def _child(rank: int, world_size: int, host: str, port: int, fn: Callable[..., A
 
     torch.set_num_threads(options["threads"])
     bind_gloo_to_loopback_if_local(host)
+    if options["backend"] == "nccl":  # one GPU per rank (before the communicator picks the current device)
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     try:
         store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=options["pg_timeout_s"]))
         dist.init_process_group(options["backend"], store=store, rank=rank, world_size=world_size,

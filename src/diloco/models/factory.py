@@ -3,8 +3,8 @@
 ``model`` (``TrainConfig.model``, ``--set model=...``) is one string:
 
 * ``""`` (default): the project's :class:`~diloco.models.Transformer` of the named ``size``;
-* ``"hf:PATH"``: a ``transformers`` causal LM built from a local config folder or JSON file
-  (:mod:`diloco.models.hf`; nothing downloaded);
+* ``"hf:PATH"``: a ``transformers`` causal LM from a local folder (its safetensors weights when it
+  has them, and its tokenizer.json) or config JSON file (:mod:`diloco.models.hf`; nothing downloaded);
 * ``"MODULE:FUNCTION"`` or ``"path/to/file.py:FUNCTION"``: your code, called as
   ``FUNCTION(vocab_size=..., seq_len=...)``; it returns an ``nn.Module`` whose ``forward(idx,
   targets)`` returns ``(logits, loss)`` (a ``transformers`` ``PreTrainedModel`` is wrapped in
@@ -55,9 +55,10 @@ def check_model(spec: str) -> str:
     """What can be checked of ``spec`` before the data exists: its form, the HF config, the factory's import."""
     kind = describe_model(spec)
     if kind == "hf":
-        from diloco.models.hf import check_model_type
+        from diloco.models.hf import check_model_type, has_weights
 
         check_model_type(spec[3:])
+        has_weights(spec[3:])  # a pickled checkpoint in the folder is refused now
     elif kind == "factory":
         load_factory(spec)
     return kind
@@ -100,8 +101,12 @@ def _is_hf_pretrained(model: nn.Module) -> bool:
     return isinstance(model, PreTrainedModel)
 
 
-def build_model(spec: str, *, size: str, vocab_size: int, seq_len: int, seed: int, z_loss: float = 1e-4) -> nn.Module:
-    """The model ``spec`` names (see the module docstring), initialised after ``torch.manual_seed(seed)``."""
+def build_model(spec: str, *, size: str, vocab_size: int, seq_len: int, seed: int, z_loss: float = 1e-4,
+                load_weights: bool = True) -> nn.Module:
+    """The model ``spec`` names (see the module docstring), initialised after ``torch.manual_seed(seed)``.
+
+    ``load_weights=False``: an ``hf:`` folder's architecture without reading its weights (a skeleton to
+    load a checkpoint into)."""
     kind = describe_model(spec)
     torch.manual_seed(seed)
     if kind == "transformer":
@@ -111,7 +116,7 @@ def build_model(spec: str, *, size: str, vocab_size: int, seq_len: int, seed: in
     if kind == "hf":
         from diloco.models.hf import build_hf_model
 
-        return build_hf_model(spec[3:], vocab_size=vocab_size, seq_len=seq_len)
+        return build_hf_model(spec[3:], vocab_size=vocab_size, seq_len=seq_len, load_weights=load_weights)
     model = load_factory(spec)(vocab_size=vocab_size, seq_len=seq_len)
     if _is_hf_pretrained(model):
         from diloco.models.hf import CausalLM

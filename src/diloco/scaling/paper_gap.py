@@ -57,7 +57,7 @@ def reading_note(rows: Sequence[Mapping[str, Any]]) -> str:
                 default=0)
     gaps = paper_law_gaps(n)
     law = ", ".join(f"M = {m} {g:+.2f} %" for m, g in gaps.items())
-    return (f"How to read the gaps: this run trains {tokens / n:.2g} tokens per parameter (N = {n / 1e6:.2f}M "
+    return (f"How to read the gaps: this run trains {tokens / n:.2f} tokens per parameter (N = {n / 1e6:.2f}M "
             f"non-embedding){f', {outer} outer steps' if outer else ''}. The papers' scaling law (fitted to their "
             f"Table 4, 35M-2.4B parameters at {PAPER_TOKENS_PER_PARAM} tokens per parameter, extrapolated to this N) "
             f"predicts DiLoCo at {law} against data-parallel at {PAPER_TOKENS_PER_PARAM} tokens per parameter; "

@@ -9,12 +9,16 @@
 * :mod:`diloco.sim.hardware` — model presets (1B / 10B / 100B), bandwidth grids, step time from
   hardware, latency hops.
 * :mod:`diloco.sim.loss` — predicted eval loss of a setting: scaling law plus the ablations' costs.
+* :mod:`diloco.sim.goodput` — goodput under chip failures and stragglers (non-elastic and elastic DP,
+  synchronous and decoupled learners); :mod:`diloco.sim.goodput_mc` its Monte-Carlo and
+  :mod:`diloco.sim.goodput_paper` Decoupled DiLoCo's Table 1 and the fit of its constants.
 * :mod:`diloco.sim.planner` — candidates (DP, DiLoCo over H, Streaming over P, tau, codec) ranked
   by predicted wall-clock within a loss tolerance of DP (``diloco plan``).
 
 Nothing here imports torch (``import diloco.sim`` takes numpy only).
 """
 
+from diloco.sim.goodput import FailureModel, goodput, goodput_by_method
 from diloco.sim.hardware import (
     GBIT,
     PAPER_EXCHANGE,
@@ -41,6 +45,7 @@ from diloco.sim.utilization import (
 from diloco.sim.wallclock import Network, WallClock, data_parallel_wallclock, diloco_wallclock
 
 __all__ = [
+    "FailureModel", "goodput", "goodput_by_method",
     "GBIT", "PAPER_EXCHANGE", "PRESETS", "ModelSpec", "bandwidth_grid", "latency_hops", "preset",
     "step_time_from_hardware",
     "TARGETS", "MethodSpec", "SweepResult", "bandwidth_needed", "data_parallel", "diloco", "paper_methods",

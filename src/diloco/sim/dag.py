@@ -28,6 +28,10 @@ What is modelled (Streaming DiLoCo's simulator, as reconstructed in PAPERS.md)
   - ``tau >= 1`` (overlapping communication): the outer step and merge run at
     the step boundary after step ``t_start + tau``, so every unit of the
     fragment gates the *start* of step ``t_start + tau + 1``.
+  - ``tau = H`` (eager updates): the same rule, so a whole outer step of compute
+    hides the exchange; the fragment's next reduction is released in step
+    ``t_start + H``, before that gate, and each gate waits for its own
+    reduction (completions are kept per unit and start step).
 
   The non-block unit (embeddings, head, final norm) is released at the end of
   the backward and gates the first forward.
@@ -172,7 +176,10 @@ def simulate_utilization(
     transfer = bits[:, None] / bw[None, :]  # (units, bandwidths) seconds the link is busy
     clock = np.zeros(bw.size)  # this worker's wall clock
     link_free = np.zeros(bw.size)  # when the link finishes its last queued reduction
-    done = np.zeros((len(bits), bw.size))  # when each unit's latest reduction completes
+    # When each reduction in flight completes, by (unit, step it was released in): with tau = H a unit's
+    # next reduction is released before the gate of the previous one.
+    done: dict[tuple[int, int], np.ndarray] = {}
+    tau = sched.overlap_steps
 
     cache: dict[tuple, list] = {}
     periods: list[np.ndarray] = []  # wall-clock length of each simulated period
@@ -192,17 +199,20 @@ def simulate_utilization(
                 for at, kind, u in events:
                     clock = clock + (at - pos)
                     pos = at
-                    if kind == _GATE:
-                        clock = np.maximum(clock, done[u])
+                    if kind == _GATE:  # the reduction released tau + 1 steps ago, in step `step - 1 - tau`
+                        clock = np.maximum(clock, done.pop((u, step - 1 - tau)))
                     else:  # FIFO: starts when released and the link is free
                         link_free = np.maximum(link_free, clock) + transfer[u]
-                        done[u] = link_free + latency_s  # pipelined: latency delays, never blocks
+                        done[(u, step)] = link_free + latency_s  # pipelined: latency delays, never blocks
                 clock = clock + (T - pos)
             step += 1
         periods.append(clock)
         # Rebase every time to the period's end: keeps numbers small, so period lengths stay exact.
-        link_free, done, clock = link_free - clock, done - clock, np.zeros(bw.size)
-        if len(periods) >= 2 and np.all(np.abs(periods[-1] - periods[-2]) <= rtol * periods[-1]):
+        link_free = link_free - clock
+        done = {key: t - clock for key, t in done.items()}
+        clock = np.zeros(bw.size)
+        # with tau = H the first gate falls in the third period: compare only once it has run
+        if len(periods) >= (3 if tau >= H else 2) and np.all(np.abs(periods[-1] - periods[-2]) <= rtol * periods[-1]):
             converged = True
             break
     if converged:

@@ -45,7 +45,8 @@ class MethodSpec:
     ``bits`` is bits per parameter on the wire (16 for bf16, 4 for FP4).
     ``fragment_spacing`` = s makes fragment p first sync after step (p+1)*s
     (the paper's "one fragment every s steps"); None uses the schedule's even
-    spread, the trainer's default.
+    spread, the trainer's default. ``eager``: eager updates, with ``overlap_steps = sync_every``
+    (a whole outer step hides each exchange).
     """
 
     label: str
@@ -55,6 +56,7 @@ class MethodSpec:
     bits: float = 16.0
     fragment_pattern: str = "strided"
     fragment_spacing: int | None = None
+    eager: bool = False
     schedule: Schedule = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -70,7 +72,7 @@ class MethodSpec:
                     f"fragment_spacing={s} with P={P} fragments needs 1 <= s*P <= H={H}; use s <= {H // max(P, 1)}"
                 )
             offsets = tuple((p + 1) * s for p in range(P))
-        sched = Schedule(self.sync_every, self.num_fragments, self.overlap_steps, offsets=offsets)
+        sched = Schedule(self.sync_every, self.num_fragments, self.overlap_steps, offsets=offsets, eager=self.eager)
         object.__setattr__(self, "schedule", sched)
 
 
@@ -78,8 +80,11 @@ def data_parallel(*, bits: float = 16.0, label: str = "Data-Parallel") -> Method
     return MethodSpec(label, sync_every=1, bits=bits)
 
 
-def diloco(*, sync_every: int, bits: float = 16.0, overlap_steps: int = 0, label: str = "DiLoCo") -> MethodSpec:
-    return MethodSpec(label, sync_every=sync_every, overlap_steps=overlap_steps, bits=bits)
+def diloco(*, sync_every: int, bits: float = 16.0, overlap_steps: int = 0, label: str = "DiLoCo",
+           eager: bool = False) -> MethodSpec:
+    """DiLoCo; ``eager=True`` runs eager updates (tau = H, whatever ``overlap_steps`` says)."""
+    tau = sync_every if eager else overlap_steps
+    return MethodSpec(label, sync_every=sync_every, overlap_steps=tau, bits=bits, eager=eager)
 
 
 def streaming(
@@ -91,8 +96,11 @@ def streaming(
     fragment_pattern: str = "strided",
     fragment_spacing: int | None = None,
     label: str = "Streaming DiLoCo",
+    eager: bool = False,
 ) -> MethodSpec:
-    return MethodSpec(label, sync_every, num_fragments, overlap_steps, bits, fragment_pattern, fragment_spacing)
+    """Streaming DiLoCo; ``eager=True`` runs eager updates (tau = H, whatever ``overlap_steps`` says)."""
+    tau = sync_every if eager else overlap_steps
+    return MethodSpec(label, sync_every, num_fragments, tau, bits, fragment_pattern, fragment_spacing, eager)
 
 
 def paper_fragments(num_layers: int, fragment_layers: int = 3) -> int:

@@ -59,13 +59,17 @@ class TrainConfig:
     schedule: str = setting("even", "when each fragment syncs: even, torchft (torchft 0.2.0's offsets), or P comma-separated first-send steps")
     overlap_steps: int = setting(0, "tau: inner steps an exchange overlaps before it is merged (streaming)")
     merge_alpha: float = setting(0.0, "alpha: merge as alpha * local + (1 - alpha) * global (streaming)")
-    codec: str = setting("fp32", "what outer gradients travel as (fp32, bf16, fp8 / fp4 variants, int8: diloco.CODEC_NAMES)")
+    codec: str = setting("fp32", "what outer gradients travel as (fp32, bf16, fp8 / fp4 variants, int8: diloco.CODEC_NAMES; with ef_decay: stat2, stat4, topk)")
+    eager: bool = setting(False, "eager updates (needs overlap_steps = sync_every): apply this worker's share of the outer gradient at once, the others' one outer step later")
+    ef_decay: float = setting(0.0, "beta of the error-feedback accumulator e <- beta e + Delta that keeps what the codec dropped (0 = off; SparseLoCo 0.95, MuLoCo 0.9)")
+    topk_density: float = setting(0.015625, "share of each 4096-value chunk the topk codec sends (1/64: 64 values, 12-bit indices, 2-bit values)")
     dp_codec: str = setting("fp32", "what gradients travel as in data-parallel (same names as codec)")
     # budget (exactly one of steps and tokens)
     global_batch: int = setting(16, "sequences per step over all workers (global_batch / replicas per worker)")
     steps: int = setting(0, "training steps (set exactly one of steps and tokens)")
     tokens: int = setting(0, "training tokens, converted to steps of global_batch x seq_len (exactly one of steps and tokens)")
     # inner optimizer (AdamW, linear warmup, cosine decay to min_lr_ratio)
+    inner_optimizer: str = setting("adamw", "adamw, or muon: torch.optim.Muon on the 2-D hidden matrices (AdamW-matched lr), AdamW on embeddings, head, norms and biases")
     inner_lr: float = setting(2e-3, "peak learning rate of the inner AdamW (linear warmup, cosine decay)")
     warmup_steps: int = setting(50, "steps of linear learning-rate warmup")
     min_lr_ratio: float = setting(0.05, "the cosine decays to inner_lr x this at the last step")
@@ -97,7 +101,8 @@ class TrainConfig:
             if not ok:
                 errors.append(msg)
 
-        from diloco.algorithm.codecs import CODEC_NAMES  # torch: imported only when a config is built
+        from diloco.algorithm.codecs import ALL_CODEC_NAMES, CODEC_NAMES  # torch: only when a config is built
+        from diloco.algorithm.inner import INNER_OPTIMIZERS
         from diloco.models.sizes import SIZES, get_size
 
         need(self.method in METHODS, f"method={self.method!r}: choose one of {', '.join(METHODS)}")
@@ -106,7 +111,15 @@ class TrainConfig:
         except ValueError:
             blocks = None
             errors.append(f"size={self.size!r}: choose one of {', '.join(SIZES)}")
-        need(self.codec in CODEC_NAMES, f"codec={self.codec!r}: choose one of {', '.join(CODEC_NAMES)}")
+        need(self.codec in ALL_CODEC_NAMES, f"codec={self.codec!r}: choose one of {', '.join(ALL_CODEC_NAMES)}")
+        need(self.inner_optimizer in INNER_OPTIMIZERS,
+             f"inner_optimizer={self.inner_optimizer!r}: choose one of {', '.join(INNER_OPTIMIZERS)}")
+        need(0.0 <= self.ef_decay <= 1.0,
+             f"ef_decay={self.ef_decay}: need 0 <= beta <= 1 (0 = no error feedback; SparseLoCo 0.95, MuLoCo 0.9)")
+        need(0.0 < self.topk_density <= 1.0,
+             f"topk_density={self.topk_density}: need 0 < density <= 1 (the share of each chunk sent, e.g. 0.015625)")
+        need(not self.eager or self.method != "dp",
+             "eager=true is for method=diloco or streaming (data-parallel has no outer step to overlap)")
         need(self.dp_codec in CODEC_NAMES, f"dp_codec={self.dp_codec!r}: choose one of {', '.join(CODEC_NAMES)}")
         need(self.replicas >= 1, f"replicas={self.replicas}: need at least 1")
         need(self.ranks_per_worker >= 1, f"ranks_per_worker={self.ranks_per_worker}: need at least 1")
@@ -116,6 +129,10 @@ class TrainConfig:
             need(self.method != "dp",
                  f"worker_sharding='fsdp' runs DiLoCo / streaming workers, not method={self.method!r}: "
                  f"use method='diloco' or 'streaming', or worker_sharding='replicate'")
+            need(self.inner_optimizer == "adamw",
+                 f"inner_optimizer={self.inner_optimizer!r} with worker_sharding='fsdp' is not supported (Muon "
+                 f"orthogonalises whole matrices; FSDP holds shards): use inner_optimizer='adamw' or "
+                 f"worker_sharding='replicate'")
             need(not self.compile, "compile=true with worker_sharding='fsdp' is not supported: set compile=false "
                                    "or worker_sharding='replicate'")
         need(not self.checkpoint_async or self.worker_sharding == "fsdp",
@@ -142,15 +159,16 @@ class TrainConfig:
             need(0.0 <= getattr(self, name) < 1.0, f"{name}={getattr(self, name)}: need 0 <= {name} < 1")
         need((self.steps > 0) != (self.tokens > 0),
              f"set exactly one of steps={self.steps} or tokens={self.tokens} to a positive value")
-        errors += schedule_errors(self.sync_every, self.num_fragments, self.overlap_steps)
+        errors += schedule_errors(self.sync_every, self.num_fragments, self.overlap_steps,
+                                  eager=self.eager and self.method != "dp")
         if blocks is not None and self.num_fragments >= 2 and not self.model and not self.fragments:
             need(self.num_fragments - 1 <= blocks,
                  f"num_fragments={self.num_fragments} needs {self.num_fragments - 1} block fragments but "
                  f"size={self.size!r} has {blocks} blocks (fragment 0 holds the non-block parameters); "
                  f"use num_fragments <= {blocks + 1} or a deeper size")
         if self.method == "diloco":
-            need(self.num_fragments == 1 and self.overlap_steps == 0,
-                 f"method='diloco' is P=1, tau=0 (got num_fragments={self.num_fragments}, "
+            need(self.num_fragments == 1 and (self.overlap_steps == 0 or self.eager),
+                 f"method='diloco' is P=1, tau=0 (or tau=H with eager) (got num_fragments={self.num_fragments}, "
                  f"overlap_steps={self.overlap_steps}): use method='streaming' for fragments or overlap")
         need(0.0 <= self.merge_alpha <= 1.0, f"merge_alpha={self.merge_alpha}: need 0 <= alpha <= 1")
         need(self.fragment_pattern in PATTERNS,
@@ -179,7 +197,8 @@ class TrainConfig:
             from diloco.algorithm.schedule import resolve_schedule
 
             try:
-                resolve_schedule(self.schedule_spec, self.sync_every, self.num_fragments, self.overlap_steps)
+                resolve_schedule(self.schedule_spec, self.sync_every, self.num_fragments, self.overlap_steps,
+                                 eager=self.eager)
             except ValueError as exc:
                 errors.append(f"schedule={self.schedule!r}: {exc}")
         if errors:

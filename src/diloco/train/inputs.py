@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Inputs", "prepare_inputs", "run_fragments"]
+__all__ = ["Inputs", "check_ids_fit", "prepare_inputs", "run_fragments", "run_tokenizer"]
 
 
 @dataclass
@@ -47,6 +47,42 @@ def run_fragments(cfg: Any, model: nn.Module) -> list[list[str]] | None:
     return groups
 
 
+def run_tokenizer(cfg: Any) -> tuple[str | None, Path | None]:
+    """The tokenizer.json the run's text is tokenized with, and the model folder's own tokenizer.json.
+
+    A pretrained ``hf:`` folder's tokenizer is the default (``cfg.tokenizer`` overrides it). Text on
+    pretrained weights without a tokenizer is refused: a BPE trained here would give ids that mean
+    nothing to the model's embeddings.
+    """
+    from diloco.data.sources import are_token_files
+    from diloco.models.hf import folder_tokenizer, has_weights
+
+    spec = cfg.model[3:] if cfg.model.startswith("hf:") else None
+    own = folder_tokenizer(spec) if spec else None
+    if are_token_files(cfg.sources):
+        return None, own
+    if cfg.tokenizer:
+        return cfg.tokenizer, own
+    if own is None and spec and has_weights(spec):
+        raise ValueError(f"model=hf:{spec} has pretrained weights but no tokenizer.json, and tokenizer is not set: "
+                         f"a tokenizer trained here would give ids that mean nothing to its embeddings. Put the "
+                         f"model's tokenizer.json in {spec} or set tokenizer=PATH (or train on token files made "
+                         f"with its tokenizer)")
+    return (str(own) if own else None), own
+
+
+def check_ids_fit(data: Any, tokenizer_file: Path) -> None:
+    """Token files trained with a model that has its own tokenizer: every id must be one of its tokens."""
+    from tokenizers import Tokenizer
+
+    size = Tokenizer.from_file(str(tokenizer_file)).get_vocab_size()
+    top = max((int(a.max()) for a in (data.train, data.val) if a.size), default=-1)
+    if top >= size:
+        raise ValueError(f"the token files hold id {top} but the model's tokenizer ({tokenizer_file}) has only "
+                         f"{size} tokens: these ids were not made by it. Tokenize the text with that tokenizer "
+                         f"(or train on the text itself: it is then tokenized with it)")
+
+
 def prepare_inputs(cfg: Any, cache_dir: Path | str) -> Inputs:
     """Data, validation batches, the seeded model and its fragments for ``cfg`` (a TrainConfig)."""
     from diloco.data import ShardSampler, eval_batches, prepare_data
@@ -54,9 +90,11 @@ def prepare_inputs(cfg: Any, cache_dir: Path | str) -> Inputs:
     from diloco.train.speed import unwrap_compiled
 
     check_model(cfg.model)  # a bad model string, config or factory fails before any data work
+    tokenizer, model_tokenizer = run_tokenizer(cfg)
     data = prepare_data(cfg.sources, vocab_size=cfg.vocab_size, cache_dir=cache_dir, val_fraction=cfg.val_fraction,
-                        tokenizer=cfg.tokenizer or None, eod_token=cfg.eod_token or None,
-                        token_dtype=cfg.token_dtype)
+                        tokenizer=tokenizer, eod_token=cfg.eod_token or None, token_dtype=cfg.token_dtype)
+    if model_tokenizer is not None and data.tokenizer is None:  # token files beside a model with its tokenizer
+        check_ids_fit(data, model_tokenizer)
     val = list(eval_batches(data.val, batch_size=cfg.global_batch, seq_len=cfg.seq_len,
                             max_batches=cfg.eval_batches))
     ShardSampler(data.train, rank=0, world_size=cfg.replicas, batch_size=cfg.batch_per_replica,

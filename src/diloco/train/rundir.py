@@ -1,6 +1,6 @@
 """What a run directory holds, and what a training command may do to it: decided before anything is written.
 
-A run directory (``--out``) holds one run: ``config.json``, ``metrics.jsonl``,
+A run directory (``--out``) holds one run: ``config.json``, ``tokenizer.json``, ``metrics.jsonl``,
 ``summary.json``, ``checkpoints/`` and optionally ``tb/``. :func:`plan_run_dir`
 only reads it and says what to do:
 
@@ -28,7 +28,7 @@ from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig
 
 #: What a run writes into its directory; ``--overwrite`` deletes exactly these.
-RUN_FILES: tuple[str, ...] = ("config.json", "metrics.jsonl", "summary.json", "checkpoints", "tb")
+RUN_FILES: tuple[str, ...] = ("config.json", "tokenizer.json", "metrics.jsonl", "summary.json", "checkpoints", "tb")
 
 #: Settings a resume may change: the budget (to train further).
 RESUMABLE_CHANGES: tuple[str, ...] = ("steps", "tokens")

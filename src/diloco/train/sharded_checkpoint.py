@@ -11,7 +11,7 @@ The DCP part holds every tensor under a parameter's name, as a DTensor of the
 worker's mesh: the model (``model/NAME``), the inner optimizer's state
 (``optim/NAME/KEY``: AdamW's moments and step), the global copy (``global/NAME``)
 and the outer optimizers' per-element state (``outer/NAME/KEY``: Nesterov momentum),
-the last two cut out of :class:`~diloco.algorithm.streaming.StreamingDiLoCo`'s flat
+and with error feedback its accumulators (``feedback/NAME``), the last three cut out of :class:`~diloco.algorithm.streaming.StreamingDiLoCo`'s flat
 per-fragment vectors. Because everything is named and global-shaped, a load
 with another number of ranks per worker (R) is DCP resharding: each rank reads
 the pieces of the saved shards its new shard covers. ``rank-L.pt`` holds what is
@@ -75,13 +75,20 @@ def _split(flat: torch.Tensor, params: list[torch.Tensor], names: list[str]) -> 
     return out
 
 
-def _tensors(state: dict[str, Any], model: nn.Module, algo: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def _param_names(model: nn.Module, opt: torch.optim.Optimizer) -> list[str]:
+    """The names of the optimizer's parameters in its state dict's index order."""
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    return [name_of[id(p)] for group in opt.param_groups for p in group["params"]]
+
+
+def _tensors(state: dict[str, Any], model: nn.Module, opt: torch.optim.Optimizer,
+             algo: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The trainer's state as DCP's named tensors, and the rest (for ``rank-L.pt``)."""
-    names = [n for n, _ in model.named_parameters()]
+    names = _param_names(model, opt)
     tensors: dict[str, torch.Tensor] = {f"model/{k}": v for k, v in state["model"].items()}
-    opt = state["optimizer"]
+    opt_state = state["optimizer"]
     optim_kinds: dict[str, dict[str, str]] = {}
-    for idx, entry in opt["state"].items():
+    for idx, entry in opt_state["state"].items():
         name = names[int(idx)]
         optim_kinds[name] = {}
         for key, value in entry.items():
@@ -103,10 +110,17 @@ def _tensors(state: dict[str, Any], model: nn.Module, algo: Any) -> tuple[dict[s
             else:
                 other[key] = value
         outer_rest.append({"param_groups": saved["param_groups"], "per_element": per_element, "other": other})
+    feedback = alg.get("error_feedback")
+    if feedback is not None:  # the accumulators: one flat vector per fragment, laid out as the global copy
+        for p, frag in enumerate(algo.fragments):
+            for name, value in _split(feedback["accumulators"][p], frag.params, frag.names).items():
+                tensors[f"feedback/{name}"] = value
     rest = {k: v for k, v in state.items() if k not in ("model", "optimizer", "algorithm")}
-    rest["optimizer"] = {"param_groups": opt["param_groups"], "kinds": optim_kinds}
-    rest["algorithm"] = {k: v for k, v in alg.items() if k not in ("global", "outer_optimizers")}
+    rest["optimizer"] = {"param_groups": opt_state["param_groups"], "kinds": optim_kinds}
+    rest["algorithm"] = {k: v for k, v in alg.items() if k not in ("global", "outer_optimizers", "error_feedback")}
     rest["algorithm"]["outer"] = outer_rest
+    if feedback is not None:
+        rest["algorithm"]["feedback_decay"] = feedback["decay"]
     return tensors, rest
 
 
@@ -137,7 +151,7 @@ class _Copied:
 
 
 def save_worker(run_dir: Path, step: int, *, worker: int, rank: int, state: dict[str, Any], model: nn.Module,
-                algo: Any, process_group: Any, async_group: Any = None) -> Any:
+                opt: torch.optim.Optimizer, algo: Any, process_group: Any, async_group: Any = None) -> Any:
     """Every rank of worker ``worker`` (together: DCP is a collective over ``process_group``, the worker's ranks).
 
     ``state``: the trainer's replicate-format state of this rank (model and optimizer state dicts of the
@@ -150,7 +164,7 @@ def save_worker(run_dir: Path, step: int, *, worker: int, rank: int, state: dict
     """
     import torch.distributed.checkpoint as dcp
 
-    tensors, rest = _tensors(state, model, algo)
+    tensors, rest = _tensors(state, model, opt, algo)
     where = worker_dir(run_dir, step, worker)
     where.mkdir(parents=True, exist_ok=True)
     atomic_write_with(_rank_file(run_dir, step, worker, rank), lambda f: torch.save(rest, f))
@@ -199,14 +213,22 @@ def load_worker(run_dir: Path, step: int, *, worker: int, rank: int, model: nn.M
             for name, value in _split(buf, frag.params, frag.names).items():
                 tensors[f"outer/{name}/{key}"] = value
         outer_flats.append(bufs)
+    feedback = None
+    if "feedback_decay" in rest["algorithm"]:
+        feedback = [torch.zeros_like(f) for f in flats]
+        for p, frag in enumerate(algo.fragments):
+            for name, value in _split(feedback[p], frag.params, frag.names).items():
+                tensors[f"feedback/{name}"] = value
     dcp.load(tensors, checkpoint_id=where, process_group=process_group)
 
-    names = [n for n, _ in model.named_parameters()]
+    names = _param_names(model, opt)
     model_state = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
     optimizer = {"state": {names.index(n): s for n, s in optim_state.items()},
                  "param_groups": rest["optimizer"]["param_groups"]}
-    alg = {k: v for k, v in rest["algorithm"].items() if k != "outer"}
+    alg = {k: v for k, v in rest["algorithm"].items() if k not in ("outer", "feedback_decay")}
     alg["global"] = flats
+    if feedback is not None:
+        alg["error_feedback"] = {"decay": rest["algorithm"]["feedback_decay"], "accumulators": feedback}
     alg["outer_optimizers"] = [
         {"state": {0: {**o["other"], **outer_flats[p]}} if (o["other"] or outer_flats[p]) else {},
          "param_groups": o["param_groups"]}

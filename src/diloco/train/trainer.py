@@ -17,9 +17,10 @@ state, checkpointed once (by local rank 0) in the same format. With
 each rank's shard between the same-index ranks of the workers, and every rank
 writes its shard of the checkpoint (:mod:`diloco.train.sharded_checkpoint`).
 
-Outputs in ``out_dir``: ``config.json`` (resolved), ``metrics.jsonl`` (one row
-per step, eval rows too), ``summary.json`` and ``checkpoints/`` (see
-:mod:`diloco.train.checkpoint`).
+Outputs in ``out_dir``: ``config.json`` (resolved), ``tokenizer.json`` (text data),
+``metrics.jsonl`` (one row per step, eval rows too), ``summary.json`` and
+``checkpoints/`` (see :mod:`diloco.train.checkpoint`; ``diloco export`` turns one
+into a model folder).
 """
 
 from __future__ import annotations
@@ -38,14 +39,17 @@ from typing import Any
 import torch
 
 from diloco.algorithm.base import ReplicaAlgorithm, SyncReport
+from diloco.algorithm.codecs import get_codec
 from diloco.algorithm.data_parallel import DataParallel
+from diloco.algorithm.inner import build_inner_optimizer
 from diloco.algorithm.streaming import StreamingDiLoCo
 from diloco.comm.base import CommError, Communicator
 from diloco.comm.local import run_replicas
 from diloco.train import checkpoint as ckpt
 from diloco.train import sharded_checkpoint
-from diloco.files import write_json
+from diloco.files import atomic_write_bytes, write_json
 from diloco.train.config import TrainConfig
+from diloco.train.device import check_device
 from diloco.train.evaluation import autocast, evaluate
 from diloco.train.lr import lr_at
 from diloco.train.result import RunResult
@@ -98,6 +102,7 @@ class _Run:
     data_sha256: str | None = None  # TokenData.digest(): kept in every checkpoint, checked on resume
     saved_replicas: int | None = None  # M of the checkpoint resumed from (differs after an elastic restart)
     saved_ranks: int | None = None  # R of the checkpoint resumed from (an FSDP run may resume with another)
+    vocab_size: int | None = None  # the data's: the model's embedding rows (kept in checkpoints, for diloco export)
 
     def wall_time(self) -> float:
         return time.perf_counter() - self.t0 + self.wall_before
@@ -175,7 +180,7 @@ class Trainer:
         self.out_dir = Path(out_dir)
         self.cache_dir = Path(cache_dir)
         self.progress = progress
-        self.device = torch.device(device)
+        self.device = check_device(device)  # a ValueError now, before the run directory is touched
         self.callbacks = tuple(callbacks)
 
     # -- setup ---------------------------------------------------------------
@@ -225,13 +230,15 @@ class Trainer:
                 ckpt.discard_uncommitted(self.out_dir, plan.start_step)  # before any rank writes one again
             self.out_dir.mkdir(parents=True, exist_ok=True)
             write_json(self.out_dir / "config.json", cfg.to_dict())
+            if inputs.data.tokenizer is not None:  # the run's vocabulary travels with it (diloco export)
+                atomic_write_bytes(self.out_dir / "tokenizer.json", inputs.data.tokenizer.to_json().encode("utf-8"))
         if comm is not None and lead:
             comm.barrier()
         # The template was built once and seeded (threads share torch's global RNG); replica 0's copy is
         # broadcast anyway.
         meta = plan.meta or {}
         return _Run(data=inputs.data, val=inputs.val_batches, template=inputs.model, fragments=inputs.fragments,
-                    start_step=plan.start_step,
+                    start_step=plan.start_step, vocab_size=inputs.data.vocab_size,
                     wall_before=float(meta.get("wall_time_s", 0.0)), t0=time.perf_counter(),
                     saved_replicas=int(meta.get("num_replicas", cfg.replicas)), data_sha256=digest,
                     saved_ranks=int(meta.get("config", {}).get("ranks_per_worker", cfg.ranks_per_worker)))
@@ -409,8 +416,8 @@ class Trainer:
                 async_group = _worker_groups(mesh, cfg.replicas, cfg.ranks_per_worker)
         if cfg.compile:  # in place: parameter names (fragments, checkpoints, global state) stay the same
             compile_in_place(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2),
-                                weight_decay=cfg.weight_decay)
+        opt = build_inner_optimizer(model, name=cfg.inner_optimizer, lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2),
+                                    weight_decay=cfg.weight_decay)
         algo = self._algorithm(model, comm, run.fragments)
         # Inside a worker of R replicated ranks: gradients averaged every step (fp32, exact up to the summation
         # order). Sharded workers: FSDP's reduce-scatter averages them.
@@ -433,7 +440,8 @@ class Trainer:
             model, comm=comm, sync_every=cfg.sync_every, num_fragments=cfg.num_fragments,
             fragment_pattern=cfg.fragment_pattern, fragments=fragments, schedule=cfg.schedule_spec,
             overlap_steps=cfg.overlap_steps,
-            merge_alpha=cfg.merge_alpha, codec=cfg.codec,
+            merge_alpha=cfg.merge_alpha, codec=get_codec(cfg.codec, topk_density=cfg.topk_density),
+            eager=cfg.eager, error_feedback_decay=cfg.ef_decay,
             outer_optimizer=partial(torch.optim.SGD, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
                                     nesterov=cfg.outer_nesterov and cfg.outer_momentum > 0),
         )
@@ -558,13 +566,13 @@ class Trainer:
                  "algorithm": rep.algo.state_dict(), "sampler": rep.sampler.state_dict(), "dropped": rep.dropped,
                  "train_time_s": rep.train_time} if rep.sharded or rep.local == 0 else None
         record = {"config": self.cfg.to_dict(), "num_replicas": self.cfg.replicas, "wall_time_s": run.wall_time(),
-                  "threads": run.threads, "data_sha256": run.data_sha256}
+                  "threads": run.threads, "data_sha256": run.data_sha256, "vocab_size": run.vocab_size}
         writing = None
         if rep.sharded:
             record["format"] = sharded_checkpoint.FORMAT
             writing = sharded_checkpoint.save_worker(
-                self.out_dir, step, worker=rep.rank, rank=rep.local, state=state, model=rep.model, algo=rep.algo,
-                process_group=rep.mesh.get_group(), async_group=rep.async_group)
+                self.out_dir, step, worker=rep.rank, rank=rep.local, state=state, model=rep.model, opt=rep.opt,
+                algo=rep.algo, process_group=rep.mesh.get_group(), async_group=rep.async_group)
         elif state is not None:  # a worker's replicated ranks hold one state: its first rank writes it
             ckpt.save_replica(self.out_dir, step, rep.rank, state)
         if writing is not None and step < self.cfg.total_steps:

@@ -1,0 +1,40 @@
+"""The device a run trains on, checked before anything is written (``--device``, ``Trainer(device=...)``).
+
+``torch.device("cuda")`` is a valid object on a machine without a GPU: the mistake only shows when
+the first tensor moves there, as torch's ``AssertionError: Torch not compiled with CUDA enabled``
+or a ``RuntimeError`` about ``CUDA_VISIBLE_DEVICES``, long after the run directory was created.
+:func:`check_device` says it up front, as a ``ValueError`` naming the device and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+__all__ = ["check_device"]
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device`` if this process can train on it; else a ValueError saying why."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.backends.cuda.is_built():
+            raise ValueError(f"--device {device}: this torch ({torch.__version__}) was built without CUDA; "
+                             f"install a CUDA build of torch (https://pytorch.org/get-started/locally/) "
+                             f"or train with --device cpu")
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            hint = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+            raise ValueError(f"--device {device}: no GPU is visible to this process{hint}; check nvidia-smi "
+                             f"and the driver, or train with --device cpu")
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"--device {device}: this process sees {count} GPU(s), cuda:0 to cuda:{count - 1}; "
+                             f"choose one of them")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {device}: MPS is not available here; train with --device cpu")
+    return dev
