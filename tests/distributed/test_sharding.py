@@ -95,7 +95,8 @@ def test_blocks_are_fsdp_units_and_sharded_training_matches_the_whole_model():
     results = run_processes(rank_fn, 2, args=(CASES,), timeout_s=150)
     for res in results[0]:
         kind, mixed = res["case"]
-        assert res["units"] and res["num_blocks"] == (3 if kind == "transformer" else 2), res["case"]  # every block its own FSDP unit, then the root
+        # every block its own FSDP unit, then the root
+        assert res["units"] and res["num_blocks"] == (3 if kind == "transformer" else 2), res["case"]
         assert res["dtypes"] == {"torch.float32"}, res["case"]  # master weights stay fp32 with mixed precision
         tol = {"rtol": 1e-2, "atol": 1e-2} if mixed else {"rtol": 1e-5, "atol": 1e-5}
         torch.testing.assert_close(torch.tensor(res["losses"]), torch.tensor(res["reference_losses"]), **tol,
