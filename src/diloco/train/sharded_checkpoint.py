@@ -13,8 +13,9 @@ worker's mesh: the model (``model/NAME``), the inner optimizer's state
 and the outer optimizers' per-element state (``outer/NAME/KEY``: Nesterov momentum),
 and with error feedback its accumulators (``feedback/NAME``), the last three cut out of
 :class:`~diloco.algorithm.streaming.StreamingDiLoCo`'s flat per-fragment vectors. Because
-everything is named and global-shaped, a load with another number of ranks per worker (R) is DCP resharding: each rank reads
-the pieces of the saved shards its new shard covers. ``rank-L.pt`` holds what is
+everything is named and global-shaped, a load with another number of ranks per
+worker (R) is DCP resharding: each rank reads the pieces of the saved shards its
+new shard covers. ``rank-L.pt`` holds what is
 not a sharded tensor and stays with the rank: the sampler position, the
 algorithm's step counter, its in-flight exchanges (rank L's encoded shard of the
 outer gradient: valid only for the same layout), byte counters, the optimizers'
