@@ -286,6 +286,15 @@ def test_fsdp_in_one_process_and_ranks_that_do_not_divide_the_world_are_refused(
     refused([*args, "--elastic"], "--elastic: 3 processes cannot form workers of ranks_per_worker=2 ranks")
 
 
+def test_a_resume_of_sharded_checkpoints_first_deletes_the_uncommitted_steps(tmp_path: Path):
+    """Many processes write a step's folder; one a crash left half-written must be empty before it is written again."""
+    for step in (4, 8, 12):
+        (ckpt.step_dir(tmp_path, step) / "worker-0").mkdir(parents=True)
+        (ckpt.step_dir(tmp_path, step) / "worker-0" / "__3_0.distcp").write_bytes(b"x")
+    assert ckpt.discard_uncommitted(tmp_path, 4) == [8, 12]
+    assert ckpt.saved_steps(tmp_path) == [4]
+
+
 def _tiny(**kw: Any) -> TrainConfig:
     return TrainConfig.from_dict({**load_preset("tiny")["base"], **kw})
 
