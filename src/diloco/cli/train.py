@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "CPU, nccl on GPU), e.g. `torchrun --nproc-per-node 2 -m diloco train --preset demo "
                     "--method diloco`, or with --set ranks_per_worker=R one of R data-parallel ranks of a "
                     "replica (launch replicas x R processes; --set worker_sharding=fsdp shards each replica's "
-                    "model over its R ranks with FSDP, see docs/fsdp.md). Writes config.json, metrics.jsonl, "
+                    "model over its R ranks with FSDP, see docs/guides/fsdp.md). Writes config.json, metrics.jsonl, "
                     "summary.json and checkpoints/ to --out. Checkpoints: by default every 100 steps, rounded up to a "
                     "multiple of sync_every for diloco/streaming (--set checkpoint_every=N steps; 0 = only at "
                     "the end), keeping the last 2 (--set keep_checkpoints=K); a killed run continues with "
