@@ -59,3 +59,24 @@ def batches(rank: int, num_steps: int, *, batch: int = 4, seq: int = 6, vocab: i
         y = torch.where(noise, torch.randint(0, vocab, (batch, seq), generator=g), y)
         out.append((x, y))
     return out
+
+
+class ConstantStep(torch.optim.Optimizer):
+    """A fixed-update optimizer: w <- w - c every step, whatever the gradient."""
+
+    def __init__(self, params, c):
+        super().__init__(params, {"c": c})
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.sub_(group["c"])
+
+
+class Scalar(torch.nn.Module):
+    """One scalar parameter w = 0: closed-form tests of the outer step."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(()))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from _tiny import batches, make_model
+from _tiny import ConstantStep, Scalar, batches, make_model
 from diloco.algorithm.data_parallel import DataParallel
 from diloco.algorithm.streaming import StreamingDiLoCo
 from diloco.comm.local import run_replicas
@@ -111,25 +111,6 @@ def test_one_replica_outer_lr1_no_momentum_is_plain_training():
         assert_close(a, b)
     for a, b in zip(algo.global_named_parameters().values(), plain.parameters()):
         assert_close(a, b)
-
-
-class ConstantStep(torch.optim.Optimizer):
-    """A fixed-update optimizer: w <- w - c every step, whatever the gradient."""
-
-    def __init__(self, params, c):
-        super().__init__(params, {"c": c})
-
-    @torch.no_grad()
-    def step(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                p.sub_(group["c"])
-
-
-class Scalar(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.zeros(()))
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from _tiny import batches, make_model
+from _tiny import ConstantStep, Scalar, batches, make_model
 from diloco.algorithm.schedule import Schedule
 from diloco.algorithm.streaming import StreamingDiLoCo
 from diloco.comm.local import run_replicas
@@ -66,25 +66,6 @@ def test_eager_with_one_replica_is_diloco_bit_for_bit(codec, P):
     for a, b in zip(a_plain.global_flat, a_eager.global_flat, strict=True):
         assert torch.equal(a, b)
     assert not torch.equal(m_eager.embed.weight, make_model(0).embed.weight)  # it trained: not vacuous
-
-
-class ConstantStep(torch.optim.Optimizer):
-    """w <- w - c every step, whatever the gradient."""
-
-    def __init__(self, params, c):
-        super().__init__(params, {"c": c})
-
-    @torch.no_grad()
-    def step(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                p.sub_(group["c"])
-
-
-class Scalar(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.zeros(()))
 
 
 def test_eager_two_replicas_apply_every_contribution_once_over_two_rounds():
