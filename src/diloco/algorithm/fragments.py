@@ -5,7 +5,9 @@ of modules of one type, e.g. ``model.blocks``):
 
 * ``strided`` (the Streaming DiLoCo paper's default): block i goes to block
   group i mod G, so every fragment spans the depth of the network;
-* ``sequential``: contiguous runs of blocks.
+* ``sequential``: contiguous runs of blocks;
+* ``balanced`` (Decoupled DiLoCo's packing): whole tensors, largest first, each into the
+  fragment with the fewest values so far (ties: the lowest index); no block structure needed.
 
 Where the parameters outside the blocks go (embeddings, final norm, head):
 with P = 1 everything is one fragment (plain DiLoCo). With P >= 2 they form
@@ -34,7 +36,7 @@ from torch import nn
 
 from diloco.layout import NON_BLOCK_FRAGMENT, block_fragments, block_groups, check_pattern
 
-Pattern = Literal["strided", "sequential"]  # diloco.layout.PATTERNS
+Pattern = Literal["strided", "sequential", "balanced"]  # diloco.layout.PATTERNS, plus "balanced" (tensors)
 FragmentSpec = Sequence[Sequence[str | nn.Parameter | nn.Module]]
 
 
@@ -116,11 +118,32 @@ def split_fragments(
             raise ValueError(f"{len(groups)} explicit fragments given but num_fragments={num_fragments}")
     elif num_fragments == 1:
         groups = [[n for n, _ in named]]
+    elif pattern == "balanced":
+        order = balanced_groups([p.numel() for _, p in named], num_fragments)
+        groups = [[named[i][0] for i in g] for g in order]
     else:
         groups = _block_groups(model, named, num_fragments, pattern)
     by_name = dict(named)
     _check_partition(groups, [n for n, _ in named])
     return [Fragment(i, tuple(g), tuple(by_name[n] for n in g)) for i, g in enumerate(groups)]
+
+
+def balanced_groups(sizes: Sequence[int], num_groups: int) -> list[list[int]]:
+    """Balanced tensor packing: indices of ``sizes`` into ``num_groups`` groups, whole tensors, largest
+    first (ties: the lower index), each into the group with the smallest total so far (ties: the lower
+    group). Within a group, indices keep their original order (the model's parameter order)."""
+    if num_groups < 1:
+        raise ValueError(f"num_fragments must be >= 1, got {num_groups}")
+    if num_groups > len(sizes):
+        raise ValueError(f"num_fragments={num_groups} balanced fragments need at least as many tensors, the "
+                         f"model trains {len(sizes)}: use num_fragments <= {len(sizes)}")
+    totals = [0] * num_groups
+    groups: list[list[int]] = [[] for _ in range(num_groups)]
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        g = min(range(num_groups), key=lambda g: (totals[g], g))
+        groups[g].append(i)
+        totals[g] += sizes[i]
+    return [sorted(g) for g in groups]
 
 
 def _block_groups(model: nn.Module, named: list[tuple[str, nn.Parameter]], P: int, pattern: str) -> list[list[str]]:
@@ -189,4 +212,4 @@ def flatten(params: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).float() for p in params]) if params else torch.zeros(0)
 
 
-__all__ = ["Fragment", "FragmentSpec", "Pattern", "block_groups", "find_blocks", "flatten", "split_fragments"]
+__all__ = ["Fragment", "FragmentSpec", "Pattern", "balanced_groups", "block_groups", "find_blocks", "flatten", "split_fragments"]

@@ -1,0 +1,196 @@
+"""A learner: one model training on its own clock, reporting fragments to the syncer.
+
+Wraps a model like :class:`diloco.StreamingDiLoCo` and offers the same loop hooks
+(:class:`diloco.algorithm.base.ReplicaAlgorithm`)::
+
+    learner = Learner(model, channel=channel, sync_every=H, num_fragments=P, overlap_steps=tau)
+    for x, y in batches:
+        loss.backward(); inner.step(); inner.zero_grad()
+        learner.after_optimizer_step(tokens=x.numel())
+    learner.close()                     # finishes what is in flight, then leaves
+
+The schedule (:class:`diloco.algorithm.schedule.Schedule`) says, on the learner's own step count, when
+fragment p is due. After step t, for every fragment the schedule starts, the learner sends a
+:class:`~diloco.decoupled.messages.Report`: ``encode(base_p - theta_p)`` (its values, as the difference
+from the global copy it last received) and its counters for p (steps, tokens since it last received p).
+After step t + tau it needs the syncer's reply: it waits for it there only if it has not arrived, then
+overwrites the fragment (``merge_alpha`` alpha = 0, the default: the global values as they are; alpha > 0:
+``alpha * local + (1 - alpha) * global``) and resets p's counters. The grace window is sized so that the
+reply normally arrives within those tau steps; with quorum K = M the learner waits for the slowest.
+
+A learner has at most one report per fragment in flight (tau < H). Learners never talk to each other.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from diloco.algorithm.base import ReplicaAlgorithm, SyncReport
+from diloco.algorithm.codecs import Codec, get_codec
+from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
+from diloco.algorithm.outer import merge_
+from diloco.algorithm.schedule import Schedule, resolve_schedule
+from diloco.decoupled.messages import Reply, Report
+from diloco.decoupled.syncer import is_lossless
+
+
+class Channel(Protocol):
+    """A learner's link to the syncer (any transport)."""
+
+    def join(self) -> list[torch.Tensor]:
+        """Join; the global fragments (FP32) to start from."""
+
+    def send(self, report: Report) -> None:
+        """Send a report (does not wait)."""
+
+    def wait_reply(self, fragment: int) -> Reply:
+        """The reply to this learner's report of ``fragment`` (waits until it arrives)."""
+
+    def leave(self) -> None:
+        """Stop: the syncer no longer counts this learner."""
+
+
+class Learner(ReplicaAlgorithm):
+    """One learner of Decoupled DiLoCo (module docstring).
+
+    Args:
+        model: this learner's model; its trainable parameters are overwritten with the syncer's on joining.
+        channel: the link to the syncer (:class:`Channel`).
+        learner: this learner's number, 0..M-1.
+        sync_every: H, the learner's steps between two reports of one fragment.
+        num_fragments, fragment_pattern, fragments: as the syncer's (the same split on both sides).
+        overlap_steps: tau, steps between a report and the overwrite with its reply (0 <= tau < H).
+        merge_alpha: alpha, weight of the local values in the overwrite (0, the default: overwrite).
+        codec: wire format, as the syncer's.
+        schedule: when each fragment is due (as :class:`diloco.StreamingDiLoCo`'s ``schedule``).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        channel: Channel,
+        learner: int,
+        sync_every: int,
+        num_fragments: int = 1,
+        fragment_pattern: Pattern = "strided",
+        fragments: FragmentSpec | None = None,
+        overlap_steps: int = 0,
+        merge_alpha: float = 0.0,
+        codec: str | Codec = "fp32",
+        schedule: Schedule | Sequence[int] | str | None = None,
+    ) -> None:
+        if not 0.0 <= float(merge_alpha) <= 1.0:
+            raise ValueError(f"merge_alpha (alpha) must lie in [0, 1], got {merge_alpha}; 0 overwrites (the default)")
+        self.model, self.channel, self.learner = model, channel, learner
+        self.merge_alpha = float(merge_alpha)
+        self.codec = get_codec(codec)
+        self.schedule = resolve_schedule(schedule, sync_every, num_fragments, overlap_steps)
+        self.fragments: list[Fragment] = split_fragments(model, num_fragments, pattern=fragment_pattern,
+                                                         fragments=fragments)
+        start = channel.join()
+        sizes = [f.numel for f in self.fragments]
+        if [s.numel() for s in start] != sizes:
+            raise ValueError(f"the syncer's fragments have {[s.numel() for s in start]} values, this learner's "
+                             f"{sizes}: give both the same model, num_fragments and fragment_pattern")
+        self.base = [s.detach().float().clone() for s in start]  # the global copy last received, per fragment
+        for p in range(len(self.fragments)):
+            merge_(self.fragments[p].params, self._views(self.base[p], p), 0.0)
+        self.step_count = 0
+        self.steps = [0] * len(self.fragments)        # per fragment, since it was last received
+        self.tokens = [0.0] * len(self.fragments)
+        self._in_flight: dict[int, int] = {}          # fragment -> step its report was sent after
+        self._busy = 0.0                              # seconds of work since the previous report
+        self._busy_steps = 0
+        self._last_return: float | None = None
+        self.wait_seconds = 0.0                       # time spent waiting for replies, in total
+
+    # -- the loop hook -------------------------------------------------------
+    def after_optimizer_step(self, *, tokens: float = 1.0) -> list[SyncReport]:
+        """Call after every inner optimizer step; ``tokens``: tokens this step trained on."""
+        now = time.monotonic()
+        if self._last_return is not None:
+            self._busy += now - self._last_return
+            self._busy_steps += 1
+        self.step_count += 1
+        t = self.step_count
+        for p in range(len(self.fragments)):
+            self.steps[p] += 1
+            self.tokens[p] += float(tokens)
+        for p in self.schedule.starts(t):
+            self._send(p, t)
+        reports = [self._overwrite(p, t) for p in self.schedule.finishes(t) if p in self._in_flight]
+        self._last_return = time.monotonic()
+        return reports
+
+    def flush(self) -> list[SyncReport]:
+        """Wait for every reply still in flight and apply it now."""
+        return [self._overwrite(p, self.step_count) for p in sorted(self._in_flight)]
+
+    def close(self) -> list[SyncReport]:
+        """Flush, then leave the syncer."""
+        reports = self.flush()
+        self.channel.leave()
+        return reports
+
+    # -- one fragment --------------------------------------------------------
+    @torch.no_grad()
+    def _send(self, p: int, t: int) -> None:
+        assert p not in self._in_flight, "a fragment due again before its reply was applied (needs tau < H)"
+        diff = self.base[p] - flatten(self.fragments[p].params)
+        step_time = self._busy / self._busy_steps if self._busy_steps else 0.0
+        self._busy, self._busy_steps = 0.0, 0
+        self.channel.send(Report(learner=self.learner, fragment=p, payload=self.codec.encode(diff),
+                                 steps=self.steps[p], tokens=self.tokens[p], step_time=step_time,
+                                 sent_after_step=t))
+        self._in_flight[p] = t
+
+    @torch.no_grad()
+    def _overwrite(self, p: int, t: int) -> SyncReport:
+        started = self._in_flight.pop(p)
+        before = time.monotonic()
+        reply = self.channel.wait_reply(p)
+        self.wait_seconds += time.monotonic() - before
+        numel = self.base[p].numel()
+        decoded = self.codec.decode(reply.payload, numel)
+        self.base[p] = decoded if is_lossless(self.codec) else self.base[p] + decoded
+        merge_(self.fragments[p].params, self._views(self.base[p], p), self.merge_alpha)
+        self.steps[p], self.tokens[p] = 0, 0.0
+        return SyncReport(t, p, started, numel, self.codec.num_bytes(numel), reply.payload.numel())
+
+    def _views(self, flat: torch.Tensor, p: int) -> list[torch.Tensor]:
+        out, offset = [], 0
+        for param in self.fragments[p].params:
+            out.append(flat[offset:offset + param.numel()].view(param.shape))
+            offset += param.numel()
+        return out
+
+    # -- global parameters and checkpoints -----------------------------------
+    def global_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's state dict with the global values this learner last received."""
+        state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        for p, frag in enumerate(self.fragments):
+            for name, view in zip(frag.names, self._views(self.base[p], p), strict=True):
+                if name in state:
+                    state[name] = view.to(dtype=state[name].dtype).clone()
+        return state
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._in_flight:
+            raise ValueError(f"fragments {sorted(self._in_flight)} are in flight: call flush() before state_dict()")
+        return {"step": self.step_count, "steps": list(self.steps), "tokens": list(self.tokens),
+                "base": [b.clone() for b in self.base]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step_count = int(state["step"])
+        self.steps = [int(s) for s in state["steps"]]
+        self.tokens = [float(c) for c in state["tokens"]]
+        self.base = [b.clone() for b in state["base"]]
+
+
+__all__ = ["Channel", "Learner"]

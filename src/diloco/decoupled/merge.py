@@ -1,0 +1,116 @@
+"""Decoupled DiLoCo's merge rules, pure functions: token weights, radial-directional averaging, mean.
+
+For one fragment, the syncer holds each merged learner m's outer gradient Delta_m (FP32, formed
+against the syncer's own global copy) and its counters since it last received the fragment:
+``steps`` (c_steps) and ``tokens`` (c_tok).
+
+* Token weights ("quantity x quality"): w_m = c_tok * (c_tok / c_steps), normalised to sum 1
+  over the learners merged; a learner with no steps has weight 0.
+* Radial-directional averaging (RDA), per tensor:
+  ``RDA = (sum w_m |Delta_m| / sum w_m) * unit(sum w_m unit(Delta_m))``, unit(x) = x / |x|,
+  unit(0) = 0. It keeps the weighted mean norm and takes the weighted mean direction: learners'
+  outer gradients are nearly orthogonal, so a plain mean shrinks by ~1/sqrt(M) and the outer
+  learning rate would have to change with M.
+* Weighted mean, ``sum w_m Delta_m / sum w_m``: the merge of embedding tensors under ``rda``, and of
+  every tensor under ``mean``. With equal weights it is computed as the plain sum in learner order
+  divided by the count, the same operations (hence the same bits) as synchronous Streaming DiLoCo's
+  average.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+#: The merge rules ``merge=`` accepts.
+MERGE_NAMES = ("rda", "mean")
+
+
+def check_merge(name: str) -> str:
+    """``name`` if it is a merge rule, else a ValueError naming the choices."""
+    if name not in MERGE_NAMES:
+        raise ValueError(f"merge={name!r} is not a merge rule: choose 'rda' (radial-directional averaging, "
+                         f"embeddings averaged) or 'mean' (token-weighted mean of every tensor)")
+    return name
+
+
+def token_weights(steps: Sequence[int], tokens: Sequence[float]) -> list[float]:
+    """w_m = c_tok * (c_tok / c_steps), normalised to sum 1; 0 for a learner with no steps.
+
+    All zero (no learner did any work) gives all zero.
+    """
+    if len(steps) != len(tokens):
+        raise ValueError(f"{len(steps)} step counters but {len(tokens)} token counters: give one of each per learner")
+    raw = [float(c) * (float(c) / s) if s > 0 else 0.0 for s, c in zip(steps, tokens, strict=True)]
+    total = sum(raw)
+    return [w / total for w in raw] if total > 0 else [0.0] * len(raw)
+
+
+def _equal(weights: Sequence[float]) -> bool:
+    return all(w == weights[0] for w in weights)
+
+
+def weighted_mean(deltas: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
+    """sum w_m Delta_m / sum w_m (FP32); equal weights: the plain mean, summed in the given order."""
+    assert deltas and len(deltas) == len(weights)
+    if _equal(weights):
+        total = deltas[0].float().clone()
+        for d in deltas[1:]:
+            total.add_(d)
+        return total.div_(len(deltas))
+    total_w = sum(weights)
+    assert total_w > 0, "weighted mean of learners that all have weight 0"
+    out = torch.zeros_like(deltas[0], dtype=torch.float32)
+    for d, w in zip(deltas, weights, strict=True):
+        out.add_(d.float(), alpha=w / total_w)
+    return out
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    norm = torch.linalg.vector_norm(x)
+    return x / norm if norm > 0 else torch.zeros_like(x)
+
+
+def radial_directional_average(deltas: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
+    """RDA of one tensor: (sum w |Delta| / sum w) * unit(sum w unit(Delta)) (FP32)."""
+    assert deltas and len(deltas) == len(weights)
+    total_w = sum(weights)
+    assert total_w > 0, "RDA of learners that all have weight 0"
+    radius = sum(w * float(torch.linalg.vector_norm(d.float())) for d, w in zip(deltas, weights, strict=True)) / total_w
+    direction = torch.zeros_like(deltas[0], dtype=torch.float32)
+    for d, w in zip(deltas, weights, strict=True):
+        direction.add_(_unit(d.float()), alpha=w)
+    return _unit(direction).mul_(radius)
+
+
+def merge_outer_gradients(
+    deltas: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    *,
+    sizes: Sequence[int],
+    embedding: Sequence[bool],
+    merge: str = "rda",
+) -> torch.Tensor:
+    """Merge learners' flat outer gradients of one fragment, tensor by tensor.
+
+    ``sizes``: the numel of each tensor in the flat layout; ``embedding``: which of them are embedding
+    tensors (averaged, never RDA'd). Learners of weight 0 are left out; returns a new flat FP32 tensor.
+    """
+    check_merge(merge)
+    assert len(sizes) == len(embedding) and all(d.numel() == sum(sizes) for d in deltas)
+    kept = [(d, w) for d, w in zip(deltas, weights, strict=True) if w > 0]
+    assert kept, "a merge with no learner of positive weight"
+    ds, ws = [d for d, _ in kept], [w for _, w in kept]
+    if merge == "mean" or not any(not e for e in embedding):
+        return weighted_mean(ds, ws)
+    out, offset = [], 0
+    for n, is_embedding in zip(sizes, embedding, strict=True):
+        parts = [d[offset:offset + n] for d in ds]
+        out.append(weighted_mean(parts, ws) if is_embedding else radial_directional_average(parts, ws))
+        offset += n
+    return torch.cat(out)
+
+
+__all__ = ["MERGE_NAMES", "check_merge", "merge_outer_gradients", "radial_directional_average", "token_weights",
+           "weighted_mean"]

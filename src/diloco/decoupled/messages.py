@@ -1,0 +1,63 @@
+"""What learners and the syncer send each other: plain data, the same over any transport."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Report:
+    """Learner -> syncer, when fragment p is due: its values and its counters for p.
+
+    ``payload``: ``codec.encode(base_p - theta_p)``, the learner's fragment as the difference from the
+    global copy it last received (so a low-bit codec quantizes a small difference, not the parameters).
+    ``steps`` / ``tokens``: counters since the learner last received fragment p. ``step_time``: the
+    learner's mean seconds of work per step since its previous report (the grace window's xi_step).
+    """
+
+    learner: int
+    fragment: int
+    payload: torch.Tensor
+    steps: int
+    tokens: float
+    step_time: float
+    sent_after_step: int
+
+
+@dataclass
+class Reply:
+    """Syncer -> learner, after a merge its report took part in: the new global fragment, encoded.
+
+    ``payload``: the new values themselves with the lossless ``fp32`` codec (bit-exact), else
+    ``codec.encode(Theta_p - base_p)``, the difference from the copy the learner holds.
+    """
+
+    learner: int
+    fragment: int
+    payload: torch.Tensor
+    version: int
+
+
+@dataclass
+class MergeRecord:
+    """One merge of one fragment: who took part, their weights, and how long the round waited (seconds)."""
+
+    fragment: int
+    version: int
+    learners: tuple[int, ...]
+    weights: tuple[float, ...]
+    dropped: tuple[int, ...]       # learners whose contribution was not finite
+    quorum_wait: float             # first report -> quorum
+    grace_wait: float              # quorum -> merge
+    grace_window: float            # the window that was allowed
+    sync_time: float               # merge + outer step + encoding the replies
+    bytes_received: int
+    bytes_sent: int
+
+    def as_row(self) -> dict[str, object]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+__all__ = ["MergeRecord", "Reply", "Report"]

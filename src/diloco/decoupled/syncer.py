@@ -1,0 +1,283 @@
+"""The syncer: the global fragments, their outer optimizers, the quorum, the grace window, the merge.
+
+A state machine with no threads and no transport: a transport calls :meth:`Syncer.join`,
+:meth:`Syncer.receive` (a learner's :class:`Report`), :meth:`Syncer.poll` (time passes) and
+:meth:`Syncer.leave`, and delivers the :class:`Reply` objects they return. ``clock`` is injected, so
+tests can drive time.
+
+One merge round per fragment p. Reports of p join the open round; once ``quorum`` (K) learners have
+reported (or every learner still joined, if fewer) the grace window starts; the round merges when it
+ends or when every joined learner has reported. The merge:
+
+    Delta_m  = Theta_p - theta_m                (FP32; theta_m decoded from the learner's report)
+    w_m      = token weights (c_tok * c_tok / c_steps, normalised)
+    Delta    = RDA per tensor, weighted mean for embedding tensors   (merge="rda")
+               or the weighted mean of every tensor                  (merge="mean")
+    Theta_p <- OuterOpt_p(Theta_p, Delta)
+    reply to each merged learner: the new Theta_p, encoded
+
+A learner's report never waits for more than one round: it has at most one report per fragment in
+flight (it needs the reply before it sends that fragment again). Memory: besides Theta and the
+outer-optimizer state, the syncer keeps the copy of each fragment each learner holds (to form
+Delta_m against its own Theta_p); with the lossless ``fp32`` codec those copies are shared.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from diloco.algorithm.codecs import Codec, all_finite, get_codec
+from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
+from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer
+from diloco.decoupled.grace import DEFAULT_EMA_DECAY, DEFAULT_GRACE_GAMMA, GraceWindow
+from diloco.decoupled.merge import check_merge, merge_outer_gradients, token_weights
+from diloco.decoupled.messages import MergeRecord, Reply, Report
+
+
+def is_lossless(codec: Codec) -> bool:
+    """The codec decodes exactly what was encoded (only ``fp32``)."""
+    return codec.name == "fp32"
+
+
+def embedding_names(model: nn.Module) -> set[str]:
+    """Names of the trainable parameters that belong to an ``nn.Embedding`` (tied aliases included)."""
+    ids = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+    return {n for n, p in model.named_parameters() if id(p) in ids}
+
+
+def check_quorum(quorum: int, num_learners: int) -> None:
+    if not isinstance(num_learners, int) or num_learners < 1:
+        raise ValueError(f"num_learners={num_learners!r}: give the number of learners, at least 1")
+    if not isinstance(quorum, int) or not 1 <= quorum <= num_learners:
+        raise ValueError(f"quorum={quorum!r} with {num_learners} learners: the quorum K must lie in "
+                         f"1..{num_learners} (K = {num_learners} is synchronous, K = 1 never waits for a second)")
+
+
+@dataclass
+class _Round:
+    reports: dict[int, Report] = field(default_factory=dict)
+    opened_at: float = 0.0
+    quorum_at: float | None = None
+    window: float = 0.0
+
+
+class Syncer:
+    """Global fragments Theta_p and their outer optimizers, merging learners' reports (module docstring).
+
+    Args:
+        model: a model of the learners' architecture; its trainable parameters are the initial Theta.
+        num_learners: M, the learners that may join.
+        quorum: K, learners a merge needs at least (default M: synchronous). 1 <= K <= M.
+        num_fragments, fragment_pattern, fragments: as :func:`diloco.algorithm.fragments.split_fragments`
+            (``fragment_pattern="balanced"``: the paper's tensor packing); learners must use the same.
+        merge: ``"rda"`` (default) or ``"mean"`` (:mod:`diloco.decoupled.merge`).
+        codec: wire format of both directions (name or :class:`Codec`); default ``"fp32"``.
+        outer_optimizer: factory ``f([tensor]) -> Optimizer`` per fragment; default Nesterov SGD 0.7 / 0.9.
+        overlap_steps: tau, the learners' steps between a report and the step that needs its reply.
+        grace_gamma: gamma of the grace window (0 = merge as soon as the quorum is in); default 0.2.
+        grace_ema_decay: decay of the grace window's moving averages; default 0.9.
+        clock: seconds, monotonic (default ``time.monotonic``).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        num_learners: int,
+        quorum: int | None = None,
+        num_fragments: int = 1,
+        fragment_pattern: Pattern = "strided",
+        fragments: FragmentSpec | None = None,
+        merge: str = "rda",
+        codec: str | Codec = "fp32",
+        outer_optimizer: OuterOptimizerFactory | None = None,
+        overlap_steps: int = 0,
+        grace_gamma: float = DEFAULT_GRACE_GAMMA,
+        grace_ema_decay: float = DEFAULT_EMA_DECAY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        quorum = num_learners if quorum is None else quorum
+        check_quorum(quorum, num_learners)
+        self.num_learners, self.quorum = num_learners, quorum
+        self.merge = check_merge(merge)
+        self.codec = get_codec(codec)
+        self.grace = GraceWindow(gamma=float(grace_gamma), overlap_steps=overlap_steps, decay=float(grace_ema_decay))
+        self.clock = clock
+        self.fragments: list[Fragment] = split_fragments(model, num_fragments, pattern=fragment_pattern,
+                                                         fragments=fragments)
+        embeddings = embedding_names(model)
+        self.tensor_sizes = [[p.numel() for p in f.params] for f in self.fragments]
+        self.is_embedding = [[n in embeddings for n in f.names] for f in self.fragments]
+        factory = outer_optimizer or default_outer_optimizer
+        self.global_flat = [flatten(f.params).requires_grad_(True) for f in self.fragments]
+        self.outer_optimizers = [factory([g]) for g in self.global_flat]
+        self.versions = [0] * len(self.fragments)
+        self._snapshot = [g.detach().clone() for g in self.global_flat]  # Theta at the current version
+        self.members: set[int] = set()
+        self._base: dict[int, list[torch.Tensor]] = {}  # learner -> the copy of each fragment it holds
+        self._rounds: dict[int, _Round] = {}
+        self.records: list[MergeRecord] = []
+        self.bytes_received = 0
+        self.bytes_sent = 0
+
+    # -- membership ----------------------------------------------------------
+    def join(self, learner: int) -> list[torch.Tensor]:
+        """Learner ``learner`` (0..M-1) joins: returns the global fragments (FP32 copies) it starts from."""
+        if not isinstance(learner, int) or not 0 <= learner < self.num_learners:
+            raise ValueError(f"learner={learner!r}: learners are numbered 0..{self.num_learners - 1}")
+        if learner in self.members:
+            raise ValueError(f"learner {learner} has already joined; each learner joins once (leave first)")
+        self.members.add(learner)
+        self._base[learner] = list(self._snapshot)
+        return [s.clone() for s in self._snapshot]
+
+    def leave(self, learner: int) -> list[Reply]:
+        """Learner ``learner`` stops (its unmerged reports are dropped); rounds it held up may merge now."""
+        self.members.discard(learner)
+        self._base.pop(learner, None)
+        for rnd in self._rounds.values():
+            rnd.reports.pop(learner, None)
+        return self.poll()
+
+    # -- rounds --------------------------------------------------------------
+    def receive(self, report: Report) -> list[Reply]:
+        """Take one learner's report; returns the replies of any merge it completes."""
+        if report.learner not in self.members:
+            raise ValueError(f"a report from learner {report.learner}, which has not joined: join first")
+        now = self.clock()
+        rnd = self._rounds.setdefault(report.fragment, _Round(opened_at=now))
+        assert report.learner not in rnd.reports, "a learner reported a fragment twice in one round"
+        rnd.reports[report.learner] = report
+        self.bytes_received += report.payload.numel()
+        if report.step_time > 0:
+            self.grace.observe(step_time=report.step_time)
+        return self.poll()
+
+    def poll(self) -> list[Reply]:
+        """Merge every round whose quorum is in and whose grace window has ended (or is full)."""
+        now = self.clock()
+        replies: list[Reply] = []
+        for p in sorted(self._rounds):
+            rnd = self._rounds[p]
+            if not rnd.reports:
+                continue
+            if rnd.quorum_at is None and len(rnd.reports) >= min(self.quorum, max(len(self.members), 1)):
+                rnd.quorum_at = now
+                self.grace.observe(quorum_time=now - rnd.opened_at)
+                rnd.window = self.grace.seconds()
+            if rnd.quorum_at is None:
+                continue
+            if now >= rnd.quorum_at + rnd.window or self.members <= set(rnd.reports):
+                del self._rounds[p]
+                replies += self._merge(p, rnd, now)
+        return replies
+
+    def next_deadline(self) -> float | None:
+        """When the earliest open grace window ends (clock seconds), or None."""
+        ends = [r.quorum_at + r.window for r in self._rounds.values() if r.reports and r.quorum_at is not None]
+        return min(ends, default=None)
+
+    # -- the merge -----------------------------------------------------------
+    @torch.no_grad()
+    def _merge(self, p: int, rnd: _Round, now: float) -> list[Reply]:
+        start = self.clock()
+        g = self.global_flat[p]
+        theta = g.detach()
+        order = sorted(rnd.reports)  # learner order: the same sums whatever the arrival order
+        deltas, kept, dropped, steps, tokens = [], [], [], [], []
+        for m in order:
+            r = rnd.reports[m]
+            d = self.codec.decode(r.payload, theta.numel())  # base_m - theta_m
+            base = self._base[m][p]
+            if base is not self._snapshot[p]:  # the learner holds another copy than Theta: correct for it
+                d.add_(theta - base)
+            if not bool(all_finite(d)):
+                dropped.append(m)
+                continue
+            deltas.append(d)
+            kept.append(m)
+            steps.append(r.steps)
+            tokens.append(r.tokens)
+        weights = token_weights(steps, tokens) if kept else []
+        if any(w > 0 for w in weights):
+            g.grad = merge_outer_gradients(deltas, weights, sizes=self.tensor_sizes[p], embedding=self.is_embedding[p],
+                                           merge=self.merge)
+            self.outer_optimizers[p].step()
+            g.grad = None
+        self.versions[p] += 1
+        self._snapshot[p] = g.detach().clone()
+        replies, sent = [], 0
+        for m in order:
+            if m not in self.members:
+                continue
+            replies.append(self._reply(m, p))
+            sent += replies[-1].payload.numel()
+        self.bytes_sent += sent
+        sync_time = self.clock() - start
+        self.grace.observe(sync_time=sync_time)
+        assert rnd.quorum_at is not None
+        self.records.append(MergeRecord(
+            fragment=p, version=self.versions[p], learners=tuple(kept), weights=tuple(weights),
+            dropped=tuple(dropped), quorum_wait=rnd.quorum_at - rnd.opened_at, grace_wait=now - rnd.quorum_at,
+            grace_window=rnd.window, sync_time=sync_time,
+            bytes_received=sum(rnd.reports[m].payload.numel() for m in order), bytes_sent=sent))
+        return replies
+
+    def _reply(self, m: int, p: int) -> Reply:
+        theta = self._snapshot[p]
+        if is_lossless(self.codec):
+            payload = self.codec.encode(theta)
+            self._base[m][p] = theta
+        else:
+            base = self._base[m][p]
+            payload = self.codec.encode(theta - base)
+            self._base[m][p] = base + self.codec.decode(payload, theta.numel())  # what the learner will hold
+        return Reply(learner=m, fragment=p, payload=payload, version=self.versions[p])
+
+    # -- global parameters and checkpoints -----------------------------------
+    def global_named_parameters(self) -> dict[str, torch.Tensor]:
+        """Name -> global value (FP32 copies) of every trainable parameter."""
+        out = {}
+        for f, g in zip(self.fragments, self.global_flat, strict=True):
+            offset = 0
+            for n, prm in zip(f.names, f.params, strict=True):
+                out[n] = g.detach()[offset:offset + prm.numel()].view(prm.shape).clone()
+                offset += prm.numel()
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Theta, outer optimizers, versions and the grace window's averages (open rounds are not kept:
+        their learners report again)."""
+        return {"global": [g.detach().clone() for g in self.global_flat],
+                "outer_optimizers": [o.state_dict() for o in self.outer_optimizers],
+                "versions": list(self.versions), "grace": self.grace.state_dict()}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if len(state["global"]) != len(self.global_flat):
+            raise ValueError(f"checkpoint has {len(state['global'])} fragments, this syncer {len(self.global_flat)}: "
+                             f"use the num_fragments the checkpoint was written with")
+        for g, saved in zip(self.global_flat, state["global"], strict=True):
+            if saved.shape != g.shape:
+                raise ValueError(f"checkpoint fragment of {saved.numel()} values, this syncer expects {g.numel()}")
+            g.copy_(saved)
+        for opt, saved in zip(self.outer_optimizers, state["outer_optimizers"], strict=True):
+            opt.load_state_dict(saved)
+        self.versions = [int(v) for v in state["versions"]]
+        self.grace.load_state_dict(state["grace"])
+        self._snapshot = [g.detach().clone() for g in self.global_flat]
+        self._rounds = {}
+        for m in self._base:  # learners joined before the load start over from the loaded Theta
+            self._base[m] = list(self._snapshot)
+
+    def fragment_sizes(self) -> Sequence[int]:
+        return [g.numel() for g in self.global_flat]
+
+
+__all__ = ["Syncer", "check_quorum", "embedding_names", "is_lossless"]

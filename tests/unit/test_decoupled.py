@@ -1,0 +1,161 @@
+"""Decoupled DiLoCo end to end on the in-process transport: equivalence with synchronous Streaming
+DiLoCo, lossy codecs, stragglers, and the errors a user can make."""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import pytest
+import torch
+
+from _tiny import batches, make_model
+from diloco.algorithm.streaming import StreamingDiLoCo
+from diloco.comm.local import run_replicas
+from diloco.decoupled.learner import Learner
+from diloco.decoupled.local import LocalTransport, run_learners
+from diloco.decoupled.syncer import Syncer
+
+ADAMW = partial(torch.optim.AdamW, lr=1e-2)
+
+
+def _loop(model, algo, steps, rank, *, sleep=0.0):
+    opt = ADAMW(model.parameters())
+    for x, y in batches(rank, steps):
+        model(x, y)[1].backward()
+        opt.step()
+        opt.zero_grad()
+        if sleep:
+            time.sleep(sleep)
+        if isinstance(algo, Learner):
+            algo.after_optimizer_step(tokens=x.numel())
+        else:
+            algo.after_optimizer_step()
+
+
+def run_decoupled(M, steps, *, sleeps=None, learner_steps=None, **kw):
+    """M learner threads against one syncer thread; returns (syncer, per-learner (model, learner, seconds))."""
+    sync_kw = {k: kw[k] for k in ("sync_every", "num_fragments", "overlap_steps", "codec", "merge_alpha") if k in kw}
+    syncer_kw = {k: v for k, v in kw.items() if k not in ("sync_every", "merge_alpha")}
+    syncer = Syncer(make_model(seed=0), num_learners=M, **syncer_kw)
+
+    def learner(channel, m):
+        model = make_model(seed=10 + m)  # different inits: joining must equalise them
+        algo = Learner(model, channel=channel, learner=m, **sync_kw)
+        start = time.monotonic()
+        n = learner_steps[m] if learner_steps else steps
+        _loop(model, algo, n, m, sleep=(sleeps or [0.0] * M)[m])
+        seconds = time.monotonic() - start
+        algo.close()
+        return model, algo, seconds
+
+    with LocalTransport(syncer, timeout=60) as transport:
+        out = run_learners(learner, transport)
+    return syncer, out
+
+
+def test_synchronous_decoupled_equals_streaming_diloco_bit_for_bit():
+    """K = M, no grace window, mean merge, equal batches (equal token weights), fp32 both ways, alpha = 0.
+
+    Then every round merges the same M outer gradients as Streaming DiLoCo's all-reduce, summed in the
+    same (rank) order and divided by M: the same floating-point operations, so the test asks for equality
+    of every bit, of the global and of each learner's local parameters.
+    """
+    M, steps, H, P, tau = 3, 16, 4, 2, 1
+
+    def replica(comm):
+        model = make_model(seed=comm.rank)
+        algo = StreamingDiLoCo(model, comm=comm, sync_every=H, num_fragments=P, overlap_steps=tau, codec="fp32")
+        _loop(model, algo, steps, comm.rank)
+        algo.flush()
+        return model, algo
+
+    streaming = run_replicas(replica, M, timeout=60)
+    syncer, dec = run_decoupled(M, steps, sync_every=H, num_fragments=P, overlap_steps=tau, codec="fp32",
+                                merge="mean", grace_gamma=0.0)
+    assert len(syncer.records) == sum(1 for t in range(1, steps + 1) for _ in streaming[0][1].schedule.starts(t))
+    assert all(len(r.learners) == M for r in syncer.records)
+    glob_s = streaming[0][1].global_named_parameters()
+    glob_d = syncer.global_named_parameters()
+    for name in glob_s:
+        assert torch.equal(glob_s[name], glob_d[name]), name
+    for (ms, _), (md, _, _) in zip(streaming, dec):
+        for (n, a), b in zip(ms.named_parameters(), md.parameters()):
+            assert torch.equal(a, b), n
+    assert not torch.equal(glob_d["head.weight"], make_model(seed=0).head.weight)  # it trained
+
+
+def test_rda_and_a_lossy_codec_train_and_report_weights():
+    syncer, out = run_decoupled(2, 12, sync_every=4, num_fragments=2, overlap_steps=1, codec="fp4_e2m1",
+                                merge="rda", quorum=2)  # K = M: both learners hold the last version
+    assert syncer.records and all(abs(sum(r.weights) - 1) < 1e-9 for r in syncer.records)
+    assert syncer.bytes_received > 0 and syncer.bytes_sent > 0
+    glob = syncer.global_named_parameters()
+    assert all(torch.isfinite(v).all() for v in glob.values())
+    # fragment 1 was sent after the last step and flushed: alpha = 0 overwrote it with the decoded global copy
+    for model, algo, _ in out:
+        state = algo.global_state_dict()
+        for n in algo.fragments[1].names:
+            assert torch.equal(dict(model.named_parameters())[n], state[n]), n
+        # the copy decoded from 4.5-bit differences stays near the syncer's FP32 values (fragment-wide L2)
+        mine = torch.cat([state[n].flatten() for n in algo.fragments[1].names])
+        theirs = torch.cat([glob[n].flatten() for n in algo.fragments[1].names])
+        assert float((mine - theirs).norm() / theirs.norm()) < 0.02
+
+
+def _fast_rate(out, fast=(0, 1)):
+    return sum(60 / out[m][2] for m in fast) / len(fast)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Step times measured on a busy 2-core machine: one intra-op thread per learner (no OpenMP wake-ups)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_straggler_quorum_one_with_grace_keeps_the_fast_learners_fast_and_full_quorum_waits(one_torch_thread):
+    """3 learners, one 3x slower (sleep per step). K = 1 + grace window: the fast ones keep >= 90 % of
+    their solo step rate; K = M: they wait for the slow one at every reply and fall to about 1/3.
+
+    The slow learner runs 20 steps under K = 1 (the time the fast ones take for 60) and 60 under K = M.
+    """
+    step, steps = 0.01, 60
+    kw = dict(sync_every=4, num_fragments=2, overlap_steps=2, codec="fp32", merge="rda")
+    _, solo = run_decoupled(1, steps, sleeps=[step], **kw)
+    solo_rate = steps / solo[0][2]
+    sleeps = [step, step, 3 * step]
+    _, k1 = run_decoupled(3, steps, sleeps=sleeps, learner_steps=[60, 60, 20], quorum=1, grace_gamma=0.2, **kw)
+    _, km = run_decoupled(3, steps, sleeps=sleeps, learner_steps=[60, 60, 60], quorum=3, grace_gamma=0.2, **kw)
+    r1, rm = _fast_rate(k1) / solo_rate, _fast_rate(km) / solo_rate
+    print(f"fast learners' step rate / solo: K=1 + grace {r1:.2f}, K=M {rm:.2f} (solo {solo_rate:.0f} steps/s)")
+    assert r1 >= 0.9
+    assert rm < 0.5  # about 1/3: the tau = 2 steps of overlap let them run a little ahead
+
+
+def test_a_slow_learner_joins_merges_with_positive_weight_under_a_grace_window():
+    syncer, _ = run_decoupled(2, 16, sleeps=[0.005, 0.01], sync_every=4, num_fragments=1, overlap_steps=2,
+                              quorum=1, grace_gamma=0.5)
+    assert any(1 in r.learners for r in syncer.records)
+    assert all(r.grace_wait <= r.grace_window + 0.5 for r in syncer.records)
+
+
+def test_settings_a_user_gets_wrong_are_refused_with_the_fix():
+    with pytest.raises(ValueError, match="quorum=4 with 3 learners.*1..3"):
+        Syncer(make_model(), num_learners=3, quorum=4)
+    with pytest.raises(ValueError, match="merge='avg'"):
+        Syncer(make_model(), num_learners=2, merge="avg")
+    with pytest.raises(ValueError, match="grace_gamma=-1"):
+        Syncer(make_model(), num_learners=2, grace_gamma=-1, overlap_steps=1)
+    with pytest.raises(ValueError, match="tau >= 1"):
+        Syncer(make_model(), num_learners=2, grace_gamma=0.2, overlap_steps=0)
+
+
+def test_syncer_state_dict_round_trip():
+    syncer, _ = run_decoupled(2, 8, sync_every=4, overlap_steps=1, quorum=2, grace_gamma=0.0)
+    other = Syncer(make_model(seed=5), num_learners=2, overlap_steps=1, grace_gamma=0.0)
+    other.load_state_dict(syncer.state_dict())
+    a, b = syncer.global_named_parameters(), other.global_named_parameters()
+    assert all(torch.equal(a[n], b[n]) for n in a) and other.versions == syncer.versions
