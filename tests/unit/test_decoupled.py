@@ -149,8 +149,8 @@ def test_settings_a_user_gets_wrong_are_refused_with_the_fix():
         Syncer(make_model(), num_learners=2, merge="avg")
     with pytest.raises(ValueError, match="grace_gamma=-1"):
         Syncer(make_model(), num_learners=2, grace_gamma=-1, overlap_steps=1)
-    with pytest.raises(ValueError, match="tau >= 1"):
-        Syncer(make_model(), num_learners=2, grace_gamma=0.2, overlap_steps=0)
+    with pytest.raises(ValueError, match="grace_gamma=1.5"):
+        Syncer(make_model(), num_learners=2, grace_gamma=1.5, overlap_steps=1)
 
 
 def test_syncer_state_dict_round_trip():

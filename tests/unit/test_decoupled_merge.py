@@ -87,7 +87,7 @@ def test_grace_window_closed_form_and_emas():
 @pytest.mark.parametrize("kw, match", [
     (dict(gamma=-0.1, decay=0.9, overlap_steps=1), "grace_gamma=-0.1"),
     (dict(gamma=1.0, decay=0.9, overlap_steps=1), "grace_gamma=1.0"),
-    (dict(gamma=0.2, decay=0.9, overlap_steps=0), "tau >= 1"),
+    (dict(gamma=0.2, decay=0.9, overlap_steps=-1), "tau >= 0"),
     (dict(gamma=0.2, decay=1.5, overlap_steps=1), "grace_ema_decay=1.5"),
 ])
 def test_grace_settings_that_cannot_fit_are_refused(kw, match):

@@ -30,7 +30,7 @@ def test_the_users_import_line_works():
                    "diloco.distributed.launch")
 
 
-@pytest.mark.parametrize("package", ["diloco", "diloco.algorithm", "diloco.comm", "diloco.train"])
+@pytest.mark.parametrize("package", ["diloco", "diloco.algorithm", "diloco.comm", "diloco.train", "diloco.decoupled"])
 def test_every_exported_name_resolves_and_is_listed(package):
     import importlib
 

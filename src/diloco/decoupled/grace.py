@@ -9,7 +9,7 @@ it. The window spends a share gamma of what is left of those tau steps:
 xi_step: exponential moving average (EMA) of the learners' step time; xi_quorum: EMA of the time from a
 round's first report to its quorum; xi_sync: EMA of the time the syncer spends merging, stepping and
 encoding the reply. Each EMA is ``x <- decay * x + (1 - decay) * sample`` and starts at its first sample;
-before every EMA has a sample the window is 0.
+before every EMA has a sample the window is 0. With tau = 0 there is no time to wait: the window is 0.
 
 Defaults (settings of :class:`GraceWindow`): gamma = 0.2 (the paper does not publish its value; 0.2 is
 one implementation's, and "about one step at most" in practice), decay = 0.9.
@@ -40,9 +40,9 @@ def check_grace(*, gamma: float, decay: float, overlap_steps: int) -> None:
     if not 0.0 <= gamma < 1.0:
         raise ValueError(f"grace_gamma={gamma} is outside [0, 1): the window is a share of the time left within "
                          f"tau steps; use 0 (no window) up to e.g. {DEFAULT_GRACE_GAMMA} (the default)")
-    if gamma > 0 and overlap_steps < 1:
-        raise ValueError(f"grace_gamma={gamma} with overlap_steps (tau) = {overlap_steps}: the window must fit "
-                         f"within tau steps, so it needs tau >= 1; set overlap_steps >= 1 or grace_gamma=0")
+    if overlap_steps < 0:
+        raise ValueError(f"overlap_steps (tau) = {overlap_steps}: the window must fit within tau steps; use tau >= 0 "
+                         f"(tau = 0 leaves no time for a window: it is then 0)")
     if not 0.0 <= decay < 1.0:
         raise ValueError(f"grace_ema_decay={decay} is outside [0, 1): use e.g. {DEFAULT_EMA_DECAY} (the default)")
 

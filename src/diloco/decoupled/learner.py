@@ -35,6 +35,7 @@ from diloco.algorithm.codecs import Codec, get_codec
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
 from diloco.algorithm.outer import merge_
 from diloco.algorithm.schedule import Schedule, resolve_schedule
+from diloco.comm.accounting import CommStats
 from diloco.decoupled.messages import Reply, Report
 from diloco.decoupled.syncer import is_lossless
 
@@ -68,6 +69,8 @@ class Learner(ReplicaAlgorithm):
         merge_alpha: alpha, weight of the local values in the overwrite (0, the default: overwrite).
         codec: wire format, as the syncer's.
         schedule: when each fragment is due (as :class:`diloco.StreamingDiLoCo`'s ``schedule``).
+        tokens_per_step: tokens counted for a step when :meth:`after_optimizer_step` is given none.
+        stats: a :class:`diloco.comm.accounting.CommStats` to count this learner's bytes in (optional).
     """
 
     def __init__(
@@ -84,12 +87,17 @@ class Learner(ReplicaAlgorithm):
         merge_alpha: float = 0.0,
         codec: str | Codec = "fp32",
         schedule: Schedule | Sequence[int] | str | None = None,
+        tokens_per_step: float = 1.0,
+        stats: CommStats | None = None,
     ) -> None:
         if not 0.0 <= float(merge_alpha) <= 1.0:
             raise ValueError(f"merge_alpha (alpha) must lie in [0, 1], got {merge_alpha}; 0 overwrites (the default)")
         self.model, self.channel, self.learner = model, channel, learner
         self.merge_alpha = float(merge_alpha)
         self.codec = get_codec(codec)
+        self.tokens_per_step = float(tokens_per_step)
+        self.stats = stats
+        self._handles: dict[int, int] = {}
         self.schedule = resolve_schedule(schedule, sync_every, num_fragments, overlap_steps)
         self.fragments: list[Fragment] = split_fragments(model, num_fragments, pattern=fragment_pattern,
                                                          fragments=fragments)
@@ -111,8 +119,10 @@ class Learner(ReplicaAlgorithm):
         self.wait_seconds = 0.0                       # time spent waiting for replies, in total
 
     # -- the loop hook -------------------------------------------------------
-    def after_optimizer_step(self, *, tokens: float = 1.0) -> list[SyncReport]:
-        """Call after every inner optimizer step; ``tokens``: tokens this step trained on."""
+    def after_optimizer_step(self, *, tokens: float | None = None) -> list[SyncReport]:
+        """Call after every inner optimizer step; ``tokens``: tokens this step trained on (default
+        ``tokens_per_step``)."""
+        tokens = self.tokens_per_step if tokens is None else tokens
         now = time.monotonic()
         if self._last_return is not None:
             self._busy += now - self._last_return
@@ -149,6 +159,9 @@ class Learner(ReplicaAlgorithm):
                                  steps=self.steps[p], tokens=self.tokens[p], step_time=step_time,
                                  sent_after_step=t))
         self._in_flight[p] = t
+        if self.stats is not None:  # the reply has the same size as the report
+            n = self.codec.num_bytes(diff.numel())
+            self._handles[p] = self.stats.start(f"fragment {p}", sent=n, received=n)
 
     @torch.no_grad()
     def _overwrite(self, p: int, t: int) -> SyncReport:
@@ -156,6 +169,8 @@ class Learner(ReplicaAlgorithm):
         before = time.monotonic()
         reply = self.channel.wait_reply(p)
         self.wait_seconds += time.monotonic() - before
+        if p in self._handles:
+            self.stats.finish(self._handles.pop(p))
         numel = self.base[p].numel()
         decoded = self.codec.decode(reply.payload, numel)
         self.base[p] = decoded if is_lossless(self.codec) else self.base[p] + decoded
@@ -184,13 +199,13 @@ class Learner(ReplicaAlgorithm):
         if self._in_flight:
             raise ValueError(f"fragments {sorted(self._in_flight)} are in flight: call flush() before state_dict()")
         return {"step": self.step_count, "steps": list(self.steps), "tokens": list(self.tokens),
-                "base": [b.clone() for b in self.base]}
+                "global": [b.clone() for b in self.base]}  # the global copy last received (as StreamingDiLoCo's)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step_count = int(state["step"])
         self.steps = [int(s) for s in state["steps"]]
         self.tokens = [float(c) for c in state["tokens"]]
-        self.base = [b.clone() for b in state["base"]]
+        self.base = [b.clone() for b in state["global"]]
 
 
 __all__ = ["Channel", "Learner"]
