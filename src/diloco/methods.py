@@ -3,8 +3,9 @@
 Torch-free (standard library only), so the trainer's config, the algorithm's
 schedule, the simulator and the planner can all use the same definitions:
 
-* :data:`METHODS`: ``dp`` (data-parallel), ``diloco`` (P = 1, tau = 0) and
-  ``streaming`` (Streaming DiLoCo);
+* :data:`METHODS`: ``dp`` (data-parallel), ``diloco`` (P = 1, tau = 0),
+  ``streaming`` (Streaming DiLoCo) and ``decoupled`` (Decoupled DiLoCo: learners
+  on their own clocks, a syncer merging whoever has reported);
 * :func:`schedule_errors`: the limits on H = ``sync_every``, P =
   ``num_fragments`` and tau = ``overlap_steps`` (1 <= P <= H, 0 <= tau < H; with
   eager updates tau = H: a whole outer step overlaps the exchange).
@@ -15,8 +16,11 @@ blocks) is :mod:`diloco.layout`.
 
 from __future__ import annotations
 
+#: The synchronous ones (one communicator, one schedule for every replica): what the simulator models.
+SYNCHRONOUS_METHODS: tuple[str, ...] = ("dp", "diloco", "streaming")
+
 #: The methods the trainer runs.
-METHODS: tuple[str, ...] = ("dp", "diloco", "streaming")
+METHODS: tuple[str, ...] = (*SYNCHRONOUS_METHODS, "decoupled")
 
 
 def check_method(method: str) -> str:
@@ -56,4 +60,4 @@ def schedule_errors(sync_every: int, num_fragments: int, overlap_steps: int, *, 
     return errors
 
 
-__all__ = ["METHODS", "check_method", "schedule_errors"]
+__all__ = ["METHODS", "SYNCHRONOUS_METHODS", "check_method", "schedule_errors"]

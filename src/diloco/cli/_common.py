@@ -51,13 +51,20 @@ def overrides(args: argparse.Namespace) -> dict:
 
 
 def resolve(preset: dict, method: str | None, extra: dict) -> TrainConfig:
-    """Base config of a preset, then the named method's overrides, then --set overrides."""
+    """Base config of a preset, then the named method's overrides, then --set overrides.
+
+    A method the preset does not name but the trainer runs (:data:`diloco.methods.METHODS`, e.g.
+    ``decoupled``) is the preset's base with that method.
+    """
+    from diloco.methods import METHODS
+
     base = dict(preset["base"])
     if method is not None:
         methods = preset["methods"]
-        if method not in methods:
-            raise ValueError(f"method {method!r} is not in this preset; its methods: {', '.join(methods)}")
-        base.update(methods[method])
+        if method not in methods and method not in METHODS:
+            raise ValueError(f"method {method!r} is not in this preset; its methods: {', '.join(methods)} "
+                             f"(or a method the trainer runs: {', '.join(METHODS)})")
+        base.update(methods.get(method, {"method": method}))
     return TrainConfig.from_dict({**base, **extra})
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from diloco.algorithm.schedule import Schedule
 from diloco.layout import PATTERNS, block_fragments
-from diloco.methods import METHODS
+from diloco.methods import SYNCHRONOUS_METHODS as METHODS  # decoupled learners are not modelled here
 from diloco.sim.dag import ComputeStream, SyncPlan, simulate_utilization
 from diloco.sim.hardware import GBIT, PAPER_EXCHANGE, ModelSpec, latency_hops
 from diloco.traffic import exchange_bytes

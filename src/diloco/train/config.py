@@ -47,7 +47,7 @@ class TrainConfig:
     token_dtype: str = setting("uint16", "id type of .bin token files")
     z_loss: float = setting(1e-4, "weight of the z-loss on the softmax normaliser (stabilises the logits; 0 = off)")
     # how workers cooperate
-    method: str = setting("diloco", "how replicas cooperate: dp (data-parallel), diloco, or streaming (Streaming DiLoCo)")
+    method: str = setting("diloco", "how replicas cooperate: dp (data-parallel), diloco, streaming (Streaming DiLoCo), decoupled (learners on their own clocks)")
     replicas: int = setting(2, "M: the number of workers (replicas); each trains on its own shard")
     ranks_per_worker: int = setting(1, "R: under torchrun, the data-parallel processes of one worker (launch M x R)")
     worker_sharding: str = setting("replicate", "how a worker's R ranks hold its model: replicate (each a full copy) or fsdp (sharded with fully_shard)")
@@ -63,6 +63,10 @@ class TrainConfig:
     eager: bool = setting(False, "eager updates (needs overlap_steps = sync_every): apply this worker's share of the outer gradient at once, the others' one outer step later")
     ef_decay: float = setting(0.0, "beta of the error-feedback accumulator e <- beta e + Delta that keeps what the codec dropped (0 = off; SparseLoCo 0.95, MuLoCo 0.9)")
     topk_density: float = setting(0.015625, "share of each 4096-value chunk the topk codec sends (1/64: 64 values, 12-bit indices, 2-bit values)")
+    quorum: int = setting(0, "K (decoupled): learners a merge needs at least; 0 = all (synchronous), 1 = whoever reports first")
+    merge: str = setting("rda", "decoupled: how the syncer merges: rda (radial-directional averaging, embeddings averaged) or mean (token-weighted)")
+    grace_gamma: float = setting(0.2, "decoupled: gamma of the wait for more learners after the quorum, gamma x (tau x step time - quorum time - sync time)")
+    grace_ema_decay: float = setting(0.9, "decoupled: decay of the grace window's moving averages of step, quorum and sync times")
     dp_codec: str = setting("fp32", "what gradients travel as in data-parallel (same names as codec)")
     # budget (exactly one of steps and tokens)
     global_batch: int = setting(16, "sequences per step over all workers (global_batch / replicas per worker)")
@@ -170,6 +174,8 @@ class TrainConfig:
             need(self.num_fragments == 1 and (self.overlap_steps == 0 or self.eager),
                  f"method='diloco' is P=1, tau=0 (or tau=H with eager) (got num_fragments={self.num_fragments}, "
                  f"overlap_steps={self.overlap_steps}): use method='streaming' for fragments or overlap")
+        if self.method == "decoupled":
+            errors += _decoupled_errors(self)
         need(0.0 <= self.merge_alpha <= 1.0, f"merge_alpha={self.merge_alpha}: need 0 <= alpha <= 1")
         need(self.fragment_pattern in PATTERNS,
              f"fragment_pattern={self.fragment_pattern!r}: choose one of {', '.join(PATTERNS)}")
@@ -221,6 +227,8 @@ class TrainConfig:
         for DiLoCo and streaming the first multiple of ``sync_every`` at or above it, so checkpoints
         fall on outer-sync boundaries. A kill -9 then loses at most that many steps.
         """
+        if self.method == "decoupled":  # the syncer's state is not checkpointed yet: only the end
+            return 0
         if self.checkpoint_every >= 0:
             return self.checkpoint_every
         if self.method == "dp":
@@ -267,6 +275,32 @@ class TrainConfig:
 
     def with_overrides(self, overrides: dict[str, Any]) -> TrainConfig:
         return TrainConfig.from_dict({**self.to_dict(), **overrides})
+
+
+def _decoupled_errors(cfg: TrainConfig) -> list[str]:
+    """What ``method='decoupled'`` cannot run with (each message names the value and the fix)."""
+    from diloco.decoupled.grace import check_grace
+    from diloco.decoupled.merge import check_merge
+    from diloco.decoupled.syncer import check_quorum
+
+    errors = []
+    checks = [lambda: check_quorum(cfg.quorum or cfg.replicas, cfg.replicas), lambda: check_merge(cfg.merge),
+              lambda: check_grace(gamma=cfg.grace_gamma, decay=cfg.grace_ema_decay, overlap_steps=cfg.overlap_steps)]
+    if cfg.quorum < 0:
+        errors.append(f"quorum={cfg.quorum}: use 0 (all learners) or 1..replicas={cfg.replicas}")
+        checks = checks[1:]
+    for check in checks:
+        try:
+            check()
+        except ValueError as exc:
+            errors.append(str(exc))
+    for name, bad, fix in (("eager", cfg.eager, "eager=false"), ("ef_decay", cfg.ef_decay, "ef_decay=0"),
+                           ("ranks_per_worker", cfg.ranks_per_worker != 1, "ranks_per_worker=1"),
+                           ("checkpoint_every", cfg.checkpoint_every > 0, "checkpoint_every=-1 or 0")):
+        if bad:
+            errors.append(f"method='decoupled' does not support {name}={getattr(cfg, name)} yet "
+                          f"(learners are threads of one process, checkpointed at the end only): set {fix}")
+    return errors
 
 
 @dataclass(frozen=True)

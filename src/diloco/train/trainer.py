@@ -182,6 +182,7 @@ class Trainer:
         self.progress = progress
         self.device = check_device(device)  # a ValueError now, before the run directory is touched
         self.callbacks = tuple(callbacks)
+        self._transport: Any = None  # method=decoupled: the syncer's LocalTransport while a run is on
 
     # -- setup ---------------------------------------------------------------
     def plan(self, *, resume: bool = False, overwrite: bool = False, reuse: bool = False,
@@ -279,12 +280,29 @@ class Trainer:
         run.threads = cfg.threads or int((plan.meta or {}).get("threads") or default_threads(cfg.replicas))
         torch.set_num_threads(run.threads)
         try:
-            results = run_replicas(partial(self._replica_loop, run=run, table=table, logger=logger), cfg.replicas)
+            with self._decoupled(run):  # method=decoupled: the syncer's thread (else nothing)
+                results = run_replicas(partial(self._replica_loop, run=run, table=table, logger=logger), cfg.replicas)
         finally:
             logger.close()
             if bar is not None:
                 bar.close()
         return self._finish(run, results[0])
+
+    @contextlib.contextmanager
+    def _decoupled(self, run: _Run):
+        """method=decoupled: run a syncer on a thread for the learners; afterwards write ``merges.jsonl``."""
+        if self.cfg.method != "decoupled":
+            yield
+            return
+        from diloco.decoupled.trainer import decoupled_syncer, write_merges
+
+        with decoupled_syncer(self.cfg, run.template, run.fragments) as transport:
+            self._transport = transport
+            try:
+                yield
+            finally:
+                self._transport = None
+        write_merges(self.out_dir / "merges.jsonl", transport.syncer.records)
 
     def run_replica(self, comm: Communicator, *, resume: bool = False, overwrite: bool = False, reuse: bool = False,
                     intra: Communicator | None = None, elastic: bool = False, mesh: Any = None) -> RunResult | None:
@@ -317,6 +335,9 @@ class Trainer:
             raise ValueError(f"config ranks_per_worker={R} but this worker has "
                              f"{1 if intra is None else intra.world_size} ranks; launch replicas x ranks_per_worker "
                              f"= {cfg.replicas * R} processes")
+        if cfg.method == "decoupled":
+            raise ValueError("method='decoupled' runs its learners as threads of one process (diloco train "
+                             "without torchrun); learners as separate processes are not built yet")
         lead = comm.rank == 0 and (intra is None or intra.rank == 0)
         plan = self.plan(resume=resume, overwrite=overwrite, reuse=reuse, elastic=elastic)  # every process alike
         everyone = _Everyone(comm, intra if mesh is not None else None)
@@ -436,6 +457,11 @@ class Trainer:
         cfg = self.cfg
         if cfg.method == "dp":
             return DataParallel(model, comm=comm, codec=cfg.dp_codec)
+        if cfg.method == "decoupled":
+            from diloco.decoupled.trainer import decoupled_learner
+
+            return decoupled_learner(cfg, model, self._transport.channel(comm.rank), learner=comm.rank,
+                                     fragments=fragments, stats=comm.stats)
         return StreamingDiLoCo(
             model, comm=comm, sync_every=cfg.sync_every, num_fragments=cfg.num_fragments,
             fragment_pattern=cfg.fragment_pattern, fragments=fragments, schedule=cfg.schedule_spec,

@@ -1,0 +1,55 @@
+"""``method='decoupled'`` through the trainer and the CLI on the tiny preset (learners as threads)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diloco.cli import main as cli_main
+from diloco.train.config import TrainConfig, load_preset
+from diloco.train.metrics import read_jsonl
+from diloco.train.trainer import train_model
+
+
+@pytest.fixture(scope="module")
+def cache(token_cache):
+    return token_cache
+
+
+def tiny(**kw) -> TrainConfig:
+    return TrainConfig.from_dict({**load_preset("tiny")["base"], **kw})
+
+
+def test_decoupled_trains_the_tiny_model_and_logs_every_merge(tmp_path, cache):
+    cfg = tiny(method="decoupled", replicas=3, global_batch=9, quorum=1, sync_every=8, num_fragments=2, overlap_steps=2,
+               codec="fp4_e3m0", steps=48)
+    result = train_model(cfg, tmp_path, cache_dir=cache, progress=False)
+    rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "loss" in r]
+    assert len(rows) == 48
+    first, last = sum(r["loss"] for r in rows[:5]) / 5, sum(r["loss"] for r in rows[-5:]) / 5
+    assert last < first - 0.3, (first, last)
+    assert result.final_eval_loss < rows[0]["loss"]
+    merges = [json.loads(line) for line in (tmp_path / "merges.jsonl").read_text().splitlines()]
+    assert merges and all({"fragment", "learners", "weights", "quorum_wait", "grace_wait"} <= set(m) for m in merges)
+    assert {m for r in merges for m in r["learners"]} == {0, 1, 2}
+    # every report went out once, in fp4, with a reply of the same size
+    assert result.bytes_sent_per_replica > 0 and result.bytes_sent_per_replica == result.bytes_received_per_replica
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(quorum=3), "quorum=3 with 2 learners"),
+    (dict(merge="median"), "merge='median'"),
+    (dict(grace_gamma=-0.5), "grace_gamma=-0.5"),
+    (dict(checkpoint_every=8), "checkpoint_every=8"),
+])
+def test_decoupled_settings_are_checked_with_the_fix(kw, match):
+    with pytest.raises(ValueError, match=match):
+        tiny(method="decoupled", replicas=2, **kw)
+
+
+def test_cli_train_method_decoupled(tmp_path, cache):
+    code = cli_main(["train", "--preset", "tiny", "--method", "decoupled", "--set", "steps=16", "--no-progress",
+                     "--set", "overlap_steps=1", "--cache-dir", str(cache), "--out", str(tmp_path / "run")])
+    assert code in (0, None)
+    assert (tmp_path / "run" / "merges.jsonl").read_text().strip()
