@@ -1,0 +1,116 @@
+"""Decoupled DiLoCo on a real local Ray instance: the syncer a named async actor, learners that find it
+by name. Skipped when Ray is not installed (it is the optional ``ray`` extra)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from _tiny import batches, make_model  # noqa: E402
+from diloco.decoupled.learner import Learner  # noqa: E402
+from diloco.decoupled.local import LocalTransport, run_learners  # noqa: E402
+from diloco.decoupled.syncer import Syncer  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+M, STEPS = 3, 12
+KW = dict(sync_every=4, num_fragments=2, overlap_steps=1, codec="fp32")
+
+
+def _train(channel, m):
+    model = make_model(seed=10 + m)
+    algo = Learner(model, channel=channel, learner=m, **KW)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for x, y in batches(m, STEPS):
+        model(x, y)[1].backward()
+        opt.step()
+        opt.zero_grad()
+        algo.after_optimizer_step(tokens=x.numel())
+    algo.close()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _syncer(**kw):
+    return Syncer(make_model(seed=0), num_learners=M, num_fragments=2, overlap_steps=1, codec="fp32", **kw)
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    """A local Ray instance of 2 CPUs for this module; token authentication as Ray's environment sets it."""
+    ray.init(num_cpus=2, include_dashboard=False, namespace="diloco-test", log_to_driver=False,
+             _temp_dir=str(tmp_path_factory.mktemp("ray")))
+    yield
+    ray.shutdown()
+
+
+def test_ray_syncer_actor_gives_the_in_process_bits_and_learners_find_it_by_name(local_ray):
+    """K = M, mean, fp32, no grace window: every round merges the same reports in learner order, so the
+    Ray actor and the in-process syncer thread end with the same bits."""
+    import threading
+
+    from diloco.decoupled.ray_transport import connect, start_syncer
+
+    with LocalTransport(_syncer(merge="mean", grace_gamma=0.0)) as transport:
+        local = run_learners(_train, transport)
+    expected = transport.syncer.global_named_parameters()
+
+    handle = start_syncer(_syncer(merge="mean", grace_gamma=0.0), name="syncer-eq", namespace="diloco-test")
+    results: list = [None] * M
+    errors: list = []
+
+    def learner(m):
+        try:  # each learner looks the actor up by its name
+            results[m] = _train(connect(learner=m, name="syncer-eq", namespace="diloco-test"), m)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=learner, args=(m,)) for m in range(M)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    got = ray.get(handle.global_named_parameters.remote())
+    records = ray.get(handle.records.remote())
+    ray.kill(handle)
+    assert records and all(len(r.learners) == M for r in records)
+    for name in expected:
+        assert torch.equal(got[name], expected[name]), name
+    for mine, theirs in zip(results, local):
+        assert all(torch.equal(mine[n], theirs[n]) for n in mine)
+
+
+def test_ray_quorum_one_with_a_grace_window_merges(local_ray):
+    from diloco.decoupled.ray_transport import connect, start_syncer
+
+    handle = start_syncer(_syncer(quorum=1, grace_gamma=0.5), name="syncer-k1", namespace="diloco-test")
+    out = _train(connect(learner=0, name="syncer-k1", namespace="diloco-test"), 0)
+    records = ray.get(handle.records.remote())
+    ray.kill(handle)
+    assert records and all(r.learners == (0,) for r in records)
+    assert all(torch.isfinite(v).all() for v in out.values())
+
+
+def test_token_authentication_is_on_unless_the_environment_turns_it_off(local_ray):
+    """Nothing in the library sets RAY_AUTH_MODE: a new local instance keeps Ray's default, token auth on."""
+    import os
+
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+    if os.environ.get("RAY_AUTH_MODE", "token").lower() != "token":
+        pytest.skip("RAY_AUTH_MODE turns token authentication off in this environment")
+    assert is_token_auth_enabled()
+
+
+def test_a_second_syncer_of_the_same_name_and_a_missing_one_are_refused(local_ray):
+    from diloco.decoupled.ray_transport import connect, start_syncer
+
+    handle = start_syncer(_syncer(), name="syncer-dup", namespace="diloco-test")
+    ray.get(handle.records.remote())  # the actor is up
+    with pytest.raises(ValueError, match="already runs"):
+        start_syncer(_syncer(), name="syncer-dup", namespace="diloco-test")
+    ray.kill(handle)
+    with pytest.raises(ValueError, match="no syncer named 'nobody'"):
+        connect(learner=0, name="nobody", namespace="diloco-test")
