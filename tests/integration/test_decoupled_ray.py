@@ -114,3 +114,18 @@ def test_a_second_syncer_of_the_same_name_and_a_missing_one_are_refused(local_ra
     ray.kill(handle)
     with pytest.raises(ValueError, match="no syncer named 'nobody'"):
         connect(learner=0, name="nobody", namespace="diloco-test")
+
+
+def test_diloco_train_decoupled_on_ray(local_ray, tmp_path, token_cache):
+    """The trainer's learners (threads) against the syncer as a Ray actor on the running local instance."""
+    import json
+
+    from diloco.train.config import TrainConfig, load_preset
+    from diloco.train.trainer import train_model
+
+    cfg = TrainConfig.from_dict({**load_preset("tiny")["base"], "method": "decoupled", "decoupled_transport": "ray",
+                                 "overlap_steps": 1, "quorum": 1, "steps": 16})
+    result = train_model(cfg, tmp_path, cache_dir=token_cache, progress=False)
+    merges = [json.loads(line) for line in (tmp_path / "merges.jsonl").read_text().splitlines()]
+    assert merges and {m for r in merges for m in r["learners"]} == {0, 1}
+    assert result.final_eval_loss == result.final_eval_loss  # a number, not NaN

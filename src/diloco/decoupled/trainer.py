@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,15 +27,39 @@ def _outer(cfg: Any):
                    nesterov=cfg.outer_nesterov and cfg.outer_momentum > 0)
 
 
+class SyncerSession:
+    """What the trainer holds while a decoupled run is on: a channel per learner and, after, the merges."""
+
+    def __init__(self, channel: Callable[[int], Channel], records: Callable[[], list[MergeRecord]]) -> None:
+        self.channel, self.records = channel, records
+
+
 @contextlib.contextmanager
-def decoupled_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] | None) -> Iterator[LocalTransport]:
-    """The config's syncer (from the run's initial model) on a thread of its own, for the ``with`` block."""
+def decoupled_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] | None) -> Iterator[SyncerSession]:
+    """The config's syncer (from the run's initial model) for the ``with`` block: on a thread of this process
+    (``decoupled_transport='threads'``) or as a named Ray actor (``'ray'``, on the cluster at ``ray_address``,
+    else a local Ray instance), which is stopped at the end."""
     syncer = Syncer(template, num_learners=cfg.replicas, quorum=cfg.quorum or cfg.replicas,
                     num_fragments=cfg.num_fragments, fragment_pattern=cfg.fragment_pattern, fragments=fragments,
                     merge=cfg.merge, codec=get_codec(cfg.codec), outer_optimizer=_outer(cfg),
                     overlap_steps=cfg.overlap_steps, grace_gamma=cfg.grace_gamma, grace_ema_decay=cfg.grace_ema_decay)
+    if cfg.decoupled_transport == "ray":
+        try:
+            import ray
+
+            from diloco.decoupled.ray_transport import RayChannel, start_syncer
+        except ImportError:
+            raise ValueError("decoupled_transport='ray' needs Ray: pip install -e .[ray] (or ray>=2.9), "
+                             "or use decoupled_transport='threads'") from None
+        handle = start_syncer(syncer, name=f"diloco-syncer-{uuid.uuid4().hex[:12]}",
+                              address=cfg.ray_address or None)
+        try:
+            yield SyncerSession(lambda m: RayChannel(handle, m), lambda: ray.get(handle.records.remote()))
+        finally:
+            ray.kill(handle)
+        return
     with LocalTransport(syncer, timeout=600.0) as transport:
-        yield transport
+        yield SyncerSession(transport.channel, lambda: list(transport.syncer.records))
 
 
 def decoupled_learner(cfg: Any, model: nn.Module, channel: Channel, *, learner: int,
@@ -51,4 +76,4 @@ def write_merges(path: Path, records: Sequence[MergeRecord]) -> None:
     atomic_write_bytes(Path(path), "".join(json.dumps(r.as_row()) + "\n" for r in records).encode("utf-8"))
 
 
-__all__ = ["decoupled_learner", "decoupled_syncer", "write_merges"]
+__all__ = ["SyncerSession", "decoupled_learner", "decoupled_syncer", "write_merges"]

@@ -182,7 +182,7 @@ class Trainer:
         self.progress = progress
         self.device = check_device(device)  # a ValueError now, before the run directory is touched
         self.callbacks = tuple(callbacks)
-        self._transport: Any = None  # method=decoupled: the syncer's LocalTransport while a run is on
+        self._transport: Any = None  # method=decoupled: the syncer's session while a run is on
 
     # -- setup ---------------------------------------------------------------
     def plan(self, *, resume: bool = False, overwrite: bool = False, reuse: bool = False,
@@ -290,19 +290,19 @@ class Trainer:
 
     @contextlib.contextmanager
     def _decoupled(self, run: _Run):
-        """method=decoupled: run a syncer on a thread for the learners; afterwards write ``merges.jsonl``."""
+        """method=decoupled: run a syncer for the learners (a thread, or a Ray actor); then write ``merges.jsonl``."""
         if self.cfg.method != "decoupled":
             yield
             return
         from diloco.decoupled.trainer import decoupled_syncer, write_merges
 
-        with decoupled_syncer(self.cfg, run.template, run.fragments) as transport:
-            self._transport = transport
+        with decoupled_syncer(self.cfg, run.template, run.fragments) as session:
+            self._transport = session
             try:
                 yield
             finally:
                 self._transport = None
-        write_merges(self.out_dir / "merges.jsonl", transport.syncer.records)
+            write_merges(self.out_dir / "merges.jsonl", session.records())
 
     def run_replica(self, comm: Communicator, *, resume: bool = False, overwrite: bool = False, reuse: bool = False,
                     intra: Communicator | None = None, elastic: bool = False, mesh: Any = None) -> RunResult | None:
