@@ -1,0 +1,161 @@
+"""The bandwidth frontier: each method at its best inner lr against DP at its best, beside what it sends.
+
+    .venv/bin/python studies/frontier/report.py            # table; frontier-summary.json and frontier.png
+
+Reads studies/frontier/results.jsonl (``diloco sweep`` over the grids of write_grids.py) and each run's
+summary.json (bytes sent). For every (size, global batch, method) it takes the finished run with the lowest
+final eval loss over the inner lrs tried, and says whether that best sits at the edge of its bracket.
+Columns: the gap to the best DP at the same size and batch; bits per parameter per sync (the codec's exact
+payload for the whole model, over its parameter count); bytes sent per replica over the run; the latency
+an exchange may take without stalling (tau inner steps); and, beside every gap, the papers' scaling law for
+DiLoCo M = 2 at this N (their Table 4 fitted and extrapolated: the reference the issue of model size sets).
+The two targets: eager (tau = H) within 0.5 points of Streaming tau = 1; some codec at <= 0.5 bits per
+parameter within 0.3 points of FP4 Streaming. A missing run is reported as missing, never as met.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from diloco.algorithm.codecs import get_codec  # noqa: E402
+from diloco.files import read_jsonl, write_json  # noqa: E402
+from diloco.scaling.paper_gap import paper_law_gaps  # noqa: E402
+from diloco.traffic import exchange_bytes  # noqa: E402
+
+sys.path.insert(0, str(HERE))
+from write_grids import METHODS  # noqa: E402
+
+STREAMING, EAGER = "streaming-fp4-tau1", ("eager-fp4-mom0.9", "eager-fp4-mom0.5")
+
+
+def method_name(rec: dict) -> str:
+    """The METHODS key a result belongs to (by its settings)."""
+    base = rec["base"]
+    for name, (method, outer_lr, extra) in METHODS.items():
+        if method != rec["method"]:
+            continue
+        if method == "dp" or (all(base.get(k) == v for k, v in extra.items()) and outer_lr == rec["outer_lr"]):
+            return name
+    return "?"
+
+
+def bits_per_param(rec: dict, total_params: int) -> float:
+    if rec["method"] == "dp":
+        return 32.0  # fp32 gradients, every step
+    codec = get_codec(rec["base"].get("codec", "fp32"), topk_density=rec["base"].get("topk_density"))
+    return 8 * codec.num_bytes(total_params) / total_params
+
+
+def _dp_bytes_at_m2(summary: dict) -> float | None:
+    """DP over M = 2 sends fp32 gradients every step (as the trainer's DP at M = 2 does); the sweep runs DP with
+    one replica, which sends nothing, so its bytes are counted by the traffic function."""
+    if not summary.get("num_params") or not summary.get("steps"):
+        return None
+    return summary["steps"] * exchange_bytes(payload_bytes=4 * summary["num_params"], num_replicas=2,
+                                             exchange="all_gather")
+
+
+def main() -> int:
+    records = [r for r in read_jsonl(HERE / "results.jsonl") if r.get("status") == "ok" and r.get("eval_loss")]
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        groups[(r["size"], r["global_batch"], method_name(r))].append(r)
+    rows = []
+    for (size, batch, name), rs in sorted(groups.items()):
+        best = min(rs, key=lambda r: r["eval_loss"])
+        lrs = sorted(r["inner_lr"] for r in rs)
+        summary_path = ROOT / best["run_dir"] / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        total = summary.get("num_params")
+        rows.append({"size": size, "global_batch": batch, "method": name, "inner_lr": best["inner_lr"],
+                     "lrs_tried": lrs, "at_edge": len(lrs) > 1 and best["inner_lr"] in (lrs[0], lrs[-1]),
+                     "eval_loss": best["eval_loss"], "num_params": best["num_params"],
+                     "bits_per_param_per_sync": bits_per_param(best, total) if total else None,
+                     "bytes_sent_per_replica": (_dp_bytes_at_m2(summary) if name == "dp"
+                                                else summary.get("bytes_sent_per_replica")),
+                     "tolerated_steps": (0 if name == "dp" else METHODS[name][2].get("overlap_steps", 0))})
+    for r in rows:
+        dps = [d for d in rows if d["method"] == "dp" and d["size"] == r["size"]]
+        dp = min(dps, key=lambda d: d["eval_loss"]) if dps else None  # DP at its best lr and batch
+        r["gap_pct"] = None if dp is None else 100 * (r["eval_loss"] / dp["eval_loss"] - 1)
+        r["papers_law_m2_gap_pct"] = paper_law_gaps(r["num_params"])[2]
+    print(f"{'size':<9} {'B':>3} {'method':<19} {'lr':>6} {'loss':>7} {'gap':>8} {'law M=2':>8} "
+          f"{'bits/p/sync':>11} {'sent/replica':>13} {'tau':>4}")
+    for r in rows:
+        gap = "-" if r["gap_pct"] is None else f"{r['gap_pct']:+.2f}%"
+        bits = "-" if r["bits_per_param_per_sync"] is None else f"{r['bits_per_param_per_sync']:.3f}"
+        sent = "-" if r["bytes_sent_per_replica"] is None else f"{r['bytes_sent_per_replica'] / 1e6:.1f} MB"
+        edge = "*" if r["at_edge"] else " "
+        print(f"{r['size']:<9} {r['global_batch']:>3} {r['method']:<19} {r['inner_lr']:>6g}{edge}{r['eval_loss']:>7.4f} "
+              f"{gap:>8} {r['papers_law_m2_gap_pct']:>+7.2f}% {bits:>11} {sent:>13} {r['tolerated_steps']:>4}")
+    print("* the best inner lr sits at the edge of what was tried: bracket it further")
+    print("\nTargets (per size, best over batches):")
+    for size in sorted({r["size"] for r in rows}):
+        best = {}
+        for r in rows:
+            if r["size"] == size and (r["method"] not in best or r["eval_loss"] < best[r["method"]]["eval_loss"]):
+                best[r["method"]] = r
+        s = best.get(STREAMING)
+        eager = [best[e] for e in EAGER if e in best]
+        if s and eager:
+            e = min(eager, key=lambda r: r["eval_loss"])
+            d = e["gap_pct"] - s["gap_pct"]
+            print(f"  {size}: eager (tau = H) {e['gap_pct']:+.2f}% vs Streaming tau = 1 {s['gap_pct']:+.2f}%: "
+                  f"{d:+.2f} points -> {'met' if d <= 0.5 else 'MISSED'} (target <= +0.5)")
+        else:
+            print(f"  {size}: eager vs Streaming: not yet measured")
+        low = [r for r in best.values() if r["bits_per_param_per_sync"] is not None and r["bits_per_param_per_sync"] <= 0.5]
+        if s and low:
+            c = min(low, key=lambda r: r["eval_loss"])
+            d = c["gap_pct"] - s["gap_pct"]
+            print(f"  {size}: best codec at <= 0.5 bits/param ({c['method']}, {c['bits_per_param_per_sync']:.3f}) "
+                  f"{d:+.2f} points from FP4 Streaming -> {'met' if d <= 0.3 else 'MISSED'} (target <= +0.3)")
+        else:
+            print(f"  {size}: a codec at <= 0.5 bits/param vs FP4 Streaming: not yet measured")
+    write_json(HERE / "frontier-summary.json", {"rows": rows})
+    _plot(rows)
+    return 0
+
+
+def _plot(rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for r in rows:
+        if r["gap_pct"] is None or r["method"] == "dp":
+            continue
+        label = f"{r['method']} ({r['size']}, B={r['global_batch']})"
+        if r["bits_per_param_per_sync"]:
+            axes[0].scatter(r["bits_per_param_per_sync"], r["gap_pct"], label=label)
+        axes[1].scatter(max(r["tolerated_steps"], 0.5), r["gap_pct"], label=label)
+    for ax in axes:
+        laws = sorted({(r["size"], r["papers_law_m2_gap_pct"]) for r in rows})
+        for size, law in laws:
+            ax.axhline(law, ls="--", lw=0.8, color="gray")
+            ax.text(ax.get_xlim()[0], law, f" papers' law M=2 ({size})", fontsize=7, va="bottom", color="gray")
+        ax.set_xscale("log")
+        ax.set_ylabel("final eval loss gap to DP (%)")
+        ax.grid(alpha=0.3)
+    axes[0].set_xlabel("bits per parameter per sync (log)")
+    axes[1].set_xlabel("latency an exchange may take (inner steps, log; 0 shown at 0.5)")
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=6)
+    fig.suptitle("The bandwidth frontier at laptop scale (20 tokens per parameter)")
+    fig.tight_layout()
+    fig.savefig(HERE / "frontier.png", dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The bandwidth frontier at laptop scale: one grid per method and global batch, each bracketing the inner lr.
+
+    .venv/bin/python studies/frontier/write_grids.py SIZE        # writes studies/frontier/grids/SIZE-*.json
+
+Every method runs the same model, data (the large corpus), token budget (20 tokens per parameter) and
+schedule as the long runs of studies/outer-tuning (warmup 120, bf16 + torch.compile, one thread), so the
+gaps compare with those. Each grid brackets the inner lr at two values (the best of DP and of Streaming
+at this size and their neighbour); a bracket whose best sits at an edge gets one more grid by hand.
+Existing grid files are never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+BASE = {"vocab_size": 4096, "seq_len": 128, "warmup_steps": 120, "eval_every": 200, "eval_batches": 16,
+        "threads": 1, "sources": ["large"], "bf16": True, "compile": True}
+STREAM = {"num_fragments": 3, "overlap_steps": 1, "merge_alpha": 0.5, "codec": "fp4_e3m0", "outer_momentum": 0.9}
+
+#: name -> (method, outer_lr, base settings). The methods of the frontier, each at its papers' recipe.
+METHODS = {
+    "dp": ("dp", 0.7, {}),
+    "streaming-fp4-tau1": ("streaming", 0.7, STREAM),
+    # eager updates: the exchange overlaps a whole outer step (tau = H); outer momentum 0.9 and 0.5
+    "eager-fp4-mom0.9": ("streaming", 0.7, {**STREAM, "overlap_steps": 30, "eager": True}),
+    "eager-fp4-mom0.5": ("streaming", 0.7, {**STREAM, "overlap_steps": 30, "eager": True, "outer_momentum": 0.5}),
+    # error feedback with the statistical quantizer (MuLoCo's beta 0.9)
+    "stat4-ef0.9": ("streaming", 0.7, {**STREAM, "codec": "stat4", "ef_decay": 0.9}),
+    "stat2-ef0.9": ("streaming", 0.7, {**STREAM, "codec": "stat2", "ef_decay": 0.9}),
+    # SparseLoCo: top-k 1/64 with 2-bit values, accumulator decay 0.95, outer step without momentum, lr 1
+    "topk-sparseloco": ("streaming", 1.0, {**STREAM, "codec": "topk", "ef_decay": 0.95, "outer_momentum": 0.0}),
+    # MuLoCo: Muon inner optimizer with 4-bit error feedback
+    "muon-stat4-ef0.9": ("streaming", 0.7, {**STREAM, "codec": "stat4", "ef_decay": 0.9, "inner_optimizer": "muon"}),
+}
+
+#: the inner lrs bracketed per size (DP's and Streaming's best there in the long runs, and the next step).
+INNER_LRS = {"cpu-0.1m": [0.016, 0.032], "cpu-0.25m": [0.008, 0.016], "cpu-1m": [0.004, 0.008]}
+
+
+def grids(size: str) -> dict[str, dict]:
+    out = {}
+    for batch in (16, 32):
+        for name, (method, outer_lr, extra) in METHODS.items():
+            out[f"{size}-b{batch}-{name}"] = {
+                "_comment": f"The bandwidth frontier: {name} at {size}, global batch {batch}, 20 tokens/param.",
+                "runner": "train", "sizes": [size], "global_batch": [batch], "tokens_per_param": 20.0, "seed": 0,
+                "methods": [method], "replicas": [2], "sync_every": [30], "outer_lr": [outer_lr],
+                "inner_lr": INNER_LRS[size],
+                "base": {**BASE, **extra, "runs_dir": f"runs/frontier/{size}"},
+            }
+    return out
+
+
+def main() -> int:
+    if len(sys.argv) != 2 or sys.argv[1] not in INNER_LRS:
+        print(f"usage: write_grids.py SIZE  (SIZE: {', '.join(INNER_LRS)})", file=sys.stderr)
+        return 2
+    folder = HERE / "grids"
+    folder.mkdir(exist_ok=True)
+    for name, grid in grids(sys.argv[1]).items():
+        path = folder / f"{name}.json"
+        if path.exists():
+            print(f"kept {path} (exists)")
+            continue
+        path.write_text(json.dumps(grid, indent=1) + "\n")
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
