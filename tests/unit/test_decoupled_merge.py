@@ -75,7 +75,8 @@ def test_unknown_merge_names_the_choices():
 
 
 def test_grace_window_closed_form_and_emas():
-    assert grace_seconds(gamma=0.2, overlap_steps=2, step_time=1.0, quorum_time=0.3, sync_time=0.2) == pytest.approx(0.3)
+    window = grace_seconds(gamma=0.2, overlap_steps=2, step_time=1.0, quorum_time=0.3, sync_time=0.2)
+    assert window == pytest.approx(0.3)  # 0.2 x (2 x 1.0 - 0.3 - 0.2)
     assert grace_seconds(gamma=0.2, overlap_steps=1, step_time=0.1, quorum_time=1.0, sync_time=0.0) == 0.0
     assert ema(None, 5.0, decay=0.9) == 5.0 and ema(5.0, 15.0, decay=0.9) == pytest.approx(6.0)
     g = GraceWindow(gamma=0.5, overlap_steps=2)
