@@ -53,3 +53,11 @@ def test_cli_train_method_decoupled(tmp_path, cache):
                      "--set", "overlap_steps=1", "--cache-dir", str(cache), "--out", str(tmp_path / "run")])
     assert code in (0, None)
     assert (tmp_path / "run" / "merges.jsonl").read_text().strip()
+
+
+def test_overwrite_deletes_the_merge_log_too(tmp_path, cache):
+    train_model(tiny(method="decoupled", replicas=2, quorum=1, overlap_steps=1, steps=8), tmp_path, cache_dir=cache,
+                progress=False)
+    assert (tmp_path / "merges.jsonl").exists()
+    train_model(tiny(method="diloco", steps=8), tmp_path, cache_dir=cache, progress=False, overwrite=True)
+    assert not (tmp_path / "merges.jsonl").exists()  # a run's files, replaced with the run

@@ -28,7 +28,8 @@ from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig
 
 #: What a run writes into its directory; ``--overwrite`` deletes exactly these.
-RUN_FILES: tuple[str, ...] = ("config.json", "tokenizer.json", "metrics.jsonl", "summary.json", "checkpoints", "tb")
+RUN_FILES: tuple[str, ...] = ("config.json", "tokenizer.json", "metrics.jsonl", "summary.json", "checkpoints", "tb",
+                              "merges.jsonl")  # the last: method=decoupled
 
 #: Settings a resume may change: the budget (to train further).
 RESUMABLE_CHANGES: tuple[str, ...] = ("steps", "tokens")
