@@ -55,6 +55,17 @@ def test_cli_train_method_decoupled(tmp_path, cache):
     assert (tmp_path / "run" / "merges.jsonl").read_text().strip()
 
 
+def test_the_final_loss_is_the_syncers_parameters(tmp_path, cache):
+    """K = M: after the last flush learner 0 holds the syncer's latest parameters, so the summary's loss
+    (evaluated from the syncer's) equals the last eval row (from learner 0's copy), and both moved."""
+    result = train_model(tiny(method="decoupled", replicas=2, overlap_steps=1, steps=16), tmp_path,
+                         cache_dir=cache, progress=False)
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
+    assert result.final_eval_loss == pytest.approx(evals[-1], rel=1e-6)
+    assert result.final_eval_loss < [r["loss"] for r in rows if "loss" in r][0]
+
+
 def test_overwrite_deletes_the_merge_log_too(tmp_path, cache):
     train_model(tiny(method="decoupled", replicas=2, quorum=1, overlap_steps=1, steps=8), tmp_path, cache_dir=cache,
                 progress=False)

@@ -4,6 +4,7 @@ and the merge log (``merges.jsonl``, one row per merge: fragment, learners, weig
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -30,8 +31,9 @@ def _outer(cfg: Any):
 class SyncerSession:
     """What the trainer holds while a decoupled run is on: a channel per learner and, after, the merges."""
 
-    def __init__(self, channel: Callable[[int], Channel], records: Callable[[], list[MergeRecord]]) -> None:
-        self.channel, self.records = channel, records
+    def __init__(self, channel: Callable[[int], Channel], records: Callable[[], list[MergeRecord]],
+                 global_parameters: Callable[[], dict[str, torch.Tensor]]) -> None:
+        self.channel, self.records, self.global_parameters = channel, records, global_parameters
 
 
 @contextlib.contextmanager
@@ -54,12 +56,14 @@ def decoupled_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] |
         handle = start_syncer(syncer, name=f"diloco-syncer-{uuid.uuid4().hex[:12]}",
                               address=cfg.ray_address or None)
         try:
-            yield SyncerSession(lambda m: RayChannel(handle, m), lambda: ray.get(handle.records.remote()))
+            yield SyncerSession(lambda m: RayChannel(handle, m), lambda: ray.get(handle.records.remote()),
+                                lambda: ray.get(handle.global_named_parameters.remote()))
         finally:
             ray.kill(handle)
         return
     with LocalTransport(syncer, timeout=600.0) as transport:
-        yield SyncerSession(transport.channel, lambda: list(transport.syncer.records))
+        yield SyncerSession(transport.channel, lambda: list(transport.syncer.records),
+                            transport.syncer.global_named_parameters)
 
 
 def decoupled_learner(cfg: Any, model: nn.Module, channel: Channel, *, learner: int,
@@ -71,9 +75,22 @@ def decoupled_learner(cfg: Any, model: nn.Module, channel: Channel, *, learner: 
                    schedule=cfg.schedule_spec, tokens_per_step=cfg.batch_per_replica * cfg.seq_len, stats=stats)
 
 
+@torch.no_grad()
+def evaluate_global(template: nn.Module, named: dict[str, torch.Tensor], val: Sequence[Any], *, bf16: bool,
+                    device: torch.device) -> float:
+    """Held-out loss of ``template``'s architecture with the syncer's global parameters ``named``."""
+    from diloco.train.evaluation import evaluate
+
+    model = copy.deepcopy(template).to(device)
+    params = dict(model.named_parameters())
+    for name, value in named.items():
+        params[name].copy_(value)
+    return evaluate(model, val, bf16)
+
+
 def write_merges(path: Path, records: Sequence[MergeRecord]) -> None:
     """One JSON row per merge, in the order they happened."""
     atomic_write_bytes(Path(path), "".join(json.dumps(r.as_row()) + "\n" for r in records).encode("utf-8"))
 
 
-__all__ = ["SyncerSession", "decoupled_learner", "decoupled_syncer", "write_merges"]
+__all__ = ["SyncerSession", "decoupled_learner", "decoupled_syncer", "evaluate_global", "write_merges"]

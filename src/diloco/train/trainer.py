@@ -280,8 +280,13 @@ class Trainer:
         run.threads = cfg.threads or int((plan.meta or {}).get("threads") or default_threads(cfg.replicas))
         torch.set_num_threads(run.threads)
         try:
-            with self._decoupled(run):  # method=decoupled: the syncer's thread (else nothing)
+            with self._decoupled(run) as syncer_global:  # method=decoupled: the syncer (else nothing)
                 results = run_replicas(partial(self._replica_loop, run=run, table=table, logger=logger), cfg.replicas)
+            if syncer_global:  # the final loss is the syncer's global parameters', not a learner's copy of them
+                from diloco.decoupled.trainer import evaluate_global
+
+                results[0]["final_eval_loss"] = evaluate_global(run.template, syncer_global, run.val,
+                                                                bf16=cfg.bf16, device=self.device)
         finally:
             logger.close()
             if bar is not None:
@@ -290,19 +295,24 @@ class Trainer:
 
     @contextlib.contextmanager
     def _decoupled(self, run: _Run):
-        """method=decoupled: run a syncer for the learners (a thread, or a Ray actor); then write ``merges.jsonl``."""
+        """method=decoupled: run a syncer for the learners (a thread, or a Ray actor); then write ``merges.jsonl``.
+
+        Yields a dict that holds the syncer's final global parameters once the block has ended (empty otherwise).
+        """
+        final: dict[str, torch.Tensor] = {}
         if self.cfg.method != "decoupled":
-            yield
+            yield final
             return
         from diloco.decoupled.trainer import decoupled_syncer, write_merges
 
         with decoupled_syncer(self.cfg, run.template, run.fragments) as session:
             self._transport = session
             try:
-                yield
+                yield final
             finally:
                 self._transport = None
             write_merges(self.out_dir / "merges.jsonl", session.records())
+            final.update(session.global_parameters())
 
     def run_replica(self, comm: Communicator, *, resume: bool = False, overwrite: bool = False, reuse: bool = False,
                     intra: Communicator | None = None, elastic: bool = False, mesh: Any = None) -> RunResult | None:
