@@ -19,9 +19,9 @@ M, STEPS = 3, 12
 KW = dict(sync_every=4, num_fragments=2, overlap_steps=1, codec="fp32")
 
 
-def _train(channel, m):
+def _train(channel, m, **kw):
     model = make_model(seed=10 + m)
-    algo = Learner(model, channel=channel, learner=m, **KW)
+    algo = Learner(model, channel=channel, learner=m, **(KW | kw))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for x, y in batches(m, STEPS):
         model(x, y)[1].backward()
@@ -83,10 +83,11 @@ def test_ray_syncer_actor_gives_the_in_process_bits_and_learners_find_it_by_name
 
 
 def test_ray_quorum_one_with_a_grace_window_merges(local_ray):
+    """K = 1, and the learner overwrites tau steps after it sees each reply (polled without waiting)."""
     from diloco.decoupled.ray_transport import connect, start_syncer
 
     handle = start_syncer(_syncer(quorum=1, grace_gamma=0.5), name="syncer-k1", namespace="diloco-test")
-    out = _train(connect(learner=0, name="syncer-k1", namespace="diloco-test"), 0)
+    out = _train(connect(learner=0, name="syncer-k1", namespace="diloco-test"), 0, overwrite_after="arrival")
     records = ray.get(handle.records.remote())
     ray.kill(handle)
     assert records and all(r.learners == (0,) for r in records)

@@ -35,8 +35,9 @@ def _loop(model, algo, steps, rank, *, sleep=0.0):
 
 def run_decoupled(M, steps, *, sleeps=None, learner_steps=None, **kw):
     """M learner threads against one syncer thread; returns (syncer, per-learner (model, learner, seconds))."""
-    sync_kw = {k: kw[k] for k in ("sync_every", "num_fragments", "overlap_steps", "codec", "merge_alpha") if k in kw}
-    syncer_kw = {k: v for k, v in kw.items() if k not in ("sync_every", "merge_alpha")}
+    sync_kw = {k: kw[k] for k in ("sync_every", "num_fragments", "overlap_steps", "codec", "merge_alpha",
+                                  "overwrite_after") if k in kw}
+    syncer_kw = {k: v for k, v in kw.items() if k not in ("sync_every", "merge_alpha", "overwrite_after")}
     syncer = Syncer(make_model(seed=0), num_learners=M, **syncer_kw)
 
     def learner(channel, m):
@@ -116,23 +117,73 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-def test_straggler_quorum_one_with_grace_keeps_the_fast_learners_fast_and_full_quorum_waits(one_torch_thread):
+@pytest.mark.parametrize("overwrite_after", ["send", "arrival"])
+def test_straggler_quorum_one_with_grace_keeps_the_fast_learners_fast_and_full_quorum_waits(one_torch_thread,
+                                                                                           overwrite_after):
     """3 learners, one 3x slower (sleep per step). K = 1 + grace window: the fast ones keep >= 90 % of
     their solo step rate; K = M: they wait for the slow one at every reply and fall to about 1/3.
 
     The slow learner runs 20 steps under K = 1 (the time the fast ones take for 60) and 60 under K = M.
     """
     step, steps = 0.015, 60  # seconds of sleep per step dominate the ~1.5 ms of compute
-    kw = dict(sync_every=4, num_fragments=2, overlap_steps=2, codec="fp32", merge="rda")
+    kw = dict(sync_every=4, num_fragments=2, overlap_steps=2, codec="fp32", merge="rda",
+              overwrite_after=overwrite_after)
     _, solo = run_decoupled(1, steps, sleeps=[step], **kw)
     solo_rate = steps / solo[0][2]
     sleeps = [step, step, 3 * step]
     _, k1 = run_decoupled(3, steps, sleeps=sleeps, learner_steps=[60, 60, 20], quorum=1, grace_gamma=0.2, **kw)
     _, km = run_decoupled(3, steps, sleeps=sleeps, learner_steps=[60, 60, 60], quorum=3, grace_gamma=0.2, **kw)
     r1, rm = _fast_rate(k1) / solo_rate, _fast_rate(km) / solo_rate
-    print(f"fast learners' step rate / solo: K=1 + grace {r1:.2f}, K=M {rm:.2f} (solo {solo_rate:.0f} steps/s)")
+    print(f"{overwrite_after}: fast learners' step rate / solo: K=1 + grace {r1:.2f}, K=M {rm:.2f} (solo {solo_rate:.0f} steps/s)")
     assert r1 >= 0.9
     assert rm < 0.5  # about 1/3: the tau = 2 steps of overlap let them run a little ahead
+
+
+class _ScriptedChannel:
+    """A syncer stand-in whose reply (all zeros) becomes visible once the learner has done ``visible_after`` steps."""
+
+    def __init__(self, start, visible_after):
+        self.start, self.visible_after, self.step, self.sent = start, visible_after, 0, []
+
+    def join(self):
+        return [s.clone() for s in self.start]
+
+    def send(self, report):
+        self.sent.append(report.sent_after_step)
+
+    def _reply(self, fragment):
+        from diloco.algorithm.codecs import get_codec
+        from diloco.decoupled.messages import Reply
+
+        return Reply(learner=0, fragment=fragment, payload=get_codec("fp32").encode(torch.zeros_like(self.start[0])),
+                     version=1)
+
+    def wait_reply(self, fragment):
+        return self._reply(fragment)
+
+    def poll_reply(self, fragment):
+        return self._reply(fragment) if self.step >= self.visible_after else None
+
+    def leave(self):
+        pass
+
+
+@pytest.mark.parametrize("mode, overwritten_after", [("send", 10), ("arrival", 13)])
+def test_overwrite_tau_steps_after_sending_or_after_the_reply_arrives(mode, overwritten_after):
+    """H = 8, tau = 2: the report goes after step 8; the reply is seen after step 11. 'send' overwrites after
+    step 8 + 2 = 10 (waiting for the reply there), 'arrival' after step 11 + 2 = 13."""
+    from diloco.algorithm.fragments import flatten
+
+    model = make_model()
+    channel = _ScriptedChannel([flatten(list(model.parameters()))], visible_after=11)
+    algo = Learner(model, channel=channel, learner=0, sync_every=8, overlap_steps=2, overwrite_after=mode)
+    zeroed = []
+    for t in range(1, 15):
+        channel.step = t
+        algo.after_optimizer_step()
+        zeroed.append(all(bool((p == 0).all()) for p in model.parameters()))
+    assert channel.sent == [8]
+    assert zeroed.index(True) + 1 == overwritten_after
 
 
 def test_a_slow_learner_joins_merges_with_positive_weight_under_a_grace_window():
@@ -149,6 +200,8 @@ def test_settings_a_user_gets_wrong_are_refused_with_the_fix():
         Syncer(make_model(), num_learners=2, merge="avg")
     with pytest.raises(ValueError, match="grace_gamma=-1"):
         Syncer(make_model(), num_learners=2, grace_gamma=-1, overlap_steps=1)
+    with pytest.raises(ValueError, match="overwrite_after='later'"):
+        Learner(make_model(), channel=None, learner=0, sync_every=4, overwrite_after="later")
     with pytest.raises(ValueError, match="grace_gamma=1.5"):
         Syncer(make_model(), num_learners=2, grace_gamma=1.5, overlap_steps=1)
 

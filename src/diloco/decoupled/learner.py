@@ -18,6 +18,12 @@ overwrites the fragment (``merge_alpha`` alpha = 0, the default: the global valu
 ``alpha * local + (1 - alpha) * global``) and resets p's counters. The grace window is sized so that the
 reply normally arrives within those tau steps; with quorum K = M the learner waits for the slowest.
 
+``overwrite_after="arrival"`` takes the other reading of "tau steps later": the learner never waits at
+t + tau; it checks after every step whether the reply has arrived and overwrites tau steps after the
+step at which it saw it. It waits only when the fragment is due again with its reply not yet applied
+(so still at most one report per fragment in flight). Timing then depends on the machines' speeds,
+so runs are not reproducible bit for bit; the default (``"send"``) is the Streaming DiLoCo timing.
+
 A learner has at most one report per fragment in flight (tau < H). Learners never talk to each other.
 """
 
@@ -52,6 +58,9 @@ class Channel(Protocol):
     def wait_reply(self, fragment: int) -> Reply:
         """The reply to this learner's report of ``fragment`` (waits until it arrives)."""
 
+    def poll_reply(self, fragment: int) -> Reply | None:
+        """That reply if it has arrived, else None (does not wait)."""
+
     def leave(self) -> None:
         """Stop: the syncer no longer counts this learner."""
 
@@ -71,6 +80,9 @@ class Learner(ReplicaAlgorithm):
         schedule: when each fragment is due (as :class:`diloco.StreamingDiLoCo`'s ``schedule``).
         tokens_per_step: tokens counted for a step when :meth:`after_optimizer_step` is given none.
         stats: a :class:`diloco.comm.accounting.CommStats` to count this learner's bytes in (optional).
+        overwrite_after: ``"send"`` (default): overwrite after step t + tau, t the step the report was sent
+            after, waiting there if the reply is late; ``"arrival"``: tau steps after the step at which the
+            reply was seen to have arrived (see the module docstring).
     """
 
     def __init__(
@@ -89,7 +101,13 @@ class Learner(ReplicaAlgorithm):
         schedule: Schedule | Sequence[int] | str | None = None,
         tokens_per_step: float = 1.0,
         stats: CommStats | None = None,
+        overwrite_after: str = "send",
     ) -> None:
+        if overwrite_after not in ("send", "arrival"):
+            raise ValueError(f"overwrite_after={overwrite_after!r}: choose 'send' (tau steps after sending, the "
+                             f"Streaming DiLoCo timing) or 'arrival' (tau steps after the reply arrives)")
+        self.overwrite_after = overwrite_after
+        self._arrived: dict[int, tuple[int, Reply]] = {}  # arrival mode: fragment -> (step seen, reply)
         if not 0.0 <= float(merge_alpha) <= 1.0:
             raise ValueError(f"merge_alpha (alpha) must lie in [0, 1], got {merge_alpha}; 0 overwrites (the default)")
         self.model, self.channel, self.learner = model, channel, learner
@@ -132,10 +150,28 @@ class Learner(ReplicaAlgorithm):
         for p in range(len(self.fragments)):
             self.steps[p] += 1
             self.tokens[p] += float(tokens)
-        for p in self.schedule.starts(t):
-            self._send(p, t)
-        reports = [self._overwrite(p, t) for p in self.schedule.finishes(t) if p in self._in_flight]
+        if self.overwrite_after == "arrival":
+            reports = self._arrival_step(t)
+        else:
+            for p in self.schedule.starts(t):
+                self._send(p, t)
+            reports = [self._overwrite(p, t) for p in self.schedule.finishes(t) if p in self._in_flight]
         self._last_return = time.monotonic()
+        return reports
+
+    def _arrival_step(self, t: int) -> list[SyncReport]:
+        reports = []
+        for p in self.schedule.starts(t):
+            if p in self._in_flight:  # due again before its reply was applied: apply it now (waiting if needed)
+                reports.append(self._overwrite(p, t))
+            self._send(p, t)
+        for p in sorted(self._in_flight):
+            if p not in self._arrived:
+                reply = self.channel.poll_reply(p)
+                if reply is not None:
+                    self._arrived[p] = (t, reply)
+        tau = self.schedule.overlap_steps
+        reports += [self._overwrite(p, t) for p in sorted(self._arrived) if t >= self._arrived[p][0] + tau]
         return reports
 
     def flush(self) -> list[SyncReport]:
@@ -166,9 +202,12 @@ class Learner(ReplicaAlgorithm):
     @torch.no_grad()
     def _overwrite(self, p: int, t: int) -> SyncReport:
         started = self._in_flight.pop(p)
-        before = time.monotonic()
-        reply = self.channel.wait_reply(p)
-        self.wait_seconds += time.monotonic() - before
+        if p in self._arrived:
+            reply = self._arrived.pop(p)[1]
+        else:
+            before = time.monotonic()
+            reply = self.channel.wait_reply(p)
+            self.wait_seconds += time.monotonic() - before
         if p in self._handles:
             self.stats.finish(self._handles.pop(p))
         numel = self.base[p].numel()

@@ -129,6 +129,16 @@ class LocalChannel:
             self._stash[reply.fragment] = reply
         return self._stash.pop(fragment)
 
+    def poll_reply(self, fragment: int) -> Reply | None:
+        outbox = self.transport._outboxes[self.learner]
+        while True:
+            try:
+                reply = outbox.get_nowait()
+            except queue.Empty:
+                break
+            self._stash[reply.fragment] = reply
+        return self._stash.pop(fragment, None)
+
     def leave(self) -> None:
         self.transport._call(lambda: self.transport._dispatch(self.transport.syncer.leave(self.learner)))
 

@@ -121,15 +121,21 @@ class RayChannel:
 
     def __init__(self, actor: Any, learner: int) -> None:
         self.actor, self.learner = actor, learner
+        self._replies: dict[int, Any] = {}  # fragment -> the reply's ObjectRef, asked for when the report is sent
 
     def join(self) -> list[torch.Tensor]:
         return ray.get(self.actor.join.remote(self.learner))
 
     def send(self, report: Report) -> None:
         self.actor.report.remote(report)  # not waited on: the learner trains on
+        self._replies[report.fragment] = self.actor.wait_reply.remote(self.learner, report.fragment)
 
     def wait_reply(self, fragment: int) -> Reply:
-        return ray.get(self.actor.wait_reply.remote(self.learner, fragment))
+        return ray.get(self._replies.pop(fragment))
+
+    def poll_reply(self, fragment: int) -> Reply | None:
+        ready, _ = ray.wait([self._replies[fragment]], timeout=0)
+        return ray.get(self._replies.pop(fragment)) if ready else None
 
     def leave(self) -> None:
         ray.get(self.actor.leave.remote(self.learner))
