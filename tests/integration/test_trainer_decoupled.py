@@ -22,8 +22,8 @@ def tiny(**kw) -> TrainConfig:
 
 
 def test_decoupled_trains_the_tiny_model_and_logs_every_merge(tmp_path, cache):
-    cfg = tiny(method="decoupled", replicas=3, global_batch=9, quorum=1, sync_every=8, num_fragments=2, overlap_steps=2,
-               codec="fp4_e3m0", steps=48)
+    cfg = tiny(method="decoupled", replicas=3, global_batch=9, quorum=1, sync_every=8, num_fragments=2,
+               overlap_steps=2, codec="fp4_e3m0", steps=48, overwrite_after="arrival")
     result = train_model(cfg, tmp_path, cache_dir=cache, progress=False)
     rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "loss" in r]
     assert len(rows) == 48
@@ -42,6 +42,7 @@ def test_decoupled_trains_the_tiny_model_and_logs_every_merge(tmp_path, cache):
     (dict(merge="median"), "merge='median'"),
     (dict(grace_gamma=-0.5), "grace_gamma=-0.5"),
     (dict(checkpoint_every=8), "checkpoint_every=8"),
+    (dict(overwrite_after="later"), "overwrite_after='later'"),
 ])
 def test_decoupled_settings_are_checked_with_the_fix(kw, match):
     with pytest.raises(ValueError, match=match):

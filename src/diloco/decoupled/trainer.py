@@ -72,7 +72,8 @@ def decoupled_learner(cfg: Any, model: nn.Module, channel: Channel, *, learner: 
     return Learner(model, channel=channel, learner=learner, sync_every=cfg.sync_every,
                    num_fragments=cfg.num_fragments, fragment_pattern=cfg.fragment_pattern, fragments=fragments,
                    overlap_steps=cfg.overlap_steps, merge_alpha=cfg.merge_alpha, codec=get_codec(cfg.codec),
-                   schedule=cfg.schedule_spec, tokens_per_step=cfg.batch_per_replica * cfg.seq_len, stats=stats)
+                   schedule=cfg.schedule_spec, tokens_per_step=cfg.batch_per_replica * cfg.seq_len, stats=stats,
+                   overwrite_after=cfg.overwrite_after)
 
 
 @torch.no_grad()

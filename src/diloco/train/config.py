@@ -67,6 +67,7 @@ class TrainConfig:
     merge: str = setting("rda", "decoupled: how the syncer merges: rda (radial-directional averaging, embeddings averaged) or mean (token-weighted)")
     grace_gamma: float = setting(0.2, "decoupled: gamma of the wait for more learners after the quorum, gamma x (tau x step time - quorum time - sync time)")
     grace_ema_decay: float = setting(0.9, "decoupled: decay of the grace window's moving averages of step, quorum and sync times")
+    overwrite_after: str = setting("send", "decoupled: a learner overwrites a fragment tau steps after sending it (send) or after its reply arrives (arrival)")
     decoupled_transport: str = setting("threads", "decoupled: where the syncer runs: threads (a thread of this process) or ray (a named Ray actor)")
     ray_address: str = setting("", "decoupled_transport=ray: the Ray cluster to join; empty: start a local Ray instance")
     dp_codec: str = setting("fp32", "what gradients travel as in data-parallel (same names as codec)")
@@ -296,6 +297,8 @@ def _decoupled_errors(cfg: TrainConfig) -> list[str]:
             check()
         except ValueError as exc:
             errors.append(str(exc))
+    if cfg.overwrite_after not in ("send", "arrival"):
+        errors.append(f"overwrite_after={cfg.overwrite_after!r}: choose send or arrival")
     if cfg.decoupled_transport not in ("threads", "ray"):
         errors.append(f"decoupled_transport={cfg.decoupled_transport!r}: choose threads or ray")
     for name, bad, fix in (("eager", cfg.eager, "eager=false"), ("ef_decay", cfg.ef_decay, "ef_decay=0"),
