@@ -28,7 +28,7 @@ def _outer(cfg: Any):
                    nesterov=cfg.outer_nesterov and cfg.outer_momentum > 0)
 
 
-class SyncerSession:
+class RunningSyncer:
     """What the trainer holds while a decoupled run is on: a channel per learner and, after, the merges."""
 
     def __init__(self, channel: Callable[[int], Channel], records: Callable[[], list[MergeRecord]],
@@ -37,7 +37,7 @@ class SyncerSession:
 
 
 @contextlib.contextmanager
-def decoupled_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] | None) -> Iterator[SyncerSession]:
+def decoupled_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] | None) -> Iterator[RunningSyncer]:
     """The config's syncer (from the run's initial model) for the ``with`` block: on a thread of this process
     (``decoupled_transport='threads'``) or as a named Ray actor (``'ray'``, on the cluster at ``ray_address``,
     else a local Ray instance), which is stopped at the end."""
@@ -56,13 +56,13 @@ def decoupled_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] |
         handle = start_syncer(syncer, name=f"diloco-syncer-{uuid.uuid4().hex[:12]}",
                               address=cfg.ray_address or None)
         try:
-            yield SyncerSession(lambda m: RayChannel(handle, m), lambda: ray.get(handle.records.remote()),
+            yield RunningSyncer(lambda m: RayChannel(handle, m), lambda: ray.get(handle.records.remote()),
                                 lambda: ray.get(handle.global_named_parameters.remote()))
         finally:
             ray.kill(handle)
         return
     with LocalTransport(syncer, timeout=600.0) as transport:
-        yield SyncerSession(transport.channel, lambda: list(transport.syncer.records),
+        yield RunningSyncer(transport.channel, lambda: list(transport.syncer.records),
                             transport.syncer.global_named_parameters)
 
 
@@ -94,4 +94,4 @@ def write_merges(path: Path, records: Sequence[MergeRecord]) -> None:
     atomic_write_bytes(Path(path), "".join(json.dumps(r.as_row()) + "\n" for r in records).encode("utf-8"))
 
 
-__all__ = ["SyncerSession", "decoupled_learner", "decoupled_syncer", "evaluate_global", "write_merges"]
+__all__ = ["RunningSyncer", "decoupled_learner", "decoupled_syncer", "evaluate_global", "write_merges"]

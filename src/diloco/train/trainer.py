@@ -182,7 +182,7 @@ class Trainer:
         self.progress = progress
         self.device = check_device(device)  # a ValueError now, before the run directory is touched
         self.callbacks = tuple(callbacks)
-        self._transport: Any = None  # method=decoupled: the syncer's session while a run is on
+        self._transport: Any = None  # method=decoupled: the running syncer (see diloco.decoupled.trainer)
 
     # -- setup ---------------------------------------------------------------
     def plan(self, *, resume: bool = False, overwrite: bool = False, reuse: bool = False,
@@ -305,14 +305,14 @@ class Trainer:
             return
         from diloco.decoupled.trainer import decoupled_syncer, write_merges
 
-        with decoupled_syncer(self.cfg, run.template, run.fragments) as session:
-            self._transport = session
+        with decoupled_syncer(self.cfg, run.template, run.fragments) as syncer:
+            self._transport = syncer
             try:
                 yield final
             finally:
                 self._transport = None
-            write_merges(self.out_dir / "merges.jsonl", session.records())
-            final.update(session.global_parameters())
+            write_merges(self.out_dir / "merges.jsonl", syncer.records())
+            final.update(syncer.global_parameters())
 
     def run_replica(self, comm: Communicator, *, resume: bool = False, overwrite: bool = False, reuse: bool = False,
                     intra: Communicator | None = None, elastic: bool = False, mesh: Any = None) -> RunResult | None:
