@@ -44,7 +44,7 @@ HOURS_PER_YEAR = 8760.0
 METHODS = ("dp", "dp_elastic", "synchronous", "decoupled")
 METHOD_LABELS = {"dp": "data-parallel, not elastic", "dp_elastic": "data-parallel, elastic",
                  "synchronous": "DiLoCo / Streaming DiLoCo (synchronous, K = M)",
-                 "decoupled": "decoupled DiLoCo (K = 1; modelled, not yet trainable here)"}
+                 "decoupled": "decoupled DiLoCo (K = 1)"}
 
 
 @dataclass(frozen=True, kw_only=True)
