@@ -39,10 +39,11 @@ STREAMING, EAGER = "streaming-fp4-tau1", ("eager-fp4-mom0.9", "eager-fp4-mom0.5"
 def method_name(rec: dict) -> str:
     """The METHODS key a result belongs to (by its settings)."""
     base = rec["base"]
+    keys = {k for _, _, extra in METHODS.values() for k in extra}  # every setting that tells methods apart
     for name, (method, outer_lr, extra) in METHODS.items():
         if method != rec["method"]:
             continue
-        if method == "dp" or (all(base.get(k) == v for k, v in extra.items()) and outer_lr == rec["outer_lr"]):
+        if method == "dp" or (all(base.get(k) == extra.get(k) for k in keys) and outer_lr == rec["outer_lr"]):
             return name
     return "?"
 
