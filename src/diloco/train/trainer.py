@@ -550,7 +550,7 @@ class Trainer:
         rep.dropped += _dropped(rep.algo.before_optimizer_step())
         t1 = time.perf_counter()
         grad_norm = torch.nn.utils.clip_grad_norm_(rep.params, cfg.grad_clip) if cfg.grad_clip > 0 else None
-        grad_norm = None if grad_norm is None else scalar(grad_norm)  # sharded: a DTensor, gathered
+        grad_norm = None if grad_norm is None else scalar(grad_norm)  # sharded: a DTensor, gathered here
         rep.opt.step()
         rep.opt.zero_grad(set_to_none=True)
         compute += time.perf_counter() - t1
@@ -561,7 +561,7 @@ class Trainer:
         step_time = time.perf_counter() - t_start
         rep.train_time += step_time
         return _StepOutcome(loss=loss.item(), lr=lr, tokens=tokens,
-                            grad_norm=None if grad_norm is None else float(grad_norm),
+                            grad_norm=grad_norm,
                             synced_fragments=[r.fragment for r in reports], step_time=step_time,
                             compute_time=compute)
 
