@@ -115,6 +115,10 @@ def test_a_peer_that_dies_before_a_reduce_scatter_is_named_by_both_survivors():
         step, waited = re.search(r"\[step=(\d+) waited_s=([\d.]+)\]", msg).groups()
         assert int(step) == 4 and float(waited) < timeout
         assert "all-to-all 'fragment 0 shards'" in msg and "collective #2" in msg
-        assert "rank(s) [2] never reached it" in msg and "rank(s) [2] stopped responding" in msg
+        # the victim is named; the other survivor, alive, may also be listed as not yet there when this
+        # rank failed fast (gloo fails at once on a closed socket) before it finished its own step
+        behind = re.search(r"rank\(s\) \[([\d, ]+)\] never reached it", msg).group(1)
+        assert 2 in [int(r) for r in behind.split(",")], msg
+        assert "rank(s) [2] stopped responding" in msg
         # the other survivor may have met rank 2 first, failed and exited: named as a follower, not a culprit
         assert f"rank(s) [{1 - rank}] stopped" not in msg

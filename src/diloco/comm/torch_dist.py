@@ -411,8 +411,6 @@ class TorchDistCommunicator(Communicator):
             return f"{head}; cannot name the missing rank(s) without a store; backend: {backend_msg}"
         peers = [r for r in range(self.world_size) if r != self.rank]
         try:
-            last = {r: (int(self._store.get(k)) if self._store.check([k]) else 0)
-                    for r in peers for k in [self._progress_key(r)]}
             silent: list[int] = []
             if self._heartbeat is not None:
                 globals_ = [self.global_ranks[r] for r in peers]
@@ -420,6 +418,9 @@ class TorchDistCommunicator(Communicator):
                 time.sleep(2.5 * self._heartbeat.interval_s)
                 after = self._heartbeat.counters(globals_)
                 silent = [r for r, g in zip(peers, globals_, strict=True) if after[g] == before[g]]
+            # read after the heartbeat window: a live peer that was merely a moment behind has entered by now
+            last = {r: (int(self._store.get(k)) if self._store.check([k]) else 0)
+                    for r in peers for k in [self._progress_key(r)]}
         except Exception as store_exc:  # noqa: BLE001
             return f"{head}; could not read the peers' progress from the store ({store_exc}); backend: {backend_msg}"
         parts = [head, *name_culprits(seq=seq, last_entered=last, silent=silent,
