@@ -42,15 +42,15 @@ from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten,
 from diloco.algorithm.outer import merge_
 from diloco.algorithm.schedule import Schedule, resolve_schedule
 from diloco.comm.accounting import CommStats
-from diloco.decoupled.messages import Reply, Report
+from diloco.decoupled.messages import Reply, Report, Welcome
 from diloco.decoupled.syncer import is_lossless
 
 
 class Channel(Protocol):
     """A learner's link to the syncer (any transport)."""
 
-    def join(self) -> list[torch.Tensor]:
-        """Join; the global fragments (FP32) to start from."""
+    def join(self) -> Welcome:
+        """Join (or join again after a restart); the global fragments (FP32) and versions to start from."""
 
     def send(self, report: Report) -> None:
         """Send a report (does not wait)."""
@@ -119,7 +119,10 @@ class Learner(ReplicaAlgorithm):
         self.schedule = resolve_schedule(schedule, sync_every, num_fragments, overlap_steps)
         self.fragments: list[Fragment] = split_fragments(model, num_fragments, pattern=fragment_pattern,
                                                          fragments=fragments)
-        start = channel.join()
+        welcome = channel.join()
+        start = welcome.fragments
+        self.incarnation = welcome.incarnation        # 0, or how many times this learner had joined before
+        self.versions = list(welcome.versions)        # of the global fragments last received
         sizes = [f.numel for f in self.fragments]
         if [s.numel() for s in start] != sizes:
             raise ValueError(f"the syncer's fragments have {[s.numel() for s in start]} values, this learner's "
@@ -193,7 +196,7 @@ class Learner(ReplicaAlgorithm):
         self._busy, self._busy_steps = 0.0, 0
         self.channel.send(Report(learner=self.learner, fragment=p, payload=self.codec.encode(diff),
                                  steps=self.steps[p], tokens=self.tokens[p], step_time=step_time,
-                                 sent_after_step=t))
+                                 sent_after_step=t, base_version=self.versions[p]))
         self._in_flight[p] = t
         if self.stats is not None:  # the reply has the same size as the report
             n = self.codec.num_bytes(diff.numel())
@@ -213,6 +216,7 @@ class Learner(ReplicaAlgorithm):
         numel = self.base[p].numel()
         decoded = self.codec.decode(reply.payload, numel)
         self.base[p] = decoded if is_lossless(self.codec) else self.base[p] + decoded
+        self.versions[p] = reply.version
         merge_(self.fragments[p].params, self._views(self.base[p], p), self.merge_alpha)
         self.steps[p], self.tokens[p] = 0, 0.0
         return SyncReport(t, p, started, numel, self.codec.num_bytes(numel), reply.payload.numel())
@@ -238,13 +242,15 @@ class Learner(ReplicaAlgorithm):
         if self._in_flight:
             raise ValueError(f"fragments {sorted(self._in_flight)} are in flight: call flush() before state_dict()")
         return {"step": self.step_count, "steps": list(self.steps), "tokens": list(self.tokens),
-                "global": [b.clone() for b in self.base]}  # the global copy last received (as StreamingDiLoCo's)
+                "global": [b.clone() for b in self.base],  # the global copy last received (as StreamingDiLoCo's)
+                "versions": list(self.versions)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step_count = int(state["step"])
         self.steps = [int(s) for s in state["steps"]]
         self.tokens = [float(c) for c in state["tokens"]]
         self.base = [b.clone() for b in state["global"]]
+        self.versions = [int(v) for v in state.get("versions", self.versions)]
 
 
 __all__ = ["Channel", "Learner"]

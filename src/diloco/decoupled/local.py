@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from diloco.decoupled.messages import Reply, Report
+from diloco.decoupled.messages import Reply, Report, Welcome
 from diloco.decoupled.syncer import Syncer
 
 T = TypeVar("T")
@@ -117,7 +117,7 @@ class LocalChannel:
         self.transport, self.learner = transport, learner
         self._stash: dict[int, Reply] = {}
 
-    def join(self) -> list[torch.Tensor]:
+    def join(self) -> Welcome:
         return self.transport._call(lambda: self.transport.syncer.join(self.learner))
 
     def send(self, report: Report) -> None:

@@ -24,6 +24,7 @@ class Report:
     tokens: float
     step_time: float
     sent_after_step: int
+    base_version: int = 0  # the version of fragment p the learner held when it sent this (see Syncer.receive)
 
 
 @dataclass
@@ -41,6 +42,16 @@ class Reply:
 
 
 @dataclass
+class Welcome:
+    """Syncer -> learner, on joining: the global fragments (FP32 copies), their versions, and how many times
+    this learner had joined before (0 the first time; more after a restart)."""
+
+    fragments: list[torch.Tensor]
+    versions: list[int]
+    incarnation: int
+
+
+@dataclass
 class MergeRecord:
     """One merge of one fragment: who took part, their weights, and how long the round waited (seconds)."""
 
@@ -55,9 +66,14 @@ class MergeRecord:
     sync_time: float               # merge + outer step + encoding the replies
     bytes_received: int
     bytes_sent: int
+    at: float = 0.0                # wall time of the merge (time.time(), comparable with the learners' logs)
 
     def as_row(self) -> dict[str, object]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
+    @classmethod
+    def from_row(cls, row: dict[str, object]) -> MergeRecord:
+        return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in row.items()})
 
-__all__ = ["MergeRecord", "Reply", "Report"]
+
+__all__ = ["MergeRecord", "Reply", "Report", "Welcome"]

@@ -22,39 +22,68 @@ one-shot timer merges a round when its grace window ends. Requires the optional 
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import ray
 import torch
 
-from diloco.decoupled.messages import MergeRecord, Reply, Report
+from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
 from diloco.decoupled.syncer import Syncer
 
 #: The actor's default name and namespace: learners look it up by these.
 DEFAULT_NAME = "diloco-syncer"
 DEFAULT_NAMESPACE = "diloco"
+_KEEP_ALIVE: list[Any] = []  # object refs restartable actors are rebuilt from
 
 
 @ray.remote
 class SyncerActor:
-    """A :class:`Syncer` behind Ray: join, report, wait_reply, leave (see the module docstring)."""
+    """A :class:`Syncer` behind Ray: join, report, wait_reply, leave (see the module docstring).
 
-    def __init__(self, syncer: Syncer) -> None:
+    With ``checkpoint_dir``, every merge is saved there (atomic, the newest ``keep`` kept) before its
+    replies are handed out, and the actor is started with unlimited restarts: a restarted actor loads the
+    newest state and the calls that were in flight are retried on it by Ray, so a syncer that dies loses
+    only the time it was down (reports still in open rounds are sent again by their learners).
+    """
+
+    def __init__(self, syncer: Syncer, checkpoint_dir: str | None = None, keep: int = 2) -> None:
         self.syncer = syncer
+        self.checkpoint_dir, self.keep = checkpoint_dir, keep
         self._replies: dict[tuple[int, int], Reply] = {}
         self._cond: asyncio.Condition | None = None
         self._timer: asyncio.Task | None = None
+        self.restored_merges: int | None = None  # merges in the checkpoint this incarnation started from
+        if checkpoint_dir is not None:
+            from diloco.decoupled.checkpoint import load_latest_state
+
+            state = load_latest_state(checkpoint_dir)
+            if state is not None:
+                syncer.load_state_dict(state["syncer"])
+                self._replies = {(int(r["learner"]), int(r["fragment"])): Reply(**r) for r in state["replies"]}
+                self.restored_merges = len(syncer.records)
 
     def _condition(self) -> asyncio.Condition:
         if self._cond is None:  # created on the actor's event loop
             self._cond = asyncio.Condition()
         return self._cond
 
+    def _save(self) -> None:
+        from diloco.decoupled.checkpoint import save_state
+
+        replies = [dict(learner=r.learner, fragment=r.fragment, payload=r.payload, version=r.version)
+                   for r in self._replies.values()]
+        save_state(self.checkpoint_dir, {"syncer": self.syncer.state_dict(), "replies": replies},
+                   merges=len(self.syncer.records), keep=self.keep)
+
     async def _deliver(self, replies: list[Reply]) -> None:
         if replies:
+            # no await between taking the replies and saving: no call sees a reply that is not on disk
+            for r in replies:
+                self._replies[(r.learner, r.fragment)] = r
+            if self.checkpoint_dir is not None:
+                self._save()
             async with self._condition():
-                for r in replies:
-                    self._replies[(r.learner, r.fragment)] = r
                 self._condition().notify_all()
         self._arm()
 
@@ -71,17 +100,29 @@ class SyncerActor:
         self._timer = None
         await self._deliver(self.syncer.poll())
 
-    async def join(self, learner: int) -> list[torch.Tensor]:
-        return self.syncer.join(learner)
+    async def join(self, learner: int) -> Welcome:
+        for key in [k for k in self._replies if k[0] == learner]:  # a restarted learner starts afresh
+            del self._replies[key]
+        welcome = self.syncer.join(learner)
+        await self._deliver(self.syncer.poll())
+        return welcome
 
     async def report(self, report: Report) -> None:
         await self._deliver(self.syncer.receive(report))
 
-    async def wait_reply(self, learner: int, fragment: int) -> Reply:
+    async def wait_reply(self, learner: int, fragment: int) -> Reply | None:
+        """The reply to ``learner``'s report of ``fragment``; None if this syncer holds no such report (it
+        was restarted from a checkpoint taken before the report came): the learner sends it again."""
         key = (learner, fragment)
         async with self._condition():
-            await self._condition().wait_for(lambda: key in self._replies)
-            return self._replies.pop(key)
+            await self._condition().wait_for(lambda: key in self._replies or not self.syncer.expects(learner, fragment))
+            return self._replies.pop(key, None)
+
+    async def pid(self) -> int:
+        return os.getpid()
+
+    async def restored(self) -> int | None:
+        return self.restored_merges
 
     async def leave(self, learner: int) -> None:
         await self._deliver(self.syncer.leave(learner))
@@ -103,8 +144,11 @@ def init(*, address: str | None = None, namespace: str = DEFAULT_NAMESPACE) -> N
 
 
 def start_syncer(syncer: Syncer, *, name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE,
-                 address: str | None = None) -> Any:
-    """Start ``syncer`` as the named actor ``name`` (Ray started first if it is not); returns its handle."""
+                 address: str | None = None, checkpoint_dir: str | None = None, keep: int = 2) -> Any:
+    """Start ``syncer`` as the named actor ``name`` (Ray started first if it is not); returns its handle.
+
+    ``checkpoint_dir``: save every merge there and restart the actor from it if it dies (without it a
+    dead syncer is not restarted: its state would be lost)."""
     init(address=address, namespace=namespace)
     try:
         ray.get_actor(name, namespace=namespace)
@@ -113,29 +157,58 @@ def start_syncer(syncer: Syncer, *, name: str = DEFAULT_NAME, namespace: str = D
     else:
         raise ValueError(f"a syncer named {name!r} already runs in namespace {namespace!r}: give another name= "
                          f"or stop it first (ray.kill(ray.get_actor({name!r}, namespace={namespace!r})))")
-    return SyncerActor.options(name=name, namespace=namespace).remote(syncer)
+    if checkpoint_dir is None:
+        return SyncerActor.options(name=name, namespace=namespace).remote(syncer)
+    # a restarted actor is built again from its constructor's arguments: keep the initial syncer in the object
+    # store for as long as this process runs (Ray frees an argument it passed inline once the actor is up)
+    initial = ray.put(syncer)
+    _KEEP_ALIVE.append(initial)
+    return SyncerActor.options(name=name, namespace=namespace, max_restarts=-1, max_task_retries=-1).remote(
+        initial, str(checkpoint_dir), keep)
 
 
 class RayChannel:
-    """One learner's :class:`diloco.decoupled.learner.Channel` to the named syncer actor."""
+    """One learner's :class:`diloco.decoupled.learner.Channel` to the named syncer actor.
+
+    It keeps its last report of each fragment until the reply comes, and sends it again if a restarted
+    syncer says it holds no such report (a repeat of a report it has merged is ignored by the syncer)."""
 
     def __init__(self, actor: Any, learner: int) -> None:
         self.actor, self.learner = actor, learner
         self._replies: dict[int, Any] = {}  # fragment -> the reply's ObjectRef, asked for when the report is sent
+        self._sent: dict[int, Report] = {}
+        self.resent = 0
 
-    def join(self) -> list[torch.Tensor]:
+    def join(self) -> Welcome:
+        self._replies.clear()
+        self._sent.clear()
         return ray.get(self.actor.join.remote(self.learner))
 
     def send(self, report: Report) -> None:
+        self._sent[report.fragment] = report
         self.actor.report.remote(report)  # not waited on: the learner trains on
         self._replies[report.fragment] = self.actor.wait_reply.remote(self.learner, report.fragment)
 
+    def _resend(self, fragment: int) -> None:
+        self.resent += 1
+        self.send(self._sent[fragment])
+
     def wait_reply(self, fragment: int) -> Reply:
-        return ray.get(self._replies.pop(fragment))
+        while (reply := ray.get(self._replies.pop(fragment))) is None:
+            self._resend(fragment)
+        del self._sent[fragment]
+        return reply
 
     def poll_reply(self, fragment: int) -> Reply | None:
         ready, _ = ray.wait([self._replies[fragment]], timeout=0)
-        return ray.get(self._replies.pop(fragment)) if ready else None
+        if not ready:
+            return None
+        reply = ray.get(self._replies.pop(fragment))
+        if reply is None:
+            self._resend(fragment)
+            return None
+        del self._sent[fragment]
+        return reply
 
     def leave(self) -> None:
         ray.get(self.actor.leave.remote(self.learner))

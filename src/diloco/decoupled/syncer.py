@@ -17,13 +17,22 @@ ends or when every joined learner has reported. The merge:
     reply to each merged learner: the new Theta_p, encoded
 
 A learner's report never waits for more than one round: it has at most one report per fragment in
-flight (it needs the reply before it sends that fragment again). Memory: besides Theta and the
+flight (it needs the reply before it sends that fragment again).
+
+Failures. A learner that joins again (restarted after a crash) is welcomed with the current global
+fragments; whatever it had in open rounds is dropped, and its next reports count from zero steps, so it
+carries no weight until it has done work. A report carries the version of the fragment the learner held
+when it sent it: one that does not match what the syncer gave that learner (a copy sent again after it
+was merged, e.g. a retry after a syncer restart) is ignored, so sending a report twice is harmless.
+:meth:`Syncer.state_dict` holds everything but the open rounds (their learners send again), so a syncer
+restored from it loses only the time it was down. Memory: besides Theta and the
 outer-optimizer state, the syncer keeps the copy of each fragment each learner holds (to form
 Delta_m against its own Theta_p); with the lossless ``fp32`` codec those copies are shared.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +46,7 @@ from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten,
 from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer
 from diloco.decoupled.grace import DEFAULT_EMA_DECAY, DEFAULT_GRACE_GAMMA, GraceWindow
 from diloco.decoupled.merge import check_merge, merge_outer_gradients, token_weights
-from diloco.decoupled.messages import MergeRecord, Reply, Report
+from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
 
 
 def is_lossless(codec: Codec) -> bool:
@@ -121,38 +130,56 @@ class Syncer:
         self._snapshot = [g.detach().clone() for g in self.global_flat]  # Theta at the current version
         self.members: set[int] = set()
         self._base: dict[int, list[torch.Tensor]] = {}  # learner -> the copy of each fragment it holds
+        self._held: dict[int, list[int]] = {}           # learner -> the version of each fragment it holds
+        self.joins: dict[int, int] = {}                 # learner -> times it has joined
         self._rounds: dict[int, _Round] = {}
         self.records: list[MergeRecord] = []
         self.bytes_received = 0
         self.bytes_sent = 0
+        self.ignored_reports = 0                        # stale or repeated reports (see the module docstring)
 
     # -- membership ----------------------------------------------------------
-    def join(self, learner: int) -> list[torch.Tensor]:
-        """Learner ``learner`` (0..M-1) joins: returns the global fragments (FP32 copies) it starts from."""
+    def join(self, learner: int) -> Welcome:
+        """Learner ``learner`` (0..M-1) joins, or joins again after a restart (its open reports are dropped):
+        the global fragments (FP32 copies) and versions it starts from."""
         if not isinstance(learner, int) or not 0 <= learner < self.num_learners:
             raise ValueError(f"learner={learner!r}: learners are numbered 0..{self.num_learners - 1}")
-        if learner in self.members:
-            raise ValueError(f"learner {learner} has already joined; each learner joins once (leave first)")
+        self._drop_reports(learner)
         self.members.add(learner)
         self._base[learner] = list(self._snapshot)
-        return [s.clone() for s in self._snapshot]
+        self._held[learner] = list(self.versions)
+        self.joins[learner] = self.joins.get(learner, 0) + 1
+        return Welcome(fragments=[s.clone() for s in self._snapshot], versions=list(self.versions),
+                       incarnation=self.joins[learner] - 1)
 
     def leave(self, learner: int) -> list[Reply]:
         """Learner ``learner`` stops (its unmerged reports are dropped); rounds it held up may merge now."""
         self.members.discard(learner)
         self._base.pop(learner, None)
+        self._held.pop(learner, None)
+        self._drop_reports(learner)
+        return self.poll()
+
+    def _drop_reports(self, learner: int) -> None:
         for rnd in self._rounds.values():
             rnd.reports.pop(learner, None)
-        return self.poll()
+
+    def expects(self, learner: int, fragment: int) -> bool:
+        """Whether a report of ``fragment`` from ``learner`` waits in an open round (its reply is to come)."""
+        rnd = self._rounds.get(fragment)
+        return rnd is not None and learner in rnd.reports
 
     # -- rounds --------------------------------------------------------------
     def receive(self, report: Report) -> list[Reply]:
         """Take one learner's report; returns the replies of any merge it completes."""
         if report.learner not in self.members:
             raise ValueError(f"a report from learner {report.learner}, which has not joined: join first")
+        if (report.base_version != self._held[report.learner][report.fragment]
+                or self.expects(report.learner, report.fragment)):
+            self.ignored_reports += 1  # merged already, or sent twice: harmless (module docstring)
+            return self.poll()
         now = self.clock()
         rnd = self._rounds.setdefault(report.fragment, _Round(opened_at=now))
-        assert report.learner not in rnd.reports, "a learner reported a fragment twice in one round"
         rnd.reports[report.learner] = report
         self.bytes_received += report.payload.numel()
         if report.step_time > 0:
@@ -226,7 +253,7 @@ class Syncer:
             fragment=p, version=self.versions[p], learners=tuple(kept), weights=tuple(weights),
             dropped=tuple(dropped), quorum_wait=rnd.quorum_at - rnd.opened_at, grace_wait=now - rnd.quorum_at,
             grace_window=rnd.window, sync_time=sync_time,
-            bytes_received=sum(rnd.reports[m].payload.numel() for m in order), bytes_sent=sent))
+            bytes_received=sum(rnd.reports[m].payload.numel() for m in order), bytes_sent=sent, at=time.time()))
         return replies
 
     def _reply(self, m: int, p: int) -> Reply:
@@ -238,6 +265,7 @@ class Syncer:
             base = self._base[m][p]
             payload = self.codec.encode(theta - base)
             self._base[m][p] = base + self.codec.decode(payload, theta.numel())  # what the learner will hold
+        self._held[m][p] = self.versions[p]
         return Reply(learner=m, fragment=p, payload=payload, version=self.versions[p])
 
     # -- global parameters and checkpoints -----------------------------------
@@ -252,11 +280,20 @@ class Syncer:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """Theta, outer optimizers, versions and the grace window's averages (open rounds are not kept:
-        their learners report again)."""
+        """Everything but the open rounds (their learners send again): Theta, the outer optimizers, versions,
+        the grace window's averages, the members with the copy and version of each fragment they hold, the
+        merge records and byte counts. Plain tensors and numbers (loads with ``weights_only=True``)."""
         return {"global": [g.detach().clone() for g in self.global_flat],
-                "outer_optimizers": [o.state_dict() for o in self.outer_optimizers],
-                "versions": list(self.versions), "grace": self.grace.state_dict()}
+                # copies: an optimizer's state_dict holds its live buffers, which later steps change in place
+                "outer_optimizers": [copy.deepcopy(o.state_dict()) for o in self.outer_optimizers],
+                "versions": list(self.versions), "grace": self.grace.state_dict(),
+                "members": sorted(self.members), "joins": dict(self.joins),
+                "held": {m: list(v) for m, v in self._held.items()},
+                # a copy per learner only where it differs from Theta (lossy codecs, or a learner behind)
+                "bases": {m: [None if b is s else b.clone() for b, s in zip(bs, self._snapshot, strict=True)]
+                          for m, bs in self._base.items()},
+                "records": [r.as_row() for r in self.records],
+                "bytes": [self.bytes_received, self.bytes_sent], "ignored_reports": self.ignored_reports}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -273,8 +310,14 @@ class Syncer:
         self.grace.load_state_dict(state["grace"])
         self._snapshot = [g.detach().clone() for g in self.global_flat]
         self._rounds = {}
-        for m in self._base:  # learners joined before the load start over from the loaded Theta
-            self._base[m] = list(self._snapshot)
+        self.members = {int(m) for m in state["members"]}
+        self.joins = {int(m): int(n) for m, n in state["joins"].items()}
+        self._held = {int(m): [int(v) for v in vs] for m, vs in state["held"].items()}
+        self._base = {int(m): [s if b is None else b.clone() for b, s in zip(bs, self._snapshot, strict=True)]
+                      for m, bs in state["bases"].items()}
+        self.records = [MergeRecord.from_row(r) for r in state["records"]]
+        self.bytes_received, self.bytes_sent = (int(b) for b in state["bytes"])
+        self.ignored_reports = int(state["ignored_reports"])
 
     def fragment_sizes(self) -> Sequence[int]:
         return [g.numel() for g in self.global_flat]

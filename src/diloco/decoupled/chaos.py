@@ -1,0 +1,198 @@
+"""Faults to inject into a decoupled run, and what the logs say about them afterwards (pure functions).
+
+:class:`Chaos` describes the faults: learner kills (at given times, or at a Poisson rate), the time a
+killed learner stays down, per-learner slow-downs (stragglers) and syncer kills. :meth:`Chaos.events`
+turns them into a schedule; :mod:`diloco.decoupled.ray_learners` carries it out with SIGKILL.
+
+The analysis reads the learners' step rows (one dict per step: ``learner``, ``incarnation``, ``step``,
+``t`` wall time at the end of the step, ``dt`` its wall seconds, ``compute_s``) and the syncer's merge
+records (``at`` wall time, ``learners``, ``weights``):
+
+* :func:`survivor_stalls`: for each kill, each other learner's longest step in the window after it,
+  as a multiple of its median step before the kill, and the share of its steps it kept;
+* :func:`rejoin_seconds`: from a killed learner's restart (its new incarnation joining) to the first
+  merge it takes part in with a weight above zero;
+* :func:`goodput`: useful learner-seconds / allocated learner-seconds, where useful is the compute of
+  steps whose work reached the syncer (the steps of a killed incarnation after its last received
+  reply are lost), and allocated is M x the run's wall time.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Event:
+    """At ``at`` seconds after the start, SIGKILL ``target`` (``"learner"`` ``index``, or the ``"syncer"``)."""
+
+    at: float
+    target: str
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class Chaos:
+    """The faults of one run (all off by default).
+
+    Args:
+        kills: ``(seconds after start, learner)`` pairs: learner kills at fixed times.
+        kill_rate: learner kills per learner per minute, drawn as a Poisson process from ``seed``.
+        downtime_s: a killed learner's restart waits this long before it joins again (a machine's reboot).
+        slowdown: per learner, its step time multiplied by this (1 = normal, 3 = a 3x straggler).
+        syncer_kills: seconds after start at which the syncer is killed (it restarts from its checkpoint).
+        seed: for ``kill_rate``.
+    """
+
+    kills: tuple[tuple[float, int], ...] = ()
+    kill_rate: float = 0.0
+    downtime_s: float = 0.0
+    slowdown: tuple[float, ...] = ()
+    syncer_kills: tuple[float, ...] = ()
+    seed: int = 0
+
+    def check(self, num_learners: int) -> None:
+        for at, m in self.kills:
+            if at < 0 or not 0 <= m < num_learners:
+                raise ValueError(f"chaos kill ({at}, {m}): give seconds >= 0 and a learner in 0..{num_learners - 1}")
+        if self.kill_rate < 0 or self.downtime_s < 0:
+            raise ValueError(f"chaos kill_rate={self.kill_rate}, downtime_s={self.downtime_s}: both must be >= 0")
+        if self.slowdown and (len(self.slowdown) != num_learners or min(self.slowdown) < 1):
+            raise ValueError(f"chaos slowdown={list(self.slowdown)}: give one factor >= 1 per learner "
+                             f"({num_learners} learners), e.g. {[1.0] * (num_learners - 1) + [3.0]}")
+        if any(t < 0 for t in self.syncer_kills):
+            raise ValueError(f"chaos syncer_kills={list(self.syncer_kills)}: seconds after the start, >= 0")
+
+    def factor(self, learner: int) -> float:
+        return float(self.slowdown[learner]) if self.slowdown else 1.0
+
+    def events(self, *, num_learners: int, duration_s: float) -> list[Event]:
+        """Every kill within ``duration_s``, in time order (a Poisson draw per learner for ``kill_rate``)."""
+        self.check(num_learners)
+        out = [Event(float(at), "learner", int(m)) for at, m in self.kills]
+        out += [Event(float(at), "syncer") for at in self.syncer_kills]
+        if self.kill_rate > 0:
+            rng = random.Random(self.seed)
+            for m in range(num_learners):
+                t = rng.expovariate(self.kill_rate / 60.0)
+                while t < duration_s:
+                    out.append(Event(t, "learner", m))
+                    t += self.downtime_s + rng.expovariate(self.kill_rate / 60.0)
+        return sorted((e for e in out if e.at < duration_s), key=lambda e: (e.at, e.target, e.index))
+
+
+def parse_kills(text: str) -> tuple[tuple[float, int], ...]:
+    """``"3:1,12.5:0"`` -> ((3.0, 1), (12.5, 0)): seconds after the start, then the learner."""
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        at, sep, m = item.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            out.append((float(at), int(m)))
+        except ValueError:
+            raise ValueError(f"chaos kill {item!r}: write SECONDS:LEARNER, e.g. '3:1' (learner 1 killed 3 s in)") from None
+    return tuple(out)
+
+
+def parse_floats(text: str, what: str) -> tuple[float, ...]:
+    """``"1,1,3"`` -> (1.0, 1.0, 3.0)."""
+    try:
+        return tuple(float(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise ValueError(f"{what}={text!r}: give numbers separated by commas, e.g. '1,1,3'") from None
+
+
+# -- what the logs say ----------------------------------------------------------------------------------------------
+def _by_learner(rows: Sequence[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        if "step" in r:
+            out.setdefault(int(r["learner"]), []).append(r)
+    for v in out.values():
+        v.sort(key=lambda r: r["t"])
+    return out
+
+
+@dataclass
+class Stall:
+    """One survivor around one kill: its longest step after the kill / its median step before it, and the
+    steps it made in ``window_s`` after the kill / the steps in ``window_s`` before it."""
+
+    learner: int
+    kill_at: float
+    worst_step_ratio: float
+    steps_kept: float
+
+
+def survivor_stalls(rows: Sequence[dict[str, Any]], *, kill_at: float, killed: int, window_s: float,
+                    until: float | None = None) -> list[Stall]:
+    """Each learner other than ``killed`` around a kill at wall time ``kill_at`` (see the module docstring);
+    ``until``: end the after-window there if earlier (e.g. at the next fault)."""
+    end = kill_at + window_s if until is None else min(kill_at + window_s, until)
+    out = []
+    for m, steps in sorted(_by_learner(rows).items()):
+        if m == killed:
+            continue
+        before = [r for r in steps if kill_at - window_s <= r["t"] < kill_at]
+        after = [r for r in steps if kill_at <= r["t"] - r["dt"] and r["t"] <= end]
+        if not before or not after:
+            continue
+        typical = statistics.median(r["dt"] for r in before)
+        kept = (len(after) / (end - kill_at)) / (len(before) / window_s)
+        out.append(Stall(m, kill_at, max(r["dt"] for r in after) / typical, kept))
+    return out
+
+
+def rejoin_seconds(rows: Sequence[dict[str, Any]], merges: Sequence[dict[str, Any]], *, learner: int,
+                   incarnation: int) -> float | None:
+    """Seconds from ``learner``'s ``incarnation`` joining to the first merge it takes part in with weight > 0
+    (None if it never does)."""
+    joined = [r["t"] for r in rows if r.get("event") == "joined" and r["learner"] == learner
+              and r["incarnation"] == incarnation]
+    if not joined:
+        return None
+    t0 = joined[0]
+    for rec in sorted(merges, key=lambda r: r["at"]):
+        if rec["at"] >= t0 and any(m == learner and w > 0 for m, w in zip(rec["learners"], rec["weights"],
+                                                                            strict=True)):
+            return rec["at"] - t0
+    return None
+
+
+@dataclass
+class Goodput:
+    useful_s: float
+    allocated_s: float
+    lost_steps: int
+    value: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.value = self.useful_s / self.allocated_s if self.allocated_s > 0 else 0.0
+
+
+def goodput(rows: Sequence[dict[str, Any]], *, num_learners: int, wall_s: float) -> Goodput:
+    """Useful learner-seconds / allocated learner-seconds (see the module docstring)."""
+    useful, lost = 0.0, 0
+    incarnations: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        if "step" in r:
+            incarnations.setdefault((int(r["learner"]), int(r["incarnation"])), []).append(r)
+    last = {m: max(i for mm, i in incarnations if mm == m) for m, _ in incarnations}
+    for (m, inc), steps in incarnations.items():
+        steps.sort(key=lambda r: r["step"])
+        if inc < last[m]:  # killed: the steps after its last received reply never reached the syncer
+            synced = [r["step"] for r in steps if r.get("synced")]
+            keep_until = synced[-1] if synced else 0
+            lost += sum(1 for r in steps if r["step"] > keep_until)
+            steps = [r for r in steps if r["step"] <= keep_until]
+        useful += sum(float(r["compute_s"]) for r in steps)
+    return Goodput(useful, num_learners * wall_s, lost)
+
+
+__all__ = ["Chaos", "Event", "Goodput", "Stall", "goodput", "parse_floats", "parse_kills", "rejoin_seconds",
+           "survivor_stalls"]

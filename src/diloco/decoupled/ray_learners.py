@@ -1,0 +1,230 @@
+"""Learners as Ray actors (processes Ray restarts when they die), and a run under a fault schedule.
+
+::
+
+    spec = LearnerSpec(size="tiny", vocab_size=4096, seq_len=64, tokens=data.train, batch_size=8,
+                       sync_every=8, num_fragments=2, overlap_steps=1, duration_s=20)
+    result = run_on_ray(spec, syncer=Syncer(model, num_learners=3, quorum=2, ...), num_learners=3,
+                        out_dir="runs/chaos", chaos=Chaos(kills=((5, 1),), syncer_kills=(12,)))
+
+What runs where: the syncer is a named async actor (:mod:`.ray_transport`) that saves every merge to
+``out_dir/syncer`` and is restarted from there if it dies; each learner is an actor of its own (a
+process; on a cluster, wherever Ray places it) that builds its model, finds the syncer by name, joins
+(taking the global parameters) and trains until ``duration_s`` after the start. The object store
+carries the learner's token array (once, at the start), the reports and replies (encoded fragments)
+and the merge records. Learners never talk to each other.
+
+A learner that dies is restarted by Ray (``max_restarts=-1``): the new process waits
+``Chaos.downtime_s``, joins again with fresh counters (so it weighs nothing until it has done work)
+and a fresh inner optimizer, and trains on. Each learner appends one JSON row per step to
+``out_dir/learner-<m>.jsonl`` (and a ``joined`` row per incarnation), so the rows of a killed process
+survive it. The driver carries out the :class:`~diloco.decoupled.chaos.Chaos` schedule with SIGKILL
+(each process writes its pid next to its log) and writes ``merges.jsonl`` and ``chaos.json`` at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from diloco.decoupled.chaos import Chaos, Event
+from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, connect, start_syncer
+from diloco.decoupled.syncer import Syncer
+from diloco.files import read_jsonl, write_json
+
+
+@dataclass(frozen=True)
+class LearnerSpec:
+    """What every learner trains and how (the project's transformer on a token array).
+
+    ``step_time_s``: pad each step to at least this many seconds with a sleep (0: off), to emulate an
+    accelerator's step on a CPU machine: the padded time is idle, so many learners share few cores without
+    slowing each other. ``duration_s``: learners stop this long after the run's start.
+    """
+
+    tokens: np.ndarray
+    vocab_size: int
+    seq_len: int = 64
+    size: str = "tiny"
+    model: str = ""  # as the config's model: "" the project's Transformer of `size`
+    batch_size: int = 8
+    inner_lr: float = 3e-3
+    weight_decay: float = 0.1
+    sync_every: int = 8
+    num_fragments: int = 1
+    fragment_pattern: str = "strided"
+    overlap_steps: int = 0
+    merge_alpha: float = 0.0
+    codec: str = "fp32"
+    seed: int = 0
+    step_time_s: float = 0.0
+    duration_s: float = 10.0
+    threads: int = 1
+
+
+def _windows(tokens: np.ndarray, *, learner: int, num_learners: int, seed: int, batch: int, seq_len: int):
+    """Random windows of learner ``learner``'s contiguous share of the tokens, forever."""
+    share = len(tokens) // num_learners
+    lo = learner * share
+    rng = np.random.default_rng(seed)
+    while True:
+        starts = lo + rng.integers(0, share - seq_len - 1, size=batch)
+        block = np.stack([tokens[s:s + seq_len + 1] for s in starts]).astype(np.int64)
+        t = torch.from_numpy(block)
+        yield t[:, :-1], t[:, 1:]
+
+
+def train_learner(spec: LearnerSpec, *, learner: int, num_learners: int, stop_at: float,
+                  slowdown: float, log_path: Path, syncer_name: str, namespace: str) -> dict[str, Any]:
+    """One learner's life until ``stop_at`` (wall time): join, train, report; one row per step in ``log_path``."""
+    from diloco.decoupled.learner import Learner
+    from diloco.models.factory import build_model
+
+    torch.set_num_threads(spec.threads)
+    model = build_model(spec.model, size=spec.size, vocab_size=spec.vocab_size, seq_len=spec.seq_len, seed=spec.seed)
+    channel = connect(learner=learner, name=syncer_name, namespace=namespace)
+    algo = Learner(model, channel=channel, learner=learner, sync_every=spec.sync_every,
+                   num_fragments=spec.num_fragments, fragment_pattern=spec.fragment_pattern,
+                   overlap_steps=spec.overlap_steps, merge_alpha=spec.merge_alpha, codec=spec.codec,
+                   tokens_per_step=spec.batch_size * spec.seq_len)
+    inner = torch.optim.AdamW(model.parameters(), lr=spec.inner_lr, weight_decay=spec.weight_decay)
+    tokens = spec.tokens if isinstance(spec.tokens, np.ndarray) else ray.get(spec.tokens)  # an ObjectRef on Ray
+    batches = _windows(tokens, learner=learner, num_learners=num_learners, batch=spec.batch_size,
+                       seq_len=spec.seq_len, seed=spec.seed * 1000 + learner * 100 + algo.incarnation)
+    with open(log_path, "a", buffering=1) as log:
+        log.write(json.dumps({"learner": learner, "incarnation": algo.incarnation, "event": "joined",
+                              "t": time.time(), "pid": os.getpid()}) + "\n")
+        step = 0
+        while time.time() < stop_at:
+            t0 = time.perf_counter()
+            x, y = next(batches)
+            loss = model(x, y)[1]
+            loss.backward()
+            inner.step()
+            inner.zero_grad(set_to_none=True)
+            work = max(time.perf_counter() - t0, spec.step_time_s) * slowdown
+            time.sleep(max(0.0, t0 + work - time.perf_counter()))
+            waited = algo.wait_seconds
+            synced = [r.fragment for r in algo.after_optimizer_step(tokens=x.numel())]
+            step += 1
+            log.write(json.dumps({"learner": learner, "incarnation": algo.incarnation, "step": step,
+                                  "t": time.time(), "dt": time.perf_counter() - t0, "compute_s": work,
+                                  "wait_s": algo.wait_seconds - waited, "loss": float(loss),
+                                  "tokens": x.numel(), "staleness": max(algo.steps), "synced": synced}) + "\n")
+        algo.close()
+    return {"learner": learner, "incarnation": algo.incarnation, "steps": step,
+            "resent": getattr(channel, "resent", 0)}
+
+
+@ray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0)
+class LearnerActor:
+    """One learner (a process of its own). Restarted by Ray when it dies; ``run`` is then retried on the new
+    process, which waits ``downtime_s`` first."""
+
+    def __init__(self, spec: LearnerSpec, learner: int, num_learners: int, slowdown: float,
+                 downtime_s: float, out_dir: str, syncer_name: str, namespace: str) -> None:
+        self.args = dict(spec=spec, learner=learner, num_learners=num_learners, slowdown=slowdown,
+                         syncer_name=syncer_name, namespace=namespace,
+                         log_path=Path(out_dir) / f"learner-{learner}.jsonl")
+        self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        self.downtime_s = downtime_s
+        (Path(out_dir) / f"learner-{learner}.pid").write_text(str(os.getpid()))
+
+    def ready(self) -> bool:
+        return True
+
+    def run(self, stop_at: float) -> dict[str, Any]:
+        if self.restarted and self.downtime_s > 0:
+            time.sleep(self.downtime_s)
+        return train_learner(stop_at=stop_at, **self.args)
+
+
+@dataclass
+class RayRunResult:
+    """What :func:`run_on_ray` leaves: the syncer's global parameters, merge rows, learner rows and faults."""
+
+    global_parameters: dict[str, torch.Tensor]
+    merges: list[dict[str, Any]]
+    rows: list[dict[str, Any]]
+    faults: list[dict[str, Any]]
+    started_at: float
+    wall_s: float
+    learners: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _kill(pid_file: Path) -> int:
+    pid = int(pid_file.read_text())
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return pid
+
+
+def run_on_ray(spec: LearnerSpec, *, syncer: Syncer, num_learners: int, out_dir: Path | str,
+               chaos: Chaos | None = None, address: str | None = None, namespace: str = DEFAULT_NAMESPACE,
+               start_delay_s: float = 1.0) -> RayRunResult:
+    """Run ``num_learners`` learner actors and ``syncer`` (a checkpointed actor) for ``spec.duration_s``,
+    carrying out ``chaos``; see the module docstring. ``out_dir`` must be new or empty (nothing is
+    overwritten). ``start_delay_s``: the schedule's time 0 comes this long after the actors are created
+    (and have imported torch): time for the learners to build their models and join."""
+    chaos = chaos or Chaos()
+    chaos.check(num_learners)
+    if syncer.num_learners != num_learners:
+        raise ValueError(f"the syncer expects {syncer.num_learners} learners, num_learners={num_learners}: give both "
+                         f"the same M")
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"out_dir {out} is not empty: give a new folder (nothing in it is overwritten)")
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"diloco-syncer-{os.getpid()}-{time.monotonic_ns()}"
+    handle = start_syncer(syncer, name=name, namespace=namespace, address=address, checkpoint_dir=str(out / "syncer"))
+    (out / "syncer.pid").write_text(str(ray.get(handle.pid.remote())))
+    tokens = ray.put(spec.tokens)  # once in the object store, shared by every learner
+    actors = [LearnerActor.remote(replace(spec, tokens=tokens), m, num_learners, chaos.factor(m), chaos.downtime_s,
+                                  str(out), name, namespace) for m in range(num_learners)]
+    ray.get([a.ready.remote() for a in actors])
+    started = time.time() + start_delay_s
+    runs = [a.run.remote(started + spec.duration_s) for a in actors]
+    faults = []
+    for ev in chaos.events(num_learners=num_learners, duration_s=spec.duration_s):
+        time.sleep(max(0.0, started + ev.at - time.time()))
+        faults.append(_fault(ev, out, handle))
+    learners = ray.get(runs, timeout=spec.duration_s + 300)
+    merges = [r.as_row() for r in ray.get(handle.records.remote())]
+    params = ray.get(handle.global_named_parameters.remote())
+    wall = time.time() - started
+    for a in actors:
+        ray.kill(a, no_restart=True)
+    ray.kill(handle, no_restart=True)
+    rows = [r for m in range(num_learners) for r in read_jsonl(out / f"learner-{m}.jsonl")]
+    (out / "merges.jsonl").write_text("".join(json.dumps(r) + "\n" for r in merges))
+    write_json(out / "chaos.json", {"chaos": asdict(chaos), "faults": faults, "started_at": started, "wall_s": wall,
+                                    "learners": learners})
+    return RayRunResult(params, merges, rows, faults, started, wall, learners)
+
+
+def _fault(ev: Event, out: Path, handle: Any) -> dict[str, Any]:
+    """Carry out one event (SIGKILL); for the syncer, note how many merges it had just before."""
+    row: dict[str, Any] = {"at": time.time(), "target": ev.target, "index": ev.index}
+    if ev.target == "syncer":
+        row["merges_before"] = len(ray.get(handle.records.remote()))
+        row["pid"] = _kill(out / "syncer.pid")
+        (out / "syncer.pid").write_text(str(ray.get(handle.pid.remote())))  # the restarted actor's
+        row["restored_merges"] = ray.get(handle.restored.remote())
+        row["back_at"] = time.time()
+    else:
+        row["pid"] = _kill(out / f"learner-{ev.index}.pid")
+    return row
+
+
+__all__ = ["LearnerActor", "LearnerSpec", "RayRunResult", "run_on_ray", "train_learner"]

@@ -1,0 +1,172 @@
+"""Decoupled DiLoCo under failures, without Ray: a learner that joins again, reports sent twice, a syncer
+restored from its checkpoint mid-run, the checkpoint files, and the fault schedule and log analysis."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _tiny import make_model
+from diloco.algorithm.codecs import get_codec
+from diloco.decoupled.chaos import Chaos, goodput, parse_kills, rejoin_seconds, survivor_stalls
+from diloco.decoupled.checkpoint import load_latest_state, save_state, saved_states
+from diloco.decoupled.messages import Report
+from diloco.decoupled.syncer import Syncer
+
+
+def _report(syncer, m, p, theta, *, steps=4, base_version=None, codec="fp32"):
+    """Learner m's report of fragment p with values ``theta`` (against the copy the syncer gave it)."""
+    base = syncer._base[m][p]
+    version = syncer._held[m][p] if base_version is None else base_version
+    return Report(learner=m, fragment=p, payload=get_codec(codec).encode(base - theta), steps=steps,
+                  tokens=steps * 10.0, step_time=0.0, sent_after_step=steps, base_version=version)
+
+
+def _syncer(M=2, **kw):
+    return Syncer(make_model(seed=0), num_learners=M, grace_gamma=0.0, **kw)
+
+
+def test_a_learner_that_joins_again_gets_the_current_fragments_and_its_open_report_is_dropped():
+    syncer = _syncer(M=2, quorum=2)
+    for m in (0, 1):
+        assert syncer.join(m).incarnation == 0
+    theta = syncer._snapshot[0] + 0.5
+    syncer.receive(_report(syncer, 0, 0, theta))
+    assert syncer.expects(0, 0)
+    again = syncer.join(0)  # learner 0 restarted: its open report goes, the round waits for it again
+    assert again.incarnation == 1 and not syncer.expects(0, 0) and again.versions == [0]
+    assert torch.equal(again.fragments[0], syncer._snapshot[0])
+    syncer.receive(_report(syncer, 1, 0, syncer._snapshot[0] - 1.0))
+    assert not syncer.records  # quorum 2: learner 0 has not reported in its new life
+    replies = syncer.receive(_report(syncer, 0, 0, syncer._snapshot[0] + 1.0, steps=0))
+    # the new learner 0 had done no work: weight 0, so the merge is learner 1's alone
+    assert {r.learner for r in replies} == {0, 1}
+    assert syncer.records[-1].weights == (0.0, 1.0)
+
+
+def test_a_report_sent_twice_or_after_it_was_merged_is_ignored():
+    syncer = _syncer(M=2, quorum=1)
+    for m in (0, 1):
+        syncer.join(m)
+    report = _report(syncer, 0, 0, syncer._snapshot[0] + 0.25)
+    replies = syncer.receive(report)
+    assert len(replies) == 1 and syncer.versions == [1]
+    before = syncer.global_flat[0].detach().clone()
+    assert syncer.receive(report) == [] and syncer.ignored_reports == 1  # a retry of a merged report
+    assert syncer.versions == [1] and torch.equal(syncer.global_flat[0].detach(), before)
+    syncer_two = _syncer(M=2, quorum=2)
+    for m in (0, 1):
+        syncer_two.join(m)
+    twice = _report(syncer_two, 0, 0, syncer_two._snapshot[0] + 0.1)
+    syncer_two.receive(twice)
+    syncer_two.receive(twice)  # the same report again while its round is open
+    assert syncer_two.ignored_reports == 1 and not syncer_two.records
+
+
+@pytest.mark.parametrize("codec", ["fp32", "fp4_e3m0"])
+def test_a_syncer_restored_from_its_state_mid_run_continues_exactly(codec):
+    """Two syncers see the same reports; one is rebuilt from the other's state_dict halfway (its learners
+    behind on some fragments, a lossy codec's per-learner copies too): both end with the same bits."""
+    kw = dict(M=3, quorum=2, num_fragments=2, codec=codec)
+    a = _syncer(**kw)
+    for m in range(3):
+        a.join(m)
+    gen = torch.Generator().manual_seed(0)
+
+    def feed(s, rounds):
+        for step in rounds:
+            for m in ((0, 1), (1, 2), (2, 0))[step % 3]:
+                for p in range(2):
+                    noise = torch.randn(s._snapshot[p].shape, generator=gen) * 0.01
+                    s.receive(_report(s, m, p, s._base[m][p] + noise, steps=4 + step, codec=codec))
+    torch.manual_seed(0)
+    feed(a, range(3))
+    state = a.state_dict()
+    b = _syncer(**kw)
+    b.load_state_dict(state)
+    gen_state = gen.get_state()
+    feed(a, range(3, 6))
+    gen.set_state(gen_state)
+    feed(b, range(3, 6))
+    assert a.versions == b.versions and len(a.records) == len(b.records) == 12
+    for ga, gb in zip(a.global_flat, b.global_flat, strict=True):
+        assert torch.equal(ga, gb)
+
+
+def test_checkpoint_files_are_atomic_keep_k_and_a_damaged_newest_falls_back(tmp_path, capsys):
+    syncer = _syncer(M=1, quorum=1)
+    syncer.join(0)
+    for i in range(4):
+        syncer.receive(_report(syncer, 0, 0, syncer._snapshot[0] + 0.1))
+        save_state(tmp_path, {"syncer": syncer.state_dict()}, merges=len(syncer.records), keep=2)
+    assert [p.name for p in saved_states(tmp_path)] == ["syncer-00000003.pt", "syncer-00000004.pt"]
+    assert not [p for p in tmp_path.iterdir() if p.suffix != ".pt"]  # no temporary file left behind
+    saved_states(tmp_path)[-1].write_bytes(b"torn")
+    state = load_latest_state(tmp_path)
+    assert "does not load" in capsys.readouterr().err
+    restored = _syncer(M=1, quorum=1)
+    restored.load_state_dict(state["syncer"])
+    assert restored.versions == [3]
+    with pytest.raises(ValueError, match="keep=0"):
+        save_state(tmp_path, {}, merges=9, keep=0)
+    assert load_latest_state(tmp_path / "none") is None
+
+
+def test_learner_counts_its_versions_so_a_restarted_syncer_can_tell_a_repeat():
+    from diloco.decoupled.learner import Learner
+    from diloco.decoupled.local import LocalTransport
+
+    syncer = _syncer(M=1, quorum=1)
+    model = make_model(seed=1)
+    with LocalTransport(syncer) as transport:
+        algo = Learner(model, channel=transport.channel(0), learner=0, sync_every=2)
+        for _ in range(4):
+            algo.after_optimizer_step(tokens=1)
+        algo.close()
+    assert algo.versions == syncer.versions == [2] and syncer.ignored_reports == 0
+
+
+# -- the fault schedule and the analysis ---------------------------------------------------------------------------
+def test_chaos_events_fixed_and_poisson_and_bad_settings():
+    chaos = Chaos(kills=((3, 1),), syncer_kills=(5.0,), kill_rate=6.0, downtime_s=1.0, seed=1)
+    events = chaos.events(num_learners=3, duration_s=60)
+    assert events == sorted(events, key=lambda e: e.at) and all(e.at < 60 for e in events)
+    assert (3.0, "learner", 1) in [(e.at, e.target, e.index) for e in events]
+    assert [e.at for e in events if e.target == "syncer"] == [5.0]
+    n = len([e for e in events if e.target == "learner"]) - 1
+    assert 10 <= n <= 40  # 6 per learner-minute, 3 learners, a minute (downtime between kills): ~15-18
+    assert events == chaos.events(num_learners=3, duration_s=60)  # seeded
+    assert parse_kills("3:1, 12.5:0") == ((3.0, 1), (12.5, 0))
+    with pytest.raises(ValueError, match="SECONDS:LEARNER"):
+        parse_kills("3")
+    with pytest.raises(ValueError, match="one factor >= 1 per learner"):
+        Chaos(slowdown=(1.0, 3.0)).check(3)
+    with pytest.raises(ValueError, match="learner in 0..2"):
+        Chaos(kills=((1.0, 3),)).check(3)
+
+
+def _rows(m, inc, t0, n, dt, synced_every=4, start=0):
+    rows = [{"learner": m, "incarnation": inc, "event": "joined", "t": t0}]
+    for i in range(1, n + 1):
+        rows.append({"learner": m, "incarnation": inc, "step": start + i, "t": t0 + i * dt, "dt": dt,
+                     "compute_s": dt, "synced": [0] if i % synced_every == 0 else []})
+    return rows
+
+
+def test_stalls_rejoin_and_goodput_from_the_logs():
+    # learner 0 steady at 0.1 s; learner 1 killed at t=10 (after 11 steps in its first life: steps 9-11
+    # never reached the syncer), restarted, joined at t=12 and in a merge with weight > 0 at t=12.9
+    rows = _rows(0, 0, 0.0, 200, 0.1) + _rows(1, 0, 0.0, 11, 0.1 - 1e-9) + _rows(1, 1, 12.0, 80, 0.1)
+    rows[50]["dt"] = 0.25  # one slow survivor step after the kill (t = 5.0 is before it: not counted)
+    slow_after = next(r for r in rows if r["learner"] == 0 and r.get("step") == 105)
+    slow_after["dt"] = 0.15
+    merges = [{"at": 12.5, "learners": [0, 1], "weights": [1.0, 0.0]},
+              {"at": 12.9, "learners": [0, 1], "weights": [0.6, 0.4]}]
+    (stall,) = survivor_stalls(rows, kill_at=10.0, killed=1, window_s=5.0)
+    assert stall.learner == 0 and stall.worst_step_ratio == pytest.approx(1.5) and stall.steps_kept == pytest.approx(1.0, abs=0.05)
+    assert rejoin_seconds(rows, merges, learner=1, incarnation=1) == pytest.approx(0.9)
+    assert rejoin_seconds(rows, merges, learner=1, incarnation=2) is None
+    g = goodput(rows, num_learners=2, wall_s=20.0)
+    assert g.lost_steps == 3
+    assert g.useful_s == pytest.approx(200 * 0.1 + 8 * (0.1 - 1e-9) + 80 * 0.1)
+    assert g.value == pytest.approx(g.useful_s / 40.0)
