@@ -14,6 +14,10 @@ of the workers (:meth:`~diloco.comm.mesh.Layout.shard_communicator`).
 ``mixed_precision``: bf16 parameters for forward and backward, gradients reduced
 in fp32, the sharded master weights (and so the optimizer states and the global
 copy) fp32: FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``.
+
+Also the sharded worker's process groups: :func:`worker_group` (a second group over the
+worker's ranks, for background checkpoint writes) and :func:`worker_totals` (the worker's
+byte counters, summed over its ranks).
 """
 
 from __future__ import annotations
@@ -63,4 +67,27 @@ def scalar(value: Any) -> float:
     return float(value)
 
 
-__all__ = ["full_tensors", "is_sharded", "scalar", "shard_worker_model"]
+def worker_group(mesh: Any, *, num_workers: int, ranks_per_worker: int) -> Any:
+    """A second process group over this worker's ranks (every process creates every worker's, in one order):
+    ``checkpoint_async`` writes a sharded checkpoint's shards over it in the background, never interleaved
+    with training's collectives on ``mesh``."""
+    import torch.distributed as dist
+
+    layout = [[w * ranks_per_worker + r for r in range(ranks_per_worker)] for w in range(num_workers)]
+    mine, _ = dist.new_subgroups_by_enumeration(layout, backend="gloo")
+    assert dist.get_process_group_ranks(mine) == dist.get_process_group_ranks(mesh.get_group())
+    return mine
+
+
+def worker_totals(stats: dict[str, int], mesh: Any) -> dict[str, int]:
+    """Byte counters summed over a sharded worker's ranks (one collective; exchanges counted once): each rank
+    counted its own column's (its shard's) traffic."""
+    import torch.distributed as dist
+
+    keys = [k for k in stats if k != "num_exchanges"]
+    summed = torch.tensor([stats[k] for k in keys], dtype=torch.int64)
+    dist.all_reduce(summed, group=mesh.get_group())
+    return {**stats, **dict(zip(keys, summed.tolist(), strict=True))}
+
+
+__all__ = ["full_tensors", "is_sharded", "scalar", "shard_worker_model", "worker_group", "worker_totals"]

@@ -7,7 +7,7 @@
   model built with ``torch.compile``) back into the module it wraps.
 * :func:`tcmalloc_notice` is the start-up line saying whether tcmalloc is preloaded; on CPU it
   speeds up training of small models by ~1.4x here (the many small tensors of an AdamW step).
-  bf16 autocast is :func:`diloco.train.trainer._autocast` (``TrainConfig.bf16``).
+  bf16 autocast is :func:`diloco.train.evaluation.autocast` (``TrainConfig.bf16``).
 """
 
 from __future__ import annotations

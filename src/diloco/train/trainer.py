@@ -21,42 +21,43 @@ Outputs in ``out_dir``: ``config.json`` (resolved), ``tokenizer.json`` (text dat
 ``metrics.jsonl`` (one row per step, eval rows too), ``summary.json`` and
 ``checkpoints/`` (see :mod:`diloco.train.checkpoint`; ``diloco export`` turns one
 into a model folder).
+
+This module holds the orchestration: checking the config and the run directory,
+preparing the data and the run directory, running the replicas (threads, or this
+process under torchrun), their loop (restore, step, evaluate, checkpoint, callbacks)
+and the summary. What one replica holds and how it is built is
+:mod:`diloco.train.replica`; its inner step, :mod:`diloco.train.inner_step`; its
+checkpoints (save, commit, restore, elastic resize), :mod:`diloco.train.replica_checkpoint`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import sys
-import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from diloco.algorithm.base import ReplicaAlgorithm, SyncReport
-from diloco.algorithm.codecs import get_codec
-from diloco.algorithm.data_parallel import DataParallel
-from diloco.algorithm.inner import build_inner_optimizer
-from diloco.algorithm.streaming import StreamingDiLoCo
 from diloco.comm.base import CommError, Communicator
 from diloco.comm.local import run_replicas
 from diloco.train import checkpoint as ckpt
+from diloco.train import replica_checkpoint
 from diloco.train import sharded_checkpoint
 from diloco.files import atomic_write_bytes, write_json
 from diloco.train.config import TrainConfig
 from diloco.train.device import check_device
-from diloco.train.evaluation import autocast, evaluate
-from diloco.train.lr import lr_at
+from diloco.train.evaluation import evaluate
+from diloco.train.inner_step import step_record, train_step
+from diloco.train.replica import Everyone, Replica, Run, build_replica
 from diloco.train.result import RunResult
 from diloco.train.metrics import JSONLSink, MetricLogger, MultiLogger, TensorBoardSink
 from diloco.train.rundir import RunDirPlan, check_same_data, clear_run, plan_run_dir
-from diloco.train.sharding import full_tensors, scalar, shard_worker_model
-from diloco.train.speed import compile_in_place, tcmalloc_notice
+from diloco.train.sharding import full_tensors, worker_totals
+from diloco.train.speed import tcmalloc_notice
 from diloco.train.step_log import StepTable, progress_bar, update_bar
 from diloco.train.threads import default_threads
 
@@ -69,12 +70,6 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> torch.nn.Module:
                  z_loss=cfg.z_loss)
 
 
-# The replicas of one process are threads: their first step (where torch.compile compiles the model) runs
-# under this lock, one replica at a time. Concurrent compilation made compiled runs irreproducible (the
-# same config ending 5.430 or 5.461 on the tiny preset in bf16); serialized, they are bit for bit.
-_COMPILE_LOCK = threading.Lock()
-
-
 class TrainerCallback:
     """Hooks into every replica's loop; the defaults do nothing. Subclass and pass ``callbacks=[...]``.
 
@@ -85,82 +80,6 @@ class TrainerCallback:
 
     def on_step_end(self, step: int, *, rank: int) -> None:
         """After step ``step`` is complete: trained, logged, evaluated and checkpointed as due."""
-
-
-@dataclass
-class _Run:
-    """What every replica of one run shares: data, validation batches, the initial model, the clock."""
-
-    data: Any  # diloco.data.TokenData
-    val: list[tuple[torch.Tensor, torch.Tensor]]
-    template: torch.nn.Module  # built once and seeded; every replica starts from a copy
-    fragments: list[list[str]] | None  # explicit fragments (cfg.fragments), or None: the fragmenter's split
-    start_step: int
-    wall_before: float  # wall time of the run before this resume
-    t0: float  # perf_counter when this process started the run
-    threads: int | None = None  # torch intra-op threads per replica (in-process runs), kept across resumes
-    data_sha256: str | None = None  # TokenData.digest(): kept in every checkpoint, checked on resume
-    saved_replicas: int | None = None  # M of the checkpoint resumed from (differs after an elastic restart)
-    saved_ranks: int | None = None  # R of the checkpoint resumed from (an FSDP run may resume with another)
-    vocab_size: int | None = None  # the data's: the model's embedding rows (kept in checkpoints, for diloco export)
-
-    def wall_time(self) -> float:
-        return time.perf_counter() - self.t0 + self.wall_before
-
-
-@dataclass
-class _Replica:
-    """One replica's (or one rank of a worker's) training state."""
-
-    comm: Communicator
-    intra: Communicator | None  # the worker's R ranks (torchrun, ranks_per_worker > 1), else None
-    model: torch.nn.Module
-    eval_model: torch.nn.Module | None  # only where this replica evaluates
-    opt: torch.optim.Optimizer
-    algo: ReplicaAlgorithm
-    in_worker: DataParallel | None  # gradient average over the worker's ranks
-    sampler: Any  # diloco.data.ShardSampler
-    rows: slice  # the rows of each replica batch this rank computes
-    params: list[torch.nn.Parameter]
-    mesh: Any = None  # the worker's DeviceMesh when its model is fully_shard'ed over its ranks (fsdp), else None
-    saved_ranks: int = 1  # R of the checkpoint this replica resumes from
-    async_group: Any = None  # checkpoint_async: the worker's ranks, for the background checkpoint writes only
-    writing: tuple[int, Any, dict[str, Any]] | None = None  # checkpoint_async: (step, Future, record) not committed
-    dropped: int = 0
-    compiled: bool = False  # the compiled model has run once (its compilation is behind us)
-    train_time: float = 0.0
-
-    @property
-    def rank(self) -> int:
-        return self.comm.rank
-
-    @property
-    def local(self) -> int:
-        """This process's rank inside its worker (0 without workers)."""
-        return 0 if self.intra is None else self.intra.rank
-
-    @property
-    def evaluates(self) -> bool:
-        return self.rank == 0 and self.local == 0
-
-    @property
-    def sharded(self) -> bool:
-        return self.mesh is not None
-
-    def barrier(self) -> None:
-        """Every process of the run (``comm`` alone spans only this rank's column when the workers are sharded)."""
-        _Everyone(self.comm, self.intra if self.sharded else None).barrier()
-
-
-@dataclass
-class _StepOutcome:
-    loss: float
-    lr: float
-    tokens: int
-    grad_norm: float | None
-    synced_fragments: list[int]  # outer syncs finished after this step
-    step_time: float
-    compute_time: float
 
 
 class Trainer:
@@ -208,7 +127,7 @@ class Trainer:
         if cfg.tensorboard:
             TensorBoardSink.check_available()
 
-    def _prepare(self, plan: RunDirPlan, comm: Any = None, lead: bool = True) -> _Run:
+    def _prepare(self, plan: RunDirPlan, comm: Any = None, lead: bool = True) -> Run:
         """Data, validation batches, the initial model; then (lead) the run directory is set up.
 
         Under torch.distributed (``comm`` given: its ``barrier()`` spans every process) the ``lead`` process
@@ -238,11 +157,11 @@ class Trainer:
         # The template was built once and seeded (threads share torch's global RNG); replica 0's copy is
         # broadcast anyway.
         meta = plan.meta or {}
-        return _Run(data=inputs.data, val=inputs.val_batches, template=inputs.model, fragments=inputs.fragments,
-                    start_step=plan.start_step, vocab_size=inputs.data.vocab_size,
-                    wall_before=float(meta.get("wall_time_s", 0.0)), t0=time.perf_counter(),
-                    saved_replicas=int(meta.get("num_replicas", cfg.replicas)), data_sha256=digest,
-                    saved_ranks=int(meta.get("config", {}).get("ranks_per_worker", cfg.ranks_per_worker)))
+        return Run(data=inputs.data, val=inputs.val_batches, template=inputs.model, fragments=inputs.fragments,
+                   start_step=plan.start_step, vocab_size=inputs.data.vocab_size,
+                   wall_before=float(meta.get("wall_time_s", 0.0)), t0=time.perf_counter(),
+                   saved_replicas=int(meta.get("num_replicas", cfg.replicas)), data_sha256=digest,
+                   saved_ranks=int(meta.get("config", {}).get("ranks_per_worker", cfg.ranks_per_worker)))
 
     def _logger(self, start_step: int, resume: bool) -> MultiLogger:
         sinks: list[MetricLogger] = [JSONLSink(self.out_dir / "metrics.jsonl",
@@ -294,7 +213,7 @@ class Trainer:
         return self._finish(run, results[0])
 
     @contextlib.contextmanager
-    def _decoupled(self, run: _Run):
+    def _decoupled(self, run: Run):
         """method=decoupled: run a syncer for the learners (a thread, or a Ray actor); then write ``merges.jsonl``.
 
         Yields a dict that holds the syncer's final global parameters once the block has ended (empty otherwise).
@@ -350,7 +269,7 @@ class Trainer:
                              "without torchrun); learners as separate processes are not built yet")
         lead = comm.rank == 0 and (intra is None or intra.rank == 0)
         plan = self.plan(resume=resume, overwrite=overwrite, reuse=reuse, elastic=elastic)  # every process alike
-        everyone = _Everyone(comm, intra if mesh is not None else None)
+        everyone = Everyone(comm, intra if mesh is not None else None)
         everyone.barrier()  # ... before the lead writes anything
         if lead:
             _tell([*plan.notices, *_speed_notices(self.device)])
@@ -373,7 +292,7 @@ class Trainer:
                 bar.close()
         return self._finish(run, out) if lead else None
 
-    def _finish(self, run: _Run, rank0: dict[str, Any]) -> RunResult:
+    def _finish(self, run: Run, rank0: dict[str, Any]) -> RunResult:
         cfg = self.cfg
         result = RunResult(
             out_dir=self.out_dir,
@@ -394,30 +313,30 @@ class Trainer:
         return result
 
     # -- one replica ---------------------------------------------------------
-    def _replica_loop(self, comm: Communicator, *, run: _Run, table: StepTable, logger: MetricLogger,
+    def _replica_loop(self, comm: Communicator, *, run: Run, table: StepTable, logger: MetricLogger,
                       intra: Communicator | None = None, mesh: Any = None) -> dict[str, Any]:
         """Every replica (thread or process) runs this: build, restore, then train step by step."""
         cfg = self.cfg
-        rep = self._build_replica(comm, intra, run, mesh)
+        rep = build_replica(cfg, comm, intra, run, device=self.device, mesh=mesh, transport=self._transport)
         resized = run.saved_replicas not in (None, cfg.replicas) or \
             (rep.sharded and run.saved_ranks not in (None, cfg.ranks_per_worker))
         rep.saved_ranks = run.saved_ranks or cfg.ranks_per_worker
         if run.start_step > 0 and resized:
             self._restore_resized(rep, run.start_step, run.saved_replicas)
         elif run.start_step > 0:
-            self._restore(rep, run.start_step)
+            replica_checkpoint.restore(rep, run.start_step, run_dir=self.out_dir)
         final_eval = float("nan")
         if rep.rank == 0 and run.start_step == cfg.total_steps:  # resumed at the end, before the summary
             final_eval = self._evaluate(rep, run, None, None)
         step = run.start_step
         try:
             for step in range(run.start_step + 1, cfg.total_steps + 1):
-                out = self._train_step(rep, step)
-                table.add(rep.rank, step, self._step_record(rep, step, out))
+                out = train_step(rep, step, cfg=cfg, device=self.device)
+                table.add(rep.rank, step, step_record(rep, step, out))
                 if rep.rank == 0 and (step % cfg.eval_every == 0 or step == cfg.total_steps):
                     final_eval = self._evaluate(rep, run, step, logger)
                 if rep.writing is not None:  # the checkpoint written in the background since the last step
-                    self._commit(rep, *rep.writing)
+                    replica_checkpoint.commit(rep, *rep.writing, run_dir=self.out_dir, keep=cfg.keep_checkpoints)
                 if (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0) or step == cfg.total_steps:
                     self._checkpoint(rep, run, step)
                 for callback in self.callbacks:
@@ -428,155 +347,25 @@ class Trainer:
             raise CommError(f"{where} at step {step}: {exc}") from exc
         stats = comm.stats.totals()
         if rep.sharded:  # each rank counted its own column (its shard): the worker's bytes are their sum
-            stats = _worker_totals(stats, rep.mesh)
+            stats = worker_totals(stats, rep.mesh)
         return {"final_eval_loss": final_eval, "stats": stats, "train_time_s": rep.train_time,
                 "num_params": sum(p.numel() for p in rep.params), "dropped": rep.dropped}
 
-    def _build_replica(self, comm: Communicator, intra: Communicator | None, run: _Run, mesh: Any = None) -> _Replica:
-        """This replica's model, inner optimizer, algorithm and data sampler (the algorithm equalises inits)."""
-        from diloco.data import ShardSampler
-
-        cfg, dev = self.cfg, self.device
-        local = 0 if intra is None else intra.rank
-        model = copy.deepcopy(run.template).to(dev)
-        eval_model = copy.deepcopy(model) if comm.rank == 0 and local == 0 else None
-        async_group = None
-        if mesh is not None:  # the worker's ranks shard one model (every rank built the same seeded template)
-            shard_worker_model(model, mesh, mixed_precision=cfg.fsdp_mixed_precision)
-            if cfg.checkpoint_async:
-                async_group = _worker_groups(mesh, cfg.replicas, cfg.ranks_per_worker)
-        if cfg.compile:  # in place: parameter names (fragments, checkpoints, global state) stay the same
-            compile_in_place(model)
-        opt = build_inner_optimizer(model, name=cfg.inner_optimizer, lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2),
-                                    weight_decay=cfg.weight_decay)
-        algo = self._algorithm(model, comm, run.fragments)
-        # Inside a worker of R replicated ranks: gradients averaged every step (fp32, exact up to the summation
-        # order). Sharded workers: FSDP's reduce-scatter averages them.
-        in_worker = DataParallel(model, comm=intra, codec="fp32") if intra is not None and mesh is None else None
-        # The replica's sampler on every rank of the worker; rank `local` computes `rows` of each batch.
-        sampler = ShardSampler(run.data.train, rank=comm.rank, world_size=cfg.replicas,
-                               batch_size=cfg.batch_per_replica, seq_len=cfg.seq_len, seed=cfg.seed)
-        rows = slice(local * cfg.batch_per_rank, (local + 1) * cfg.batch_per_rank)
-        params = [p for p in model.parameters() if p.requires_grad]
-        return _Replica(comm=comm, intra=intra, model=model, eval_model=eval_model, opt=opt, algo=algo,
-                        in_worker=in_worker, sampler=sampler, rows=rows, params=params, mesh=mesh,
-                        async_group=async_group)
-
-    def _algorithm(self, model: torch.nn.Module, comm: Communicator,
-                   fragments: list[list[str]] | None = None) -> ReplicaAlgorithm:
+    # -- checkpoints (diloco.train.replica_checkpoint); methods, so that a subclass can wrap them ---------------
+    def _checkpoint(self, rep: Replica, run: Run, step: int) -> None:
+        """Write this replica's state of ``step``; it is committed now or, written in the background, after the
+        next step (:func:`~diloco.train.replica_checkpoint.save`)."""
         cfg = self.cfg
-        if cfg.method == "dp":
-            return DataParallel(model, comm=comm, codec=cfg.dp_codec)
-        if cfg.method == "decoupled":
-            from diloco.decoupled.trainer import decoupled_learner
+        replica_checkpoint.save(rep, step, run_dir=self.out_dir, record=replica_checkpoint.run_record(cfg, run),
+                                keep=cfg.keep_checkpoints, last=step >= cfg.total_steps)
 
-            return decoupled_learner(cfg, model, self._transport.channel(comm.rank), learner=comm.rank,
-                                     fragments=fragments, stats=comm.stats)
-        return StreamingDiLoCo(
-            model, comm=comm, sync_every=cfg.sync_every, num_fragments=cfg.num_fragments,
-            fragment_pattern=cfg.fragment_pattern, fragments=fragments, schedule=cfg.schedule_spec,
-            overlap_steps=cfg.overlap_steps,
-            merge_alpha=cfg.merge_alpha, codec=get_codec(cfg.codec, topk_density=cfg.topk_density),
-            eager=cfg.eager, error_feedback_decay=cfg.ef_decay,
-            outer_optimizer=partial(torch.optim.SGD, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
-                                    nesterov=cfg.outer_nesterov and cfg.outer_momentum > 0),
-        )
+    def _restore_resized(self, rep: Replica, step: int, saved_replicas: int) -> None:
+        """Resume a checkpoint written by another number of workers or ranks per worker
+        (:func:`~diloco.train.replica_checkpoint.restore_resized`)."""
+        replica_checkpoint.restore_resized(rep, step, run_dir=self.out_dir, saved_replicas=saved_replicas,
+                                           replicas=self.cfg.replicas)
 
-    def _load(self, rep: _Replica, step: int, worker: int, rank: int = 0) -> dict[str, Any]:
-        """Worker ``worker``'s saved state of ``step`` (sharded workers: onto this rank's shards, with rank
-        ``rank``'s non-tensor state)."""
-        if not rep.sharded:
-            return ckpt.load_replica(self.out_dir, worker, step)
-        return sharded_checkpoint.load_worker(self.out_dir, step, worker=worker, rank=rank, model=rep.model,
-                                              opt=rep.opt, algo=rep.algo, process_group=rep.mesh.get_group())
-
-    def _restore(self, rep: _Replica, step: int) -> None:
-        mine = self._load(rep, step, rep.rank, rep.local)
-        rep.model.load_state_dict(mine["model"])
-        rep.opt.load_state_dict(mine["optimizer"])
-        rep.algo.load_state_dict(mine["algorithm"])
-        rep.sampler.load_state_dict(mine["sampler"])
-        rep.dropped, rep.train_time = int(mine["dropped"]), float(mine["train_time_s"])
-
-    def _restore_resized(self, rep: _Replica, step: int, saved_replicas: int) -> None:
-        """Resume a checkpoint of ``saved_replicas`` workers with ``cfg.replicas`` (an elastic restart), or of
-        sharded workers of ``rep.saved_ranks`` ranks with ``cfg.ranks_per_worker`` (DCP reshards every tensor).
-
-        Global parameters and outer-optimizer state are the same in every file: each worker takes
-        them from its own. Worker r < saved_replicas keeps file r's local parameters and inner
-        optimizer; a worker beyond them starts from the global parameters with a copy of worker 0's
-        inner optimizer (AdamW moments and step count). In-flight exchanges are dropped on every
-        worker (their contributions were encoded for the old peers): each such fragment's next sync
-        starts from the saved global copy. The sampler re-cuts the rest of the epoch
-        (:meth:`~diloco.data.ShardSampler.recut_from`).
-        """
-        own = rep.rank < saved_replicas
-        rank = rep.local if rep.local < rep.saved_ranks else 0  # whose counters and sampler position
-        saved = self._load(rep, step, rep.rank if own else 0, rank)
-        algo_state = dict(saved["algorithm"])
-        if algo_state.get("pending"):
-            started = {int(p): int(e["started_at"]) for p, e in algo_state["pending"].items()}
-            algo_state["dropped_in_flight"] = {**algo_state.get("dropped_in_flight", {}), **started}
-            algo_state["pending"] = {}
-        rep.model.load_state_dict(saved["model"])
-        rep.opt.load_state_dict(saved["optimizer"])
-        rep.algo.load_state_dict(algo_state)
-        if not own:
-            rep.model.load_state_dict(rep.algo.global_state_dict())
-        if saved_replicas != self.cfg.replicas:
-            rep.sampler.recut_from(saved["sampler"])
-        else:  # only the ranks per worker changed: the workers read on as they were
-            rep.sampler.load_state_dict(saved["sampler"])
-        rep.dropped, rep.train_time = int(saved["dropped"]), float(saved["train_time_s"])
-
-    def _train_step(self, rep: _Replica, step: int) -> _StepOutcome:
-        """One inner step: batch, forward/backward, gradient syncs, optimizer step, then the algorithm's syncs."""
-        cfg, dev = self.cfg, self.device
-        t_start = time.perf_counter()
-        lr = lr_at(step, cfg)
-        for group in rep.opt.param_groups:
-            group["lr"] = lr
-        x, y = rep.sampler.next_batch()
-        tokens = x.numel()  # the replica's
-        x, y = x[rep.rows].to(dev, non_blocking=True), y[rep.rows].to(dev, non_blocking=True)
-        with _COMPILE_LOCK if (cfg.compile and not rep.compiled) else contextlib.nullcontext():
-            with autocast(cfg.bf16, dev):
-                _, loss = rep.model(x, y)
-            loss.backward()
-        rep.compiled = True
-        compute = time.perf_counter() - t_start
-        if rep.in_worker is not None:  # communication, not compute: outside `compute`
-            rep.dropped += _dropped(rep.in_worker.before_optimizer_step())
-        rep.dropped += _dropped(rep.algo.before_optimizer_step())
-        t1 = time.perf_counter()
-        grad_norm = torch.nn.utils.clip_grad_norm_(rep.params, cfg.grad_clip) if cfg.grad_clip > 0 else None
-        grad_norm = None if grad_norm is None else scalar(grad_norm)  # sharded: a DTensor, gathered here
-        rep.opt.step()
-        rep.opt.zero_grad(set_to_none=True)
-        compute += time.perf_counter() - t1
-        reports = rep.algo.after_optimizer_step()
-        if step == cfg.total_steps:
-            reports += rep.algo.flush()
-        rep.dropped += _dropped(reports)
-        step_time = time.perf_counter() - t_start
-        rep.train_time += step_time
-        return _StepOutcome(loss=loss.item(), lr=lr, tokens=tokens,
-                            grad_norm=grad_norm,
-                            synced_fragments=[r.fragment for r in reports], step_time=step_time,
-                            compute_time=compute)
-
-    @staticmethod
-    def _step_record(rep: _Replica, step: int, out: _StepOutcome) -> dict[str, Any]:
-        stats = rep.comm.stats
-        return {
-            "step": step, "loss": out.loss, "lr": out.lr, "tokens": out.tokens, "grad_norm": out.grad_norm,
-            "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received,
-            "peak_in_flight": stats.peak_in_flight, "peak_bytes_per_sync": stats.peak_exchange,
-            "synced_fragments": out.synced_fragments, "dropped": rep.dropped,
-            "step_time_s": out.step_time, "compute_time_s": out.compute_time,
-        }
-
-    def _evaluate(self, rep: _Replica, run: _Run, step: int | None, logger: MetricLogger | None) -> float:
+    def _evaluate(self, rep: Replica, run: Run, step: int | None, logger: MetricLogger | None) -> float:
         """Eval loss of the global parameters (replica 0; its first rank evaluates and logs an eval row).
 
         Sharded workers: every rank of worker 0 calls this, to gather the global parameters' shards.
@@ -595,69 +384,6 @@ class Trainer:
             logger.log({"step": step, "eval_loss": loss, "tokens_seen": step * self.cfg.tokens_per_step})
         return loss
 
-    def _checkpoint(self, rep: _Replica, run: _Run, step: int) -> None:
-        """Every replica writes its file (sharded workers: every rank its shards); after a barrier replica 0
-        makes ``step`` the latest."""
-        state = {"model": rep.model.state_dict(), "optimizer": rep.opt.state_dict(),
-                 "algorithm": rep.algo.state_dict(), "sampler": rep.sampler.state_dict(), "dropped": rep.dropped,
-                 "train_time_s": rep.train_time} if rep.sharded or rep.local == 0 else None
-        record = {"config": self.cfg.to_dict(), "num_replicas": self.cfg.replicas, "wall_time_s": run.wall_time(),
-                  "threads": run.threads, "data_sha256": run.data_sha256, "vocab_size": run.vocab_size}
-        writing = None
-        if rep.sharded:
-            record["format"] = sharded_checkpoint.FORMAT
-            writing = sharded_checkpoint.save_worker(
-                self.out_dir, step, worker=rep.rank, rank=rep.local, state=state, model=rep.model, opt=rep.opt,
-                algo=rep.algo, process_group=rep.mesh.get_group(), async_group=rep.async_group)
-        elif state is not None:  # a worker's replicated ranks hold one state: its first rank writes it
-            ckpt.save_replica(self.out_dir, step, rep.rank, state)
-        if writing is not None and step < self.cfg.total_steps:
-            rep.writing = (step, writing, record)  # committed after the next step (the writes overlap it)
-        else:
-            self._commit(rep, step, writing, record)
-
-    def _commit(self, rep: _Replica, step: int, writing: Any, record: dict[str, Any]) -> None:
-        """Once every rank's files of ``step`` are written (a background write: its Future), replica 0 records
-        the step and makes it the latest."""
-        if writing is not None:
-            writing.result()
-        rep.writing = None
-        rep.barrier()  # every replica's file is on disk before the step becomes "latest"
-        if rep.evaluates:
-            ckpt.commit(self.out_dir, step, record, keep=self.cfg.keep_checkpoints)
-
-
-class _Everyone:
-    """A barrier over every process: ``comm``'s, then (sharded workers, whose ``comm`` is one column) ``intra``'s."""
-
-    def __init__(self, comm: Communicator, intra: Communicator | None) -> None:
-        self.comm, self.intra = comm, intra
-
-    def barrier(self) -> None:
-        self.comm.barrier()
-        if self.intra is not None:
-            self.intra.barrier()
-
-
-def _worker_groups(mesh: Any, num_workers: int, ranks_per_worker: int) -> Any:
-    """A second process group over this worker's ranks (every process creates every worker's, in one order)."""
-    import torch.distributed as dist
-
-    layout = [[w * ranks_per_worker + r for r in range(ranks_per_worker)] for w in range(num_workers)]
-    mine, _ = dist.new_subgroups_by_enumeration(layout, backend="gloo")
-    assert dist.get_process_group_ranks(mine) == dist.get_process_group_ranks(mesh.get_group())
-    return mine
-
-
-def _worker_totals(stats: dict[str, int], mesh: Any) -> dict[str, int]:
-    """Byte counters summed over a sharded worker's ranks (one collective; exchanges counted once)."""
-    import torch.distributed as dist
-
-    keys = [k for k in stats if k != "num_exchanges"]
-    summed = torch.tensor([stats[k] for k in keys], dtype=torch.int64)
-    dist.all_reduce(summed, group=mesh.get_group())
-    return {**stats, **dict(zip(keys, summed.tolist(), strict=True))}
-
 
 def _tell(notices: Sequence[str]) -> None:
     """What the user must know about their run directory (a skipped checkpoint, a finished run)."""
@@ -668,10 +394,6 @@ def _tell(notices: Sequence[str]) -> None:
 def _speed_notices(device: torch.device) -> list[str]:
     notice = tcmalloc_notice(device)
     return [notice] if notice else []
-
-
-def _dropped(reports: list[SyncReport]) -> int:
-    return sum(len(r.dropped_replicas) for r in reports)
 
 
 def train_model(cfg: TrainConfig, out_dir: Path, *, cache_dir: Path, resume: bool = False,
