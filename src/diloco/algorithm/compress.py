@@ -95,7 +95,8 @@ def stat_quantize(xb: torch.Tensor, *, bits: int, range_sigmas: float) -> tuple[
 class StatisticalCodec(Codec):
     """``bits``-bit codes over ``mean +- r sigma`` per block, with a table of bin means per block (see module)."""
 
-    def __init__(self, *, bits: int, block_size: int = wire_sizes.STAT_BLOCK, range_sigmas: float | None = None) -> None:
+    def __init__(self, *, bits: int, block_size: int = wire_sizes.STAT_BLOCK,
+                 range_sigmas: float | None = None) -> None:
         if bits not in (1, 2, 4, 8):
             raise ValueError(f"bits must be 1, 2, 4 or 8, got {bits}")
         if block_size < 1:
