@@ -30,7 +30,7 @@ from diloco.scaling.fit import fit_scaling
 from diloco.scaling.records import load_records
 from diloco.sim.hardware import ModelSpec
 from diloco.sim.loss import LossModel
-from diloco.sim.planner import Candidate, Setup, evaluate
+from diloco.sim.planner import Candidate, Setup, codec_bits, evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -96,7 +96,7 @@ def validate_quality(quality_path: Path, laptop_results: Path) -> dict:
     for name, b in best.items():
         c = b["config"]
         method, m = c["method"], c["replicas"]
-        bits = {"fp32": 32.0, "bf16": 16.0, "fp4_e3m0": 4.5, "fp8_e4m3": 8.25}[c["codec"]]
+        bits = codec_bits(c["codec"], n)  # the codec's exact bytes for n values x 8 / n
         row = {"run": name, "method": method, "replicas": m, "H": c["sync_every"], "P": c["num_fragments"],
                "tau": c["overlap_steps"], "codec": c["codec"], "measured": b["final_eval_loss"],
                "measured_vs_dp_pct": b["loss_vs_dp_pct"], "non_embedding_params": n, "tokens": b["tokens"]}

@@ -88,6 +88,9 @@ import math
 
 import torch
 
+from diloco.algorithm import wire_sizes
+from diloco.algorithm.wire_sizes import check_numel as _check_numel
+
 _F32_MAX = torch.finfo(torch.float32).max
 _BF16_MAX = torch.finfo(torch.bfloat16).max
 _E4M3 = torch.float8_e4m3fn
@@ -160,12 +163,6 @@ def all_finite(x: torch.Tensor) -> torch.Tensor:
     return bits.bitwise_and(0x7FFFFFFF).amax() < 0x7F800000
 
 
-def _check_numel(numel: int) -> int:
-    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
-        raise ValueError(f"numel must be a non-negative int, got {numel!r}")
-    return numel
-
-
 class FP32Codec(Codec):
     """IEEE binary32 on the wire: bit-exact (the data-parallel baseline)."""
 
@@ -173,7 +170,7 @@ class FP32Codec(Codec):
     bits_per_value = 32.0
 
     def num_bytes(self, numel: int) -> int:
-        return 4 * _check_numel(numel)
+        return wire_sizes.dense_bytes(numel, 4)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         x32, bad = self._prepare(x)
@@ -191,7 +188,7 @@ class BF16Codec(Codec):
     bits_per_value = 16.0
 
     def num_bytes(self, numel: int) -> int:
-        return 2 * _check_numel(numel)
+        return wire_sizes.dense_bytes(numel, 2)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         x32, bad = self._prepare(x)
@@ -249,8 +246,7 @@ class BlockScaledCodec(Codec):
         """uint8 codes -> their fp32 element values."""
 
     def num_bytes(self, numel: int) -> int:
-        n = _check_numel(numel)
-        return -(-n * self.element_bits // 8) + -(-n // self.block_size) + 1
+        return wire_sizes.block_scaled_bytes(numel, element_bits=self.element_bits, block_size=self.block_size)
 
     def _tensor_exponent(self, amax: torch.Tensor) -> torch.Tensor:
         """Smallest k with amax <= 448 * m * 2^k, clamped to [-126, 126]; exact (no log2 rounding).
@@ -369,7 +365,7 @@ class FP8E4M3Codec(BlockScaledCodec):
     element_bits = 8
     element_max = _E4M3_MAX
 
-    def __init__(self, *, block_size: int = 32, scale_candidates: int = 2) -> None:
+    def __init__(self, *, block_size: int = wire_sizes.BLOCK8, scale_candidates: int = 2) -> None:
         super().__init__(block_size=block_size, scale_candidates=scale_candidates)
 
     def dequantize_elements(self, codes: torch.Tensor) -> torch.Tensor:
@@ -390,7 +386,7 @@ class Int8Codec(BlockScaledCodec):
     element_bits = 8
     element_max = 127.0
 
-    def __init__(self, *, block_size: int = 32, scale_candidates: int = 1) -> None:
+    def __init__(self, *, block_size: int = wire_sizes.BLOCK8, scale_candidates: int = 1) -> None:
         super().__init__(block_size=block_size, scale_candidates=scale_candidates)
 
     def dequantize_elements(self, codes: torch.Tensor) -> torch.Tensor:
@@ -416,7 +412,7 @@ class FP4Codec(BlockScaledCodec):
     element_bits = 4
     magnitudes: tuple[float, ...]
 
-    def __init__(self, *, block_size: int = 16, scale_candidates: int = 4) -> None:
+    def __init__(self, *, block_size: int = wire_sizes.FP4_BLOCK, scale_candidates: int = 4) -> None:
         assert len(self.magnitudes) == 8 and list(self.magnitudes) == sorted(self.magnitudes)
         self.element_max = self.magnitudes[-1]
         super().__init__(block_size=block_size, scale_candidates=scale_candidates)

@@ -41,11 +41,10 @@ where the wire formats of :mod:`diloco.algorithm.codecs` would scale them.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from diloco.algorithm.codecs import Codec, _check_numel
+from diloco.algorithm import wire_sizes
+from diloco.algorithm.codecs import Codec
 
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -96,7 +95,8 @@ def stat_quantize(xb: torch.Tensor, *, bits: int, range_sigmas: float) -> tuple[
 class StatisticalCodec(Codec):
     """``bits``-bit codes over ``mean +- r sigma`` per block, with a table of bin means per block (see module)."""
 
-    def __init__(self, *, bits: int, block_size: int = 1024, range_sigmas: float | None = None) -> None:
+    def __init__(self, *, bits: int, block_size: int = wire_sizes.STAT_BLOCK,
+                 range_sigmas: float | None = None) -> None:
         if bits not in (1, 2, 4, 8):
             raise ValueError(f"bits must be 1, 2, 4 or 8, got {bits}")
         if block_size < 1:
@@ -109,12 +109,8 @@ class StatisticalCodec(Codec):
     def __repr__(self) -> str:
         return f"StatisticalCodec(bits={self.bits}, block_size={self.block_size}, range_sigmas={self.range_sigmas})"
 
-    def _blocks(self, numel: int) -> int:
-        return -(-numel // self.block_size)
-
     def num_bytes(self, numel: int) -> int:
-        n = _check_numel(numel)
-        return -(-n * self.bits // 8) + self._blocks(n) * (1 << self.bits) * 4
+        return wire_sizes.stat_bytes(numel, bits=self.bits, block_size=self.block_size)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         x32, bad = self._prepare(x)
@@ -154,7 +150,8 @@ class TopKCodec(Codec):
     name = "topk"
     reduces_in_place = False
 
-    def __init__(self, *, density: float = 1 / 64, chunk_size: int = 4096, value_bits: int = 2,
+    def __init__(self, *, density: float = wire_sizes.TOPK_DENSITY, chunk_size: int = wire_sizes.TOPK_CHUNK,
+                 value_bits: int = wire_sizes.TOPK_VALUE_BITS,
                  range_sigmas: float = 6.0) -> None:
         if not (isinstance(density, (int, float)) and 0.0 < density <= 1.0):
             raise ValueError(f"topk density must lie in (0, 1] (the share of each chunk's values sent), "
@@ -163,7 +160,7 @@ class TopKCodec(Codec):
             raise ValueError(f"chunk_size must be >= 2, got {chunk_size}")
         self.density, self.chunk_size = float(density), chunk_size
         self.value_bits, self.range_sigmas = value_bits, float(range_sigmas)
-        self.index_bits = max(1, math.ceil(math.log2(chunk_size)))
+        self.index_bits = wire_sizes.topk_index_bits(chunk_size)
         self.bits_per_value = self.density * (value_bits + self.index_bits)
 
     def __repr__(self) -> str:
@@ -171,14 +168,14 @@ class TopKCodec(Codec):
 
     def k_of(self, chunk: int) -> int:
         """Values sent from a chunk of ``chunk`` values: ``ceil(density * chunk)``, at least 1, at most all."""
-        return min(chunk, max(1, math.ceil(round(self.density * chunk, 9))))
+        return wire_sizes.topk_k(chunk, self.density)
 
     def num_selected(self, numel: int) -> int:
-        return sum(self.k_of(c) for c in _chunk_sizes(_check_numel(numel), self.chunk_size))
+        return wire_sizes.topk_selected(numel, density=self.density, chunk_size=self.chunk_size)
 
     def num_bytes(self, numel: int) -> int:
-        k = self.num_selected(numel)
-        return -(-k * self.value_bits // 8) + -(-k * self.index_bits // 8) + (1 << self.value_bits) * 4
+        return wire_sizes.topk_bytes(numel, density=self.density, chunk_size=self.chunk_size,
+                                     value_bits=self.value_bits)
 
     def select(self, x32: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(chunk-local indices, global positions) of the values sent, chunk by chunk, sorted within each."""

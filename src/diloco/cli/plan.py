@@ -5,9 +5,12 @@
                 --tokens-per-step 4e6 --tokens 26e9 --workers 4 --bandwidth 1 --loss-law my.fit.json
 
 For each bandwidth: every candidate (DP; DiLoCo over H and codec; Streaming DiLoCo over H,
-fragments, tau and codec) with predicted utilization, wall-clock, bytes, peak bandwidth and eval
+fragments, tau and codec, the codecs including stat4 / stat2 / topk with error feedback; eager
+updates, tau = H) with predicted utilization, wall-clock, bytes, peak bandwidth and eval
 loss, and the recommendation (the fastest within ``--tolerance`` of DP's loss). With --mtbf-hours or
---chip-mtbi-years, also goodput under chip failures per method (diloco.sim.goodput). Writes plan.json,
+--chip-mtbi-years, also goodput under chip failures per method (diloco.sim.goodput). The settings
+whose loss cost is this project's laptop-scale measurement are marked "m" and listed with their
+measured gaps and the file they come from. Writes plan.json,
 plan.md and plan.png (loss vs wall-clock) to --out. Imports no torch (unless --model-config).
 """
 
@@ -29,8 +32,9 @@ from diloco.cli.simulate import (
 )
 from diloco.sim.goodput import HOURS_PER_YEAR, METHOD_LABELS, FailureModel, goodput_by_method
 from diloco.sim.hardware import ModelSpec
+from diloco.sim.loss import MEASURED_CODECS, MEASURED_EAGER, MEASURED_MARK
 from diloco.sim.planner import (
-    CODEC_BITS,
+    DEFAULT_CODECS,
     DEFAULT_OVERLAP,
     DEFAULT_SYNC_EVERY,
     DEFAULT_TOLERANCE,
@@ -71,7 +75,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--overlap", default=",".join(map(str, DEFAULT_OVERLAP)),
                    help="tau values for Streaming DiLoCo (default 0,1,5)")
     c.add_argument("--fragment-layers", default="3", help="blocks per Streaming fragment (default 3)")
-    c.add_argument("--codecs", default=",".join(CODEC_BITS), help=f"codecs (default {','.join(CODEC_BITS)})")
+    c.add_argument("--codecs", default=",".join(DEFAULT_CODECS),
+                   help=f"codecs (default {','.join(DEFAULT_CODECS)}; {', '.join(MEASURED_CODECS)} are sent with "
+                        f"error feedback, Streaming DiLoCo only, their loss cost {MEASURED_MARK})")
+    c.add_argument("--no-eager", action="store_true",
+                   help=f"leave out eager updates (tau = H: an exchange may take a whole outer step; loss cost "
+                        f"{MEASURED_MARK})")
     c.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE * 100,
                    help="loss tolerance relative to data-parallel, in %% (default 0.5)")
     c.add_argument("--loss-law", type=Path, default=None,
@@ -120,9 +129,16 @@ def _model(args: argparse.Namespace) -> tuple[ModelSpec, str]:
 
 def _row(e: Evaluated, mark: str) -> str:
     flag = "x" if any(t.extrapolated for t in e.loss.terms) else " "
+    flag += "m" if e.candidate.measured else ""
     bw90 = "-" if e.bandwidth_for_90_gbps is None else f"{e.bandwidth_for_90_gbps:.3g}"
     return (f"{mark} {e.candidate.label:<40}{e.utilization:>7.1%}{format_duration(e.wall_clock_s):>11}"
             f"{e.bytes_sent / 1e12:>10.3g}{e.peak_gbps:>9.3g}{bw90:>8}  {e.loss.loss:.4f} ({e.loss_vs_dp:+.2%}){flag}")
+
+
+def _kind(e: Evaluated) -> str | None:
+    """Which measured setting a row is (eager, or a codec sent with error feedback), None for the others."""
+    c = e.candidate
+    return "eager" if c.eager else (c.codec if c.codec in MEASURED_CODECS else None)
 
 
 def format_plan(plan: Plan, top: int) -> str:
@@ -132,7 +148,8 @@ def format_plan(plan: Plan, top: int) -> str:
         rec = plan.recommended[bw]
         fastest = rows[0]
         lines.append(f"\n== {format_gbps(bw)}: recommended {rec.candidate.label}: {rec.utilization:.1%} utilization, "
-                     f"{format_duration(rec.wall_clock_s)}, loss {rec.loss.loss:.4f} ({rec.loss_vs_dp:+.2%} vs DP)")
+                     f"{format_duration(rec.wall_clock_s)}, loss {rec.loss.loss:.4f} ({rec.loss_vs_dp:+.2%} vs DP"
+                     + (f"; its loss cost {MEASURED_MARK})" if rec.candidate.measured else ")"))
         if fastest is not rec:
             lines.append(f"   (fastest at any loss: {fastest.candidate.label}, {format_duration(fastest.wall_clock_s)}, "
                          f"loss {fastest.loss_vs_dp:+.2%} vs DP: outside the {plan.tolerance:.2%} tolerance)")
@@ -141,6 +158,12 @@ def format_plan(plan: Plan, top: int) -> str:
         dp = next(e for e in rows if e.candidate.method == "dp")
         if dp not in shown:
             shown.append(dp)
+        kinds = {_kind(e) for e in shown}
+        for e in rows:  # the fastest of each measured setting, if none is shown yet (rows are fastest first)
+            k = _kind(e)
+            if k is not None and k not in kinds:
+                kinds.add(k)
+                shown.append(e)
         for e in shown:
             lines.append(_row(e, "*" if e is rec else " "))
     return "\n".join(lines)
@@ -162,6 +185,23 @@ def format_sources(plan: Plan) -> str:
     for name, src in seen:
         lines.append(f"  {name}: {src}")
     lines.append("  'x' after a loss: an ablation cost used outside its data (an extrapolation)")
+    if "measured" in s:
+        lines.append(f"  'm' after a loss: {s['measured']}")
+    return "\n".join(lines)
+
+
+def format_measured(measured: dict) -> str:
+    """The frontier study's gaps to data-parallel, as the planner charges them, with their source."""
+    rows = measured["rows"]
+    used = {MEASURED_EAGER: "eager tau=H", **{v: f"{k}+EF" for k, v in MEASURED_CODECS.items()}}
+    lines = [f"{MEASURED_MARK} ({measured['source']}; {measured['setting']}): eval loss vs data-parallel"]
+    for key, row in rows.items():
+        if key == "dp":
+            continue
+        note = f"charged to '{used[key]}' candidates" if key in used else (
+            "the reference the others are charged against" if key == "streaming-fp4-tau1" else "not a candidate")
+        lines.append(f"  {row['what']:<56}{row['gap_pct']:>+7.2f} %  (tolerates {row['tolerated_steps']} step"
+                     f"{'s' if row['tolerated_steps'] != 1 else ''}; {note})")
     return "\n".join(lines)
 
 
@@ -186,6 +226,8 @@ def markdown(plan: Plan) -> str:
                        f"{e.bytes_sent / 1e12:.3g} | {e.peak_gbps:.3g} | {bw90} | {e.loss.loss:.4f} | "
                        f"{e.loss_vs_dp:+.2%} | {iv} |")
         out.append("")
+    if "measured" in plan.sources:
+        out += [f"## Costs {MEASURED_MARK}", "", "```", format_measured(plan.measured), "```", ""]
     out += ["## Sources", "", "```", format_sources(plan), "```", ""]
     return "\n".join(out)
 
@@ -291,7 +333,7 @@ def run(args: argparse.Namespace) -> int:
                        overlap=_ints(args.overlap, "overlap"),
                        fragment_layers=_ints(args.fragment_layers, "fragment-layers"),
                        codecs=tuple(c.strip() for c in args.codecs.split(",") if c.strip()),
-                       num_workers=args.workers)
+                       num_workers=args.workers, eager=not args.no_eager)
     loss_model = (LossModel.paper(ablations=args.ablations) if args.loss_law is None
                   else LossModel.from_fit_file(args.loss_law, ablations=args.ablations))
     setup = Setup(model, step_source, args.workers, tokens, args.tokens_per_step, args.latency, exchange,
@@ -303,6 +345,9 @@ def run(args: argparse.Namespace) -> int:
           + (" (20 per parameter, the default)" if args.tokens is None else "")
           + f", {args.tokens_per_step:.4g} per step; {len(cands)} candidates; tolerance {args.tolerance:g} % of DP")
     print(format_plan(plan, args.top))
+    if "measured" in plan.sources:
+        print()
+        print(format_measured(plan.measured))
     print()
     print(format_sources(plan))
     data, md = plan.to_dict(), markdown(plan)

@@ -12,8 +12,9 @@
 * :mod:`diloco.sim.goodput` — goodput under chip failures and stragglers (non-elastic and elastic DP,
   synchronous and decoupled learners); :mod:`diloco.sim.goodput_mc` its Monte-Carlo and
   :mod:`diloco.sim.goodput_paper` Decoupled DiLoCo's Table 1 and the fit of its constants.
-* :mod:`diloco.sim.planner` — candidates (DP, DiLoCo over H, Streaming over P, tau, codec) ranked
-  by predicted wall-clock within a loss tolerance of DP (``diloco plan``).
+* :mod:`diloco.sim.planner` — candidates (DP, DiLoCo over H, Streaming over P, tau, codec, eager
+  updates at tau = H, stat / top-k codecs with error feedback) ranked by predicted wall-clock within a
+  loss tolerance of DP (``diloco plan``).
 
 Nothing here imports torch (``import diloco.sim`` takes numpy only).
 """

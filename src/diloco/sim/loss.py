@@ -20,6 +20,12 @@
 
   ``ablations="project"`` takes the H slope and the streaming-vs-DiLoCo cost from this project's
   quality runs (laptop scale), and tau / bits from the paper.
+* **The newer bandwidth settings** have no published ablation at these sizes: the statistical
+  quantizers with error feedback (``stat4``, ``stat2``), SparseLoCo's top-k (``topk``) and eager
+  updates (tau = H) are charged what this project measured at laptop scale
+  (``studies/frontier/frontier-summary.json``, copied into ``data/ablations.json``): each one's eval
+  loss against Streaming FP4 tau = 1 run in the same study, never less than 0 (a one-seed gain is not
+  credited). These terms are always marked extrapolated: laptop scale is far from the planned model.
 
 Pure numpy: no torch, no scipy.
 """
@@ -38,6 +44,13 @@ from diloco.scaling.fit import ScalingFit
 #: The reference H of the DiLoCo laws (the paper sweeps at H = 30).
 LAW_SYNC_EVERY = 30
 ABLATION_SETS = ("paper", "project")
+#: Codecs whose loss cost is this project's laptop-scale measurement, and the frontier study's run of each
+#: (they are sent with error feedback).
+MEASURED_CODECS: dict[str, str] = {"stat4": "stat4-ef0.9", "stat2": "stat2-ef0.9", "topk": "topk-sparseloco"}
+#: The frontier study's run of eager updates (tau = H) the planner charges.
+MEASURED_EAGER = "eager-fp4-mom0.5"
+#: How every such cost is marked.
+MEASURED_MARK = "measured at laptop scale"
 
 
 @dataclass(frozen=True)
@@ -88,7 +101,7 @@ class LossModel:
                              f"with DP, so fit records that include method 'dp'")
         self.fit, self.source, self.ablations = fit, source, ablations
         table = _data("ablations.json")
-        self._paper, self._project = table["paper"], table["project"]
+        self._paper, self._project, self._frontier = table["paper"], table["project"], table["frontier"]
 
     @classmethod
     def paper(cls, *, ablations: str = "paper") -> LossModel:
@@ -155,11 +168,32 @@ class LossModel:
         d = self._paper["codec"]
         return Term("bits", d["relative_increase"], d["source"], bits < d["min_bits"])
 
+    def measured_term(self, key: str, name: str) -> Term:
+        """The cost of the frontier study's run ``key`` against its Streaming FP4 tau = 1 run, at least 0."""
+        f = self._frontier
+        row, ref = f["rows"][key], f["rows"][f["reference"]]
+        rel = row["eval_loss"] / ref["eval_loss"] - 1
+        charged = max(rel, 0.0)
+        source = (f"{MEASURED_MARK}: {f['source']}: {row['what']} {row['gap_pct']:+.2f} % vs data-parallel, "
+                  f"{ref['what']} {ref['gap_pct']:+.2f} % ({f['setting']}); charged {charged:+.2%} on top of the "
+                  f"latter's terms" + ("" if rel >= 0 else f" (the measured {rel:+.2%}, one seed, is not credited)"))
+        return Term(name, charged, source, True)
+
+    def measured(self) -> dict[str, dict[str, Any]]:
+        """The frontier study's rows as copied (key -> what, eval_loss, gap_pct, tolerated_steps), with its source."""
+        f = self._frontier
+        return {"source": f["source"], "setting": f["setting"], "rows": dict(f["rows"])}
+
     # -- the estimate -----------------------------------------------------------------------------
     def estimate(self, *, method: str, num_params: float, replicas: int, tokens: float | None = None,
                  sync_every: int = 1, num_fragments: int = 1, fragment_layers: int | None = None,
-                 overlap_steps: int = 0, bits: float = 16.0) -> LossEstimate:
-        """Predicted eval loss of one setting. ``method``: "dp", "diloco" or "streaming"."""
+                 overlap_steps: int = 0, bits: float = 16.0, codec: str | None = None,
+                 eager: bool = False) -> LossEstimate:
+        """Predicted eval loss of one setting. ``method``: "dp", "diloco" or "streaming".
+
+        ``codec`` in :data:`MEASURED_CODECS` (sent with error feedback) and ``eager`` (tau = H, whatever
+        ``overlap_steps`` says) are charged the laptop-scale measurements (:meth:`measured_term`).
+        """
         if method not in ("dp", "diloco", "streaming"):
             raise ValueError(f"method={method!r}: choose dp, diloco or streaming")
         law_method = "dp" if method == "dp" else "diloco"
@@ -170,13 +204,20 @@ class LossModel:
             terms.append(self.sync_every_term(sync_every))
             if method == "streaming" and num_fragments > 1:
                 terms.append(self.fragments_term(fragment_layers or 3))
-            if method == "streaming" and overlap_steps > 0 or self.ablations == "project" and method == "streaming":
-                terms.append(self.overlap_term(overlap_steps))
-            terms.append(self.codec_term(bits))
+            tau = 1 if eager else overlap_steps  # eager's cost is measured against tau = 1
+            if method == "streaming" and tau > 0 or self.ablations == "project" and method == "streaming":
+                terms.append(self.overlap_term(tau))
+            if eager:
+                terms.append(self.measured_term(MEASURED_EAGER, "eager tau=H"))
+            if codec in MEASURED_CODECS:
+                terms.append(self.measured_term(MEASURED_CODECS[codec], f"{codec}+EF"))
+            else:
+                terms.append(self.codec_term(bits))
         factor = math.prod(1 + t.relative for t in terms)
         span = None if pr.loss_interval is None else (pr.loss_interval[0] * factor, pr.loss_interval[1] * factor)
         notes = tuple(n for n in pr.notes if not n.startswith("no inner-lr"))
         return LossEstimate(pr.loss * factor, span, pr.loss_law, self.source, notes, tuple(terms))
 
 
-__all__ = ["ABLATION_SETS", "LAW_SYNC_EVERY", "LossEstimate", "LossModel", "Term"]
+__all__ = ["ABLATION_SETS", "LAW_SYNC_EVERY", "MEASURED_CODECS", "MEASURED_EAGER", "MEASURED_MARK", "LossEstimate",
+           "LossModel", "Term"]
