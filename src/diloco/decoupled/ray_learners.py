@@ -83,23 +83,45 @@ def _windows(tokens: np.ndarray, *, learner: int, num_learners: int, seed: int, 
         yield t[:, :-1], t[:, 1:]
 
 
-def train_learner(spec: LearnerSpec, *, learner: int, num_learners: int, stop_at: float,
-                  slowdown: float, log_path: Path, syncer_name: str, namespace: str) -> dict[str, Any]:
-    """One learner's life until ``stop_at`` (wall time): join, train, report; one row per step in ``log_path``."""
+@dataclass
+class _Prepared:
+    model: torch.nn.Module
+    algo: Any
+    inner: torch.optim.Optimizer
+    batches: Any
+    channel: Any
+
+
+def prepare_learner(spec: LearnerSpec, *, learner: int, num_learners: int, syncer_name: str,
+                    namespace: str) -> _Prepared:
+    """Build the model (one forward/backward to warm it up), find the syncer, join it (taking its parameters)."""
     from diloco.decoupled.learner import Learner
     from diloco.models.factory import build_model
 
     torch.set_num_threads(spec.threads)
     model = build_model(spec.model, size=spec.size, vocab_size=spec.vocab_size, seq_len=spec.seq_len, seed=spec.seed)
+    tokens = spec.tokens if isinstance(spec.tokens, np.ndarray) else ray.get(spec.tokens)  # an ObjectRef on Ray
+    warm = _windows(tokens, learner=learner, num_learners=num_learners, batch=spec.batch_size, seq_len=spec.seq_len,
+                    seed=10_000 + learner)
+    model(*next(warm))[1].backward()
+    model.zero_grad(set_to_none=True)
     channel = connect(learner=learner, name=syncer_name, namespace=namespace)
     algo = Learner(model, channel=channel, learner=learner, sync_every=spec.sync_every,
                    num_fragments=spec.num_fragments, fragment_pattern=spec.fragment_pattern,
                    overlap_steps=spec.overlap_steps, merge_alpha=spec.merge_alpha, codec=spec.codec,
                    tokens_per_step=spec.batch_size * spec.seq_len)
     inner = torch.optim.AdamW(model.parameters(), lr=spec.inner_lr, weight_decay=spec.weight_decay)
-    tokens = spec.tokens if isinstance(spec.tokens, np.ndarray) else ray.get(spec.tokens)  # an ObjectRef on Ray
     batches = _windows(tokens, learner=learner, num_learners=num_learners, batch=spec.batch_size,
                        seq_len=spec.seq_len, seed=spec.seed * 1000 + learner * 100 + algo.incarnation)
+    return _Prepared(model, algo, inner, batches, channel)
+
+
+def train_until(ready: _Prepared, *, learner: int, start_at: float, stop_at: float, step_time_s: float,
+                slowdown: float, log_path: Path) -> dict[str, Any]:
+    """Train from wall time ``start_at`` (at once if it has passed) until ``stop_at``, then flush and leave;
+    one row per step in ``log_path`` (see :mod:`diloco.decoupled.chaos` for what the rows hold)."""
+    model, algo, inner, batches = ready.model, ready.algo, ready.inner, ready.batches
+    time.sleep(max(0.0, start_at - time.time()))
     with open(log_path, "a", buffering=1) as log:
         log.write(json.dumps({"learner": learner, "incarnation": algo.incarnation, "event": "joined",
                               "t": time.time(), "pid": os.getpid()}) + "\n")
@@ -111,7 +133,7 @@ def train_learner(spec: LearnerSpec, *, learner: int, num_learners: int, stop_at
             loss.backward()
             inner.step()
             inner.zero_grad(set_to_none=True)
-            work = max(time.perf_counter() - t0, spec.step_time_s) * slowdown
+            work = max(time.perf_counter() - t0, step_time_s) * slowdown
             time.sleep(max(0.0, t0 + work - time.perf_counter()))
             waited = algo.wait_seconds
             synced = [r.fragment for r in algo.after_optimizer_step(tokens=x.numel())]
@@ -122,30 +144,36 @@ def train_learner(spec: LearnerSpec, *, learner: int, num_learners: int, stop_at
                                   "tokens": x.numel(), "staleness": max(algo.steps), "synced": synced}) + "\n")
         algo.close()
     return {"learner": learner, "incarnation": algo.incarnation, "steps": step,
-            "resent": getattr(channel, "resent", 0)}
+            "resent": getattr(ready.channel, "resent", 0)}
 
 
 @ray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0)
 class LearnerActor:
     """One learner (a process of its own). Restarted by Ray when it dies; ``run`` is then retried on the new
-    process, which waits ``downtime_s`` first."""
+    process, which waits ``downtime_s``, prepares (builds, joins) and trains at once."""
 
     def __init__(self, spec: LearnerSpec, learner: int, num_learners: int, slowdown: float,
                  downtime_s: float, out_dir: str, syncer_name: str, namespace: str) -> None:
-        self.args = dict(spec=spec, learner=learner, num_learners=num_learners, slowdown=slowdown,
-                         syncer_name=syncer_name, namespace=namespace,
-                         log_path=Path(out_dir) / f"learner-{learner}.jsonl")
+        self.spec, self.learner, self.slowdown = spec, learner, slowdown
+        self.join_args = dict(learner=learner, num_learners=num_learners, syncer_name=syncer_name,
+                              namespace=namespace)
+        self.log_path = Path(out_dir) / f"learner-{learner}.jsonl"
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self.downtime_s = downtime_s
+        self.ready: _Prepared | None = None
         (Path(out_dir) / f"learner-{learner}.pid").write_text(str(os.getpid()))
 
-    def ready(self) -> bool:
-        return True
-
-    def run(self, stop_at: float) -> dict[str, Any]:
+    def prepare(self) -> bool:
         if self.restarted and self.downtime_s > 0:
             time.sleep(self.downtime_s)
-        return train_learner(stop_at=stop_at, **self.args)
+        self.ready = prepare_learner(self.spec, **self.join_args)
+        return True
+
+    def run(self, start_at: float, stop_at: float) -> dict[str, Any]:
+        if self.ready is None:  # a restarted process: Ray retries only this call
+            self.prepare()
+        return train_until(self.ready, learner=self.learner, start_at=start_at, stop_at=stop_at,
+                           step_time_s=self.spec.step_time_s, slowdown=self.slowdown, log_path=self.log_path)
 
 
 @dataclass
@@ -172,11 +200,11 @@ def _kill(pid_file: Path) -> int:
 
 def run_on_ray(spec: LearnerSpec, *, syncer: Syncer, num_learners: int, out_dir: Path | str,
                chaos: Chaos | None = None, address: str | None = None, namespace: str = DEFAULT_NAMESPACE,
-               start_delay_s: float = 1.0) -> RayRunResult:
+               start_delay_s: float = 0.2) -> RayRunResult:
     """Run ``num_learners`` learner actors and ``syncer`` (a checkpointed actor) for ``spec.duration_s``,
     carrying out ``chaos``; see the module docstring. ``out_dir`` must be new or empty (nothing is
     overwritten). ``start_delay_s``: the schedule's time 0 comes this long after the actors are created
-    (and have imported torch): time for the learners to build their models and join."""
+    and the learners have built their models and joined."""
     chaos = chaos or Chaos()
     chaos.check(num_learners)
     if syncer.num_learners != num_learners:
@@ -192,9 +220,9 @@ def run_on_ray(spec: LearnerSpec, *, syncer: Syncer, num_learners: int, out_dir:
     tokens = ray.put(spec.tokens)  # once in the object store, shared by every learner
     actors = [LearnerActor.remote(replace(spec, tokens=tokens), m, num_learners, chaos.factor(m), chaos.downtime_s,
                                   str(out), name, namespace) for m in range(num_learners)]
-    ray.get([a.ready.remote() for a in actors])
+    ray.get([a.prepare.remote() for a in actors])  # built, warmed up and joined: the clock starts together
     started = time.time() + start_delay_s
-    runs = [a.run.remote(started + spec.duration_s) for a in actors]
+    runs = [a.run.remote(started, started + spec.duration_s) for a in actors]
     faults = []
     for ev in chaos.events(num_learners=num_learners, duration_s=spec.duration_s):
         time.sleep(max(0.0, started + ev.at - time.time()))
@@ -227,4 +255,4 @@ def _fault(ev: Event, out: Path, handle: Any) -> dict[str, Any]:
     return row
 
 
-__all__ = ["LearnerActor", "LearnerSpec", "RayRunResult", "run_on_ray", "train_learner"]
+__all__ = ["LearnerActor", "LearnerSpec", "RayRunResult", "prepare_learner", "run_on_ray", "train_until"]

@@ -22,7 +22,9 @@ one-shot timer merges a round when its grace window ends. Requires the optional 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import time
 from typing import Any
 
 import ray
@@ -35,6 +37,8 @@ from diloco.decoupled.syncer import Syncer
 DEFAULT_NAME = "diloco-syncer"
 DEFAULT_NAMESPACE = "diloco"
 _KEEP_ALIVE: list[Any] = []  # object refs restartable actors are rebuilt from
+#: How long a syncer waits for a report whose reply is asked for before it has come (see wait_reply).
+RESEND_AFTER_S = 30.0
 
 
 @ray.remote
@@ -54,14 +58,25 @@ class SyncerActor:
         self._cond: asyncio.Condition | None = None
         self._timer: asyncio.Task | None = None
         self.restored_merges: int | None = None  # merges in the checkpoint this incarnation started from
+        self._seen: set[tuple[int, int]] = set()  # (learner, fragment) reported to this incarnation
+        self.started_at = time.time()
         if checkpoint_dir is not None:
             from diloco.decoupled.checkpoint import load_latest_state
+
+            os.makedirs(checkpoint_dir, exist_ok=True)
 
             state = load_latest_state(checkpoint_dir)
             if state is not None:
                 syncer.load_state_dict(state["syncer"])
                 self._replies = {(int(r["learner"]), int(r["fragment"])): Reply(**r) for r in state["replies"]}
                 self.restored_merges = len(syncer.records)
+            self._log("started", restored_merges=self.restored_merges, pid=os.getpid())
+
+    def _log(self, event: str, **fields: Any) -> None:
+        """One row in ``checkpoint_dir/events.jsonl`` (what the syncer saw, for the record of a faulty run)."""
+        if self.checkpoint_dir is not None:
+            with open(os.path.join(self.checkpoint_dir, "events.jsonl"), "a") as fh:
+                fh.write(json.dumps({"t": time.time(), "event": event, **fields}) + "\n")
 
     def _condition(self) -> asyncio.Condition:
         if self._cond is None:  # created on the actor's event loop
@@ -83,6 +98,8 @@ class SyncerActor:
                 self._replies[(r.learner, r.fragment)] = r
             if self.checkpoint_dir is not None:
                 self._save()
+                rec = self.syncer.records[-1]
+                self._log("merged", fragment=rec.fragment, version=rec.version, learners=list(rec.learners))
             async with self._condition():
                 self._condition().notify_all()
         self._arm()
@@ -104,19 +121,47 @@ class SyncerActor:
         for key in [k for k in self._replies if k[0] == learner]:  # a restarted learner starts afresh
             del self._replies[key]
         welcome = self.syncer.join(learner)
+        self._seen -= {k for k in self._seen if k[0] == learner}
+        self._log("joined", learner=learner, incarnation=welcome.incarnation)
         await self._deliver(self.syncer.poll())
         return welcome
 
     async def report(self, report: Report) -> None:
-        await self._deliver(self.syncer.receive(report))
+        ignored = self.syncer.ignored_reports
+        self._seen.add((report.learner, report.fragment))
+        replies = self.syncer.receive(report)
+        self._log("report", learner=report.learner, fragment=report.fragment, base_version=report.base_version,
+                  ignored=self.syncer.ignored_reports > ignored)
+        await self._deliver(replies)
+        async with self._condition():  # a wait_reply that came first looks again
+            self._condition().notify_all()
 
-    async def wait_reply(self, learner: int, fragment: int) -> Reply | None:
-        """The reply to ``learner``'s report of ``fragment``; None if this syncer holds no such report (it
-        was restarted from a checkpoint taken before the report came): the learner sends it again."""
+    async def wait_reply(self, learner: int, fragment: int, sent_at: float = 0.0) -> Reply | None:
+        """The reply to ``learner``'s report of ``fragment`` (sent at wall time ``sent_at``); None if this
+        syncer does not hold that report and will not: the learner then sends it again.
+
+        Ray does not keep the order of calls to an async actor, so this call may come before its report; it
+        waits for it, unless the report was sent before this syncer started (a restarted syncer: the report
+        went down with its predecessor) or has not come within ``RESEND_AFTER_S`` (a clock between machines
+        off by more than that)."""
         key = (learner, fragment)
+        lost = sent_at < self.started_at
+
+        def answered() -> bool:
+            if key in self._replies:
+                return True
+            return lost if key not in self._seen else not self.syncer.expects(learner, fragment)
+
         async with self._condition():
-            await self._condition().wait_for(lambda: key in self._replies or not self.syncer.expects(learner, fragment))
-            return self._replies.pop(key, None)
+            try:
+                await asyncio.wait_for(self._condition().wait_for(answered), timeout=RESEND_AFTER_S)
+            except TimeoutError:
+                pass
+            reply = self._replies.pop(key, None)
+            self._seen.discard(key)
+        if reply is None:
+            self._log("no report to answer", learner=learner, fragment=fragment)
+        return reply
 
     async def pid(self) -> int:
         return os.getpid()
@@ -187,7 +232,7 @@ class RayChannel:
     def send(self, report: Report) -> None:
         self._sent[report.fragment] = report
         self.actor.report.remote(report)  # not waited on: the learner trains on
-        self._replies[report.fragment] = self.actor.wait_reply.remote(self.learner, report.fragment)
+        self._replies[report.fragment] = self.actor.wait_reply.remote(self.learner, report.fragment, time.time())
 
     def _resend(self, fragment: int) -> None:
         self.resent += 1
