@@ -146,7 +146,9 @@ class _ScriptedChannel:
         self.start, self.visible_after, self.step, self.sent = start, visible_after, 0, []
 
     def join(self):
-        return [s.clone() for s in self.start]
+        from diloco.decoupled.messages import Welcome
+
+        return Welcome(fragments=[s.clone() for s in self.start], versions=[0] * len(self.start), incarnation=0)
 
     def send(self, report):
         self.sent.append(report.sent_after_step)
