@@ -40,6 +40,7 @@ from diloco.decoupled.chaos import Chaos, Event
 from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, connect, start_syncer
 from diloco.decoupled.syncer import Syncer
 from diloco.files import read_jsonl, write_json
+from diloco.train.lr import cosine_lr
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,10 @@ class LearnerSpec:
 
     ``step_time_s``: pad each step to at least this many seconds with a sleep (0: off), to emulate an
     accelerator's step on a CPU machine: the padded time is idle, so many learners share few cores without
-    slowing each other. ``duration_s``: learners stop this long after the run's start.
+    slowing each other. ``duration_s``: learners stop this long after the run's start; ``max_steps``
+    (0: no limit): or once they have made this many steps that reached the syncer (a restarted learner
+    redoes the steps its predecessor lost). The inner learning rate: linear warmup over ``warmup_steps``,
+    then cosine decay to ``min_lr_ratio`` at ``max_steps`` (constant after the warmup without ``max_steps``).
     """
 
     tokens: np.ndarray
@@ -68,7 +72,16 @@ class LearnerSpec:
     seed: int = 0
     step_time_s: float = 0.0
     duration_s: float = 10.0
+    max_steps: int = 0
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
     threads: int = 1
+
+    def lr(self, step: int) -> float:
+        if not self.max_steps:
+            return self.inner_lr * min(1.0, step / self.warmup_steps) if self.warmup_steps else self.inner_lr
+        return cosine_lr(step, peak=self.inner_lr, warmup_steps=self.warmup_steps, total_steps=self.max_steps,
+                         min_lr_ratio=self.min_lr_ratio)
 
 
 def _windows(tokens: np.ndarray, *, learner: int, num_learners: int, seed: int, batch: int, seq_len: int):
@@ -90,10 +103,20 @@ class _Prepared:
     inner: torch.optim.Optimizer
     batches: Any
     channel: Any
+    first_step: int = 1  # a restarted learner goes on from the last step of its predecessor that was synced
+
+
+def steps_kept(log_path: Path) -> int:
+    """The last step of this learner (over its previous lives, from its log) whose work reached the syncer."""
+    kept = 0
+    for row in read_jsonl(log_path) if log_path.exists() else []:
+        if row.get("synced"):
+            kept = max(kept, int(row["step"]))
+    return kept
 
 
 def prepare_learner(spec: LearnerSpec, *, learner: int, num_learners: int, syncer_name: str,
-                    namespace: str) -> _Prepared:
+                    namespace: str, log_path: Path) -> _Prepared:
     """Build the model (one forward/backward to warm it up), find the syncer, join it (taking its parameters)."""
     from diloco.decoupled.learner import Learner
     from diloco.models.factory import build_model
@@ -113,10 +136,10 @@ def prepare_learner(spec: LearnerSpec, *, learner: int, num_learners: int, synce
     inner = torch.optim.AdamW(model.parameters(), lr=spec.inner_lr, weight_decay=spec.weight_decay)
     batches = _windows(tokens, learner=learner, num_learners=num_learners, batch=spec.batch_size,
                        seq_len=spec.seq_len, seed=spec.seed * 1000 + learner * 100 + algo.incarnation)
-    return _Prepared(model, algo, inner, batches, channel)
+    return _Prepared(model, algo, inner, batches, channel, first_step=steps_kept(log_path) + 1)
 
 
-def train_until(ready: _Prepared, *, learner: int, start_at: float, stop_at: float, step_time_s: float,
+def train_until(ready: _Prepared, spec: LearnerSpec, *, learner: int, start_at: float, stop_at: float,
                 slowdown: float, log_path: Path) -> dict[str, Any]:
     """Train from wall time ``start_at`` (at once if it has passed) until ``stop_at``, then flush and leave;
     one row per step in ``log_path`` (see :mod:`diloco.decoupled.chaos` for what the rows hold)."""
@@ -125,15 +148,17 @@ def train_until(ready: _Prepared, *, learner: int, start_at: float, stop_at: flo
     with open(log_path, "a", buffering=1) as log:
         log.write(json.dumps({"learner": learner, "incarnation": algo.incarnation, "event": "joined",
                               "t": time.time(), "pid": os.getpid()}) + "\n")
-        step = 0
-        while time.time() < stop_at:
+        step = ready.first_step - 1
+        while time.time() < stop_at and not (spec.max_steps and step >= spec.max_steps):
             t0 = time.perf_counter()
+            for group in inner.param_groups:
+                group["lr"] = spec.lr(step + 1)
             x, y = next(batches)
             loss = model(x, y)[1]
             loss.backward()
             inner.step()
             inner.zero_grad(set_to_none=True)
-            work = max(time.perf_counter() - t0, step_time_s) * slowdown
+            work = max(time.perf_counter() - t0, spec.step_time_s) * slowdown
             time.sleep(max(0.0, t0 + work - time.perf_counter()))
             waited = algo.wait_seconds
             synced = [r.fragment for r in algo.after_optimizer_step(tokens=x.numel())]
@@ -166,14 +191,14 @@ class LearnerActor:
     def prepare(self) -> bool:
         if self.restarted and self.downtime_s > 0:
             time.sleep(self.downtime_s)
-        self.ready = prepare_learner(self.spec, **self.join_args)
+        self.ready = prepare_learner(self.spec, log_path=self.log_path, **self.join_args)
         return True
 
     def run(self, start_at: float, stop_at: float) -> dict[str, Any]:
         if self.ready is None:  # a restarted process: Ray retries only this call
             self.prepare()
-        return train_until(self.ready, learner=self.learner, start_at=start_at, stop_at=stop_at,
-                           step_time_s=self.spec.step_time_s, slowdown=self.slowdown, log_path=self.log_path)
+        return train_until(self.ready, self.spec, learner=self.learner, start_at=start_at, stop_at=stop_at,
+                           slowdown=self.slowdown, log_path=self.log_path)
 
 
 @dataclass
@@ -181,6 +206,7 @@ class RayRunResult:
     """What :func:`run_on_ray` leaves: the syncer's global parameters, merge rows, learner rows and faults."""
 
     global_parameters: dict[str, torch.Tensor]
+    eval_loss: float | None
     merges: list[dict[str, Any]]
     rows: list[dict[str, Any]]
     faults: list[dict[str, Any]]
@@ -200,11 +226,13 @@ def _kill(pid_file: Path) -> int:
 
 def run_on_ray(spec: LearnerSpec, *, syncer: Syncer, num_learners: int, out_dir: Path | str,
                chaos: Chaos | None = None, address: str | None = None, namespace: str = DEFAULT_NAMESPACE,
-               start_delay_s: float = 0.2) -> RayRunResult:
+               start_delay_s: float = 0.2, val_tokens: np.ndarray | None = None,
+               eval_batches: int = 16) -> RayRunResult:
     """Run ``num_learners`` learner actors and ``syncer`` (a checkpointed actor) for ``spec.duration_s``,
     carrying out ``chaos``; see the module docstring. ``out_dir`` must be new or empty (nothing is
     overwritten). ``start_delay_s``: the schedule's time 0 comes this long after the actors are created
-    and the learners have built their models and joined."""
+    and the learners have built their models and joined. ``val_tokens``: evaluate the syncer's final global
+    parameters on ``eval_batches`` batches of them (``RayRunResult.eval_loss``)."""
     chaos = chaos or Chaos()
     chaos.check(num_learners)
     if syncer.num_learners != num_learners:
@@ -238,7 +266,20 @@ def run_on_ray(spec: LearnerSpec, *, syncer: Syncer, num_learners: int, out_dir:
     (out / "merges.jsonl").write_text("".join(json.dumps(r) + "\n" for r in merges))
     write_json(out / "chaos.json", {"chaos": asdict(chaos), "faults": faults, "started_at": started, "wall_s": wall,
                                     "learners": learners})
-    return RayRunResult(params, merges, rows, faults, started, wall, learners)
+    loss = None if val_tokens is None else _evaluate(spec, params, val_tokens, eval_batches)
+    write_json(out / "summary.json", {"eval_loss": loss, "wall_s": wall, "merges": len(merges)})
+    return RayRunResult(params, loss, merges, rows, faults, started, wall, learners)
+
+
+def _evaluate(spec: LearnerSpec, params: dict[str, torch.Tensor], val_tokens: np.ndarray, batches: int) -> float:
+    from diloco.data.shards import eval_batches
+    from diloco.decoupled.trainer import evaluate_global
+    from diloco.models.factory import build_model
+
+    template = build_model(spec.model, size=spec.size, vocab_size=spec.vocab_size, seq_len=spec.seq_len,
+                           seed=spec.seed)
+    val = list(eval_batches(val_tokens, batch_size=spec.batch_size, seq_len=spec.seq_len, max_batches=batches))
+    return evaluate_global(template, params, val, bf16=False, device=torch.device("cpu"))
 
 
 def _fault(ev: Event, out: Path, handle: Any) -> dict[str, Any]:

@@ -71,6 +71,7 @@ class SyncerActor:
                 self._replies = {(int(r["learner"]), int(r["fragment"])): Reply(**r) for r in state["replies"]}
                 self.restored_merges = len(syncer.records)
             self._log("started", restored_merges=self.restored_merges, pid=os.getpid())
+        _warm_up()
 
     def _log(self, event: str, **fields: Any) -> None:
         """One row in ``checkpoint_dir/events.jsonl`` (what the syncer saw, for the record of a faulty run)."""
@@ -180,6 +181,22 @@ class SyncerActor:
 
     async def state_dict(self) -> dict[str, Any]:
         return self.syncer.state_dict()
+
+
+def _warm_up() -> None:
+    """One outer step, merge and checkpoint write on throwaway tensors: the first ones in a fresh process load
+    lazily imported code (about a second here), which would otherwise land in the first merge's sync time and,
+    through its moving average, close the grace window for many rounds."""
+    import io
+
+    from diloco.decoupled.merge import merge_outer_gradients
+
+    p = torch.zeros(8, requires_grad=True)
+    opt = torch.optim.SGD([p], lr=0.7, momentum=0.9, nesterov=True)
+    p.grad = merge_outer_gradients([torch.ones(8), torch.ones(8)], [0.5, 0.5], sizes=[8], embedding=[False],
+                                   merge="rda")
+    opt.step()
+    torch.save({"p": p.detach()}, io.BytesIO())
 
 
 def init(*, address: str | None = None, namespace: str = DEFAULT_NAMESPACE) -> None:

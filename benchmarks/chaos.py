@@ -1,0 +1,193 @@
+"""Decoupled DiLoCo under faults, against synchronous Streaming DiLoCo on the same engine and the peers.
+
+Every run trains the project's transformer on the bundled text with M learner processes (Ray actors on a
+local Ray instance) and one syncer actor (:mod:`diloco.decoupled.ray_learners`), at equal tokens: each
+learner makes ``--steps`` steps that reach the syncer (a restarted learner redoes the ones its
+predecessor lost), batch ``--global-batch / M``. Steps are padded to ``--step-time`` seconds (an
+accelerator's step: the CPU is idle meanwhile, so 4 learners share 2 cores without slowing each other);
+wall-clock and goodput are in that emulated time. Methods:
+
+* ``sync``: quorum K = M, mean merge, no grace window: synchronous Streaming DiLoCo (bit-identical to
+  :class:`diloco.StreamingDiLoCo` on the same reports, tested), here with live rejoin: a killed learner's
+  restart joins the next rounds; until then every round waits for it;
+* ``decoupled``: K = 1 with the adaptive grace window, RDA merge (``decoupled-mean``: mean merge).
+
+Faults (the same schedule for every method): ``kill``: SIGKILL learner 1 at 10 s and at 25 s, each
+restart held down 3 s (a restarted torchft group in the peer benchmark comes back 3 s later too);
+``straggler``: learner M-1 3x slower. Reported per run: final eval loss of the syncer's parameters,
+wall-clock, goodput (useful learner-seconds / allocated; :func:`diloco.decoupled.chaos.goodput`), for
+each kill the survivors' longest step / their typical step, the share of their steps they kept in the
+10 s after it, and seconds from the restarted learner joining to its first merge with weight > 0.
+
+Beside it: data-parallel training of the same model, batch and tokens through ``diloco train`` (loss only:
+its recovery from a kill is TorchElastic's restart of every worker from the last checkpoint, measured in
+docs/guides/elastic.md), and torchft 0.2.0's DiLoCo with live healing (``benchmarks/torchft_healing.py``,
+if present: its JSON is read).
+
+    PYTHONPATH=src python benchmarks/chaos.py                 # ~15 minutes on 2 cores
+    PYTHONPATH=src python benchmarks/chaos.py --quick         # ~3 minutes: M = 2, fewer steps
+
+Resumable: each finished run is a row of ``benchmarks/results/chaos-runs.jsonl`` (runs already there are
+skipped; ``--fresh`` starts over in a new file); the table goes to ``benchmarks/results/chaos.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import ray
+import torch
+
+from diloco.data import prepare_tokens
+from diloco.decoupled.chaos import Chaos, goodput, rejoin_seconds, survivor_stalls
+from diloco.decoupled.ray_learners import LearnerSpec, run_on_ray
+from diloco.decoupled.syncer import Syncer
+from diloco.files import default_cache_dir, read_jsonl, write_json
+from diloco.models.factory import build_model
+from diloco.train.config import TrainConfig, load_preset
+
+RESULTS = Path(__file__).parent / "results"
+METHODS = {"sync": dict(quorum=None, merge="mean", grace_gamma=0.0),
+           "decoupled": dict(quorum=1, merge="rda"),
+           "decoupled-mean": dict(quorum=1, merge="mean")}
+
+
+def faults(name: str, M: int) -> Chaos:
+    if name == "kill":
+        return Chaos(kills=((10.0, 1), (25.0, 1)), downtime_s=3.0)
+    if name == "straggler":
+        return Chaos(slowdown=tuple([1.0] * (M - 1) + [3.0]))
+    return Chaos()
+
+
+def one_run(*, method: str, M: int, fault: str, args, data, work: Path) -> dict:
+    spec = LearnerSpec(tokens=data.train, vocab_size=data.vocab_size, size=args.size, seq_len=args.seq_len,
+                       batch_size=args.global_batch // M, inner_lr=args.inner_lr, sync_every=args.sync_every,
+                       num_fragments=args.fragments, overlap_steps=args.overlap, step_time_s=args.step_time,
+                       duration_s=args.steps * args.step_time * 6 + 120, max_steps=args.steps,
+                       warmup_steps=args.steps // 10, seed=0)
+    model = build_model("", size=args.size, vocab_size=data.vocab_size, seq_len=args.seq_len, seed=0)
+    kw = dict(METHODS[method])
+    kw["quorum"] = kw["quorum"] or M
+    syncer = Syncer(model, num_learners=M, num_fragments=args.fragments, overlap_steps=args.overlap,
+                    outer_optimizer=lambda p: torch.optim.SGD(p, lr=0.7, momentum=0.9, nesterov=True), **kw)
+    out = work / f"{method}-m{M}-{fault}"
+    shutil.rmtree(out, ignore_errors=True)
+    chaos = faults(fault, M)
+    # the trainer's evaluation set: its first 16 x global_batch windows (here in batches of global_batch / M)
+    res = run_on_ray(spec, syncer=syncer, num_learners=M, out_dir=out, chaos=chaos, val_tokens=data.val,
+                     eval_batches=16 * M, namespace="diloco-chaos")
+    row = {"method": method, "M": M, "fault": fault, "eval_loss": res.eval_loss, "wall_s": res.wall_s,
+           "goodput": goodput(res.rows, num_learners=M, wall_s=res.wall_s).value, "merges": len(res.merges),
+           "kills": []}
+    kills = [f for f in res.faults if f["target"] == "learner"]
+    for i, kill in enumerate(kills):
+        nxt = kills[i + 1]["at"] if i + 1 < len(kills) else None
+        stalls = survivor_stalls(res.rows, kill_at=kill["at"], killed=kill["index"], window_s=10.0, until=nxt)
+        joined = sorted(r["t"] for r in res.rows if r.get("event") == "joined" and r["learner"] == kill["index"]
+                        and r["incarnation"] == i + 1)
+        row["kills"].append({
+            "worst_step_ratio": max((s.worst_step_ratio for s in stalls), default=None),
+            "steps_kept": min((s.steps_kept for s in stalls), default=None),
+            "restart_s": joined[0] - kill["at"] if joined else None,
+            "rejoin_s": rejoin_seconds(res.rows, res.merges, learner=kill["index"], incarnation=i + 1)})
+    return row
+
+
+def _fmt(x, spec=".3f"):
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def dp_row(args, cache: Path) -> dict:
+    """Data-parallel on the same model, global batch, tokens and schedule shape, through ``diloco train``."""
+    from diloco.train.trainer import train_model
+
+    base = load_preset("tiny")["base"]
+    cfg = TrainConfig.from_dict({**base, "method": "dp", "replicas": 1, "size": args.size, "seq_len": args.seq_len,
+                                 "global_batch": args.global_batch, "inner_lr": args.inner_lr, "steps": args.steps,
+                                 "tokens": 0, "warmup_steps": args.steps // 10, "min_lr_ratio": 0.1,
+                                 "eval_every": args.steps, "eval_batches": 16})
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.time()
+        result = train_model(cfg, Path(tmp) / "dp", cache_dir=cache, progress=False)
+    return {"method": "dp", "M": 1, "fault": "none", "eval_loss": result.final_eval_loss,
+            "wall_s": time.time() - t0, "goodput": None, "merges": None, "kills": []}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="M = 2 only, 120 steps")
+    ap.add_argument("--fresh", action="store_true", help="start a new runs file (the old one is kept, renamed)")
+    ap.add_argument("--replicas", default="2,4")
+    ap.add_argument("--size", default="tiny")
+    ap.add_argument("--steps", type=int, default=300, help="steps per learner that reach the syncer")
+    ap.add_argument("--global-batch", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--inner-lr", type=float, default=3e-3)
+    ap.add_argument("--sync-every", type=int, default=16)
+    ap.add_argument("--fragments", type=int, default=2)
+    ap.add_argument("--overlap", type=int, default=2)
+    ap.add_argument("--step-time", type=float, default=0.1)
+    args = ap.parse_args()
+    if args.quick:
+        args.replicas, args.steps = "2", 120
+    Ms = [int(m) for m in args.replicas.split(",")]
+    RESULTS.mkdir(exist_ok=True)
+    runs_file = RESULTS / ("chaos-runs-quick.jsonl" if args.quick else "chaos-runs.jsonl")
+    if args.fresh and runs_file.exists():
+        runs_file.rename(runs_file.with_suffix(f".{int(time.time())}.jsonl"))
+    done = {(r["method"], r["M"], r["fault"]): r for r in (read_jsonl(runs_file) if runs_file.exists() else [])}
+
+    base = TrainConfig.from_dict(load_preset("tiny")["base"])
+    cache = default_cache_dir()
+    data = prepare_tokens(base.sources, base.vocab_size, cache, val_fraction=base.val_fraction)
+    plan = [(m, M, f) for M in Ms for m, f in [("sync", "none"), ("decoupled", "none"), ("decoupled-mean", "none"),
+                                                ("sync", "kill"), ("decoupled", "kill"),
+                                                ("sync", "straggler"), ("decoupled", "straggler")]]
+    todo = [p for p in plan if p not in done]
+    work = Path(tempfile.mkdtemp(prefix="diloco-chaos-"))
+    if todo:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="diloco-chaos")
+    try:
+        for i, (method, M, fault) in enumerate(todo, 1):
+            print(f"[{i}/{len(todo)}] {method} M={M} faults={fault} ...", file=sys.stderr, flush=True)
+            row = one_run(method=method, M=M, fault=fault, args=args, data=data, work=work)
+            with open(runs_file, "a") as fh:
+                fh.write(json.dumps(row, allow_nan=False) + "\n")
+            done[(method, M, fault)] = row
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+    if ("dp", 1, "none") not in done:
+        done[("dp", 1, "none")] = row = dp_row(args, cache)
+        with open(runs_file, "a") as fh:
+            fh.write(json.dumps(row, allow_nan=False) + "\n")
+
+    rows = [done[p] for p in [("dp", 1, "none"), *plan]]
+    print(f"\n{'method':15} {'M':>2} {'faults':9} {'loss':>7} {'wall s':>7} {'goodput':>7}  per kill: worst step x, "
+          f"steps kept, restart s, rejoin s")
+    for r in rows:
+        kills = "; ".join(f"{_fmt(k['worst_step_ratio'], '.1f')}x {_fmt(k['steps_kept'], '.0%')} "
+                          f"{_fmt(k['restart_s'], '.1f')} {_fmt(k['rejoin_s'], '.1f')}" for k in r["kills"])
+        print(f"{r['method']:15} {r['M']:>2} {r['fault']:9} {_fmt(r['eval_loss'], '.4f'):>7} "
+              f"{_fmt(r['wall_s'], '.1f'):>7} {_fmt(r['goodput'], '.2f'):>7}  {kills}")
+    peer_file = RESULTS / "torchft_healing.json"
+    peer = json.loads(peer_file.read_text()) if peer_file.exists() else None
+    if peer is not None:
+        print(f"\ntorchft 0.2.0 DiLoCo, live healing (benchmarks/torchft_healing.py): {json.dumps(peer.get('summary', peer))[:400]}")
+    out = {"settings": vars(args), "runs": rows, "torchft": peer, "torch": torch.__version__, "ray": ray.__version__,
+           "median_goodput_decoupled": statistics.median([r["goodput"] for r in rows if r["method"] == "decoupled"])}
+    write_json(RESULTS / ("chaos-quick.json" if args.quick else "chaos.json"), out)
+
+
+if __name__ == "__main__":
+    main()
