@@ -19,6 +19,7 @@ import sys
 COMMANDS: dict[str, str] = {
     "train": "train one configuration (data-parallel, DiLoCo or Streaming DiLoCo)",
     "export": "write a run's global parameters as a model folder (Hugging Face format / safetensors)",
+    "chaos": "run Decoupled DiLoCo's learners as Ray processes and inject faults (kills, stragglers)",
     "compare": "train several methods on the same data and compare loss against bytes",
     "config": "print the resolved, validated config of a preset, method and --set overrides",
     "simulate": "compute utilization and wall-clock vs bandwidth (data-parallel, DiLoCo, Streaming DiLoCo)",

@@ -194,5 +194,37 @@ def goodput(rows: Sequence[dict[str, Any]], *, num_learners: int, wall_s: float)
     return Goodput(useful, num_learners * wall_s, lost)
 
 
-__all__ = ["Chaos", "Event", "Goodput", "Stall", "goodput", "parse_floats", "parse_kills", "rejoin_seconds",
+
+def summarize(rows: Sequence[dict[str, Any]], merges: Sequence[dict[str, Any]], faults: Sequence[dict[str, Any]], *,
+              num_learners: int, wall_s: float, window_s: float = 10.0) -> dict[str, Any]:
+    """What a faulty run comes to: goodput, and per fault what it cost (plain numbers, for JSON).
+
+    Per learner kill: the survivors' worst step / typical step and the share of steps they kept in
+    ``window_s`` after it (up to the next fault), seconds from the kill to the restart joining, and from
+    joining to its first merge with weight > 0. Per syncer kill: seconds down and merges restored."""
+    g = goodput(rows, num_learners=num_learners, wall_s=wall_s)
+    out: dict[str, Any] = {"goodput": g.value, "useful_learner_s": g.useful_s, "allocated_learner_s": g.allocated_s,
+                           "lost_steps": g.lost_steps, "merges": len(merges), "learner_kills": [], "syncer_kills": []}
+    times = sorted(f["at"] for f in faults)
+    incarnation: dict[int, int] = {}
+    for f in faults:
+        later = [t for t in times if t > f["at"]]
+        if f["target"] == "syncer":
+            out["syncer_kills"].append({"down_s": f["back_at"] - f["at"], "merges_before": f["merges_before"],
+                                        "restored_merges": f["restored_merges"]})
+            continue
+        m = int(f["index"])
+        incarnation[m] = incarnation.get(m, 0) + 1
+        stalls = survivor_stalls(rows, kill_at=f["at"], killed=m, window_s=window_s, until=later[0] if later else None)
+        joined = sorted(r["t"] for r in rows if r.get("event") == "joined" and r["learner"] == m
+                        and r["incarnation"] == incarnation[m])
+        out["learner_kills"].append({
+            "learner": m, "worst_step_ratio": max((s.worst_step_ratio for s in stalls), default=None),
+            "steps_kept": min((s.steps_kept for s in stalls), default=None),
+            "restart_s": joined[0] - f["at"] if joined else None,
+            "rejoin_s": rejoin_seconds(rows, merges, learner=m, incarnation=incarnation[m])})
+    return out
+
+
+__all__ = ["Chaos", "Event", "Goodput", "Stall", "goodput", "parse_floats", "parse_kills", "rejoin_seconds", "summarize",
            "survivor_stalls"]

@@ -36,7 +36,7 @@ import numpy as np
 import ray
 import torch
 
-from diloco.decoupled.chaos import Chaos, Event
+from diloco.decoupled.chaos import Chaos, Event, summarize
 from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, connect, start_syncer
 from diloco.decoupled.syncer import Syncer
 from diloco.files import read_jsonl, write_json
@@ -213,6 +213,7 @@ class RayRunResult:
     started_at: float
     wall_s: float
     learners: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)  # diloco.decoupled.chaos.summarize, and the eval loss
 
 
 def _kill(pid_file: Path) -> int:
@@ -267,8 +268,10 @@ def run_on_ray(spec: LearnerSpec, *, syncer: Syncer, num_learners: int, out_dir:
     write_json(out / "chaos.json", {"chaos": asdict(chaos), "faults": faults, "started_at": started, "wall_s": wall,
                                     "learners": learners})
     loss = None if val_tokens is None else _evaluate(spec, params, val_tokens, eval_batches)
-    write_json(out / "summary.json", {"eval_loss": loss, "wall_s": wall, "merges": len(merges)})
-    return RayRunResult(params, loss, merges, rows, faults, started, wall, learners)
+    summary = {"eval_loss": loss, "wall_s": wall,
+               **summarize(rows, merges, faults, num_learners=num_learners, wall_s=wall)}
+    write_json(out / "summary.json", summary)
+    return RayRunResult(params, loss, merges, rows, faults, started, wall, learners, summary)
 
 
 def _evaluate(spec: LearnerSpec, params: dict[str, torch.Tensor], val_tokens: np.ndarray, batches: int) -> float:

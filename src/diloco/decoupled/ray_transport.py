@@ -39,6 +39,8 @@ DEFAULT_NAMESPACE = "diloco"
 _KEEP_ALIVE: list[Any] = []  # object refs restartable actors are rebuilt from
 #: How long a syncer waits for a report whose reply is asked for before it has come (see wait_reply).
 RESEND_AFTER_S = 30.0
+#: How many times a learner sends one report again before it gives up with an error.
+MAX_RESENDS = 5
 
 
 @ray.remote
@@ -123,6 +125,8 @@ class SyncerActor:
             del self._replies[key]
         welcome = self.syncer.join(learner)
         self._seen -= {k for k in self._seen if k[0] == learner}
+        if self.checkpoint_dir is not None:  # a restarted syncer must know what this learner holds
+            self._save()
         self._log("joined", learner=learner, incarnation=welcome.incarnation)
         await self._deliver(self.syncer.poll())
         return welcome
@@ -171,7 +175,10 @@ class SyncerActor:
         return self.restored_merges
 
     async def leave(self, learner: int) -> None:
-        await self._deliver(self.syncer.leave(learner))
+        replies = self.syncer.leave(learner)
+        if self.checkpoint_dir is not None and not replies:
+            self._save()
+        await self._deliver(replies)
 
     async def records(self) -> list[MergeRecord]:
         return list(self.syncer.records)
@@ -240,6 +247,7 @@ class RayChannel:
         self._replies: dict[int, Any] = {}  # fragment -> the reply's ObjectRef, asked for when the report is sent
         self._sent: dict[int, Report] = {}
         self.resent = 0
+        self._tries = 0
 
     def join(self) -> Welcome:
         self._replies.clear()
@@ -253,12 +261,19 @@ class RayChannel:
 
     def _resend(self, fragment: int) -> None:
         self.resent += 1
+        self._tries += 1
+        if self._tries > MAX_RESENDS:
+            raise RuntimeError(f"learner {self.learner}: the syncer answered none of {MAX_RESENDS} sendings of its "
+                               f"report of fragment {fragment} (made against version "
+                               f"{self._sent[fragment].base_version}): its state and this learner's disagree. "
+                               f"Restart this learner (it joins again with the current global parameters)")
         self.send(self._sent[fragment])
 
     def wait_reply(self, fragment: int) -> Reply:
         while (reply := ray.get(self._replies.pop(fragment))) is None:
             self._resend(fragment)
         del self._sent[fragment]
+        self._tries = 0
         return reply
 
     def poll_reply(self, fragment: int) -> Reply | None:
@@ -270,6 +285,7 @@ class RayChannel:
             self._resend(fragment)
             return None
         del self._sent[fragment]
+        self._tries = 0
         return reply
 
     def leave(self) -> None:

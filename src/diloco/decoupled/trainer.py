@@ -36,15 +36,20 @@ class RunningSyncer:
         self.channel, self.records, self.global_parameters = channel, records, global_parameters
 
 
+def make_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] | None = None) -> Syncer:
+    """The config's syncer, holding ``template``'s parameters as the initial global ones."""
+    return Syncer(template, num_learners=cfg.replicas, quorum=cfg.quorum or cfg.replicas,
+                  num_fragments=cfg.num_fragments, fragment_pattern=cfg.fragment_pattern, fragments=fragments,
+                  merge=cfg.merge, codec=get_codec(cfg.codec), outer_optimizer=_outer(cfg),
+                  overlap_steps=cfg.overlap_steps, grace_gamma=cfg.grace_gamma, grace_ema_decay=cfg.grace_ema_decay)
+
+
 @contextlib.contextmanager
 def decoupled_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] | None) -> Iterator[RunningSyncer]:
     """The config's syncer (from the run's initial model) for the ``with`` block: on a thread of this process
     (``decoupled_transport='threads'``) or as a named Ray actor (``'ray'``, on the cluster at ``ray_address``,
     else a local Ray instance), which is stopped at the end."""
-    syncer = Syncer(template, num_learners=cfg.replicas, quorum=cfg.quorum or cfg.replicas,
-                    num_fragments=cfg.num_fragments, fragment_pattern=cfg.fragment_pattern, fragments=fragments,
-                    merge=cfg.merge, codec=get_codec(cfg.codec), outer_optimizer=_outer(cfg),
-                    overlap_steps=cfg.overlap_steps, grace_gamma=cfg.grace_gamma, grace_ema_decay=cfg.grace_ema_decay)
+    syncer = make_syncer(cfg, template, fragments)
     if cfg.decoupled_transport == "ray":
         try:
             import ray
@@ -89,9 +94,54 @@ def evaluate_global(template: nn.Module, named: dict[str, torch.Tensor], val: Se
     return evaluate(model, val, bf16)
 
 
+def chaos_run(cfg: Any, out: Path | str, *, chaos: Any, cache_dir: Path | str, step_time_s: float = 0.0,
+              max_seconds: float = 3600.0) -> dict[str, Any]:
+    """``diloco chaos``: the config's learners as Ray actor processes and its syncer as a checkpointed actor
+    (:func:`diloco.decoupled.ray_learners.run_on_ray`), under ``chaos``; returns the run's summary.
+
+    Everything is checked before ``out`` is touched; ``out`` must be new or empty. Writes ``config.json``
+    beside what :func:`~diloco.decoupled.ray_learners.run_on_ray` writes."""
+    from diloco.data import prepare_tokens
+    from diloco.files import write_json
+    from diloco.train.trainer import build_model
+
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"--out {out} is not a new or empty folder: give a new one (nothing is overwritten)")
+    chaos.check(cfg.replicas)
+    try:
+        import ray
+
+        from diloco.decoupled.ray_learners import LearnerSpec, run_on_ray
+    except ImportError:
+        raise ValueError("diloco chaos needs Ray: pip install -e .[ray] (or ray>=2.9)") from None
+    data = prepare_tokens(cfg.sources, cfg.vocab_size, cache_dir, val_fraction=cfg.val_fraction)
+    template = build_model(cfg, data.vocab_size)
+    spec = LearnerSpec(tokens=data.train, vocab_size=data.vocab_size, seq_len=cfg.seq_len, size=cfg.size,
+                       model=cfg.model, batch_size=cfg.batch_per_replica, inner_lr=cfg.inner_lr,
+                       weight_decay=cfg.weight_decay, sync_every=cfg.sync_every, num_fragments=cfg.num_fragments,
+                       fragment_pattern=cfg.fragment_pattern, overlap_steps=cfg.overlap_steps,
+                       merge_alpha=cfg.merge_alpha, codec=cfg.codec, seed=cfg.seed, step_time_s=step_time_s,
+                       duration_s=max_seconds, max_steps=cfg.total_steps, warmup_steps=cfg.warmup_steps,
+                       min_lr_ratio=cfg.min_lr_ratio)
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(address=cfg.ray_address or None, include_dashboard=False, log_to_driver=False)
+    try:
+        # the evaluation set of `diloco train`: eval_batches x global_batch windows, in batches of a learner's size
+        result = run_on_ray(spec, syncer=make_syncer(cfg, template), num_learners=cfg.replicas, out_dir=out,
+                            chaos=chaos, val_tokens=data.val, eval_batches=cfg.eval_batches * cfg.replicas)
+    finally:
+        if started_ray:
+            ray.shutdown()
+    write_json(out / "config.json", cfg.to_dict())
+    return result.summary
+
+
 def write_merges(path: Path, records: Sequence[MergeRecord]) -> None:
     """One JSON row per merge, in the order they happened."""
     atomic_write_bytes(Path(path), "".join(json.dumps(r.as_row()) + "\n" for r in records).encode("utf-8"))
 
 
-__all__ = ["RunningSyncer", "decoupled_learner", "decoupled_syncer", "evaluate_global", "write_merges"]
+__all__ = ["RunningSyncer", "chaos_run", "decoupled_learner", "decoupled_syncer", "evaluate_global", "make_syncer",
+           "write_merges"]

@@ -1,0 +1,57 @@
+"""`diloco chaos`: Decoupled DiLoCo's learners as processes on Ray, under a fault schedule of your choosing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from diloco.cli._common import add_config_args, cache_dir, load_preset, overrides, resolve
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "chaos", help="run Decoupled DiLoCo's learners as Ray processes and inject faults (kills, stragglers)",
+        description="Train method=decoupled with each learner a process of its own (a Ray actor that Ray restarts "
+                    "when it dies) and the syncer a checkpointed Ray actor, on a local Ray instance (or the cluster "
+                    "at --set ray_address=...), while killing learners and the syncer with SIGKILL at the times "
+                    "given. Writes into --out (new or empty): learner-<m>.jsonl (a row per step), merges.jsonl, "
+                    "syncer/ (checkpoints, events.jsonl), chaos.json (the faults as carried out) and summary.json "
+                    "(eval loss of the syncer's parameters, goodput, per fault what it cost). The learners' loop is "
+                    "plain (fp32 AdamW, warmup-cosine lr over `steps`, no bf16, compile or evaluation during the "
+                    "run): use `diloco train --method decoupled` for the trainer's full loop without faults.",
+    )
+    add_config_args(p, default_preset="tiny")
+    p.add_argument("--out", type=Path, required=True, help="output folder (new or empty)")
+    p.add_argument("--kill", default="", metavar="S:M[,S:M...]",
+                   help="SIGKILL learner M at S seconds after the start, e.g. 5:1,12:0")
+    p.add_argument("--kill-rate", type=float, default=0.0, help="also kill learners at random: kills per learner "
+                   "per minute (a Poisson process from --seed)")
+    p.add_argument("--downtime", type=float, default=0.0, help="seconds a killed learner stays down before Ray's "
+                   "restart joins again (default 0: as soon as Ray restarts it)")
+    p.add_argument("--slowdown", default="", metavar="F,F,...",
+                   help="per learner, its step time multiplied by F (stragglers), e.g. 1,1,3")
+    p.add_argument("--syncer-kill", default="", metavar="S[,S...]",
+                   help="SIGKILL the syncer at these seconds after the start (it restarts from its checkpoint)")
+    p.add_argument("--step-time", type=float, default=0.0,
+                   help="pad each step to this many seconds (an accelerator's step on a CPU machine; default 0: off)")
+    p.add_argument("--max-seconds", type=float, default=3600.0,
+                   help="learners stop after this many seconds even before `steps` (default 3600)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from diloco.decoupled.chaos import Chaos, parse_floats, parse_kills
+    from diloco.decoupled.trainer import chaos_run
+
+    cfg = resolve(load_preset(args.preset), None, {**overrides(args), "method": "decoupled"})
+    chaos = Chaos(kills=parse_kills(args.kill), kill_rate=args.kill_rate, downtime_s=args.downtime,
+                  slowdown=parse_floats(args.slowdown, "--slowdown"),
+                  syncer_kills=parse_floats(args.syncer_kill, "--syncer-kill"), seed=cfg.seed)
+    for name, value in (("--step-time", args.step_time), ("--max-seconds", args.max_seconds)):
+        if value < 0:
+            raise ValueError(f"{name}={value}: give seconds >= 0")
+    summary = chaos_run(cfg, args.out, chaos=chaos, cache_dir=cache_dir(args), step_time_s=args.step_time,
+                        max_seconds=args.max_seconds)
+    print(json.dumps(summary, indent=2))
+    return 0
