@@ -38,6 +38,7 @@ next thing to try: this kernel has neither).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -49,10 +50,10 @@ from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from link import Link, addr  # noqa: E402 - the same emulated links as the link benchmark
+from link import SHAPERS, Link, SsSampler, addr  # noqa: E402 - the same emulated links as the link benchmark
 
-PATTERNS = ("one_round", "one_round_3x", "same_peer_rounds", "pairwise_rounds", "partner_rounds", "concurrent_p2p", "all_to_all_single",
-            "all_gather_ring")
+PATTERNS = ("one_round", "one_round_3x", "same_peer_rounds", "round_k2", "round_back", "pairwise_rounds",
+            "partner_rounds", "concurrent_p2p", "all_to_all_single", "all_gather_ring")
 
 
 def exchange_partners(num_ranks: int) -> list[list[int]]:
@@ -85,7 +86,8 @@ def _retransmitted_segments() -> int:
     return int(values[head.index("RetransSegs")])
 
 
-def worker(rank: int, m: int, nbytes: int, port: int, out: str) -> None:
+def worker(rank: int, m: int, nbytes: int, port: int, out: str, patterns: list[str], ss_s: float,
+           recv_first: bool) -> None:
     import torch
     import torch.distributed as dist
 
@@ -95,9 +97,18 @@ def worker(rank: int, m: int, nbytes: int, port: int, out: str) -> None:
     shard, recv = torch.zeros(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
     big, recv_big = torch.zeros(3 * nbytes, dtype=torch.uint8), torch.empty(3 * nbytes, dtype=torch.uint8)
 
+    def post(sends: list, recvs: list) -> list:
+        """isend/irecv of (tensor, peer) pairs; receives first when ``recv_first`` (see --recv-first)."""
+        def s():
+            return [dist.isend(t, p) for t, p in sends]
+
+        def r():
+            return [dist.irecv(t, p) for t, p in recvs]
+
+        return r() + s() if recv_first else s() + r()
+
     def exchange(k: int, a: torch.Tensor, b: torch.Tensor) -> None:
-        works = [dist.isend(a, (rank + k) % m), dist.irecv(b, (rank - k) % m)]
-        for w in works:
+        for w in post([(a, (rank + k) % m)], [(b, (rank - k) % m)]):
             w.wait()
 
     def pairwise() -> None:
@@ -107,8 +118,7 @@ def worker(rank: int, m: int, nbytes: int, port: int, out: str) -> None:
     recvs = [torch.empty(nbytes, dtype=torch.uint8) for _ in range(m)]
 
     def concurrent() -> None:
-        works = [dist.isend(shard, (rank + k) % m) for k in range(1, m)]
-        works += [dist.irecv(recvs[k], (rank - k) % m) for k in range(1, m)]
+        works = post([(shard, (rank + k) % m) for k in range(1, m)], [(recvs[k], (rank - k) % m) for k in range(1, m)])
         for w in works:
             w.wait()
 
@@ -116,8 +126,7 @@ def worker(rank: int, m: int, nbytes: int, port: int, out: str) -> None:
         for rnd in exchange_partners(m):
             p = rnd[rank]
             if p != rank:
-                works = [dist.isend(shard, p), dist.irecv(recv, p)]
-                for w in works:
+                for w in post([(shard, p)], [(recv, p)]):
                     w.wait()
 
     def same_peer() -> None:
@@ -131,19 +140,25 @@ def worker(rank: int, m: int, nbytes: int, port: int, out: str) -> None:
         dist.all_gather_into_tensor(torch.empty(m * nbytes, dtype=torch.uint8), shard)
 
     fns = {"one_round": lambda: exchange(1, shard, recv), "one_round_3x": lambda: exchange(1, big, recv_big),
-           "same_peer_rounds": same_peer, "pairwise_rounds": pairwise, "partner_rounds": partners, "concurrent_p2p": concurrent, "all_to_all_single": a2a, "all_gather_ring": ring}
+           "same_peer_rounds": same_peer, "round_k2": lambda: exchange(2 % m, shard, recv),
+           "round_back": lambda: exchange(m - 1, shard, recv), "pairwise_rounds": pairwise,
+           "partner_rounds": partners, "concurrent_p2p": concurrent, "all_to_all_single": a2a,
+           "all_gather_ring": ring}
     res = {}
-    for name in PATTERNS:
+    for name in patterns:
         fns[name]()  # warm the connections this pattern uses
         times = []
         retrans0 = _retransmitted_segments()
-        for _ in range(3):
-            dist.barrier()
-            t0 = time.perf_counter()
-            fns[name]()
-            times.append(time.perf_counter() - t0)
+        with SsSampler(ss_s, port) if ss_s > 0 else contextlib.nullcontext() as sampler:
+            for _ in range(3):
+                dist.barrier()
+                t0 = time.perf_counter()
+                fns[name]()
+                times.append(time.perf_counter() - t0)
         res[name] = statistics.median(times)
         res[f"{name}_retransmits"] = (_retransmitted_segments() - retrans0) / 3
+        if sampler is not None:
+            res[f"{name}_tcp"] = sampler.summary()
     Path(out).write_text(json.dumps(res))
     dist.destroy_process_group()
 
@@ -159,48 +174,88 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--congestion", default=None, help="TCP congestion control in the namespaces "
                     "(e.g. reno, bbr; default: the host's)")
     ap.add_argument("--no-offload", action="store_true", help="TSO/GSO/GRO off on the veths (wire-size packets)")
+    ap.add_argument("--shaper", choices=SHAPERS, default="tbf", help="tbf: one FIFO per link end; htb: one "
+                    "class per peer (rate = link / peers, ceil = link), see benchmarks/link.py")
+    ap.add_argument("--ack-priority", action="store_true", help="htb: packets < 128 bytes (ACKs) first, "
+                    "in a class of their own")
+    ap.add_argument("--sysctl", action="append", default=[], metavar="KEY=VALUE",
+                    help="set inside every worker namespace (repeatable), e.g. net.ipv4.tcp_rmem='4096 131072 8388608'")
+    ap.add_argument("--patterns", default=",".join(PATTERNS), help="comma-separated subset of: " + ", ".join(PATTERNS))
+    ap.add_argument("--recv-first", action="store_true", help="post every irecv before the isends (gloo "
+                    "sends a payload only after the receiver's ready notice, which otherwise can queue behind "
+                    "this rank's own payload on the same connection)")
+    ap.add_argument("--ss", type=float, default=0.0, metavar="SECONDS",
+                    help="sample `ss -tinm` every SECONDS in each namespace during the timed runs (0: off)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "link_collectives.json")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     nbytes = int(args.shard_mb * 1e6)
+    patterns = args.patterns.split(",")
+    for p in patterns:
+        if p not in PATTERNS:
+            raise SystemExit(f"--patterns: unknown {p!r}")
     if args.worker:
-        worker(int(args.worker[0]), args.workers, nbytes, args.port, args.worker[1])
+        worker(int(args.worker[0]), args.workers, nbytes, args.port, args.worker[1], patterns, args.ss,
+               args.recv_first)
         return 0
+    sysctls = dict(kv.split("=", 1) for kv in args.sysctl)
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespaces); run with sudo")
     m = args.workers
     with tempfile.TemporaryDirectory() as tmp, Link(0.0, m, args.queue_ms, args.congestion,
-                                                    not args.no_offload) as link:
+                                                    not args.no_offload, args.shaper, args.ack_priority,
+                                                    sysctls) as link:
         link.shape(args.mbps)
         procs = []
         for r in range(m):
             env = dict(os.environ, GLOO_SOCKET_IFNAME=link.dev[r])
             procs.append(subprocess.Popen(["ip", "netns", "exec", link.ns[r], sys.executable, __file__,
                                            "--workers", str(m), "--shard-mb", str(args.shard_mb),
-                                           "--port", str(args.port), "--worker", str(r), f"{tmp}/r{r}.json"],
+                                           "--port", str(args.port), "--patterns", args.patterns,
+                                           "--ss", str(args.ss), "--worker", str(r), f"{tmp}/r{r}.json"]
+                                          + (["--recv-first"] if args.recv_first else []),
                                           env=env))
         for p in procs:
             if p.wait(timeout=600) != 0:
                 raise SystemExit(f"a worker failed (exit code {p.returncode})")
         per_rank = [json.loads(Path(f"{tmp}/r{r}.json").read_text()) for r in range(m)]
+        qdiscs = link.qdisc_stats()
     link_s = nbytes * 8 / (args.mbps * 1e6)
-    ideal = {"one_round": link_s, "one_round_3x": 3 * link_s, "same_peer_rounds": (m - 1) * link_s,
+    ideal = {"one_round": link_s, "one_round_3x": 3 * link_s, "round_k2": link_s, "round_back": link_s, "same_peer_rounds": (m - 1) * link_s,
              "pairwise_rounds": (m - 1) * link_s, "partner_rounds": (m - 1) * link_s, "concurrent_p2p": (m - 1) * link_s,
              "all_to_all_single": (m - 1) * link_s, "all_gather_ring": (m - 1) * link_s}
     rows = [{"pattern": p, "seconds_max_rank": max(r[p] for r in per_rank), "ideal_s": ideal[p],
-             "fraction_of_link_rate": ideal[p] / max(r[p] for r in per_rank)} for p in PATTERNS]
+             "fraction_of_link_rate": ideal[p] / max(r[p] for r in per_rank)} for p in patterns]
     print(f"\n{m} workers, {args.mbps:g} Mbit/s each way per worker, {nbytes / 1e6:.3f} MB per peer message")
     for r in rows:
         r["retransmits_per_run"] = sum(pr[f"{r['pattern']}_retransmits"] for pr in per_rank)
-    print(f"{'pattern':<20} {'seconds':>8} {'ideal':>7} {'of link rate':>13} {'retransmits':>12}")
+        tcp = [pr[f"{r['pattern']}_tcp"] for pr in per_rank if f"{r['pattern']}_tcp" in pr]
+        if tcp:  # per-rank summaries of the sending connections; rank 0's beside the row
+            r["tcp_per_rank"] = tcp
+    print(f"{'pattern':<20} {'seconds':>8} {'ideal':>7} {'of link rate':>13} {'retransmits':>12}"
+          + ("  rtt ms  cwnd kB sndwnd kB sndbuf kB  rwnd-lim sndbuf-lim" if args.ss else ""))
+
+    def kb(x: float | None) -> str:
+        return "-" if x is None else f"{x / 1e3:.0f}"
+
     for r in rows:
-        print(f"{r['pattern']:<20} {r['seconds_max_rank']:>8.3f} {r['ideal_s']:>7.3f} {r['fraction_of_link_rate']:>12.0%}"
-              f" {r['retransmits_per_run']:>12.0f}")
+        line = (f"{r['pattern']:<20} {r['seconds_max_rank']:>8.3f} {r['ideal_s']:>7.3f} "
+                f"{r['fraction_of_link_rate']:>12.0%} {r['retransmits_per_run']:>12.0f}")
+        if "tcp_per_rank" in r:
+            t = r["tcp_per_rank"]
+            busy = sum(x["busy_ms"] for x in t) or 1.0
+            rtt = statistics.median([x["rtt_ms_median"] for x in t if x["rtt_ms_median"] is not None] or [0])
+            line += (f"  {rtt:>6.0f} {kb(t[0]['cwnd_bytes_median']):>8} {kb(t[0]['snd_wnd_median']):>9} "
+                     f"{kb(t[0]['sndbuf_median']):>9} {sum(x['rwnd_limited_ms'] for x in t) / busy:>8.0%} "
+                     f"{sum(x['sndbuf_limited_ms'] for x in t) / busy:>10.0%}")
+        print(line)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"config": {"workers": m, "mbps": args.mbps, "shard_bytes": nbytes,
-                                               "queue_ms": args.queue_ms,                                                "offload": not args.no_offload, "congestion": args.congestion or
+                                               "queue_ms": args.queue_ms, "offload": not args.no_offload,
+                                               "shaper": args.shaper, "recv_first": args.recv_first, "ack_priority": args.ack_priority,
+                                               "sysctls": sysctls, "congestion": args.congestion or
                                                Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()},
-                                    "rows": rows, "per_rank": per_rank}, indent=2, allow_nan=False) + "\n")
+                                    "rows": rows, "per_rank": per_rank, "qdiscs": qdiscs}, indent=2, allow_nan=False) + "\n")
     print(f"wrote {args.out}")
     return 0
 
