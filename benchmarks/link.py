@@ -473,6 +473,9 @@ def run_method(comm, name: str, args, dev: str | None, exchange: str | None = No
         compute += time.perf_counter() - t0
         algo.step()
     wall = time.perf_counter() - t_start
+    sent, wire = comm.stats.bytes_sent - sent0, _tx_bytes(dev) - tx0  # the window's, before the flush
+    if kind != "dp":
+        algo.flush()  # outside the window: no exchange left in flight (eager ends the window with one)
     n_params = sum(p.numel() for p in model.parameters())
     non_block = n_params - sum(p.numel() for p in model.blocks.parameters())
     ran = comm.exchange_for(n_params)  # every payload here is far larger than M values
@@ -481,8 +484,8 @@ def run_method(comm, name: str, args, dev: str | None, exchange: str | None = No
             "P": P, "tau": tau, "eager": eager, "codec": codec,
             "bits": algo.codec.bits_per_value, "steps": measured, "compute_s": compute, "wall_s": wall,
             "utilization": compute / wall, "s_per_step": wall / measured,
-            "compute_s_per_step": compute / measured, "bytes_sent": comm.stats.bytes_sent - sent0,
-            "wire_tx_bytes": _tx_bytes(dev) - tx0, "num_params": n_params, "non_block_params": non_block,
+            "compute_s_per_step": compute / measured, "bytes_sent": sent,
+            "wire_tx_bytes": wire, "num_params": n_params, "non_block_params": non_block,
             "num_layers": len(model.blocks)}
 
 

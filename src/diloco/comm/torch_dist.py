@@ -169,8 +169,9 @@ class _PairwiseWork(Work):
     ``rank + k`` and receives the one from ``rank - k`` (``isend``/``irecv``, tagged with the collective's
     number), so every link carries one flow each way at a time, as a ring does (gloo's own all-to-all
     sends to all peers at once). Each round posts its receive before its send: see ``run`` below; with
-    sends first these rounds ran at ~60 % of the link rate on shaped links (benchmarks/link_collectives.py). Being matched by tag, not by issue order, these rounds may be issued from a
-    helper thread: that is what lets the reduce-scatter exchange run entirely in the background."""
+    sends first these rounds ran at ~60 % of the link rate on shaped links (benchmarks/link_collectives.py).
+    Being matched by tag, not by issue order, these rounds may be issued from a helper thread: that is
+    what lets the reduce-scatter exchange run entirely in the background."""
 
     def __init__(self, comm: TorchDistCommunicator, chunks, recv_sizes, seq: int, what: str,
                  result_device: torch.device) -> None:
