@@ -33,8 +33,12 @@ step). Window: H steps after 3 warm-up steps (exactly one sync of every fragment
 
     sudo .venv/bin/python benchmarks/link.py                 # ~5 minutes on 2 cores
     .venv/bin/python benchmarks/link.py --bandwidths 20 --quick
-    sudo .venv/bin/python benchmarks/link.py --workers 4 --bandwidths 20 --methods DiLoCo,+overlap \
-        --exchanges all_gather,reduce_scatter                # M = 4, both exchanges, ~4 minutes
+    sudo .venv/bin/python benchmarks/link.py --workers 4 --bandwidths 20 --shaper htb \
+        --methods DiLoCo,+overlap,DiLoCo+eager --exchanges all_gather,reduce_scatter   # M = 4, ~9 minutes
+
+``--shaper htb`` shapes every link end with one HTB class per peer instead of one tbf FIFO (which
+drops packets when several flows share it; see ``Link._htb``), ``--ack-priority`` adds a first
+class for small packets (pure ACKs), ``--sysctl KEY=VALUE`` sets sysctls in the namespaces.
 
 Prints a table and writes benchmarks/results/link.json (link_m<M>.json for M != 2).
 """
