@@ -23,7 +23,9 @@ vocab 4096, seq 128) on synthetic tokens, one intra-op thread per worker, with:
 * DP: gradients all-gathered every step, bf16 on the wire (the papers' 16 bits);
 * DiLoCo: H steps, P = 1, bf16;
 * Streaming: P fragments (fragment 0 = embeddings/head), tau = 0, bf16;
-* +overlap: tau = 1;  +FP4: tau = 1 and the fp4_e3m0 codec.
+* +overlap: tau = 1;  +FP4: tau = 1 and the fp4_e3m0 codec;
+* DiLoCo+eager (only when asked for): DiLoCo with eager updates, tau = H (the exchange of one round
+  overlaps the whole next round; measured over the second round).
 
 Compute utilization = time in forward/backward/optimizer / wall time of the
 measured window (everything else: waiting on the link, encode/decode, outer
@@ -31,8 +33,12 @@ step). Window: H steps after 3 warm-up steps (exactly one sync of every fragment
 
     sudo .venv/bin/python benchmarks/link.py                 # ~5 minutes on 2 cores
     .venv/bin/python benchmarks/link.py --bandwidths 20 --quick
-    sudo .venv/bin/python benchmarks/link.py --workers 4 --bandwidths 20 --methods DiLoCo,+overlap \
-        --exchanges all_gather,reduce_scatter                # M = 4, both exchanges, ~4 minutes
+    sudo .venv/bin/python benchmarks/link.py --workers 4 --bandwidths 20 --shaper htb \
+        --methods DiLoCo,+overlap,DiLoCo+eager --exchanges all_gather,reduce_scatter   # M = 4, ~9 minutes
+
+``--shaper htb`` shapes every link end with one HTB class per peer instead of one tbf FIFO (which
+drops packets when several flows share it; see ``Link._htb``), ``--ack-priority`` adds a first
+class for small packets (pure ACKs), ``--sysctl KEY=VALUE`` sets sysctls in the namespaces.
 
 Prints a table and writes benchmarks/results/link.json (link_m<M>.json for M != 2).
 """
@@ -59,12 +65,14 @@ def addr(rank: int) -> str:
 
 
 PORT = 29517
+SHAPERS = ("tbf", "htb")
 METHODS = {  # name -> (algorithm, num_fragments, overlap_steps, codec)
     "DP": ("dp", 1, 0, "bf16"),
     "DiLoCo": ("diloco", 1, 0, "bf16"),
     "Streaming": ("streaming", None, 0, "bf16"),
     "+overlap": ("streaming", None, 1, "bf16"),
     "+overlap+FP4": ("streaming", None, 1, "fp4_e3m0"),
+    "DiLoCo+eager": ("diloco", 1, "H", "bf16"),  # eager updates, tau = H: the exchange overlaps a whole round
 }
 
 
@@ -73,7 +81,12 @@ class Link:
     """M namespaces joined by shaped veths (a pair for M = 2, a bridge for more); always torn down."""
 
     def __init__(self, latency_ms: float, workers: int = 2, queue_ms: float = 100.0,
-                 congestion: str | None = None, offload: bool = True) -> None:
+                 congestion: str | None = None, offload: bool = True, shaper: str = "tbf",
+                 ack_priority: bool = False, sysctls: dict[str, str] | None = None) -> None:
+        if shaper not in SHAPERS:
+            raise ValueError(f"shaper must be one of {SHAPERS}, got {shaper!r}")
+        if ack_priority and shaper != "htb":
+            raise ValueError("ack_priority needs shaper='htb' (a class of its own for ACKs)")
         tag = f"{os.getpid() % 100000}"
         self.workers = workers
         self.ns = [f"dlk{tag}{chr(97 + i)}" for i in range(workers)]
@@ -84,6 +97,9 @@ class Link:
         self.queue_ms = queue_ms
         self.congestion = congestion  # TCP congestion control in the namespaces (None: the host's default)
         self.offload = offload  # False: no TSO/GSO/GRO on the veths, so tbf sees wire-size (MTU) packets
+        self.shaper = shaper  # "tbf": one FIFO per link end; "htb": one class (and FIFO) per peer
+        self.ack_priority = ack_priority  # htb only: small packets (pure ACKs) in a class of their own, first
+        self.sysctls = dict(sysctls or {})  # extra sysctls set inside every worker namespace
         self.notes: list[str] = []
 
     def shaped(self) -> list[tuple[str, str]]:
@@ -121,6 +137,8 @@ class Link:
                 if self.congestion:
                     self._run("ip", "netns", "exec", ns, "sysctl", "-qw",
                               f"net.ipv4.tcp_congestion_control={self.congestion}")
+                for key, value in self.sysctls.items():
+                    self._run("ip", "netns", "exec", ns, "sysctl", "-qw", f"{key}={value}")
             for ns, dev in self.shaped() if not self.offload else ():
                 self._run("ip", "netns", "exec", ns, "ethtool", "-K", dev, "tso", "off", "gso", "off", "gro", "off")
         except BaseException:
@@ -129,10 +147,10 @@ class Link:
         return self
 
     def shape(self, mbps: float) -> None:
-        """Both directions: ``mbps`` Mbit/s (tbf), plus the latency (netem) when asked and available."""
+        """Both directions: ``mbps`` Mbit/s (tbf or htb), plus the latency (netem) when asked and available."""
         rate = int(mbps * 1e6)
         burst = max(64 * 1024, rate // 8 // 50)  # >= one GSO packet and ~20 ms of traffic
-        for ns, dev in self.shaped():
+        for k, (ns, dev) in enumerate(self.shaped()):
             base = ["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root"]
             if self.latency_ms > 0:
                 try:
@@ -143,7 +161,48 @@ class Link:
                     note = "latency NOT emulated: the kernel has no netem qdisc (bandwidth only, via tbf)"
                     if note not in self.notes:
                         self.notes.append(note)
+            if self.shaper == "htb":
+                # the first M ends are the workers' own (upload: classify by destination), the rest the
+                # hub's (worker k - M's download: classify by source); for M = 2 both ends are uploads
+                upload = k < len(self.ns)
+                me = k if upload else k - len(self.ns)
+                self._htb(ns, dev, rate, burst, [r for r in range(self.workers) if r != me], upload)
+                continue
             self._run(*base, "tbf", "rate", f"{rate}bit", "burst", str(burst), "latency", f"{self.queue_ms:g}ms")
+
+    def _htb(self, ns: str, dev: str, rate: int, burst: int, peers: list[int], upload: bool) -> None:
+        """One HTB class per peer (rate = link / peers, ceil = link: an idle peer's share goes to the
+        others, and no peer's flow can fill the queue the others wait in), each with a byte FIFO of
+        ``queue_ms`` at the link rate; unclassified traffic in a class like a peer's. With
+        ``ack_priority`` packets under 128 bytes (pure ACKs, SYNs, the store's small messages) go
+        first, in a class of their own (prio 0, ceil = link)."""
+        tc = ["ip", "netns", "exec", ns, "tc"]
+        limit = max(2 * 64 * 1024, int(rate / 8 * self.queue_ms / 1e3))
+        self._run(*tc, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "ff")
+        self._run(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", f"{rate}bit",
+                  "ceil", f"{rate}bit", "burst", str(burst), "cburst", str(burst))
+        classes = [(0x10 + p, p) for p in peers] + [(0xff, None)]
+        share = rate // len(classes)
+        if self.ack_priority:
+            self._run(*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", "1:2", "htb", "rate",
+                      f"{max(rate // 20, 8000)}bit", "ceil", f"{rate}bit", "burst", str(burst), "cburst",
+                      str(burst), "prio", "0")
+            self._run(*tc, "qdisc", "add", "dev", dev, "parent", "1:2", "pfifo", "limit", "10000")
+            # IPv4 total length < 128 bytes (bytes 2-3 of the header): pure ACKs and other small packets
+            self._run(*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+                      "match", "u16", "0x0000", "0xff80", "at", "2", "flowid", "1:2")
+        for cid, peer in classes:
+            self._run(*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", f"1:{cid:x}", "htb", "rate",
+                      f"{share}bit", "ceil", f"{rate}bit", "burst", str(burst), "cburst", str(burst), "prio", "1")
+            self._run(*tc, "qdisc", "add", "dev", dev, "parent", f"1:{cid:x}", "bfifo", "limit", str(limit))
+            if peer is not None:
+                self._run(*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "2", "u32",
+                          "match", "ip", "dst" if upload else "src", f"{addr(peer)}/32", "flowid", f"1:{cid:x}")
+
+    def qdisc_stats(self) -> dict[str, str]:
+        """``tc -s qdisc`` of every shaped end (drops, overlimits, backlog), keyed by namespace/device."""
+        return {f"{ns}/{dev}": subprocess.run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", dev],
+                                              capture_output=True, text=True).stdout for ns, dev in self.shaped()}
 
     def close(self) -> None:
         for ns in self.ns + ([self.hub_ns] if self.hub_ns else []):  # a namespace takes its veth ends along
@@ -153,6 +212,111 @@ class Link:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# ================================================================================== TCP state (ss -ti)
+_SS_KEYS = ("cwnd", "mss", "rcv_space", "rcv_ssthresh", "snd_wnd", "bytes_sent", "bytes_acked", "bytes_received",
+            "retrans_total", "unacked")
+
+
+def ss_snapshot(port: int | None = None) -> list[dict]:
+    """The TCP connections of this network namespace between the link's addresses (10.213.0.x), from
+    ``ss -tinm``: send/receive queues, cwnd (segments) and mss, rtt (ms), the socket buffers (skmem
+    ``rb``/``tb``, bytes), rcv_space, the peer's advertised window (snd_wnd) and the cumulative ms the
+    connection spent busy, limited by the receiver's window or by its own send buffer. ``port``: leave
+    out connections to or from that port (the rendezvous store)."""
+    out = subprocess.run(["ss", "-tinmH", "state", "established"], capture_output=True, text=True).stdout
+    conns, cur = [], None
+    for line in out.splitlines():
+        if not line[:1].isspace():  # "Recv-Q Send-Q local peer" (state filtered, so no state column)
+            parts = line.split()
+            cur = None
+            if len(parts) >= 4 and parts[2].startswith("10.213.") and parts[3].startswith("10.213."):
+                local, peer = parts[2], parts[3]
+                if port is None or not (local.endswith(f":{port}") or peer.endswith(f":{port}")):
+                    cur = {"local": local, "peer": peer, "recv_q": int(parts[0]), "send_q": int(parts[1])}
+                    conns.append(cur)
+            continue
+        if cur is None:
+            continue
+        for tok in line.split():
+            key, _, val = tok.partition(":")
+            if key == "skmem":
+                for item in val.strip("()").split(","):
+                    name = item.rstrip("0123456789")
+                    if name in ("rb", "tb", "r", "t"):
+                        cur[f"skmem_{name}"] = int(item[len(name):])
+            elif key == "rtt":
+                cur["rtt_ms"] = float(val.split("/")[0])
+            elif key == "minrtt":
+                cur["minrtt_ms"] = float(val)
+            elif key in ("busy", "rwnd_limited", "sndbuf_limited"):
+                cur[f"{key}_ms"] = float(val.split("ms")[0])
+            elif key in _SS_KEYS and val:
+                with contextlib.suppress(ValueError):
+                    cur[key] = int(val.split("/")[-1] if key == "retrans_total" else val)
+    return conns
+
+
+_SERIES = ("send_q", "recv_q", "bytes_acked", "bytes_received", "cwnd", "rtt_ms", "snd_wnd", "unacked",
+           "skmem_r", "skmem_rb", "skmem_t", "rcv_space")
+
+
+class SsSampler:
+    """``ss_snapshot`` every ``interval_s`` on a thread while in the ``with`` block; ``summary()`` reduces
+    the samples of connections that had bytes queued to send (Send-Q > 0) to medians/maxima, and the
+    busy / rwnd_limited / sndbuf_limited ms accumulated between the first and last snapshot."""
+
+    def __init__(self, interval_s: float = 0.05, port: int | None = None) -> None:
+        import threading
+
+        self.interval_s, self.port, self.samples = interval_s, port, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.perf_counter(), ss_snapshot(self.port)))
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> SsSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append((time.perf_counter(), ss_snapshot(self.port)))
+
+    def summary(self) -> dict:
+        active = [c for _, snap in self.samples for c in snap if c["send_q"] > 0]
+
+        def med(key: str) -> float | None:
+            vals = [c[key] for c in active if key in c]
+            return statistics.median(vals) if vals else None
+
+        def top(key: str) -> float | None:
+            vals = [c[key] for c in active if key in c]
+            return max(vals) if vals else None
+
+        first = {(c["local"], c["peer"]): c for c in self.samples[0][1]} if self.samples else {}
+        last = {(c["local"], c["peer"]): c for c in self.samples[-1][1]} if self.samples else {}
+        limited = {k: sum(last[c].get(f"{k}_ms", 0.0) - first[c].get(f"{k}_ms", 0.0) for c in last if c in first)
+                   for k in ("busy", "rwnd_limited", "sndbuf_limited")}
+        return {"samples": len(self.samples), "active_samples": len(active),
+                "rtt_ms_median": med("rtt_ms"), "rtt_ms_max": top("rtt_ms"), "minrtt_ms": med("minrtt_ms"),
+                "cwnd_bytes_median": None if med("cwnd") is None else med("cwnd") * (med("mss") or 1448),
+                "send_q_median": med("send_q"), "send_q_max": top("send_q"),
+                "snd_wnd_median": med("snd_wnd"), "snd_wnd_max": top("snd_wnd"),
+                "unacked_segments_median": med("unacked"),
+                "sndbuf_median": med("skmem_tb"), "rcvbuf_median": med("skmem_rb"),
+                "rcv_space_median": med("rcv_space"),
+                "busy_ms": limited["busy"], "rwnd_limited_ms": limited["rwnd_limited"],
+                "sndbuf_limited_ms": limited["sndbuf_limited"],
+                # the raw samples, compact: [s since the first, peer, send_q, recv_q, bytes_acked... ]
+                "series_keys": list(_SERIES), "series": [
+                    [round(t - self.samples[0][0], 3), c["peer"]] + [c.get(k) for k in _SERIES]
+                    for t, snap in self.samples for c in snap]}
 
 
 # ============================================================================================ the worker
@@ -273,6 +437,8 @@ def run_method(comm, name: str, args, dev: str | None, exchange: str | None = No
 
     kind, P, tau, codec = METHODS[name]
     P = args.fragments if P is None else P
+    eager = tau == "H"
+    tau = args.H if eager else tau
     comm.exchange = exchange  # None: the communicator's default for M
     torch.manual_seed(0)
     model = Transformer(make_config(args.size, vocab_size=args.vocab, seq_len=args.seq))
@@ -282,8 +448,11 @@ def run_method(comm, name: str, args, dev: str | None, exchange: str | None = No
         warmup, measured = 1, args.dp_steps
     else:
         algo = StreamingDiLoCo(model, comm=comm, sync_every=args.H, num_fragments=P, overlap_steps=tau,
-                               codec=codec)
-        warmup, measured = 3, args.H  # the window of H steps holds exactly one sync of every fragment
+                               codec=codec, eager=eager)
+        # the window of H steps holds exactly one sync of every fragment; eager (tau = H): the window
+        # is the second round, so it holds one landing (the wait for the exchange started H steps
+        # before) and one start
+        warmup, measured = (3 + args.H if eager else 3), args.H
     gen = torch.Generator().manual_seed(comm.rank)
     compute = 0.0
     # One exchange of the payload's size first, so that every pair of workers' TCP connection is past slow
@@ -308,16 +477,19 @@ def run_method(comm, name: str, args, dev: str | None, exchange: str | None = No
         compute += time.perf_counter() - t0
         algo.step()
     wall = time.perf_counter() - t_start
+    sent, wire = comm.stats.bytes_sent - sent0, _tx_bytes(dev) - tx0  # the window's, before the flush
+    if kind != "dp":
+        algo.flush()  # outside the window: no exchange left in flight (eager ends the window with one)
     n_params = sum(p.numel() for p in model.parameters())
     non_block = n_params - sum(p.numel() for p in model.blocks.parameters())
     ran = comm.exchange_for(n_params)  # every payload here is far larger than M values
     return {"method": name if exchange is None else f"{name} [{exchange}]", "base_method": name,
             "workers": comm.world_size, "exchange": ran, "kind": kind, "H": 1 if kind == "dp" else args.H,
-            "P": P, "tau": tau, "codec": codec,
+            "P": P, "tau": tau, "eager": eager, "codec": codec,
             "bits": algo.codec.bits_per_value, "steps": measured, "compute_s": compute, "wall_s": wall,
             "utilization": compute / wall, "s_per_step": wall / measured,
-            "compute_s_per_step": compute / measured, "bytes_sent": comm.stats.bytes_sent - sent0,
-            "wire_tx_bytes": _tx_bytes(dev) - tx0, "num_params": n_params, "non_block_params": non_block,
+            "compute_s_per_step": compute / measured, "bytes_sent": sent,
+            "wire_tx_bytes": wire, "num_params": n_params, "non_block_params": non_block,
             "num_layers": len(model.blocks)}
 
 
@@ -403,7 +575,7 @@ def predict(run: dict, mbps: float, latency_ms: float) -> float | None:
         method=run["kind"], num_params=run["num_params"], num_layers=run["num_layers"],
         step_time_s=run["compute_s_per_step"], bandwidth_bps=mbps * 1e6, latency_s=latency_ms / 1e3,
         sync_every=run["H"], num_fragments=run["P"], overlap_steps=run["tau"], bits=run["bits"] * scale,
-        num_workers=m,
+        num_workers=m, eager=run.get("eager", False),
         non_block_params=run["non_block_params"],
         # DataParallel and StreamingDiLoCo exchange whole payloads after the step, not layer by layer
         overlap_backward=False)
@@ -413,10 +585,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bandwidths", default="20,100,1000", help="Mbit/s, comma-separated")
     ap.add_argument("--latency-ms", type=float, default=0.0, help="one-way delay per direction (needs netem)")
-    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--methods", default=",".join(m for m in METHODS if m != "DiLoCo+eager"),
+                    help="comma-separated, of: " + ", ".join(METHODS))
     ap.add_argument("--workers", type=int, default=2, help="M, worker processes (one namespace each)")
     ap.add_argument("--queue-ms", type=float, default=100.0,
                     help="tbf queue: packets that would wait longer are dropped (tbf's 'latency')")
+    ap.add_argument("--shaper", choices=SHAPERS, default="tbf",
+                    help="tbf: one FIFO per link end; htb: one class (and FIFO) per peer, rate = link / peers, "
+                         "ceil = link (see Link._htb)")
+    ap.add_argument("--ack-priority", action="store_true",
+                    help="htb: packets under 128 bytes (pure ACKs) first, in a class of their own")
+    ap.add_argument("--sysctl", action="append", default=[], metavar="KEY=VALUE",
+                    help="set inside every worker namespace (repeatable), e.g. net.ipv4.tcp_wmem='4096 16384 4194304'")
     ap.add_argument("--exchanges", default="default",
                     help="comma-separated: default, all_gather, reduce_scatter (each method runs with each)")
     ap.add_argument("--H", type=int, default=24, help="sync_every for the DiLoCo methods")
@@ -444,6 +624,11 @@ def main(argv: list[str] | None = None) -> int:
                                                              f"link_m{args.workers}.json"))
     if args.workers < 2 or args.workers > 26:
         raise SystemExit(f"--workers must lie in 2..26, got {args.workers}")
+    if args.ack_priority and args.shaper != "htb":
+        raise SystemExit("--ack-priority needs --shaper htb")
+    for name in args.methods.split(","):
+        if name not in METHODS:
+            raise SystemExit(f"--methods: unknown {name!r}; use {', '.join(METHODS)}")
     for e in args.exchanges.split(","):
         if e not in ("default", "all_gather", "reduce_scatter"):
             raise SystemExit(f"--exchanges: unknown {e!r}; use default, all_gather or reduce_scatter")
@@ -507,7 +692,9 @@ def _orchestrate(args, bandwidths: list[float]) -> int:
             notes.append("no root or no iproute2: THROTTLE IN THE COMMUNICATOR (sleep bytes/bandwidth), not a link")
         else:
             try:
-                link = cleanup.enter_context(Link(args.latency_ms, args.workers, args.queue_ms))  # always torn down
+                link = cleanup.enter_context(Link(  # always torn down
+                    args.latency_ms, args.workers, args.queue_ms, shaper=args.shaper, ack_priority=args.ack_priority,
+                    sysctls=dict(kv.split("=", 1) for kv in args.sysctl)))
             except (subprocess.CalledProcessError, OSError) as exc:
                 detail = getattr(exc, "stderr", "") or str(exc)
                 notes.append(f"network namespaces unavailable ({detail.strip()}): THROTTLE IN THE COMMUNICATOR")

@@ -255,3 +255,16 @@ def test_predict_utilization_passes_overlap_backward() -> None:
     after = predict_utilization(**kw, overlap_backward=False)
     assert after == pytest.approx(0.4 / (0.4 + bits / 75e6), rel=1e-9)
     assert after < predict_utilization(**kw)
+
+
+@pytest.mark.parametrize("mbps", [5.0, 20.0])
+def test_predict_utilization_eager(mbps: float) -> None:
+    # eager updates (tau = H): each round's exchange overlaps the whole next round, so in steady state a
+    # round takes max(H T, the exchange's link time): utilization = min(1, H T / (bits / bandwidth))
+    H, T = 8, 0.5
+    kw = dict(method="diloco", num_params=2e6, num_layers=5, step_time_s=T, bandwidth_bps=mbps * 1e6,
+              non_block_params=1e6, sync_every=H, overlap_steps=H, overlap_backward=False)
+    bits = sum(build_plan(ModelSpec(5, 2e6, T, non_block_params=1e6), diloco(sync_every=H)).unit_bits)
+    assert predict_utilization(**kw, eager=True) == pytest.approx(min(1.0, H * T / (bits / (mbps * 1e6))), rel=1e-9)
+    with pytest.raises(ValueError, match="overlap_steps must equal sync_every"):
+        predict_utilization(**{**kw, "overlap_steps": 1}, eager=True)

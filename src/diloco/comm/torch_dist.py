@@ -168,9 +168,10 @@ class _PairwiseWork(Work):
     """An all-to-all in M-1 rounds on a helper thread: in round k this rank sends its chunk for rank
     ``rank + k`` and receives the one from ``rank - k`` (``isend``/``irecv``, tagged with the collective's
     number), so every link carries one flow each way at a time, as a ring does (gloo's own all-to-all
-    sends to all peers at once; on shaped links both ran at ~60 % of the link rate, measured by
-    benchmarks/link.py). Being matched by tag, not by issue order, these rounds may be issued from a
-    helper thread: that is what lets the reduce-scatter exchange run entirely in the background."""
+    sends to all peers at once). Each round posts its receive before its send: see ``run`` below; with
+    sends first these rounds ran at ~60 % of the link rate on shaped links (benchmarks/link_collectives.py).
+    Being matched by tag, not by issue order, these rounds may be issued from a helper thread: that is
+    what lets the reduce-scatter exchange run entirely in the background."""
 
     def __init__(self, comm: TorchDistCommunicator, chunks, recv_sizes, seq: int, what: str,
                  result_device: torch.device) -> None:
@@ -187,11 +188,16 @@ class _PairwiseWork(Work):
                 for k in range(1, M):
                     to, frm = (me + k) % M, (me - k) % M
                     works = []
-                    if src[to].numel():
-                        works.append(dist.isend(src[to], dst=comm.global_ranks[to], group=comm.group, tag=seq))
+                    # The receive first: gloo sends a payload only once the receiver's ready notice has
+                    # arrived, and that notice shares the TCP connection with this rank's own payload to the
+                    # same peer (round k = M/2 pairs partners both ways); posted after the send it can queue
+                    # behind the whole payload, and the two directions then run one after the other
+                    # (benchmarks/link_collectives.py --recv-first: partner rounds 45 % -> 96 % of the rate).
                     if self._bufs[frm].numel():
                         works.append(dist.irecv(self._bufs[frm], src=comm.global_ranks[frm], group=comm.group,
                                                 tag=seq))
+                    if src[to].numel():
+                        works.append(dist.isend(src[to], dst=comm.global_ranks[to], group=comm.group, tag=seq))
                     for w in works:
                         w.wait()
             except BaseException as exc:  # noqa: BLE001 - raised as a CommError by wait()

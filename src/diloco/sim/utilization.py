@@ -211,6 +211,7 @@ def predict_utilization(
     fragment_pattern: str = "strided",
     overlap_backward: bool = True,
     exchange: str = PAPER_EXCHANGE,
+    eager: bool = False,
 ) -> float:
     """Predicted compute utilization (0..1] of one configuration at one link bandwidth.
 
@@ -225,6 +226,7 @@ def predict_utilization(
     all-reduce is "reduce_scatter", this project's default at M = 2 is
     "all_gather": the same bytes at M = 2).
     ``num_fragments`` counts fragment 0 (non-block parameters) as the trainer does.
+    ``eager=True``: eager updates, which need ``overlap_steps == sync_every`` (as the library's).
     ``overlap_backward=False`` predicts this project's ``DataParallel`` / ``StreamingDiLoCo``,
     which exchange whole payloads after the step instead of layer by layer during the backward.
     """
@@ -238,8 +240,12 @@ def predict_utilization(
     if method == "diloco" and num_fragments != 1:
         raise ValueError(f"DiLoCo syncs all parameters at once (num_fragments=1), got {num_fragments}; "
                          f"use method='streaming'")
+    if eager and overlap_steps != sync_every:
+        raise ValueError(f"eager updates overlap a whole round: overlap_steps must equal sync_every "
+                         f"({sync_every}), got {overlap_steps}")
     model = ModelSpec(num_layers, float(num_params), float(step_time_s), float(non_block_params))
-    spec = MethodSpec(method, sync_every, num_fragments, overlap_steps, float(bits), fragment_pattern)
+    spec = MethodSpec(method, sync_every, num_fragments, overlap_steps, float(bits), fragment_pattern,
+                      eager=eager)
     cu = utilization_curve(model, spec, [float(bandwidth_bps)], latency_s=latency_s, num_workers=num_workers,
                            overlap_backward=overlap_backward, exchange=exchange)
     return float(cu[0])
