@@ -1,9 +1,10 @@
 """Decoupled DiLoCo under faults, against synchronous Streaming DiLoCo on the same engine and the peers.
 
 Every run trains the project's transformer on the bundled text with M learner processes (Ray actors on a
-local Ray instance) and one syncer actor (:mod:`diloco.decoupled.ray_learners`), at equal tokens: each
-learner makes ``--steps`` steps that reach the syncer (a restarted learner redoes the ones its
-predecessor lost), batch ``--global-batch / M``. Steps are padded to ``--step-time`` seconds (an
+local Ray instance) and one syncer actor (:mod:`diloco.decoupled.ray_learners`), at equal tokens: the
+learners stop together once they have trained ``--steps x --global-batch x --seq-len`` tokens that reached
+the syncer (lost work is redone; a fast learner makes more steps than a straggler), batch
+``--global-batch / M`` each, the inner lr's cosine over ``--steps``. Steps are padded to ``--step-time`` seconds (an
 accelerator's step: the CPU is idle meanwhile, so 4 learners share 2 cores without slowing each other);
 wall-clock and goodput are in that emulated time. Methods:
 
@@ -47,7 +48,7 @@ import ray
 import torch
 
 from diloco.data import prepare_tokens
-from diloco.decoupled.chaos import Chaos, goodput, rejoin_seconds, survivor_stalls
+from diloco.decoupled.chaos import Chaos
 from diloco.decoupled.ray_learners import LearnerSpec, run_on_ray
 from diloco.decoupled.syncer import Syncer
 from diloco.files import default_cache_dir, read_jsonl, write_json
@@ -72,7 +73,8 @@ def one_run(*, method: str, M: int, fault: str, args, data, work: Path) -> dict:
     spec = LearnerSpec(tokens=data.train, vocab_size=data.vocab_size, size=args.size, seq_len=args.seq_len,
                        batch_size=args.global_batch // M, inner_lr=args.inner_lr, sync_every=args.sync_every,
                        num_fragments=args.fragments, overlap_steps=args.overlap, step_time_s=args.step_time,
-                       duration_s=args.steps * args.step_time * 6 + 120, max_steps=args.steps,
+                       duration_s=args.steps * args.step_time * 6 + 120,
+                       total_tokens=args.steps * args.global_batch * args.seq_len, schedule_steps=args.steps,
                        warmup_steps=args.steps // 10, seed=0)
     model = build_model("", size=args.size, vocab_size=data.vocab_size, seq_len=args.seq_len, seed=0)
     kw = dict(METHODS[method])
@@ -81,25 +83,14 @@ def one_run(*, method: str, M: int, fault: str, args, data, work: Path) -> dict:
                     outer_optimizer=lambda p: torch.optim.SGD(p, lr=0.7, momentum=0.9, nesterov=True), **kw)
     out = work / f"{method}-m{M}-{fault}"
     shutil.rmtree(out, ignore_errors=True)
-    chaos = faults(fault, M)
     # the trainer's evaluation set: its first 16 x global_batch windows (here in batches of global_batch / M)
-    res = run_on_ray(spec, syncer=syncer, num_learners=M, out_dir=out, chaos=chaos, val_tokens=data.val,
+    res = run_on_ray(spec, syncer=syncer, num_learners=M, out_dir=out, chaos=faults(fault, M), val_tokens=data.val,
                      eval_batches=16 * M, namespace="diloco-chaos")
-    row = {"method": method, "M": M, "fault": fault, "eval_loss": res.eval_loss, "wall_s": res.wall_s,
-           "goodput": goodput(res.rows, num_learners=M, wall_s=res.wall_s).value, "merges": len(res.merges),
-           "kills": []}
-    kills = [f for f in res.faults if f["target"] == "learner"]
-    for i, kill in enumerate(kills):
-        nxt = kills[i + 1]["at"] if i + 1 < len(kills) else None
-        stalls = survivor_stalls(res.rows, kill_at=kill["at"], killed=kill["index"], window_s=10.0, until=nxt)
-        joined = sorted(r["t"] for r in res.rows if r.get("event") == "joined" and r["learner"] == kill["index"]
-                        and r["incarnation"] == i + 1)
-        row["kills"].append({
-            "worst_step_ratio": max((s.worst_step_ratio for s in stalls), default=None),
-            "steps_kept": min((s.steps_kept for s in stalls), default=None),
-            "restart_s": joined[0] - kill["at"] if joined else None,
-            "rejoin_s": rejoin_seconds(res.rows, res.merges, learner=kill["index"], incarnation=i + 1)})
-    return row
+    s = res.summary
+    return {"method": method, "M": M, "fault": fault, "eval_loss": res.eval_loss, "wall_s": res.wall_s,
+            "goodput": s["goodput"], "lost_steps": s["lost_steps"], "merges": s["merges"],
+            "steps": {str(m): sum(1 for r in res.rows if r.get("learner") == m and "step" in r) for m in range(M)},
+            "kills": s["learner_kills"]}
 
 
 def _fmt(x, spec=".3f"):

@@ -3,6 +3,8 @@ by name. Skipped when Ray is not installed (it is the optional ``ray`` extra).""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -171,3 +173,31 @@ def test_chaos_a_learner_killed_rejoins_and_a_killed_syncer_loses_nothing(local_
     g = goodput(result.rows, num_learners=3, wall_s=result.wall_s)
     assert 0.3 < g.value <= 1.0, g
     assert (tmp_path / "run" / "merges.jsonl").exists() and (tmp_path / "run" / "chaos.json").exists()
+
+
+def test_diloco_chaos_on_the_command_line(local_ray, tmp_path, token_cache, capsys):
+    """`diloco chaos`: the config's learners as Ray processes, one killed; the summary and files a user reads."""
+    import json
+
+    from diloco.cli import main as cli_main
+
+    out = tmp_path / "chaos"
+    code = cli_main(["chaos", "--preset", "tiny", "--set", "replicas=2", "--set", "steps=30", "--set", "quorum=1",
+                     "--set", "overlap_steps=1", "--set", "num_fragments=2", "--set", "sync_every=6",
+                     "--set", "warmup_steps=3", "--kill", "0.8:1", "--step-time", "0.05", "--out", str(out),
+                     "--cache-dir", str(token_cache)])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary == json.loads((out / "summary.json").read_text())
+    assert math.isfinite(summary["eval_loss"]) and 0 < summary["goodput"] <= 1
+    (kill,) = summary["learner_kills"]
+    assert kill["learner"] == 1 and kill["restart_s"] > 0
+    for name in ("config.json", "merges.jsonl", "chaos.json", "learner-0.jsonl", "learner-1.jsonl",
+                 "syncer/events.jsonl"):
+        assert (out / name).exists(), name
+    assert json.loads((out / "config.json").read_text())["method"] == "decoupled"
+    # learner 1's steps that reached the syncer, over both its lives: exactly `steps` (lost ones redone)
+    from diloco.decoupled.chaos import kept_steps, read_learner_log
+
+    kept, _ = kept_steps(read_learner_log(out / "learner-1.jsonl"))
+    assert sorted(r["step"] for r in kept) == list(range(1, 31))

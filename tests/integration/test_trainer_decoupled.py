@@ -35,6 +35,9 @@ def test_decoupled_trains_the_tiny_model_and_logs_every_merge(tmp_path, cache):
     assert {m for r in merges for m in r["learners"]} == {0, 1, 2}
     # every report went out once, in fp4, with a reply of the same size
     assert result.bytes_sent_per_replica > 0 and result.bytes_sent_per_replica == result.bytes_received_per_replica
+    # K = 1 and 'arrival': the learners hardly wait; the summary says so
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["goodput"] == result.goodput and 0.5 < result.goodput <= 1.0
 
 
 @pytest.mark.parametrize("kw, match", [

@@ -170,3 +170,12 @@ def test_stalls_rejoin_and_goodput_from_the_logs():
     assert g.lost_steps == 3
     assert g.useful_s == pytest.approx(200 * 0.1 + 8 * (0.1 - 1e-9) + 80 * 0.1)
     assert g.value == pytest.approx(g.useful_s / 40.0)
+
+
+def test_a_learner_log_cut_mid_line_by_a_kill_still_reads(tmp_path):
+    from diloco.decoupled.chaos import read_learner_log
+
+    log = tmp_path / "learner-0.jsonl"
+    log.write_text('{"learner": 0, "step": 1}\n{"learner": 0, "st\n{"learner": 0, "step": 1, "incarnation": 1}\n')
+    assert read_learner_log(log) == [{"learner": 0, "step": 1}, {"learner": 0, "step": 1, "incarnation": 1}]
+    assert read_learner_log(tmp_path / "none.jsonl") == []

@@ -19,10 +19,12 @@ records (``at`` wall time, ``learners``, ``weights``):
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -108,6 +110,20 @@ def parse_floats(text: str, what: str) -> tuple[float, ...]:
 
 
 # -- what the logs say ----------------------------------------------------------------------------------------------
+def read_learner_log(path: Path | str) -> list[dict[str, Any]]:
+    """A learner's rows; a line cut short by a SIGKILL mid-write (not JSON) is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
 def _by_learner(rows: Sequence[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
     out: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
@@ -139,11 +155,12 @@ def survivor_stalls(rows: Sequence[dict[str, Any]], *, kill_at: float, killed: i
         if m == killed:
             continue
         before = [r for r in steps if kill_at - window_s <= r["t"] < kill_at]
-        after = [r for r in steps if kill_at <= r["t"] - r["dt"] and r["t"] <= end]
-        if not before or not after:
+        last = min(end, steps[-1]["t"])  # a learner that finished early: its window ends with its last step
+        after = [r for r in steps if kill_at <= r["t"] - r["dt"] and r["t"] <= last]
+        if not before or not after or last <= kill_at:
             continue
         typical = statistics.median(r["dt"] for r in before)
-        kept = (len(after) / (end - kill_at)) / (len(before) / window_s)
+        kept = (len(after) / (last - kill_at)) / (len(before) / (kill_at - max(kill_at - window_s, before[0]["t"] - before[0]["dt"])))
         out.append(Stall(m, kill_at, max(r["dt"] for r in after) / typical, kept))
     return out
 
@@ -175,14 +192,15 @@ class Goodput:
         self.value = self.useful_s / self.allocated_s if self.allocated_s > 0 else 0.0
 
 
-def goodput(rows: Sequence[dict[str, Any]], *, num_learners: int, wall_s: float) -> Goodput:
-    """Useful learner-seconds / allocated learner-seconds (see the module docstring)."""
-    useful, lost = 0.0, 0
+def kept_steps(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """The step rows whose work reached (or, for a live learner, will reach) the syncer, and how many were lost:
+    a killed incarnation's steps after the last one at which it received a reply."""
     incarnations: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for r in rows:
         if "step" in r:
             incarnations.setdefault((int(r["learner"]), int(r["incarnation"])), []).append(r)
     last = {m: max(i for mm, i in incarnations if mm == m) for m, _ in incarnations}
+    kept, lost = [], 0
     for (m, inc), steps in incarnations.items():
         steps.sort(key=lambda r: r["step"])
         if inc < last[m]:  # killed: the steps after its last received reply never reached the syncer
@@ -190,8 +208,14 @@ def goodput(rows: Sequence[dict[str, Any]], *, num_learners: int, wall_s: float)
             keep_until = synced[-1] if synced else 0
             lost += sum(1 for r in steps if r["step"] > keep_until)
             steps = [r for r in steps if r["step"] <= keep_until]
-        useful += sum(float(r["compute_s"]) for r in steps)
-    return Goodput(useful, num_learners * wall_s, lost)
+        kept += steps
+    return kept, lost
+
+
+def goodput(rows: Sequence[dict[str, Any]], *, num_learners: int, wall_s: float) -> Goodput:
+    """Useful learner-seconds / allocated learner-seconds (see the module docstring)."""
+    kept, lost = kept_steps(rows)
+    return Goodput(sum(float(r["compute_s"]) for r in kept), num_learners * wall_s, lost)
 
 
 
@@ -226,5 +250,5 @@ def summarize(rows: Sequence[dict[str, Any]], merges: Sequence[dict[str, Any]], 
     return out
 
 
-__all__ = ["Chaos", "Event", "Goodput", "Stall", "goodput", "parse_floats", "parse_kills", "rejoin_seconds", "summarize",
-           "survivor_stalls"]
+__all__ = ["Chaos", "Event", "Goodput", "Stall", "goodput", "kept_steps", "parse_floats", "parse_kills", "read_learner_log",
+           "rejoin_seconds", "summarize", "survivor_stalls"]

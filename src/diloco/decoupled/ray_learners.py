@@ -36,10 +36,10 @@ import numpy as np
 import ray
 import torch
 
-from diloco.decoupled.chaos import Chaos, Event, summarize
+from diloco.decoupled.chaos import Chaos, Event, kept_steps, read_learner_log, summarize
 from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, connect, start_syncer
 from diloco.decoupled.syncer import Syncer
-from diloco.files import read_jsonl, write_json
+from diloco.files import write_json
 from diloco.train.lr import cosine_lr
 
 
@@ -51,8 +51,11 @@ class LearnerSpec:
     accelerator's step on a CPU machine: the padded time is idle, so many learners share few cores without
     slowing each other. ``duration_s``: learners stop this long after the run's start; ``max_steps``
     (0: no limit): or once they have made this many steps that reached the syncer (a restarted learner
-    redoes the steps its predecessor lost). The inner learning rate: linear warmup over ``warmup_steps``,
-    then cosine decay to ``min_lr_ratio`` at ``max_steps`` (constant after the warmup without ``max_steps``).
+    redoes the steps its predecessor lost); ``total_tokens`` (0: no limit): or once all learners together have
+    trained this many tokens that reached the syncer (the driver watches the learners' logs and leaves a
+    ``STOP`` file in the run folder: on a cluster that folder must be shared). The inner learning rate: linear warmup over ``warmup_steps``,
+    then cosine decay to ``min_lr_ratio`` at ``schedule_steps`` (default ``max_steps``; without either,
+    constant after the warmup).
     """
 
     tokens: np.ndarray
@@ -73,14 +76,17 @@ class LearnerSpec:
     step_time_s: float = 0.0
     duration_s: float = 10.0
     max_steps: int = 0
+    total_tokens: int = 0
+    schedule_steps: int = 0
     warmup_steps: int = 0
     min_lr_ratio: float = 0.1
     threads: int = 1
 
     def lr(self, step: int) -> float:
-        if not self.max_steps:
+        horizon = self.schedule_steps or self.max_steps
+        if not horizon:
             return self.inner_lr * min(1.0, step / self.warmup_steps) if self.warmup_steps else self.inner_lr
-        return cosine_lr(step, peak=self.inner_lr, warmup_steps=self.warmup_steps, total_steps=self.max_steps,
+        return cosine_lr(step, peak=self.inner_lr, warmup_steps=self.warmup_steps, total_steps=horizon,
                          min_lr_ratio=self.min_lr_ratio)
 
 
@@ -109,7 +115,7 @@ class _Prepared:
 def steps_kept(log_path: Path) -> int:
     """The last step of this learner (over its previous lives, from its log) whose work reached the syncer."""
     kept = 0
-    for row in read_jsonl(log_path) if log_path.exists() else []:
+    for row in read_learner_log(log_path):
         if row.get("synced"):
             kept = max(kept, int(row["step"]))
     return kept
@@ -141,15 +147,18 @@ def prepare_learner(spec: LearnerSpec, *, learner: int, num_learners: int, synce
 
 def train_until(ready: _Prepared, spec: LearnerSpec, *, learner: int, start_at: float, stop_at: float,
                 slowdown: float, log_path: Path) -> dict[str, Any]:
+    stop_file = log_path.parent / "STOP"
     """Train from wall time ``start_at`` (at once if it has passed) until ``stop_at``, then flush and leave;
     one row per step in ``log_path`` (see :mod:`diloco.decoupled.chaos` for what the rows hold)."""
     model, algo, inner, batches = ready.model, ready.algo, ready.inner, ready.batches
     time.sleep(max(0.0, start_at - time.time()))
     with open(log_path, "a", buffering=1) as log:
+        if log.tell() > 0:  # a predecessor killed mid-line leaves no newline: start on a line of our own
+            log.write("\n")
         log.write(json.dumps({"learner": learner, "incarnation": algo.incarnation, "event": "joined",
                               "t": time.time(), "pid": os.getpid()}) + "\n")
         step = ready.first_step - 1
-        while time.time() < stop_at and not (spec.max_steps and step >= spec.max_steps):
+        while time.time() < stop_at and not (spec.max_steps and step >= spec.max_steps) and not stop_file.exists():
             t0 = time.perf_counter()
             for group in inner.param_groups:
                 group["lr"] = spec.lr(step + 1)
@@ -252,18 +261,26 @@ def run_on_ray(spec: LearnerSpec, *, syncer: Syncer, num_learners: int, out_dir:
     ray.get([a.prepare.remote() for a in actors])  # built, warmed up and joined: the clock starts together
     started = time.time() + start_delay_s
     runs = [a.run.remote(started, started + spec.duration_s) for a in actors]
-    faults = []
-    for ev in chaos.events(num_learners=num_learners, duration_s=spec.duration_s):
-        time.sleep(max(0.0, started + ev.at - time.time()))
-        faults.append(_fault(ev, out, handle))
-    learners = ray.get(runs, timeout=spec.duration_s + 300)
+    events = chaos.events(num_learners=num_learners, duration_s=spec.duration_s)
+    faults, pending, deadline = [], list(runs), started + spec.duration_s + 300
+    while pending:  # carry out the faults that are due, watch the token budget, until every learner is done
+        while events and started + events[0].at <= time.time():
+            faults.append(_fault(events.pop(0), out, handle))
+        if spec.total_tokens and not (out / "STOP").exists() and _tokens_kept(out, num_learners) >= spec.total_tokens:
+            (out / "STOP").write_text(f"{spec.total_tokens} tokens trained\n")
+        nxt = started + events[0].at - time.time() if events else 1.0
+        _, pending = ray.wait(pending, num_returns=len(pending),
+                              timeout=max(0.01, min(nxt, 0.25 if spec.total_tokens else 1.0)))
+        if time.time() > deadline:
+            raise TimeoutError(f"learners still running {spec.duration_s + 300:.0f} s after the start; see {out}")
+    wall = time.time() - started
+    learners = ray.get(runs)
     merges = [r.as_row() for r in ray.get(handle.records.remote())]
     params = ray.get(handle.global_named_parameters.remote())
-    wall = time.time() - started
     for a in actors:
         ray.kill(a, no_restart=True)
     ray.kill(handle, no_restart=True)
-    rows = [r for m in range(num_learners) for r in read_jsonl(out / f"learner-{m}.jsonl")]
+    rows = [r for m in range(num_learners) for r in read_learner_log(out / f"learner-{m}.jsonl")]
     (out / "merges.jsonl").write_text("".join(json.dumps(r) + "\n" for r in merges))
     write_json(out / "chaos.json", {"chaos": asdict(chaos), "faults": faults, "started_at": started, "wall_s": wall,
                                     "learners": learners})
@@ -272,6 +289,11 @@ def run_on_ray(spec: LearnerSpec, *, syncer: Syncer, num_learners: int, out_dir:
                **summarize(rows, merges, faults, num_learners=num_learners, wall_s=wall)}
     write_json(out / "summary.json", summary)
     return RayRunResult(params, loss, merges, rows, faults, started, wall, learners, summary)
+
+
+def _tokens_kept(out: Path, num_learners: int) -> int:
+    rows = [r for m in range(num_learners) for r in read_learner_log(out / f"learner-{m}.jsonl")]
+    return int(sum(r["tokens"] for r in kept_steps(rows)[0]))
 
 
 def _evaluate(spec: LearnerSpec, params: dict[str, torch.Tensor], val_tokens: np.ndarray, batches: int) -> float:

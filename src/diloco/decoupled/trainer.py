@@ -138,10 +138,19 @@ def chaos_run(cfg: Any, out: Path | str, *, chaos: Any, cache_dir: Path | str, s
     return result.summary
 
 
+def learner_goodput(results: Sequence[dict[str, Any]]) -> float | None:
+    """The learners' share of training time not spent waiting for replies: 1 - sum(waited) / sum(train time)
+    (``diloco train``'s learners never fail, so nothing else is lost)."""
+    total = sum(r["train_time_s"] for r in results)
+    if total <= 0 or any(r.get("waited_s") is None for r in results):
+        return None
+    return max(0.0, 1.0 - sum(r["waited_s"] for r in results) / total)
+
+
 def write_merges(path: Path, records: Sequence[MergeRecord]) -> None:
     """One JSON row per merge, in the order they happened."""
     atomic_write_bytes(Path(path), "".join(json.dumps(r.as_row()) + "\n" for r in records).encode("utf-8"))
 
 
-__all__ = ["RunningSyncer", "chaos_run", "decoupled_learner", "decoupled_syncer", "evaluate_global", "make_syncer",
-           "write_merges"]
+__all__ = ["RunningSyncer", "chaos_run", "decoupled_learner", "decoupled_syncer", "evaluate_global",
+           "learner_goodput", "make_syncer", "write_merges"]

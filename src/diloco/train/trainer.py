@@ -202,10 +202,11 @@ class Trainer:
             with self._decoupled(run) as syncer_global:  # method=decoupled: the syncer (else nothing)
                 results = run_replicas(partial(self._replica_loop, run=run, table=table, logger=logger), cfg.replicas)
             if syncer_global:  # the final loss is the syncer's global parameters', not a learner's copy of them
-                from diloco.decoupled.trainer import evaluate_global
+                from diloco.decoupled.trainer import evaluate_global, learner_goodput
 
                 results[0]["final_eval_loss"] = evaluate_global(run.template, syncer_global, run.val,
                                                                 bf16=cfg.bf16, device=self.device)
+                results[0]["goodput"] = learner_goodput(results)
         finally:
             logger.close()
             if bar is not None:
@@ -308,6 +309,7 @@ class Trainer:
             num_params=rank0["num_params"],
             dropped_contributions=rank0["dropped"],
             data_sha256=run.data_sha256,
+            goodput=rank0.get("goodput"),
         )
         write_json(self.out_dir / "summary.json", result.to_dict())
         return result
@@ -349,7 +351,8 @@ class Trainer:
         if rep.sharded:  # each rank counted its own column (its shard): the worker's bytes are their sum
             stats = worker_totals(stats, rep.mesh)
         return {"final_eval_loss": final_eval, "stats": stats, "train_time_s": rep.train_time,
-                "num_params": sum(p.numel() for p in rep.params), "dropped": rep.dropped}
+                "num_params": sum(p.numel() for p in rep.params), "dropped": rep.dropped,
+                "waited_s": getattr(rep.algo, "wait_seconds", None)}
 
     # -- checkpoints (diloco.train.replica_checkpoint); methods, so that a subclass can wrap them ---------------
     def _checkpoint(self, rep: Replica, run: Run, step: int) -> None:

@@ -1,0 +1,32 @@
+"""`diloco chaos` refuses bad input before anything is written or started (no Ray needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from diloco.cli import main as cli_main
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--kill", "3"], "SECONDS:LEARNER"),
+    (["--kill", "3:5"], "learner in 0..1"),
+    (["--slowdown", "1,3,1"], "one factor >= 1 per learner"),
+    (["--slowdown", "1,x"], "numbers separated by commas"),
+    (["--syncer-kill", "-1"], "seconds after the start"),
+    (["--step-time", "-0.1"], "--step-time=-0.1"),
+    (["--set", "quorum=3"], "quorum"),
+])
+def test_bad_settings_are_refused_naming_the_value(extra, message, tmp_path, capsys):
+    out = tmp_path / "new"
+    code = cli_main(["chaos", "--preset", "tiny", "--set", "replicas=2", "--out", str(out), *extra])
+    assert code == 2 and message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_an_out_folder_holding_files_is_left_alone(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "results.txt").write_text("keep me")
+    code = cli_main(["chaos", "--preset", "tiny", "--set", "replicas=2", "--out", str(out)])
+    assert code == 2 and "not a new or empty folder" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["results.txt"] and (out / "results.txt").read_text() == "keep me"
