@@ -33,15 +33,49 @@ def test_a_learner_that_joins_again_gets_the_current_fragments_and_its_open_repo
     theta = syncer._snapshot[0] + 0.5
     syncer.receive(_report(syncer, 0, 0, theta))
     assert syncer.expects(0, 0)
-    again = syncer.join(0)  # learner 0 restarted: its open report goes, the round waits for it again
+    again = syncer.join(0)  # learner 0 restarted: its open report goes, and that round no longer waits for it
     assert again.incarnation == 1 and not syncer.expects(0, 0) and again.versions == [0]
     assert torch.equal(again.fragments[0], syncer._snapshot[0])
+    assert again.step == 0  # where the others are: none has reported (its old self does not count)
+    replies = syncer.receive(_report(syncer, 1, 0, syncer._snapshot[0] - 1.0))
+    assert [r.learner for r in replies] == [1] and syncer.records[-1].learners == (1,)
+    # a round opened after the rejoin waits for both (K = 2); the new learner 0 did no work yet: weight 0
     syncer.receive(_report(syncer, 1, 0, syncer._snapshot[0] - 1.0))
-    assert not syncer.records  # quorum 2: learner 0 has not reported in its new life
+    assert len(syncer.records) == 1
     replies = syncer.receive(_report(syncer, 0, 0, syncer._snapshot[0] + 1.0, steps=0))
-    # the new learner 0 had done no work: weight 0, so the merge is learner 1's alone
-    assert {r.learner for r in replies} == {0, 1}
-    assert syncer.records[-1].weights == (0.0, 1.0)
+    assert {r.learner for r in replies} == {0, 1} and syncer.records[-1].weights == (0.0, 1.0)
+
+
+def test_with_k_equal_m_a_restarted_learner_falls_in_step_and_nobody_deadlocks():
+    """M = K = 2, two fragments. Learner 0 reports fragment 1 after step 8 and must have the reply to go on;
+    learner 1 dies before reporting it and comes back. Its new life starts at step 8 (the others' phase),
+    the fragment-1 round merges without it, and the next rounds have both learners' reports."""
+    from diloco.decoupled.learner import Learner
+    from diloco.decoupled.local import LocalTransport
+
+    syncer = _syncer(M=2, quorum=2, num_fragments=2, overlap_steps=1)
+    with LocalTransport(syncer, timeout=20) as transport:
+        a = Learner(make_model(seed=1), channel=transport.channel(0), learner=0, sync_every=8, num_fragments=2,
+                    overlap_steps=1)
+        b = Learner(make_model(seed=2), channel=transport.channel(1), learner=1, sync_every=8, num_fragments=2,
+                    overlap_steps=1)
+        for _ in range(5):  # both report the first fragment after step 4 and apply the reply after step 5
+            for learner in (a, b):
+                learner.after_optimizer_step(tokens=1)
+        for _ in range(3):  # only learner 0 reaches step 8 (and reports); learner 1 is killed at step 7
+            a.after_optimizer_step(tokens=1)
+        b.after_optimizer_step(tokens=1)
+        b.after_optimizer_step(tokens=1)
+        b2 = Learner(make_model(seed=3), channel=transport.channel(1), learner=1, sync_every=8, num_fragments=2,
+                     overlap_steps=1)  # the restart
+        assert b2.step_count == 8 and b2.incarnation == 1
+        for _ in range(8):  # without the alignment learner 0 would wait forever at step 9
+            for learner in (a, b2):
+                learner.after_optimizer_step(tokens=1)
+        a.close()
+        b2.close()
+    rounds = [(r.fragment, r.learners) for r in syncer.records]
+    assert rounds[:3] == [(0, (0, 1)), (1, (0,)), (0, (0, 1))] and rounds[3] == (1, (0, 1))
 
 
 def test_a_report_sent_twice_or_after_it_was_merged_is_ignored():

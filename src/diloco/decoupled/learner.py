@@ -130,7 +130,7 @@ class Learner(ReplicaAlgorithm):
         self.base = [s.detach().float().clone() for s in start]  # the global copy last received, per fragment
         for p in range(len(self.fragments)):
             merge_(self.fragments[p].params, self._views(self.base[p], p), 0.0)
-        self.step_count = 0
+        self.step_count = welcome.step                # 0, or where the others are (a learner that joins late)
         self.steps = [0] * len(self.fragments)        # per fragment, since it was last received
         self.tokens = [0.0] * len(self.fragments)
         self._in_flight: dict[int, int] = {}          # fragment -> step its report was sent after

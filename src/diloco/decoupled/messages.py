@@ -43,12 +43,13 @@ class Reply:
 
 @dataclass
 class Welcome:
-    """Syncer -> learner, on joining: the global fragments (FP32 copies), their versions, and how many times
-    this learner had joined before (0 the first time; more after a restart)."""
+    """Syncer -> learner, on joining: the global fragments (FP32 copies), their versions, how many times this
+    learner had joined before (0 the first time; more after a restart) and the step to start counting from."""
 
     fragments: list[torch.Tensor]
     versions: list[int]
     incarnation: int
+    step: int = 0  # the step the other learners have reached: a learner joining late starts its schedule there
 
 
 @dataclass

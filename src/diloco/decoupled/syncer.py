@@ -21,7 +21,10 @@ flight (it needs the reply before it sends that fragment again).
 
 Failures. A learner that joins again (restarted after a crash) is welcomed with the current global
 fragments; whatever it had in open rounds is dropped, and its next reports count from zero steps, so it
-carries no weight until it has done work. A report carries the version of the fragment the learner held
+carries no weight until it has done work. It is also given the step the others have reached (the latest
+step a member's report was sent after), so that its schedule runs in phase with theirs, and the rounds
+already open when it joined do not wait for it: with K = M, a learner out of phase would wait for a
+fragment the other has not reached while the other waits for one it has passed. A report carries the version of the fragment the learner held
 when it sent it: one that does not match what the syncer gave that learner (a copy sent again after it
 was merged, e.g. a retry after a syncer restart) is ignored, so sending a report twice is harmless.
 :meth:`Syncer.state_dict` holds everything but the open rounds (their learners send again), so a syncer
@@ -71,6 +74,7 @@ def check_quorum(quorum: int, num_learners: int) -> None:
 @dataclass
 class _Round:
     reports: dict[int, Report] = field(default_factory=dict)
+    expected: set[int] = field(default_factory=set)  # the members when the round opened: it waits for no one else
     opened_at: float = 0.0
     quorum_at: float | None = None
     window: float = 0.0
@@ -132,6 +136,7 @@ class Syncer:
         self._base: dict[int, list[torch.Tensor]] = {}  # learner -> the copy of each fragment it holds
         self._held: dict[int, list[int]] = {}           # learner -> the version of each fragment it holds
         self.joins: dict[int, int] = {}                 # learner -> times it has joined
+        self._last_sent: dict[int, int] = {}            # learner -> the step its latest report was sent after
         self._rounds: dict[int, _Round] = {}
         self.records: list[MergeRecord] = []
         self.bytes_received = 0
@@ -145,24 +150,28 @@ class Syncer:
         if not isinstance(learner, int) or not 0 <= learner < self.num_learners:
             raise ValueError(f"learner={learner!r}: learners are numbered 0..{self.num_learners - 1}")
         self._drop_reports(learner)
+        self._last_sent.pop(learner, None)
         self.members.add(learner)
         self._base[learner] = list(self._snapshot)
         self._held[learner] = list(self.versions)
         self.joins[learner] = self.joins.get(learner, 0) + 1
         return Welcome(fragments=[s.clone() for s in self._snapshot], versions=list(self.versions),
-                       incarnation=self.joins[learner] - 1)
+                       incarnation=self.joins[learner] - 1, step=max(self._last_sent.values(), default=0))
 
     def leave(self, learner: int) -> list[Reply]:
         """Learner ``learner`` stops (its unmerged reports are dropped); rounds it held up may merge now."""
         self.members.discard(learner)
         self._base.pop(learner, None)
         self._held.pop(learner, None)
+        self._last_sent.pop(learner, None)
         self._drop_reports(learner)
         return self.poll()
 
     def _drop_reports(self, learner: int) -> None:
+        """Its reports in open rounds go, and those rounds no longer wait for it (it is gone or starts afresh)."""
         for rnd in self._rounds.values():
             rnd.reports.pop(learner, None)
+            rnd.expected.discard(learner)
 
     def expects(self, learner: int, fragment: int) -> bool:
         """Whether a report of ``fragment`` from ``learner`` waits in an open round (its reply is to come)."""
@@ -179,8 +188,9 @@ class Syncer:
             self.ignored_reports += 1  # merged already, or sent twice: harmless (module docstring)
             return self.poll()
         now = self.clock()
-        rnd = self._rounds.setdefault(report.fragment, _Round(opened_at=now))
+        rnd = self._rounds.setdefault(report.fragment, _Round(opened_at=now, expected=set(self.members)))
         rnd.reports[report.learner] = report
+        self._last_sent[report.learner] = max(self._last_sent.get(report.learner, 0), report.sent_after_step)
         self.bytes_received += report.payload.numel()
         if report.step_time > 0:
             self.grace.observe(step_time=report.step_time)
@@ -194,13 +204,14 @@ class Syncer:
             rnd = self._rounds[p]
             if not rnd.reports:
                 continue
-            if rnd.quorum_at is None and len(rnd.reports) >= min(self.quorum, max(len(self.members), 1)):
+            expected = rnd.expected & self.members
+            if rnd.quorum_at is None and len(rnd.reports) >= min(self.quorum, max(len(expected), 1)):
                 rnd.quorum_at = now
                 self.grace.observe(quorum_time=now - rnd.opened_at)
                 rnd.window = self.grace.seconds()
             if rnd.quorum_at is None:
                 continue
-            if now >= rnd.quorum_at + rnd.window or self.members <= set(rnd.reports):
+            if now >= rnd.quorum_at + rnd.window or expected <= set(rnd.reports):
                 del self._rounds[p]
                 replies += self._merge(p, rnd, now)
         return replies
@@ -287,7 +298,7 @@ class Syncer:
                 # copies: an optimizer's state_dict holds its live buffers, which later steps change in place
                 "outer_optimizers": [copy.deepcopy(o.state_dict()) for o in self.outer_optimizers],
                 "versions": list(self.versions), "grace": self.grace.state_dict(),
-                "members": sorted(self.members), "joins": dict(self.joins),
+                "members": sorted(self.members), "joins": dict(self.joins), "last_sent": dict(self._last_sent),
                 "held": {m: list(v) for m, v in self._held.items()},
                 # a copy per learner only where it differs from Theta (lossy codecs, or a learner behind)
                 "bases": {m: [None if b is s else b.clone() for b, s in zip(bs, self._snapshot, strict=True)]
@@ -312,6 +323,7 @@ class Syncer:
         self._rounds = {}
         self.members = {int(m) for m in state["members"]}
         self.joins = {int(m): int(n) for m, n in state["joins"].items()}
+        self._last_sent = {int(m): int(n) for m, n in state["last_sent"].items()}
         self._held = {int(m): [int(v) for v in vs] for m, vs in state["held"].items()}
         self._base = {int(m): [s if b is None else b.clone() for b, s in zip(bs, self._snapshot, strict=True)]
                       for m, bs in state["bases"].items()}
