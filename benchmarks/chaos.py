@@ -58,7 +58,9 @@ from diloco.train.config import TrainConfig, load_preset
 RESULTS = Path(__file__).parent / "results"
 METHODS = {"sync": dict(quorum=None, merge="mean", grace_gamma=0.0),
            "decoupled": dict(quorum=1, merge="rda"),
-           "decoupled-mean": dict(quorum=1, merge="mean")}
+           "decoupled-mean": dict(quorum=1, merge="mean"),
+           "decoupled-own": dict(quorum=1, merge="rda", outer_gradient="own"),
+           "decoupled-mean-own": dict(quorum=1, merge="mean", outer_gradient="own")}
 
 
 def faults(name: str, M: int) -> Chaos:
@@ -142,7 +144,9 @@ def main() -> None:
     data = prepare_tokens(base.sources, base.vocab_size, cache, val_fraction=base.val_fraction)
     plan = [(m, M, f) for M in Ms for m, f in [("sync", "none"), ("decoupled", "none"), ("decoupled-mean", "none"),
                                                 ("sync", "kill"), ("decoupled", "kill"),
-                                                ("sync", "straggler"), ("decoupled", "straggler")]]
+                                                ("sync", "straggler"), ("decoupled", "straggler"),
+                                                ("decoupled-mean", "straggler"), ("decoupled-own", "straggler"),
+                                                ("decoupled-mean-own", "straggler")]]
     todo = [p for p in plan if p not in done]
     work = Path(tempfile.mkdtemp(prefix="diloco-chaos-"))
     if todo:

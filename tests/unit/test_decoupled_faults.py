@@ -213,3 +213,24 @@ def test_a_learner_log_cut_mid_line_by_a_kill_still_reads(tmp_path):
     log.write_text('{"learner": 0, "step": 1}\n{"learner": 0, "st\n{"learner": 0, "step": 1, "incarnation": 1}\n')
     assert read_learner_log(log) == [{"learner": 0, "step": 1}, {"learner": 0, "step": 1, "incarnation": 1}]
     assert read_learner_log(tmp_path / "none.jsonl") == []
+
+
+@pytest.mark.parametrize("outer_gradient", ["global", "own"])
+def test_a_stale_learners_outer_gradient_against_theta_or_against_its_own_copy(outer_gradient):
+    """Outer SGD lr 1, no momentum, K = 1. Learner 0 moves Theta by 0.5; then learner 1, still holding the
+    old copy b, reports b - d. 'global': Delta = Theta - (b - d), so Theta becomes learner 1's values b - d
+    (learner 0's progress undone); 'own': Delta = b - (b - d) = d, so Theta moves by d from where it is."""
+    syncer = Syncer(make_model(seed=0), num_learners=2, quorum=1, grace_gamma=0.0, merge="mean",
+                    outer_gradient=outer_gradient, outer_optimizer=lambda p: torch.optim.SGD(p, lr=1.0))
+    for m in (0, 1):
+        syncer.join(m)
+    b = syncer._snapshot[0].clone()
+    syncer.receive(_report(syncer, 0, 0, b + 0.5))
+    theta_1 = syncer._snapshot[0].clone()
+    assert torch.allclose(theta_1, b + 0.5)
+    d = torch.full_like(b, 0.25)
+    syncer.receive(_report(syncer, 1, 0, b - d))
+    expected = b - d if outer_gradient == "global" else theta_1 - d
+    assert torch.allclose(syncer._snapshot[0], expected, atol=1e-6)
+    with pytest.raises(ValueError, match="outer_gradient='both'"):
+        Syncer(make_model(), num_learners=2, outer_gradient="both")

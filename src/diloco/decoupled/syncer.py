@@ -52,6 +52,10 @@ from diloco.decoupled.merge import check_merge, merge_outer_gradients, token_wei
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
 
 
+#: How the syncer forms a learner's outer gradient (see :class:`Syncer`).
+OUTER_GRADIENTS = ("global", "own")
+
+
 def is_lossless(codec: Codec) -> bool:
     """The codec decodes exactly what was encoded (only ``fp32``)."""
     return codec.name == "fp32"
@@ -90,6 +94,10 @@ class Syncer:
         num_fragments, fragment_pattern, fragments: as :func:`diloco.algorithm.fragments.split_fragments`
             (``fragment_pattern="balanced"``: the paper's tensor packing); learners must use the same.
         merge: ``"rda"`` (default) or ``"mean"`` (:mod:`diloco.decoupled.merge`).
+        outer_gradient: ``"global"`` (default): Delta_m = Theta_p - theta_m, against the syncer's current
+            Theta_p (the reading of the paper used here); ``"own"``: Delta_m = base_m - theta_m, the learner's
+            own progress since the copy it started from (a stale learner then does not pull Theta back to where
+            it was). The same when every learner holds the current Theta (K = M).
         codec: wire format of both directions (name or :class:`Codec`); default ``"fp32"``.
         outer_optimizer: factory ``f([tensor]) -> Optimizer`` per fragment; default Nesterov SGD 0.7 / 0.9.
         overlap_steps: tau, the learners' steps between a report and the step that needs its reply.
@@ -108,6 +116,7 @@ class Syncer:
         fragment_pattern: Pattern = "strided",
         fragments: FragmentSpec | None = None,
         merge: str = "rda",
+        outer_gradient: str = "global",
         codec: str | Codec = "fp32",
         outer_optimizer: OuterOptimizerFactory | None = None,
         overlap_steps: int = 0,
@@ -119,6 +128,10 @@ class Syncer:
         check_quorum(quorum, num_learners)
         self.num_learners, self.quorum = num_learners, quorum
         self.merge = check_merge(merge)
+        if outer_gradient not in OUTER_GRADIENTS:
+            raise ValueError(f"outer_gradient={outer_gradient!r}: choose 'global' (Theta - theta_m) or 'own' "
+                             f"(base_m - theta_m)")
+        self.outer_gradient = outer_gradient
         self.codec = get_codec(codec)
         self.grace = GraceWindow(gamma=float(grace_gamma), overlap_steps=overlap_steps, decay=float(grace_ema_decay))
         self.clock = clock
@@ -233,7 +246,7 @@ class Syncer:
             r = rnd.reports[m]
             d = self.codec.decode(r.payload, theta.numel())  # base_m - theta_m
             base = self._base[m][p]
-            if base is not self._snapshot[p]:  # the learner holds another copy than Theta: correct for it
+            if base is not self._snapshot[p] and self.outer_gradient == "global":  # against Theta, not its copy
                 d.add_(theta - base)
             if not bool(all_finite(d)):
                 dropped.append(m)

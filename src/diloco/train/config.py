@@ -65,6 +65,7 @@ class TrainConfig:
     topk_density: float = setting(0.015625, "share of each 4096-value chunk the topk codec sends (1/64: 64 values, 12-bit indices, 2-bit values)")
     quorum: int = setting(0, "K (decoupled): learners a merge needs at least; 0 = all (synchronous), 1 = whoever reports first")
     merge: str = setting("rda", "decoupled: how the syncer merges: rda (radial-directional averaging, embeddings averaged) or mean (token-weighted)")
+    outer_gradient: str = setting("global", "decoupled: a learner's outer gradient: global (Theta - theta_m, against the syncer's current values) or own (base_m - theta_m, its progress since the copy it started from; kinder to stragglers)")
     grace_gamma: float = setting(0.2, "decoupled: gamma of the wait for more learners after the quorum, gamma x (tau x step time - quorum time - sync time)")
     grace_ema_decay: float = setting(0.9, "decoupled: decay of the grace window's moving averages of step, quorum and sync times")
     overwrite_after: str = setting("send", "decoupled: a learner overwrites a fragment tau steps after sending it (send) or after its reply arrives (arrival)")
@@ -299,6 +300,8 @@ def _decoupled_errors(cfg: TrainConfig) -> list[str]:
             errors.append(str(exc))
     if cfg.overwrite_after not in ("send", "arrival"):
         errors.append(f"overwrite_after={cfg.overwrite_after!r}: choose send or arrival")
+    if cfg.outer_gradient not in ("global", "own"):
+        errors.append(f"outer_gradient={cfg.outer_gradient!r}: choose global or own")
     if cfg.decoupled_transport not in ("threads", "ray"):
         errors.append(f"decoupled_transport={cfg.decoupled_transport!r}: choose threads or ray")
     for name, bad, fix in (("eager", cfg.eager, "eager=false"), ("ef_decay", cfg.ef_decay, "ef_decay=0"),
