@@ -60,7 +60,8 @@ METHODS = {"sync": dict(quorum=None, merge="mean", grace_gamma=0.0),
            "decoupled": dict(quorum=1, merge="rda"),
            "decoupled-mean": dict(quorum=1, merge="mean"),
            "decoupled-own": dict(quorum=1, merge="rda", outer_gradient="own"),
-           "decoupled-mean-own": dict(quorum=1, merge="mean", outer_gradient="own")}
+           "decoupled-mean-own": dict(quorum=1, merge="mean", outer_gradient="own"),
+           "decoupled-own-scaled": dict(quorum=1, merge="rda", outer_gradient="own", partial_scale=True)}
 
 
 def faults(name: str, M: int) -> Chaos:
@@ -146,7 +147,9 @@ def main() -> None:
                                                 ("sync", "kill"), ("decoupled", "kill"),
                                                 ("sync", "straggler"), ("decoupled", "straggler"),
                                                 ("decoupled-mean", "straggler"), ("decoupled-own", "straggler"),
-                                                ("decoupled-mean-own", "straggler")]]
+                                                ("decoupled-mean-own", "straggler"),
+                                                ("decoupled-own-scaled", "none"), ("decoupled-own-scaled", "kill"),
+                                                ("decoupled-own-scaled", "straggler")]]
     todo = [p for p in plan if p not in done]
     work = Path(tempfile.mkdtemp(prefix="diloco-chaos-"))
     if todo:

@@ -234,3 +234,13 @@ def test_a_stale_learners_outer_gradient_against_theta_or_against_its_own_copy(o
     assert torch.allclose(syncer._snapshot[0], expected, atol=1e-6)
     with pytest.raises(ValueError, match="outer_gradient='both'"):
         Syncer(make_model(), num_learners=2, outer_gradient="both")
+
+
+def test_partial_scale_makes_a_merge_of_k_of_m_learners_a_k_over_m_share_of_an_outer_step():
+    syncer = Syncer(make_model(seed=0), num_learners=2, quorum=1, grace_gamma=0.0, merge="mean",
+                    partial_scale=True, outer_optimizer=lambda p: torch.optim.SGD(p, lr=1.0))
+    for m in (0, 1):
+        syncer.join(m)
+    b = syncer._snapshot[0].clone()
+    syncer.receive(_report(syncer, 0, 0, b + 0.5))  # one of two members merged: half an outer step
+    assert torch.allclose(syncer._snapshot[0], b + 0.25)

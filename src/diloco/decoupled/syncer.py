@@ -98,6 +98,8 @@ class Syncer:
             Theta_p (the reading of the paper used here); ``"own"``: Delta_m = base_m - theta_m, the learner's
             own progress since the copy it started from (a stale learner then does not pull Theta back to where
             it was). The same when every learner holds the current Theta (K = M).
+        partial_scale: scale a merge of k of the M members' reports by k / M (a merge of one learner is a 1/M
+            share of an outer step; off by default: every merge is a whole outer step, as in the paper).
         codec: wire format of both directions (name or :class:`Codec`); default ``"fp32"``.
         outer_optimizer: factory ``f([tensor]) -> Optimizer`` per fragment; default Nesterov SGD 0.7 / 0.9.
         overlap_steps: tau, the learners' steps between a report and the step that needs its reply.
@@ -117,6 +119,7 @@ class Syncer:
         fragments: FragmentSpec | None = None,
         merge: str = "rda",
         outer_gradient: str = "global",
+        partial_scale: bool = False,
         codec: str | Codec = "fp32",
         outer_optimizer: OuterOptimizerFactory | None = None,
         overlap_steps: int = 0,
@@ -132,6 +135,7 @@ class Syncer:
             raise ValueError(f"outer_gradient={outer_gradient!r}: choose 'global' (Theta - theta_m) or 'own' "
                              f"(base_m - theta_m)")
         self.outer_gradient = outer_gradient
+        self.partial_scale = bool(partial_scale)
         self.codec = get_codec(codec)
         self.grace = GraceWindow(gamma=float(grace_gamma), overlap_steps=overlap_steps, decay=float(grace_ema_decay))
         self.clock = clock
@@ -259,6 +263,8 @@ class Syncer:
         if any(w > 0 for w in weights):
             g.grad = merge_outer_gradients(deltas, weights, sizes=self.tensor_sizes[p], embedding=self.is_embedding[p],
                                            merge=self.merge)
+            if self.partial_scale and len(kept) < len(self.members):  # a share of an outer step: merged / members
+                g.grad.mul_(len(kept) / len(self.members))
             self.outer_optimizers[p].step()
             g.grad = None
         self.versions[p] += 1
