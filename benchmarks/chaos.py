@@ -11,7 +11,9 @@ wall-clock and goodput are in that emulated time. Methods:
 * ``sync``: quorum K = M, mean merge, no grace window: synchronous Streaming DiLoCo (bit-identical to
   :class:`diloco.StreamingDiLoCo` on the same reports, tested), here with live rejoin: a killed learner's
   restart joins the next rounds; until then every round waits for it;
-* ``decoupled``: K = 1 with the adaptive grace window, RDA merge (``decoupled-mean``: mean merge).
+* ``decoupled``: K = 1 with the adaptive grace window, RDA merge (``decoupled-mean``: mean merge);
+  ``-own``: the learner's own outer gradient (``outer_gradient="own"``); ``-scaled``: a merge of k of M
+  learners is a k/M share of an outer step (``partial_scale``).
 
 Faults (the same schedule for every method): ``kill``: SIGKILL learner 1 at 10 s and at 25 s, each
 restart held down 3 s (a restarted torchft group in the peer benchmark comes back 3 s later too);
@@ -25,7 +27,7 @@ its recovery from a kill is TorchElastic's restart of every worker from the last
 docs/guides/elastic.md), and torchft 0.2.0's DiLoCo with live healing (``benchmarks/torchft_healing.py``,
 if present: its JSON is read).
 
-    PYTHONPATH=src python benchmarks/chaos.py                 # ~15 minutes on 2 cores
+    PYTHONPATH=src python benchmarks/chaos.py                 # ~35 minutes on 2 cores (27 runs)
     PYTHONPATH=src python benchmarks/chaos.py --quick         # ~3 minutes: M = 2, fewer steps
 
 Resumable: each finished run is a row of ``benchmarks/results/chaos-runs.jsonl`` (runs already there are
@@ -38,7 +40,6 @@ import argparse
 import json
 import math
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -171,19 +172,22 @@ def main() -> None:
             fh.write(json.dumps(row, allow_nan=False) + "\n")
 
     rows = [done[p] for p in [("dp", 1, "none"), *plan]]
-    print(f"\n{'method':15} {'M':>2} {'faults':9} {'loss':>7} {'wall s':>7} {'goodput':>7}  per kill: worst step x, "
+    print(f"\n{'method':20} {'M':>2} {'faults':9} {'loss':>7} {'wall s':>7} {'goodput':>7}  per kill: worst step x, "
           f"steps kept, restart s, rejoin s")
     for r in rows:
         kills = "; ".join(f"{_fmt(k['worst_step_ratio'], '.1f')}x {_fmt(k['steps_kept'], '.0%')} "
                           f"{_fmt(k['restart_s'], '.1f')} {_fmt(k['rejoin_s'], '.1f')}" for k in r["kills"])
-        print(f"{r['method']:15} {r['M']:>2} {r['fault']:9} {_fmt(r['eval_loss'], '.4f'):>7} "
+        print(f"{r['method']:20} {r['M']:>2} {r['fault']:9} {_fmt(r['eval_loss'], '.4f'):>7} "
               f"{_fmt(r['wall_s'], '.1f'):>7} {_fmt(r['goodput'], '.2f'):>7}  {kills}")
     peer_file = RESULTS / "torchft_healing.json"
     peer = json.loads(peer_file.read_text()) if peer_file.exists() else None
     if peer is not None:
-        print(f"\ntorchft 0.2.0 DiLoCo, live healing (benchmarks/torchft_healing.py): {json.dumps(peer.get('summary', peer))[:400]}")
-    out = {"settings": vars(args), "runs": rows, "torchft": peer, "torch": torch.__version__, "ray": ray.__version__,
-           "median_goodput_decoupled": statistics.median([r["goodput"] for r in rows if r["method"] == "decoupled"])}
+        sv, rs = peer["median"]["survivor"], peer["median"]["restarted"]
+        print(f"\ntorchft 0.2.0 DiLoCo, live healing, M = 2 (benchmarks/torchft_healing.py, median of "
+              f"{len(peer['repeats'])}): survivor's stall at its next sync {sv['stall_s']:.2f} s "
+              f"({sv['stall_ratio']:.1f}x its step), steps kept in 10 s {sv['kept_pct']:.0f} %; the restart "
+              f"(3 s after the kill) contributes {rs['contributes_s']:.1f} s after it was spawned")
+    out = {"settings": vars(args), "runs": rows, "torchft": peer, "torch": torch.__version__, "ray": ray.__version__}
     write_json(RESULTS / ("chaos-quick.json" if args.quick else "chaos.json"), out)
 
 
