@@ -6,7 +6,7 @@ A state machine with no threads and no transport: a transport calls :meth:`Synce
 tests can drive time.
 
 One merge round per fragment p. Reports of p join the open round; once ``quorum`` (K) learners have
-reported (or every learner still joined, if fewer) the grace window starts; the round merges when it
+reported (or every learner that has not left, if fewer) the grace window starts; the round merges when it
 ends or when every joined learner has reported. The merge:
 
     Delta_m  = Theta_p - theta_m                (FP32; theta_m decoded from the learner's report)
@@ -24,7 +24,9 @@ fragments; whatever it had in open rounds is dropped, and its next reports count
 carries no weight until it has done work. It is also given the step the others have reached (the latest
 step a member's report was sent after), so that its schedule runs in phase with theirs, and the rounds
 already open when it joined do not wait for it: with K = M, a learner out of phase would wait for a
-fragment the other has not reached while the other waits for one it has passed. A report carries the version of the fragment the learner held
+fragment the other has not reached while the other waits for one it has passed. (A learner's first
+join starts at step 0 and open rounds wait for it, so that learners started together stay in step
+however their threads or processes happen to start.) A report carries the version of the fragment the learner held
 when it sent it: one that does not match what the syncer gave that learner (a copy sent again after it
 was merged, e.g. a retry after a syncer restart) is ignored, so sending a report twice is harmless.
 :meth:`Syncer.state_dict` holds everything but the open rounds (their learners send again), so a syncer
@@ -78,7 +80,7 @@ def check_quorum(quorum: int, num_learners: int) -> None:
 @dataclass
 class _Round:
     reports: dict[int, Report] = field(default_factory=dict)
-    expected: set[int] = field(default_factory=set)  # the members when the round opened: it waits for no one else
+    excused: set[int] = field(default_factory=set)  # learners that joined again while it was open: not waited for
     opened_at: float = 0.0
     quorum_at: float | None = None
     window: float = 0.0
@@ -154,6 +156,7 @@ class Syncer:
         self._held: dict[int, list[int]] = {}           # learner -> the version of each fragment it holds
         self.joins: dict[int, int] = {}                 # learner -> times it has joined
         self._last_sent: dict[int, int] = {}            # learner -> the step its latest report was sent after
+        self._left: set[int] = set()                    # learners that left (and have not joined again)
         self._rounds: dict[int, _Round] = {}
         self.records: list[MergeRecord] = []
         self.bytes_received = 0
@@ -166,14 +169,17 @@ class Syncer:
         the global fragments (FP32 copies) and versions it starts from."""
         if not isinstance(learner, int) or not 0 <= learner < self.num_learners:
             raise ValueError(f"learner={learner!r}: learners are numbered 0..{self.num_learners - 1}")
+        again = learner in self.joins
         self._drop_reports(learner)
         self._last_sent.pop(learner, None)
+        self._left.discard(learner)
         self.members.add(learner)
         self._base[learner] = list(self._snapshot)
         self._held[learner] = list(self.versions)
         self.joins[learner] = self.joins.get(learner, 0) + 1
+        step = max(self._last_sent.values(), default=0) if again else 0
         return Welcome(fragments=[s.clone() for s in self._snapshot], versions=list(self.versions),
-                       incarnation=self.joins[learner] - 1, step=max(self._last_sent.values(), default=0))
+                       incarnation=self.joins[learner] - 1, step=step)
 
     def leave(self, learner: int) -> list[Reply]:
         """Learner ``learner`` stops (its unmerged reports are dropped); rounds it held up may merge now."""
@@ -182,13 +188,14 @@ class Syncer:
         self._held.pop(learner, None)
         self._last_sent.pop(learner, None)
         self._drop_reports(learner)
+        self._left.add(learner)
         return self.poll()
 
     def _drop_reports(self, learner: int) -> None:
         """Its reports in open rounds go, and those rounds no longer wait for it (it is gone or starts afresh)."""
         for rnd in self._rounds.values():
-            rnd.reports.pop(learner, None)
-            rnd.expected.discard(learner)
+            if rnd.reports.pop(learner, None) is not None or learner in self.joins:
+                rnd.excused.add(learner)
 
     def expects(self, learner: int, fragment: int) -> bool:
         """Whether a report of ``fragment`` from ``learner`` waits in an open round (its reply is to come)."""
@@ -205,7 +212,7 @@ class Syncer:
             self.ignored_reports += 1  # merged already, or sent twice: harmless (module docstring)
             return self.poll()
         now = self.clock()
-        rnd = self._rounds.setdefault(report.fragment, _Round(opened_at=now, expected=set(self.members)))
+        rnd = self._rounds.setdefault(report.fragment, _Round(opened_at=now))
         rnd.reports[report.learner] = report
         self._last_sent[report.learner] = max(self._last_sent.get(report.learner, 0), report.sent_after_step)
         self.bytes_received += report.payload.numel()
@@ -221,7 +228,7 @@ class Syncer:
             rnd = self._rounds[p]
             if not rnd.reports:
                 continue
-            expected = rnd.expected & self.members
+            expected = set(range(self.num_learners)) - self._left - rnd.excused
             if rnd.quorum_at is None and len(rnd.reports) >= min(self.quorum, max(len(expected), 1)):
                 rnd.quorum_at = now
                 self.grace.observe(quorum_time=now - rnd.opened_at)
@@ -318,6 +325,7 @@ class Syncer:
                 "outer_optimizers": [copy.deepcopy(o.state_dict()) for o in self.outer_optimizers],
                 "versions": list(self.versions), "grace": self.grace.state_dict(),
                 "members": sorted(self.members), "joins": dict(self.joins), "last_sent": dict(self._last_sent),
+                "left": sorted(self._left),
                 "held": {m: list(v) for m, v in self._held.items()},
                 # a copy per learner only where it differs from Theta (lossy codecs, or a learner behind)
                 "bases": {m: [None if b is s else b.clone() for b, s in zip(bs, self._snapshot, strict=True)]
@@ -343,6 +351,7 @@ class Syncer:
         self.members = {int(m) for m in state["members"]}
         self.joins = {int(m): int(n) for m, n in state["joins"].items()}
         self._last_sent = {int(m): int(n) for m, n in state["last_sent"].items()}
+        self._left = {int(m) for m in state["left"]}
         self._held = {int(m): [int(v) for v in vs] for m, vs in state["held"].items()}
         self._base = {int(m): [s if b is None else b.clone() for b, s in zip(bs, self._snapshot, strict=True)]
                       for m, bs in state["bases"].items()}

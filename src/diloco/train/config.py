@@ -65,7 +65,7 @@ class TrainConfig:
     topk_density: float = setting(0.015625, "share of each 4096-value chunk the topk codec sends (1/64: 64 values, 12-bit indices, 2-bit values)")
     quorum: int = setting(0, "K (decoupled): learners a merge needs at least; 0 = all (synchronous), 1 = whoever reports first")
     merge: str = setting("rda", "decoupled: how the syncer merges: rda (radial-directional averaging, embeddings averaged) or mean (token-weighted)")
-    outer_gradient: str = setting("global", "decoupled: a learner's outer gradient: global (Theta - theta_m, against the syncer's current values) or own (base_m - theta_m, its progress since the copy it started from; kinder to stragglers)")
+    outer_gradient: str = setting("global", "decoupled: a learner's outer gradient: global (Theta - theta_m) or own (base_m - theta_m, its own progress; kinder to stragglers)")
     grace_gamma: float = setting(0.2, "decoupled: gamma of the wait for more learners after the quorum, gamma x (tau x step time - quorum time - sync time)")
     grace_ema_decay: float = setting(0.9, "decoupled: decay of the grace window's moving averages of step, quorum and sync times")
     overwrite_after: str = setting("send", "decoupled: a learner overwrites a fragment tau steps after sending it (send) or after its reply arrives (arrival)")
