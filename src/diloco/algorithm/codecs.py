@@ -89,7 +89,6 @@ import math
 import torch
 
 from diloco.algorithm import wire_sizes
-from diloco.algorithm.wire_sizes import check_numel as _check_numel
 
 _F32_MAX = torch.finfo(torch.float32).max
 _BF16_MAX = torch.finfo(torch.bfloat16).max

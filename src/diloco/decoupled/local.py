@@ -19,8 +19,6 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import torch
-
 from diloco.decoupled.messages import Reply, Report, Welcome
 from diloco.decoupled.syncer import Syncer
 
