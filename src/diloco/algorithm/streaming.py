@@ -47,7 +47,7 @@ from diloco.algorithm.codecs import Codec, get_codec
 from diloco.algorithm.eager import eager_landing, eager_outer_gradient, eager_share
 from diloco.algorithm.error_feedback import ErrorFeedback
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
-from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer, merge_
+from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer, load_global_state, merge_
 from diloco.algorithm.schedule import Schedule, resolve_schedule
 from diloco.comm.base import Communicator, MeanWork
 
@@ -327,14 +327,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         fragments are not exchanged; at their finish step the local copy merges with the unchanged
         global one (a skipped sync: the fragment loses one outer step).
         """
-        if len(state["global"]) != len(self.global_flat):
-            raise ValueError(f"checkpoint has {len(state['global'])} fragments, this run has {len(self.global_flat)}")
-        for g, saved in zip(self.global_flat, state["global"], strict=True):
-            if saved.shape != g.shape:
-                raise ValueError(f"checkpoint fragment of {saved.numel()} values, this run expects {g.numel()}")
-            g.copy_(saved)
-        for opt, saved in zip(self.outer_optimizers, state["outer_optimizers"], strict=True):
-            opt.load_state_dict(saved)
+        load_global_state(self.global_flat, self.outer_optimizers, state, owner="run")
         if self.error_feedback is not None:
             if "error_feedback" not in state:
                 raise ValueError("this run uses error feedback but the checkpoint has no accumulators; resume "

@@ -160,7 +160,8 @@ def survivor_stalls(rows: Sequence[dict[str, Any]], *, kill_at: float, killed: i
         if not before or not after or last <= kill_at:
             continue
         typical = statistics.median(r["dt"] for r in before)
-        kept = (len(after) / (last - kill_at)) / (len(before) / (kill_at - max(kill_at - window_s, before[0]["t"] - before[0]["dt"])))
+        before_s = kill_at - max(kill_at - window_s, before[0]["t"] - before[0]["dt"])  # from its first step in it
+        kept = (len(after) / (last - kill_at)) / (len(before) / before_s)
         out.append(Stall(m, kill_at, max(r["dt"] for r in after) / typical, kept))
     return out
 

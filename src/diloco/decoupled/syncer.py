@@ -48,7 +48,7 @@ from torch import nn
 
 from diloco.algorithm.codecs import Codec, all_finite, get_codec
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
-from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer
+from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer, load_global_state
 from diloco.decoupled.grace import DEFAULT_EMA_DECAY, DEFAULT_GRACE_GAMMA, GraceWindow
 from diloco.decoupled.merge import check_merge, merge_outer_gradients, token_weights
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
@@ -335,15 +335,7 @@ class Syncer:
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if len(state["global"]) != len(self.global_flat):
-            raise ValueError(f"checkpoint has {len(state['global'])} fragments, this syncer {len(self.global_flat)}: "
-                             f"use the num_fragments the checkpoint was written with")
-        for g, saved in zip(self.global_flat, state["global"], strict=True):
-            if saved.shape != g.shape:
-                raise ValueError(f"checkpoint fragment of {saved.numel()} values, this syncer expects {g.numel()}")
-            g.copy_(saved)
-        for opt, saved in zip(self.outer_optimizers, state["outer_optimizers"], strict=True):
-            opt.load_state_dict(saved)
+        load_global_state(self.global_flat, self.outer_optimizers, state, owner="syncer")
         self.versions = [int(v) for v in state["versions"]]
         self.grace.load_state_dict(state["grace"])
         self._snapshot = [g.detach().clone() for g in self.global_flat]
