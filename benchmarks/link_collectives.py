@@ -63,7 +63,7 @@ from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from link import SHAPERS, Link, SsSampler, addr  # noqa: E402 - the same emulated links as the link benchmark
+from link_emulation import SHAPERS, Link, SsSampler, addr  # noqa: E402 - the same emulated links as the link benchmark
 
 PATTERNS = ("one_round", "one_round_3x", "same_peer_rounds", "round_k2", "round_back", "pairwise_rounds",
             "partner_rounds", "concurrent_p2p", "all_to_all_single", "all_gather_ring")
