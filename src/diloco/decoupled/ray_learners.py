@@ -114,11 +114,7 @@ class _Prepared:
 
 def steps_kept(log_path: Path) -> int:
     """The last step of this learner (over its previous lives, from its log) whose work reached the syncer."""
-    kept = 0
-    for row in read_learner_log(log_path):
-        if row.get("synced"):
-            kept = max(kept, int(row["step"]))
-    return kept
+    return max((int(r["step"]) for r in read_learner_log(log_path) if r.get("synced")), default=0)
 
 
 def prepare_learner(spec: LearnerSpec, *, learner: int, num_learners: int, syncer_name: str,
