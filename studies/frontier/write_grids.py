@@ -35,6 +35,8 @@ METHODS = {
     "topk-sparseloco": ("streaming", 1.0, {**STREAM, "codec": "topk", "ef_decay": 0.95, "outer_momentum": 0.0}),
     # MuLoCo: Muon inner optimizer with 4-bit error feedback
     "muon-stat4-ef0.9": ("streaming", 0.7, {**STREAM, "codec": "stat4", "ef_decay": 0.9, "inner_optimizer": "muon"}),
+    # the fair reference for Muon + error feedback: data-parallel with Muon as its optimizer
+    "dp-muon": ("dp", 0.7, {"inner_optimizer": "muon"}),
 }
 
 #: the inner lrs bracketed per size (DP's and Streaming's best there in the long runs, and the next step).
