@@ -30,6 +30,11 @@ vocab 4096, seq 128) on synthetic tokens, one intra-op thread per worker, with:
 Compute utilization = time in forward/backward/optimizer / wall time of the
 measured window (everything else: waiting on the link, encode/decode, outer
 step). Window: H steps after 3 warm-up steps (exactly one sync of every fragment), DP: a few steps.
+Also per row: the CPU the workers used (``cores``: CPU seconds of all their threads / wall, summed over
+workers). M workers on fewer cores than M + their exchange threads share the CPU: then an exchange
+waits for the CPU as well as for the link. ``--compute-s S`` replaces each step's forward/backward/
+AdamW by a sleep of S seconds (an accelerator's step: the CPU is left to the exchange, as on
+machines of their own); the exchange itself (encode, sends, the FP32 sum, decode) is unchanged.
 
     sudo .venv/bin/python benchmarks/link.py                 # ~5 minutes on 2 cores
     .venv/bin/python benchmarks/link.py --bandwidths 20 --quick
@@ -61,6 +66,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from link_emulation import SHAPERS, Link, addr  # noqa: E402 - the emulated links (namespaces, shaped veths)
+from link_report import repredict, with_predictions, report  # noqa: E402 - predictions and the table
 
 PORT = 29517
 METHODS = {  # name -> (algorithm, num_fragments, overlap_steps, codec)
@@ -215,22 +221,35 @@ def run_method(comm, name: str, args, dev: str | None, exchange: str | None = No
     warm = algo.codec
     comm.mean_async(comm.encode(torch.zeros(n_params), warm), codec=warm, numel=n_params, tag="warm-up").wait()
     comm.barrier()
+    emulated = args.compute_s > 0
+    in_step = 0.0
     for step in range(1, warmup + measured + 1):
         if step == warmup + 1:
             compute, sent0, tx0, t_start = 0.0, comm.stats.bytes_sent, _tx_bytes(dev), time.perf_counter()
-        x = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
+            cpu0, in_step = time.process_time(), 0.0
         t0 = time.perf_counter()
-        _, loss = model(x, x.roll(-1, dims=1))
-        loss.backward()
+        if emulated:  # an accelerator's step: the CPU is left to the exchange meanwhile
+            time.sleep(args.compute_s)
+            with torch.no_grad():  # the parameters still move, so every outer gradient is non-zero
+                for p in model.parameters():
+                    p.mul_(1.0 + 1e-4 * (1 + comm.rank))
+        else:
+            x = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
+            _, loss = model(x, x.roll(-1, dims=1))
+            loss.backward()
         compute += time.perf_counter() - t0
         if kind == "dp":
             algo.sync_gradients()
         t0 = time.perf_counter()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        compute += time.perf_counter() - t0
+        if not emulated:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            compute += time.perf_counter() - t0
+        t0 = time.perf_counter()
         algo.step()
+        in_step += time.perf_counter() - t0
     wall = time.perf_counter() - t_start
+    cpu = time.process_time() - cpu0  # every thread of this worker: compute, encode, the exchange's
     sent, wire = comm.stats.bytes_sent - sent0, _tx_bytes(dev) - tx0  # the window's, before the flush
     if kind != "dp":
         algo.flush()  # outside the window: no exchange left in flight (eager ends the window with one)
@@ -243,6 +262,7 @@ def run_method(comm, name: str, args, dev: str | None, exchange: str | None = No
             "bits": algo.codec.bits_per_value, "steps": measured, "compute_s": compute, "wall_s": wall,
             "utilization": compute / wall, "s_per_step": wall / measured,
             "compute_s_per_step": compute / measured, "bytes_sent": sent,
+            "compute_emulated": emulated, "cpu_s": cpu, "cores_used": cpu / wall, "in_step_s": in_step,
             "wire_tx_bytes": wire, "num_params": n_params, "non_block_params": non_block,
             "num_layers": len(model.blocks)}
 
@@ -293,7 +313,8 @@ def launch(args, mbps: float, link: Link | None, tmp: Path) -> list[dict]:
                "--json-out", str(out), "--methods", args.methods, "--H", str(args.H),
                "--fragments", str(args.fragments), "--dp-steps", str(args.dp_steps), "--size", args.size,
                "--batch", str(args.batch), "--seq", str(args.seq), "--vocab", str(args.vocab),
-               "--latency-ms", str(args.latency_ms), "--workers", str(args.workers), "--exchanges", args.exchanges]
+               "--latency-ms", str(args.latency_ms), "--workers", str(args.workers), "--exchanges", args.exchanges,
+               "--compute-s", str(args.compute_s)]
         if link is not None:
             cmd = ["ip", "netns", "exec", link.ns[rank]] + cmd + ["--addr", addr(0), "--ifname", link.dev[rank]]
         else:
@@ -311,30 +332,6 @@ def launch(args, mbps: float, link: Link | None, tmp: Path) -> list[dict]:
     return [json.loads(o.read_text()) for o in outs]
 
 
-def predict(run: dict, mbps: float, latency_ms: float) -> float | None:
-    """``diloco.sim.predict_utilization`` for the run. The simulator charges each worker's link the
-    all-reduce figure 2(M-1)/M per parameter bit (``sim/hardware.py``), the reduce-scatter's; for a
-    run that did the all-gather, its bits are scaled by the all-gather's (M-1) over that figure
-    (``diloco.traffic.exchange_bytes``), so the simulator sees the bytes that crossed the link."""
-    try:
-        from diloco.sim import predict_utilization
-        from diloco.traffic import exchange_bytes
-    except ImportError:
-        return None
-    m = run.get("workers", 2)
-    ran = run.get("exchange", "all_gather")
-    scale = (exchange_bytes(payload_bytes=1.0, num_replicas=m, exchange=ran)
-             / exchange_bytes(payload_bytes=1.0, num_replicas=m, exchange="reduce_scatter")) if m > 1 else 1.0
-    return predict_utilization(
-        method=run["kind"], num_params=run["num_params"], num_layers=run["num_layers"],
-        step_time_s=run["compute_s_per_step"], bandwidth_bps=mbps * 1e6, latency_s=latency_ms / 1e3,
-        sync_every=run["H"], num_fragments=run["P"], overlap_steps=run["tau"], bits=run["bits"] * scale,
-        num_workers=m, eager=run.get("eager", False),
-        non_block_params=run["non_block_params"],
-        # DataParallel and StreamingDiLoCo exchange whole payloads after the step, not layer by layer
-        overlap_backward=False)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bandwidths", default="20,100,1000", help="Mbit/s, comma-separated")
@@ -344,9 +341,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="M, worker processes (one namespace each)")
     ap.add_argument("--queue-ms", type=float, default=100.0,
                     help="tbf queue: packets that would wait longer are dropped (tbf's 'latency')")
-    ap.add_argument("--shaper", choices=SHAPERS, default="tbf",
+    ap.add_argument("--shaper", choices=SHAPERS, default=None,
                     help="tbf: one FIFO per link end; htb: one class (and FIFO) per peer, rate = link / peers, "
-                         "ceil = link (see Link._htb)")
+                         "ceil = link (see Link._htb). Default: tbf for 2 workers (one peer), htb for more "
+                         "(one FIFO shared by several peers' flows drops packets)")
     ap.add_argument("--ack-priority", action="store_true",
                     help="htb: packets under 128 bytes (pure ACKs) first, in a class of their own")
     ap.add_argument("--sysctl", action="append", default=[], metavar="KEY=VALUE",
@@ -360,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--compute-s", type=float, default=0.0,
+                    help="emulate each step's compute by a sleep of this many seconds (an accelerator's step: "
+                         "the CPU is left to the exchange); 0 = real forward/backward/AdamW on the CPU")
     ap.add_argument("--quick", action="store_true", help="H=8, 2 DP steps (smoke run)")
     ap.add_argument("--force-throttle", action="store_true", help="skip namespaces; use the in-process throttle")
     ap.add_argument("--out", default=None, help="default benchmarks/results/link.json (link_m<M>.json for M != 2)")
@@ -378,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
                                                              f"link_m{args.workers}.json"))
     if args.workers < 2 or args.workers > 26:
         raise SystemExit(f"--workers must lie in 2..26, got {args.workers}")
+    if args.shaper is None:
+        args.shaper = "tbf" if args.workers == 2 else "htb"
     if args.ack_priority and args.shaper != "htb":
         raise SystemExit("--ack-priority needs --shaper htb")
     for name in args.methods.split(","):
@@ -391,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(args)
         return 0
     if args.repredict:
-        return _repredict(Path(args.out))
+        return repredict(Path(args.out))
     if args.quick:
         args.H, args.dp_steps = 8, 2
     bandwidths = [float(b) for b in args.bandwidths.split(",")]
@@ -402,34 +405,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: workers killed, namespaces and veth pair removed", file=sys.stderr)
         return 130
-
-
-def exchange_mbps(probe: dict, run: dict, mbps: float) -> float | None:
-    """The rate the run's exchange really achieved alone (the exchange probe, M > 2): bytes / seconds."""
-    e = probe.get("exchanges", {}).get(run.get("exchange"))
-    return None if e is None else mbps * e["link_s"] / e["s"]
-
-
-def _with_predictions(run: dict, probe: dict, mbps: float, latency_ms: float) -> dict:
-    xmbps = exchange_mbps(probe, run, mbps)
-    return {"predicted_utilization": predict(run, mbps, latency_ms),
-            "effective_mbps": probe["effective_mbps"],
-            "predicted_utilization_effective": predict(run, probe["effective_mbps"], latency_ms),
-            "exchange_mbps": xmbps,
-            "predicted_utilization_exchange": None if xmbps is None else predict(run, xmbps, latency_ms)}
-
-
-def _repredict(path: Path) -> int:
-    if not path.exists():
-        raise SystemExit(f"--repredict: {path} does not exist; run the benchmark first (sudo, ~5 min)")
-    saved = json.loads(path.read_text())
-    latency = saved["config"].get("latency_ms", 0.0)
-    probes = {float(k): v for k, v in saved["overlap_probe"].items()}
-    for r in saved["rows"]:
-        r.update(_with_predictions(r, probes[float(r["mbps"])], r["mbps"], latency))
-    args = argparse.Namespace(**saved["config"] | {"out": str(path)})
-    report(saved["rows"], probes, saved["notes"], args)
-    return 0
 
 
 def _interrupt(signum, frame) -> None:
@@ -464,74 +439,13 @@ def _orchestrate(args, bandwidths: list[float]) -> int:
                 util = sum(m["utilization"] for m in mates) / len(mates)
                 rows.append(run | {"mbps": mbps, "utilization": util,
                                    "s_per_step": max(m["s_per_step"] for m in mates),
-                                   "utilization_per_rank": [m["utilization"] for m in mates]}
-                            | _with_predictions(run, probes[mbps], mbps, args.latency_ms))
+                                   "utilization_per_rank": [m["utilization"] for m in mates],
+                                   "cores_used": sum(m["cores_used"] for m in mates)}
+                            | with_predictions(run, probes[mbps], mbps, args.latency_ms))
         if link is not None:
             notes += link.notes
     report(rows, probes, notes, args)
     return 0
-
-
-def report(rows: list[dict], probes: dict, notes: list[str], args) -> None:
-    r0 = rows[0]
-    print(f"\nmodel {args.size}: {r0['num_params'] / 1e6:.2f}M params ({r0['num_layers']} blocks), batch "
-          f"{args.batch}x{args.seq}, {getattr(args, 'workers', 2)} workers x 1 thread; DiLoCo H={args.H}, "
-          f"Streaming P={args.fragments}")
-    for n in notes:
-        print(f"NOTE: {n}")
-    print("\noverlap probe (async all-gather of ~1 s of traffic while ~1 s of matmuls run; medians of 3):")
-    for mbps, p in probes.items():
-        print(f"  {mbps:>7g} Mbit/s: comm {p['comm_s']:.2f} s (effective {p['effective_mbps']:.1f} Mbit/s each way), "
-              f"compute {p['compute_s']:.2f} s, serial {p['serial_s']:.2f} s, overlapped {p['overlapped_s']:.2f} s "
-              f"-> {p['fraction_hidden']:.0%} of the shorter one hidden")
-        for ex, e in p.get("exchanges", {}).items():
-            print(f"           one bf16 exchange of the model alone, {ex}: {e['s']:.2f} s for "
-                  f"{e['bytes_each_way'] / 1e6:.2f} MB each way ({e['link_s']:.2f} s at the configured rate)")
-    width = max(13, *(len(r["method"]) for r in rows))
-    xchg = any(r.get("predicted_utilization_exchange") is not None for r in rows)
-    print(f"\n{'Mbit/s':>7} {'method':<{width}} {'util':>6} {'sim':>6} {'sim@eff':>7} "
-          + (f"{'sim@xchg':>8} " if xchg else "") + f"{'s/step':>7} {'MB sent':>8} {'MB wire':>8}")
-
-    def pct(x: float | None) -> str:
-        return "-" if x is None else f"{x:.1%}"
-
-    for r in rows:
-        wire = f"{r['wire_tx_bytes'] / 1e6:.2f}" if r["wire_tx_bytes"] else "-"
-        print(f"{r['mbps']:>7g} {r['method']:<{width}} {r['utilization']:>6.1%} {pct(r['predicted_utilization']):>6} "
-              f"{pct(r['predicted_utilization_effective']):>7} "
-              + (f"{pct(r.get('predicted_utilization_exchange')):>8} " if xchg else "")
-              + f"{r['s_per_step']:>7.3f} {r['bytes_sent'] / 1e6:>8.2f} {wire:>8}")
-    print("util: measured compute time / wall time, mean of the workers. sim: diloco.sim.predict_utilization at\n"
-          "the measured compute time per step and the configured bandwidth; sim@eff: at the bandwidth the probe\n"
-          "measured (both with overlap_backward=False: exchanges after the step, as the trainer does). MB sent:\n"
-          "what the communicator counted leaving each worker in the window (diloco.traffic); MB wire: bytes\n"
-          "that left the worker's veth (TCP/IP headers and store traffic included). M > 2: the simulator\n"
-          "charges 2(M-1)/M per bit; all-gather rows scale the bits to its (M-1). sim@xchg (M > 2): at the rate\n"
-          "the run's exchange achieved alone in the exchange probe.")
-    for key, label in (("predicted_utilization", "configured"), ("predicted_utilization_effective", "effective"),
-                       ("predicted_utilization_exchange", "exchange probe's")):
-        gaps = [(r, 100 * (r[key] - r["utilization"])) for r in rows if r.get(key) is not None]
-        if gaps:
-            misses = ", ".join(f"{r['method']} at {r['mbps']:g} ({g:+.1f})" for r, g in gaps if abs(g) > 5)
-            print(f"simulator within 5 points of the measurement at the {label} bandwidth: "
-                  f"{sum(abs(g) <= 5 for _, g in gaps)}/{len(gaps)} rows" + (f"; misses: {misses}" if misses else ""))
-    verdict = None
-    for mbps in sorted({r["mbps"] for r in rows}):
-        by = {r["method"]: r["utilization"] for r in rows if r["mbps"] == mbps}
-        if "DP" in by and "+overlap+FP4" in by and by["DP"] <= 0.20:
-            verdict = (mbps, by["DP"], by["+overlap+FP4"])
-    if verdict:
-        mbps, dp, fp4 = verdict
-        ok = "MET" if fp4 >= 0.95 else "NOT MET"
-        print(f"\ntarget (DP <= 20% and Streaming+overlap+FP4 >= 95% at one bandwidth): {ok} at {mbps:g} Mbit/s: "
-              f"DP {dp:.1%}, Streaming+overlap+FP4 {fp4:.1%}")
-    elif any(r["method"] == "DP" for r in rows):
-        print("\ntarget: no bandwidth in the sweep brings DP to <= 20%; add a lower one")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"config": {k: v for k, v in vars(args).items() if k not in (
-        "rank", "mbps", "json_out", "addr", "ifname", "port", "worker", "throttle")}, "notes": notes,
-        "overlap_probe": {str(k): v for k, v in probes.items()}, "rows": rows}, indent=2, allow_nan=False) + "\n")
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
