@@ -9,7 +9,8 @@ import torch
 from _tiny import make_model
 from diloco.algorithm.codecs import get_codec
 from diloco.decoupled.chaos import Chaos, goodput, parse_kills, rejoin_seconds, survivor_stalls
-from diloco.decoupled.checkpoint import load_latest_state, save_state, saved_states
+from diloco.decoupled.checkpoint import (RECORDS, append_records, load_latest_state, load_records, save_state,
+                                        saved_states)
 from diloco.decoupled.messages import Report
 from diloco.decoupled.syncer import Syncer
 
@@ -144,6 +145,49 @@ def test_checkpoint_files_are_atomic_keep_k_and_a_damaged_newest_falls_back(tmp_
     with pytest.raises(ValueError, match="keep=0"):
         save_state(tmp_path, {}, merges=9, keep=0)
     assert load_latest_state(tmp_path / "none") is None
+
+
+def _checkpoint_as_the_actor_does(syncer, directory, written: int) -> int:
+    """SyncerActor._save's order: the new records to the log, then the state that counts them."""
+    append_records(directory, [r.as_row() for r in syncer.records[written:]])
+    save_state(directory, {"syncer": syncer.state_dict(records=False)}, merges=len(syncer.records), keep=2)
+    return len(syncer.records)
+
+
+def test_checkpoints_stay_one_size_however_many_merges_and_the_records_come_back_from_their_log(tmp_path):
+    syncer, written, sizes = _syncer(M=1, quorum=1), 0, {}
+    syncer.join(0)
+    for i in range(1, 41):
+        syncer.receive(_report(syncer, 0, 0, syncer._snapshot[0] + 0.01 * i))
+        written = _checkpoint_as_the_actor_does(syncer, tmp_path, written)
+        sizes[i] = saved_states(tmp_path)[-1].stat().st_size
+    # a state holding its records grows with every merge; these do not (the file names' digits aside)
+    assert abs(sizes[40] - sizes[5]) <= 16, sizes
+    assert len((tmp_path / RECORDS).read_text().splitlines()) == 40
+    state = load_latest_state(tmp_path)
+    restored = _syncer(M=1, quorum=1)
+    restored.load_state_dict(state["syncer"], records=load_records(tmp_path, state["syncer"]["num_records"]))
+    assert restored.records == syncer.records and restored.versions == syncer.versions == [40]
+    with pytest.raises(ValueError, match="40 merge records apart"):
+        _syncer(M=1, quorum=1).load_state_dict(state["syncer"])
+
+
+def test_records_of_merges_whose_state_never_landed_are_dropped_and_a_short_log_is_refused(tmp_path):
+    syncer, written = _syncer(M=1, quorum=1), 0
+    syncer.join(0)
+    for i in range(3):
+        syncer.receive(_report(syncer, 0, 0, syncer._snapshot[0] + 0.1))
+        written = _checkpoint_as_the_actor_does(syncer, tmp_path, written)
+    # a fourth merge reached the log but the syncer died before its state was written, mid-way through a fifth row
+    syncer.receive(_report(syncer, 0, 0, syncer._snapshot[0] + 0.1))
+    append_records(tmp_path, [syncer.records[-1].as_row()])
+    with open(tmp_path / RECORDS, "a") as fh:
+        fh.write('{"fragment": 0, "vers')
+    rows = load_records(tmp_path, load_latest_state(tmp_path)["syncer"]["num_records"])
+    assert [r["version"] for r in rows] == [1, 2, 3]
+    assert (tmp_path / RECORDS).read_text().count("\n") == 3 and (tmp_path / RECORDS).read_text().endswith("}\n")
+    with pytest.raises(RuntimeError, match="holds 3 merge records but the syncer's newest state holds 5"):
+        load_records(tmp_path, 5)
 
 
 def test_learner_counts_its_versions_so_a_restarted_syncer_can_tell_a_repeat():

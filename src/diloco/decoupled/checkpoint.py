@@ -4,13 +4,23 @@
 holds (it only grows). A file is written under a temporary name and renamed, so a crash mid-write
 leaves the previous files as they were; loading takes the newest file that loads
 (``weights_only=True``) and falls back to an older one otherwise, saying so.
+
+The merge records are not in those files (a state holding every record so far would grow with the run,
+and writing one per merge would cost time quadratic in the run's length): they go to ``records.jsonl``
+in the same folder, one JSON row per merge, appended (and flushed to disk) before the state that counts
+them is written. A state says how many records it holds; on loading, :func:`load_records` takes that
+many rows and drops any after them (merges whose state never reached the disk, as their replies never
+left the syncer), rewriting the file atomically.
 """
 
 from __future__ import annotations
 
 import io
+import json
+import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +29,7 @@ import torch
 from diloco.files import atomic_write_bytes
 
 _NAME = re.compile(r"^syncer-(\d{8,})\.pt$")
+RECORDS = "records.jsonl"
 
 
 def saved_states(directory: Path | str) -> list[Path]:
@@ -56,4 +67,37 @@ def load_latest_state(directory: Path | str) -> dict[str, Any] | None:
     return None
 
 
-__all__ = ["load_latest_state", "save_state", "saved_states"]
+def append_records(directory: Path | str, rows: Sequence[dict[str, Any]]) -> None:
+    """Append merge records to ``directory/records.jsonl``, on disk (fsync) when this returns."""
+    if not rows:
+        return
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / RECORDS, "a", encoding="utf-8") as fh:
+        fh.write("".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def load_records(directory: Path | str, count: int) -> list[dict[str, Any]]:
+    """The first ``count`` merge records of ``directory/records.jsonl`` (those a loaded state holds).
+
+    Rows after them (merges whose state was never written) and a line cut by a crash are dropped from the
+    file. Fewer than ``count`` whole rows: the log does not belong to the state (a folder mixed up or
+    edited by hand), an error that names the file."""
+    path = Path(directory) / RECORDS
+    rows: list[dict[str, Any]] = []
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    for line in text.splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break  # the last line, cut by a crash mid-write
+        rows.append(json.loads(line))
+    if len(rows) < count:
+        raise RuntimeError(f"{path} holds {len(rows)} merge records but the syncer's newest state holds "
+                           f"{count}: the records and the states in {directory} do not belong together")
+    if len(rows) > count or not text.endswith("\n") and text:
+        atomic_write_bytes(path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows[:count]).encode())
+    return rows[:count]
+
+
+__all__ = ["RECORDS", "append_records", "load_latest_state", "load_records", "save_state", "saved_states"]

@@ -62,14 +62,18 @@ class SyncerActor:
         self.restored_merges: int | None = None  # merges in the checkpoint this incarnation started from
         self._seen: set[tuple[int, int]] = set()  # (learner, fragment) reported to this incarnation
         self.started_at = time.time()
+        self._records_written = 0  # merge records already in checkpoint_dir's record log
         if checkpoint_dir is not None:
-            from diloco.decoupled.checkpoint import load_latest_state
+            from diloco.decoupled.checkpoint import load_latest_state, load_records
 
             os.makedirs(checkpoint_dir, exist_ok=True)
 
             state = load_latest_state(checkpoint_dir)
             if state is not None:
-                syncer.load_state_dict(state["syncer"])
+                saved = state["syncer"]
+                syncer.load_state_dict(saved, records=None if "records" in saved else
+                                       load_records(checkpoint_dir, saved["num_records"]))
+                self._records_written = len(syncer.records)
                 self._replies = {(int(r["learner"]), int(r["fragment"])): Reply(**r) for r in state["replies"]}
                 self.restored_merges = len(syncer.records)
             self._log("started", restored_merges=self.restored_merges, pid=os.getpid())
@@ -87,11 +91,14 @@ class SyncerActor:
         return self._cond
 
     def _save(self) -> None:
-        from diloco.decoupled.checkpoint import save_state
+        from diloco.decoupled.checkpoint import append_records, save_state
 
+        # the new merge records first (appended to the record log), then the state that counts them
+        append_records(self.checkpoint_dir, [r.as_row() for r in self.syncer.records[self._records_written:]])
+        self._records_written = len(self.syncer.records)
         replies = [dict(learner=r.learner, fragment=r.fragment, payload=r.payload, version=r.version)
                    for r in self._replies.values()]
-        save_state(self.checkpoint_dir, {"syncer": self.syncer.state_dict(), "replies": replies},
+        save_state(self.checkpoint_dir, {"syncer": self.syncer.state_dict(records=False), "replies": replies},
                    merges=len(self.syncer.records), keep=self.keep)
 
     async def _deliver(self, replies: list[Reply]) -> None:

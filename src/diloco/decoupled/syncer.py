@@ -316,10 +316,14 @@ class Syncer:
                 offset += prm.numel()
         return out
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *, records: bool = True) -> dict[str, Any]:
         """Everything but the open rounds (their learners send again): Theta, the outer optimizers, versions,
         the grace window's averages, the members with the copy and version of each fragment they hold, the
-        merge records and byte counts. Plain tensors and numbers (loads with ``weights_only=True``)."""
+        merge records and byte counts. Plain tensors and numbers (loads with ``weights_only=True``).
+
+        ``records=False``: only the number of merge records (``num_records``), for a caller that keeps the
+        records in a log of its own (:mod:`diloco.decoupled.checkpoint`): the state then stays the same size
+        however long the run."""
         return {"global": [g.detach().clone() for g in self.global_flat],
                 # copies: an optimizer's state_dict holds its live buffers, which later steps change in place
                 "outer_optimizers": [copy.deepcopy(o.state_dict()) for o in self.outer_optimizers],
@@ -330,11 +334,17 @@ class Syncer:
                 # a copy per learner only where it differs from Theta (lossy codecs, or a learner behind)
                 "bases": {m: [None if b is s else b.clone() for b, s in zip(bs, self._snapshot, strict=True)]
                           for m, bs in self._base.items()},
-                "records": [r.as_row() for r in self.records],
+                **({"records": [r.as_row() for r in self.records]} if records else {"num_records": len(self.records)}),
                 "bytes": [self.bytes_received, self.bytes_sent], "ignored_reports": self.ignored_reports}
 
     @torch.no_grad()
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, records: Sequence[dict[str, Any]] | None = None) -> None:
+        """Restore a :meth:`state_dict`; one written with ``records=False`` needs its ``records`` (rows)."""
+        if "records" in state:
+            records = state["records"]
+        elif records is None or len(records) != state["num_records"]:
+            raise ValueError(f"this syncer state holds {state['num_records']} merge records apart from it; pass "
+                             f"them as records= (got {'none' if records is None else len(records)})")
         load_global_state(self.global_flat, self.outer_optimizers, state, owner="syncer")
         self.versions = [int(v) for v in state["versions"]]
         self.grace.load_state_dict(state["grace"])
@@ -347,7 +357,7 @@ class Syncer:
         self._held = {int(m): [int(v) for v in vs] for m, vs in state["held"].items()}
         self._base = {int(m): [s if b is None else b.clone() for b, s in zip(bs, self._snapshot, strict=True)]
                       for m, bs in state["bases"].items()}
-        self.records = [MergeRecord.from_row(r) for r in state["records"]]
+        self.records = [MergeRecord.from_row(r) for r in records]
         self.bytes_received, self.bytes_sent = (int(b) for b in state["bytes"])
         self.ignored_reports = int(state["ignored_reports"])
 
