@@ -254,6 +254,38 @@ def test_two_workers_of_two_ranks_equal_the_in_process_two_replica_run(tmp_path:
     assert got["final_eval_loss"] == pytest.approx(want["final_eval_loss"], rel=1e-5)
 
 
+def test_decoupled_learners_of_two_ranks_equal_one_process_learners(tmp_path: Path, cache: Path):
+    """Decoupled DiLoCo with 2 learners of 2 ranks each (4 processes under torchrun, the syncer a Ray actor,
+    each learner's lead rank its link, the reply broadcast to the other rank) against 2 learners as threads of
+    one process, synchronous (K = M) so both make the same merges: the same parameters to the tolerance the
+    2 x 2 Streaming test derives (a learner's two half-batch gradients are summed in another order)."""
+    pytest.importorskip("ray")
+    args = ["--set", "steps=16", "--set", "overlap_steps=1", "--set", "num_fragments=2"]
+    ranks_out, local_out = tmp_path / "2x2", tmp_path / "threads"
+    log = tmp_path / "2x2.log"
+    proc = _torchrun(_train_args(ranks_out, cache, "decoupled", *args, "--set", "ranks_per_worker=2",
+                                 "--set", "decoupled_transport=ray"), log, nproc=4)
+    _in_process(_train_args(local_out, cache, "decoupled", *args))
+    _finish(proc, log)
+
+    a, b = ckpt.load_latest(ranks_out), ckpt.load_latest(local_out)
+    assert a["step"] == b["step"] == 16 and a["num_replicas"] == 2
+    for ra, rb in zip(a["replicas"], b["replicas"], strict=True):
+        for k in rb["model"]:
+            torch.testing.assert_close(ra["model"][k], rb["model"][k], rtol=0, atol=1e-5, msg=k)
+        for ga, gb in zip(ra["algorithm"]["global"], rb["algorithm"]["global"], strict=True):
+            torch.testing.assert_close(ga, gb, rtol=0, atol=1e-5)
+        assert ra["algorithm"]["versions"] == rb["algorithm"]["versions"] == [2, 2]  # every merge, both fragments
+    merges = [[json.loads(line) for line in (run / "merges.jsonl").read_text().splitlines()]
+              for run in (ranks_out, local_out)]
+    assert [(m["fragment"], m["learners"]) for m in merges[0]] == [(m["fragment"], m["learners"]) for m in merges[1]]
+    assert len(merges[0]) == 4 and all(sorted(m["learners"]) == [0, 1] for m in merges[0])
+    got, want = _summary(ranks_out), _summary(local_out)
+    assert got["bytes_sent_per_replica"] == want["bytes_sent_per_replica"] > 0
+    assert got["final_eval_loss"] == pytest.approx(want["final_eval_loss"], rel=1e-5)
+    assert 0 < got["goodput"] <= 1
+
+
 def _tiny(**kw: Any) -> TrainConfig:
     return TrainConfig.from_dict({**load_preset("tiny")["base"], **kw})
 

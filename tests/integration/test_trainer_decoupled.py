@@ -45,6 +45,7 @@ def test_decoupled_trains_the_tiny_model_and_logs_every_merge(tmp_path, cache):
     (dict(merge="median"), "merge='median'"),
     (dict(grace_gamma=-0.5), "grace_gamma=-0.5"),
     (dict(checkpoint_every=8), "checkpoint_every=8"),
+    (dict(ranks_per_worker=2), "ranks_per_worker=2 with these settings yet: set decoupled_transport=ray"),
     (dict(overwrite_after="later"), "overwrite_after='later'"),
 ])
 def test_decoupled_settings_are_checked_with_the_fix(kw, match):
@@ -76,3 +77,12 @@ def test_overwrite_deletes_the_merge_log_too(tmp_path, cache):
     assert (tmp_path / "merges.jsonl").exists()
     train_model(tiny(method="diloco", steps=8), tmp_path, cache_dir=cache, progress=False, overwrite=True)
     assert not (tmp_path / "merges.jsonl").exists()  # a run's files, replaced with the run
+
+
+def test_decoupled_under_torchrun_needs_the_ray_transport():
+    """Learners in several processes cannot reach a syncer on a thread of one of them: refused with the fix."""
+    from diloco.decoupled.torchrun import torchrun_syncer
+
+    with pytest.raises(ValueError, match="needs decoupled_transport='ray'.*--set decoupled_transport=ray"):
+        with torchrun_syncer(tiny(method="decoupled"), None, None, worker=0):
+            pass

@@ -305,11 +305,13 @@ def _decoupled_errors(cfg: TrainConfig) -> list[str]:
     if cfg.decoupled_transport not in ("threads", "ray"):
         errors.append(f"decoupled_transport={cfg.decoupled_transport!r}: choose threads or ray")
     for name, bad, fix in (("eager", cfg.eager, "eager=false"), ("ef_decay", cfg.ef_decay, "ef_decay=0"),
-                           ("ranks_per_worker", cfg.ranks_per_worker != 1, "ranks_per_worker=1"),
-                           ("checkpoint_every", cfg.checkpoint_every > 0, "checkpoint_every=-1 or 0")):
+                           ("ranks_per_worker", cfg.ranks_per_worker != 1 and cfg.decoupled_transport != "ray",
+                            "decoupled_transport=ray (learners of several ranks, under torchrun) or ranks_per_worker=1"),
+                           ("checkpoint_every", cfg.checkpoint_every > 0,
+                            "checkpoint_every=-1 or 0 (a decoupled run is checkpointed at its end only)")):
         if bad:
-            errors.append(f"method='decoupled' does not support {name}={getattr(cfg, name)} yet "
-                          f"(learners are threads of one process, checkpointed at the end only): set {fix}")
+            errors.append(f"method='decoupled' does not support {name}={getattr(cfg, name)} with these settings "
+                          f"yet: set {fix}")
     return errors
 
 

@@ -265,9 +265,9 @@ class Trainer:
             raise ValueError(f"config ranks_per_worker={R} but this worker has "
                              f"{1 if intra is None else intra.world_size} ranks; launch replicas x ranks_per_worker "
                              f"= {cfg.replicas * R} processes")
-        if cfg.method == "decoupled":
-            raise ValueError("method='decoupled' runs its learners as threads of one process (diloco train "
-                             "without torchrun); learners as separate processes are not built yet")
+        if cfg.method == "decoupled" and mesh is not None:
+            raise ValueError("method='decoupled' with worker_sharding='fsdp' is not built yet (a learner's lead "
+                             "rank would need its ranks' shards): use worker_sharding=replicate")
         lead = comm.rank == 0 and (intra is None or intra.rank == 0)
         plan = self.plan(resume=resume, overwrite=overwrite, reuse=reuse, elastic=elastic)  # every process alike
         everyone = Everyone(comm, intra if mesh is not None else None)
@@ -286,12 +286,45 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         try:
-            out = self._replica_loop(comm, run=run, table=table, logger=logger, intra=intra, mesh=mesh)
+            with self._decoupled_torchrun(run, comm, intra) as final:  # method=decoupled: the syncer (else nothing)
+                out = self._replica_loop(comm, run=run, table=table, logger=logger, intra=intra, mesh=mesh)
+            if cfg.method == "decoupled":  # goodput over every learner (their lead ranks' times): one gather
+                import torch.distributed as dist
+
+                times = [None] * dist.get_world_size()
+                mine = {k: out[k] for k in ("train_time_s", "waited_s")} if intra is None or intra.rank == 0 else None
+                dist.all_gather_object(times, mine)
+            if lead and final:  # the final loss is the syncer's global parameters', not a learner's copy of them
+                from diloco.decoupled.trainer import evaluate_global, learner_goodput
+
+                out["final_eval_loss"] = evaluate_global(run.template, final["global"], run.val, bf16=cfg.bf16,
+                                                         device=self.device)
+                out["goodput"] = learner_goodput([t for t in times if t is not None])
         finally:
             logger.close()
             if bar is not None:
                 bar.close()
         return self._finish(run, out) if lead else None
+
+    @contextlib.contextmanager
+    def _decoupled_torchrun(self, run: Run, comm: Communicator, intra: Communicator | None):
+        """method=decoupled under torchrun (:func:`diloco.decoupled.torchrun.torchrun_syncer`); then, on the lead
+        process, write ``merges.jsonl``. Yields a dict holding the syncer's final global parameters on the lead
+        once the block has ended (empty otherwise)."""
+        if self.cfg.method != "decoupled":
+            yield {}
+            return
+        from diloco.decoupled.torchrun import torchrun_syncer
+        from diloco.decoupled.trainer import write_merges
+
+        with torchrun_syncer(self.cfg, run.template, run.fragments, worker=comm.rank, intra=intra) as (syncer, final):
+            self._transport = syncer
+            try:
+                yield final
+            finally:
+                self._transport = None
+        if "records" in final:
+            write_merges(self.out_dir / "merges.jsonl", final["records"])
 
     def _finish(self, run: Run, rank0: dict[str, Any]) -> RunResult:
         cfg = self.cfg
