@@ -33,6 +33,12 @@ def test_decoupled_trains_the_tiny_model_and_logs_every_merge(tmp_path, cache):
     merges = [json.loads(line) for line in (tmp_path / "merges.jsonl").read_text().splitlines()]
     assert merges and all({"fragment", "learners", "weights", "quorum_wait", "grace_wait"} <= set(m) for m in merges)
     assert {m for r in merges for m in r["learners"]} == {0, 1, 2}
+    # one log per learner, a row per step; every reply it applied is one merge it took part in
+    for m in range(3):
+        own = [json.loads(line) for line in (tmp_path / f"learner-{m}.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in own] == list(range(1, 49)) and {r["tokens"] for r in own} == {3 * 32}
+        assert sum(len(r["synced"]) for r in own) == sum(m in r["learners"] for r in merges) > 0
+        assert all(r["staleness"] >= 0 and r["wait_s"] >= 0 for r in own) and min(r["staleness"] for r in own) <= 8
     # every report went out once, in fp4, with a reply of the same size
     assert result.bytes_sent_per_replica > 0 and result.bytes_sent_per_replica == result.bytes_received_per_replica
     # K = 1 and 'arrival': the learners hardly wait; the summary says so

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import random
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,6 +111,17 @@ def parse_floats(text: str, what: str) -> tuple[float, ...]:
 
 
 # -- what the logs say ----------------------------------------------------------------------------------------------
+def step_row(*, learner: int, incarnation: int, step: int, dt: float, compute_s: float, wait_s: float, loss: float,
+             tokens: int, staleness: int, synced: Sequence[int]) -> dict[str, Any]:
+    """One learner step as its log holds it (``learner-<m>.jsonl``, written by :mod:`.ray_learners` and by
+    ``diloco train --method decoupled``): ``t`` wall time at its end, ``dt`` its wall seconds, ``compute_s``,
+    ``wait_s`` seconds waited for replies in it, the loss, tokens, ``staleness`` (the most steps since the learner
+    last received any of its fragments) and the fragments whose reply it applied after it (``synced``)."""
+    return {"learner": learner, "incarnation": incarnation, "step": step, "t": time.time(), "dt": dt,
+            "compute_s": compute_s, "wait_s": wait_s, "loss": loss, "tokens": tokens, "staleness": staleness,
+            "synced": list(synced)}
+
+
 def read_learner_log(path: Path | str) -> list[dict[str, Any]]:
     """A learner's rows; a line cut short by a SIGKILL mid-write (not JSON) is skipped."""
     path = Path(path)

@@ -36,7 +36,7 @@ import numpy as np
 import ray
 import torch
 
-from diloco.decoupled.chaos import Chaos, Event, kept_steps, read_learner_log, summarize
+from diloco.decoupled.chaos import Chaos, Event, kept_steps, read_learner_log, step_row, summarize
 from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, connect, start_syncer
 from diloco.decoupled.syncer import Syncer
 from diloco.files import write_json
@@ -168,10 +168,10 @@ def train_until(ready: _Prepared, spec: LearnerSpec, *, learner: int, start_at: 
             waited = algo.wait_seconds
             synced = [r.fragment for r in algo.after_optimizer_step(tokens=x.numel())]
             step += 1
-            log.write(json.dumps({"learner": learner, "incarnation": algo.incarnation, "step": step,
-                                  "t": time.time(), "dt": time.perf_counter() - t0, "compute_s": work,
-                                  "wait_s": algo.wait_seconds - waited, "loss": float(loss),
-                                  "tokens": x.numel(), "staleness": max(algo.steps), "synced": synced}) + "\n")
+            log.write(json.dumps(step_row(learner=learner, incarnation=algo.incarnation, step=step,
+                                          dt=time.perf_counter() - t0, compute_s=work,
+                                          wait_s=algo.wait_seconds - waited, loss=float(loss), tokens=x.numel(),
+                                          staleness=max(algo.steps), synced=synced)) + "\n")
         algo.close()
     return {"learner": learner, "incarnation": algo.incarnation, "steps": step,
             "resent": getattr(ready.channel, "resent", 0)}

@@ -138,6 +138,29 @@ def chaos_run(cfg: Any, out: Path | str, *, chaos: Any, cache_dir: Path | str, s
     return result.summary
 
 
+class LearnerLog:
+    """``learner-<m>.jsonl`` of a ``diloco train`` run: one row per step of learner ``m``
+    (:func:`diloco.decoupled.chaos.step_row`: tokens, loss, staleness, seconds waited, fragments received),
+    written by its lead rank; the weight each merge gave it is in ``merges.jsonl``."""
+
+    def __init__(self, out_dir: Path, learner: int, *, append: bool) -> None:
+        self.learner = learner
+        self._file = open(Path(out_dir) / f"learner-{learner}.jsonl", "a" if append else "w", buffering=1)
+        self._waited = 0.0
+
+    def add(self, algo: Learner, step: int, out: Any) -> None:
+        from diloco.decoupled.chaos import step_row
+
+        wait, self._waited = algo.wait_seconds - self._waited, algo.wait_seconds
+        self._file.write(json.dumps(step_row(
+            learner=self.learner, incarnation=algo.incarnation, step=step, dt=out.step_time,
+            compute_s=out.compute_time, wait_s=wait, loss=out.loss, tokens=out.tokens, staleness=max(algo.steps),
+            synced=out.synced_fragments), allow_nan=False) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
 def learner_goodput(results: Sequence[dict[str, Any]]) -> float | None:
     """The learners' share of training time not spent waiting for replies: 1 - sum(waited) / sum(train time)
     (``diloco train``'s learners never fail, so nothing else is lost)."""
@@ -152,5 +175,5 @@ def write_merges(path: Path, records: Sequence[MergeRecord]) -> None:
     atomic_write_bytes(Path(path), "".join(json.dumps(r.as_row()) + "\n" for r in records).encode("utf-8"))
 
 
-__all__ = ["RunningSyncer", "chaos_run", "decoupled_learner", "decoupled_syncer", "evaluate_global",
+__all__ = ["LearnerLog", "RunningSyncer", "chaos_run", "decoupled_learner", "decoupled_syncer", "evaluate_global",
            "learner_goodput", "make_syncer", "write_merges"]

@@ -360,6 +360,11 @@ class Trainer:
             self._restore_resized(rep, run.start_step, run.saved_replicas)
         elif run.start_step > 0:
             replica_checkpoint.restore(rep, run.start_step, run_dir=self.out_dir)
+        learner_log = None
+        if cfg.method == "decoupled" and rep.local == 0:  # each learner's own rows, from its lead rank
+            from diloco.decoupled.trainer import LearnerLog
+
+            learner_log = LearnerLog(self.out_dir, rep.rank, append=run.start_step > 0)
         final_eval = float("nan")
         if rep.rank == 0 and run.start_step == cfg.total_steps:  # resumed at the end, before the summary
             final_eval = self._evaluate(rep, run, None, None)
@@ -368,6 +373,8 @@ class Trainer:
             for step in range(run.start_step + 1, cfg.total_steps + 1):
                 out = train_step(rep, step, cfg=cfg, device=self.device)
                 table.add(rep.rank, step, step_record(rep, step, out))
+                if learner_log is not None:
+                    learner_log.add(rep.algo, step, out)
                 if rep.rank == 0 and (step % cfg.eval_every == 0 or step == cfg.total_steps):
                     final_eval = self._evaluate(rep, run, step, logger)
                 if rep.writing is not None:  # the checkpoint written in the background since the last step
@@ -380,6 +387,9 @@ class Trainer:
             where = f"replica {rep.rank}" if intra is None else \
                 f"replica {rep.rank} (rank {rep.local} of its {intra.world_size})"
             raise CommError(f"{where} at step {step}: {exc}") from exc
+        finally:
+            if learner_log is not None:
+                learner_log.close()
         stats = comm.stats.totals()
         if rep.sharded:  # each rank counted its own column (its shard): the worker's bytes are their sum
             stats = worker_totals(stats, rep.mesh)
