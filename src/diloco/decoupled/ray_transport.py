@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import time
 from typing import Any
 
@@ -213,9 +214,34 @@ def _warm_up() -> None:
     torch.save({"p": p.detach()}, io.BytesIO())
 
 
+#: Seconds to wait for a Ray cluster's address to accept a connection before calling it unreachable.
+PROBE_TIMEOUT_S = 5.0
+
+
+def check_address(address: str | None, *, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """ValueError naming ``address`` (``host:port`` or ``ray://host:port``) if nothing accepts a connection
+    there within ``timeout_s``: ``ray.init`` itself would wait for minutes without a word. ``None``, ``""``,
+    ``"auto"`` and ``"local"`` are Ray's own lookups and are not probed."""
+    if not address or address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"ray_address={address!r}: give HOST:PORT (a head node's GCS, e.g. 10.0.0.1:6379) or "
+                         f"ray://HOST:PORT (Ray Client, port 10001), or leave it empty for a local Ray instance")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ValueError(f"ray_address={address!r} does not answer ({type(exc).__name__}: {exc}, within "
+                         f"{timeout_s:g} s): start the cluster there (ray start --head --port {port}), fix the "
+                         f"address, or leave it empty to start a local Ray instance") from None
+
+
 def init(*, address: str | None = None, namespace: str = DEFAULT_NAMESPACE) -> None:
-    """``ray.init`` once: a local instance (``address=None``) or the cluster at ``address``."""
+    """``ray.init`` once: a local instance (``address=None``) or the cluster at ``address`` (probed first:
+    :func:`check_address`)."""
     if not ray.is_initialized():
+        check_address(address)
         ray.init(address=address, namespace=namespace)
 
 
@@ -311,4 +337,5 @@ def connect(*, learner: int, name: str = DEFAULT_NAME, namespace: str = DEFAULT_
     return RayChannel(actor, learner)
 
 
-__all__ = ["DEFAULT_NAME", "DEFAULT_NAMESPACE", "RayChannel", "SyncerActor", "connect", "init", "start_syncer"]
+__all__ = ["DEFAULT_NAME", "DEFAULT_NAMESPACE", "RayChannel", "SyncerActor", "check_address", "connect", "init",
+           "start_syncer"]

@@ -113,8 +113,11 @@ def chaos_run(cfg: Any, out: Path | str, *, chaos: Any, cache_dir: Path | str, s
         import ray
 
         from diloco.decoupled.ray_learners import LearnerSpec, run_on_ray
+        from diloco.decoupled.ray_transport import check_address
     except ImportError:
         raise ValueError("diloco chaos needs Ray: pip install -e .[ray] (or ray>=2.9)") from None
+    if not ray.is_initialized():
+        check_address(cfg.ray_address or None)  # before anything is prepared or written
     data = prepare_tokens(cfg.sources, cfg.vocab_size, cache_dir, val_fraction=cfg.val_fraction)
     template = build_model(cfg, data.vocab_size)
     spec = LearnerSpec(tokens=data.train, vocab_size=data.vocab_size, seq_len=cfg.seq_len, size=cfg.size,
