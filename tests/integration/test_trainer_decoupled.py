@@ -92,3 +92,16 @@ def test_decoupled_under_torchrun_needs_the_ray_transport():
     with pytest.raises(ValueError, match="needs decoupled_transport='ray'.*--set decoupled_transport=ray"):
         with torchrun_syncer(tiny(method="decoupled"), None, None, worker=0):
             pass
+
+
+def test_a_ray_address_that_does_not_answer_is_refused_before_the_run_folder_is_touched(tmp_path, cache):
+    pytest.importorskip("ray")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tiny(method="decoupled", decoupled_transport="ray", ray_address=f"127.0.0.1:{port}")
+    with pytest.raises(ValueError, match=f"ray_address='127.0.0.1:{port}' does not answer"):
+        train_model(cfg, tmp_path / "run", cache_dir=cache, progress=False)
+    assert not (tmp_path / "run").exists()

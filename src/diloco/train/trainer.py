@@ -178,6 +178,7 @@ class Trainer:
         interrupted one. Without any, an ``out_dir`` holding a run is an error.
         """
         cfg = self.cfg
+        _check_ray_address(cfg)
         if cfg.worker_sharding == "fsdp":
             raise ValueError(f"worker_sharding='fsdp' shards each worker over its ranks, one process each: launch "
                              f"replicas x ranks_per_worker = {cfg.replicas * cfg.ranks_per_worker} processes with "
@@ -265,6 +266,7 @@ class Trainer:
             raise ValueError(f"config ranks_per_worker={R} but this worker has "
                              f"{1 if intra is None else intra.world_size} ranks; launch replicas x ranks_per_worker "
                              f"= {cfg.replicas * R} processes")
+        _check_ray_address(cfg)
         if cfg.method == "decoupled" and mesh is not None:
             raise ValueError("method='decoupled' with worker_sharding='fsdp' is not built yet (a learner's lead "
                              "rank would need its ranks' shards): use worker_sharding=replicate")
@@ -429,6 +431,14 @@ class Trainer:
         if logger is not None and step is not None:
             logger.log({"step": step, "eval_loss": loss, "tokens_seen": step * self.cfg.tokens_per_step})
         return loss
+
+
+def _check_ray_address(cfg: TrainConfig) -> None:
+    """A decoupled run's Ray cluster answers, before the run directory is touched."""
+    if cfg.method == "decoupled" and cfg.decoupled_transport == "ray" and cfg.ray_address:
+        from diloco.decoupled.ray_transport import check_address
+
+        check_address(cfg.ray_address)
 
 
 def _tell(notices: Sequence[str]) -> None:
