@@ -43,8 +43,8 @@ def method_name(rec: dict) -> str:
     for name, (method, outer_lr, extra) in METHODS.items():
         if method != rec["method"]:
             continue
-        if method == "dp" or (all(base.get(k) == extra.get(k) for k in keys) and outer_lr == rec["outer_lr"]):
-            return name
+        if all(base.get(k) == extra.get(k) for k in keys) and (method == "dp" or outer_lr == rec["outer_lr"]):
+            return name  # DP: told apart by its inner optimizer alone (its outer lr is unused)
     return "?"
 
 
