@@ -22,12 +22,18 @@ wall-clock, goodput (useful learner-seconds / allocated; :func:`diloco.decoupled
 each kill the survivors' longest step / their typical step, the share of their steps they kept in the
 10 s after it, and seconds from the restarted learner joining to its first merge with weight > 0.
 
-Beside it: data-parallel training of the same model, batch and tokens through ``diloco train`` (loss only:
-its recovery from a kill is TorchElastic's restart of every worker from the last checkpoint, measured in
-docs/guides/elastic.md), and torchft 0.2.0's DiLoCo with live healing (``benchmarks/torchft_healing.py``,
-if present: its JSON is read).
+* ``dp``: data-parallel, ``diloco train --method dp --elastic`` with M worker processes under one torchrun
+  agent (``benchmarks/chaos_dp.py``; the inner step padded by ``benchmarks/_padded_train.py``), the same model,
+  global batch, tokens and schedule: a kill makes TorchElastic restart every worker from the newest committed
+  checkpoint (the trainer's default for data-parallel: every 100 steps; ``dp-ckpt16``: every 16), the killed
+  worker's process held down 3 s; its figures from :func:`diloco.decoupled.chaos.summarize_restarts` (a step
+  trained again after a restart counts once in goodput; rejoin: the restarted worker's first step that stays
+  in the final trajectory).
 
-    PYTHONPATH=src python benchmarks/chaos.py                 # ~35 minutes on 2 cores (27 runs)
+Beside it: data-parallel in one process without faults (``dp``, M = 1: loss only), and torchft 0.2.0's DiLoCo
+with live healing (``benchmarks/torchft_healing.py``, if present: its JSON is read).
+
+    PYTHONPATH=src python benchmarks/chaos.py                 # ~45 minutes on 2 cores (35 runs)
     PYTHONPATH=src python benchmarks/chaos.py --quick         # ~3 minutes: M = 2, fewer steps
 
 Resumable: each finished run is a row of ``benchmarks/results/chaos-runs.jsonl`` (runs already there are
@@ -48,6 +54,7 @@ from pathlib import Path
 import ray
 import torch
 
+from chaos_dp import dp_run
 from diloco.data import prepare_tokens
 from diloco.decoupled.chaos import Chaos
 from diloco.decoupled.ray_learners import LearnerSpec, run_on_ray
@@ -63,6 +70,8 @@ METHODS = {"sync": dict(quorum=None, merge="mean", grace_gamma=0.0),
            "decoupled-own": dict(quorum=1, merge="rda", outer_gradient="own"),
            "decoupled-mean-own": dict(quorum=1, merge="mean", outer_gradient="own"),
            "decoupled-own-scaled": dict(quorum=1, merge="rda", outer_gradient="own", partial_scale=True)}
+
+DP_METHODS = {"dp": None, "dp-ckpt16": 16}  # data-parallel under TorchElastic: checkpoint_every (None: the default)
 
 
 def faults(name: str, M: int) -> Chaos:
@@ -144,7 +153,8 @@ def main() -> None:
     base = TrainConfig.from_dict(load_preset("tiny")["base"])
     cache = default_cache_dir()
     data = prepare_tokens(base.sources, base.vocab_size, cache, val_fraction=base.val_fraction)
-    plan = [(m, M, f) for M in Ms for m, f in [("sync", "none"), ("decoupled", "none"), ("decoupled-mean", "none"),
+    plan = [(m, M, f) for M in Ms for m, f in [("dp", "none"), ("dp", "kill"), ("dp-ckpt16", "none"),
+                                                ("dp-ckpt16", "kill"), ("sync", "none"), ("decoupled", "none"), ("decoupled-mean", "none"),
                                                 ("sync", "kill"), ("decoupled", "kill"),
                                                 ("sync", "straggler"), ("decoupled", "straggler"),
                                                 ("decoupled-mean", "straggler"), ("decoupled-own", "straggler"),
@@ -153,12 +163,16 @@ def main() -> None:
                                                 ("decoupled-own-scaled", "straggler")]]
     todo = [p for p in plan if p not in done]
     work = Path(tempfile.mkdtemp(prefix="diloco-chaos-"))
-    if todo:
+    if any(m not in DP_METHODS for m, _, _ in todo):
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="diloco-chaos")
     try:
         for i, (method, M, fault) in enumerate(todo, 1):
             print(f"[{i}/{len(todo)}] {method} M={M} faults={fault} ...", file=sys.stderr, flush=True)
-            row = one_run(method=method, M=M, fault=fault, args=args, data=data, work=work)
+            if method in DP_METHODS:
+                row = dp_run(M=M, fault=fault, args=args, work=work, cache=cache, method=method,
+                             checkpoint_every=DP_METHODS[method])
+            else:
+                row = one_run(method=method, M=M, fault=fault, args=args, data=data, work=work)
             with open(runs_file, "a") as fh:
                 fh.write(json.dumps(row, allow_nan=False) + "\n")
             done[(method, M, fault)] = row
@@ -176,7 +190,9 @@ def main() -> None:
           f"steps kept, restart s, rejoin s")
     for r in rows:
         kills = "; ".join(f"{_fmt(k['worst_step_ratio'], '.1f')}x {_fmt(k['steps_kept'], '.0%')} "
-                          f"{_fmt(k['restart_s'], '.1f')} {_fmt(k['rejoin_s'], '.1f')}" for k in r["kills"])
+                          f"{_fmt(k['restart_s'], '.1f')} {_fmt(k['rejoin_s'], '.1f')}"
+                          + (f" (redone {k['redone_steps']}, past it {_fmt(k['caught_up_s'], '.1f')} s)"
+                             if "redone_steps" in k else "") for k in r["kills"])
         print(f"{r['method']:20} {r['M']:>2} {r['fault']:9} {_fmt(r['eval_loss'], '.4f'):>7} "
               f"{_fmt(r['wall_s'], '.1f'):>7} {_fmt(r['goodput'], '.2f'):>7}  {kills}")
     peer_file = RESULTS / "torchft_healing.json"
