@@ -30,14 +30,20 @@ each kill the survivors' longest step / their typical step, the share of their s
   trained again after a restart counts once in goodput; rejoin: the restarted worker's first step that stays
   in the final trajectory).
 
-Beside it: data-parallel in one process without faults (``dp``, M = 1: loss only), and torchft 0.2.0's DiLoCo
-with live healing (``benchmarks/torchft_healing.py``, if present: its JSON is read).
+* ``torchft``: the peer, torchft 0.2.0's DiLoCo with live healing (``benchmarks/chaos_torchft.py``): M replica
+  groups of one process, a lighthouse with a 2 s heartbeat timeout, the same model, data, batch, tokens,
+  inner schedule, H, τ and outer optimizer, torchft's own 2 fragments; a killed replica's new process (3 s
+  later) heals from a peer at its first quorum.
 
-    PYTHONPATH=src python benchmarks/chaos.py                 # ~45 minutes on 2 cores (35 runs)
+Beside it: data-parallel in one process without faults (``dp``, M = 1: loss only), and torchft's healing
+measured on its own (``benchmarks/torchft_healing.py``, if present: its JSON is read).
+
+    PYTHONPATH=src python benchmarks/chaos.py                 # ~50 minutes on 2 cores (39 runs)
     PYTHONPATH=src python benchmarks/chaos.py --quick         # ~3 minutes: M = 2, fewer steps
 
 Resumable: each finished run is a row of ``benchmarks/results/chaos-runs.jsonl`` (runs already there are
-skipped; ``--fresh`` starts over in a new file); the table goes to ``benchmarks/results/chaos.json``.
+skipped; ``--rerun METHOD,...`` runs those again, appending rows that supersede the old ones; ``--fresh`` starts
+over in a new file); the table goes to ``benchmarks/results/chaos.json``.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ import ray
 import torch
 
 from chaos_dp import dp_run
+from chaos_torchft import torchft_run
 from diloco.data import prepare_tokens
 from diloco.decoupled.chaos import Chaos
 from diloco.decoupled.ray_learners import LearnerSpec, run_on_ray
@@ -130,6 +137,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="M = 2 only, 120 steps")
     ap.add_argument("--fresh", action="store_true", help="start a new runs file (the old one is kept, renamed)")
+    ap.add_argument("--rerun", default="", help="methods to run again (comma-separated; their new rows are appended "
+                    "and supersede the old ones)")
     ap.add_argument("--replicas", default="2,4")
     ap.add_argument("--size", default="tiny")
     ap.add_argument("--steps", type=int, default=300, help="steps per learner that reach the syncer")
@@ -154,16 +163,18 @@ def main() -> None:
     cache = default_cache_dir()
     data = prepare_tokens(base.sources, base.vocab_size, cache, val_fraction=base.val_fraction)
     plan = [(m, M, f) for M in Ms for m, f in [("dp", "none"), ("dp", "kill"), ("dp-ckpt16", "none"),
-                                                ("dp-ckpt16", "kill"), ("sync", "none"), ("decoupled", "none"), ("decoupled-mean", "none"),
+                                                ("dp-ckpt16", "kill"), ("torchft", "none"), ("torchft", "kill"),
+                                                ("sync", "none"), ("decoupled", "none"), ("decoupled-mean", "none"),
                                                 ("sync", "kill"), ("decoupled", "kill"),
                                                 ("sync", "straggler"), ("decoupled", "straggler"),
                                                 ("decoupled-mean", "straggler"), ("decoupled-own", "straggler"),
                                                 ("decoupled-mean-own", "straggler"),
                                                 ("decoupled-own-scaled", "none"), ("decoupled-own-scaled", "kill"),
                                                 ("decoupled-own-scaled", "straggler")]]
-    todo = [p for p in plan if p not in done]
+    rerun = {m for m in args.rerun.split(",") if m}
+    todo = [p for p in plan if p not in done or p[0] in rerun]
     work = Path(tempfile.mkdtemp(prefix="diloco-chaos-"))
-    if any(m not in DP_METHODS for m, _, _ in todo):
+    if any(m not in DP_METHODS and m != "torchft" for m, _, _ in todo):
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="diloco-chaos")
     try:
         for i, (method, M, fault) in enumerate(todo, 1):
@@ -171,6 +182,8 @@ def main() -> None:
             if method in DP_METHODS:
                 row = dp_run(M=M, fault=fault, args=args, work=work, cache=cache, method=method,
                              checkpoint_every=DP_METHODS[method])
+            elif method == "torchft":
+                row = torchft_run(M=M, fault=fault, args=args, data=data, work=work)
             else:
                 row = one_run(method=method, M=M, fault=fault, args=args, data=data, work=work)
             with open(runs_file, "a") as fh:

@@ -1,11 +1,12 @@
 """What the logs say about a run that recovers by restarting every worker from its last checkpoint
-(data-parallel under TorchElastic), on synthetic step rows whose figures have closed forms."""
+(data-parallel under TorchElastic), and about replicas that commit at syncs and heal from a peer (torchft),
+on synthetic step rows whose figures have closed forms."""
 
 from __future__ import annotations
 
 import pytest
 
-from diloco.decoupled.chaos import final_steps, restart_kill, restart_stalls, summarize_restarts
+from diloco.decoupled.chaos import committed_steps, final_steps, restart_kill, restart_stalls, summarize_restarts
 
 STEP, M = 0.1, 3
 
@@ -99,3 +100,25 @@ def test_bad_arguments_are_refused():
         restart_stalls(rows, kill_at=kill_at, killed=1, window_s=0.0)
     with pytest.raises(TypeError):
         restart_kill(rows, kill_at, 1)  # keyword-only
+
+
+@pytest.mark.parametrize("H, rounds, failed", [(8, 5, ()), (8, 5, (2,)), (4, 7, (0, 6))])
+def test_committed_steps_count_rounds_that_committed_and_only_steps_after_healing(H, rounds, failed):
+    """A survivor syncs every H steps, its rounds in ``failed`` not committed; a restarted process trains 3 steps,
+    heals, trains H - 3 more, commits, then trains 2 steps and is killed (no sync after them)."""
+    t, rows = 0.0, []
+    for k in range(rounds):
+        for _ in range(H):
+            t += 1.0
+            rows.append({"learner": 0, "incarnation": 0, "step": len(rows), "t": t})
+        rows.append({"learner": 0, "incarnation": 0, "event": "sync", "committed": k not in failed, "t": t + 0.5})
+    survivor = committed_steps(rows)
+    assert len(survivor) == H * (rounds - len(failed))
+    new = [{"learner": 1, "incarnation": 1, "step": i, "t": float(i)} for i in range(1, 4)]
+    new.append({"learner": 1, "incarnation": 1, "event": "healed", "t": 3.5})
+    new += [{"learner": 1, "incarnation": 1, "step": i, "t": float(i)} for i in range(4, H + 1)]
+    new.append({"learner": 1, "incarnation": 1, "event": "sync", "committed": True, "t": H + 0.5})
+    new += [{"learner": 1, "incarnation": 1, "step": i, "t": float(i)} for i in (H + 1, H + 2)]
+    restarted = committed_steps(new[::-1])  # any order: each process's rows are taken in time order
+    assert sorted(r["step"] for r in restarted) == list(range(4, H + 1))
+    assert len(committed_steps(rows + new)) == len(survivor) + H - 3

@@ -16,6 +16,9 @@ records (``at`` wall time, ``learners``, ``weights``):
   steps whose work reached the syncer (the steps of a killed incarnation after its last received
   reply are lost), and allocated is M x the run's wall time.
 
+:func:`committed_steps`: for replicas that commit their work at syncs and heal from a peer (torchft), the
+steps whose work reached the global model.
+
 A run that recovers by restarting every worker from its last checkpoint (data-parallel under TorchElastic)
 logs the same step rows, with ``incarnation`` the restart count, and ``joined`` rows when a new incarnation
 starts its first step; :func:`summarize_restarts` gives the same figures for it:
@@ -264,6 +267,28 @@ def summarize(rows: Sequence[dict[str, Any]], merges: Sequence[dict[str, Any]], 
     return out
 
 
+def committed_steps(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For replicas that commit their work at syncs (torchft's DiLoCo): the step rows whose work reached the
+    global model. Each process (``learner``, ``incarnation``) logs its steps and ``sync`` event rows
+    (``committed``) and ``healed`` event rows in time order; a step counts when the next sync of its process
+    committed and no healing came between them (a failed commit loses its round; healing overwrites the
+    process's own steps with a peer's state)."""
+    out: list[dict[str, Any]] = []
+    by_process: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        by_process.setdefault((int(r["learner"]), int(r["incarnation"])), []).append(r)
+    for process in by_process.values():
+        pending: list[dict[str, Any]] = []
+        for r in sorted(process, key=lambda r: r["t"]):
+            if "step" in r:
+                pending.append(r)
+            elif r.get("event") in ("healed", "sync"):
+                if r.get("event") == "sync" and r["committed"]:
+                    out += pending
+                pending = []
+    return out
+
+
 # -- runs that restart every worker from a checkpoint ---------------------------------------------------------------
 def final_steps(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
     """Each worker's last execution of each step (in time order per worker), and how many executions
@@ -370,6 +395,6 @@ def summarize_restarts(rows: Sequence[dict[str, Any]], faults: Sequence[dict[str
     return out
 
 
-__all__ = ["Chaos", "Event", "Goodput", "Stall", "final_steps", "goodput", "kept_steps", "parse_floats", "parse_kills",
+__all__ = ["Chaos", "Event", "Goodput", "Stall", "committed_steps", "final_steps", "goodput", "kept_steps", "parse_floats", "parse_kills",
            "read_learner_log", "rejoin_seconds", "restart_kill", "restart_stalls", "summarize", "summarize_restarts",
            "survivor_stalls"]
