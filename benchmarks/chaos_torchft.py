@@ -19,8 +19,9 @@ commit loses its round; a restarted process's steps before it healed were overwr
 Figures, as for the other rows: final eval loss of torchft's global parameters (the fragments'
 ``original_parameters``, from replica 0, never killed) on chaos.py's evaluation set; wall (start to the
 token budget); goodput (the padded compute of the counted steps / M x wall); per kill the survivors'
-longest step ÷ their typical step (:func:`diloco.decoupled.chaos.survivor_stalls`), the share of their
-counted steps in the 10 s after it, the kill to the new process training (restart_s, with the 3 s) and
+longest step that ended in the 10 s after it ÷ their typical step (:func:`diloco.decoupled.chaos.restart_stalls`:
+the step whose sync waits for the lighthouse may have begun just before the kill), the share of their
+counted steps begun in those 10 s (:func:`diloco.decoupled.chaos.survivor_stalls`), the kill to the new process training (restart_s, with the 3 s) and
 from there to its first committed sync (rejoin_s: it contributes), and the kill to its healing.
 """
 
@@ -168,7 +169,7 @@ def torchft_run(*, M: int, fault: str, args: Any, data: Any, work: Path) -> dict
     import torch
 
     from diloco.data.shards import eval_batches
-    from diloco.decoupled.chaos import committed_steps, survivor_stalls
+    from diloco.decoupled.chaos import committed_steps, restart_stalls, survivor_stalls
     from diloco.decoupled.trainer import evaluate_global
     from diloco.models.factory import build_model
 
@@ -204,7 +205,7 @@ def torchft_run(*, M: int, fault: str, args: Any, data: Any, work: Path) -> dict
             if events and now >= started + events[0][0]:
                 _, m = events.pop(0)
                 at = cluster.kill(m, live[m])
-                faults.append({"at": at, "target": "learner", "index": m})
+                faults.append({"at": at, "target": "learner", "index": m, "restarted_as": live[m] + 1})
                 restarts.append((at + DOWNTIME_S, m))
             if restarts and now >= restarts[0][0]:
                 _, m = restarts.pop(0)
@@ -233,14 +234,17 @@ def torchft_run(*, M: int, fault: str, args: Any, data: Any, work: Path) -> dict
     kills = []
     for i, f in enumerate(faults):
         until = faults[i + 1]["at"] if i + 1 < len(faults) else None
-        worst = survivor_stalls(steps, kill_at=f["at"], killed=f["index"], window_s=10.0, until=until)
+        # the longest step that ended after the kill: the step whose sync waits may have begun just before it
+        worst = restart_stalls(steps, kill_at=f["at"], killed=f["index"], window_s=10.0, until=until)
         kept_share = survivor_stalls(kept, kill_at=f["at"], killed=f["index"], window_s=10.0, until=until)
-        inc = i + 1 if all(g["index"] == f["index"] for g in faults) else None
-        new = [r for r in rows if r["learner"] == f["index"] and r["incarnation"] == inc]
-        at = lambda name, pred=lambda r: True: next((r["t"] for r in sorted(new, key=lambda r: r["t"])  # noqa: E731
-                                                    if r.get("event") == name and pred(r)), None)
-        joined, healed = at("joined"), at("healed")
-        contributes = at("sync", lambda r: r["committed"])
+        new = sorted((r for r in rows if r["learner"] == f["index"] and r["incarnation"] == f["restarted_as"]),
+                     key=lambda r: r["t"])
+
+        def first(name: str, pred=lambda r: True, new=new) -> float | None:
+            return next((r["t"] for r in new if r.get("event") == name and pred(r)), None)
+
+        joined, healed = first("joined"), first("healed")
+        contributes = first("sync", lambda r: r["committed"])
         end = f["at"] + 10.0 if until is None else min(f["at"] + 10.0, until)
         syncs = [r for r in rows if r.get("event") == "sync" and r["learner"] != f["index"] and f["at"] <= r["t"] < end]
         kills.append({"learner": f["index"],
@@ -251,6 +255,8 @@ def torchft_run(*, M: int, fault: str, args: Any, data: Any, work: Path) -> dict
                       "healed_s": None if healed is None else healed - f["at"],
                       "survivors_failed_syncs": sum(1 for r in syncs if not r["committed"]),
                       "survivors_syncs": len(syncs),
+                      "survivors_healed": sum(1 for r in rows if r.get("event") == "healed" and r["learner"] != f["index"]
+                                              and f["at"] <= r["t"] < end),
                       "first_error": next((r["error"] for r in syncs if r["error"]), None)})
     loss = None
     if (run_dir / "global.pt").exists():
