@@ -39,7 +39,7 @@ Beside it: data-parallel in one process without faults (``dp``, M = 1: loss only
 measured on its own (``benchmarks/torchft_healing.py``, if present: its JSON is read).
 
     PYTHONPATH=src python benchmarks/chaos.py                 # ~50 minutes on 2 cores (39 runs)
-    PYTHONPATH=src python benchmarks/chaos.py --quick         # ~3 minutes: M = 2, fewer steps
+    PYTHONPATH=src python benchmarks/chaos.py --quick         # ~8 minutes: M = 2, fewer steps (19 runs)
 
 Resumable: each finished run is a row of ``benchmarks/results/chaos-runs.jsonl`` (runs already there are
 skipped; ``--rerun METHOD,...`` runs those again, appending rows that supersede the old ones; ``--fresh`` starts
