@@ -22,16 +22,28 @@ wall-clock, goodput (useful learner-seconds / allocated; :func:`diloco.decoupled
 each kill the survivors' longest step / their typical step, the share of their steps they kept in the
 10 s after it, and seconds from the restarted learner joining to its first merge with weight > 0.
 
-Beside it: data-parallel training of the same model, batch and tokens through ``diloco train`` (loss only:
-its recovery from a kill is TorchElastic's restart of every worker from the last checkpoint, measured in
-docs/guides/elastic.md), and torchft 0.2.0's DiLoCo with live healing (``benchmarks/torchft_healing.py``,
-if present: its JSON is read).
+* ``dp``: data-parallel, ``diloco train --method dp --elastic`` with M worker processes under one torchrun
+  agent (``benchmarks/chaos_dp.py``; the inner step padded by ``benchmarks/_padded_train.py``), the same model,
+  global batch, tokens and schedule: a kill makes TorchElastic restart every worker from the newest committed
+  checkpoint (the trainer's default for data-parallel: every 100 steps; ``dp-ckpt16``: every 16), the killed
+  worker's process held down 3 s; its figures from :func:`diloco.decoupled.chaos.summarize_restarts` (a step
+  trained again after a restart counts once in goodput; rejoin: the restarted worker's first step that stays
+  in the final trajectory).
 
-    PYTHONPATH=src python benchmarks/chaos.py                 # ~35 minutes on 2 cores (27 runs)
-    PYTHONPATH=src python benchmarks/chaos.py --quick         # ~3 minutes: M = 2, fewer steps
+* ``torchft``: the peer, torchft 0.2.0's DiLoCo with live healing (``benchmarks/chaos_torchft.py``): M replica
+  groups of one process, a lighthouse with a 2 s heartbeat timeout, the same model, data, batch, tokens,
+  inner schedule, H, τ and outer optimizer, torchft's own 2 fragments; a killed replica's new process (3 s
+  later) heals from a peer at its first quorum.
+
+Beside it: data-parallel in one process without faults (``dp``, M = 1: loss only), and torchft's healing
+measured on its own (``benchmarks/torchft_healing.py``, if present: its JSON is read).
+
+    PYTHONPATH=src python benchmarks/chaos.py                 # ~50 minutes on 2 cores (39 runs)
+    PYTHONPATH=src python benchmarks/chaos.py --quick         # ~8 minutes: M = 2, fewer steps (19 runs)
 
 Resumable: each finished run is a row of ``benchmarks/results/chaos-runs.jsonl`` (runs already there are
-skipped; ``--fresh`` starts over in a new file); the table goes to ``benchmarks/results/chaos.json``.
+skipped; ``--rerun METHOD,...`` runs those again, appending rows that supersede the old ones; ``--fresh`` starts
+over in a new file); the table goes to ``benchmarks/results/chaos.json``.
 """
 
 from __future__ import annotations
@@ -48,6 +60,8 @@ from pathlib import Path
 import ray
 import torch
 
+from chaos_dp import dp_run
+from chaos_torchft import torchft_run
 from diloco.data import prepare_tokens
 from diloco.decoupled.chaos import Chaos
 from diloco.decoupled.ray_learners import LearnerSpec, run_on_ray
@@ -63,6 +77,8 @@ METHODS = {"sync": dict(quorum=None, merge="mean", grace_gamma=0.0),
            "decoupled-own": dict(quorum=1, merge="rda", outer_gradient="own"),
            "decoupled-mean-own": dict(quorum=1, merge="mean", outer_gradient="own"),
            "decoupled-own-scaled": dict(quorum=1, merge="rda", outer_gradient="own", partial_scale=True)}
+
+DP_METHODS = {"dp": None, "dp-ckpt16": 16}  # data-parallel under TorchElastic: checkpoint_every (None: the default)
 
 
 def faults(name: str, M: int) -> Chaos:
@@ -121,6 +137,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="M = 2 only, 120 steps")
     ap.add_argument("--fresh", action="store_true", help="start a new runs file (the old one is kept, renamed)")
+    ap.add_argument("--rerun", default="", help="methods to run again (comma-separated; their new rows are appended "
+                    "and supersede the old ones)")
     ap.add_argument("--replicas", default="2,4")
     ap.add_argument("--size", default="tiny")
     ap.add_argument("--steps", type=int, default=300, help="steps per learner that reach the syncer")
@@ -144,21 +162,30 @@ def main() -> None:
     base = TrainConfig.from_dict(load_preset("tiny")["base"])
     cache = default_cache_dir()
     data = prepare_tokens(base.sources, base.vocab_size, cache, val_fraction=base.val_fraction)
-    plan = [(m, M, f) for M in Ms for m, f in [("sync", "none"), ("decoupled", "none"), ("decoupled-mean", "none"),
+    plan = [(m, M, f) for M in Ms for m, f in [("dp", "none"), ("dp", "kill"), ("dp-ckpt16", "none"),
+                                                ("dp-ckpt16", "kill"), ("torchft", "none"), ("torchft", "kill"),
+                                                ("sync", "none"), ("decoupled", "none"), ("decoupled-mean", "none"),
                                                 ("sync", "kill"), ("decoupled", "kill"),
                                                 ("sync", "straggler"), ("decoupled", "straggler"),
                                                 ("decoupled-mean", "straggler"), ("decoupled-own", "straggler"),
                                                 ("decoupled-mean-own", "straggler"),
                                                 ("decoupled-own-scaled", "none"), ("decoupled-own-scaled", "kill"),
                                                 ("decoupled-own-scaled", "straggler")]]
-    todo = [p for p in plan if p not in done]
+    rerun = {m for m in args.rerun.split(",") if m}
+    todo = [p for p in plan if p not in done or p[0] in rerun]
     work = Path(tempfile.mkdtemp(prefix="diloco-chaos-"))
-    if todo:
+    if any(m not in DP_METHODS and m != "torchft" for m, _, _ in todo):
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="diloco-chaos")
     try:
         for i, (method, M, fault) in enumerate(todo, 1):
             print(f"[{i}/{len(todo)}] {method} M={M} faults={fault} ...", file=sys.stderr, flush=True)
-            row = one_run(method=method, M=M, fault=fault, args=args, data=data, work=work)
+            if method in DP_METHODS:
+                row = dp_run(M=M, fault=fault, args=args, work=work, cache=cache, method=method,
+                             checkpoint_every=DP_METHODS[method])
+            elif method == "torchft":
+                row = torchft_run(M=M, fault=fault, args=args, data=data, work=work)
+            else:
+                row = one_run(method=method, M=M, fault=fault, args=args, data=data, work=work)
             with open(runs_file, "a") as fh:
                 fh.write(json.dumps(row, allow_nan=False) + "\n")
             done[(method, M, fault)] = row
@@ -176,7 +203,9 @@ def main() -> None:
           f"steps kept, restart s, rejoin s")
     for r in rows:
         kills = "; ".join(f"{_fmt(k['worst_step_ratio'], '.1f')}x {_fmt(k['steps_kept'], '.0%')} "
-                          f"{_fmt(k['restart_s'], '.1f')} {_fmt(k['rejoin_s'], '.1f')}" for k in r["kills"])
+                          f"{_fmt(k['restart_s'], '.1f')} {_fmt(k['rejoin_s'], '.1f')}"
+                          + (f" (redone {k['redone_steps']}, past it {_fmt(k['caught_up_s'], '.1f')} s)"
+                             if "redone_steps" in k else "") for k in r["kills"])
         print(f"{r['method']:20} {r['M']:>2} {r['fault']:9} {_fmt(r['eval_loss'], '.4f'):>7} "
               f"{_fmt(r['wall_s'], '.1f'):>7} {_fmt(r['goodput'], '.2f'):>7}  {kills}")
     peer_file = RESULTS / "torchft_healing.json"

@@ -53,7 +53,9 @@ Prints a table per repeat and writes strict JSON to benchmarks/results/torchft_h
 (settings, torch/torchft versions, each repeat, the median over repeats).
 
 Importable: ``sys.path.insert(0, "benchmarks"); from torchft_healing import measure`` runs one
-repeat and returns its dict (``measure(quick=True)``, or any setting of :class:`Settings`).
+repeat and returns its dict (``measure(quick=True)``, or any setting of :class:`Settings`). The lighthouse,
+the replica processes and the instrumented manager are ``torchft_cluster.py``'s (shared with
+``chaos_torchft.py``).
 """
 
 from __future__ import annotations
@@ -63,17 +65,15 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from torchft_cluster import ROOT, Cluster, instrumented_manager, versions
+
 RESULTS = ROOT / "benchmarks" / "results"
 
 
@@ -115,11 +115,7 @@ class Settings:
 def _replica_main(replica: int, incarnation: int, lighthouse: str, run_dir: Path, s: Settings) -> None:
     """One replica group of one process: torchft DiLoCo until ``run_dir/stop`` exists."""
     import torch
-    from datetime import timedelta
-
     from torchft.local_sgd import DiLoCo
-    from torchft.manager import Manager
-    from torchft.process_group import ProcessGroupGloo
 
     from diloco.models.factory import build_model
 
@@ -143,48 +139,15 @@ def _replica_main(replica: int, incarnation: int, lighthouse: str, run_dir: Path
         raise ValueError(f"fragments must be 1 or 2, got {s.fragments}")
     outers = [torch.optim.SGD(f.parameters(), lr=s.outer_lr, momentum=s.outer_momentum, nesterov=True)
               for f in frags]
-    healed = [False]
 
     def load_state_dict(sd: dict) -> None:  # torchft calls it only to apply a peer's state (healing)
         model.load_state_dict(sd["model"])
         inner.load_state_dict(sd["inner"])
-        healed[0] = True
 
-    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    timeout = timedelta(seconds=s.timeout_s)
-    manager = Manager(
-        pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1, use_async_quorum=False, init_sync=True,
-        load_state_dict=load_state_dict, state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict()},
-        replica_id=str(replica), store_addr="127.0.0.1", store_port=store.port, rank=0, world_size=1,
-        lighthouse_addr=lighthouse, hostname="localhost", timeout=timeout,
-        quorum_timeout=timedelta(seconds=s.quorum_timeout_s), connect_timeout=timeout,
-        heartbeat_interval=timedelta(seconds=s.heartbeat_interval_s),
-    )
+    manager = instrumented_manager(replica=replica, lighthouse=lighthouse, s=s, load_state_dict=load_state_dict,
+                                   state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict()},
+                                   event=event)
     event("ready")
-
-    last_quorum: list[Any] = [None]
-    start_quorum, should_commit = manager.start_quorum, manager.should_commit
-
-    def timed_start_quorum(*args: Any, **kwargs: Any) -> None:
-        t = time.time()
-        healed[0] = False
-        start_quorum(*args, **kwargs)
-        wait_s = time.time() - t
-        n, qid = manager.num_participants(), manager._quorum_id
-        if healed[0]:
-            event("healed", wait_s=wait_s, outer_step=manager.current_step(), participants=n)
-        event("quorum", wait_s=wait_s, participants=n, quorum_id=qid, outer_step=manager.current_step(),
-              changed=(qid, n) != last_quorum[0])
-        last_quorum[0] = (qid, n)
-
-    def timed_should_commit(*args: Any, **kwargs: Any) -> bool:
-        ok = should_commit(*args, **kwargs)
-        err = manager.errored()
-        event("sync", committed=bool(ok), participants=manager.num_participants(),
-              outer_step=manager.current_step(), error=None if err is None else repr(err.original_exception)[:200])
-        return ok
-
-    manager.start_quorum, manager.should_commit = timed_start_quorum, timed_should_commit
 
     gen = torch.Generator().manual_seed(1000 * s.seed + 10 * replica + incarnation)
     stop = run_dir / "stop"
@@ -223,76 +186,9 @@ def _replica_main(replica: int, incarnation: int, lighthouse: str, run_dir: Path
 # ------------------------------------------------------------------------------------------- driver
 
 
-def _read(path: Path) -> list[dict]:
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut by SIGKILL
-                pass
-    return rows
-
-
 def _contributed(rows: list[dict]) -> float | None:
     """Time of the first committed outer sync with 2 participants."""
     return next((r["t"] for r in rows if r.get("event") == "sync" and r["committed"] and r["participants"] == 2), None)
-
-
-class _Cluster:
-    """The lighthouse and the replica processes of one repeat; ``close`` tears everything down."""
-
-    def __init__(self, s: Settings, run_dir: Path) -> None:
-        os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs every quorum at INFO otherwise
-        from torchft._torchft import LighthouseServer
-
-        self.s, self.run_dir = s, run_dir
-        self.lighthouse = LighthouseServer(
-            bind="127.0.0.1:0", min_replicas=s.min_replicas, join_timeout_ms=int(s.join_timeout_s * 1000),
-            quorum_tick_ms=int(s.quorum_tick_s * 1000), heartbeat_timeout_ms=int(s.heartbeat_timeout_s * 1000))
-        self.procs: dict[tuple[int, int], subprocess.Popen] = {}
-        self.spawned: dict[tuple[int, int], float] = {}
-
-    def spawn(self, replica: int, incarnation: int) -> float:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-               "OMP_NUM_THREADS": "1"}
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--replica", str(replica), "--incarnation",
-               str(incarnation), "--lighthouse", self.lighthouse.address(), "--run-dir", str(self.run_dir),
-               "--settings", json.dumps(dataclasses.asdict(self.s))]
-        out = open(self.run_dir / f"replica{replica}.inc{incarnation}.out", "w")
-        t = time.time()
-        self.procs[replica, incarnation] = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-        out.close()
-        self.spawned[replica, incarnation] = t
-        return t
-
-    def kill(self, replica: int, incarnation: int) -> float:
-        proc = self.procs[replica, incarnation]
-        t = time.time()
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        return t
-
-    def rows(self, replica: int, incarnation: int) -> list[dict]:
-        return _read(self.run_dir / f"replica{replica}.inc{incarnation}.jsonl")
-
-    def check_alive(self, *keys: tuple[int, int]) -> None:
-        for key in keys:
-            rc = self.procs[key].poll()
-            if rc is not None:
-                tail = (self.run_dir / f"replica{key[0]}.inc{key[1]}.out").read_text()[-2000:]
-                raise RuntimeError(f"replica {key[0]} (incarnation {key[1]}) exited with {rc}:\n{tail}")
-
-    def close(self) -> None:
-        (self.run_dir / "stop").touch()
-        deadline = time.time() + 15
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.lighthouse.shutdown()
 
 
 def _sleep_until(t: float) -> None:
@@ -302,7 +198,7 @@ def _sleep_until(t: float) -> None:
 
 def _run(s: Settings, run_dir: Path) -> dict:
     """Run the schedule; return the raw timeline (times are time.time())."""
-    cluster = _Cluster(s, run_dir)
+    cluster = Cluster(s, run_dir, script=Path(__file__).resolve())
     try:
         for r in (0, 1):
             cluster.spawn(r, 0)
@@ -413,13 +309,6 @@ def measure(settings: Settings | None = None, *, quick: bool = False, keep_logs:
             shutil.copytree(run_dir, keep_logs, dirs_exist_ok=True)
         shutil.rmtree(run_dir, ignore_errors=True)
     return result
-
-
-def versions() -> dict:
-    import torch
-    from importlib.metadata import version
-
-    return {"python": sys.version.split()[0], "torch": torch.__version__, "torchft": version("torchft")}
 
 
 def _table(results: list[dict]) -> str:

@@ -103,6 +103,23 @@ def test_elastic_refuses_resume_and_overwrite(tmp_path: Path):
         plan_run_dir(tmp_path, _cfg(2), resume=True, elastic=True)
 
 
+def test_a_kill_during_the_first_checkpoint_starts_the_run_again(tmp_path: Path):
+    """Only step folders (a kill before the first checkpoint was committed): an elastic restart starts the run
+    again; once a step is committed it resumes (here from a damaged one, which it refuses)."""
+    from diloco.files import write_json
+    from diloco.train.rundir import plan_run_dir
+
+    write_json(tmp_path / "config.json", _cfg(2).to_dict())
+    folder = ckpt.step_dir(tmp_path, 8)
+    folder.mkdir(parents=True)
+    (folder / "replica-0.pt").write_bytes(b"written by one worker; the other was killed")
+    plan = plan_run_dir(tmp_path, _cfg(1), elastic=True)
+    assert plan.action == "overwrite" and "before its first checkpoint was committed" in plan.notices[0]
+    (ckpt.checkpoint_dir(tmp_path) / "latest.json").write_text(json.dumps({"step": 8, "num_replicas": 2}))
+    with pytest.raises(ckpt.CheckpointError, match="no readable checkpoint"):
+        plan_run_dir(tmp_path, _cfg(1), elastic=True)
+
+
 def test_elastic_outside_torchrun_is_refused_before_anything_is_written(tmp_path: Path, capsys, monkeypatch):
     from diloco.cli import main as cli_main
 

@@ -15,6 +15,22 @@ records (``at`` wall time, ``learners``, ``weights``):
 * :func:`goodput`: useful learner-seconds / allocated learner-seconds, where useful is the compute of
   steps whose work reached the syncer (the steps of a killed incarnation after its last received
   reply are lost), and allocated is M x the run's wall time.
+
+:func:`committed_steps`: for replicas that commit their work at syncs and heal from a peer (torchft), the
+steps whose work reached the global model.
+
+A run that recovers by restarting every worker from its last checkpoint (data-parallel under TorchElastic)
+logs the same step rows, with ``incarnation`` the restart count, and ``joined`` rows when a new incarnation
+starts its first step; :func:`summarize_restarts` gives the same figures for it:
+
+* :func:`final_steps`: the final trajectory, each worker's last execution of each step (a step trained
+  again after a restart from an older checkpoint counts once: the executions it superseded are lost);
+* :func:`restart_stalls`: as :func:`survivor_stalls`, but a step's length is the time since the worker's
+  previous step ended in any incarnation (the restart is one long step of every survivor), and the steps
+  kept in the window are the final executions that ended in it;
+* per kill: seconds to the killed worker's new incarnation starting, from that start to the end of its
+  first kept step, the steps redone (reached before the kill, beyond the checkpoint resumed from) and the
+  seconds until the run trains past the step it had reached at the kill.
 """
 
 from __future__ import annotations
@@ -263,5 +279,134 @@ def summarize(rows: Sequence[dict[str, Any]], merges: Sequence[dict[str, Any]], 
     return out
 
 
-__all__ = ["Chaos", "Event", "Goodput", "Stall", "goodput", "kept_steps", "parse_floats", "parse_kills", "read_learner_log",
-           "rejoin_seconds", "summarize", "survivor_stalls"]
+def committed_steps(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For replicas that commit their work at syncs (torchft's DiLoCo): the step rows whose work reached the
+    global model. Each process (``learner``, ``incarnation``) logs its steps and ``sync`` event rows
+    (``committed``) and ``healed`` event rows in time order; a step counts when the next sync of its process
+    committed and no healing came between them (a failed commit loses its round; healing overwrites the
+    process's own steps with a peer's state)."""
+    out: list[dict[str, Any]] = []
+    by_process: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        by_process.setdefault((int(r["learner"]), int(r["incarnation"])), []).append(r)
+    for process in by_process.values():
+        pending: list[dict[str, Any]] = []
+        for r in sorted(process, key=lambda r: r["t"]):
+            if "step" in r:
+                pending.append(r)
+            elif r.get("event") in ("healed", "sync"):
+                if r.get("event") == "sync" and r["committed"]:
+                    out += pending
+                pending = []
+    return out
+
+
+# -- runs that restart every worker from a checkpoint ---------------------------------------------------------------
+def final_steps(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """Each worker's last execution of each step (in time order per worker), and how many executions
+    were superseded by a later one (work lost to a restart from an older checkpoint)."""
+    last: dict[tuple[int, int], dict[str, Any]] = {}
+    executions = 0
+    for r in rows:
+        if "step" not in r:
+            continue
+        executions += 1
+        key = (int(r["learner"]), int(r["step"]))
+        if key not in last or (r["incarnation"], r["t"]) > (last[key]["incarnation"], last[key]["t"]):
+            last[key] = r
+    kept = sorted(last.values(), key=lambda r: (int(r["learner"]), r["t"]))
+    return kept, executions - len(kept)
+
+
+def _gaps(steps: Sequence[dict[str, Any]]) -> list[float]:
+    """Seconds from each step row's predecessor ending to its own end (the first row: its own ``dt``)."""
+    return [float(r["dt"]) if i == 0 else r["t"] - steps[i - 1]["t"] for i, r in enumerate(steps)]
+
+
+def restart_stalls(rows: Sequence[dict[str, Any]], *, kill_at: float, killed: int, window_s: float,
+                   until: float | None = None) -> list[Stall]:
+    """Each worker other than ``killed`` around a kill at ``kill_at`` after which every worker restarts (see the
+    module docstring). The worst step is the longest in the window, or the first step after the kill if it
+    ended later (the window then kept nothing); ``until`` ends the window there if earlier."""
+    if window_s <= 0:
+        raise ValueError(f"window_s={window_s}: give the seconds after a kill to look at, > 0")
+    end = kill_at + window_s if until is None else min(kill_at + window_s, until)
+    final = {id(r) for r in final_steps(rows)[0]}
+    out = []
+    for m, steps in sorted(_by_learner(rows).items()):
+        if m == killed or steps[-1]["t"] <= kill_at:
+            continue
+        gaps = _gaps(steps)
+        before = [i for i, r in enumerate(steps) if kill_at - window_s <= r["t"] < kill_at]
+        if not before:
+            continue
+        last = min(end, steps[-1]["t"])
+        after = [i for i, r in enumerate(steps) if kill_at <= r["t"] <= last]
+        first = next(i for i, r in enumerate(steps) if r["t"] >= kill_at)
+        typical = statistics.median(gaps[i] for i in before)
+        before_s = kill_at - max(kill_at - window_s, steps[before[0]]["t"] - gaps[before[0]])
+        kept = sum(1 for i in after if id(steps[i]) in final) / (last - kill_at) / (len(before) / before_s) \
+            if last > kill_at else 0.0
+        out.append(Stall(m, kill_at, max(gaps[i] for i in {first, *after}) / typical, kept))
+    return out
+
+
+def restart_kill(rows: Sequence[dict[str, Any]], *, kill_at: float, killed: int) -> dict[str, Any]:
+    """What one kill cost a run that restarts from checkpoints: ``restart_s`` (the kill to the killed worker's
+    next ``joined`` row), ``rejoin_s`` (from there to the end of its first step in the final trajectory),
+    ``redone_steps`` (the highest step the incarnation running at the kill finished, minus the step the restart
+    resumed from) and ``caught_up_s`` (the kill to the first step beyond that one). None where it never happened."""
+    final = {id(r) for r in final_steps(rows)[0]}
+    joined = sorted(r["t"] for r in rows if r.get("event") == "joined" and int(r["learner"]) == killed
+                    and r["t"] >= kill_at)
+    # the incarnation running at the kill: its highest step (a survivor may log the step it shared with the killed
+    # worker just after the kill)
+    before = [r for r in rows if "step" in r and r["t"] < kill_at]
+    running = max(before, key=lambda r: r["t"])["incarnation"] if before else None
+    reached = max((int(r["step"]) for r in rows if "step" in r and r["incarnation"] == running), default=0)
+    out: dict[str, Any] = {"learner": killed, "restart_s": None, "rejoin_s": None, "redone_steps": None,
+                           "caught_up_s": None}
+    if joined:
+        out["restart_s"] = joined[0] - kill_at
+        mine = sorted((r for r in rows if "step" in r and int(r["learner"]) == killed and r["t"] > joined[0]),
+                      key=lambda r: r["t"])
+        kept = [r for r in mine if id(r) in final]
+        if kept:
+            out["rejoin_s"] = kept[0]["t"] - joined[0]
+        if mine:
+            out["redone_steps"] = reached - (int(mine[0]["step"]) - 1)
+    beyond = [r["t"] for r in rows if "step" in r and r["t"] >= kill_at and int(r["step"]) > reached]
+    if beyond:
+        out["caught_up_s"] = min(beyond) - kill_at
+    return out
+
+
+def summarize_restarts(rows: Sequence[dict[str, Any]], faults: Sequence[dict[str, Any]], *, num_workers: int,
+                       wall_s: float, window_s: float = 10.0) -> dict[str, Any]:
+    """:func:`summarize`'s figures for a run that recovers by restarting every worker from its last checkpoint:
+    goodput counts the compute of the final trajectory (:func:`final_steps`), ``lost_steps`` the superseded
+    executions; per learner kill the survivors' worst step ÷ typical, steps kept (:func:`restart_stalls`) and
+    :func:`restart_kill`'s figures."""
+    if num_workers < 1 or wall_s <= 0:
+        raise ValueError(f"num_workers={num_workers}, wall_s={wall_s}: give at least one worker and a wall time > 0")
+    kept, lost = final_steps(rows)
+    g = Goodput(sum(float(r["compute_s"]) for r in kept), num_workers * wall_s, lost)
+    out: dict[str, Any] = {"goodput": g.value, "useful_learner_s": g.useful_s, "allocated_learner_s": g.allocated_s,
+                           "lost_steps": lost, "learner_kills": []}
+    times = sorted(f["at"] for f in faults)
+    for f in sorted(faults, key=lambda f: f["at"]):
+        if f["target"] != "learner":
+            raise ValueError(f"fault {f}: a run restarted from checkpoints has no syncer; give learner kills")
+        later = [t for t in times if t > f["at"]]
+        stalls = restart_stalls(rows, kill_at=f["at"], killed=int(f["index"]), window_s=window_s,
+                                until=later[0] if later else None)
+        out["learner_kills"].append({
+            "worst_step_ratio": max((s.worst_step_ratio for s in stalls), default=None),
+            "steps_kept": min((s.steps_kept for s in stalls), default=None),
+            **restart_kill(rows, kill_at=f["at"], killed=int(f["index"]))})
+    return out
+
+
+__all__ = ["Chaos", "Event", "Goodput", "Stall", "committed_steps", "final_steps", "goodput", "kept_steps", "parse_floats", "parse_kills",
+           "read_learner_log", "rejoin_seconds", "restart_kill", "restart_stalls", "summarize", "summarize_restarts",
+           "survivor_stalls"]

@@ -140,15 +140,22 @@ def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overw
     if reuse:
         if (out_dir / "summary.json").exists():
             return RunDirPlan(out_dir, "finished", notices=(f"reusing the finished run in {out_dir}",))
-        if ckpt.checkpoint_dir(out_dir).exists():
+        if _any_committed(out_dir):
             return _plan_resume(out_dir, cfg, present, extra)
         return RunDirPlan(out_dir, "overwrite", notices=(f"{out_dir} holds this config, stopped before its first "
-                                                          f"checkpoint: starting it again",))
+                                                          f"checkpoint was committed: starting it again",))
     if (out_dir / "summary.json").exists():
         raise ValueError(f"--out {out_dir} already holds this run, finished (summary.json); nothing to do. "
                          f"To train it again, {replace}")
     raise ValueError(f"--out {out_dir} holds an unfinished run of this config; continue it with --resume, or "
                      f"{replace}")
+
+
+def _any_committed(out_dir: Path) -> bool:
+    """A checkpoint was committed (``latest.json`` or a step's record): a kill while the first checkpoint was
+    being written leaves only step folders, which is a run to start again, not one to resume."""
+    root = ckpt.checkpoint_dir(out_dir)
+    return root.is_dir() and ((root / "latest.json").exists() or any(root.glob("step-*.json")))
 
 
 def _plan_resume(out_dir: Path, cfg: TrainConfig, present: list[str], extra: tuple[str, ...] = ()) -> RunDirPlan:
