@@ -1,14 +1,15 @@
 """torchrun's entry for the data-parallel rows of ``benchmarks/chaos.py``: ``diloco``'s CLI, each inner step padded.
 
     torchrun --standalone --nproc-per-node M --max-restarts K benchmarks/_padded_train.py \\
-        --log-dir DIR --step-time 0.1 -- train --preset tiny --method dp --elastic --out RUN ...
+        --log-dir DIR --step-time 0.1 [--slow-rank R --slowdown 3] -- train --preset tiny --method dp --elastic ...
 
 Before the CLI runs, the trainer's inner step (:func:`diloco.train.inner_step.train_step`, as the trainer calls
 it) is wrapped: the step is padded with a sleep to ``--step-time`` seconds (an accelerator's step, as the Ray
 learners of chaos.py pad theirs) and one JSON row per step is appended to ``DIR/worker-<rank>.jsonl``:
 ``learner`` (the rank), ``incarnation`` (TorchElastic's restart count), ``step``, ``t`` (wall time at its end),
 ``dt`` (its seconds), ``compute_s`` (its forward, backward and optimizer time, padded: max of it and the step
-time; the gradient all-reduce is not in it) and ``pid``. Event rows: ``spawned`` (the process started, before
+time; the gradient all-reduce is not in it) and ``pid``. ``--slow-rank R --slowdown F``: rank R pads its steps to
+F x the step time (a straggler). Event rows: ``spawned`` (the process started, before
 its imports) and ``joined`` (its first step starts: built, restored, in the process group).
 
 ``DIR/worker-<rank>.pid`` holds the live process's pid (for the driver's SIGKILL). ``DIR/hold-<rank>``, if the
@@ -27,11 +28,15 @@ from pathlib import Path
 
 def _options(argv: list[str]) -> tuple[Path, float, list[str]]:
     if "--" not in argv:
-        raise SystemExit("usage: _padded_train.py --log-dir DIR --step-time S -- <diloco CLI arguments>")
+        raise SystemExit("usage: _padded_train.py --log-dir DIR --step-time S [--slow-rank R --slowdown F] -- "
+                         "<diloco CLI arguments>")
     cut = argv.index("--")
     mine, cli = argv[:cut], argv[cut + 1:]
     opts = dict(zip(mine[::2], mine[1::2], strict=True))
-    return Path(opts["--log-dir"]), float(opts.get("--step-time", "0")), cli
+    step_time = float(opts.get("--step-time", "0"))
+    if int(os.environ["RANK"]) == int(opts.get("--slow-rank", "-1")):  # a straggler: its steps take this much longer
+        step_time *= float(opts.get("--slowdown", "1"))
+    return Path(opts["--log-dir"]), step_time, cli
 
 
 def main() -> int:

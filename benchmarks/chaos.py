@@ -162,7 +162,8 @@ def main() -> None:
     base = TrainConfig.from_dict(load_preset("tiny")["base"])
     cache = default_cache_dir()
     data = prepare_tokens(base.sources, base.vocab_size, cache, val_fraction=base.val_fraction)
-    plan = [(m, M, f) for M in Ms for m, f in [("dp", "none"), ("dp", "kill"), ("dp-ckpt16", "none"),
+    plan = [(m, M, f) for M in Ms for m, f in [("dp", "none"), ("dp", "kill"), ("dp", "straggler"),
+                                                ("dp-ckpt16", "none"),
                                                 ("dp-ckpt16", "kill"), ("torchft", "none"), ("torchft", "kill"),
                                                 ("sync", "none"), ("decoupled", "none"), ("decoupled-mean", "none"),
                                                 ("sync", "kill"), ("decoupled", "kill"),

@@ -63,7 +63,8 @@ def _kill(log_dir: Path, worker: int, deadline: float) -> int | None:
 
 def dp_run(*, M: int, fault: str, args: Any, work: Path, cache: Path, checkpoint_every: int | None = None,
            method: str = "dp") -> dict[str, Any]:
-    """One data-parallel run of M workers under ``fault`` (``kill`` or ``none``); chaos.py's row."""
+    """One data-parallel run of M workers under ``fault`` (``kill``, ``straggler``: worker M-1's steps padded
+    to 3x the step time, or ``none``); chaos.py's row."""
     out = work / f"{method}-m{M}-{fault}"
     log_dir, run_dir = out / "logs", out / "run"
     log_dir.mkdir(parents=True)
@@ -74,7 +75,8 @@ def dp_run(*, M: int, fault: str, args: Any, work: Path, cache: Path, checkpoint
     env.update(OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"), env.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(M),
            "--max-restarts", "5", "--monitor-interval", "0.1", "--local-addr", "127.0.0.1", str(HERE / "_padded_train.py"),
-           "--log-dir", str(log_dir), "--step-time", str(args.step_time), "--",
+           "--log-dir", str(log_dir), "--step-time", str(args.step_time),
+           *(("--slow-rank", str(M - 1), "--slowdown", "3") if fault == "straggler" else ()), "--",
            "train", "--preset", "tiny", "--method", "dp", "--elastic", "--no-progress", "--out", str(run_dir),
            "--cache-dir", str(cache), "--timeout", "30", *_config(args, checkpoint_every)]
     faults: list[dict[str, Any]] = []
