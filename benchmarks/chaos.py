@@ -76,7 +76,9 @@ METHODS = {"sync": dict(quorum=None, merge="mean", grace_gamma=0.0),
            "decoupled-mean": dict(quorum=1, merge="mean"),
            "decoupled-own": dict(quorum=1, merge="rda", outer_gradient="own"),
            "decoupled-mean-own": dict(quorum=1, merge="mean", outer_gradient="own"),
-           "decoupled-own-scaled": dict(quorum=1, merge="rda", outer_gradient="own", partial_scale=True)}
+           "decoupled-own-scaled": dict(quorum=1, merge="rda", outer_gradient="own", partial_scale=True),
+           # RDA keeps the norm of nearly orthogonal outer gradients (~sqrt(M) x the mean's): its outer lr / sqrt(M)
+           "decoupled-lr-sqrtm": dict(quorum=1, merge="rda", outer_lr_over_sqrt_m=True)}
 
 DP_METHODS = {"dp": None, "dp-ckpt16": 16}  # data-parallel under TorchElastic: checkpoint_every (None: the default)
 
@@ -99,8 +101,9 @@ def one_run(*, method: str, M: int, fault: str, args, data, work: Path) -> dict:
     model = build_model("", size=args.size, vocab_size=data.vocab_size, seq_len=args.seq_len, seed=0)
     kw = dict(METHODS[method])
     kw["quorum"] = kw["quorum"] or M
+    outer_lr = 0.7 / math.sqrt(M) if kw.pop("outer_lr_over_sqrt_m", False) else 0.7
     syncer = Syncer(model, num_learners=M, num_fragments=args.fragments, overlap_steps=args.overlap,
-                    outer_optimizer=lambda p: torch.optim.SGD(p, lr=0.7, momentum=0.9, nesterov=True), **kw)
+                    outer_optimizer=lambda p: torch.optim.SGD(p, lr=outer_lr, momentum=0.9, nesterov=True), **kw)
     out = work / f"{method}-m{M}-{fault}"
     shutil.rmtree(out, ignore_errors=True)
     # the trainer's evaluation set: its first 16 x global_batch windows (here in batches of global_batch / M)
@@ -171,7 +174,8 @@ def main() -> None:
                                                 ("decoupled-mean", "straggler"), ("decoupled-own", "straggler"),
                                                 ("decoupled-mean-own", "straggler"),
                                                 ("decoupled-own-scaled", "none"), ("decoupled-own-scaled", "kill"),
-                                                ("decoupled-own-scaled", "straggler")]]
+                                                ("decoupled-own-scaled", "straggler"),
+                                                ("decoupled-lr-sqrtm", "none")]]
     rerun = {m for m in args.rerun.split(",") if m}
     todo = [p for p in plan if p not in done or p[0] in rerun]
     work = Path(tempfile.mkdtemp(prefix="diloco-chaos-"))
