@@ -175,7 +175,8 @@ def main() -> None:
                                                 ("decoupled-mean-own", "straggler"),
                                                 ("decoupled-own-scaled", "none"), ("decoupled-own-scaled", "kill"),
                                                 ("decoupled-own-scaled", "straggler"),
-                                                ("decoupled-lr-sqrtm", "none")]]
+                                                ("decoupled-lr-sqrtm", "none"), ("decoupled-lr-sqrtm", "kill"),
+                                                ("decoupled-lr-sqrtm", "straggler")]]
     rerun = {m for m in args.rerun.split(",") if m}
     todo = [p for p in plan if p not in done or p[0] in rerun]
     work = Path(tempfile.mkdtemp(prefix="diloco-chaos-"))
