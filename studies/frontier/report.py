@@ -16,7 +16,6 @@ parameter within 0.3 points of FP4 Streaming. A missing run is reported as missi
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections import defaultdict
 from pathlib import Path
