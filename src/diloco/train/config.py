@@ -64,7 +64,7 @@ class TrainConfig:
     ef_decay: float = setting(0.0, "beta of the error-feedback accumulator e <- beta e + Delta that keeps what the codec dropped (0 = off; SparseLoCo 0.95, MuLoCo 0.9)")
     topk_density: float = setting(0.015625, "share of each 4096-value chunk the topk codec sends (1/64: 64 values, 12-bit indices, 2-bit values)")
     quorum: int = setting(0, "K (decoupled): learners a merge needs at least; 0 = all (synchronous), 1 = whoever reports first")
-    merge: str = setting("rda", "decoupled: how the syncer merges: rda (radial-directional averaging, embeddings averaged; measured best with outer_lr about 0.7 / sqrt(replicas)) or mean (token-weighted)")
+    merge: str = setting("rda", "decoupled: how the syncer merges: rda (radial-directional; measured best at outer_lr 0.7/sqrt(M)) or mean (token-weighted)")
     outer_gradient: str = setting("global", "decoupled: a learner's outer gradient: global (Theta - theta_m) or own (base_m - theta_m, its own progress; kinder to stragglers)")
     grace_gamma: float = setting(0.2, "decoupled: gamma of the wait for more learners after the quorum, gamma x (tau x step time - quorum time - sync time)")
     grace_ema_decay: float = setting(0.9, "decoupled: decay of the grace window's moving averages of step, quorum and sync times")
