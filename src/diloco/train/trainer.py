@@ -203,11 +203,7 @@ class Trainer:
             with self._decoupled(run) as syncer_global:  # method=decoupled: the syncer (else nothing)
                 results = run_replicas(partial(self._replica_loop, run=run, table=table, logger=logger), cfg.replicas)
             if syncer_global:  # the final loss is the syncer's global parameters', not a learner's copy of them
-                from diloco.decoupled.trainer import evaluate_global, learner_goodput
-
-                results[0]["final_eval_loss"] = evaluate_global(run.template, syncer_global, run.val,
-                                                                bf16=cfg.bf16, device=self.device)
-                results[0]["goodput"] = learner_goodput(results)
+                self._syncer_result(results[0], run, syncer_global, results)
         finally:
             logger.close()
             if bar is not None:
@@ -297,16 +293,22 @@ class Trainer:
                 mine = {k: out[k] for k in ("train_time_s", "waited_s")} if intra is None or intra.rank == 0 else None
                 dist.all_gather_object(times, mine)
             if lead and final:  # the final loss is the syncer's global parameters', not a learner's copy of them
-                from diloco.decoupled.trainer import evaluate_global, learner_goodput
-
-                out["final_eval_loss"] = evaluate_global(run.template, final["global"], run.val, bf16=cfg.bf16,
-                                                         device=self.device)
-                out["goodput"] = learner_goodput([t for t in times if t is not None])
+                self._syncer_result(out, run, final["global"], [t for t in times if t is not None])
         finally:
             logger.close()
             if bar is not None:
                 bar.close()
         return self._finish(run, out) if lead else None
+
+    def _syncer_result(self, out: dict[str, Any], run: Run, global_params: dict[str, torch.Tensor],
+                       learners: Sequence[dict[str, Any]]) -> None:
+        """method=decoupled: the run's final loss from the syncer's global parameters, and the goodput over
+        ``learners`` (each one's train and waited seconds), into the lead's result ``out``."""
+        from diloco.decoupled.trainer import evaluate_global, learner_goodput
+
+        out["final_eval_loss"] = evaluate_global(run.template, global_params, run.val, bf16=self.cfg.bf16,
+                                                 device=self.device)
+        out["goodput"] = learner_goodput(learners)
 
     @contextlib.contextmanager
     def _decoupled_torchrun(self, run: Run, comm: Communicator, intra: Communicator | None):
