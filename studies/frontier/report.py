@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from diloco.algorithm.codecs import get_codec  # noqa: E402
 from diloco.files import read_jsonl, write_json  # noqa: E402
+from diloco.models import count_params, make_config  # noqa: E402
 from diloco.scaling.paper_gap import paper_law_gaps  # noqa: E402
 from diloco.traffic import exchange_bytes  # noqa: E402
 
@@ -50,17 +51,46 @@ def method_name(rec: dict) -> str:
 def bits_per_param(rec: dict, total_params: int) -> float:
     if rec["method"] == "dp":
         return 32.0  # fp32 gradients, every step
-    codec = get_codec(rec["base"].get("codec", "fp32"), topk_density=rec["base"].get("topk_density"))
+    codec = get_codec(rec["base"].get("codec", "fp32"), topk_density=rec["base"].get("topk_density"),
+                      topk_tables=rec["base"].get("topk_tables"))
     return 8 * codec.num_bytes(total_params) / total_params
 
 
-def _dp_bytes_at_m2(summary: dict) -> float | None:
+def total_params(rec: dict) -> int:
+    """Every parameter of the run's model (embeddings too): from the record, else from its size and vocab."""
+    if rec.get("total_params"):
+        return rec["total_params"]
+    base = rec["base"]
+    return count_params(make_config(rec["size"], vocab_size=base["vocab_size"], seq_len=base["seq_len"]))
+
+
+def run_costs(rec: dict, earlier: dict[tuple, dict]) -> dict:
+    """Steps, parameters and bytes sent per replica: the record's (sweeps since these fields), the run folder's
+    summary.json, or the row an earlier report wrote for this run (a run folder not on this machine)."""
+    if rec.get("bytes_sent_per_replica") is not None:
+        return {k: rec[k] for k in ("steps", "total_params", "bytes_sent_per_replica")}
+    path = ROOT / rec["run_dir"] / "summary.json"
+    if path.exists():
+        summary = json.loads(path.read_text())
+        return {"steps": summary["steps"], "total_params": summary["num_params"],
+                "bytes_sent_per_replica": summary["bytes_sent_per_replica"]}
+    row = earlier.get(_row_key(rec["size"], rec["global_batch"], method_name(rec), rec["inner_lr"], rec["eval_loss"]))
+    return {"steps": None, "total_params": total_params(rec),
+            "bytes_sent_per_replica": None if row is None or rec["method"] == "dp" else row["bytes_sent_per_replica"],
+            "dp_bytes_at_m2": None if row is None or rec["method"] != "dp" else row["bytes_sent_per_replica"]}
+
+
+def _row_key(size: str, batch: int, method: str, inner_lr: float, eval_loss: float) -> tuple:
+    return size, batch, method, inner_lr, round(eval_loss, 6)
+
+
+def _dp_bytes_at_m2(costs: dict) -> float | None:
     """DP over M = 2 sends fp32 gradients every step (as the trainer's DP at M = 2 does); the sweep runs DP with
     one replica, which sends nothing, so its bytes are counted by the traffic function."""
-    if not summary.get("num_params") or not summary.get("steps"):
-        return None
-    return summary["steps"] * exchange_bytes(payload_bytes=4 * summary["num_params"], num_replicas=2,
-                                             exchange="all_gather")
+    if not costs.get("total_params") or not costs.get("steps"):
+        return costs.get("dp_bytes_at_m2")
+    return costs["steps"] * exchange_bytes(payload_bytes=4 * costs["total_params"], num_replicas=2,
+                                           exchange="all_gather")
 
 
 def main() -> int:
@@ -68,20 +98,21 @@ def main() -> int:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
         groups[(r["size"], r["global_batch"], method_name(r))].append(r)
+    earlier_path = HERE / "frontier-summary.json"
+    earlier = {_row_key(r["size"], r["global_batch"], r["method"], r["inner_lr"], r["eval_loss"]): r
+               for r in (json.loads(earlier_path.read_text())["rows"] if earlier_path.exists() else [])}
     rows = []
     for (size, batch, name), rs in sorted(groups.items()):
         best = min(rs, key=lambda r: r["eval_loss"])
         lrs = sorted(r["inner_lr"] for r in rs)
-        summary_path = ROOT / best["run_dir"] / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-        total = summary.get("num_params")
+        costs = run_costs(best, earlier)
         rows.append({"size": size, "global_batch": batch, "method": name, "inner_lr": best["inner_lr"],
                      "lrs_tried": lrs, "at_edge": len(lrs) > 1 and best["inner_lr"] in (lrs[0], lrs[-1]),
                      "eval_loss": best["eval_loss"], "num_params": best["num_params"],
-                     "bits_per_param_per_sync": bits_per_param(best, total) if total else None,
-                     "bytes_sent_per_replica": (_dp_bytes_at_m2(summary) if name == "dp"
-                                                else summary.get("bytes_sent_per_replica")),
-                     "tolerated_steps": (0 if name == "dp" else METHODS[name][2].get("overlap_steps", 0))})
+                     "bits_per_param_per_sync": bits_per_param(best, costs["total_params"]),
+                     "bytes_sent_per_replica": (_dp_bytes_at_m2(costs) if METHODS[name][0] == "dp"
+                                                else costs["bytes_sent_per_replica"]),
+                     "tolerated_steps": (0 if METHODS[name][0] == "dp" else METHODS[name][2].get("overlap_steps", 0))})
     for r in rows:
         dps = [d for d in rows if d["method"] == "dp" and d["size"] == r["size"]]
         dp = min(dps, key=lambda d: d["eval_loss"]) if dps else None  # DP at its best lr and batch

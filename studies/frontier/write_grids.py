@@ -1,6 +1,6 @@
 """The bandwidth frontier at laptop scale: one grid per method and global batch, each bracketing the inner lr.
 
-    .venv/bin/python studies/frontier/write_grids.py SIZE        # writes studies/frontier/grids/SIZE-*.json
+    .venv/bin/python studies/frontier/write_grids.py SIZE [BATCH]    # writes studies/frontier/grids/SIZE-*.json
 
 Every method runs the same model, data (the large corpus), token budget (20 tokens per parameter) and
 schedule as the long runs of studies/outer-tuning (warmup 120, bf16 + torch.compile, one thread), so the
@@ -33,6 +33,12 @@ METHODS = {
     "stat2-ef0.9": ("streaming", 0.7, {**STREAM, "codec": "stat2", "ef_decay": 0.9}),
     # SparseLoCo: top-k 1/64 with 2-bit values, accumulator decay 0.95, outer step without momentum, lr 1
     "topk-sparseloco": ("streaming", 1.0, {**STREAM, "codec": "topk", "ef_decay": 0.95, "outer_momentum": 0.0}),
+    # the same with a table of bin means per 4096-value chunk (0.25 bits): chunks of tensors of different
+    # scales keep their own magnitudes, as SparseLoCo's per-tensor statistics do; and at density 1/32 (0.47 bits)
+    "topk-chunk": ("streaming", 1.0, {**STREAM, "codec": "topk", "topk_tables": "chunk", "ef_decay": 0.95,
+                                      "outer_momentum": 0.0}),
+    "topk-chunk-d32": ("streaming", 1.0, {**STREAM, "codec": "topk", "topk_tables": "chunk", "topk_density": 1 / 32,
+                                          "ef_decay": 0.95, "outer_momentum": 0.0}),
     # MuLoCo: Muon inner optimizer with 4-bit error feedback
     "muon-stat4-ef0.9": ("streaming", 0.7, {**STREAM, "codec": "stat4", "ef_decay": 0.9, "inner_optimizer": "muon"}),
     # the fair reference for Muon + error feedback: data-parallel with Muon as its optimizer
@@ -43,9 +49,9 @@ METHODS = {
 INNER_LRS = {"cpu-0.1m": [0.016, 0.032], "cpu-0.25m": [0.008, 0.016], "cpu-1m": [0.004, 0.008]}
 
 
-def grids(size: str) -> dict[str, dict]:
+def grids(size: str, batches: tuple[int, ...] = (16, 32)) -> dict[str, dict]:
     out = {}
-    for batch in (16, 32):
+    for batch in batches:
         for name, (method, outer_lr, extra) in METHODS.items():
             out[f"{size}-b{batch}-{name}"] = {
                 "_comment": f"The bandwidth frontier: {name} at {size}, global batch {batch}, 20 tokens/param.",
@@ -58,12 +64,13 @@ def grids(size: str) -> dict[str, dict]:
 
 
 def main() -> int:
-    if len(sys.argv) != 2 or sys.argv[1] not in INNER_LRS:
-        print(f"usage: write_grids.py SIZE  (SIZE: {', '.join(INNER_LRS)})", file=sys.stderr)
+    if len(sys.argv) not in (2, 3) or sys.argv[1] not in INNER_LRS or not all(b.isdigit() for b in sys.argv[2:]):
+        print(f"usage: write_grids.py SIZE [BATCH]  (SIZE: {', '.join(INNER_LRS)}; BATCH: 16 or 32, default both)",
+              file=sys.stderr)
         return 2
     folder = HERE / "grids"
     folder.mkdir(exist_ok=True)
-    for name, grid in grids(sys.argv[1]).items():
+    for name, grid in grids(sys.argv[1], tuple(int(b) for b in sys.argv[2:]) or (16, 32)).items():
         path = folder / f"{name}.json"
         if path.exists():
             print(f"kept {path} (exists)")

@@ -31,7 +31,13 @@ def test_sweep_with_the_real_trainer_records_losses(tmp_path, token_cache):
         assert r["eval_loss"] < 5.9  # learned something: ln(512) = 6.24 at init
         assert r["num_params"] == 37184
         run_dir = tmp_path / "runs" / r["run_id"]
-        assert json.loads((run_dir / "summary.json").read_text())["data_sha256"] == r["data_sha256"]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["data_sha256"] == r["data_sha256"]
+        # the record alone tells what the run cost, so a report needs no run folder
+        assert {k: r[k] for k in ("total_params", "steps", "bytes_sent_per_replica")} == {
+            "total_params": summary["num_params"], "steps": summary["steps"],
+            "bytes_sent_per_replica": summary["bytes_sent_per_replica"]}
+        assert r["total_params"] > r["num_params"] and (r["method"] == "dp" or r["bytes_sent_per_replica"] > 0)
         trained = json.loads((run_dir / "config.json").read_text())
         trained = trained.get("config", trained)
         assert trained["method"] == r["method"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -57,6 +59,32 @@ def test_eager_with_one_replica_trains_exactly_like_diloco(tmp_path, cache):
     assert torch.equal(a["replicas"][0]["algorithm"]["global"][0], b["replicas"][0]["algorithm"]["global"][0])
 
 
+def test_topk_with_chunk_tables_sends_what_the_traffic_function_counts(tmp_path, cache):
+    from diloco.algorithm.codecs import get_codec
+    from diloco.algorithm.schedule import Schedule
+
+    kw = dict(method="streaming", replicas=2, steps=16, sync_every=4, num_fragments=2, overlap_steps=1,
+              codec="topk", ef_decay=0.95, outer_momentum=0.0, outer_lr=1.0, eval_every=16)
+    result = train_model(tiny(**kw, topk_tables="chunk"), tmp_path, cache_dir=cache, progress=False)
+    sizes = [g.numel() for g in ckpt.load_latest(tmp_path)["replicas"][0]["algorithm"]["global"]]
+    codec = get_codec("topk", topk_tables="chunk")
+    sched = Schedule(4, 2, 1)
+    # M = 2: the all-gather of a sparse payload sends it once to the one peer
+    expected = sum(codec.num_bytes(sizes[p]) for t in range(1, 17) for p in sched.starts(t))
+    assert result.bytes_sent_per_replica == result.bytes_received_per_replica == expected
+    one_table = sum(get_codec("topk").num_bytes(sizes[p]) for t in range(1, 17) for p in sched.starts(t))
+    assert expected > one_table  # 16 bytes of bin means per 4096-value chunk more
+    assert result.final_eval_loss < math.log(tiny().vocab_size)  # below chance: it trained
+
+
+def test_decoupled_syncer_sends_the_configured_topk():
+    from diloco.decoupled.trainer import make_syncer
+
+    cfg = tiny(method="decoupled", replicas=2, codec="topk", topk_density=0.05, topk_tables="chunk")
+    syncer = make_syncer(cfg, torch.nn.Linear(8, 8))
+    assert (syncer.codec.density, syncer.codec.tables) == (0.05, "chunk")
+
+
 def test_config_checks_the_new_keys():
     with pytest.raises(ValueError, match="overlap_steps=8"):
         tiny(method="streaming", eager=True, overlap_steps=1)
@@ -68,6 +96,10 @@ def test_config_checks_the_new_keys():
         tiny(ef_decay=1.5)
     with pytest.raises(ValueError, match="topk_density=0"):
         tiny(topk_density=0.0)
+    with pytest.raises(ValueError, match="topk_tables='tile'.*payload, chunk"):
+        tiny(topk_tables="tile")
+    codec = tiny(codec="topk", topk_density=0.05, topk_tables="chunk").make_codec()
+    assert (codec.density, codec.tables) == (0.05, "chunk")
     with pytest.raises(ValueError, match="eager=true"):
         tiny(method="dp", eager=True)
     assert tiny(method="diloco", eager=True, overlap_steps=8).eager

@@ -10,6 +10,7 @@ import torch
 from torch.testing import assert_close
 
 from _tiny import batches, make_model
+from diloco.algorithm import wire_sizes
 from diloco.algorithm.codecs import ALL_CODEC_NAMES, COMPRESSING_CODECS, get_codec
 from diloco.algorithm.compress import StatisticalCodec, TopKCodec, pack_bits, unpack_bits
 from diloco.algorithm.error_feedback import ErrorFeedback, error_feedback_step_
@@ -49,20 +50,27 @@ def ref_stat_codec(x, bits, block, r):
     return codes, np.array(out)
 
 
-def ref_topk(x, density, chunk, r):
-    """(positions, decoded values) of chunked top-k with 2-bit values and one table."""
-    positions, local = [], []
+def ref_topk(x, density, chunk, r, tables="payload"):
+    """(positions, local indices, codes, decoded values, tables) of chunked top-k with 2-bit values and one
+    table of bin means for all selected values, or one per chunk."""
+    positions, local, groups = [], [], []
     for start in range(0, len(x), chunk):
         part = x[start:start + chunk]
         k = min(len(part), max(1, math.ceil(density * len(part))))
         top = sorted(sorted(range(len(part)), key=lambda i: -abs(part[i]))[:k])
         local += top
         positions += [start + i for i in top]
-    codes, table = ref_stat([x[p] for p in positions], 2, r)
-    out = np.zeros(len(x))
-    for p, c in zip(positions, codes):
-        out[p] = table[c]
-    return positions, local, codes, out
+        groups.append([start + i for i in top])
+    if tables == "payload":
+        groups = [positions]
+    codes, out, all_tables = [], np.zeros(len(x)), []
+    for group in groups:
+        c, table = ref_stat([x[p] for p in group], 2, r)
+        codes += c
+        all_tables += table
+        for p, code in zip(group, c):
+            out[p] = table[code]
+    return positions, local, codes, out, all_tables
 
 
 # -- codecs ----------------------------------------------------------------------------------------------
@@ -90,7 +98,7 @@ def test_topk_codec_matches_the_reference():
     codec = TopKCodec(density=0.05, chunk_size=256)
     n = 1000  # three full chunks of 256 (k = 13) and one of 232 (k = 12)
     x = torch.randn(n, generator=torch.Generator().manual_seed(2))
-    positions, local, codes, expected = ref_topk(x.double().numpy(), 0.05, 256, 6.0)
+    positions, local, codes, expected, _ = ref_topk(x.double().numpy(), 0.05, 256, 6.0)
     k = len(positions)
     assert k == 3 * 13 + 12 == codec.num_selected(n)
     payload = codec.encode(x)
@@ -103,12 +111,44 @@ def test_topk_codec_matches_the_reference():
     assert_close(out, torch.from_numpy(expected).float(), rtol=1e-5, atol=1e-6)
 
 
+def test_topk_with_a_table_per_chunk_matches_the_reference():
+    codec = TopKCodec(density=0.05, chunk_size=256, tables="chunk")
+    n = 1000  # four chunks, four tables of 4 FP32 bin means
+    # chunks of very different scales, as a fragment's tensors are: one table for all would lose them
+    x = torch.randn(n, generator=torch.Generator().manual_seed(3)) * torch.tensor([0.01, 1.0, 0.1, 3.0]).repeat_interleave(
+        torch.tensor([256, 256, 256, 232]))
+    positions, local, codes, expected, tables = ref_topk(x.double().numpy(), 0.05, 256, 6.0, tables="chunk")
+    k = len(positions)
+    payload = codec.encode(x)
+    assert payload.numel() == codec.num_bytes(n) == math.ceil(2 * k / 8) + k + 4 * 16
+    assert wire_sizes.topk_num_tables(n, chunk_size=256, tables="chunk") == 4
+    vb = math.ceil(2 * k / 8)
+    np.testing.assert_array_equal(payload[:vb].numpy(), ref_pack(codes, 2))
+    np.testing.assert_array_equal(payload[vb:vb + k].numpy(), ref_pack(local, 8))
+    assert_close(payload[vb + k:].clone().view(torch.float32), torch.tensor(tables, dtype=torch.float32),
+                 rtol=1e-5, atol=1e-7)
+    out = codec.decode(payload, n)
+    assert torch.nonzero(out).flatten().tolist() == positions
+    assert_close(out, torch.from_numpy(expected).float(), rtol=1e-5, atol=1e-7)
+    # what the per-chunk tables buy: each chunk keeps its scale; one table smears them into one
+    one = TopKCodec(density=0.05, chunk_size=256)
+    err = [((c.decode(c.encode(x), n) - x)[out != 0].norm() / x[out != 0].norm()).item() for c in (codec, one)]
+    assert err[0] < 0.5 * err[1], err
+
+
 def test_default_topk_is_sparselocos_budget():
     codec = get_codec("topk")
     assert (codec.chunk_size, codec.k_of(4096), codec.index_bits) == (4096, 64, 12)
     n = 1 << 22
     assert abs(8 * codec.num_bytes(n) / n - 0.21875) < 1e-4  # (2 + 12) / 64 bits per value
     assert get_codec("topk", topk_density=0.01).k_of(4096) == 41
+    chunked = get_codec("topk", topk_tables="chunk")
+    assert (chunked.tables, chunked.k_of(4096)) == ("chunk", 64)
+    assert abs(8 * chunked.num_bytes(n) / n - (0.21875 + 4 * 32 / 4096)) < 1e-4  # + 4 FP32 bin means per chunk
+    assert chunked.num_bytes(n) == wire_sizes.payload_bytes("topk", n, topk_tables="chunk")
+    assert abs(chunked.bits_per_value - 8 * chunked.num_bytes(n) / n) < 1e-4
+    with pytest.raises(ValueError, match="tables='tile'.*payload.*chunk"):
+        TopKCodec(tables="tile")
     with pytest.raises(ValueError, match="density"):
         TopKCodec(density=0.0)
 
@@ -125,6 +165,18 @@ def test_payload_size_depends_on_numel_only_and_nan_is_dropped(name, n):
     assert torch.equal(codec.decode(codec.encode(torch.zeros(n)), n), torch.zeros(n))
     if n:
         x[n // 2] = float("nan")
+        assert not torch.isfinite(codec.decode(codec.encode(x), n)).all()
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 4096, 4097, 9000])
+def test_topk_with_chunk_tables_keeps_its_size_and_drops_nan(n):
+    codec = get_codec("topk", topk_tables="chunk")
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    payload = codec.encode(x)
+    assert payload.shape == (codec.num_bytes(n),) == (wire_sizes.payload_bytes("topk", n, topk_tables="chunk"),)
+    assert torch.equal(codec.decode(codec.encode(torch.zeros(n)), n), torch.zeros(n))
+    if n:
+        x[n - 1] = float("inf")
         assert not torch.isfinite(codec.decode(codec.encode(x), n)).all()
 
 

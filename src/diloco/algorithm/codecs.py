@@ -512,10 +512,11 @@ COMPRESSING_CODECS: tuple[str, ...] = ("stat2", "stat4", "topk")
 ALL_CODEC_NAMES: tuple[str, ...] = CODEC_NAMES + COMPRESSING_CODECS
 
 
-def get_codec(name: str | Codec, *, topk_density: float | None = None) -> Codec:
+def get_codec(name: str | Codec, *, topk_density: float | None = None, topk_tables: str | None = None) -> Codec:
     """The registered codec called ``name``; a :class:`Codec` instance is passed through.
 
-    ``topk_density``: for ``"topk"``, the share of each chunk's values sent (default 1/64).
+    ``topk_density``: for ``"topk"``, the share of each chunk's values sent (default 1/64);
+    ``topk_tables``: where its values' bin means are kept, ``"payload"`` (default) or ``"chunk"``.
     """
     if isinstance(name, Codec):
         return name
@@ -524,10 +525,11 @@ def get_codec(name: str | Codec, *, topk_density: float | None = None) -> Codec:
 
         for codec in (StatisticalCodec(bits=2), StatisticalCodec(bits=4), TopKCodec()):
             _REGISTRY[codec.name] = codec
-    if name == "topk" and topk_density is not None:
+    if name == "topk" and (topk_density is not None or topk_tables is not None):
         from diloco.algorithm.compress import TopKCodec
 
-        return TopKCodec(density=topk_density)
+        return TopKCodec(density=wire_sizes.TOPK_DENSITY if topk_density is None else topk_density,
+                         tables=wire_sizes.TOPK_TABLE if topk_tables is None else topk_tables)
     try:
         return _REGISTRY[name]
     except (KeyError, TypeError):

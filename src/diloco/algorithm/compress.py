@@ -24,11 +24,14 @@ Chunked top-k (``topk``): the values are cut into chunks of ``chunk_size``
 (4096, the size of SparseLoCo's 64 x 64 tiles); each chunk sends its ``k`` values
 of largest magnitude, ``k = ceil(density * chunk)`` (at least 1; density 1/64
 by default: 64 of 4096). Indices are chunk-local, sorted, ``ceil(log2
-chunk_size)`` bits each (12); values are 2-bit, quantized as above with one table
-of 4 FP32 bin means for the whole payload and r = 6 (SparseLoCo's 4 bins over
-+-6 sigma of the selected values). Layout: ``[value codes][indices][table]``,
-each packed LSB first. About ``density * (2 + 12)`` bits per value: 0.22 at
-1/64. Sparse payloads cannot be summed in place (the sum of two top-k vectors is
+chunk_size)`` bits each (12); values are 2-bit, quantized as above with r = 6 (SparseLoCo's 4 bins over
++-6 sigma of the selected values) and a table of 4 FP32 bin means: one for the
+whole payload (``tables="payload"``), or one per chunk (``tables="chunk"``,
+0.03 more bits per value), so that chunks of tensors of different scales keep
+their own magnitudes (SparseLoCo takes its statistics per tensor).
+Layout: ``[value codes][indices][tables]``, each packed LSB first. About
+``density * (2 + 12)`` bits per value: 0.22 at 1/64 (0.25 with a table per
+chunk). Sparse payloads cannot be summed in place (the sum of two top-k vectors is
 not one), so the communicator all-gathers them at every M
 (:attr:`Codec.reduces_in_place` is False): ``(M - 1) * n`` bytes each way per
 replica instead of the reduce-scatter's ``2 (M - 1) / M * n``.
@@ -152,7 +155,7 @@ class TopKCodec(Codec):
 
     def __init__(self, *, density: float = wire_sizes.TOPK_DENSITY, chunk_size: int = wire_sizes.TOPK_CHUNK,
                  value_bits: int = wire_sizes.TOPK_VALUE_BITS,
-                 range_sigmas: float = 6.0) -> None:
+                 range_sigmas: float = 6.0, tables: str = wire_sizes.TOPK_TABLE) -> None:
         if not (isinstance(density, (int, float)) and 0.0 < density <= 1.0):
             raise ValueError(f"topk density must lie in (0, 1] (the share of each chunk's values sent), "
                              f"got {density!r}; e.g. 1/64 = 0.015625")
@@ -161,10 +164,13 @@ class TopKCodec(Codec):
         self.density, self.chunk_size = float(density), chunk_size
         self.value_bits, self.range_sigmas = value_bits, float(range_sigmas)
         self.index_bits = wire_sizes.topk_index_bits(chunk_size)
-        self.bits_per_value = self.density * (value_bits + self.index_bits)
+        self.tables = wire_sizes.check_topk_tables(tables)
+        table_bits = (1 << value_bits) * 32 / chunk_size if tables == "chunk" else 0.0
+        self.bits_per_value = self.density * (value_bits + self.index_bits) + table_bits
 
     def __repr__(self) -> str:
-        return f"TopKCodec(density={self.density}, chunk_size={self.chunk_size}, value_bits={self.value_bits})"
+        return (f"TopKCodec(density={self.density}, chunk_size={self.chunk_size}, value_bits={self.value_bits}, "
+                f"tables={self.tables!r})")
 
     def k_of(self, chunk: int) -> int:
         """Values sent from a chunk of ``chunk`` values: ``ceil(density * chunk)``, at least 1, at most all."""
@@ -175,7 +181,7 @@ class TopKCodec(Codec):
 
     def num_bytes(self, numel: int) -> int:
         return wire_sizes.topk_bytes(numel, density=self.density, chunk_size=self.chunk_size,
-                                     value_bits=self.value_bits)
+                                     value_bits=self.value_bits, tables=self.tables)
 
     def select(self, x32: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(chunk-local indices, global positions) of the values sent, chunk by chunk, sorted within each."""
@@ -200,14 +206,30 @@ class TopKCodec(Codec):
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         x32, bad = self._prepare(x)
         local, pos = self.select(x32)
-        values = x32[pos].reshape(1, -1)
-        if values.numel():
-            codes, table = stat_quantize(values, bits=self.value_bits, range_sigmas=self.range_sigmas)
-        else:
-            codes, table = values.to(torch.int64), torch.zeros(1, 1 << self.value_bits, device=x32.device)
+        values = x32[pos]
+        codes, tables = [values.new_zeros(0, dtype=torch.int64)], []
+        start = 0
+        for rows, width in self._table_groups(x32.numel()):
+            c, t = stat_quantize(values[start:start + rows * width].reshape(rows, width), bits=self.value_bits,
+                                 range_sigmas=self.range_sigmas)
+            codes.append(c.reshape(-1))
+            tables.append(t)
+            start += rows * width
+        if not tables and self.tables == "payload":
+            tables.append(torch.zeros(1, 1 << self.value_bits, device=x32.device))
+        table = torch.cat(tables) if tables else x32.new_zeros(0, 1 << self.value_bits)
         table = torch.where(bad, torch.nan, table).contiguous()
-        return torch.cat([pack_bits(codes, self.value_bits), pack_bits(local, self.index_bits),
+        return torch.cat([pack_bits(torch.cat(codes), self.value_bits), pack_bits(local, self.index_bits),
                           table.reshape(-1).view(torch.uint8)])
+
+    def _table_groups(self, numel: int) -> list[tuple[int, int]]:
+        """(tables, selected values each) in payload order: one table for all, or one per chunk."""
+        if numel == 0:
+            return []
+        if self.tables == "payload":
+            return [(1, self.num_selected(numel))]
+        full, rest = divmod(numel, self.chunk_size)
+        return [(full, self.k_of(self.chunk_size))] * bool(full) + [(1, self.k_of(rest))] * bool(rest)
 
     def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
         self._check_payload(payload, numel)
@@ -216,15 +238,18 @@ class TopKCodec(Codec):
         ib = -(-k * self.index_bits // 8)
         codes = unpack_bits(payload[:vb], self.value_bits, k)
         local = unpack_bits(payload[vb:vb + ib], self.index_bits, k)
-        table = payload[vb + ib:].clone().view(torch.float32)
+        table = payload[vb + ib:].clone().view(torch.float32).reshape(-1, 1 << self.value_bits)
         starts = [0]
         for c in _chunk_sizes(numel, self.chunk_size)[:-1]:
             starts.append(starts[-1] + c)
         ks = [self.k_of(c) for c in _chunk_sizes(numel, self.chunk_size)]
         offsets = torch.tensor(starts, dtype=torch.int64, device=payload.device).repeat_interleave(
             torch.tensor(ks, dtype=torch.int64, device=payload.device)) if ks else local
+        widths = [width for rows, width in self._table_groups(numel) for _ in range(rows)]
+        row = torch.arange(len(widths), device=payload.device).repeat_interleave(
+            torch.tensor(widths, dtype=torch.int64, device=payload.device)) if widths else codes
         out = torch.zeros(numel, dtype=torch.float32, device=payload.device)
-        out[local + offsets] = table[codes]
+        out[local + offsets] = table[row, codes]
         return out
 
 

@@ -20,6 +20,9 @@ STAT_BLOCK = 1024
 TOPK_DENSITY = 1 / 64
 TOPK_CHUNK = 4096
 TOPK_VALUE_BITS = 2
+#: Where top-k's 2-bit values take their table of bin means: one for the whole payload, or one per chunk.
+TOPK_TABLES: tuple[str, ...] = ("payload", "chunk")
+TOPK_TABLE = "payload"
 #: Codecs whose payloads cannot be summed in place (sparse): the communicator all-gathers them at every M.
 SPARSE_CODECS: tuple[str, ...] = ("topk",)
 
@@ -66,14 +69,28 @@ def topk_selected(numel: int, *, density: float = TOPK_DENSITY, chunk_size: int 
     return full * topk_k(chunk_size, density) + (topk_k(rest, density) if rest else 0)
 
 
+def check_topk_tables(tables: str) -> str:
+    if tables not in TOPK_TABLES:
+        raise ValueError(f"topk tables={tables!r}: use 'payload' (one table of bin means for the whole payload) "
+                         f"or 'chunk' (one per chunk, 16 more bytes per chunk)")
+    return tables
+
+
+def topk_num_tables(numel: int, *, chunk_size: int = TOPK_CHUNK, tables: str = TOPK_TABLE) -> int:
+    """Tables of bin means a top-k payload carries: 1 (``payload``), or one per chunk (``chunk``)."""
+    check_topk_tables(tables)
+    return 1 if tables == "payload" else _ceil_div(check_numel(numel), chunk_size)
+
+
 def topk_bytes(numel: int, *, density: float = TOPK_DENSITY, chunk_size: int = TOPK_CHUNK,
-               value_bits: int = TOPK_VALUE_BITS) -> int:
-    """``[value codes][chunk-local indices][one table of 2^value_bits FP32 bin means]``."""
+               value_bits: int = TOPK_VALUE_BITS, tables: str = TOPK_TABLE) -> int:
+    """``[value codes][chunk-local indices][tables of 2^value_bits FP32 bin means]`` (one, or one per chunk)."""
     k = topk_selected(numel, density=density, chunk_size=chunk_size)
-    return _ceil_div(k * value_bits, 8) + _ceil_div(k * topk_index_bits(chunk_size), 8) + (1 << value_bits) * 4
+    n_tables = topk_num_tables(numel, chunk_size=chunk_size, tables=tables)
+    return _ceil_div(k * value_bits, 8) + _ceil_div(k * topk_index_bits(chunk_size), 8) + n_tables * (1 << value_bits) * 4
 
 
-def payload_bytes(name: str, numel: int, *, topk_density: float | None = None) -> int:
+def payload_bytes(name: str, numel: int, *, topk_density: float | None = None, topk_tables: str | None = None) -> int:
     """Exact bytes of codec ``name`` (at its default parameters) for ``numel`` values."""
     if name == "fp32":
         return dense_bytes(numel, 4)
@@ -86,7 +103,8 @@ def payload_bytes(name: str, numel: int, *, topk_density: float | None = None) -
     if name in ("stat2", "stat4"):
         return stat_bytes(numel, bits=int(name[4:]))
     if name == "topk":
-        return topk_bytes(numel, density=TOPK_DENSITY if topk_density is None else topk_density)
+        return topk_bytes(numel, density=TOPK_DENSITY if topk_density is None else topk_density,
+                          tables=TOPK_TABLE if topk_tables is None else topk_tables)
     raise ValueError(f"unknown codec {name!r}; valid names: {', '.join(NAMES)}")
 
 
@@ -94,13 +112,14 @@ def payload_bytes(name: str, numel: int, *, topk_density: float | None = None) -
 NAMES: tuple[str, ...] = ("fp32", "bf16", "fp8_e4m3", "int8", "fp4_e3m0", "fp4_e2m1", "stat2", "stat4", "topk")
 
 
-def bits_per_value(name: str, numel: int, *, topk_density: float | None = None) -> float:
+def bits_per_value(name: str, numel: int, *, topk_density: float | None = None,
+                   topk_tables: str | None = None) -> float:
     """Exact bits on the wire per value for a payload of ``numel`` values: ``payload_bytes * 8 / numel``."""
     if check_numel(numel) == 0:
         raise ValueError("numel must be >= 1 for bits per value")
-    return payload_bytes(name, numel, topk_density=topk_density) * 8 / numel
+    return payload_bytes(name, numel, topk_density=topk_density, topk_tables=topk_tables) * 8 / numel
 
 
 __all__ = ["BLOCK8", "FP4_BLOCK", "NAMES", "SPARSE_CODECS", "STAT_BLOCK", "TOPK_CHUNK", "TOPK_DENSITY",
-           "TOPK_VALUE_BITS", "bits_per_value", "block_scaled_bytes", "check_numel", "dense_bytes", "payload_bytes",
-           "stat_bytes", "topk_bytes", "topk_index_bits", "topk_k", "topk_selected"]
+           "TOPK_TABLE", "TOPK_TABLES", "TOPK_VALUE_BITS", "bits_per_value", "check_topk_tables", "block_scaled_bytes", "check_numel", "dense_bytes", "payload_bytes",
+           "stat_bytes", "topk_bytes", "topk_index_bits", "topk_k", "topk_num_tables", "topk_selected"]

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from diloco.algorithm.codecs import get_codec
 from diloco.decoupled.learner import Channel, Learner
 from diloco.decoupled.local import LocalTransport
 from diloco.decoupled.messages import MergeRecord
@@ -40,7 +39,7 @@ def make_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] | None
     """The config's syncer, holding ``template``'s parameters as the initial global ones."""
     return Syncer(template, num_learners=cfg.replicas, quorum=cfg.quorum or cfg.replicas,
                   num_fragments=cfg.num_fragments, fragment_pattern=cfg.fragment_pattern, fragments=fragments,
-                  merge=cfg.merge, outer_gradient=cfg.outer_gradient, codec=get_codec(cfg.codec), outer_optimizer=_outer(cfg),
+                  merge=cfg.merge, outer_gradient=cfg.outer_gradient, codec=cfg.make_codec(), outer_optimizer=_outer(cfg),
                   overlap_steps=cfg.overlap_steps, grace_gamma=cfg.grace_gamma, grace_ema_decay=cfg.grace_ema_decay)
 
 
@@ -76,7 +75,7 @@ def decoupled_learner(cfg: Any, model: nn.Module, channel: Channel, *, learner: 
     """Replica ``learner``'s side: joins the syncer (taking its parameters) and reports on the config's schedule."""
     return Learner(model, channel=channel, learner=learner, sync_every=cfg.sync_every,
                    num_fragments=cfg.num_fragments, fragment_pattern=cfg.fragment_pattern, fragments=fragments,
-                   overlap_steps=cfg.overlap_steps, merge_alpha=cfg.merge_alpha, codec=get_codec(cfg.codec),
+                   overlap_steps=cfg.overlap_steps, merge_alpha=cfg.merge_alpha, codec=cfg.make_codec(),
                    schedule=cfg.schedule_spec, tokens_per_step=cfg.batch_per_replica * cfg.seq_len, stats=stats,
                    overwrite_after=cfg.overwrite_after)
 

@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from diloco.algorithm.wire_sizes import TOPK_TABLES
 from diloco.layout import PATTERNS
 from diloco.methods import METHODS, schedule_errors
 
@@ -63,6 +64,7 @@ class TrainConfig:
     eager: bool = setting(False, "eager updates (needs overlap_steps = sync_every): apply this worker's share of the outer gradient at once, the others' one outer step later")
     ef_decay: float = setting(0.0, "beta of the error-feedback accumulator e <- beta e + Delta that keeps what the codec dropped (0 = off; SparseLoCo 0.95, MuLoCo 0.9)")
     topk_density: float = setting(0.015625, "share of each 4096-value chunk the topk codec sends (1/64: 64 values, 12-bit indices, 2-bit values)")
+    topk_tables: str = setting("payload", "where the topk codec's 2-bit values take their bin means: payload (one table) or chunk (one per chunk, +0.03 bits)")
     quorum: int = setting(0, "K (decoupled): learners a merge needs at least; 0 = all (synchronous), 1 = whoever reports first")
     merge: str = setting("rda", "decoupled: how the syncer merges: rda (radial-directional; measured best at outer_lr 0.7/sqrt(M)) or mean (token-weighted)")
     outer_gradient: str = setting("global", "decoupled: a learner's outer gradient: global (Theta - theta_m) or own (base_m - theta_m, its own progress; kinder to stragglers)")
@@ -126,6 +128,8 @@ class TrainConfig:
              f"ef_decay={self.ef_decay}: need 0 <= beta <= 1 (0 = no error feedback; SparseLoCo 0.95, MuLoCo 0.9)")
         need(0.0 < self.topk_density <= 1.0,
              f"topk_density={self.topk_density}: need 0 < density <= 1 (the share of each chunk sent, e.g. 0.015625)")
+        need(self.topk_tables in TOPK_TABLES,
+             f"topk_tables={self.topk_tables!r}: choose one of {', '.join(TOPK_TABLES)} (chunk: a table of bin means per chunk)")
         need(not self.eager or self.method != "dp",
              "eager=true is for method=diloco or streaming (data-parallel has no outer step to overlap)")
         need(self.dp_codec in CODEC_NAMES, f"dp_codec={self.dp_codec!r}: choose one of {', '.join(CODEC_NAMES)}")
@@ -257,6 +261,12 @@ class TrainConfig:
             return tuple(int(v) for v in self.schedule.split(",") if v.strip())
         except ValueError:
             return self.schedule  # resolve_schedule names the forms that work
+
+    def make_codec(self) -> Any:
+        """The codec outer gradients travel as: ``codec`` with its top-k settings (imports torch)."""
+        from diloco.algorithm.codecs import get_codec
+
+        return get_codec(self.codec, topk_density=self.topk_density, topk_tables=self.topk_tables)
 
     # -- (de)serialisation ---------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from diloco.algorithm.base import ReplicaAlgorithm
-from diloco.algorithm.codecs import get_codec
 from diloco.algorithm.data_parallel import DataParallel
 from diloco.algorithm.inner import build_inner_optimizer
 from diloco.algorithm.streaming import StreamingDiLoCo
@@ -159,7 +158,7 @@ def build_algorithm(cfg: TrainConfig, model: torch.nn.Module, comm: Communicator
         model, comm=comm, sync_every=cfg.sync_every, num_fragments=cfg.num_fragments,
         fragment_pattern=cfg.fragment_pattern, fragments=fragments, schedule=cfg.schedule_spec,
         overlap_steps=cfg.overlap_steps,
-        merge_alpha=cfg.merge_alpha, codec=get_codec(cfg.codec, topk_density=cfg.topk_density),
+        merge_alpha=cfg.merge_alpha, codec=cfg.make_codec(),
         eager=cfg.eager, error_feedback_decay=cfg.ef_decay,
         outer_optimizer=partial(torch.optim.SGD, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
                                 nesterov=cfg.outer_nesterov and cfg.outer_momentum > 0),

@@ -44,8 +44,9 @@ def config_from_record(config: dict[str, Any]) -> tuple[TrainConfig, Path, Path]
 
 
 def run_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Train one grid point; return what the sweep records (non-embedding N, final eval loss, wall time, and the
-    SHA-256 of the token ids it trained on: two sweeps' losses are comparable only on the same data)."""
+    """Train one grid point; return what the sweep records (non-embedding N, final eval loss, wall time, the
+    SHA-256 of the token ids it trained on: two sweeps' losses are comparable only on the same data; and, so
+    that the record alone tells what the run cost, every parameter, steps and bytes each replica sent)."""
     from diloco.models import count_params, make_config
 
     cfg, run_dir, cache_dir = config_from_record(config)
@@ -54,4 +55,6 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
     result = train_model(cfg, run_dir, cache_dir=cache_dir, progress=False, reuse=True)
     mc = make_config(cfg.size, vocab_size=cfg.vocab_size, seq_len=cfg.seq_len)
     return {"eval_loss": result.final_eval_loss, "num_params": count_params(mc, embeddings=False),
-            "wall_time_s": result.wall_time_s, "run_dir": str(run_dir), "data_sha256": result.data_sha256}
+            "wall_time_s": result.wall_time_s, "run_dir": str(run_dir), "data_sha256": result.data_sha256,
+            "total_params": result.num_params, "steps": result.steps,
+            "bytes_sent_per_replica": result.bytes_sent_per_replica}
