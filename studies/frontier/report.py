@@ -7,7 +7,8 @@ summary.json (bytes sent). For every (size, global batch, method) it takes the f
 final eval loss over the inner lrs tried, and says whether that best sits at the edge of its bracket.
 Columns: the gap to the best DP at the same size and batch; bits per parameter per sync (the codec's exact
 payload for the whole model, over its parameter count); bytes sent per replica over the run; the latency
-an exchange may take without stalling (tau inner steps); and, beside every gap, the papers' scaling law for
+an exchange may take without stalling (tau inner steps); how often each value is sent over the run (outer
+syncs times top-k's density); and, beside every gap, the papers' scaling law for
 DiLoCo M = 2 at this N (their Table 4 fitted and extrapolated: the reference the issue of model size sets).
 The two targets: eager (tau = H) within 0.5 points of Streaming tau = 1; some codec at <= 0.5 bits per
 parameter within 0.3 points of FP4 Streaming. A missing run is reported as missing, never as met.
@@ -80,6 +81,19 @@ def run_costs(rec: dict, earlier: dict[tuple, dict]) -> dict:
             "dp_bytes_at_m2": None if row is None or rec["method"] != "dp" else row["bytes_sent_per_replica"]}
 
 
+def sends_per_value(rec: dict) -> float | None:
+    """How often each value is sent over the run, on average: every outer sync of its fragment (steps / H) times
+    the share of values a payload carries (top-k's density, 1 for dense codecs). None for data-parallel.
+    Top-k's error feedback only delays what it drops; below about one send per value, most of an outer
+    gradient is never sent at all within the run's budget."""
+    if rec["method"] == "dp":
+        return None
+    base = rec["base"]
+    steps = rec["tokens"] // (rec["global_batch"] * base["seq_len"])
+    density = (base.get("topk_density") or 1 / 64) if base.get("codec") == "topk" else 1.0
+    return steps / rec["sync_every"] * density
+
+
 def _row_key(size: str, batch: int, method: str, inner_lr: float, eval_loss: float) -> tuple:
     return size, batch, method, inner_lr, round(eval_loss, 6)
 
@@ -112,21 +126,23 @@ def main() -> int:
                      "bits_per_param_per_sync": bits_per_param(best, costs["total_params"]),
                      "bytes_sent_per_replica": (_dp_bytes_at_m2(costs) if METHODS[name][0] == "dp"
                                                 else costs["bytes_sent_per_replica"]),
-                     "tolerated_steps": (0 if METHODS[name][0] == "dp" else METHODS[name][2].get("overlap_steps", 0))})
+                     "tolerated_steps": (0 if METHODS[name][0] == "dp" else METHODS[name][2].get("overlap_steps", 0)),
+                     "sends_per_value": sends_per_value(best)})
     for r in rows:
         dps = [d for d in rows if d["method"] == "dp" and d["size"] == r["size"]]
         dp = min(dps, key=lambda d: d["eval_loss"]) if dps else None  # DP at its best lr and batch
         r["gap_pct"] = None if dp is None else 100 * (r["eval_loss"] / dp["eval_loss"] - 1)
         r["papers_law_m2_gap_pct"] = paper_law_gaps(r["num_params"])[2]
     print(f"{'size':<9} {'B':>3} {'method':<19} {'lr':>6} {'loss':>7} {'gap':>8} {'law M=2':>8} "
-          f"{'bits/p/sync':>11} {'sent/replica':>13} {'tau':>4}")
+          f"{'bits/p/sync':>11} {'sent/replica':>13} {'tau':>4} {'sends/value':>11}")
     for r in rows:
         gap = "-" if r["gap_pct"] is None else f"{r['gap_pct']:+.2f}%"
         bits = "-" if r["bits_per_param_per_sync"] is None else f"{r['bits_per_param_per_sync']:.3f}"
         sent = "-" if r["bytes_sent_per_replica"] is None else f"{r['bytes_sent_per_replica'] / 1e6:.1f} MB"
         edge = "*" if r["at_edge"] else " "
         print(f"{r['size']:<9} {r['global_batch']:>3} {r['method']:<19} {r['inner_lr']:>6g}{edge}{r['eval_loss']:>7.4f} "
-              f"{gap:>8} {r['papers_law_m2_gap_pct']:>+7.2f}% {bits:>11} {sent:>13} {r['tolerated_steps']:>4}")
+              f"{gap:>8} {r['papers_law_m2_gap_pct']:>+7.2f}% {bits:>11} {sent:>13} {r['tolerated_steps']:>4} "
+              f"{'-' if r['sends_per_value'] is None else format(r['sends_per_value'], '.1f'):>11}")
     print("* the best inner lr sits at the edge of what was tried: bracket it further")
     print("\nTargets (per size, best over batches):")
     for size in sorted({r["size"] for r in rows}):
