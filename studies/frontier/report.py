@@ -1,6 +1,7 @@
 """The bandwidth frontier: each method at its best inner lr against DP at its best, beside what it sends.
 
     .venv/bin/python studies/frontier/report.py            # table; frontier-summary.json and frontier.png
+    .venv/bin/python studies/frontier/report.py --planner cpu-1m   # also: the planner charges that size's rows
 
 Reads studies/frontier/results.jsonl (``diloco sweep`` over the grids of write_grids.py) and each run's
 summary.json (bytes sent). For every (size, global batch, method) it takes the finished run with the lowest
@@ -26,7 +27,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from diloco.algorithm.codecs import get_codec  # noqa: E402
-from diloco.files import read_jsonl, write_json  # noqa: E402
+from diloco.files import atomic_write_bytes, read_jsonl, write_json  # noqa: E402
 from diloco.models import count_params, make_config  # noqa: E402
 from diloco.scaling.paper_gap import paper_law_gaps  # noqa: E402
 from diloco.traffic import exchange_bytes  # noqa: E402
@@ -107,7 +108,63 @@ def _dp_bytes_at_m2(costs: dict) -> float | None:
                                            exchange="all_gather")
 
 
-def main() -> int:
+#: The rows the planner charges (diloco.sim.loss: MEASURED_CODECS, MEASURED_EAGER, the reference and DP), and
+#: how it names them.
+PLANNER_ROWS = {
+    "dp": "data-parallel (AdamW)",
+    "streaming-fp4-tau1": "Streaming FP4, tau = 1",
+    "eager-fp4-mom0.5": "eager FP4, tau = H, outer momentum 0.5",
+    "stat4-ef0.9": "stat4 + error feedback 0.9",
+    "stat2-ef0.9": "stat2 + error feedback 0.9",
+    "topk-sparseloco": "SparseLoCo top-k 1/64 + 2-bit, error feedback",
+    "muon-stat4-ef0.9": "Muon inner + stat4 + error feedback 0.9 (vs AdamW DP)",
+}
+#: Shown by `diloco plan`, charged to nothing: copied when measured.
+PLANNER_OPTIONAL = ("muon-stat4-ef0.9",)
+PLANNER_DATA = ROOT / "src" / "diloco" / "sim" / "data" / "ablations.json"
+
+
+def planner_block(rows: list[dict], size: str, batch: int = 16) -> dict:
+    """The planner's measured costs (ablations.json's "frontier") from this report's rows at one size and batch.
+    Every row the planner charges must be there: a partial study is refused, naming what is missing."""
+    have = {r["method"]: r for r in rows if r["size"] == size and r["global_batch"] == batch}
+    missing = [k for k in PLANNER_ROWS if k not in have and k not in PLANNER_OPTIONAL]
+    if missing:
+        raise ValueError(f"--planner {size}: no finished run of {', '.join(missing)} at batch {batch}; "
+                         f"the planner's costs stay as they are")
+    n = have["dp"]["num_params"]
+    return {"_comment": "Copied from the file named in source by `report.py --planner SIZE` (the global batch "
+                        f"{batch} rows; tests/unit/test_plan_measured.py checks the copy): what the planner charges "
+                        "the newer bandwidth settings, measured at laptop scale.",
+            "source": "studies/frontier/frontier-summary.json",
+            "setting": f"{size} ({n:,} parameters), global batch {batch} x 128, M = 2, H = 30, P = 3, 20 tokens per "
+                       f"parameter, each method at its best inner lr, one seed",
+            "size": size, "global_batch": batch, "num_params": n, "reference": STREAMING,
+            "rows": {k: {"what": what, "eval_loss": have[k]["eval_loss"], "gap_pct": have[k]["gap_pct"],
+                         "tolerated_steps": have[k]["tolerated_steps"]} for k, what in PLANNER_ROWS.items()
+                     if k in have}}
+
+
+def write_planner_block(block: dict) -> None:
+    """Replace ablations.json's "frontier" block (its last key), keeping the rest of the file's text as written."""
+    text = PLANNER_DATA.read_text()
+    start = text.index('\n  "frontier": {')
+    assert list(json.loads(text))[-1] == "frontier", "the frontier block must stay the file's last key"
+    head = {k: v for k, v in block.items() if k != "rows"}
+    lines = [f'    {json.dumps(k)}: {json.dumps(v)},' for k, v in head.items()]
+    rows = [f'      {json.dumps(k)}: {json.dumps(v)}' for k, v in block["rows"].items()]
+    new = (text[:start] + '\n  "frontier": {\n' + "\n".join(lines) + '\n    "rows": {\n' + ",\n".join(rows)
+           + "\n    }\n  }\n}\n")
+    assert json.loads(new)["frontier"] == block
+    atomic_write_bytes(PLANNER_DATA, new.encode("utf-8"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and (len(argv) != 2 or argv[0] != "--planner"):
+        print("usage: report.py [--planner SIZE]   (--planner: the planner's measured costs from SIZE's rows)",
+              file=sys.stderr)
+        return 2
     records = [r for r in read_jsonl(HERE / "results.jsonl") if r.get("status") == "ok" and r.get("eval_loss")]
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
@@ -169,6 +226,14 @@ def main() -> int:
             print(f"  {size}: a codec at <= 0.5 bits/param vs FP4 Streaming: not yet measured")
     write_json(HERE / "frontier-summary.json", {"rows": rows})
     _plot(rows)
+    if argv:
+        try:
+            block = planner_block(rows, argv[1])
+        except ValueError as exc:
+            print(f"report.py: {exc}", file=sys.stderr)
+            return 2
+        write_planner_block(block)
+        print(f"\nwrote the planner's measured costs ({argv[1]}, batch 16) into {PLANNER_DATA.relative_to(ROOT)}")
     return 0
 
 

@@ -72,14 +72,16 @@ def test_planner_candidates_include_the_newer_settings():
 
 
 def test_checked_in_costs_are_the_frontier_studys():
+    block = json.loads((ROOT / "src" / "diloco" / "sim" / "data" / "ablations.json").read_text())["frontier"]
     rows = {r["method"]: r for r in json.loads(SUMMARY.read_text())["rows"]
-            if r["size"] == "cpu-0.1m" and r["global_batch"] == 16}
+            if r["size"] == block["size"] and r["global_batch"] == 16}
     measured = LossModel.paper().measured()
     assert measured["source"] == "studies/frontier/frontier-summary.json"
-    assert "96,640 parameters" in measured["setting"] and "16 x 128" in measured["setting"]
+    assert f"{block['num_params']:,} parameters" in measured["setting"] and "16 x 128" in measured["setting"]
     for key, row in measured["rows"].items():
         assert row["eval_loss"] == rows[key]["eval_loss"] and row["gap_pct"] == rows[key]["gap_pct"], key
-        assert row["tolerated_steps"] == rows[key]["tolerated_steps"] and rows[key]["num_params"] == 96_640
+        assert row["tolerated_steps"] == rows[key]["tolerated_steps"]
+        assert rows[key]["num_params"] == block["num_params"]
     for key in (*MEASURED_CODECS.values(), MEASURED_EAGER, "streaming-fp4-tau1", "dp"):
         assert key in measured["rows"]
     # the figures the planner prints
@@ -146,3 +148,18 @@ def test_plan_without_the_newer_settings_is_the_papers(tmp_path, capsys, paper_l
     setup = Setup(model, "given", 2, 20 * model.num_params, 4e6)
     plan = evaluate(setup, candidates(model.num_layers, codecs=("fp4_e3m0",), eager=False), [1e9], paper_loss)
     assert plan.measured == {} and "measured" not in plan.sources
+
+
+def test_the_frontier_report_writes_the_block_the_planner_reads():
+    """`studies/frontier/report.py --planner SIZE` makes the checked-in block from the study's rows, and refuses a
+    size where a charged method has no finished run."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("frontier_report", ROOT / "studies" / "frontier" / "report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    checked = json.loads(report.PLANNER_DATA.read_text())["frontier"]
+    rows = json.loads(SUMMARY.read_text())["rows"]
+    assert report.planner_block(rows, checked["size"]) == checked
+    with pytest.raises(ValueError, match="no finished run of stat2-ef0.9 at batch 16"):
+        report.planner_block([r for r in rows if r["method"] != "stat2-ef0.9"], checked["size"])
