@@ -224,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{d:+.2f} points from FP4 Streaming -> {'met' if d <= 0.3 else 'MISSED'} (target <= +0.3)")
         else:
             print(f"  {size}: a codec at <= 0.5 bits/param vs FP4 Streaming: not yet measured")
+        muon, dp_muon = best.get("muon-stat4-ef0.9"), best.get("dp-muon")
+        if muon and dp_muon:  # the fair reference for Muon + error feedback: data-parallel with Muon
+            print(f"  {size}: Muon + stat4 EF {100 * (muon['eval_loss'] / dp_muon['eval_loss'] - 1):+.2f}% against "
+                  f"data-parallel with Muon (AdamW Streaming FP4 against AdamW DP: "
+                  f"{'-' if s is None else format(s['gap_pct'], '+.2f') + '%'})")
     write_json(HERE / "frontier-summary.json", {"rows": rows})
     _plot(rows)
     if argv:
