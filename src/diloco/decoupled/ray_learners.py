@@ -36,6 +36,7 @@ import numpy as np
 import ray
 import torch
 
+from diloco.algorithm.codecs import Codec
 from diloco.decoupled.chaos import Chaos, Event, kept_steps, read_learner_log, step_row, summarize
 from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, connect, start_syncer
 from diloco.decoupled.syncer import Syncer
@@ -71,7 +72,7 @@ class LearnerSpec:
     fragment_pattern: str = "strided"
     overlap_steps: int = 0
     merge_alpha: float = 0.0
-    codec: str = "fp32"
+    codec: str | Codec = "fp32"  # a name, or the codec itself (a config's make_codec(): top-k settings kept)
     seed: int = 0
     step_time_s: float = 0.0
     duration_s: float = 10.0

@@ -123,7 +123,7 @@ def chaos_run(cfg: Any, out: Path | str, *, chaos: Any, cache_dir: Path | str, s
                        model=cfg.model, batch_size=cfg.batch_per_replica, inner_lr=cfg.inner_lr,
                        weight_decay=cfg.weight_decay, sync_every=cfg.sync_every, num_fragments=cfg.num_fragments,
                        fragment_pattern=cfg.fragment_pattern, overlap_steps=cfg.overlap_steps,
-                       merge_alpha=cfg.merge_alpha, codec=cfg.codec, seed=cfg.seed, step_time_s=step_time_s,
+                       merge_alpha=cfg.merge_alpha, codec=cfg.make_codec(), seed=cfg.seed, step_time_s=step_time_s,
                        duration_s=max_seconds, max_steps=cfg.total_steps, warmup_steps=cfg.warmup_steps,
                        min_lr_ratio=cfg.min_lr_ratio)
     started_ray = not ray.is_initialized()
