@@ -35,7 +35,7 @@ METHODS = {
     "topk-sparseloco": ("streaming", 1.0, {**STREAM, "codec": "topk", "ef_decay": 0.95, "outer_momentum": 0.0}),
     # top-k with the outer optimizer of the other methods (Nesterov 0.9, lr 0.7) in place of SparseLoCo's plain
     # step at lr 1: at cpu-1m top-k fell behind in the second half, as the inner lr decayed, where Nesterov's
-    # momentum keeps the outer step about 7x the outer lr. Measured at cpu-0.1m: it diverges (6.90 / 9.78):
+    # momentum moves a persistent outer gradient about 7 times itself per sync. Measured at cpu-0.1m: it diverges (6.90 / 9.78):
     # the error-feedback accumulator already carries momentum, and the two compound
     "topk-nesterov": ("streaming", 0.7, {**STREAM, "codec": "topk", "ef_decay": 0.95}),
     # the same with a table of bin means per 4096-value chunk (0.25 bits): chunks of tensors of different
