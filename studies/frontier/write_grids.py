@@ -38,6 +38,10 @@ METHODS = {
     # momentum moves a persistent outer gradient about 7 times itself per sync. Measured at cpu-0.1m: it diverges (6.90 / 9.78):
     # the error-feedback accumulator already carries momentum, and the two compound
     "topk-nesterov": ("streaming", 0.7, {**STREAM, "codec": "topk", "ef_decay": 0.95}),
+    # SparseLoCo's plain outer step at twice its lr: a larger step for what top-k sends (cpu-0.1m: far worse)
+    "topk-sparseloco-olr2": ("streaming", 2.0, {**STREAM, "codec": "topk", "ef_decay": 0.95, "outer_momentum": 0.0}),
+    # an accumulator that forgets less: at decay 0.95 a value waiting 1 / density = 64 syncs keeps 0.95^64 = 4 %
+    "topk-ef0.99": ("streaming", 1.0, {**STREAM, "codec": "topk", "ef_decay": 0.99, "outer_momentum": 0.0}),
     # the same with a table of bin means per 4096-value chunk (0.25 bits): chunks of tensors of different
     # scales keep their own magnitudes, as SparseLoCo's per-tensor statistics do; and at density 1/32 (0.47 bits)
     "topk-chunk": ("streaming", 1.0, {**STREAM, "codec": "topk", "topk_tables": "chunk", "ef_decay": 0.95,
