@@ -38,6 +38,9 @@ METHODS = {
     # momentum moves a persistent outer gradient about 7 times itself per sync. Measured at cpu-0.1m: it diverges (6.90 / 9.78):
     # the error-feedback accumulator already carries momentum, and the two compound
     "topk-nesterov": ("streaming", 0.7, {**STREAM, "codec": "topk", "ef_decay": 0.95}),
+    # SparseLoCo at density 1/32 (0.44 bits): the one change that helped at cpu-0.1m (with chunk tables there)
+    "topk-d32": ("streaming", 1.0, {**STREAM, "codec": "topk", "topk_density": 1 / 32, "ef_decay": 0.95,
+                                    "outer_momentum": 0.0}),
     # SparseLoCo's plain outer step at twice its lr: a larger step for what top-k sends (cpu-0.1m: far worse)
     "topk-sparseloco-olr2": ("streaming", 2.0, {**STREAM, "codec": "topk", "ef_decay": 0.95, "outer_momentum": 0.0}),
     # an accumulator that forgets less: at decay 0.95 a value waiting 1 / density = 64 syncs keeps 0.95^64 = 4 %
