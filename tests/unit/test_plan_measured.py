@@ -150,14 +150,30 @@ def test_plan_without_the_newer_settings_is_the_papers(tmp_path, capsys, paper_l
     assert plan.measured == {} and "measured" not in plan.sources
 
 
-def test_the_frontier_report_writes_the_block_the_planner_reads():
-    """`studies/frontier/report.py --planner SIZE` makes the checked-in block from the study's rows, and refuses a
-    size where a charged method has no finished run."""
+def _report():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("frontier_report", ROOT / "studies" / "frontier" / "report.py")
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
+    return report
+
+
+def test_the_frontier_report_says_when_a_verdict_rests_on_an_unbracketed_lr():
+    """A target judged on rows whose inner lr was tried once, or whose best lr is at the edge of what was tried,
+    names them: such a verdict is provisional."""
+    target = _report()._target
+    row = {"gap_pct": 2.0, "eval_loss": 4.0, "at_edge": False, "one_lr": False, "method": "eager"}
+    ref = {"gap_pct": 1.8, "eval_loss": 3.99, "at_edge": False, "one_lr": False, "method": "streaming"}
+    assert target(row, ref, 0.5).endswith("+0.20 points -> met (target <= +0.5)")
+    assert target({**row, "one_lr": True}, ref, 0.5).endswith("met (target <= +0.5; not bracketed: eager)")
+    assert target(row, {**ref, "at_edge": True}, 0.1).endswith("MISSED (target <= +0.1; not bracketed: streaming)")
+
+
+def test_the_frontier_report_writes_the_block_the_planner_reads():
+    """`studies/frontier/report.py --planner SIZE` makes the checked-in block from the study's rows, and refuses a
+    size where a charged method has no finished run."""
+    report = _report()
     checked = json.loads(report.PLANNER_DATA.read_text())["frontier"]
     rows = json.loads(SUMMARY.read_text())["rows"]
     assert report.planner_block(rows, checked["size"]) == checked
