@@ -1,6 +1,8 @@
 """The bandwidth frontier at laptop scale: one grid per method and global batch, each bracketing the inner lr.
 
     .venv/bin/python studies/frontier/write_grids.py SIZE [BATCH]    # writes studies/frontier/grids/SIZE-*.json
+    .venv/bin/python studies/frontier/write_grids.py SIZE BATCH --lr-of-batch 16   # one lr per method: its best at
+                                                                                     # batch 16 (frontier-summary.json)
 
 Every method runs the same model, data (the large corpus), token budget (20 tokens per parameter) and
 schedule as the long runs of studies/outer-tuning (warmup 120, bf16 + torch.compile, one thread), so the
@@ -76,14 +78,42 @@ def grids(size: str, batches: tuple[int, ...] = (16, 32)) -> dict[str, dict]:
     return out
 
 
+def at_best_lr(size: str, batch: int, of_batch: int, rows: list[dict]) -> dict[str, dict]:
+    """One grid per method that has a finished row at ``of_batch``: ``batch`` at that row's best inner lr. A first
+    probe of another batch, one run per method; its name carries the lr, as the hand-written grids' do."""
+    best = {r["method"]: r["inner_lr"] for r in rows if r["size"] == size and r["global_batch"] == of_batch}
+    out = {}
+    for name, grid in grids(size, (batch,)).items():
+        method = name.removeprefix(f"{size}-b{batch}-")
+        if method in best:
+            out[f"{name}-lr{best[method]:g}"] = {
+                **grid, "inner_lr": [best[method]],
+                "_comment": f"{grid['_comment']} One inner lr: {method}'s best at global batch {of_batch}."}
+    return out
+
+
 def main() -> int:
-    if len(sys.argv) not in (2, 3) or sys.argv[1] not in INNER_LRS or not all(b.isdigit() for b in sys.argv[2:]):
-        print(f"usage: write_grids.py SIZE [BATCH]  (SIZE: {', '.join(INNER_LRS)}; BATCH: 16 or 32, default both)",
-              file=sys.stderr)
+    args = sys.argv[1:]
+    of_batch = None
+    if len(args) == 4 and args[2] == "--lr-of-batch" and args[3].isdigit():
+        of_batch, args = int(args[3]), args[:2]
+    if (len(args) not in (1, 2) or args[0] not in INNER_LRS or not all(b.isdigit() for b in args[1:])
+            or (of_batch is not None and len(args) != 2)):
+        print(f"usage: write_grids.py SIZE [BATCH] [--lr-of-batch B]  (SIZE: {', '.join(INNER_LRS)}; BATCH: a global "
+              f"batch, default 16 and 32; --lr-of-batch: one lr per method, its best at batch B)", file=sys.stderr)
         return 2
     folder = HERE / "grids"
     folder.mkdir(exist_ok=True)
-    for name, grid in grids(sys.argv[1], tuple(int(b) for b in sys.argv[2:]) or (16, 32)).items():
+    if of_batch is None:
+        todo = grids(args[0], tuple(int(b) for b in args[1:]) or (16, 32))
+    else:
+        rows = json.loads((HERE / "frontier-summary.json").read_text())["rows"]
+        todo = at_best_lr(args[0], int(args[1]), of_batch, rows)
+        if not todo:
+            print(f"write_grids.py: no finished rows at {args[0]}, batch {of_batch} in frontier-summary.json "
+                  f"(run studies/frontier/report.py first)", file=sys.stderr)
+            return 2
+    for name, grid in todo.items():
         path = folder / f"{name}.json"
         if path.exists():
             print(f"kept {path} (exists)")
