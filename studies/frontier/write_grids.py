@@ -3,6 +3,7 @@
     .venv/bin/python studies/frontier/write_grids.py SIZE [BATCH]    # writes studies/frontier/grids/SIZE-*.json
     .venv/bin/python studies/frontier/write_grids.py SIZE BATCH --lr-of-batch 16   # one lr per method: its best at
                                                                                      # batch 16 (frontier-summary.json)
+    .venv/bin/python studies/frontier/write_grids.py SIZE BATCH --bracket   # the lrs that bracket each method's best
 
 Every method runs the same model, data (the large corpus), token budget (20 tokens per parameter) and
 schedule as the long runs of studies/outer-tuning (warmup 120, bf16 + torch.compile, one thread), so the
@@ -92,26 +93,51 @@ def at_best_lr(size: str, batch: int, of_batch: int, rows: list[dict]) -> dict[s
     return out
 
 
+def bracketing(size: str, batch: int, rows: list[dict]) -> dict[str, dict]:
+    """The grids that bracket each method's best inner lr at ``batch``: where one lr was tried, half and twice
+    it; where the best sits at an edge of those tried, twice past that edge (``rows``: the report's, with
+    ``lrs_tried``). One grid per lr, named with it; a method already bracketed gets none."""
+    out = {}
+    template = grids(size, (batch,))
+    for r in rows:
+        name = f"{size}-b{batch}-{r['method']}"
+        if r["size"] != size or r["global_batch"] != batch or name not in template:
+            continue
+        lrs, best = sorted(set(r["lrs_tried"])), r["inner_lr"]
+        new = ([best / 2, best * 2] if len(lrs) == 1 else [best / 2] if best == lrs[0]
+               else [best * 2] if best == lrs[-1] else [])
+        for lr in new:
+            out[f"{name}-lr{lr:g}"] = {**template[name], "inner_lr": [lr],
+                                       "_comment": f"{template[name]['_comment']} Brackets the best inner lr "
+                                                   f"({best:g} of {', '.join(f'{x:g}' for x in lrs)} tried)."}
+    return out
+
+
 def main() -> int:
     args = sys.argv[1:]
-    of_batch = None
+    of_batch, bracket = None, False
     if len(args) == 4 and args[2] == "--lr-of-batch" and args[3].isdigit():
         of_batch, args = int(args[3]), args[:2]
+    elif len(args) == 3 and args[2] == "--bracket":
+        bracket, args = True, args[:2]
     if (len(args) not in (1, 2) or args[0] not in INNER_LRS or not all(b.isdigit() for b in args[1:])
-            or (of_batch is not None and len(args) != 2)):
-        print(f"usage: write_grids.py SIZE [BATCH] [--lr-of-batch B]  (SIZE: {', '.join(INNER_LRS)}; BATCH: a global "
-              f"batch, default 16 and 32; --lr-of-batch: one lr per method, its best at batch B)", file=sys.stderr)
+            or ((of_batch is not None or bracket) and len(args) != 2)):
+        print(f"usage: write_grids.py SIZE [BATCH] [--lr-of-batch B | --bracket]  (SIZE: {', '.join(INNER_LRS)}; "
+              f"BATCH: a global batch, default 16 and 32; --lr-of-batch: one lr per method, its best at batch B; "
+              f"--bracket: the lrs past each best at an edge)", file=sys.stderr)
         return 2
     folder = HERE / "grids"
     folder.mkdir(exist_ok=True)
-    if of_batch is None:
+    if of_batch is None and not bracket:
         todo = grids(args[0], tuple(int(b) for b in args[1:]) or (16, 32))
     else:
         rows = json.loads((HERE / "frontier-summary.json").read_text())["rows"]
-        todo = at_best_lr(args[0], int(args[1]), of_batch, rows)
+        todo = (bracketing(args[0], int(args[1]), rows) if bracket
+                else at_best_lr(args[0], int(args[1]), of_batch, rows))
         if not todo:
-            print(f"write_grids.py: no finished rows at {args[0]}, batch {of_batch} in frontier-summary.json "
-                  f"(run studies/frontier/report.py first)", file=sys.stderr)
+            print(f"write_grids.py: nothing to write for {args[0]} at batch {of_batch or args[1]} from "
+                  f"frontier-summary.json (no finished rows there, or every best bracketed; run "
+                  f"studies/frontier/report.py first)", file=sys.stderr)
             return 2
     for name, grid in todo.items():
         path = folder / f"{name}.json"
