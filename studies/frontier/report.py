@@ -145,6 +145,24 @@ def planner_block(rows: list[dict], size: str, batch: int = 16) -> dict:
                      if k in have}}
 
 
+def best_over_batches(rows: list[dict], size: str) -> dict[str, dict]:
+    """Each method's best row at ``size`` over the batches tried, with ``batches_tried`` and whether the best
+    batch sits at an edge of them (``batch_at_edge``) or is the only one (``one_batch``)."""
+    best: dict[str, dict] = {}
+    batches: dict[str, set] = defaultdict(set)
+    for r in rows:
+        if r["size"] == size:
+            batches[r["method"]].add(r["global_batch"])
+            if r["method"] not in best or r["eval_loss"] < best[r["method"]]["eval_loss"]:
+                best[r["method"]] = r
+    out = {}
+    for name, r in sorted(best.items()):
+        tried = sorted(batches[name])
+        out[name] = {**r, "batches_tried": tried, "one_batch": len(tried) == 1,
+                     "batch_at_edge": len(tried) > 1 and r["global_batch"] in (tried[0], tried[-1])}
+    return out
+
+
 def _target(r: dict, streaming: dict, points: float) -> str:
     """``r``'s gap to DP against Streaming FP4's, in points, judged against ``points``; without a DP run at that
     size, only the two losses' ratio (the target is in points of the gap to DP: not judged)."""
@@ -152,7 +170,12 @@ def _target(r: dict, streaming: dict, points: float) -> str:
         return (f"{100 * (r['eval_loss'] / streaming['eval_loss'] - 1):+.2f}% in loss against Streaming tau = 1; "
                 f"no DP run at this size yet, so the target (<= +{points} points of the gap to DP) is not judged")
     d = r["gap_pct"] - streaming["gap_pct"]
-    loose = [x["method"] for x in (r, streaming) if x["at_edge"] or x["one_lr"]]
+    loose = []
+    for x in (r, streaming):
+        what = [k for k, bad in (("lr", x["at_edge"] or x["one_lr"]),
+                                 ("batch", x.get("batch_at_edge") or x.get("one_batch"))) if bad]
+        if what:
+            loose.append(f"{x['method']} ({' and '.join(what)})")
     caveat = f"; not bracketed: {', '.join(loose)}" if loose else ""
     return (f"{r['gap_pct']:+.2f}% vs Streaming tau = 1 {streaming['gap_pct']:+.2f}%: {d:+.2f} points -> "
             f"{'met' if d <= points else 'MISSED'} (target <= +{points}{caveat})")
@@ -216,12 +239,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{'-' if r['sends_per_value'] is None else format(r['sends_per_value'], '.1f'):>11}")
     print("* the best inner lr sits at the edge of what was tried: bracket it further")
     print("? only one inner lr was tried: not bracketed")
+    print("\nEach method at its best batch and inner lr (gap against DP at its best; batches tried, the best in []):")
+    for size in sorted({r["size"] for r in rows}):
+        for r in best_over_batches(rows, size).values():
+            flag = "*" if r["at_edge"] or r["batch_at_edge"] else "?" if r["one_lr"] or r["one_batch"] else " "
+            tried = " ".join(f"[{b}]" if b == r["global_batch"] else str(b) for b in r["batches_tried"])
+            print(f"  {size:<9} {r['method']:<19} {flag} {r['eval_loss']:.4f} {r['gap_pct']:+7.2f}%  lr {r['inner_lr']:g}"
+                  f"  batch {tried}")
+    print("  * / ?: the best batch or inner lr at an edge of those tried / only one tried")
     print("\nTargets (per size, best over batches):")
     for size in sorted({r["size"] for r in rows}):
-        best = {}
-        for r in rows:
-            if r["size"] == size and (r["method"] not in best or r["eval_loss"] < best[r["method"]]["eval_loss"]):
-                best[r["method"]] = r
+        best = best_over_batches(rows, size)
         s = best.get(STREAMING)
         eager = [best[e] for e in EAGER if e in best]
         if s and eager:

@@ -167,8 +167,22 @@ def test_the_frontier_report_says_when_a_verdict_rests_on_an_unbracketed_lr():
     row = {"gap_pct": 2.0, "eval_loss": 4.0, "at_edge": False, "one_lr": False, "method": "eager"}
     ref = {"gap_pct": 1.8, "eval_loss": 3.99, "at_edge": False, "one_lr": False, "method": "streaming"}
     assert target(row, ref, 0.5).endswith("+0.20 points -> met (target <= +0.5)")
-    assert target({**row, "one_lr": True}, ref, 0.5).endswith("met (target <= +0.5; not bracketed: eager)")
-    assert target(row, {**ref, "at_edge": True}, 0.1).endswith("MISSED (target <= +0.1; not bracketed: streaming)")
+    assert target({**row, "one_lr": True}, ref, 0.5).endswith("met (target <= +0.5; not bracketed: eager (lr))")
+    assert target(row, {**ref, "at_edge": True}, 0.1).endswith("MISSED (target <= +0.1; not bracketed: streaming (lr))")
+    both = target({**row, "one_lr": True, "batch_at_edge": True}, {**ref, "one_batch": True}, 0.5)
+    assert both.endswith("not bracketed: eager (lr and batch), streaming (batch))")
+
+
+def test_the_frontier_report_takes_each_methods_best_batch_and_says_where_it_sits():
+    best_over_batches = _report().best_over_batches
+    rows = [{"size": "s", "method": "dp", "global_batch": b, "eval_loss": loss}
+            for b, loss in ((4, 3.0), (8, 2.0), (16, 2.5))]
+    rows += [{"size": "s", "method": "eager", "global_batch": b, "eval_loss": loss} for b, loss in ((8, 3.0), (16, 2.9))]
+    rows += [{"size": "s", "method": "topk", "global_batch": 16, "eval_loss": 4.0},
+             {"size": "other", "method": "dp", "global_batch": 32, "eval_loss": 1.0}]
+    best = best_over_batches(rows, "s")
+    assert {k: (r["global_batch"], r["batches_tried"], r["batch_at_edge"], r["one_batch"]) for k, r in best.items()} == {
+        "dp": (8, [4, 8, 16], False, False), "eager": (16, [8, 16], True, False), "topk": (16, [16], False, True)}
 
 
 def test_the_frontier_report_writes_the_block_the_planner_reads():
