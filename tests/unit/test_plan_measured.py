@@ -87,7 +87,7 @@ def test_checked_in_costs_are_the_frontier_studys():
     # the figures the planner prints
     gaps = {k: round(r["gap_pct"], 2) for k, r in measured["rows"].items()}
     assert gaps == {"dp": 0.0, "streaming-fp4-tau1": 1.3, "eager-fp4-mom0.5": 2.88, "stat4-ef0.9": 1.07,
-                    "stat2-ef0.9": 1.4, "topk-sparseloco": 6.08}
+                    "stat2-ef0.9": 1.4, "topk-sparseloco": 6.08, "muon-stat4-ef0.9": -0.14}
 
 
 def test_measured_costs_are_charged_against_streaming_fp4_tau1(paper_loss):
@@ -127,7 +127,7 @@ def test_plan_output_lists_the_newer_settings_measured_at_laptop_scale(tmp_path,
             assert line.rstrip().endswith("m"), line
     assert f"'m' after a loss: {MEASURED_MARK}" in out
     assert f"{MEASURED_MARK} (studies/frontier/frontier-summary.json; cpu-1m (984,768 parameters)" in out
-    for figure in ("+1.30 %", "+2.88 %", "+1.07 %", "+1.40 %", "+6.08 %"):
+    for figure in ("+1.30 %", "+2.88 %", "+1.07 %", "+1.40 %", "+6.08 %", "-0.14 %"):
         assert figure in out, figure
     data = json.loads((tmp_path / "plan.json").read_text())
     assert data["measured_at_laptop_scale"]["source"] == "studies/frontier/frontier-summary.json"
