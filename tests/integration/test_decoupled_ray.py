@@ -139,7 +139,8 @@ def test_chaos_a_learner_killed_rejoins_and_a_killed_syncer_loses_nothing(local_
     step: the CPU is free meanwhile). SIGKILL learner 1 at 3 s: the other two never stop (no step more than
     twice their typical step), Ray restarts it and it contributes again (weight > 0) within 5 s of
     rejoining. SIGKILL the syncer at 7 s: it restarts from its checkpoint with every merge it had made, and
-    the merges go on with no version skipped or repeated."""
+    the merges go on with no version skipped or repeated. The run lasts 13 s, 6 s past the syncer's kill: a
+    10 s run left no merge after the restart once, on a machine loaded with two training jobs."""
     from diloco.data import prepare_tokens
     from diloco.decoupled.chaos import Chaos, goodput, rejoin_seconds, survivor_stalls
     from diloco.decoupled.ray_learners import LearnerSpec, run_on_ray
@@ -149,7 +150,7 @@ def test_chaos_a_learner_killed_rejoins_and_a_killed_syncer_loses_nothing(local_
     base = TrainConfig.from_dict(load_preset("tiny")["base"])
     data = prepare_tokens(base.sources, base.vocab_size, token_cache, val_fraction=base.val_fraction)
     spec = LearnerSpec(tokens=data.train, vocab_size=data.vocab_size, seq_len=32, batch_size=4, sync_every=8,
-                       num_fragments=2, overlap_steps=2, step_time_s=0.2, duration_s=10.0)
+                       num_fragments=2, overlap_steps=2, step_time_s=0.2, duration_s=13.0)
     model = build_model("", size="tiny", vocab_size=data.vocab_size, seq_len=32, seed=0)
     syncer = Syncer(model, num_learners=3, quorum=1, num_fragments=2, overlap_steps=2)
     chaos = Chaos(kills=((3.0, 1),), syncer_kills=(7.0,))
