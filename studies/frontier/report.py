@@ -2,6 +2,7 @@
 
     .venv/bin/python studies/frontier/report.py            # table; frontier-summary.json and frontier.png
     .venv/bin/python studies/frontier/report.py --planner cpu-1m   # also: the planner charges that size's rows
+    .venv/bin/python studies/frontier/report.py --planner cpu-1m --batch 64   # ... at that global batch (default 16)
 
 Reads studies/frontier/results.jsonl (``diloco sweep`` over the grids of write_grids.py) and each run's
 summary.json (bytes sent). For every (size, global batch, method) it takes the finished run with the lowest
@@ -17,6 +18,7 @@ parameter within 0.3 points of FP4 Streaming. A missing run is reported as missi
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections import defaultdict
@@ -196,11 +198,17 @@ def write_planner_block(block: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and (len(argv) != 2 or argv[0] != "--planner"):
-        print("usage: report.py [--planner SIZE]   (--planner: the planner's measured costs from SIZE's rows)",
-              file=sys.stderr)
-        return 2
+    parser = argparse.ArgumentParser(prog="report.py", description="The bandwidth frontier's table, summary and plot.")
+    parser.add_argument("--planner", metavar="SIZE",
+                        help="also write the planner's measured costs from SIZE's rows (e.g. cpu-1m)")
+    parser.add_argument("--batch", type=int, default=None, metavar="B",
+                        help="with --planner: the global batch whose rows the planner charges (default 16)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.batch is not None and args.planner is None:
+        parser.error(f"--batch {args.batch} only chooses the rows of --planner SIZE; add --planner SIZE")
+    if args.batch is not None and args.batch < 1:
+        parser.error(f"--batch {args.batch}: a global batch is a positive number of sequences, e.g. --batch 64")
+    batch = 16 if args.batch is None else args.batch
     records = [r for r in read_jsonl(HERE / "results.jsonl") if r.get("status") == "ok" and r.get("eval_loss")]
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
@@ -271,14 +279,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'-' if s is None else format(s['gap_pct'], '+.2f') + '%'})")
     write_json(HERE / "frontier-summary.json", {"rows": rows})
     _plot(rows)
-    if argv:
+    if args.planner:
         try:
-            block = planner_block(rows, argv[1])
+            block = planner_block(rows, args.planner, batch)
         except ValueError as exc:
             print(f"report.py: {exc}", file=sys.stderr)
             return 2
         write_planner_block(block)
-        print(f"\nwrote the planner's measured costs ({argv[1]}, batch 16) into {PLANNER_DATA.relative_to(ROOT)}")
+        print(f"\nwrote the planner's measured costs ({args.planner}, batch {batch}) into {PLANNER_DATA.relative_to(ROOT)}")
     return 0
 
 

@@ -191,6 +191,20 @@ def test_the_frontier_report_writes_the_block_the_planner_reads():
     report = _report()
     checked = json.loads(report.PLANNER_DATA.read_text())["frontier"]
     rows = json.loads(SUMMARY.read_text())["rows"]
-    assert report.planner_block(rows, checked["size"]) == checked
-    with pytest.raises(ValueError, match="no finished run of stat2-ef0.9 at batch 16"):
-        report.planner_block([r for r in rows if r["method"] != "stat2-ef0.9"], checked["size"])
+    assert report.planner_block(rows, checked["size"], checked["global_batch"]) == checked
+    with pytest.raises(ValueError, match=f"no finished run of stat2-ef0.9 at batch {checked['global_batch']}"):
+        report.planner_block([r for r in rows if r["method"] != "stat2-ef0.9"], checked["size"],
+                             checked["global_batch"])
+    with pytest.raises(ValueError, match="at batch 3;"):  # no method ran at this batch
+        report.planner_block(rows, checked["size"], 3)
+
+
+@pytest.mark.parametrize("argv, message", [(["--batch", "64"], "--batch 64 only chooses the rows of --planner SIZE"),
+                                           (["--planner", "cpu-1m", "--batch", "0"], "--batch 0: a global batch")])
+def test_the_frontier_reports_command_line_refuses_a_bad_batch_before_writing_anything(argv, message, capsys):
+    report = _report()
+    before = report.PLANNER_DATA.read_bytes()
+    with pytest.raises(SystemExit) as exc:
+        report.main(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert report.PLANNER_DATA.read_bytes() == before
