@@ -10,9 +10,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +62,24 @@ def delayed(config: dict, *, fn: Any, delay: float) -> dict:
     """A runner slowed down by ``delay`` seconds (module-level, so process executors can send it)."""
     time.sleep(delay)
     return fn(config)
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (``kill PID``, a scheduler's stop) interrupts the sweep as Ctrl-C does: the executor stops the runs
+    in progress instead of leaving them training on, orphaned, into run folders no record will name."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _parameters(items: list[str]) -> dict[str, Any]:
@@ -108,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.synthetic_delay > 0:
         run_fn = functools.partial(delayed, fn=run_fn, delay=args.synthetic_delay)
-    summary = run_sweep(grids, results_path=args.out, run_fn=run_fn, progress=not args.no_progress,
-                        retry_failed=args.retry_failed, executor=executor)
+    with sigterm_interrupts():
+        summary = run_sweep(grids, results_path=args.out, run_fn=run_fn, progress=not args.no_progress,
+                            retry_failed=args.retry_failed, executor=executor)
     print(json.dumps(dataclasses.asdict(summary)))
     return 0

@@ -8,7 +8,8 @@ run is written once however its executor ran it, and an interrupted sweep resume
 * :class:`InlineExecutor` — every run in this process, one after another (fast; for tests and the
   synthetic runner).
 * :class:`LocalExecutor` — every run in a fresh process of its own (``spawn``; one process per
-  run), ``workers`` at a time. A crash of one run (even a segfault) is that run's failure only.
+  run), ``workers`` at a time. A crash of one run (even a segfault) is that run's failure only. An
+  interrupted sweep (Ctrl-C, or SIGTERM to the sweep alone) stops its runs in progress before it exits.
 * :class:`SubmititExecutor` — every run a job of ``submitit``: SLURM (``cluster="slurm"``), or
   submitit's own local executor (``cluster="local"``, each job its own process; what the tests use).
   Jobs that are still queued or running when the sweep is interrupted are cancelled.
@@ -49,6 +50,19 @@ def run_in_child(fn: RunFn, config: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def stop_workers(processes: set, *, grace_s: float = 10.0) -> None:
+    """Terminate the run processes of an interrupted sweep (SIGTERM, then SIGKILL after ``grace_s``). A run
+    killed this way resumes from its last checkpoint when the sweep is run again."""
+    for p in processes:
+        p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
 class InlineExecutor:
     """Runs every config in this process, in order."""
 
@@ -80,9 +94,11 @@ class LocalExecutor:
         if not configs:
             return
         ctx = multiprocessing.get_context("spawn")  # a clean interpreter per run (no inherited torch threads)
+        before = set(multiprocessing.active_children())
         pool = cf.ProcessPoolExecutor(max_workers=min(self.workers, len(configs)), mp_context=ctx,
                                       max_tasks_per_child=1)
         futures = {pool.submit(run_in_child, fn, dict(cfg)): cfg for cfg in configs}
+        completed = False
         try:
             for fut in cf.as_completed(futures):
                 cfg = futures[fut]
@@ -92,9 +108,12 @@ class LocalExecutor:
                     yield cfg, None, f"the run's process died ({exc})"
                 except Exception as exc:
                     yield cfg, None, _error(exc)
+            completed = True
         finally:
             for fut in futures:
                 fut.cancel()
+            if not completed:  # interrupted (Ctrl-C, SIGTERM, an error): stop the runs in progress, or they
+                stop_workers(set(multiprocessing.active_children()) - before)  # train on, orphaned, unrecorded
             pool.shutdown(wait=True, cancel_futures=True)
 
 
