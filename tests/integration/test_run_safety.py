@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,7 @@ from diloco.cli import main as cli_main
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig, load_preset
 from diloco.train.result import RunResult
-from diloco.train.trainer import Trainer, train_model
+from diloco.train.trainer import Trainer, TrainerCallback, train_model
 
 STEPS = ["--set", "steps=8", "--set", "eval_every=4"]
 
@@ -178,6 +180,51 @@ def test_overwrite_replaces_a_run_deliberately(tmp_path, token_cache):
     assert strict_json(out / "config.json")["inner_lr"] == 0.01
     assert (out / "notes.txt").read_text() == "mine"
     assert ckpt.latest_meta(out)["config"]["inner_lr"] == 0.01
+
+
+_HOLD = ("import sys, time\nfrom diloco.train.rundir import RunDirLock\nlock = RunDirLock(sys.argv[1])\n"
+         "lock.acquire()\nprint('held', flush=True)\ntime.sleep(120)\n")
+_TRY = ("import sys\nfrom diloco.train.rundir import RunDirLock\ntry:\n    RunDirLock(sys.argv[1]).acquire()\n"
+        "except ValueError as exc:\n    print(exc)\n    sys.exit(3)\n")
+
+
+def test_a_folder_another_process_is_training_in_is_refused_and_left_alone(finished_run, token_cache, capsys):
+    """Another process holds the run folder (as a run training there does): even --overwrite touches nothing."""
+    out, before = finished_run
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for extra in (("--overwrite",), ("--resume",), ()):
+            assert cli_train(out, token_cache, *extra) == 2
+            assert "another process is training in this folder right now" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert snapshot(out) == before
+    assert cli_train(out, token_cache, "--resume") == 0  # the holder is gone: the lock went with it
+    assert "already finished" in capsys.readouterr().err
+
+
+class _TryTheLock(TrainerCallback):
+    """At one step, another process tries to take the folder of the run that is training."""
+
+    def __init__(self, out: Path, step: int) -> None:
+        self.out, self.step, self.seen = out, step, None
+
+    def on_step_end(self, step: int, *, rank: int) -> None:
+        if step == self.step and rank == 0:
+            self.seen = subprocess.run([sys.executable, "-c", _TRY, str(self.out)], capture_output=True, text=True,
+                                       timeout=120)
+
+
+def test_a_new_run_holds_its_folder_while_it_trains_and_lets_go_after(tmp_path, token_cache):
+    out = tmp_path / "new"
+    probe = _TryTheLock(out, step=2)
+    Trainer(tiny(method="diloco", steps=4, eval_every=4), out, cache_dir=token_cache, progress=False,
+            callbacks=[probe]).run()
+    assert probe.seen.returncode == 3 and "another process is training" in probe.seen.stdout, probe.seen
+    after = subprocess.run([sys.executable, "-c", _TRY, str(out)], capture_output=True, text=True, timeout=120)
+    assert after.returncode == 0, after
 
 
 @pytest.mark.parametrize("setting, message", [

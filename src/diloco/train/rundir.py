@@ -14,10 +14,16 @@ only reads it and says what to do:
 
 Once the data is built, :func:`check_same_data` refuses a resume on token ids whose SHA-256 differs
 from the checkpoint's. So a typo on the command line can never truncate, overwrite or delete results.
+
+While a run trains, its process holds :class:`RunDirLock` on the folder: a second training command on the
+same ``--out`` (a second terminal, a sweep started again while a run of the first is still alive) is refused
+before it reads or writes anything, instead of two processes writing one run's files.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +66,42 @@ class RunDirPlan:
     def summary(self) -> dict[str, Any] | None:
         """The finished run's summary.json (action "finished")."""
         return read_json(self.out_dir / "summary.json") if self.action == "finished" else None
+
+
+class RunDirLock:
+    """An exclusive lock on a run directory, held by the process that trains in it.
+
+    The lock is ``flock`` on the folder itself, so nothing is written into the user's folder for it, and the
+    system drops it when the process ends however it ends (kill -9 included): a stale lock cannot exist.
+    :meth:`acquire` does nothing while the folder does not exist yet (a new run takes it right after creating
+    the folder, before writing into it).
+    """
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = Path(out_dir)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        if self._fd is not None or not self.out_dir.is_dir():
+            return
+        fd = os.open(self.out_dir, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ValueError(f"--out {self.out_dir}: another process is training in this folder right now (it holds "
+                             f"the folder's lock); wait for it to finish, or stop it and continue the run with "
+                             f"--resume, or choose another --out") from None
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the folder's descriptor drops its lock
+            self._fd = None
 
 
 def existing_run_files(out_dir: Path) -> list[str]:

@@ -55,7 +55,7 @@ from diloco.train.inner_step import step_record, train_step
 from diloco.train.replica import Everyone, Replica, Run, build_replica
 from diloco.train.result import RunResult
 from diloco.train.metrics import JSONLSink, MetricLogger, MultiLogger, TensorBoardSink
-from diloco.train.rundir import RunDirPlan, check_same_data, clear_run, plan_run_dir
+from diloco.train.rundir import RunDirLock, RunDirPlan, check_same_data, clear_run, plan_run_dir
 from diloco.train.sharding import full_tensors, worker_totals
 from diloco.train.speed import tcmalloc_notice
 from diloco.train.step_log import StepTable, progress_bar, update_bar
@@ -102,6 +102,7 @@ class Trainer:
         self.device = check_device(device)  # a ValueError now, before the run directory is touched
         self.callbacks = tuple(callbacks)
         self._transport: Any = None  # method=decoupled: the running syncer (see diloco.decoupled.trainer)
+        self._lock = RunDirLock(self.out_dir)  # held while this trainer's run trains in out_dir
 
     # -- setup ---------------------------------------------------------------
     def plan(self, *, resume: bool = False, overwrite: bool = False, reuse: bool = False,
@@ -149,6 +150,7 @@ class Trainer:
             if plan.action == "resume" and (plan.meta or {}).get("format") == sharded_checkpoint.FORMAT:
                 ckpt.discard_uncommitted(self.out_dir, plan.start_step)  # before any rank writes one again
             self.out_dir.mkdir(parents=True, exist_ok=True)
+            self._lock.acquire()  # a new run's folder exists only now; nothing has been written into it yet
             write_json(self.out_dir / "config.json", cfg.to_dict())
             if inputs.data.tokenizer is not None:  # the run's vocabulary travels with it (diloco export)
                 atomic_write_bytes(self.out_dir / "tokenizer.json", inputs.data.tokenizer.to_json().encode("utf-8"))
@@ -175,8 +177,16 @@ class Trainer:
 
         ``resume``: continue from the newest readable checkpoint in ``out_dir``; ``overwrite``: replace
         the run ``out_dir`` holds; ``reuse``: take a finished run of this config as it is, resume an
-        interrupted one. Without any, an ``out_dir`` holding a run is an error.
+        interrupted one. Without any, an ``out_dir`` holding a run is an error, and so is an ``out_dir``
+        another process is training in (:class:`~diloco.train.rundir.RunDirLock`).
         """
+        try:
+            self._lock.acquire()  # before the plan reads the folder: another process's run may be writing it
+            return self._run(resume=resume, overwrite=overwrite, reuse=reuse)
+        finally:
+            self._lock.release()
+
+    def _run(self, *, resume: bool, overwrite: bool, reuse: bool) -> RunResult:
         cfg = self.cfg
         _check_ray_address(cfg)
         if cfg.worker_sharding == "fsdp":
@@ -248,7 +258,20 @@ class Trainer:
         ``mesh`` (``worker_sharding = "fsdp"``, from :func:`~diloco.distributed.setup_communicators`): the
         worker's DeviceMesh; ``comm`` then connects this rank's column (the same-index ranks of every worker)
         and ``intra`` the worker's ranks.
+
+        The lead process (worker 0's rank 0, the one that writes the run's files) holds the folder's
+        :class:`~diloco.train.rundir.RunDirLock` while it trains.
         """
+        try:
+            if comm.rank == 0 and (intra is None or intra.rank == 0):
+                self._lock.acquire()
+            return self._run_replica(comm, resume=resume, overwrite=overwrite, reuse=reuse, intra=intra,
+                                     elastic=elastic, mesh=mesh)
+        finally:
+            self._lock.release()
+
+    def _run_replica(self, comm: Communicator, *, resume: bool, overwrite: bool, reuse: bool,
+                     intra: Communicator | None, elastic: bool, mesh: Any) -> RunResult | None:
         cfg = self.cfg
         R = cfg.ranks_per_worker
         if (cfg.worker_sharding == "fsdp") != (mesh is not None) or (mesh is not None and intra is None):
