@@ -149,7 +149,8 @@ def planner_block(rows: list[dict], size: str, batch: int = 16) -> dict:
 
 def best_over_batches(rows: list[dict], size: str) -> dict[str, dict]:
     """Each method's best row at ``size`` over the batches tried, with ``batches_tried`` and whether the best
-    batch sits at an edge of them (``batch_at_edge``) or is the only one (``one_batch``)."""
+    batch sits at an edge of them (``batch_at_edge``) or is the only one (``one_batch``); its ``gap_pct`` is
+    against data-parallel at DP's best batch (a row's own ``gap_pct`` is against DP at the row's batch)."""
     best: dict[str, dict] = {}
     batches: dict[str, set] = defaultdict(set)
     for r in rows:
@@ -158,10 +159,12 @@ def best_over_batches(rows: list[dict], size: str) -> dict[str, dict]:
             if r["method"] not in best or r["eval_loss"] < best[r["method"]]["eval_loss"]:
                 best[r["method"]] = r
     out = {}
+    dp = best.get("dp")  # the reference of this table: data-parallel at its own best batch and lr
     for name, r in sorted(best.items()):
         tried = sorted(batches[name])
         out[name] = {**r, "batches_tried": tried, "one_batch": len(tried) == 1,
-                     "batch_at_edge": len(tried) > 1 and r["global_batch"] in (tried[0], tried[-1])}
+                     "batch_at_edge": len(tried) > 1 and r["global_batch"] in (tried[0], tried[-1]),
+                     "gap_pct": None if dp is None else 100 * (r["eval_loss"] / dp["eval_loss"] - 1)}
     return out
 
 
@@ -231,8 +234,9 @@ def main(argv: list[str] | None = None) -> int:
                      "tolerated_steps": (0 if METHODS[name][0] == "dp" else METHODS[name][2].get("overlap_steps", 0)),
                      "sends_per_value": sends_per_value(best)})
     for r in rows:
-        dps = [d for d in rows if d["method"] == "dp" and d["size"] == r["size"]]
-        dp = min(dps, key=lambda d: d["eval_loss"]) if dps else None  # DP at its best lr and batch
+        dps = [d for d in rows if d["method"] == "dp" and d["size"] == r["size"]
+               and d["global_batch"] == r["global_batch"]]
+        dp = dps[0] if dps else None  # DP at this size and batch, at its best lr (one row per size, batch, method)
         r["gap_pct"] = None if dp is None else 100 * (r["eval_loss"] / dp["eval_loss"] - 1)
         r["papers_law_m2_gap_pct"] = paper_law_gaps(r["num_params"])[2]
     print(f"{'size':<9} {'B':>3} {'method':<19} {'lr':>6} {'loss':>7} {'gap':>8} {'law M=2':>8} "

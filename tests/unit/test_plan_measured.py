@@ -183,6 +183,8 @@ def test_the_frontier_report_takes_each_methods_best_batch_and_says_where_it_sit
     best = best_over_batches(rows, "s")
     assert {k: (r["global_batch"], r["batches_tried"], r["batch_at_edge"], r["one_batch"]) for k, r in best.items()} == {
         "dp": (8, [4, 8, 16], False, False), "eager": (16, [8, 16], True, False), "topk": (16, [16], False, True)}
+    # each against DP at DP's best batch (8), not at its own batch
+    assert {k: round(r["gap_pct"], 6) for k, r in best.items()} == {"dp": 0.0, "eager": 45.0, "topk": 100.0}
 
 
 def test_the_frontier_report_writes_the_block_the_planner_reads():
