@@ -233,10 +233,9 @@ def main(argv: list[str] | None = None) -> int:
                                                 else costs["bytes_sent_per_replica"]),
                      "tolerated_steps": (0 if METHODS[name][0] == "dp" else METHODS[name][2].get("overlap_steps", 0)),
                      "sends_per_value": sends_per_value(best)})
+    dp_at = {(d["size"], d["global_batch"]): d for d in rows if d["method"] == "dp"}  # DP at its best lr there
     for r in rows:
-        dps = [d for d in rows if d["method"] == "dp" and d["size"] == r["size"]
-               and d["global_batch"] == r["global_batch"]]
-        dp = dps[0] if dps else None  # DP at this size and batch, at its best lr (one row per size, batch, method)
+        dp = dp_at.get((r["size"], r["global_batch"]))
         r["gap_pct"] = None if dp is None else 100 * (r["eval_loss"] / dp["eval_loss"] - 1)
         r["papers_law_m2_gap_pct"] = paper_law_gaps(r["num_params"])[2]
     print(f"{'size':<9} {'B':>3} {'method':<19} {'lr':>6} {'loss':>7} {'gap':>8} {'law M=2':>8} "

@@ -81,10 +81,6 @@ class RunDirLock:
         self.out_dir = Path(out_dir)
         self._fd: int | None = None
 
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
     def acquire(self) -> None:
         if self._fd is not None or not self.out_dir.is_dir():
             return
