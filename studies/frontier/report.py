@@ -280,14 +280,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {size}: Muon + stat4 EF {100 * (muon['eval_loss'] / dp_muon['eval_loss'] - 1):+.2f}% against "
                   f"data-parallel with Muon (AdamW Streaming FP4 against AdamW DP: "
                   f"{'-' if s is None else format(s['gap_pct'], '+.2f') + '%'})")
-    write_json(HERE / "frontier-summary.json", {"rows": rows})
-    _plot(rows)
-    if args.planner:
+    block = None
+    if args.planner:  # refused before anything is written: a partial study leaves every file as it was
         try:
             block = planner_block(rows, args.planner, batch)
         except ValueError as exc:
             print(f"report.py: {exc}", file=sys.stderr)
             return 2
+    write_json(HERE / "frontier-summary.json", {"rows": rows})
+    _plot(rows)
+    if block is not None:
         write_planner_block(block)
         print(f"\nwrote the planner's measured costs ({args.planner}, batch {batch}) into {PLANNER_DATA.relative_to(ROOT)}")
     return 0

@@ -210,3 +210,14 @@ def test_the_frontier_reports_command_line_refuses_a_bad_batch_before_writing_an
         report.main(argv)
     assert exc.value.code == 2 and message in capsys.readouterr().err
     assert report.PLANNER_DATA.read_bytes() == before
+
+
+def test_the_frontier_report_refuses_a_partial_planner_batch_before_writing_anything(capsys):
+    """A ``--planner`` batch where a charged method has no run is refused before the summary, the plot or the
+    planner's data is rewritten: every file is left as it was."""
+    report = _report()
+    files = [report.PLANNER_DATA, SUMMARY, SUMMARY.with_name("frontier.png")]
+    before = [(p.stat().st_mtime_ns, p.read_bytes()) for p in files]
+    assert report.main(["--planner", "cpu-1m", "--batch", "3"]) == 2
+    assert "no finished run of" in capsys.readouterr().err
+    assert [(p.stat().st_mtime_ns, p.read_bytes()) for p in files] == before
