@@ -1,6 +1,7 @@
 """The frontier's brackets on one CUDA GPU: the CPU grids' runs, unchanged but for the device and the data files.
 
-    .venv/bin/python studies/frontier/gpu_grids.py [SIZE]   # writes studies/frontier/grids/gpu/*.json, prints them in order
+    .venv/bin/python studies/frontier/gpu_grids.py [SIZE]          # writes studies/frontier/grids/gpu/*.json, prints them in order
+    .venv/bin/python studies/frontier/gpu_grids.py [SIZE] --next   # also the second stage, from results-gpu.jsonl
 
 Every grid is a CPU grid of write_grids.py (same model, corpus, token budget, schedule, bf16 + torch.compile, one
 thread per run) with three changes: ``device`` cuda, ``sources`` the corpus's token files (token_files.py writes
@@ -10,6 +11,10 @@ and a CPU run of one point differ in rounding, so each method's gap is taken aga
 
 The order is the order of need: at global batch 128 (DP's and Streaming's best on the CPU) every method at
 three inner lrs, then every method at 64 and 256, so that a sweep stopped part-way has the most useful part.
+``--next`` adds the second stage, read off the first stage's records: one more lr past every best that sits at
+an edge of the lrs tried at its batch; half (or twice) the batch where a method's best batch sits at the lower (upper)
+edge of those tried, at its best lr there and half of it (twice, going up); and two more seeds (1 for every method,
+2 for DP, Streaming and eager) at each method's best batch and lr: how far rounding and seed alone move a final loss.
 Existing grid files are never overwritten.
 """
 
@@ -48,11 +53,66 @@ def gpu_grids(size: str) -> dict[str, dict]:
     return out
 
 
+def _best(records: list[dict], size: str) -> tuple[dict, dict]:
+    """(method, batch) -> {lr: loss} and method -> its best (batch, lr), from the finished records at ``size``."""
+    from report import method_name
+
+    by: dict[tuple, dict] = {}
+    for r in records:
+        if r.get("status") == "ok" and r.get("eval_loss") is not None and r["size"] == size and r.get("seed", 0) == 0:
+            by.setdefault((method_name(r), r["global_batch"]), {})[r["inner_lr"]] = r["eval_loss"]
+    best = {}
+    for (method, batch), losses in by.items():
+        lr = min(losses, key=losses.get)
+        if method not in best or losses[lr] < by[(method, best[method][0])][best[method][1]]:
+            best[method] = (batch, lr)
+    return by, best
+
+
+def next_stage(size: str, records: list[dict]) -> dict[str, dict]:
+    """The second stage (module docstring), in order: slow runs first, so that a sweep's last wave is short."""
+    first = gpu_grids(size)
+    by, best = _best(records, size)
+    edges, batches, seeds = {}, {}, {}
+    for (method, batch), losses in sorted(by.items()):
+        lrs, lr = sorted(losses), min(losses, key=losses.get)
+        new = 2 * lr if lr == lrs[-1] else lr / 2 if lr == lrs[0] else None
+        if new is not None and f"{size}-b{batch}-{method}" in first:
+            edges[(batch, method, new)] = first[f"{size}-b{batch}-{method}"]
+    for method, (batch, lr) in best.items():
+        tried = sorted(b for m, b in by if m == method)
+        if len(tried) > 1 and batch in (tried[0], tried[-1]):
+            b2, lrs = (batch // 2, (lr / 2, lr)) if batch == tried[0] else (batch * 2, (lr, 2 * lr))
+            template = grids(size, (b2,))[f"{size}-b{b2}-{method}"]
+            base = {**first[f"{size}-b{batch}-{method}"]["base"]}
+            batches[(b2, method)] = {**template, "inner_lr": list(lrs), "base": base,
+                                     "_comment": f"{template['_comment']} On one CUDA GPU (gpu_grids.py --next): "
+                                                 f"{method}'s best batch ({batch}) sat at an edge."}
+        for seed in (1, 2) if method in ("dp", "streaming-fp4-tau1", "eager-fp4-mom0.5") else (1,):
+            grid = first[f"{size}-b{batch}-{method}"]
+            seeds[(batch, method, seed)] = {**grid, "inner_lr": [lr], "seed": seed,
+                                            "_comment": f"{grid['_comment']} Seed {seed} at its best batch and lr."}
+    out = {}
+    for (b2, method), grid in sorted(batches.items()):
+        out[f"{size}-b{b2}-{method}"] = grid
+    for (batch, method, lr), grid in sorted(edges.items(), key=lambda kv: (-kv[0][0] if kv[0][0] < 128 else 0, kv[0])):
+        out[f"{size}-b{batch}-{method}-lr{lr:g}"] = {**grid, "inner_lr": [lr], "_comment": f"{grid['_comment']} "
+                                                      f"(--next: one more lr past the best at an edge)"}
+    for (batch, method, seed), grid in sorted(seeds.items()):
+        out[f"{size}-b{batch}-{method}-seed{seed}"] = grid
+    return {k: v for k, v in sorted(out.items(), key=lambda kv: kv[1]["global_batch"][0])}
+
+
 def main() -> int:
-    size = sys.argv[1] if len(sys.argv) > 1 else "cpu-1m"
+    args = [a for a in sys.argv[1:] if a != "--next"]
+    size = args[0] if args else "cpu-1m"
     folder = HERE / "grids" / "gpu"
     folder.mkdir(parents=True, exist_ok=True)
-    for name, grid in gpu_grids(size).items():
+    todo = gpu_grids(size)
+    if "--next" in sys.argv[1:]:
+        records = [json.loads(line) for line in (HERE / "results-gpu.jsonl").read_text().splitlines() if line.strip()]
+        todo |= next_stage(size, records)
+    for name, grid in todo.items():
         path = folder / f"{name}.json"
         if not path.exists():
             path.write_text(json.dumps(grid, indent=1) + "\n")

@@ -2,6 +2,7 @@
 # The frontier's GPU brackets (gpu_grids.py) in one call of a machine with one CUDA GPU:
 #
 #   OUT=DIR BUDGET=530 WORKERS=14 bash studies/frontier/gpu_sweep.sh
+#   GRID_LIST=FILE OUT=DIR ... bash studies/frontier/gpu_sweep.sh   # the grids named in FILE (one path a line), in order
 #
 # Unpacks the corpus's token files (token_files.py wrote runs/frontier-tokens; train.bin travels as .xz), resumes
 # from studies/frontier/results-gpu.jsonl (copied to DIR), sweeps every GPU grid in order of need with WORKERS
@@ -21,7 +22,8 @@ $PY studies/frontier/token_files.py runs/frontier-tokens --check || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv 2>&1 | tail -n 2
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 (nvidia-smi dmon -s um -d 15 > "$OUT/gpu-util.log" 2>&1 &)
-grids=$($PY studies/frontier/gpu_grids.py | sed 's/^/--grid /')
+if [ -n "${GRID_LIST:-}" ]; then grids=$(sed 's/^/--grid /' "$GRID_LIST"); else
+    grids=$($PY studies/frontier/gpu_grids.py | sed 's/^/--grid /'); fi
 start=$(date +%s)
 timeout -s INT "$BUDGET" $PY -m diloco sweep $grids --out "$OUT/results-gpu.jsonl" --workers "$WORKERS" \
     --no-progress --retry-failed > "$OUT/sweep.log" 2>&1
