@@ -12,9 +12,13 @@ and a CPU run of one point differ in rounding, so each method's gap is taken aga
 The order is the order of need: at global batch 128 (DP's and Streaming's best on the CPU) every method at
 three inner lrs, then every method at 64 and 256, so that a sweep stopped part-way has the most useful part.
 ``--next`` adds the second stage, read off the first stage's records: one more lr past every best that sits at
-an edge of the lrs tried at its batch; half (or twice) the batch where a method's best batch sits at the lower (upper)
-edge of those tried, at its best lr there and half of it (twice, going up); and two more seeds (1 for every method,
-2 for DP, Streaming and eager) at each method's best batch and lr: how far rounding and seed alone move a final loss.
+an edge of the lrs tried at its batch (both neighbours where one lr was tried); half (or twice) the batch where a
+method's best batch sits at the lower (upper) edge of those tried, at its best lr there and half of it (twice,
+going up); and more seeds (1 for every method, 2 for DP, Streaming and eager) at each method's best batch and lr:
+how far rounding and seed alone move a final loss. grids/gpu/order-stage2.txt lists the second stage as it ran
+(the first stage's grids, done, then the new ones); order-stage3.txt the third, written from the second's results:
+seeds 3 and 4 of DP, Streaming and eager and seed 2 of the others at their best, and the lr below four bests that
+still sat at the low edge (none of them at a method's best batch).
 Existing grid files are never overwritten.
 """
 
@@ -76,9 +80,9 @@ def next_stage(size: str, records: list[dict]) -> dict[str, dict]:
     edges, batches, seeds = {}, {}, {}
     for (method, batch), losses in sorted(by.items()):
         lrs, lr = sorted(losses), min(losses, key=losses.get)
-        new = 2 * lr if lr == lrs[-1] else lr / 2 if lr == lrs[0] else None
-        if new is not None and f"{size}-b{batch}-{method}" in first:
-            edges[(batch, method, new)] = first[f"{size}-b{batch}-{method}"]
+        new = [lr / 2, 2 * lr] if len(lrs) == 1 else [2 * lr] if lr == lrs[-1] else [lr / 2] if lr == lrs[0] else []
+        for x in new if f"{size}-b{batch}-{method}" in first else []:
+            edges[(batch, method, x)] = first[f"{size}-b{batch}-{method}"]
     for method, (batch, lr) in best.items():
         tried = sorted(b for m, b in by if m == method)
         if len(tried) > 1 and batch in (tried[0], tried[-1]):

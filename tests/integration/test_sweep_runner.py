@@ -7,6 +7,8 @@ same grid are not broken by them.
 
 import json
 
+import pytest
+
 from diloco.cli import main as cli_main
 from diloco.scaling.sweep import read_results
 
@@ -71,3 +73,47 @@ def test_a_run_killed_mid_sweep_resumes_when_the_sweep_restarts(tmp_path, token_
     steps = [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
     assert steps == list(range(1, cfg.total_steps + 1))  # resumed at step 4: 5 and 6 redone, none twice
     assert run_config(record)["eval_loss"] == result["eval_loss"]  # finished: taken as it is
+
+
+def test_the_grids_device_is_the_runs_and_the_token_files_train_as_their_text(tmp_path, token_cache):
+    """``base.device`` picks the device (a runner key: not a TrainConfig field, but part of the run_id), a device
+    this machine lacks fails that run before its folder exists, and a grid on the corpus's token files
+    (``train.bin`` / ``val.bin``, as studies/frontier/token_files.py writes them) trains on the very ids of the
+    text corpus: the same data_sha256 and the same loss. The frontier's GPU runs rely on both."""
+    import torch
+
+    from diloco.data.sources import prepare_data
+    from diloco.scaling.sweep import GridSpec, expand
+    from diloco.train.config import TrainConfig, load_preset
+    from diloco.train.sweep_runner import config_from_record, device_of, run_config
+
+    sources = TrainConfig.from_dict(load_preset("tiny")["base"]).sources
+    data = prepare_data(list(sources), vocab_size=512, cache_dir=token_cache)
+    (tmp_path / "tok").mkdir()
+    for name, arr in (("train.bin", data.train), ("val.bin", data.val)):
+        (tmp_path / "tok" / name).write_bytes(arr.astype("<u2").tobytes())
+    base = {"vocab_size": 512, "seq_len": 32, "warmup_steps": 2, "eval_every": 1000, "eval_batches": 2,
+            "sources": list(sources), "runs_dir": str(tmp_path / "runs"), "cache_dir": str(token_cache)}
+    grid = {"sizes": ["tiny"], "methods": ["streaming"], "replicas": [2], "inner_lr": [3e-3], "global_batch": [8],
+            "outer_lr": [0.7], "sync_every": [4], "tokens_per_param": 0.1, "runner": "train", "base": base}
+
+    def record(**changes):
+        (rec,) = expand(GridSpec.from_dict({**grid, "base": {**base, **changes}}))
+        return rec
+
+    text, on_cpu = record(), record(device="cpu")
+    files = record(device="cpu", sources=[str(tmp_path / "tok" / "train.bin"), str(tmp_path / "tok" / "val.bin")])
+    assert len({text["run_id"], on_cpu["run_id"], files["run_id"]}) == 3
+    assert device_of(text) == "cpu" and device_of(on_cpu) == "cpu"
+    cfg, _, _ = config_from_record(on_cpu)
+    assert cfg == config_from_record(text)[0]  # the device is the runner's, not the model's settings
+    a, b = run_config(text), run_config(files)
+    assert a["data_sha256"] == b["data_sha256"] == data.digest()
+    assert a["eval_loss"] == b["eval_loss"]
+    if not torch.cuda.is_available():
+        cuda = record(device="cuda")
+        with pytest.raises(ValueError, match="--device cuda"):
+            run_config(cuda)
+        assert not (tmp_path / "runs" / cuda["run_id"]).exists()
+    with pytest.raises(ValueError, match="base.device=3"):
+        device_of(record(device=3))

@@ -46,3 +46,73 @@ def test_another_batch_at_each_methods_best_lr(wg):
     assert {name: g["inner_lr"] for name, g in out.items()} == {
         "cpu-0.1m-b8-dp-lr0.032": [0.032], "cpu-0.1m-b8-eager-fp4-mom0.5-lr0.016": [0.016]}
     assert out["cpu-0.1m-b8-eager-fp4-mom0.5-lr0.016"]["base"]["eager"] is True
+
+
+@pytest.fixture(scope="module")
+def gg(wg):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "studies" / "frontier"))
+    spec = importlib.util.spec_from_file_location("frontier_gpu_grids", ROOT / "studies" / "frontier" / "gpu_grids.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_gpu_grid_is_its_cpu_grid_but_for_device_data_files_and_folder(wg, gg):
+    """The GPU runs are the CPU study's runs: a grid of studies/frontier/grids/gpu differs from write_grids.py's grid
+    of its method and batch only in the device, the corpus's token files, the runs folder, the lrs and the seed."""
+    import json
+    import re
+
+    folder = ROOT / "studies" / "frontier" / "grids" / "gpu"
+    paths = sorted(folder.glob("*.json"))
+    assert len(paths) >= 60
+    methods = sorted(wg.METHODS, key=len, reverse=True)
+    for path in paths:
+        grid = json.loads(path.read_text())
+        m = re.fullmatch(r"(cpu-[0-9.]+m)-b(\d+)-(.+?)(-lr[0-9.e-]+|-seed\d+)?", path.stem)
+        size, batch, method = m.group(1), int(m.group(2)), m.group(3)
+        assert method in methods, path.name
+        cpu = wg.grids(size, (batch,))[f"{size}-b{batch}-{method}"]
+        base = dict(grid["base"])
+        assert base.pop("device") == "cuda"
+        assert base.pop("sources") == [f"{gg.TOKENS}/train.bin", f"{gg.TOKENS}/val.bin"]
+        assert base.pop("runs_dir") == f"runs/frontier-gpu/{size}"
+        cpu_base = dict(cpu["base"])
+        assert cpu_base.pop("sources") == ["large"] and cpu_base.pop("runs_dir") == f"runs/frontier/{size}"
+        assert base == cpu_base, path.name
+        same = ("sizes", "global_batch", "tokens_per_param", "methods", "replicas", "sync_every", "outer_lr", "runner")
+        assert {k: grid[k] for k in same} == {k: cpu[k] for k in same}, path.name
+        if m.group(4) and m.group(4).startswith("-seed"):
+            assert grid["seed"] == int(m.group(4)[5:]) and len(grid["inner_lr"]) == 1
+        else:
+            assert grid["seed"] == 0
+    for order in folder.glob("order-*.txt"):
+        assert all((ROOT / line).exists() for line in order.read_text().split()), order.name
+
+
+def _rec(method, batch, lr, loss, seed=0):
+    from_cpu = {"dp": ("dp", 0.7, {}), "streaming-fp4-tau1": ("streaming", 0.7, {"num_fragments": 3, "overlap_steps": 1,
+                "merge_alpha": 0.5, "codec": "fp4_e3m0", "outer_momentum": 0.9})}[method]
+    return {"status": "ok", "size": "cpu-1m", "method": from_cpu[0], "outer_lr": from_cpu[1], "base": from_cpu[2],
+            "global_batch": batch, "inner_lr": lr, "eval_loss": loss, "seed": seed}
+
+
+def test_the_second_gpu_stage_steps_past_edges_and_adds_seeds(gg):
+    records = [_rec("dp", 128, 0.008, 3.4), _rec("dp", 128, 0.016, 3.3),               # best at the high edge
+               _rec("dp", 64, 0.008, 3.45), _rec("dp", 64, 0.016, 3.5),                # best at the low edge
+               _rec("dp", 256, 0.016, 3.6), _rec("dp", 128, 0.016, 3.0, seed=1),       # another seed: not a choice
+               _rec("streaming-fp4-tau1", 64, 0.004, 3.5), _rec("streaming-fp4-tau1", 64, 0.008, 3.4),
+               _rec("streaming-fp4-tau1", 64, 0.016, 3.45), _rec("streaming-fp4-tau1", 128, 0.008, 3.6)]
+    out = gg.next_stage("cpu-1m", records)
+    assert {k: (g["global_batch"], g["inner_lr"], g["seed"]) for k, g in out.items()} == {
+        "cpu-1m-b64-dp-lr0.004": ([64], [0.004], 0), "cpu-1m-b128-dp-lr0.032": ([128], [0.032], 0),
+        "cpu-1m-b256-dp-lr0.008": ([256], [0.008], 0), "cpu-1m-b256-dp-lr0.032": ([256], [0.032], 0),  # one lr
+        "cpu-1m-b128-dp-seed1": ([128], [0.016], 1), "cpu-1m-b128-dp-seed2": ([128], [0.016], 2),
+        "cpu-1m-b32-streaming-fp4-tau1": ([32], [0.004, 0.008], 0),  # best batch 64 at the low edge of 64, 128
+        "cpu-1m-b128-streaming-fp4-tau1-lr0.004": ([128], [0.004], 0),  # one lr tried at 128: both neighbours
+        "cpu-1m-b128-streaming-fp4-tau1-lr0.016": ([128], [0.016], 0),
+        "cpu-1m-b64-streaming-fp4-tau1-seed1": ([64], [0.008], 1),
+        "cpu-1m-b64-streaming-fp4-tau1-seed2": ([64], [0.008], 2)}
+    assert [g["global_batch"][0] for g in out.values()] == sorted(g["global_batch"][0] for g in out.values())
