@@ -116,3 +116,19 @@ def test_the_second_gpu_stage_steps_past_edges_and_adds_seeds(gg):
         "cpu-1m-b64-streaming-fp4-tau1-seed1": ([64], [0.008], 1),
         "cpu-1m-b64-streaming-fp4-tau1-seed2": ([64], [0.008], 2)}
     assert [g["global_batch"][0] for g in out.values()] == sorted(g["global_batch"][0] for g in out.values())
+
+
+def test_the_gpu_eval_curves_end_at_the_records_losses():
+    """eval-curves-gpu.json (seeds.py --collect, what seeds.png is drawn from) holds every finished GPU run, and
+    each curve ends at its record's final eval loss, after the record's token budget."""
+    import json
+
+    folder = ROOT / "studies" / "frontier"
+    curves = json.loads((folder / "eval-curves-gpu.json").read_text())["curves"]
+    records = [json.loads(line) for line in (folder / "results-gpu.jsonl").read_text().splitlines() if line.strip()]
+    done = {r["run_id"]: r for r in records if r["status"] == "ok"}
+    assert set(curves) == set(done) and len(done) >= 100
+    for run_id, points in curves.items():
+        (tokens, loss), rec = points[-1], done[run_id]
+        assert loss == rec["eval_loss"] and tokens >= rec["tokens"] - rec["global_batch"] * 128, run_id
+        assert [t for t, _ in points] == sorted(t for t, _ in points)
