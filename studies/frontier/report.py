@@ -163,6 +163,12 @@ def planner_block(rows: list[dict], size: str, batch: int = 16, device: str = "c
                      if k in have}}
 
 
+def _chosen_by(row: dict) -> float:
+    """The loss a batch or lr is chosen on: seed 0's, as every bracket was run; the row's mean over more seeds is
+    what is reported (choosing on a mean of more seeds at one point than at its rivals would favour the noisier)."""
+    return row.get("eval_loss_seed0", row["eval_loss"])
+
+
 def best_over_batches(rows: list[dict], size: str, device: str = "cpu") -> dict[str, dict]:
     """Each method's best row at ``size`` over the batches tried, with ``batches_tried`` and whether the best
     batch sits at an edge of them (``batch_at_edge``) or is the only one (``one_batch``); its ``gap_pct`` is
@@ -172,7 +178,7 @@ def best_over_batches(rows: list[dict], size: str, device: str = "cpu") -> dict[
     for r in rows:
         if r["size"] == size and r.get("device", "cpu") == device:
             batches[r["method"]].add(r["global_batch"])
-            if r["method"] not in best or r["eval_loss"] < best[r["method"]]["eval_loss"]:
+            if r["method"] not in best or _chosen_by(r) < _chosen_by(best[r["method"]]):
                 best[r["method"]] = r
     out = {}
     dp = best.get("dp")  # the reference of this table: data-parallel at its own best batch and lr

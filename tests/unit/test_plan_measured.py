@@ -187,6 +187,15 @@ def test_the_frontier_report_takes_each_methods_best_batch_and_says_where_it_sit
         "dp": (8, [4, 8, 16], False, False), "eager": (16, [8, 16], True, False), "topk": (16, [16], False, True)}
     # each against DP at DP's best batch (8), not at its own batch
     assert {k: round(r["gap_pct"], 6) for k, r in best.items()} == {"dp": 0.0, "eager": 45.0, "topk": 100.0}
+    # a row with more seeds is chosen on its seed 0, as its rivals are, and reported at its seeds' mean; the two
+    # devices' rows are never compared
+    seeded = [{**r, "eval_loss": 2.6, "eval_loss_seed0": 1.9, "seeds": 3, "eval_loss_sd": 0.5}
+              if r["method"] == "dp" and r["global_batch"] == 16 else r for r in rows]
+    seeded.append({"size": "s", "method": "dp", "global_batch": 64, "eval_loss": 0.5, "device": "cuda"})
+    best = best_over_batches(seeded, "s")
+    assert best["dp"]["global_batch"] == 16 and best["dp"]["eval_loss"] == 2.6 and best["dp"]["batches_tried"] == [4, 8, 16]
+    assert round(best["eager"]["gap_pct"], 6) == round(100 * (2.9 / 2.6 - 1), 6)
+    assert best_over_batches(seeded, "s", "cuda")["dp"]["eval_loss"] == 0.5
 
 
 def test_the_frontier_report_writes_the_block_the_planner_reads():
