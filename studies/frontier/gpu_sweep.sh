@@ -18,7 +18,9 @@ PY=${PY:-python3}
 mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=1
 $PY studies/frontier/token_files.py runs/frontier-tokens --check || exit 1
-[ -f studies/frontier/results-gpu.jsonl ] && cp studies/frontier/results-gpu.jsonl "$OUT/results-gpu.jsonl"
+# resume from the committed records, unless DIR already holds a results file (never overwritten: it may hold more)
+if [ -f "$OUT/results-gpu.jsonl" ]; then echo "resuming from $OUT/results-gpu.jsonl as it is"
+elif [ -f studies/frontier/results-gpu.jsonl ]; then cp studies/frontier/results-gpu.jsonl "$OUT/results-gpu.jsonl"; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv 2>&1 | tail -n 2
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 (nvidia-smi dmon -s um -d 15 > "$OUT/gpu-util.log" 2>&1 &)

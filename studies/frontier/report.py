@@ -38,6 +38,7 @@ from diloco.files import atomic_write_bytes, read_jsonl, write_json  # noqa: E40
 from diloco.models import count_params, make_config  # noqa: E402
 from diloco.scaling.paper_gap import paper_law_gaps  # noqa: E402
 from diloco.traffic import exchange_bytes  # noqa: E402
+from diloco.train.sweep_runner import device_of  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 from write_grids import METHODS  # noqa: E402
@@ -45,10 +46,6 @@ from write_grids import METHODS  # noqa: E402
 STREAMING, EAGER = "streaming-fp4-tau1", ("eager-fp4-mom0.9", "eager-fp4-mom0.5")
 RESULTS = (HERE / "results.jsonl", HERE / "results-gpu.jsonl")  # the CPU runs, the GPU runs (gpu_grids.py)
 
-
-def device_of(rec: dict) -> str:
-    """The device a run trained on: its grid's ``base.device`` (the sweep runner's key), cpu where unset."""
-    return rec["base"].get("device") or "cpu"
 
 
 def method_name(rec: dict) -> str:

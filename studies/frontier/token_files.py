@@ -6,8 +6,9 @@ Writes DIR/train.bin and DIR/val.bin (nanoGPT's layout: raw uint16 ids, the spli
 ``large`` corpus at vocabulary 4,096, the very arrays every CPU run of the study trained and evaluated on,
 and prints their digest (the ``data_sha256`` a run records). A grid whose ``base.sources`` names the two files
 trains on the same data without the texts; the record's ``data_sha256`` shows it. ``--xz`` also writes
-``train.bin.xz`` (about 20 MB instead of 63), and ``--check DIR`` reads the files back (unpacking
-``train.bin.xz`` when ``train.bin`` is missing) and prints the digest again.
+``train.bin.xz`` (about 20 MB instead of 63), and ``DIR --check`` reads the files back (unpacking
+``train.bin.xz`` when ``train.bin`` is missing) and prints the digest again. A file already in DIR with other
+contents is refused, before anything is written: nothing of yours is overwritten.
 """
 
 from __future__ import annotations
@@ -29,12 +30,16 @@ VOCAB = 4096
 
 def export(folder: Path, *, xz: bool) -> str:
     data = prepare_data(["large"], vocab_size=VOCAB, cache_dir=default_cache_dir())
+    blobs = {name: arr.astype("<u2", copy=False).tobytes() for name, arr in (("train.bin", data.train),
+                                                                             ("val.bin", data.val))}
+    for name, blob in blobs.items():
+        if (folder / name).exists() and (folder / name).read_bytes() != blob:
+            raise SystemExit(f"token_files.py: {folder / name} exists and holds other tokens; choose an empty folder")
     folder.mkdir(parents=True, exist_ok=True)
-    for name, arr in (("train.bin", data.train), ("val.bin", data.val)):
-        blob = arr.astype("<u2", copy=False).tobytes()
+    for name, blob in blobs.items():
         atomic_write_bytes(folder / name, blob)
-        if xz and name == "train.bin":
-            atomic_write_bytes(folder / "train.bin.xz", lzma.compress(blob, preset=6))
+    if xz:
+        atomic_write_bytes(folder / "train.bin.xz", lzma.compress(blobs["train.bin"], preset=6))
     return data.digest()
 
 

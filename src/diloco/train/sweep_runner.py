@@ -37,7 +37,8 @@ def config_from_record(config: dict[str, Any]) -> tuple[TrainConfig, Path, Path]
     base = dict(config.get("base", {}))
     runs_dir = Path(base.pop("runs_dir", "runs/sweep"))
     cache_dir = Path(base.pop("cache_dir", None) or default_cache_dir())
-    base.pop("device", None)  # see device_of
+    for key in RUNNER_KEYS:  # the device: see device_of
+        base.pop(key, None)
     method = config["method"]
     if method != "streaming":
         for key in STREAMING_ONLY:
