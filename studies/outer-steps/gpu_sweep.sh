@@ -2,6 +2,7 @@
 # The outer-steps study (grids.py) in one call of a machine with one CUDA GPU:
 #
 #   OUT=DIR BUDGET=540 WORKERS=16 bash studies/outer-steps/gpu_sweep.sh
+#   STAGES=4 STAGE2_MIN=0 OUT=DIR BUDGET=230 WORKERS=18 bash studies/outer-steps/gpu_sweep.sh   # the fourth stage
 #
 # Unpacks the corpus's token files (studies/frontier/token_files.py wrote runs/frontier-tokens), resumes from
 # studies/outer-steps/results-gpu.jsonl (copied to DIR unless DIR holds one), and runs the three stages of
@@ -28,9 +29,9 @@ touch "$OUT/results-gpu.jsonl"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tail -n 1
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 (nvidia-smi dmon -s um -d 15 > "$OUT/gpu-util.log" 2>&1 &)
-for stage in 1 2 3; do
+for stage in ${STAGES:-1 2 3}; do
     left=$(( BUDGET - ($(date +%s) - start) ))
-    [ "$stage" = 1 ] && left=$(( left - STAGE2_MIN ))
+    [ "$stage" = 1 ] && [ "${STAGES:-1 2 3}" != 1 ] && left=$(( left - STAGE2_MIN ))
     if [ "$left" -lt "$MIN_STAGE" ]; then echo "stage $stage not started: $left s left"; break; fi
     grids=$($PY $HERE/grids.py $stage "$OUT/results-gpu.jsonl" | sed 's/^/--grid /')
     if [ -z "$grids" ]; then echo "stage $stage: nothing to run"; continue; fi

@@ -3,6 +3,7 @@
     .venv/bin/python studies/outer-steps/grids.py 1          # the first stage: writes grids/*.json, prints their paths
     .venv/bin/python studies/outer-steps/grids.py 2 RESULTS  # the second, read off the first stage's records
     .venv/bin/python studies/outer-steps/grids.py 3 RESULTS  # the third: seeds at an outer lr that beat 0.7
+    .venv/bin/python studies/outer-steps/grids.py 4          # the fourth, written from the first two's results
 
 Every run is a run of the frontier's GPU grids (studies/frontier/gpu_grids.py: ``cpu-1m``, 20 tokens per
 parameter, the corpus's token files, bf16 + torch.compile, one thread, warmup 120) at its frontier-best inner lr
@@ -14,7 +15,11 @@ the same device. What changes is the outer step: H (``sync_every``) and the oute
   momentum 0.9 point is the frontier's own run (results-gpu.jsonl there) and is not run again.
 * Stage 2: at each (method, batch)'s best (H, momentum), outer lr 0.5 and 1.0 (0.7 / sqrt 2 and 0.7 x sqrt 2);
   and seeds 1-4 at each method's best (batch, H, momentum) at outer lr 0.7 (none where the frontier has them).
-* Stage 3: where an outer lr of stage 2 beat 0.7 at a method's best batch, seeds 1-4 there.
+* Stage 3: where an outer lr of stage 2 beat 0.7 at a method's best batch, seeds 1-4 there (none did).
+* Stage 4, written by hand from stages 1-2 (both methods' best batch was 128, and 0.7 stayed the best outer lr):
+  DiLoCo's best (H 10, momentum 0.5) sat at the low edge of both, so H 5 (seeds 0-4) and momentum 0.3 (H 5, 10);
+  Streaming's best H by seed 0 (15) and its runner-up (10) are 0.09 apart, inside the seed spread, so seeds 1-4
+  at H 10 and H 5 (seeds 0-2); and the inner lr re-bracketed (x2, /2) at both methods' best point.
 
 The best is chosen on seed 0, as the frontier chose its lrs. Grid files already written are never overwritten.
 """
@@ -155,13 +160,36 @@ def stage3(records: list[dict]) -> dict[str, dict]:
     return out
 
 
+def stage4() -> dict[str, dict]:
+    """Stage 4 (module docstring): the edges and seeds that stages 1-2 asked for, at batch 128."""
+    out = {}
+    for seed in range(5):
+        out[f"b128-diloco-m2-H5-mom0.5-seed{seed}"] = grid("diloco-m2", batch=128, momentum=0.5, sync_every=[5],
+                                                           outer_lr=[OUTER_LR], seed=seed, why="H past the edge (stage 4).")
+    out["b128-diloco-m2-mom0.3"] = grid("diloco-m2", batch=128, momentum=0.3, sync_every=[5, 10], outer_lr=[OUTER_LR],
+                                        why="momentum past the edge (stage 4).")
+    for seed in SEEDS:
+        out[f"b128-streaming-fp4-tau1-H10-mom0.9-seed{seed}"] = grid(
+            "streaming-fp4-tau1", batch=128, momentum=0.9, sync_every=[10], outer_lr=[OUTER_LR], seed=seed,
+            why="seeds at the runner-up H (stage 4).")
+    for seed in range(3):
+        out[f"b128-streaming-fp4-tau1-H5-mom0.9-seed{seed}"] = grid(
+            "streaming-fp4-tau1", batch=128, momentum=0.9, sync_every=[5], outer_lr=[OUTER_LR], seed=seed,
+            why="H below the best two (stage 4).")
+    for name, h, momentum in (("diloco-m2", 10, 0.5), ("streaming-fp4-tau1", 15, 0.9)):
+        g = grid(name, batch=128, momentum=momentum, sync_every=[h], outer_lr=[OUTER_LR],
+                 why="the inner lr re-bracketed at the best H and momentum (stage 4).")
+        out[f"b128-{name}-H{h}-mom{momentum}-ilr"] = {**g, "inner_lr": [INNER_LR / 2, INNER_LR * 2]}
+    return out
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("1", "2", "3") or (argv[0] != "1" and len(argv) < 2):
+    if not argv or argv[0] not in ("1", "2", "3", "4") or (argv[0] in ("2", "3") and len(argv) < 2):
         print(__doc__, file=sys.stderr)
         return 2
     stage = argv[0]
-    if stage == "1":
-        todo = stage1()
+    if stage in ("1", "4"):
+        todo = stage1() if stage == "1" else stage4()
     else:
         records = load([Path(a) for a in argv[1:]] + [FRONTIER / "results-gpu.jsonl"])
         todo = (stage2 if stage == "2" else stage3)(records)
