@@ -34,6 +34,6 @@ def test_the_demo_note_names_its_budget_the_laws_gaps_and_the_results_page():
     n += 2 * 128 * 5 + 128  # ... plus their two norm scales each and the final norm
     gaps = paper_law_gaps(n)
     assert f"this run trains {480 * 16 * 128 / n:.2f} tokens per parameter" in note
-    assert f"N = {n / 1e6:.2f}M" in note and "16 outer steps" in note
+    assert f"N = {n / 1e6:.2f}M" in note and f"{480 // preset['base']['sync_every']} outer steps" in note
     assert f"M = 1 {gaps[1]:+.2f} %, M = 2 {gaps[2]:+.2f} %" in note
     assert RESULTS_PAGE in note and "20 tokens per parameter" in note

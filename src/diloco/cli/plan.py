@@ -30,6 +30,7 @@ from diloco.cli.simulate import (
     resolve_exchange,
     resolve_model,
 )
+from diloco.outer_steps import MIN_OUTER_STEPS, recommended_sync_every
 from diloco.sim.goodput import HOURS_PER_YEAR, METHOD_LABELS, FailureModel, goodput_by_method
 from diloco.sim.hardware import ModelSpec
 from diloco.sim.loss import MEASURED_CODECS, MEASURED_EAGER, MEASURED_MARK
@@ -70,8 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_run_args(p)
     add_link_args(p, default_bandwidths=False)
     c = p.add_argument_group("candidates and the loss model")
-    c.add_argument("--sync-every", default=",".join(map(str, DEFAULT_SYNC_EVERY)),
-                   help="H values to consider, comma-separated (default 30,100,300)")
+    c.add_argument("--sync-every", default=DEFAULT_SYNC_EVERY_ARG,
+                   help=f"H values to consider, comma-separated (default {DEFAULT_SYNC_EVERY_ARG}, and the largest H "
+                        f"that gives {MIN_OUTER_STEPS} outer steps over the run where it is smaller: studies/outer-steps)")
     c.add_argument("--overlap", default=",".join(map(str, DEFAULT_OVERLAP)),
                    help="tau values for Streaming DiLoCo (default 0,1,5)")
     c.add_argument("--fragment-layers", default="3", help="blocks per Streaming fragment (default 3)")
@@ -141,6 +143,10 @@ def _kind(e: Evaluated) -> str | None:
     return "eager" if c.eager else (c.codec if c.codec in MEASURED_CODECS else None)
 
 
+#: --sync-every's default: the planner's H values (with it, the rule's largest H is tried as well).
+DEFAULT_SYNC_EVERY_ARG = ",".join(map(str, DEFAULT_SYNC_EVERY))
+
+
 def format_plan(plan: Plan, top: int) -> str:
     lines = []
     head = (f"  {'candidate':<40}{'util':>7}{'wall':>11}{'TB sent':>10}{'peak':>9}{'bw@90%':>8}  loss (vs DP)")
@@ -149,7 +155,9 @@ def format_plan(plan: Plan, top: int) -> str:
         fastest = rows[0]
         lines.append(f"\n== {format_gbps(bw)}: recommended {rec.candidate.label}: {rec.utilization:.1%} utilization, "
                      f"{format_duration(rec.wall_clock_s)}, loss {rec.loss.loss:.4f} ({rec.loss_vs_dp:+.2%} vs DP"
-                     + (f"; its loss cost {MEASURED_MARK})" if rec.candidate.measured else ")"))
+                     + (f"; its loss cost {MEASURED_MARK})" if rec.candidate.measured else ")")
+                     + (f"; outer momentum {rec.candidate.outer_momentum}, {plan.setup.steps / rec.candidate.sync_every:.0f} "
+                        f"outer steps" if rec.candidate.method != "dp" else ""))
         if fastest is not rec:
             lines.append(f"   (fastest at any loss: {fastest.candidate.label}, {format_duration(fastest.wall_clock_s)}, "
                          f"loss {fastest.loss_vs_dp:+.2%} vs DP: outside the {plan.tolerance:.2%} tolerance)")
@@ -329,7 +337,11 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ValueError(f"--top={args.top}: must be >= 1")
     failures = failure_setting(args)
-    cands = candidates(model.num_layers, sync_every=_ints(args.sync_every, "sync-every"),
+    sync_every = _ints(args.sync_every, "sync-every")
+    if args.sync_every == DEFAULT_SYNC_EVERY_ARG:  # the defaults, and the largest H the outer-steps rule allows
+        h = recommended_sync_every(total_steps=int(tokens // args.tokens_per_step))
+        sync_every = tuple(sorted({*sync_every, h})) if h < max(sync_every) else sync_every
+    cands = candidates(model.num_layers, sync_every=sync_every,
                        overlap=_ints(args.overlap, "overlap"),
                        fragment_layers=_ints(args.fragment_layers, "fragment-layers"),
                        codecs=tuple(c.strip() for c in args.codecs.split(",") if c.strip()),

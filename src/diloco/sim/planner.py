@@ -24,7 +24,9 @@ may take a whole outer step). Their loss costs are this project's laptop-scale m
 :mod:`diloco.sim.loss`), marked so.
 
 The recommendation is the fastest candidate whose predicted loss is within ``tolerance`` of
-data-parallel's (ties: lower loss, then fewer bytes). Pure numpy: no torch.
+data-parallel's and whose run takes at least :data:`diloco.outer_steps.MIN_OUTER_STEPS` outer steps (ties:
+lower loss, then fewer bytes), with the outer momentum :data:`diloco.outer_steps.OUTER_MOMENTUM` names for its
+method (both measured in studies/outer-steps). Pure numpy: no torch.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from typing import Any
 import numpy as np
 
 from diloco.algorithm.wire_sizes import SPARSE_CODECS, bits_per_value
+from diloco.outer_steps import MIN_OUTER_STEPS, OUTER_MOMENTUM
+from diloco.outer_steps import SOURCE as OUTER_STEPS_SOURCE
 from diloco.sim.hardware import GBIT, PAPER_EXCHANGE, ModelSpec
 from diloco.sim.loss import MEASURED_CODECS, MEASURED_MARK, LossEstimate, LossModel
 from diloco.sim.utilization import MethodSpec, data_parallel, diloco, streaming, utilization_curve
@@ -118,11 +122,20 @@ class Candidate:
         return streaming(sync_every=self.sync_every, num_fragments=self.num_fragments,
                          overlap_steps=self.overlap_steps, bits=bits, label=self.label, eager=self.eager)
 
+    @property
+    def outer_momentum(self) -> float | None:
+        """The outer momentum to run it with: :data:`diloco.outer_steps.OUTER_MOMENTUM` (None for DP)."""
+        return None if self.method == "dp" else OUTER_MOMENTUM[self.method]
+
+    def enough_outer_steps(self, steps: float) -> bool:
+        """Whether a run of ``steps`` inner steps takes :data:`~diloco.outer_steps.MIN_OUTER_STEPS` outer steps."""
+        return self.method == "dp" or steps / self.sync_every >= MIN_OUTER_STEPS
+
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "method": self.method, "sync_every": self.sync_every,
                 "num_fragments": self.num_fragments, "fragment_layers": self.fragment_layers,
                 "overlap_steps": self.overlap_steps, "codec": self.codec, "eager": self.eager,
-                "measured_at_laptop_scale": self.measured}
+                "outer_momentum": self.outer_momentum, "measured_at_laptop_scale": self.measured}
 
 
 def candidates(num_layers: int, *, sync_every: Sequence[int] = DEFAULT_SYNC_EVERY,
@@ -287,7 +300,8 @@ def evaluate(setup: Setup, cands: Sequence[Candidate], bandwidths_bps: Sequence[
     recommended = {}
     for bw, evs in rows.items():
         evs.sort(key=lambda e: (e.wall_clock_s, e.loss.loss, e.bytes_sent))
-        ok = [e for e in evs if e.loss_vs_dp <= tolerance + 1e-12]
+        # a setting with fewer outer steps than the outer-steps rule is shown but never recommended
+        ok = [e for e in evs if e.loss_vs_dp <= tolerance + 1e-12 and e.candidate.enough_outer_steps(setup.steps)]
         # ties within 0.1 % of wall-clock go to the lower loss, then a setting whose cost is published (not only
         # measured at laptop scale), then fewer bytes, then the simpler method
         best = min(e.wall_clock_s for e in ok)
@@ -308,6 +322,8 @@ def evaluate(setup: Setup, cands: Sequence[Candidate], bandwidths_bps: Sequence[
         "peak": "the largest single exchange (whole model, or the largest fragment) sent within one step",
         "bandwidth_for_90": f"smallest of {READ_GRID_GBPS.size} log-spaced bandwidths "
                             f"{READ_GRID_GBPS[0]:g}..{READ_GRID_GBPS[-1]:g} Gbit/s where the simulator gives >= 90 %",
+        "outer_steps": f"recommended only with >= {MIN_OUTER_STEPS} outer steps over the run, and with outer "
+                       f"momentum {OUTER_MOMENTUM} per method: {OUTER_STEPS_SOURCE}",
         "loss_law": loss_model.source,
         "ablations": loss_model.ablations,
     }

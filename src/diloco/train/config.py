@@ -244,6 +244,15 @@ class TrainConfig:
         return -(-AUTO_CHECKPOINT_STEPS // self.sync_every) * self.sync_every
 
     @property
+    def warnings(self) -> list[str]:
+        """Settings that run but that a study found costly (:mod:`diloco.outer_steps`); empty if none."""
+        from diloco.outer_steps import outer_steps_warning
+
+        w = outer_steps_warning(method=self.method, total_steps=self.total_steps, sync_every=self.sync_every,
+                                num_fragments=self.num_fragments, eager=self.eager)
+        return [w] if w else []
+
+    @property
     def batch_per_replica(self) -> int:
         return self.global_batch // self.replicas
 
