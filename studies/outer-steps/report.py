@@ -22,7 +22,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from grids import BATCHES, FRONTIER, INNER_LR, SIZE, load, point  # noqa: E402
+from grids import BATCHES, FRONTIER, INNER_LR, SIZE, load, method_of, point  # noqa: E402
 
 import diloco.scaling  # noqa: E402
 from diloco.files import atomic_write_bytes  # noqa: E402
@@ -63,7 +63,19 @@ def gap_pct(mean: float, se: float, dp: dict) -> tuple[float, float]:
     return 100.0 * (ratio - 1.0), 100.0 * ratio * math.sqrt((se / mean) ** 2 + (dp["se"] / dp["mean"]) ** 2)
 
 
-def summarize(records: list[dict], dp: list[dict]) -> dict:
+def inner_lr_bracket(path: Path) -> list[dict]:
+    """Stage 4's runs at half and twice the frontier's inner lr, at each method's best point (seed 0)."""
+    out = []
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("status") == "ok" and r["inner_lr"] != INNER_LR and method_of(r):
+            out.append({"method": method_of(r), "batch": r["global_batch"], "sync_every": r["sync_every"],
+                        "outer_momentum": r["base"]["outer_momentum"], "inner_lr": r["inner_lr"],
+                        "loss_seed0": r["eval_loss"]})
+    return sorted(out, key=lambda row: (row["method"], row["inner_lr"]))
+
+
+def summarize(records: list[dict], dp: list[dict], inner_lrs: list[dict] = ()) -> dict:
     dp_stats = stats([r["eval_loss"] for r in dp])
     num_params = dp[0]["num_params"]
     steps = {r["global_batch"]: r["steps"] for r in records}
@@ -98,6 +110,7 @@ def summarize(records: list[dict], dp: list[dict]) -> dict:
                                           "by": "seed mean" if means else "seed 0"}
         seeded.sort(key=lambda row: row["mean"])
         methods[method] = {"label": LABELS[method], "grid_seed0": grid, "best_per_batch": best_per_batch,
+                           "inner_lr_bracket": [row for row in inner_lrs if row["method"] == method],
                            "seeded": seeded, "best": seeded[0] if seeded else None}
     best_outer_steps = [row["outer_steps"] for m in methods.values() for row in m["best_per_batch"].values()]
     return {
@@ -134,6 +147,9 @@ def print_tables(s: dict) -> None:
         others = [r for r in m["grid_seed0"] if r["outer_lr"] != 0.7]
         for r in others:
             print(f"  B {r['batch']} H {r['sync_every']} mom {r['outer_momentum']} outer lr {r['outer_lr']}: "
+                  f"{r['loss_seed0']:.4f}")
+        for r in m["inner_lr_bracket"]:
+            print(f"  B {r['batch']} H {r['sync_every']} mom {r['outer_momentum']} inner lr {r['inner_lr']:g}: "
                   f"{r['loss_seed0']:.4f}")
         print("  seed means:")
         for r in m["seeded"]:
@@ -186,7 +202,7 @@ def plot(s: dict, path: Path) -> None:
 
 def main() -> int:
     records = load([HERE / "results-gpu.jsonl", FRONTIER / "results-gpu.jsonl"])
-    summary = summarize(records, dp_records())
+    summary = summarize(records, dp_records(), inner_lr_bracket(HERE / "results-gpu.jsonl"))
     print_tables(summary)
     atomic_write_bytes(HERE / "outer-steps-summary.json",
                        (json.dumps(summary, indent=1, allow_nan=False) + "\n").encode())

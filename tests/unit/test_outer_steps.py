@@ -45,7 +45,7 @@ def test_the_summary_is_what_the_records_give():
     """The committed summary is the report's reading of the committed records (the frontier's DP seeds included)."""
     report = _report_module()
     fresh = report.summarize(report.load([STUDY / "results-gpu.jsonl", report.FRONTIER / "results-gpu.jsonl"]),
-                             report.dp_records())
+                             report.dp_records(), report.inner_lr_bracket(STUDY / "results-gpu.jsonl"))
     assert json.loads(json.dumps(fresh)) == _summary()
     # the rule is the fewest outer steps of any batch's best point, and each method's best seed mean's momentum
     best = [row for m in fresh["methods"].values() for row in m["best_per_batch"].values()]
