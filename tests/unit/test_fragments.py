@@ -54,3 +54,15 @@ def test_errors_name_the_values():
         split_fragments(nn.Linear(2, 2), 2)
     with pytest.raises(ValueError, match="'strided' or 'sequential'"):
         split_fragments(make_model(), 2, pattern="random")
+
+
+@pytest.mark.parametrize("pattern, expected", [("strided", [[0, 2, 4], [1, 3, 5]]), ("sequential", [[0, 1, 2], [3, 4, 5]])])
+def test_a_bare_stack_of_blocks_splits_its_blocks_over_every_fragment(pattern, expected):
+    """Nothing trains outside the blocks: no fragment is kept empty for it (it used to fail: "fragment 0 is empty")."""
+    stack = nn.ModuleList(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)) for _ in range(6))
+    frags = split_fragments(stack, 2, pattern=pattern)
+    blocks_of = [sorted({int(n.split(".")[0]) for n in f.names}) for f in frags]
+    assert blocks_of == expected
+    assert sum(f.numel for f in frags) == sum(p.numel() for p in stack.parameters())
+    with pytest.raises(ValueError, match="num_fragments=7 needs at least as many blocks, the model has 6"):
+        split_fragments(stack, 7)

@@ -12,7 +12,8 @@ of modules of one type, e.g. ``model.blocks``):
 Where the parameters outside the blocks go (embeddings, final norm, head):
 with P = 1 everything is one fragment (plain DiLoCo). With P >= 2 they form
 **fragment 0 of their own** and the blocks are split into the other P - 1
-fragments (G = P - 1). Why: at the papers' vocabulary the embedding and head
+fragments (G = P - 1); a model with nothing trainable outside its blocks (a
+bare stack of blocks) has its blocks split over all P fragments (G = P). Why: at the papers' vocabulary the embedding and head
 weigh as much as several blocks, so attaching them to a block fragment would
 make that fragment's sync the peak and undo the 1/P peak-bandwidth saving;
 they are also what MaxText's and the paper's simulator timing (one extra
@@ -157,9 +158,16 @@ def _block_groups(model: nn.Module, named: list[tuple[str, nn.Parameter]], P: in
             f"(parameter-name prefixes, one fragment per comma), or use num_fragments=1"
         )
     prefix, blocks = found
-    fragment_of_block = block_fragments(len(blocks), P, pattern)  # the rest goes to NON_BLOCK_FRAGMENT
-    groups: list[list[str]] = [[] for _ in range(P)]
     head = f"{prefix}." if prefix else ""
+    if all(name.startswith(head) for name, _ in named):
+        # only blocks train (e.g. the model is a stack of blocks): no fragment is kept for the rest
+        if P > len(blocks):
+            raise ValueError(f"num_fragments={P} needs at least as many blocks, the model has {len(blocks)} "
+                             f"and nothing outside them: use num_fragments <= {len(blocks)}")
+        fragment_of_block = block_groups(len(blocks), P, pattern)
+    else:
+        fragment_of_block = block_fragments(len(blocks), P, pattern)  # the rest goes to NON_BLOCK_FRAGMENT
+    groups: list[list[str]] = [[] for _ in range(P)]
     for name, _ in named:
         if name.startswith(head):
             groups[fragment_of_block[int(name[len(head):].split(".", 1)[0])]].append(name)
