@@ -51,6 +51,7 @@ from diloco.files import atomic_write_bytes, write_json
 from diloco.train.config import TrainConfig
 from diloco.train.device import check_device
 from diloco.train.evaluation import evaluate
+from diloco.train.environment import environment
 from diloco.train.inner_step import step_record, train_step
 from diloco.train.replica import Everyone, Replica, Run, build_replica
 from diloco.train.result import RunResult
@@ -370,6 +371,7 @@ class Trainer:
             dropped_contributions=rank0["dropped"],
             data_sha256=run.data_sha256,
             goodput=rank0.get("goodput"),
+            environment=environment(device=str(self.device)),
         )
         write_json(self.out_dir / "summary.json", result.to_dict())
         return result
