@@ -104,3 +104,14 @@ def test_the_planner_recommends_only_enough_outer_steps_with_the_rules_momentum(
         few = [e for rows in plan.rows.values() for e in rows if e.candidate.method != "dp"
                and setup.steps / e.candidate.sync_every < MIN_OUTER_STEPS]
         assert few or tokens == 2e11  # at 5,000 steps H = 100 and 300 are shown but never recommended
+
+
+def test_train_warns_once_it_starts(tmp_path, capsys):
+    """The warning comes with the run's other notices, after every check (an error is never preceded by it)."""
+    out = tmp_path / "run"
+    assert cli_main(["train", "--preset", "tiny", "--method", "streaming", "--out", str(out), "--cache-dir",
+                     str(tmp_path / "cache"), "--no-progress", "--set", "steps=4", "--set", "eval_every=4"]) == 0
+    err = capsys.readouterr().err
+    assert "diloco: warning: sync_every=8 gives 0 outer steps over 4 inner steps" in err
+    assert cli_main(["train", "--preset", "tiny", "--out", str(out), "--set", "steps=-3"]) == 2
+    assert capsys.readouterr().err.startswith("diloco train: error:")

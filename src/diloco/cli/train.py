@@ -68,9 +68,6 @@ def run(args: argparse.Namespace) -> int:
 
     preset = load_preset(args.preset)
     cfg = resolve(preset, args.method, overrides(args))
-    if int(os.environ.get("RANK", "0")) == 0:
-        for warning in cfg.warnings:
-            print(f"diloco: warning: {warning}", file=sys.stderr, flush=True)
     name = Path(args.preset).stem
     out = args.out or Path("runs") / f"{name}-{args.method or cfg.method}"
     if args.elastic and not _under_torchrun():

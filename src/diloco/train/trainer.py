@@ -200,7 +200,7 @@ class Trainer:
                              f"{cfg.replicas * cfg.ranks_per_worker} processes with torchrun, "
                              f"or set ranks_per_worker=1")
         plan = self.plan(resume=resume, overwrite=overwrite, reuse=reuse)
-        _tell([*plan.notices, *_speed_notices(self.device)])
+        _tell([*plan.notices, *_speed_notices(self.device), *_warnings(cfg)])
         if plan.action == "finished":
             return RunResult.from_dict(plan.summary)
         run = self._prepare(plan)
@@ -295,7 +295,7 @@ class Trainer:
         everyone = Everyone(comm, intra if mesh is not None else None)
         everyone.barrier()  # ... before the lead writes anything
         if lead:
-            _tell([*plan.notices, *_speed_notices(self.device)])
+            _tell([*plan.notices, *_speed_notices(self.device), *_warnings(cfg)])
             if elastic and plan.action == "resume":
                 _tell([f"elastic restart: resuming from step {plan.start_step} (written by "
                        f"{(plan.meta or {}).get('num_replicas')} workers) with {cfg.replicas} workers"])
@@ -472,6 +472,11 @@ def _tell(notices: Sequence[str]) -> None:
     """What the user must know about their run directory (a skipped checkpoint, a finished run)."""
     for line in notices:
         print(f"diloco: {line}", file=sys.stderr, flush=True)
+
+
+def _warnings(cfg: TrainConfig) -> list[str]:
+    """Settings that run but were measured costly (:attr:`TrainConfig.warnings`)."""
+    return [f"warning: {w}" for w in cfg.warnings]
 
 
 def _speed_notices(device: torch.device) -> list[str]:
