@@ -1,0 +1,182 @@
+"""The contribution guard: is this outer gradient the size honest ones are? (Decoupled and synchronous runs.)
+
+A learner (or replica) can send an outer gradient that is finite and wrong: a bad memory cell, a
+resume from the wrong checkpoint, a mistyped inner lr, a freshly initialised replica, an untrusted
+peer. Non-finite contributions are dropped everywhere already; this module judges finite ones by
+their norm::
+
+    ratio = |Delta_m| / reference
+    reference = median of the round's norms            (a round of >= ROUND_MEDIAN_MIN contributions)
+              | median of the last `history` accepted norms of this fragment (otherwise)
+              | none: accepted unjudged                (fewer than `min_history` accepted so far)
+    ratio > max_ratio  ->  action: "drop" (leave it out of the merge / the sync)
+                                 or "clip" (scale it down to max_ratio x reference)
+
+Only too-large norms are judged: a small outer gradient (a learner that just rejoined, a decayed
+lr) pulls the merge less, never more. Judged norms of contributions that pass join the history;
+dropped or clipped ones do not, so a burst of garbage cannot raise the bar it is measured against.
+
+The default ratio, :data:`DEFAULT_GUARD_RATIO`, comes from healthy runs (the decoupled guide lists
+the measurement): their largest ratio stayed below a few units, so a bar of 10 never fires on them
+and still catches an outer gradient an order of magnitude off, let alone the 1e4x of the probe.
+
+The pure part is :func:`judge` and :func:`reference_norm`; :class:`NormGuard` keeps the running
+history per fragment and the consecutive drops per sender, and is checkpointed with its owner.
+"""
+
+from __future__ import annotations
+
+import statistics
+import warnings
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: What a guard does with an outer gradient whose norm ratio exceeds the bar.
+GUARD_ACTIONS = ("drop", "clip", "off")
+
+#: The bar: norm / reference above this fires (see the module docstring and the decoupled guide for why 10).
+DEFAULT_GUARD_RATIO = 10.0
+
+#: Accepted norms per fragment the running median looks at.
+DEFAULT_GUARD_HISTORY = 16
+
+#: Accepted norms needed before the running median judges anything (until then, contributions pass unjudged).
+DEFAULT_MIN_HISTORY = 2
+
+#: A round of at least this many contributions is judged against its own median (robust to one outlier in 3).
+ROUND_MEDIAN_MIN = 3
+
+#: A sender dropped this many times in a row is named in a warning.
+DEFAULT_WARN_AFTER = 3
+
+
+def check_guard(action: str, max_ratio: float) -> None:
+    """ValueError naming the bad value and the fix, if ``action`` / ``max_ratio`` cannot run."""
+    if action not in GUARD_ACTIONS:
+        raise ValueError(f"guard={action!r}: choose 'drop' (leave an outsized outer gradient out), 'clip' (scale it "
+                         f"down to guard_ratio x the reference norm) or 'off' (accept every finite one)")
+    if not max_ratio > 1.0:
+        raise ValueError(f"guard_ratio={max_ratio}: the bar on norm / reference must be > 1 (default "
+                         f"{DEFAULT_GUARD_RATIO:g}); to turn the guard off use guard='off'")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the guard made of one outer gradient: ``action`` is ``"accept"``, ``"drop"`` or ``"clip"``;
+    ``scale`` multiplies the outer gradient (1 unless clipped); ``ratio`` is None when it was not judged."""
+
+    norm: float
+    reference: float | None
+    ratio: float | None
+    action: str
+    scale: float = 1.0
+
+
+def reference_norm(history: Sequence[float], round_norms: Sequence[float] = (), *,
+                   min_history: int = DEFAULT_MIN_HISTORY) -> float | None:
+    """The norm honest contributions have: the round's median (>= ROUND_MEDIAN_MIN norms), else the running
+    median of ``history`` (>= ``min_history`` norms), else None (nothing to judge by)."""
+    if len(round_norms) >= ROUND_MEDIAN_MIN:
+        return float(statistics.median(round_norms))
+    if len(history) >= max(1, min_history):
+        return float(statistics.median(history))
+    return None
+
+
+def judge(norm: float, reference: float | None, *, max_ratio: float, action: str) -> Verdict:
+    """The verdict on one outer gradient of norm ``norm`` (finite) against ``reference`` (pure)."""
+    assert action in GUARD_ACTIONS and norm >= 0.0
+    if action == "off" or reference is None:
+        return Verdict(norm, reference, None, "accept")
+    if reference <= 0.0:  # honest ones did not move: anything that moved is infinitely larger
+        ratio = float("inf") if norm > 0 else 1.0
+    else:
+        ratio = norm / reference
+    if ratio <= max_ratio:
+        return Verdict(norm, reference, ratio, "accept")
+    if action == "clip":
+        return Verdict(norm, reference, ratio, "clip", scale=max_ratio * reference / norm)
+    return Verdict(norm, reference, ratio, "drop", scale=0.0)
+
+
+@dataclass(frozen=True)
+class GuardEvent:
+    """One contribution the guard dropped or clipped (a row in ``merges.jsonl``, a sync's report)."""
+
+    sender: int
+    fragment: int
+    norm: float
+    reference: float
+    ratio: float
+    action: str
+
+    def as_row(self) -> dict[str, Any]:
+        return {"learner": self.sender, "fragment": self.fragment, "norm": self.norm, "reference": self.reference,
+                "ratio": self.ratio, "action": self.action}
+
+
+class NormGuard:
+    """The guard's state: accepted norms per fragment, consecutive drops per sender (module docstring).
+
+    Args:
+        action: ``"drop"``, ``"clip"`` or ``"off"`` (:data:`GUARD_ACTIONS`).
+        max_ratio: the bar on norm / reference (> 1).
+        history: accepted norms per fragment the running median looks at.
+        min_history: accepted norms needed before the running median judges.
+        warn_after: a sender dropped this many times in a row is named in a ``RuntimeWarning`` (and again at
+            every further multiple); ``who`` names senders in it (e.g. ``"learner"``, ``"replica"``).
+    """
+
+    def __init__(self, *, action: str = "drop", max_ratio: float = DEFAULT_GUARD_RATIO,
+                 history: int = DEFAULT_GUARD_HISTORY, min_history: int = DEFAULT_MIN_HISTORY,
+                 warn_after: int = DEFAULT_WARN_AFTER, who: str = "learner") -> None:
+        check_guard(action, max_ratio)
+        if history < 1 or min_history < 1 or warn_after < 1:
+            raise ValueError(f"history={history}, min_history={min_history}, warn_after={warn_after}: each must be "
+                             f">= 1")
+        self.action, self.max_ratio, self.min_history = action, float(max_ratio), min_history
+        self.warn_after, self.who, self.history = warn_after, who, history
+        self._norms: dict[int, deque[float]] = {}
+        self.drops_in_a_row: dict[int, int] = {}
+
+    @property
+    def on(self) -> bool:
+        return self.action != "off"
+
+    def reference(self, fragment: int, round_norms: Sequence[float] = ()) -> float | None:
+        return reference_norm(self._norms.get(fragment, ()), round_norms, min_history=self.min_history)
+
+    def judge(self, fragment: int, norm: float, round_norms: Sequence[float] = ()) -> Verdict:
+        return judge(norm, self.reference(fragment, round_norms), max_ratio=self.max_ratio, action=self.action)
+
+    def record(self, sender: int, fragment: int, verdict: Verdict) -> GuardEvent | None:
+        """Note ``sender``'s verdict on ``fragment``: an accepted norm joins the history, a drop counts towards the
+        warning. Returns the event to log when it was dropped or clipped."""
+        if verdict.action == "accept":
+            self._norms.setdefault(fragment, deque(maxlen=self.history)).append(verdict.norm)
+            self.drops_in_a_row[sender] = 0
+            return None
+        assert verdict.ratio is not None and verdict.reference is not None
+        if verdict.action == "drop":
+            n = self.drops_in_a_row[sender] = self.drops_in_a_row.get(sender, 0) + 1
+            if n % self.warn_after == 0:
+                warnings.warn(f"{self.who} {sender}: its outer gradient was dropped by the contribution guard {n} "
+                              f"times in a row (latest: fragment {fragment}, norm {verdict.norm:.4g} = "
+                              f"{verdict.ratio:.4g} x the reference {verdict.reference:.4g}, bar guard_ratio="
+                              f"{self.max_ratio:g}); check that {self.who} (its inner lr, the checkpoint it resumed "
+                              f"from, its hardware), or raise guard_ratio if its updates are honest",
+                              RuntimeWarning, stacklevel=3)
+        return GuardEvent(sender, fragment, verdict.norm, verdict.reference, verdict.ratio, verdict.action)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"norms": {p: list(v) for p, v in self._norms.items()}, "drops_in_a_row": dict(self.drops_in_a_row)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._norms = {int(p): deque((float(x) for x in v), maxlen=self.history) for p, v in state["norms"].items()}
+        self.drops_in_a_row = {int(m): int(n) for m, n in state["drops_in_a_row"].items()}
+
+
+__all__ = ["DEFAULT_GUARD_RATIO", "GUARD_ACTIONS", "GuardEvent", "NormGuard", "ROUND_MEDIAN_MIN", "Verdict",
+           "check_guard", "judge", "reference_norm"]
