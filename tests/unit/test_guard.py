@@ -115,7 +115,8 @@ def test_probe_with_clip_keeps_the_learner_at_the_bar_and_the_state_round_trips(
     state = syncer.state_dict()
     again = Syncer(make_model(seed=0), num_learners=3, merge="mean", guard="clip")
     again.load_state_dict(state)
-    assert again.guard.state_dict() == syncer.guard.state_dict()
+    assert again.guard.reference(0) == syncer.guard.reference(0) is not None
+    assert again.guard.drops_in_a_row == syncer.guard.drops_in_a_row
 
 
 # -- the synchronous exchange ---------------------------------------------------------------------------------------

@@ -171,10 +171,15 @@ class NormGuard:
         return GuardEvent(sender, fragment, verdict.norm, verdict.reference, verdict.ratio, verdict.action)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"norms": {p: list(v) for p, v in self._norms.items()}, "drops_in_a_row": dict(self.drops_in_a_row)}
+        """Plain numbers; each fragment's history as a NaN-padded list of ``history`` values (a checkpoint holding
+        it stays one size however long the run)."""
+        pad = float("nan")
+        return {"norms": {p: list(v) + [pad] * (self.history - len(v)) for p, v in self._norms.items()},
+                "drops_in_a_row": dict(self.drops_in_a_row)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._norms = {int(p): deque((float(x) for x in v), maxlen=self.history) for p, v in state["norms"].items()}
+        self._norms = {int(p): deque((float(x) for x in v if x == x), maxlen=self.history)
+                       for p, v in state["norms"].items()}
         self.drops_in_a_row = {int(m): int(n) for m, n in state["drops_in_a_row"].items()}
 
 
