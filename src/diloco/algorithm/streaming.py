@@ -24,7 +24,8 @@ steps that flat vector, which is exact for element-wise optimizers such as SGD
 with (Nesterov) momentum or Adam.
 
 The contribution guard (``guard``, :mod:`diloco.algorithm.guard`): before sending, each replica compares
-the norm of its own Delta_p with the running median of its own accepted norms of p; one above
+the norm of its own Delta_p per inner step since p's previous sync (the first sync of p comes after
+fewer steps than H) with the running median of its own accepted ones; one above
 ``guard_ratio`` times it is sent as non-finite (``"drop"``: the exchange leaves this replica out and every
 replica, this one included, applies the others' mean, as for a diverged replica) or scaled down to the bar
 (``"clip"``). What the exchange cannot check: the others' values arrive summed (reduce-scatter) or are
@@ -130,6 +131,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         self.codec = get_codec(codec)
         self.guard = NormGuard(action=guard, max_ratio=float(guard_ratio), who="replica")
         self._guard_events: dict[int, dict[str, Any]] = {}  # fragment -> the guard's event of the sync in flight
+        self._guard_sent_at: dict[int, int] = {}  # fragment -> the step its previous sync started after
         self.fragments: list[Fragment] = split_fragments(
             model, num_fragments, pattern=fragment_pattern, fragments=fragments
         )
@@ -192,12 +194,14 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         local = flatten(local_shards(frag.params))  # a fresh copy: the outer gradient overwrites it
         return torch.sub(g.detach().to(local.device), local, out=local)
 
-    def _guarded(self, p: int, delta: torch.Tensor) -> torch.Tensor:
-        """``delta`` as the guard lets it go: unchanged, scaled down (clip), or all NaN (drop: the exchange leaves
-        this replica out). Nothing is computed with the guard off."""
+    def _guarded(self, p: int, delta: torch.Tensor, t: int) -> torch.Tensor:
+        """``delta`` (sent after step t) as the guard lets it go: unchanged, scaled down (clip), or all NaN (drop:
+        the exchange leaves this replica out). Nothing is computed with the guard off."""
         if not self.guard.on:
             return delta
-        norm = float(torch.linalg.vector_norm(delta))
+        steps = max(1, t - self._guard_sent_at.get(p, 0))
+        self._guard_sent_at[p] = t
+        norm = float(torch.linalg.vector_norm(delta)) / steps
         if not norm < float("inf"):  # non-finite: the exchange drops it already
             return delta
         verdict = self.guard.judge(p, norm)
@@ -224,7 +228,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
 
     @torch.no_grad()
     def _start(self, p: int, t: int) -> None:
-        delta = self._guarded(p, self._outer_gradient(p))
+        delta = self._guarded(p, self._outer_gradient(p), t)
         payload, _ = self._encode(p, delta)
         work = self.comm.mean_async(payload, codec=self.codec, numel=delta.numel(), tag=f"fragment {p}")
         self._pending[p] = _Pending(t, payload, work)
@@ -253,7 +257,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
     @torch.no_grad()
     def _eager_sync(self, p: int, t: int) -> list[SyncReport]:
         """Eager sync of fragment p after step t: send, land the previous average, one outer step, merge."""
-        delta = self._guarded(p, self._outer_gradient(p))
+        delta = self._guarded(p, self._outer_gradient(p), t)
         payload, sent = self._encode(p, delta)
         assert sent is not None
         share = eager_share(sent, self.comm.world_size)
@@ -350,7 +354,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
             "pending": {p: pending(x) for p, x in self._pending.items()},
             "comm_stats": self.comm.stats.state_dict(),
         } | ({"dropped_in_flight": dict(self._dropped_in_flight)} if self._dropped_in_flight else {}) | (
-            {"guard": self.guard.state_dict()} if self.guard.on else {}) | (
+            {"guard": self.guard.state_dict() | {"sent_at": dict(self._guard_sent_at)}} if self.guard.on else {}) | (
             {"error_feedback": self.error_feedback.state_dict()} if self.error_feedback is not None else {})
 
     @torch.no_grad()
@@ -370,6 +374,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
             self.error_feedback.load_state_dict(state["error_feedback"])
         if self.guard.on and "guard" in state:  # a checkpoint without it (guard off, or older): the guard starts afresh
             self.guard.load_state_dict(state["guard"])
+            self._guard_sent_at = {int(p): int(t) for p, t in state["guard"].get("sent_at", {}).items()}
         self.step_count = int(state["step"])
         self._pending = {}
         self._dropped_in_flight = {int(p): int(v) for p, v in state.get("dropped_in_flight", {}).items()}

@@ -110,7 +110,8 @@ class Syncer:
         grace_ema_decay: decay of the grace window's moving averages; default 0.9.
         guard: the contribution guard (:mod:`diloco.algorithm.guard`), per fragment on each learner's reported
             difference ``base_m - theta_m`` (its own progress; the drift of Theta since its copy is the syncer's
-            own doing, not the learner's): ``"drop"`` (default) leaves a report whose norm exceeds ``guard_ratio``
+            own doing, not the learner's), by its norm per step of work (``Report.steps``): ``"drop"`` (default)
+            leaves a report whose norm per step exceeds ``guard_ratio``
             x the round's median (3 or more reports) or the running median of accepted norms out of the merge,
             ``"clip"`` scales it down to that bar, ``"off"`` accepts every finite report (the behaviour before
             the guard existed). Each event is in the merge's record (``guard``); a learner dropped 3 times in a
@@ -315,10 +316,14 @@ class Syncer:
         return replies
 
     def _judge(self, p: int, rnd: _Round, decoded: dict[int, torch.Tensor]) -> dict[int, Any]:
-        """The guard's verdict on each report of the round that did work (steps > 0) and is finite (by norm)."""
+        """The guard's verdict on each report of the round that did work (steps > 0) and is finite, by its norm per
+        step of work since the learner last received the fragment (``Report.steps``)."""
         if not self.guard.on:
             return {}
-        norms = {m: float(torch.linalg.vector_norm(d)) for m, d in decoded.items() if rnd.reports[m].steps > 0}
+        # per step of work: a learner's first report of a fragment may cover fewer steps than H (the schedule's
+        # offset), and was measured 7x smaller than the next one on the tiny preset
+        norms = {m: float(torch.linalg.vector_norm(d)) / rnd.reports[m].steps for m, d in decoded.items()
+                 if rnd.reports[m].steps > 0}
         norms = {m: n for m, n in norms.items() if n == n and n != float("inf")}  # non-finite: dropped as before
         round_norms = list(norms.values())
         return {m: self.guard.judge(p, n, round_norms) for m, n in norms.items()}
