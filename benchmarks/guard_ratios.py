@@ -10,12 +10,15 @@ No fault is injected: the largest ratio seen is what the default bar (``guard_ra
     PYTHONPATH=src python benchmarks/guard_ratios.py --steps 40 # the preset's length, ~1 minute
 
 Prints a table (per run: syncs judged, median, p99 and max ratio, events) and writes
-``benchmarks/results/guard_ratios.json``.
+``benchmarks/results/guard_ratios.json`` (``--runs``: those rows replaced, the others kept). Runs with
+1 < K < M can hang at the end (learners closing wait on each other's last rounds, with or without the
+guard): rerun that one with ``--runs``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import tempfile
@@ -54,8 +57,8 @@ def _recording(ratios: list[float]):
     """NormGuard.judge, also appending every ratio it judges to ``ratios`` (the guard's own code is unchanged)."""
     judge = NormGuard.judge
 
-    def recorded(self, fragment, norm, round_norms=()):
-        verdict = judge(self, fragment, norm, round_norms)
+    def recorded(self, fragment, norm, round_norms=(), *, sender=None):
+        verdict = judge(self, fragment, norm, round_norms, sender=sender)
         if verdict.ratio is not None:
             ratios.append(verdict.ratio)
         return verdict
@@ -100,7 +103,11 @@ def main() -> None:
               f"max {row['max']:.2f}  >10: {row['over_10']}  loss {row['eval_loss']:.3f}  ({row['seconds']:.0f} s)",
               flush=True)
     RESULTS.mkdir(exist_ok=True)
-    write_json(RESULTS / "guard_ratios.json", {"settings": vars(args), "runs": rows})
+    path = RESULTS / "guard_ratios.json"
+    if args.runs and path.exists():  # a subset: keep the other runs' rows of the same length
+        old = json.loads(path.read_text())
+        rows = [r for r in old["runs"] if r["run"] not in names and r["steps"] == args.steps] + rows
+    write_json(path, {"settings": {"steps": args.steps}, "runs": sorted(rows, key=lambda r: list(RUNS).index(r["run"]))})
 
 
 if __name__ == "__main__":

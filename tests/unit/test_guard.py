@@ -30,6 +30,10 @@ def test_reference_is_the_round_median_from_three_reports_else_the_running_media
     assert reference_norm([1.0, 2.0, 9.0], [4.0, 600.0]) == 2.0        # two reports: the running median
     assert reference_norm([3.0], [4.0], min_history=2) is None          # too little to judge by
     assert reference_norm([3.0], [], min_history=1) == 3.0
+    # the sender's own accepted norms, where larger (a healthy straggler at a higher point of its lr schedule)
+    assert reference_norm([1.0, 2.0, 9.0], [4.0, 5.0, 600.0], own=[7.0, 8.0]) == 7.5
+    assert reference_norm([1.0, 2.0, 9.0], [], own=[0.1, 0.2]) == 2.0
+    assert reference_norm([], [], own=[7.0], min_history=2) is None
 
 
 def test_verdicts_drop_clip_and_accept_small_ones():

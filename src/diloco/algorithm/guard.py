@@ -5,9 +5,10 @@ resume from the wrong checkpoint, a mistyped inner lr, a freshly initialised rep
 peer. Non-finite contributions are dropped everywhere already; this module judges finite ones by
 their norm::
 
-    ratio = |Delta_m| / reference
-    reference = median of the round's norms            (a round of >= ROUND_MEDIAN_MIN contributions)
-              | median of the last `history` accepted norms of this fragment (otherwise)
+    ratio = |Delta_m| / steps_m / reference           (the norm per step of work since its previous one)
+    reference = max(median of the round's norms         (a round of >= ROUND_MEDIAN_MIN contributions)
+                    | median of the last `history` accepted norms of this fragment (otherwise),
+                    median of the sender's own last `history` accepted norms of this fragment)
               | none: accepted unjudged                (fewer than `min_history` accepted so far)
     ratio > max_ratio  ->  action: "drop" (leave it out of the merge / the sync)
                                  or "clip" (scale it down to max_ratio x reference)
@@ -74,15 +75,26 @@ class Verdict:
     scale: float = 1.0
 
 
-def reference_norm(history: Sequence[float], round_norms: Sequence[float] = (), *,
+def reference_norm(history: Sequence[float], round_norms: Sequence[float] = (), *, own: Sequence[float] = (),
                    min_history: int = DEFAULT_MIN_HISTORY) -> float | None:
     """The norm honest contributions have: the round's median (>= ROUND_MEDIAN_MIN norms), else the running
-    median of ``history`` (>= ``min_history`` norms), else None (nothing to judge by)."""
+    median of ``history`` (>= ``min_history`` norms); the sender's own running median (``own``, its accepted
+    norms) where that is larger. None when there is nothing to judge by.
+
+    Why the sender's own: a healthy straggler of a decoupled run trains at an earlier, higher point of its lr
+    schedule than the others; its norms per step were measured up to 10x theirs (tiny preset, K = 1), growing
+    slowly, so its own history follows it, while a sender that turns bad is judged against what it sent before.
+    """
     if len(round_norms) >= ROUND_MEDIAN_MIN:
-        return float(statistics.median(round_norms))
-    if len(history) >= max(1, min_history):
-        return float(statistics.median(history))
-    return None
+        ref: float | None = float(statistics.median(round_norms))
+    elif len(history) >= max(1, min_history):
+        ref = float(statistics.median(history))
+    else:
+        ref = None
+    if len(own) >= max(1, min_history):
+        mine = float(statistics.median(own))
+        ref = mine if ref is None else max(ref, mine)
+    return ref
 
 
 def judge(norm: float, reference: float | None, *, max_ratio: float, action: str) -> Verdict:
@@ -138,24 +150,29 @@ class NormGuard:
                              f">= 1")
         self.action, self.max_ratio, self.min_history = action, float(max_ratio), min_history
         self.warn_after, self.who, self.history = warn_after, who, history
-        self._norms: dict[int, deque[float]] = {}
+        self._norms: dict[int, deque[float]] = {}              # fragment -> accepted norms
+        self._own: dict[int, dict[int, deque[float]]] = {}      # sender -> fragment -> its accepted norms
         self.drops_in_a_row: dict[int, int] = {}
 
     @property
     def on(self) -> bool:
         return self.action != "off"
 
-    def reference(self, fragment: int, round_norms: Sequence[float] = ()) -> float | None:
-        return reference_norm(self._norms.get(fragment, ()), round_norms, min_history=self.min_history)
+    def reference(self, fragment: int, round_norms: Sequence[float] = (), *, sender: int | None = None) -> float | None:
+        own = self._own.get(sender, {}).get(fragment, ()) if sender is not None else ()
+        return reference_norm(self._norms.get(fragment, ()), round_norms, own=own, min_history=self.min_history)
 
-    def judge(self, fragment: int, norm: float, round_norms: Sequence[float] = ()) -> Verdict:
-        return judge(norm, self.reference(fragment, round_norms), max_ratio=self.max_ratio, action=self.action)
+    def judge(self, fragment: int, norm: float, round_norms: Sequence[float] = (), *,
+              sender: int | None = None) -> Verdict:
+        return judge(norm, self.reference(fragment, round_norms, sender=sender), max_ratio=self.max_ratio,
+                     action=self.action)
 
     def record(self, sender: int, fragment: int, verdict: Verdict) -> GuardEvent | None:
         """Note ``sender``'s verdict on ``fragment``: an accepted norm joins the history, a drop counts towards the
         warning. Returns the event to log when it was dropped or clipped."""
         if verdict.action == "accept":
             self._norms.setdefault(fragment, deque(maxlen=self.history)).append(verdict.norm)
+            self._own.setdefault(sender, {}).setdefault(fragment, deque(maxlen=self.history)).append(verdict.norm)
             self.drops_in_a_row[sender] = 0
             return None
         assert verdict.ratio is not None and verdict.reference is not None
@@ -171,15 +188,21 @@ class NormGuard:
         return GuardEvent(sender, fragment, verdict.norm, verdict.reference, verdict.ratio, verdict.action)
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain numbers; each fragment's history as a NaN-padded list of ``history`` values (a checkpoint holding
-        it stays one size however long the run)."""
-        pad = float("nan")
-        return {"norms": {p: list(v) + [pad] * (self.history - len(v)) for p, v in self._norms.items()},
+        """Plain numbers; each history as a NaN-padded list of ``history`` values (a checkpoint holding it stays one
+        size however long the run)."""
+        def padded(v: deque[float]) -> list[float]:
+            return list(v) + [float("nan")] * (self.history - len(v))
+
+        return {"norms": {p: padded(v) for p, v in self._norms.items()},
+                "own": {m: {p: padded(v) for p, v in h.items()} for m, h in self._own.items()},
                 "drops_in_a_row": dict(self.drops_in_a_row)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._norms = {int(p): deque((float(x) for x in v if x == x), maxlen=self.history)
-                       for p, v in state["norms"].items()}
+        def unpadded(v: Sequence[float]) -> deque[float]:
+            return deque((float(x) for x in v if x == x), maxlen=self.history)
+
+        self._norms = {int(p): unpadded(v) for p, v in state["norms"].items()}
+        self._own = {int(m): {int(p): unpadded(v) for p, v in h.items()} for m, h in state.get("own", {}).items()}
         self.drops_in_a_row = {int(m): int(n) for m, n in state["drops_in_a_row"].items()}
 
 

@@ -204,7 +204,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         norm = float(torch.linalg.vector_norm(delta)) / steps
         if not norm < float("inf"):  # non-finite: the exchange drops it already
             return delta
-        verdict = self.guard.judge(p, norm)
+        verdict = self.guard.judge(p, norm, sender=self.comm.rank)
         event = self.guard.record(self.comm.rank, p, verdict)
         if event is None:
             return delta

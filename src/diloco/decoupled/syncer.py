@@ -326,7 +326,7 @@ class Syncer:
                  if rnd.reports[m].steps > 0}
         norms = {m: n for m, n in norms.items() if n == n and n != float("inf")}  # non-finite: dropped as before
         round_norms = list(norms.values())
-        return {m: self.guard.judge(p, n, round_norms) for m, n in norms.items()}
+        return {m: self.guard.judge(p, n, round_norms, sender=m) for m, n in norms.items()}
 
     def _reply(self, m: int, p: int) -> Reply:
         theta = self._snapshot[p]
