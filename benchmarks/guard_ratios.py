@@ -75,6 +75,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=160, help="steps per run (the preset: 40)")
     ap.add_argument("--runs", default="", help="comma-separated run names (default: all)")
+    ap.add_argument("--repeats", type=int, default=1, help="train each run this many times (the decoupled ones "
+                    "differ from one time to the next: the learners' threads keep their own pace)")
     args = ap.parse_args()
     base = load_preset("tiny")["base"]
     cache = default_cache_dir()
@@ -89,15 +91,17 @@ def main() -> None:
         cfg = TrainConfig.from_dict({**base, **run, "steps": args.steps, "eval_every": args.steps,
                                      "global_batch": 12 if run["replicas"] == 3 else 8})
         NormGuard.judge = recorded
-        t0 = time.time()
+        t0, losses = time.time(), []
         try:
-            with tempfile.TemporaryDirectory() as tmp:
-                result = train_model(cfg, Path(tmp) / "run", cache_dir=cache, progress=False)
+            for _ in range(args.repeats):
+                with tempfile.TemporaryDirectory() as tmp:
+                    losses.append(train_model(cfg, Path(tmp) / "run", cache_dir=cache, progress=False).final_eval_loss)
         finally:
             NormGuard.judge = judge
-        row = {"run": name, "steps": args.steps, "judged": len(ratios), "median": statistics.median(ratios),
-               "p99": _quantile(ratios, 0.99), "max": max(ratios), "over_10": sum(r > 10 for r in ratios),
-               "eval_loss": result.final_eval_loss, "seconds": time.time() - t0}
+        row = {"run": name, "steps": args.steps, "repeats": args.repeats, "judged": len(ratios),
+               "median": statistics.median(ratios), "p99": _quantile(ratios, 0.99), "max": max(ratios),
+               "over_10": sum(r > 10 for r in ratios), "eval_loss": statistics.mean(losses),
+               "seconds": time.time() - t0}
         rows.append(row)
         print(f"{name:26} judged {row['judged']:4d}  median {row['median']:.2f}  p99 {row['p99']:.2f}  "
               f"max {row['max']:.2f}  >10: {row['over_10']}  loss {row['eval_loss']:.3f}  ({row['seconds']:.0f} s)",
