@@ -10,6 +10,7 @@ reported (or every learner that has not left, if fewer) the grace window starts;
 ends or when every joined learner has reported. The merge:
 
     Delta_m  = Theta_p - theta_m                (FP32; theta_m decoded from the learner's report)
+    guard    : a report whose base_m - theta_m per step of work is an outlier is dropped or clipped (guard=)
     w_m      = token weights (c_tok * c_tok / c_steps, normalised)
     Delta    = RDA per tensor, weighted mean for embedding tensors   (merge="rda")
                or the weighted mean of every tensor                  (merge="mean")
@@ -111,10 +112,10 @@ class Syncer:
         guard: the contribution guard (:mod:`diloco.algorithm.guard`), per fragment on each learner's reported
             difference ``base_m - theta_m`` (its own progress; the drift of Theta since its copy is the syncer's
             own doing, not the learner's), by its norm per step of work (``Report.steps``): ``"drop"`` (default)
-            leaves a report whose norm per step exceeds ``guard_ratio``
-            x the round's median (3 or more reports) or the running median of accepted norms out of the merge,
-            ``"clip"`` scales it down to that bar, ``"off"`` accepts every finite report (the behaviour before
-            the guard existed). Each event is in the merge's record (``guard``); a learner dropped 3 times in a
+            leaves a report out of the merge whose norm per step exceeds ``guard_ratio`` x the reference (the
+            round's median with 3 or more reports, else the running median of accepted ones; the learner's own
+            running median where larger), ``"clip"`` scales it down to that bar, ``"off"`` accepts every finite
+            report (the behaviour before the guard existed). Each event is in the merge's record (``guard``); a learner dropped 3 times in a
             row is named in a ``RuntimeWarning``.
         guard_ratio: the guard's bar on norm / reference (default 10: see the decoupled guide for why).
         clock: seconds, monotonic (default ``time.monotonic``).
@@ -310,8 +311,8 @@ class Syncer:
         assert rnd.quorum_at is not None
         self.records.append(MergeRecord(
             fragment=p, version=self.versions[p], learners=tuple(kept), weights=tuple(weights),
-            dropped=tuple(dropped), guard=tuple(events), ratios=tuple(ratios), quorum_wait=rnd.quorum_at - rnd.opened_at, grace_wait=now - rnd.quorum_at,
-            grace_window=rnd.window, sync_time=sync_time,
+            dropped=tuple(dropped), guard=tuple(events), ratios=tuple(ratios),
+            quorum_wait=rnd.quorum_at - rnd.opened_at, grace_wait=now - rnd.quorum_at, grace_window=rnd.window, sync_time=sync_time,
             bytes_received=sum(rnd.reports[m].payload.numel() for m in order), bytes_sent=sent, at=time.time()))
         return replies
 
