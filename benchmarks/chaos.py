@@ -40,10 +40,11 @@ measured on its own (``benchmarks/torchft_healing.py``, if present: its JSON is 
 
     PYTHONPATH=src python benchmarks/chaos.py                 # ~50 minutes on 2 cores (39 runs)
     PYTHONPATH=src python benchmarks/chaos.py --quick         # ~8 minutes: M = 2, fewer steps (19 runs)
-    PYTHONPATH=src python benchmarks/chaos.py --guard         # ~3 minutes: the contribution guard's 3 rows
+    PYTHONPATH=src python benchmarks/chaos.py --guard         # ~6 minutes: the contribution guard's 5 rows
 
 ``--guard``: M = 3, K = M, RDA at outer lr 0.7 / sqrt(3): no fault; learner 1 sends 1e4 x its outer gradient
-from 10 s to 15 s (``corrupt``) with the guard on (the default); the same without it (``-noguard``).
+from 10 s to 15 s (``corrupt``), or N(0, 1) values (``corrupt-random``), with the guard on (the default) and
+without it (``-noguard``).
 
 Resumable: each finished run is a row of ``benchmarks/results/chaos-runs.jsonl`` (runs already there are
 skipped; ``--rerun METHOD,...`` runs those again, appending rows that supersede the old ones; ``--fresh`` starts
@@ -97,6 +98,8 @@ def faults(name: str, M: int) -> Chaos:
         return Chaos(slowdown=tuple([1.0] * (M - 1) + [3.0]))
     if name == "corrupt":  # learner 1 sends 1e4 x its outer gradient from 10 s to 15 s (`diloco chaos --corrupt 10:1:1e4`)
         return Chaos(corrupt=((10.0, 1, 1e4, 5.0),))
+    if name == "corrupt-random":  # the same window, N(0, 1) values (`--corrupt 10:1`)
+        return Chaos(corrupt=((10.0, 1, None, 5.0),))
     return Chaos()
 
 
@@ -150,7 +153,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="M = 2 only, 120 steps")
     ap.add_argument("--guard", action="store_true", help="only the contribution guard's rows: M = 3, K = M, no fault, "
-                    "learner 1 corrupted (1e4 x) from 10 s to 15 s with the guard, and without it")
+                    "learner 1 corrupted (1e4 x, or random values) from 10 s to 15 s with the guard, and without it")
     ap.add_argument("--fresh", action="store_true", help="start a new runs file (the old one is kept, renamed)")
     ap.add_argument("--rerun", default="", help="methods to run again (comma-separated; their new rows are appended "
                     "and supersede the old ones)")
@@ -193,7 +196,8 @@ def main() -> None:
                                                 ("decoupled-lr-sqrtm", "none"), ("decoupled-lr-sqrtm", "kill"),
                                                 ("decoupled-lr-sqrtm", "straggler")]]
     if args.guard:
-        plan = [("decoupled-k=m", 3, "none"), ("decoupled-k=m", 3, "corrupt"), ("decoupled-k=m-noguard", 3, "corrupt")]
+        plan = [("decoupled-k=m", 3, "none"), ("decoupled-k=m", 3, "corrupt"), ("decoupled-k=m-noguard", 3, "corrupt"),
+                ("decoupled-k=m", 3, "corrupt-random"), ("decoupled-k=m-noguard", 3, "corrupt-random")]
     rerun = {m for m in args.rerun.split(",") if m}
     todo = [p for p in plan if p not in done or p[0] in rerun]
     work = Path(tempfile.mkdtemp(prefix="diloco-chaos-"))
@@ -230,7 +234,7 @@ def main() -> None:
                           + (f" (redone {k['redone_steps']}, past it {_fmt(k['caught_up_s'], '.1f')} s)"
                              if "redone_steps" in k else "") for k in r["kills"])
         guard = (f"  corrupted reports {r['corrupted_reports']}, guard events {r['guard_events']}"
-                 if r.get("corrupted_reports") is not None and r["fault"] == "corrupt" else "")
+                 if r.get("corrupted_reports") is not None and r["fault"].startswith("corrupt") else "")
         print(f"{r['method']:20} {r['M']:>2} {r['fault']:9} {_fmt(r['eval_loss'], '.4f'):>7} "
               f"{_fmt(r['wall_s'], '.1f'):>7} {_fmt(r['goodput'], '.2f'):>7}  {kills}{guard}")
     peer_file = RESULTS / "torchft_healing.json"

@@ -167,6 +167,7 @@ def test_a_replica_with_a_huge_outer_gradient_stays_out_and_the_others_average_w
     assert_close(before[(0, "after")], (locals_at[0] + locals_at[1]) / 2)
     bad = [r for r in out[2][1] if r.guard is not None]
     assert len(bad) == 1 and bad[0].guard["action"] == "drop" and bad[0].guard["ratio"] > 100
+    assert (bad[0].guard["replica"], bad[0].guard["fragment"], bad[0].step) == (2, 0, 10)
     assert all(r.dropped_replicas == [2] for _, reports in out for r in reports if r.step == 10)
     assert all(r.guard is None for _, reports in out[:2] for r in reports)  # the others judge only themselves
     # exactly as a non-finite contribution is handled: the same bits on every replica, to the end of the run

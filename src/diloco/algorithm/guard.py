@@ -102,10 +102,8 @@ def judge(norm: float, reference: float | None, *, max_ratio: float, action: str
     assert action in GUARD_ACTIONS and norm >= 0.0
     if action == "off" or reference is None:
         return Verdict(norm, reference, None, "accept")
-    if reference <= 0.0:  # honest ones did not move: anything that moved is infinitely larger
-        ratio = float("inf") if norm > 0 else 1.0
-    else:
-        ratio = norm / reference
+    # honest ones that did not move: anything that moved is hugely larger (finite, for the JSON logs)
+    ratio = norm / max(reference, 1e-30) if norm > 0 else 0.0
     if ratio <= max_ratio:
         return Verdict(norm, reference, ratio, "accept")
     if action == "clip":
@@ -124,8 +122,9 @@ class GuardEvent:
     ratio: float
     action: str
 
-    def as_row(self) -> dict[str, Any]:
-        return {"learner": self.sender, "fragment": self.fragment, "norm": self.norm, "reference": self.reference,
+    def as_row(self, *, who: str = "learner") -> dict[str, Any]:
+        """A JSON row; the sender under ``who`` (``"learner"`` in ``merges.jsonl``, ``"replica"`` in a sync's report)."""
+        return {who: self.sender, "fragment": self.fragment, "norm": self.norm, "reference": self.reference,
                 "ratio": self.ratio, "action": self.action}
 
 

@@ -208,7 +208,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         event = self.guard.record(self.comm.rank, p, verdict)
         if event is None:
             return delta
-        self._guard_events[p] = event.as_row()
+        self._guard_events[p] = event.as_row(who="replica")
         return delta.fill_(float("nan")) if verdict.action == "drop" else delta.mul_(verdict.scale)
 
     def _encode(self, p: int, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
