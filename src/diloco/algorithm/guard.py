@@ -31,6 +31,7 @@ history per fragment and the consecutive drops per sender, and is checkpointed w
 
 from __future__ import annotations
 
+import math
 import statistics
 import warnings
 from collections import deque
@@ -202,12 +203,12 @@ class NormGuard:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         def unpadded(v: Sequence[float]) -> deque[float]:
-            return deque((float(x) for x in v if x == x), maxlen=self.history)
+            return deque((float(x) for x in v if not math.isnan(x)), maxlen=self.history)
 
         self._norms = {int(p): unpadded(v) for p, v in state["norms"].items()}
         self._own = {int(m): {int(p): unpadded(v) for p, v in h.items()} for m, h in state.get("own", {}).items()}
         self.drops_in_a_row = {int(m): int(n) for m, n in state["drops_in_a_row"].items()}
 
 
-__all__ = ["DEFAULT_GUARD_RATIO", "GUARD_ACTIONS", "GuardEvent", "NormGuard", "ROUND_MEDIAN_MIN", "Verdict",
+__all__ = ["DEFAULT_GUARD_RATIO", "GUARD_ACTIONS", "ROUND_MEDIAN_MIN", "GuardEvent", "NormGuard", "Verdict",
            "check_guard", "judge", "reference_norm"]
