@@ -40,6 +40,11 @@ measured on its own (``benchmarks/torchft_healing.py``, if present: its JSON is 
 
     PYTHONPATH=src python benchmarks/chaos.py                 # ~50 minutes on 2 cores (39 runs)
     PYTHONPATH=src python benchmarks/chaos.py --quick         # ~8 minutes: M = 2, fewer steps (19 runs)
+    PYTHONPATH=src python benchmarks/chaos.py --guard         # ~6 minutes: the contribution guard's 5 rows
+
+``--guard``: M = 3, K = M, RDA at outer lr 0.7 / sqrt(3): no fault; learner 1 sends 1e4 x its outer gradient
+from 10 s to 15 s (``corrupt``), or N(0, 1) values (``corrupt-random``), with the guard on (the default) and
+without it (``-noguard``).
 
 Resumable: each finished run is a row of ``benchmarks/results/chaos-runs.jsonl`` (runs already there are
 skipped; ``--rerun METHOD,...`` runs those again, appending rows that supersede the old ones; ``--fresh`` starts
@@ -78,7 +83,10 @@ METHODS = {"sync": dict(quorum=None, merge="mean", grace_gamma=0.0),
            "decoupled-mean-own": dict(quorum=1, merge="mean", outer_gradient="own"),
            "decoupled-own-scaled": dict(quorum=1, merge="rda", outer_gradient="own", partial_scale=True),
            # RDA keeps the norm of nearly orthogonal outer gradients (~sqrt(M) x the mean's): its outer lr / sqrt(M)
-           "decoupled-lr-sqrtm": dict(quorum=1, merge="rda", outer_lr_over_sqrt_m=True)}
+           "decoupled-lr-sqrtm": dict(quorum=1, merge="rda", outer_lr_over_sqrt_m=True),
+           # the contribution guard's rows (--guard): K = M, RDA at 0.7 / sqrt(M); the guard on (default) or off
+           "decoupled-k=m": dict(quorum=None, merge="rda", outer_lr_over_sqrt_m=True),
+           "decoupled-k=m-noguard": dict(quorum=None, merge="rda", outer_lr_over_sqrt_m=True, guard="off")}
 
 DP_METHODS = {"dp": None, "dp-ckpt16": 16}  # data-parallel under TorchElastic: checkpoint_every (None: the default)
 
@@ -88,6 +96,10 @@ def faults(name: str, M: int) -> Chaos:
         return Chaos(kills=((10.0, 1), (25.0, 1)), downtime_s=3.0)
     if name == "straggler":
         return Chaos(slowdown=tuple([1.0] * (M - 1) + [3.0]))
+    if name == "corrupt":  # learner 1 sends 1e4 x its outer gradient from 10 s to 15 s (`diloco chaos --corrupt 10:1:1e4`)
+        return Chaos(corrupt=((10.0, 1, 1e4, 5.0),))
+    if name == "corrupt-random":  # the same window, N(0, 1) values (`--corrupt 10:1`)
+        return Chaos(corrupt=((10.0, 1, None, 5.0),))
     return Chaos()
 
 
@@ -113,7 +125,8 @@ def one_run(*, method: str, M: int, fault: str, args, data, work: Path) -> dict:
     return {"method": method, "M": M, "fault": fault, "eval_loss": res.eval_loss, "wall_s": res.wall_s,
             "goodput": s["goodput"], "lost_steps": s["lost_steps"], "merges": s["merges"],
             "steps": {str(m): sum(1 for r in res.rows if r.get("learner") == m and "step" in r) for m in range(M)},
-            "kills": s["learner_kills"]}
+            "kills": s["learner_kills"], "corrupted_reports": s["corrupted_reports"],
+            "guard_events": len(s["guard_events"])}
 
 
 def _fmt(x, spec=".3f"):
@@ -139,6 +152,8 @@ def dp_row(args, cache: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="M = 2 only, 120 steps")
+    ap.add_argument("--guard", action="store_true", help="only the contribution guard's rows: M = 3, K = M, no fault, "
+                    "learner 1 corrupted (1e4 x, or random values) from 10 s to 15 s with the guard, and without it")
     ap.add_argument("--fresh", action="store_true", help="start a new runs file (the old one is kept, renamed)")
     ap.add_argument("--rerun", default="", help="methods to run again (comma-separated; their new rows are appended "
                     "and supersede the old ones)")
@@ -155,9 +170,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.replicas, args.steps = "2", 120
+    if args.guard:
+        args.replicas = "3"
     Ms = [int(m) for m in args.replicas.split(",")]
     RESULTS.mkdir(exist_ok=True)
-    runs_file = RESULTS / ("chaos-runs-quick.jsonl" if args.quick else "chaos-runs.jsonl")
+    suffix = "-guard" if args.guard else "-quick" if args.quick else ""
+    runs_file = RESULTS / f"chaos-runs{suffix}.jsonl"
     if args.fresh and runs_file.exists():
         runs_file.rename(runs_file.with_suffix(f".{int(time.time())}.jsonl"))
     done = {(r["method"], r["M"], r["fault"]): r for r in (read_jsonl(runs_file) if runs_file.exists() else [])}
@@ -177,6 +195,9 @@ def main() -> None:
                                                 ("decoupled-own-scaled", "straggler"),
                                                 ("decoupled-lr-sqrtm", "none"), ("decoupled-lr-sqrtm", "kill"),
                                                 ("decoupled-lr-sqrtm", "straggler")]]
+    if args.guard:
+        plan = [("decoupled-k=m", 3, "none"), ("decoupled-k=m", 3, "corrupt"), ("decoupled-k=m-noguard", 3, "corrupt"),
+                ("decoupled-k=m", 3, "corrupt-random"), ("decoupled-k=m-noguard", 3, "corrupt-random")]
     rerun = {m for m in args.rerun.split(",") if m}
     todo = [p for p in plan if p not in done or p[0] in rerun]
     work = Path(tempfile.mkdtemp(prefix="diloco-chaos-"))
@@ -199,12 +220,12 @@ def main() -> None:
         if ray.is_initialized():
             ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
-    if ("dp", 1, "none") not in done:
+    if not args.guard and ("dp", 1, "none") not in done:
         done[("dp", 1, "none")] = row = dp_row(args, cache)
         with open(runs_file, "a") as fh:
             fh.write(json.dumps(row, allow_nan=False) + "\n")
 
-    rows = [done[p] for p in [("dp", 1, "none"), *plan]]
+    rows = [done[p] for p in ([] if args.guard else [("dp", 1, "none")]) + plan]
     print(f"\n{'method':20} {'M':>2} {'faults':9} {'loss':>7} {'wall s':>7} {'goodput':>7}  per kill: worst step x, "
           f"steps kept, restart s, rejoin s")
     for r in rows:
@@ -212,8 +233,10 @@ def main() -> None:
                           f"{_fmt(k['restart_s'], '.1f')} {_fmt(k['rejoin_s'], '.1f')}"
                           + (f" (redone {k['redone_steps']}, past it {_fmt(k['caught_up_s'], '.1f')} s)"
                              if "redone_steps" in k else "") for k in r["kills"])
+        guard = (f"  corrupted reports {r['corrupted_reports']}, guard events {r['guard_events']}"
+                 if r.get("corrupted_reports") is not None and r["fault"].startswith("corrupt") else "")
         print(f"{r['method']:20} {r['M']:>2} {r['fault']:9} {_fmt(r['eval_loss'], '.4f'):>7} "
-              f"{_fmt(r['wall_s'], '.1f'):>7} {_fmt(r['goodput'], '.2f'):>7}  {kills}")
+              f"{_fmt(r['wall_s'], '.1f'):>7} {_fmt(r['goodput'], '.2f'):>7}  {kills}{guard}")
     peer_file = RESULTS / "torchft_healing.json"
     peer = json.loads(peer_file.read_text()) if peer_file.exists() else None
     if peer is not None:
@@ -223,7 +246,7 @@ def main() -> None:
               f"({sv['stall_ratio']:.1f}x its step), steps kept in 10 s {sv['kept_pct']:.0f} %; the restart "
               f"(3 s after the kill) contributes {rs['contributes_s']:.1f} s after it was spawned")
     out = {"settings": vars(args), "runs": rows, "torchft": peer, "torch": torch.__version__, "ray": ray.__version__}
-    write_json(RESULTS / ("chaos-quick.json" if args.quick else "chaos.json"), out)
+    write_json(RESULTS / f"chaos{suffix}.json", out)
 
 
 if __name__ == "__main__":

@@ -186,7 +186,8 @@ def test_diloco_chaos_on_the_command_line(local_ray, tmp_path, token_cache, caps
     code = cli_main(["chaos", "--preset", "tiny", "--set", "replicas=2", "--set", "steps=30", "--set", "quorum=1",
                      "--set", "overlap_steps=1", "--set", "num_fragments=2", "--set", "sync_every=6",
                      "--set", "warmup_steps=3", "--kill", "0.8:1", "--step-time", "0.05", "--out", str(out),
-                     "--cache-dir", str(token_cache)])
+                     "--cache-dir", str(token_cache),
+                     "--corrupt", "0:0:1:1000"])  # learner 0's reports through the corrupting channel, scaled by 1
     assert code == 0
     printed = capsys.readouterr().out  # Ray's raylet may print its own lines to stdout before the summary
     summary = json.loads(printed[0 if printed.startswith("{") else printed.index("\n{\n") + 1:])
@@ -194,6 +195,8 @@ def test_diloco_chaos_on_the_command_line(local_ray, tmp_path, token_cache, caps
     assert math.isfinite(summary["eval_loss"]) and 0 < summary["goodput"] <= 1
     (kill,) = summary["learner_kills"]
     assert kill["learner"] == 1 and kill["restart_s"] > 0
+    # the corrupting channel carried every report of learner 0 (x 1: honest, so the guard let them all in)
+    assert summary["corrupted_reports"] >= 30 // 6 and summary["guard_events"] == []
     for name in ("config.json", "merges.jsonl", "chaos.json", "learner-0.jsonl", "learner-1.jsonl",
                  "syncer/events.jsonl"):
         assert (out / name).exists(), name

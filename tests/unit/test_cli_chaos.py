@@ -15,6 +15,10 @@ from diloco.cli import main as cli_main
     (["--syncer-kill", "-1"], "seconds after the start"),
     (["--step-time", "-0.1"], "--step-time=-0.1"),
     (["--set", "quorum=3"], "quorum"),
+    (["--corrupt", "12"], "SECONDS:LEARNER[:SCALE[:DURATION]]"),
+    (["--corrupt", "12:2:1e4"], "learner in 0..1"),
+    (["--corrupt", "12:1:1e4:0"], "duration > 0"),
+    (["--set", "guard=median"], "guard='median'"),
 ])
 def test_bad_settings_are_refused_naming_the_value(extra, message, tmp_path, capsys):
     out = tmp_path / "new"

@@ -39,6 +39,7 @@ class SyncReport:
     bytes_received: int
     dropped_replicas: list[int] = field(default_factory=list)
     skipped: bool = False  # every replica's contribution was non-finite: global left unchanged
+    guard: dict[str, Any] | None = None  # this replica's contribution guard dropped or clipped its outer gradient
 
 
 def local_shard(t: torch.Tensor) -> torch.Tensor:

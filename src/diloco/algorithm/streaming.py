@@ -23,6 +23,15 @@ another device, e.g. CPU, to save accelerator memory); the outer optimizer
 steps that flat vector, which is exact for element-wise optimizers such as SGD
 with (Nesterov) momentum or Adam.
 
+The contribution guard (``guard``, :mod:`diloco.algorithm.guard`): before sending, each replica compares
+the norm of its own Delta_p per inner step since p's previous sync (the first sync of p comes after
+fewer steps than H) with the running median of its own accepted ones; one above
+``guard_ratio`` times it is sent as non-finite (``"drop"``: the exchange leaves this replica out and every
+replica, this one included, applies the others' mean, as for a diverged replica) or scaled down to the bar
+(``"clip"``). What the exchange cannot check: the others' values arrive summed (reduce-scatter) or are
+only averaged, so a replica can only vouch for its own contribution; a replica whose check itself is
+broken is not caught. Under FSDP each rank judges its own shard.
+
 Two options change what is sent and applied:
 
 * ``error_feedback_decay`` = beta > 0: the payload is ``encode(e)`` of a per-fragment
@@ -47,6 +56,7 @@ from diloco.algorithm.codecs import Codec, get_codec
 from diloco.algorithm.eager import eager_landing, eager_outer_gradient, eager_share
 from diloco.algorithm.error_feedback import ErrorFeedback
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
+from diloco.algorithm.guard import DEFAULT_GUARD_RATIO, NormGuard
 from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer, load_global_state, merge_
 from diloco.algorithm.schedule import Schedule, resolve_schedule
 from diloco.comm.base import Communicator, MeanWork
@@ -84,6 +94,10 @@ class StreamingDiLoCo(ReplicaAlgorithm):
             exchange; this replica's share is applied at once, the others' one round later.
         error_feedback_decay: beta of the per-fragment error-feedback accumulator ``e <- beta e + Delta``
             (0, the default: no error feedback; 1: classic; SparseLoCo 0.95, MuLoCo 0.9).
+        guard: the contribution guard on this replica's own outer gradient before it is sent (module
+            docstring): ``"drop"`` (default), ``"clip"`` or ``"off"`` (no check: the behaviour before the guard).
+            A sync it acted in reports it (:attr:`SyncReport.guard`); 3 drops in a row raise a ``RuntimeWarning``.
+        guard_ratio: the bar on norm / running median of this replica's accepted norms (default 10).
     """
 
     def __init__(
@@ -103,6 +117,8 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         schedule: Schedule | Sequence[int] | str | None = None,
         eager: bool = False,
         error_feedback_decay: float = 0.0,
+        guard: str = "drop",
+        guard_ratio: float = DEFAULT_GUARD_RATIO,
     ) -> None:
         if not 0.0 <= float(merge_alpha) <= 1.0:
             raise ValueError(f"merge_alpha (alpha) must lie in [0, 1], got {merge_alpha}")
@@ -113,6 +129,9 @@ class StreamingDiLoCo(ReplicaAlgorithm):
                                                    eager=self.eager)
         self.merge_alpha = float(merge_alpha)
         self.codec = get_codec(codec)
+        self.guard = NormGuard(action=guard, max_ratio=float(guard_ratio), who="replica")
+        self._guard_events: dict[int, dict[str, Any]] = {}  # fragment -> the guard's event of the sync in flight
+        self._guard_sent_at: dict[int, int] = {}  # fragment -> the step its previous sync started after
         self.fragments: list[Fragment] = split_fragments(
             model, num_fragments, pattern=fragment_pattern, fragments=fragments
         )
@@ -175,6 +194,23 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         local = flatten(local_shards(frag.params))  # a fresh copy: the outer gradient overwrites it
         return torch.sub(g.detach().to(local.device), local, out=local)
 
+    def _guarded(self, p: int, delta: torch.Tensor, t: int) -> torch.Tensor:
+        """``delta`` (sent after step t) as the guard lets it go: unchanged, scaled down (clip), or all NaN (drop:
+        the exchange leaves this replica out). Nothing is computed with the guard off."""
+        if not self.guard.on:
+            return delta
+        steps = max(1, t - self._guard_sent_at.get(p, 0))
+        self._guard_sent_at[p] = t
+        norm = float(torch.linalg.vector_norm(delta)) / steps
+        if not norm < float("inf"):  # non-finite: the exchange drops it already
+            return delta
+        verdict = self.guard.judge(p, norm, sender=self.comm.rank)
+        event = self.guard.record(self.comm.rank, p, verdict)
+        if event is None:
+            return delta
+        self._guard_events[p] = event.as_row(who="replica")
+        return delta.fill_(float("nan")) if verdict.action == "drop" else delta.mul_(verdict.scale)
+
     def _encode(self, p: int, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(payload, what the peers will decode from it: only computed where it is needed)."""
         n = delta.numel()
@@ -192,7 +228,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
 
     @torch.no_grad()
     def _start(self, p: int, t: int) -> None:
-        delta = self._outer_gradient(p)
+        delta = self._guarded(p, self._outer_gradient(p), t)
         payload, _ = self._encode(p, delta)
         work = self.comm.mean_async(payload, codec=self.codec, numel=delta.numel(), tag=f"fragment {p}")
         self._pending[p] = _Pending(t, payload, work)
@@ -212,7 +248,8 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         pending = self._pending.pop(p)
         mean, dropped = pending.work.wait()
         link = pending.work.link_bytes
-        report = SyncReport(t, p, pending.started_at, g.numel(), link.sent, link.received, dropped)
+        report = SyncReport(t, p, pending.started_at, g.numel(), link.sent, link.received, dropped,
+                            guard=self._guard_events.pop(p, None))
         report.skipped = mean is None
         assert pending.share is not None, "an eager exchange in flight without its share"
         return report, mean, pending.share
@@ -220,7 +257,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
     @torch.no_grad()
     def _eager_sync(self, p: int, t: int) -> list[SyncReport]:
         """Eager sync of fragment p after step t: send, land the previous average, one outer step, merge."""
-        delta = self._outer_gradient(p)
+        delta = self._guarded(p, self._outer_gradient(p), t)
         payload, sent = self._encode(p, delta)
         assert sent is not None
         share = eager_share(sent, self.comm.world_size)
@@ -252,7 +289,8 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         mean, dropped = pending.work.wait()
         g = self.global_flat[p]
         link = pending.work.link_bytes
-        report = SyncReport(t, p, pending.started_at, g.numel(), link.sent, link.received, dropped)
+        report = SyncReport(t, p, pending.started_at, g.numel(), link.sent, link.received, dropped,
+                            guard=self._guard_events.pop(p, None))
         if mean is None:
             report.skipped = True
         else:
@@ -316,6 +354,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
             "pending": {p: pending(x) for p, x in self._pending.items()},
             "comm_stats": self.comm.stats.state_dict(),
         } | ({"dropped_in_flight": dict(self._dropped_in_flight)} if self._dropped_in_flight else {}) | (
+            {"guard": self.guard.state_dict() | {"sent_at": dict(self._guard_sent_at)}} if self.guard.on else {}) | (
             {"error_feedback": self.error_feedback.state_dict()} if self.error_feedback is not None else {})
 
     @torch.no_grad()
@@ -333,6 +372,9 @@ class StreamingDiLoCo(ReplicaAlgorithm):
                 raise ValueError("this run uses error feedback but the checkpoint has no accumulators; resume "
                                  "with the error-feedback decay the checkpoint was written with")
             self.error_feedback.load_state_dict(state["error_feedback"])
+        if self.guard.on and "guard" in state:  # a checkpoint without it (guard off, or older): the guard starts afresh
+            self.guard.load_state_dict(state["guard"])
+            self._guard_sent_at = {int(p): int(t) for p, t in state["guard"].get("sent_at", {}).items()}
         self.step_count = int(state["step"])
         self._pending = {}
         self._dropped_in_flight = {int(p): int(v) for p, v in state.get("dropped_in_flight", {}).items()}

@@ -33,6 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="per learner, its step time multiplied by F (stragglers), e.g. 1,1,3")
     p.add_argument("--syncer-kill", default="", metavar="S[,S...]",
                    help="SIGKILL the syncer at these seconds after the start (it restarts from its checkpoint)")
+    p.add_argument("--corrupt", default="", metavar="S:M[:SCALE[:DURATION]],...",
+                   help="learner M sends a finite, wrong outer gradient from S seconds after the start for DURATION "
+                        "seconds (default 5): SCALE x its own, or N(0, 1) values without SCALE, e.g. 12:1:1e4. "
+                        "The syncer's contribution guard (--set guard=drop|clip|off) decides what counts; its events "
+                        "are in merges.jsonl (guard) and summary.json (guard_events)")
     p.add_argument("--step-time", type=float, default=0.0,
                    help="pad each step to this many seconds (an accelerator's step on a CPU machine; default 0: off)")
     p.add_argument("--max-seconds", type=float, default=3600.0,
@@ -41,13 +46,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from diloco.decoupled.chaos import Chaos, parse_floats, parse_kills
+    from diloco.decoupled.chaos import Chaos, parse_corrupt, parse_floats, parse_kills
     from diloco.decoupled.trainer import chaos_run
 
     cfg = resolve(load_preset(args.preset), None, {**overrides(args), "method": "decoupled"})
     chaos = Chaos(kills=parse_kills(args.kill), kill_rate=args.kill_rate, downtime_s=args.downtime,
                   slowdown=parse_floats(args.slowdown, "--slowdown"),
-                  syncer_kills=parse_floats(args.syncer_kill, "--syncer-kill"), seed=cfg.seed)
+                  syncer_kills=parse_floats(args.syncer_kill, "--syncer-kill"), corrupt=parse_corrupt(args.corrupt),
+                  seed=cfg.seed)
     for name, value in (("--step-time", args.step_time), ("--max-seconds", args.max_seconds)):
         if value < 0:
             raise ValueError(f"{name}={value}: give seconds >= 0")

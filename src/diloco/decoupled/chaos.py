@@ -1,8 +1,10 @@
 """Faults to inject into a decoupled run, and what the logs say about them afterwards (pure functions).
 
 :class:`Chaos` describes the faults: learner kills (at given times, or at a Poisson rate), the time a
-killed learner stays down, per-learner slow-downs (stragglers) and syncer kills. :meth:`Chaos.events`
-turns them into a schedule; :mod:`diloco.decoupled.ray_learners` carries it out with SIGKILL.
+killed learner stays down, per-learner slow-downs (stragglers), syncer kills and corrupted learners (for
+a while, a learner's reports carry a scaled or random outer gradient: finite and wrong).
+:meth:`Chaos.events` turns the kills into a schedule; :mod:`diloco.decoupled.ray_learners` carries it out
+with SIGKILL, and has each corrupted learner send through :class:`diloco.decoupled.corrupt.CorruptingChannel`.
 
 The analysis reads the learners' step rows (one dict per step: ``learner``, ``incarnation``, ``step``,
 ``t`` wall time at the end of the step, ``dt`` its wall seconds, ``compute_s``) and the syncer's merge
@@ -36,6 +38,7 @@ starts its first step; :func:`summarize_restarts` gives the same figures for it:
 from __future__ import annotations
 
 import json
+import math
 import random
 import statistics
 import time
@@ -64,7 +67,10 @@ class Chaos:
         downtime_s: a killed learner's restart waits this long before it joins again (a machine's reboot).
         slowdown: per learner, its step time multiplied by this (1 = normal, 3 = a 3x straggler).
         syncer_kills: seconds after start at which the syncer is killed (it restarts from its checkpoint).
-        seed: for ``kill_rate``.
+        corrupt: ``(seconds after start, learner, scale, duration)``: from then on, for ``duration`` seconds, the
+            learner's reports carry its outer gradient times ``scale`` (``None``: values drawn from N(0, 1), the
+            difference to an unrelated model) (:func:`parse_corrupt`).
+        seed: for ``kill_rate`` (and the random corruption).
     """
 
     kills: tuple[tuple[float, int], ...] = ()
@@ -72,6 +78,7 @@ class Chaos:
     downtime_s: float = 0.0
     slowdown: tuple[float, ...] = ()
     syncer_kills: tuple[float, ...] = ()
+    corrupt: tuple[tuple[float, int, float | None, float], ...] = ()
     seed: int = 0
 
     def check(self, num_learners: int) -> None:
@@ -85,6 +92,14 @@ class Chaos:
                              f"({num_learners} learners), e.g. {[1.0] * (num_learners - 1) + [3.0]}")
         if any(t < 0 for t in self.syncer_kills):
             raise ValueError(f"chaos syncer_kills={list(self.syncer_kills)}: seconds after the start, >= 0")
+        for at, m, scale, duration in self.corrupt:
+            if at < 0 or duration <= 0 or not 0 <= m < num_learners or (scale is not None and not math.isfinite(scale)):
+                raise ValueError(f"chaos corrupt ({at}, {m}, {scale}, {duration}): give seconds >= 0, a learner in "
+                                 f"0..{num_learners - 1}, a finite scale (or none: random) and a duration > 0")
+
+    def corrupt_windows(self, learner: int) -> tuple[tuple[float, float, float | None], ...]:
+        """``learner``'s corruption windows: (from, until) seconds after the start, and the scale (None: random)."""
+        return tuple((at, at + duration, scale) for at, m, scale, duration in self.corrupt if m == learner)
 
     def factor(self, learner: int) -> float:
         return float(self.slowdown[learner]) if self.slowdown else 1.0
@@ -115,6 +130,30 @@ def parse_kills(text: str) -> tuple[tuple[float, int], ...]:
             out.append((float(at), int(m)))
         except ValueError:
             raise ValueError(f"chaos kill {item!r}: write SECONDS:LEARNER, e.g. '3:1' (learner 1 killed 3 s in)") from None
+    return tuple(out)
+
+
+#: Seconds a ``--corrupt`` fault lasts when its form gives no duration.
+DEFAULT_CORRUPT_SECONDS = 5.0
+
+
+def parse_corrupt(text: str) -> tuple[tuple[float, int, float | None, float], ...]:
+    """``"12:1:1e4,20:2"`` -> ((12.0, 1, 10000.0, 5.0), (20.0, 2, None, 5.0)): ``S:M[:SCALE[:DURATION]]``, learner M
+    sends SCALE x its outer gradient (no SCALE or an empty one: N(0, 1) values) from S seconds after the start for
+    DURATION seconds (default :data:`DEFAULT_CORRUPT_SECONDS`)."""
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        parts = item.split(":")
+        try:
+            if not 2 <= len(parts) <= 4:
+                raise ValueError
+            scale = float(parts[2]) if len(parts) > 2 and parts[2] else None
+            duration = float(parts[3]) if len(parts) > 3 else DEFAULT_CORRUPT_SECONDS
+            out.append((float(parts[0]), int(parts[1]), scale, duration))
+        except ValueError:
+            raise ValueError(f"chaos corrupt {item!r}: write SECONDS:LEARNER[:SCALE[:DURATION]], e.g. '12:1:1e4' "
+                             f"(learner 1 sends 1e4 x its outer gradient from 12 s for {DEFAULT_CORRUPT_SECONDS:g} s) "
+                             f"or '12:1' (random values)") from None
     return tuple(out)
 
 
@@ -407,6 +446,6 @@ def summarize_restarts(rows: Sequence[dict[str, Any]], faults: Sequence[dict[str
     return out
 
 
-__all__ = ["Chaos", "Event", "Goodput", "Stall", "committed_steps", "final_steps", "goodput", "kept_steps", "parse_floats", "parse_kills",
+__all__ = ["Chaos", "Event", "Goodput", "Stall", "committed_steps", "final_steps", "goodput", "kept_steps", "parse_corrupt", "parse_floats", "parse_kills",
            "read_learner_log", "rejoin_seconds", "restart_kill", "restart_stalls", "summarize", "summarize_restarts",
            "survivor_stalls"]

@@ -68,6 +68,8 @@ class MergeRecord:
     bytes_received: int
     bytes_sent: int
     at: float = 0.0                # wall time of the merge (time.time(), comparable with the learners' logs)
+    guard: tuple[dict, ...] = ()   # contributions the guard dropped or clipped: learner, fragment, norm, ratio, action
+    ratios: tuple[float | None, ...] = ()  # per merged learner, its norm / the guard's reference (None: not judged)
 
     def as_row(self) -> dict[str, object]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}

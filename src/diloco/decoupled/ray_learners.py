@@ -143,11 +143,19 @@ def prepare_learner(spec: LearnerSpec, *, learner: int, num_learners: int, synce
 
 
 def train_until(ready: _Prepared, spec: LearnerSpec, *, learner: int, start_at: float, stop_at: float,
-                slowdown: float, log_path: Path) -> dict[str, Any]:
-    stop_file = log_path.parent / "STOP"
+                slowdown: float, log_path: Path, corrupt: tuple = ()) -> dict[str, Any]:
     """Train from wall time ``start_at`` (at once if it has passed) until ``stop_at``, then flush and leave;
-    one row per step in ``log_path`` (see :mod:`diloco.decoupled.chaos` for what the rows hold)."""
+    one row per step in ``log_path`` (see :mod:`diloco.decoupled.chaos` for what the rows hold). ``corrupt``:
+    this learner's corruption windows (``Chaos.corrupt_windows``): its reports then go through a
+    :class:`~diloco.decoupled.corrupt.CorruptingChannel`."""
+    stop_file = log_path.parent / "STOP"
     model, algo, inner, batches = ready.model, ready.algo, ready.inner, ready.batches
+    if corrupt:
+        from diloco.decoupled.corrupt import CorruptingChannel
+
+        algo.channel = CorruptingChannel(algo.channel, windows=corrupt, start_at=start_at,
+                                         sizes=[f.numel for f in algo.fragments], codec=algo.codec,
+                                         seed=spec.seed * 1000 + learner)
     time.sleep(max(0.0, start_at - time.time()))
     with open(log_path, "a", buffering=1) as log:
         if log.tell() > 0:  # a predecessor killed mid-line leaves no newline: start on a line of our own
@@ -175,7 +183,7 @@ def train_until(ready: _Prepared, spec: LearnerSpec, *, learner: int, start_at: 
                                           staleness=max(algo.steps), synced=synced)) + "\n")
         algo.close()
     return {"learner": learner, "incarnation": algo.incarnation, "steps": step,
-            "resent": getattr(ready.channel, "resent", 0)}
+            "resent": getattr(ready.channel, "resent", 0), "corrupted": getattr(algo.channel, "corrupted", 0)}
 
 
 @ray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0)
@@ -184,8 +192,8 @@ class LearnerActor:
     process, which waits ``downtime_s``, prepares (builds, joins) and trains at once."""
 
     def __init__(self, spec: LearnerSpec, learner: int, num_learners: int, slowdown: float,
-                 downtime_s: float, out_dir: str, syncer_name: str, namespace: str) -> None:
-        self.spec, self.learner, self.slowdown = spec, learner, slowdown
+                 downtime_s: float, out_dir: str, syncer_name: str, namespace: str, corrupt: tuple = ()) -> None:
+        self.spec, self.learner, self.slowdown, self.corrupt = spec, learner, slowdown, corrupt
         self.join_args = dict(learner=learner, num_learners=num_learners, syncer_name=syncer_name,
                               namespace=namespace)
         self.log_path = Path(out_dir) / f"learner-{learner}.jsonl"
@@ -204,7 +212,7 @@ class LearnerActor:
         if self.ready is None:  # a restarted process: Ray retries only this call
             self.prepare()
         return train_until(self.ready, self.spec, learner=self.learner, start_at=start_at, stop_at=stop_at,
-                           slowdown=self.slowdown, log_path=self.log_path)
+                           slowdown=self.slowdown, log_path=self.log_path, corrupt=self.corrupt)
 
 
 @dataclass
@@ -254,7 +262,7 @@ def run_on_ray(spec: LearnerSpec, *, syncer: Syncer, num_learners: int, out_dir:
     (out / "syncer.pid").write_text(str(ray.get(handle.pid.remote())))
     tokens = ray.put(spec.tokens)  # once in the object store, shared by every learner
     actors = [LearnerActor.remote(replace(spec, tokens=tokens), m, num_learners, chaos.factor(m), chaos.downtime_s,
-                                  str(out), name, namespace) for m in range(num_learners)]
+                                  str(out), name, namespace, chaos.corrupt_windows(m)) for m in range(num_learners)]
     ray.get([a.prepare.remote() for a in actors])  # built, warmed up and joined: the clock starts together
     started = time.time() + start_delay_s
     runs = [a.run.remote(started, started + spec.duration_s) for a in actors]
@@ -283,7 +291,9 @@ def run_on_ray(spec: LearnerSpec, *, syncer: Syncer, num_learners: int, out_dir:
                                     "learners": learners})
     loss = None if val_tokens is None else _evaluate(spec, params, val_tokens, eval_batches)
     summary = {"eval_loss": loss, "wall_s": wall,
-               **summarize(rows, merges, faults, num_learners=num_learners, wall_s=wall)}
+               **summarize(rows, merges, faults, num_learners=num_learners, wall_s=wall),
+               "corrupted_reports": sum(r.get("corrupted", 0) for r in learners),
+               "guard_events": [e for r in merges for e in r.get("guard", ())]}
     write_json(out / "summary.json", summary)
     return RayRunResult(params, loss, merges, rows, faults, started, wall, learners, summary)
 

@@ -10,6 +10,7 @@ reported (or every learner that has not left, if fewer) the grace window starts;
 ends or when every joined learner has reported. The merge:
 
     Delta_m  = Theta_p - theta_m                (FP32; theta_m decoded from the learner's report)
+    guard    : a report whose base_m - theta_m per step of work is an outlier is dropped or clipped (guard=)
     w_m      = token weights (c_tok * c_tok / c_steps, normalised)
     Delta    = RDA per tensor, weighted mean for embedding tensors   (merge="rda")
                or the weighted mean of every tensor                  (merge="mean")
@@ -38,6 +39,7 @@ Delta_m against its own Theta_p); with the lossless ``fp32`` codec those copies 
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +50,7 @@ from torch import nn
 
 from diloco.algorithm.codecs import Codec, all_finite, get_codec
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
+from diloco.algorithm.guard import DEFAULT_GUARD_RATIO, NormGuard
 from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer, load_global_state
 from diloco.decoupled.grace import DEFAULT_EMA_DECAY, DEFAULT_GRACE_GAMMA, GraceWindow
 from diloco.decoupled.merge import check_merge, merge_outer_gradients, token_weights
@@ -107,6 +110,15 @@ class Syncer:
         overlap_steps: tau, the learners' steps between a report and the step that needs its reply.
         grace_gamma: gamma of the grace window (0 = merge as soon as the quorum is in); default 0.2.
         grace_ema_decay: decay of the grace window's moving averages; default 0.9.
+        guard: the contribution guard (:mod:`diloco.algorithm.guard`), per fragment on each learner's reported
+            difference ``base_m - theta_m`` (its own progress; the drift of Theta since its copy is the syncer's
+            own doing, not the learner's), by its norm per step of work (``Report.steps``): ``"drop"`` (default)
+            leaves a report out of the merge whose norm per step exceeds ``guard_ratio`` x the reference (the
+            round's median with 3 or more reports, else the running median of accepted ones; the learner's own
+            running median where larger), ``"clip"`` scales it down to that bar, ``"off"`` accepts every finite
+            report (the behaviour before the guard existed). Each event is in the merge's record (``guard``); a learner dropped 3 times in a
+            row is named in a ``RuntimeWarning``.
+        guard_ratio: the guard's bar on norm / reference (default 10: see the decoupled guide for why).
         clock: seconds, monotonic (default ``time.monotonic``).
     """
 
@@ -127,6 +139,8 @@ class Syncer:
         overlap_steps: int = 0,
         grace_gamma: float = DEFAULT_GRACE_GAMMA,
         grace_ema_decay: float = DEFAULT_EMA_DECAY,
+        guard: str = "drop",
+        guard_ratio: float = DEFAULT_GUARD_RATIO,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         quorum = num_learners if quorum is None else quorum
@@ -140,6 +154,7 @@ class Syncer:
         self.partial_scale = bool(partial_scale)
         self.codec = get_codec(codec)
         self.grace = GraceWindow(gamma=float(grace_gamma), overlap_steps=overlap_steps, decay=float(grace_ema_decay))
+        self.guard = NormGuard(action=guard, max_ratio=float(guard_ratio), who="learner")
         self.clock = clock
         self.fragments: list[Fragment] = split_fragments(model, num_fragments, pattern=fragment_pattern,
                                                          fragments=fragments)
@@ -252,20 +267,29 @@ class Syncer:
         g = self.global_flat[p]
         theta = g.detach()
         order = sorted(rnd.reports)  # learner order: the same sums whatever the arrival order
-        deltas, kept, dropped, steps, tokens = [], [], [], [], []
+        decoded = {m: self.codec.decode(rnd.reports[m].payload, theta.numel()) for m in order}  # base_m - theta_m
+        verdicts = self._judge(p, rnd, decoded)
+        deltas, kept, dropped, steps, tokens, ratios, events = [], [], [], [], [], [], []
         for m in order:
-            r = rnd.reports[m]
-            d = self.codec.decode(r.payload, theta.numel())  # base_m - theta_m
+            r, d, verdict = rnd.reports[m], decoded[m], verdicts.get(m)
+            if verdict is not None and verdict.action != "accept":
+                events.append(self.guard.record(m, p, verdict).as_row())
+                if verdict.action == "drop":
+                    continue
+                d.mul_(verdict.scale)  # clip: down to the bar, before the drift of Theta is added
             base = self._base[m][p]
             if base is not self._snapshot[p] and self.outer_gradient == "global":  # against Theta, not its copy
                 d.add_(theta - base)
             if not bool(all_finite(d)):
                 dropped.append(m)
                 continue
+            if verdict is not None and verdict.action == "accept":
+                self.guard.record(m, p, verdict)
             deltas.append(d)
             kept.append(m)
             steps.append(r.steps)
             tokens.append(r.tokens)
+            ratios.append(None if verdict is None else verdict.ratio)
         weights = token_weights(steps, tokens) if kept else []
         if any(w > 0 for w in weights):
             g.grad = merge_outer_gradients(deltas, weights, sizes=self.tensor_sizes[p], embedding=self.is_embedding[p],
@@ -288,10 +312,23 @@ class Syncer:
         assert rnd.quorum_at is not None
         self.records.append(MergeRecord(
             fragment=p, version=self.versions[p], learners=tuple(kept), weights=tuple(weights),
-            dropped=tuple(dropped), quorum_wait=rnd.quorum_at - rnd.opened_at, grace_wait=now - rnd.quorum_at,
-            grace_window=rnd.window, sync_time=sync_time,
+            dropped=tuple(dropped), guard=tuple(events), ratios=tuple(ratios),
+            quorum_wait=rnd.quorum_at - rnd.opened_at, grace_wait=now - rnd.quorum_at, grace_window=rnd.window, sync_time=sync_time,
             bytes_received=sum(rnd.reports[m].payload.numel() for m in order), bytes_sent=sent, at=time.time()))
         return replies
+
+    def _judge(self, p: int, rnd: _Round, decoded: dict[int, torch.Tensor]) -> dict[int, Any]:
+        """The guard's verdict on each report of the round that did work (steps > 0) and is finite, by its norm per
+        step of work since the learner last received the fragment (``Report.steps``)."""
+        if not self.guard.on:
+            return {}
+        # per step of work: a learner's first report of a fragment may cover fewer steps than H (the schedule's
+        # offset), and was measured 7x smaller than the next one on the tiny preset
+        norms = {m: float(torch.linalg.vector_norm(d)) / rnd.reports[m].steps for m, d in decoded.items()
+                 if rnd.reports[m].steps > 0}
+        norms = {m: n for m, n in norms.items() if math.isfinite(n)}  # non-finite: dropped as before
+        round_norms = list(norms.values())
+        return {m: self.guard.judge(p, n, round_norms, sender=m) for m, n in norms.items()}
 
     def _reply(self, m: int, p: int) -> Reply:
         theta = self._snapshot[p]
@@ -335,7 +372,8 @@ class Syncer:
                 "bases": {m: [None if b is s else b.clone() for b, s in zip(bs, self._snapshot, strict=True)]
                           for m, bs in self._base.items()},
                 **({"records": [r.as_row() for r in self.records]} if records else {"num_records": len(self.records)}),
-                "bytes": [self.bytes_received, self.bytes_sent], "ignored_reports": self.ignored_reports}
+                "bytes": [self.bytes_received, self.bytes_sent], "ignored_reports": self.ignored_reports,
+                "guard": self.guard.state_dict()}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any], *, records: Sequence[dict[str, Any]] | None = None) -> None:
@@ -360,6 +398,8 @@ class Syncer:
         self.records = [MergeRecord.from_row(r) for r in records]
         self.bytes_received, self.bytes_sent = (int(b) for b in state["bytes"])
         self.ignored_reports = int(state["ignored_reports"])
+        if "guard" in state:  # a state written before the guard existed: the guard starts afresh
+            self.guard.load_state_dict(state["guard"])
 
     def fragment_sizes(self) -> Sequence[int]:
         return [g.numel() for g in self.global_flat]

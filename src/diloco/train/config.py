@@ -65,6 +65,8 @@ class TrainConfig:
     ef_decay: float = setting(0.0, "beta of the error-feedback accumulator e <- beta e + Delta that keeps what the codec dropped (0 = off; SparseLoCo 0.95, MuLoCo 0.9)")
     topk_density: float = setting(0.015625, "share of each 4096-value chunk the topk codec sends (1/64: 64 values, 12-bit indices, 2-bit values)")
     topk_tables: str = setting("payload", "where the topk codec's 2-bit values take their bin means: payload (one table) or chunk (one per chunk, +0.03 bits)")
+    guard: str = setting("drop", "contribution guard on outer-gradient norms (diloco, streaming: each worker its own before sending; decoupled: the syncer, per learner): drop or clip one above guard_ratio x the reference, or off")
+    guard_ratio: float = setting(10.0, "the guard's bar on norm / reference (the round's median, else the running median of accepted norms); healthy runs measured below 3")
     quorum: int = setting(0, "K (decoupled): learners a merge needs at least; 0 = all (synchronous), 1 = whoever reports first")
     merge: str = setting("rda", "decoupled: how the syncer merges: rda (radial-directional; measured best at outer_lr 0.7/sqrt(M)) or mean (token-weighted)")
     outer_gradient: str = setting("global", "decoupled: a learner's outer gradient: global (Theta - theta_m) or own (base_m - theta_m, its own progress; kinder to stragglers)")
@@ -132,6 +134,12 @@ class TrainConfig:
              f"topk_tables={self.topk_tables!r}: choose one of {', '.join(TOPK_TABLES)} (chunk: a table of bin means per chunk)")
         need(not self.eager or self.method != "dp",
              "eager=true is for method=diloco or streaming (data-parallel has no outer step to overlap)")
+        try:
+            from diloco.algorithm.guard import check_guard
+
+            check_guard(self.guard, self.guard_ratio)
+        except ValueError as exc:
+            errors.append(str(exc))
         need(self.dp_codec in CODEC_NAMES, f"dp_codec={self.dp_codec!r}: choose one of {', '.join(CODEC_NAMES)}")
         need(self.replicas >= 1, f"replicas={self.replicas}: need at least 1")
         need(self.ranks_per_worker >= 1, f"ranks_per_worker={self.ranks_per_worker}: need at least 1")

@@ -159,7 +159,7 @@ def build_algorithm(cfg: TrainConfig, model: torch.nn.Module, comm: Communicator
         fragment_pattern=cfg.fragment_pattern, fragments=fragments, schedule=cfg.schedule_spec,
         overlap_steps=cfg.overlap_steps,
         merge_alpha=cfg.merge_alpha, codec=cfg.make_codec(),
-        eager=cfg.eager, error_feedback_decay=cfg.ef_decay,
+        eager=cfg.eager, error_feedback_decay=cfg.ef_decay, guard=cfg.guard, guard_ratio=cfg.guard_ratio,
         outer_optimizer=partial(torch.optim.SGD, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
                                 nesterov=cfg.outer_nesterov and cfg.outer_momentum > 0),
     )
