@@ -38,6 +38,7 @@ _EXPORTS = {
     # communicators
     "Communicator": "diloco.comm.base",
     "CommError": "diloco.comm.base",
+    "ConfigError": "diloco.errors",
     "LocalCommunicator": "diloco.comm.local",
     "run_replicas": "diloco.comm.local",
     "TorchDistCommunicator": "diloco.comm.torch_dist",

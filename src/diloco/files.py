@@ -26,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from diloco.errors import ConfigError
+
 #: Environment variable that overrides the default cache folder.
 CACHE_ENV = "DILOCO_CACHE"
 
@@ -85,7 +87,7 @@ def dumps_strict(obj: Any, *, indent: int | None = 2) -> str:
     try:
         return json.dumps(obj, indent=indent, allow_nan=False)
     except ValueError as exc:
-        raise ValueError(f"refusing to write non-strict JSON (NaN or infinity; use null): {exc}") from None
+        raise ConfigError(f"refusing to write non-strict JSON (NaN or infinity; use null): {exc}") from None
 
 
 def write_json(path: Path | str, obj: Any, *, indent: int | None = 2) -> None:
@@ -99,7 +101,7 @@ def read_json(path: Path | str) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
 
 
 def read_jsonl(path: Path | str, *, on_partial: Callable[[str], None] | None = None) -> list[Any]:
@@ -122,7 +124,7 @@ def read_jsonl(path: Path | str, *, on_partial: Callable[[str], None] | None = N
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{i} is not valid JSON ({exc}); fix or delete that line") from None
+            raise ConfigError(f"{path}:{i} is not valid JSON ({exc}); fix or delete that line") from None
     if tail.strip() and on_partial is not None:
         on_partial(f"{path}:{len(lines)}: skipped an unfinished last line (no newline; a crash mid-write?)")
     return records

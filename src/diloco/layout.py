@@ -14,6 +14,8 @@ default) or in contiguous runs differing in length by at most one
 
 from __future__ import annotations
 
+from diloco.errors import ConfigError
+
 #: Ways of assigning blocks to block groups.
 PATTERNS = ("strided", "sequential")
 
@@ -24,7 +26,7 @@ NON_BLOCK_FRAGMENT = 0
 def check_pattern(pattern: str) -> str:
     """``pattern`` if it is one of :data:`PATTERNS`, else a ValueError naming the choices."""
     if pattern not in PATTERNS:
-        raise ValueError(f"fragment_pattern must be 'strided' or 'sequential', got {pattern!r}")
+        raise ConfigError(f"fragment_pattern must be 'strided' or 'sequential', got {pattern!r}")
     return pattern
 
 
@@ -32,7 +34,7 @@ def block_groups(num_blocks: int, num_groups: int, pattern: str = "strided") -> 
     """Block i -> its block group: ``i mod G`` (strided) or contiguous runs (sequential)."""
     check_pattern(pattern)
     if not (isinstance(num_groups, int) and 1 <= num_groups <= num_blocks):
-        raise ValueError(f"need 1 <= block groups <= blocks={num_blocks}, got {num_groups!r}")
+        raise ConfigError(f"need 1 <= block groups <= blocks={num_blocks}, got {num_groups!r}")
     if pattern == "strided":
         return [i % num_groups for i in range(num_blocks)]
     return [(i * num_groups) // num_blocks for i in range(num_blocks)]
@@ -47,11 +49,11 @@ def block_fragments(num_blocks: int, num_fragments: int, pattern: str = "strided
     L, P = num_blocks, num_fragments
     check_pattern(pattern)
     if P < 1:
-        raise ValueError(f"num_fragments (P) must be >= 1, got P={P}")
+        raise ConfigError(f"num_fragments (P) must be >= 1, got P={P}")
     if P == 1:
         return [NON_BLOCK_FRAGMENT] * L
     if P - 1 > L:
-        raise ValueError(
+        raise ConfigError(
             f"num_fragments={P} needs {P - 1} block fragments but the model has only {L} blocks "
             f"(fragment 0 holds the non-block parameters); use num_fragments <= {L + 1}"
         )

@@ -16,6 +16,8 @@ blocks) is :mod:`diloco.layout`.
 
 from __future__ import annotations
 
+from diloco.errors import ConfigError
+
 #: The synchronous ones (one communicator, one schedule for every replica): what the simulator models.
 SYNCHRONOUS_METHODS: tuple[str, ...] = ("dp", "diloco", "streaming")
 
@@ -26,7 +28,7 @@ METHODS: tuple[str, ...] = (*SYNCHRONOUS_METHODS, "decoupled")
 def check_method(method: str) -> str:
     """``method`` if it is one of :data:`METHODS`, else a ValueError naming the choices."""
     if method not in METHODS:
-        raise ValueError(f"method={method!r}: choose one of {', '.join(METHODS)}")
+        raise ConfigError(f"method={method!r}: choose one of {', '.join(METHODS)}")
     return method
 
 

@@ -13,6 +13,8 @@ study's summary by a test.
 
 from __future__ import annotations
 
+from diloco.errors import ConfigError
+
 #: Fewer outer steps than this over a run lost to more in the study (its best points took 80-240).
 MIN_OUTER_STEPS = 80
 
@@ -26,7 +28,7 @@ SOURCE = "studies/outer-steps (cpu-1m, 20 tokens per parameter, batch 64 and 128
 def outer_steps(*, total_steps: int, sync_every: int) -> int:
     """Outer steps (syncs of each fragment) over a run of ``total_steps`` inner steps at H = ``sync_every``."""
     if sync_every < 1:
-        raise ValueError(f"sync_every={sync_every}: must be >= 1")
+        raise ConfigError(f"sync_every={sync_every}: must be >= 1")
     return total_steps // sync_every
 
 

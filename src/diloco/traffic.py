@@ -5,6 +5,8 @@ module, so that what is counted, what is simulated and what is planned are
 the same numbers. Pure Python, no torch: ``diloco.sim`` and ``diloco plan``
 import it without loading torch.
 
+from diloco.errors import ConfigError
+
 Two exchanges of an encoded payload among ``M`` replicas (workers):
 
 * ``"all_gather"``: every replica sends its whole encoded payload of ``n``
@@ -49,13 +51,13 @@ class LinkBytes:
 
 def _check_replicas(num_replicas: int) -> None:
     if not isinstance(num_replicas, int) or isinstance(num_replicas, bool) or num_replicas < 1:
-        raise ValueError(f"num_replicas must be a positive int, got {num_replicas!r}")
+        raise ConfigError(f"num_replicas must be a positive int, got {num_replicas!r}")
 
 
 def check_exchange(exchange: str) -> str:
     """``exchange`` if it names a known exchange, else a ValueError listing them."""
     if exchange not in EXCHANGES:
-        raise ValueError(f"unknown exchange {exchange!r}; choose one of {', '.join(EXCHANGES)}")
+        raise ConfigError(f"unknown exchange {exchange!r}; choose one of {', '.join(EXCHANGES)}")
     return exchange
 
 
@@ -67,7 +69,7 @@ def shard_sizes(num_elements: int, num_shards: int) -> list[int]:
     """
     _check_replicas(num_shards)
     if num_elements < 0:
-        raise ValueError(f"num_elements must be >= 0, got {num_elements!r}")
+        raise ConfigError(f"num_elements must be >= 0, got {num_elements!r}")
     base, extra = divmod(num_elements, num_shards)
     return [base + (1 if i < extra else 0) for i in range(num_shards)]
 
@@ -76,7 +78,7 @@ def all_gather_bytes(payload_bytes: int, num_replicas: int) -> LinkBytes:
     """Per-replica link bytes of an all-gather of a ``payload_bytes`` payload: (M-1)·n each way."""
     _check_replicas(num_replicas)
     if payload_bytes < 0:
-        raise ValueError(f"payload_bytes must be >= 0, got {payload_bytes!r}")
+        raise ConfigError(f"payload_bytes must be >= 0, got {payload_bytes!r}")
     each = payload_bytes * (num_replicas - 1)
     return LinkBytes(sent=each, received=each)
 
@@ -91,7 +93,7 @@ def reduce_scatter_bytes(shard_bytes: Sequence[int], rank: int) -> LinkBytes:
     m = len(shard_bytes)
     _check_replicas(m)
     if not 0 <= rank < m:
-        raise ValueError(f"rank must lie in [0, {m}), got {rank!r}")
+        raise ConfigError(f"rank must lie in [0, {m}), got {rank!r}")
     others = sum(shard_bytes) - shard_bytes[rank]
     own = shard_bytes[rank] * (m - 1)
     # all-to-all: send the others' shards, receive M-1 copies of our own;
@@ -109,7 +111,7 @@ def exchange_bytes(*, payload_bytes: float, num_replicas: int, exchange: str) ->
     _check_replicas(num_replicas)
     check_exchange(exchange)
     if payload_bytes < 0:
-        raise ValueError(f"payload_bytes must be >= 0, got {payload_bytes!r}")
+        raise ConfigError(f"payload_bytes must be >= 0, got {payload_bytes!r}")
     if exchange == "all_gather":
         return payload_bytes * (num_replicas - 1)
     return payload_bytes * 2.0 * (num_replicas - 1) / num_replicas

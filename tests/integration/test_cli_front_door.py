@@ -122,3 +122,26 @@ def test_a_finished_streaming_run_resumed_with_a_larger_budget_trains_on(tmp_pat
     assert cli_main([*base, "--set", "steps=16"]) == 0
     assert cli_main([*base, "--set", "steps=24", "--resume"]) == 0
     assert json.loads((out / "summary.json").read_text())["steps"] == 24
+
+
+def test_a_user_error_is_one_line_and_a_bug_shows_its_traceback(capsys, monkeypatch):
+    """ConfigError (the user's to fix): one line, exit 2. Anything else escaping a command is a bug: the
+    traceback and where to report it, exit 1 (a ValueError from a bug included, which used to be one line)."""
+    from diloco.errors import ConfigError
+
+    assert issubclass(ConfigError, ValueError)
+    assert cli_main(["config", "--preset", "demo", "--set", "steps=abc"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("diloco config: error: steps='abc': expected a value of type int") and "Traceback" not in err
+    assert err.count("\n") == 1
+
+    import diloco.cli.config as config_cli
+
+    def broken(args):
+        return [][0] if args.preset == "demo" else int("not a number")
+
+    monkeypatch.setattr(config_cli, "run", broken)
+    for preset, kind in (("demo", "IndexError"), ("tiny", "ValueError")):
+        assert cli_main(["config", "--preset", preset]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("Traceback") and f"{kind}:" in err and "internal error (a bug" in err

@@ -89,6 +89,7 @@ import math
 import torch
 
 from diloco.algorithm import wire_sizes
+from diloco.errors import ConfigError
 
 _F32_MAX = torch.finfo(torch.float32).max
 _BF16_MAX = torch.finfo(torch.bfloat16).max
@@ -128,7 +129,7 @@ class Codec(abc.ABC):
         """Validate ``x`` and return it as contiguous fp32 (a view when it already is)."""
         if not isinstance(x, torch.Tensor) or x.dim() != 1 or not x.is_floating_point():
             got = f"{x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"{self.name}.encode expects a 1-D floating tensor, got {got}; flatten it first")
+            raise ConfigError(f"{self.name}.encode expects a 1-D floating tensor, got {got}; flatten it first")
         x = x.detach()
         if torch.finfo(x.dtype).max > _F32_MAX:  # fp64: finite values beyond fp32 saturate, not inf
             x = x.clamp(-_F32_MAX, _F32_MAX)
@@ -143,7 +144,7 @@ class Codec(abc.ABC):
         expected = self.num_bytes(numel)  # validates numel
         if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8 or payload.shape != (expected,):
             got = f"{payload.dtype} of shape {tuple(payload.shape)}" if isinstance(payload, torch.Tensor) else payload
-            raise ValueError(
+            raise ConfigError(
                 f"{self.name}.decode: payload must be a 1-D uint8 tensor of num_bytes({numel}) = {expected} "
                 f"bytes, got {got}; pass the numel that was encoded"
             )
@@ -216,9 +217,9 @@ class BlockScaledCodec(Codec):
 
     def __init__(self, *, block_size: int, scale_candidates: int) -> None:
         if block_size < 2 or block_size % 2:
-            raise ValueError(f"block_size must be an even integer >= 2, got {block_size}")
+            raise ConfigError(f"block_size must be an even integer >= 2, got {block_size}")
         if not 1 <= scale_candidates <= 8:
-            raise ValueError(f"scale_candidates must lie in 1..8 (one E4M3 binade), got {scale_candidates}")
+            raise ConfigError(f"scale_candidates must lie in 1..8 (one E4M3 binade), got {scale_candidates}")
         self.block_size = block_size
         self.scale_candidates = scale_candidates
         self.bits_per_value = self.element_bits + 8 / block_size
@@ -533,4 +534,4 @@ def get_codec(name: str | Codec, *, topk_density: float | None = None, topk_tabl
     try:
         return _REGISTRY[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown codec {name!r}; valid names: {', '.join(ALL_CODEC_NAMES)}") from None
+        raise ConfigError(f"unknown codec {name!r}; valid names: {', '.join(ALL_CODEC_NAMES)}") from None

@@ -48,6 +48,7 @@ import torch
 
 from diloco.algorithm import wire_sizes
 from diloco.algorithm.codecs import Codec
+from diloco.errors import ConfigError
 
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -101,9 +102,9 @@ class StatisticalCodec(Codec):
     def __init__(self, *, bits: int, block_size: int = wire_sizes.STAT_BLOCK,
                  range_sigmas: float | None = None) -> None:
         if bits not in (1, 2, 4, 8):
-            raise ValueError(f"bits must be 1, 2, 4 or 8, got {bits}")
+            raise ConfigError(f"bits must be 1, 2, 4 or 8, got {bits}")
         if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
+            raise ConfigError(f"block_size must be >= 1, got {block_size}")
         self.bits, self.block_size = bits, block_size
         self.range_sigmas = float(range_sigmas if range_sigmas is not None else (2.0 if bits <= 2 else 2.5))
         self.name = f"stat{bits}"
@@ -157,10 +158,10 @@ class TopKCodec(Codec):
                  value_bits: int = wire_sizes.TOPK_VALUE_BITS,
                  range_sigmas: float = 6.0, tables: str = wire_sizes.TOPK_TABLE) -> None:
         if not (isinstance(density, (int, float)) and 0.0 < density <= 1.0):
-            raise ValueError(f"topk density must lie in (0, 1] (the share of each chunk's values sent), "
+            raise ConfigError(f"topk density must lie in (0, 1] (the share of each chunk's values sent), "
                              f"got {density!r}; e.g. 1/64 = 0.015625")
         if chunk_size < 2:
-            raise ValueError(f"chunk_size must be >= 2, got {chunk_size}")
+            raise ConfigError(f"chunk_size must be >= 2, got {chunk_size}")
         self.density, self.chunk_size = float(density), chunk_size
         self.value_bits, self.range_sigmas = value_bits, float(range_sigmas)
         self.index_bits = wire_sizes.topk_index_bits(chunk_size)

@@ -23,6 +23,7 @@ from diloco.algorithm.base import ReplicaAlgorithm, SyncReport, broadcast_parame
 from diloco.algorithm.codecs import Codec, get_codec
 from diloco.algorithm.fragments import flatten
 from diloco.comm.base import Communicator
+from diloco.errors import ConfigError
 
 
 class DataParallel(ReplicaAlgorithm):
@@ -34,7 +35,7 @@ class DataParallel(ReplicaAlgorithm):
         self.codec = get_codec(codec)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
-            raise ValueError("the model has no trainable parameters (requires_grad=True)")
+            raise ConfigError("the model has no trainable parameters (requires_grad=True)")
         broadcast_parameters(model, comm)
         self.step_count = 0
 

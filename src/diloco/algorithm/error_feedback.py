@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from diloco.algorithm.codecs import all_finite
+from diloco.errors import ConfigError
 
 
 def error_feedback_step_(accumulator: torch.Tensor, delta: torch.Tensor, *, decay: float,
@@ -59,7 +60,7 @@ class ErrorFeedback:
 
     def __init__(self, sizes: Sequence[int], *, decay: float, device: torch.device | str | None = None) -> None:
         if not 0.0 < float(decay) <= 1.0:
-            raise ValueError(f"error-feedback decay (beta) must lie in (0, 1], got {decay}; 1 keeps everything "
+            raise ConfigError(f"error-feedback decay (beta) must lie in (0, 1], got {decay}; 1 keeps everything "
                              f"not yet sent, SparseLoCo uses 0.95, MuLoCo 0.9 (0 turns error feedback off)")
         self.decay = float(decay)
         self.accumulators = [torch.zeros(int(n), dtype=torch.float32, device=device) for n in sizes]
@@ -81,7 +82,7 @@ class ErrorFeedback:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state["accumulators"]
         if len(saved) != len(self.accumulators) or any(s.shape != a.shape for s, a in zip(saved, self.accumulators)):
-            raise ValueError(f"checkpoint has error-feedback accumulators of {[s.numel() for s in saved]} values, "
+            raise ConfigError(f"checkpoint has error-feedback accumulators of {[s.numel() for s in saved]} values, "
                              f"this run expects {[a.numel() for a in self.accumulators]}")
         for a, s in zip(self.accumulators, saved, strict=True):
             a.copy_(s)

@@ -35,6 +35,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from diloco.errors import ConfigError
 from diloco.layout import NON_BLOCK_FRAGMENT, block_fragments, block_groups, check_pattern
 
 Pattern = Literal["strided", "sequential", "balanced"]  # diloco.layout.PATTERNS, plus "balanced" (tensors)
@@ -93,7 +94,7 @@ def fragments_from_prefixes(model: nn.Module, groups: Sequence[str]) -> list[lis
         else:
             out[best[1]].append(name)
     if unmatched:
-        raise ValueError(f"fragments={list(groups)} leave trainable parameters in no fragment: {unmatched[:5]}"
+        raise ConfigError(f"fragments={list(groups)} leave trainable parameters in no fragment: {unmatched[:5]}"
                          f"{' ...' if len(unmatched) > 5 else ''}; add their prefixes to a fragment")
     return out
 
@@ -112,11 +113,11 @@ def split_fragments(
     """Partition the trainable parameters of ``model`` into ``num_fragments`` fragments."""
     named = _trainable(model)
     if not named:
-        raise ValueError("the model has no trainable parameters (requires_grad=True) to synchronise")
+        raise ConfigError("the model has no trainable parameters (requires_grad=True) to synchronise")
     if fragments is not None:
         groups = _explicit_groups(model, named, fragments)
         if len(groups) != num_fragments:
-            raise ValueError(f"{len(groups)} explicit fragments given but num_fragments={num_fragments}")
+            raise ConfigError(f"{len(groups)} explicit fragments given but num_fragments={num_fragments}")
     elif num_fragments == 1:
         groups = [[n for n, _ in named]]
     elif pattern == "balanced":
@@ -134,9 +135,9 @@ def balanced_groups(sizes: Sequence[int], num_groups: int) -> list[list[int]]:
     first (ties: the lower index), each into the group with the smallest total so far (ties: the lower
     group). Within a group, indices keep their original order (the model's parameter order)."""
     if num_groups < 1:
-        raise ValueError(f"num_fragments must be >= 1, got {num_groups}")
+        raise ConfigError(f"num_fragments must be >= 1, got {num_groups}")
     if num_groups > len(sizes):
-        raise ValueError(f"num_fragments={num_groups} balanced fragments need at least as many tensors, the "
+        raise ConfigError(f"num_fragments={num_groups} balanced fragments need at least as many tensors, the "
                          f"model trains {len(sizes)}: use num_fragments <= {len(sizes)}")
     totals = [0] * num_groups
     groups: list[list[int]] = [[] for _ in range(num_groups)]
@@ -151,7 +152,7 @@ def _block_groups(model: nn.Module, named: list[tuple[str, nn.Parameter]], P: in
     check_pattern(pattern)
     found = find_blocks(model)
     if found is None:
-        raise ValueError(
+        raise ConfigError(
             f"num_fragments={P} needs repeated blocks (an nn.ModuleList of same-type modules) to split by; "
             f"{type(model).__name__} has none: pass explicit fragments=[[names or modules...], ...] "
             f"(StreamingDiLoCo), or on the command line --set fragments='prefix|prefix,prefix,...' "
@@ -162,7 +163,7 @@ def _block_groups(model: nn.Module, named: list[tuple[str, nn.Parameter]], P: in
     if all(name.startswith(head) for name, _ in named):
         # only blocks train (e.g. the model is a stack of blocks): no fragment is kept for the rest
         if P > len(blocks):
-            raise ValueError(f"num_fragments={P} needs at least as many blocks, the model has {len(blocks)} "
+            raise ConfigError(f"num_fragments={P} needs at least as many blocks, the model has {len(blocks)} "
                              f"and nothing outside them: use num_fragments <= {len(blocks)}")
         fragment_of_block = block_groups(len(blocks), P, pattern)
     else:
@@ -186,7 +187,7 @@ def _explicit_groups(model: nn.Module, named: list[tuple[str, nn.Parameter]], sp
                 names.append(item)
             elif isinstance(item, nn.Parameter):
                 if id(item) not in name_of:
-                    raise ValueError("a fragment lists a parameter that is not a trainable parameter of the model")
+                    raise ConfigError("a fragment lists a parameter that is not a trainable parameter of the model")
                 names.append(name_of[id(item)])
             elif isinstance(item, nn.Module):
                 names.extend(name_of[id(p)] for p in item.parameters() if id(p) in name_of)
@@ -201,18 +202,18 @@ def _check_partition(groups: Sequence[Sequence[str]], all_names: Sequence[str]) 
     seen: dict[str, int] = {}
     for p, frag in enumerate(groups):
         if not frag:
-            raise ValueError(f"fragment {p} is empty; use fewer fragments")
+            raise ConfigError(f"fragment {p} is empty; use fewer fragments")
         for n in frag:
             if n in seen:
-                raise ValueError(f"parameter {n!r} is in fragment {seen[n]} and in fragment {p}")
+                raise ConfigError(f"parameter {n!r} is in fragment {seen[n]} and in fragment {p}")
             seen[n] = p
     known = set(all_names)
     unknown = [n for n in seen if n not in known]
     if unknown:
-        raise ValueError(f"fragments name parameters the model does not train: {unknown[:5]}")
+        raise ConfigError(f"fragments name parameters the model does not train: {unknown[:5]}")
     missing = [n for n in all_names if n not in seen]
     if missing:
-        raise ValueError(f"trainable parameters in no fragment: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        raise ConfigError(f"trainable parameters in no fragment: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
 
 
 def flatten(params: Sequence[torch.Tensor]) -> torch.Tensor:

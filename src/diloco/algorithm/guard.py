@@ -39,6 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from diloco.errors import ConfigError
+
 #: What a guard does with an outer gradient whose norm ratio exceeds the bar.
 GUARD_ACTIONS = ("drop", "clip", "off")
 
@@ -61,10 +63,10 @@ DEFAULT_WARN_AFTER = 3
 def check_guard(action: str, max_ratio: float) -> None:
     """ValueError naming the bad value and the fix, if ``action`` / ``max_ratio`` cannot run."""
     if action not in GUARD_ACTIONS:
-        raise ValueError(f"guard={action!r}: choose 'drop' (leave an outsized outer gradient out), 'clip' (scale it "
+        raise ConfigError(f"guard={action!r}: choose 'drop' (leave an outsized outer gradient out), 'clip' (scale it "
                          f"down to guard_ratio x the reference norm) or 'off' (accept every finite one)")
     if not max_ratio > 1.0:
-        raise ValueError(f"guard_ratio={max_ratio}: the bar on norm / reference must be > 1 (default "
+        raise ConfigError(f"guard_ratio={max_ratio}: the bar on norm / reference must be > 1 (default "
                          f"{DEFAULT_GUARD_RATIO:g}); to turn the guard off use guard='off'")
 
 
@@ -150,7 +152,7 @@ class NormGuard:
                  warn_after: int = DEFAULT_WARN_AFTER, who: str = "learner") -> None:
         check_guard(action, max_ratio)
         if history < 1 or min_history < 1 or warn_after < 1:
-            raise ValueError(f"history={history}, min_history={min_history}, warn_after={warn_after}: each must be "
+            raise ConfigError(f"history={history}, min_history={min_history}, warn_after={warn_after}: each must be "
                              f">= 1")
         self.action, self.max_ratio, self.min_history = action, float(max_ratio), min_history
         self.warn_after, self.who, self.history = warn_after, who, history

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from diloco.errors import ConfigError
+
 #: Inner optimizers by name (``TrainConfig.inner_optimizer``).
 INNER_OPTIMIZERS: tuple[str, ...] = ("adamw", "muon")
 
@@ -84,7 +86,7 @@ class CombinedOptimizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if set(state) != set(self.optimizers):
-            raise ValueError(f"optimizer checkpoint holds {sorted(state)} but this run has "
+            raise ConfigError(f"optimizer checkpoint holds {sorted(state)} but this run has "
                              f"{sorted(self.optimizers)}: resume with the inner optimizer it was written with")
         for name, opt in self.optimizers.items():
             opt.load_state_dict(state[name])
@@ -101,16 +103,16 @@ def build_inner_optimizer(model: nn.Module, *, name: str = "adamw", lr: float, w
     :class:`CombinedOptimizer`; ``hidden(name, param)`` overrides which parameters are hidden matrices.
     """
     if name not in INNER_OPTIMIZERS:
-        raise ValueError(f"inner optimizer {name!r}: choose one of {', '.join(INNER_OPTIMIZERS)}")
+        raise ConfigError(f"inner optimizer {name!r}: choose one of {', '.join(INNER_OPTIMIZERS)}")
     if name == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
     muon_cls = getattr(torch.optim, "Muon", None)
     if muon_cls is None:
-        raise ValueError(f"inner_optimizer='muon' needs torch.optim.Muon (PyTorch >= 2.9); this is torch "
+        raise ConfigError(f"inner_optimizer='muon' needs torch.optim.Muon (PyTorch >= 2.9); this is torch "
                          f"{torch.__version__}: upgrade torch or use inner_optimizer='adamw'")
     matrices, rest = split_parameters(model, hidden=hidden)
     if not matrices:
-        raise ValueError("inner_optimizer='muon' found no 2-D hidden matrices in this model (embeddings, head, "
+        raise ConfigError("inner_optimizer='muon' found no 2-D hidden matrices in this model (embeddings, head, "
                          "norms and biases stay on AdamW); use inner_optimizer='adamw' or pass hidden=")
     parts: dict[str, torch.optim.Optimizer] = {
         "muon": muon_cls(matrices, lr=lr, weight_decay=weight_decay, momentum=muon_momentum, nesterov=True,

@@ -12,6 +12,7 @@ from functools import partial
 import torch
 
 from diloco.algorithm.codecs import Codec, all_finite
+from diloco.errors import ConfigError
 
 OuterOptimizerFactory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 
@@ -63,11 +64,11 @@ def load_global_state(global_flat: Sequence[torch.Tensor], outer_optimizers: Seq
     """Copy ``state["global"]`` (one flat tensor per fragment) into ``global_flat`` and load the outer
     optimizers' states; a checkpoint of another split is refused (``owner`` names the loader in the message)."""
     if len(state["global"]) != len(global_flat):
-        raise ValueError(f"checkpoint has {len(state['global'])} fragments, this {owner} has {len(global_flat)}: "
+        raise ConfigError(f"checkpoint has {len(state['global'])} fragments, this {owner} has {len(global_flat)}: "
                          f"use the num_fragments the checkpoint was written with")
     for g, saved in zip(global_flat, state["global"], strict=True):
         if saved.shape != g.shape:
-            raise ValueError(f"checkpoint fragment of {saved.numel()} values, this {owner} expects {g.numel()}")
+            raise ConfigError(f"checkpoint fragment of {saved.numel()} values, this {owner} expects {g.numel()}")
         g.copy_(saved)
     for opt, saved in zip(outer_optimizers, state["outer_optimizers"], strict=True):
         opt.load_state_dict(saved)

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from diloco.errors import ConfigError
 from diloco.methods import schedule_errors
 
 
@@ -95,17 +96,17 @@ class Schedule:
                 raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
         errors = schedule_errors(H, P, tau, eager=self.eager)
         if errors:
-            raise ValueError("; ".join(errors))
+            raise ConfigError("; ".join(errors))
         if self.offsets is None:
             first = tuple(((p + 1) * H) // P for p in range(P))
         else:
             first = tuple(int(o) for o in self.offsets)
             if len(first) != P:
-                raise ValueError(f"offsets {first} has {len(first)} entries but num_fragments is {P}: "
+                raise ConfigError(f"offsets {first} has {len(first)} entries but num_fragments is {P}: "
                                  f"give one first-send step per fragment")
             bad = [o for o in first if not 1 <= o <= H]
             if bad:
-                raise ValueError(f"offsets must lie in 1..H={H} (the inner step after which each fragment first "
+                raise ConfigError(f"offsets must lie in 1..H={H} (the inner step after which each fragment first "
                                  f"sends), got {bad}")
         object.__setattr__(self, "offsets", first)
         object.__setattr__(self, "_first", first)
@@ -119,10 +120,10 @@ class Schedule:
         """
         H, P, tau = sync_every, num_fragments, overlap_steps
         if not (isinstance(H, int) and isinstance(P, int) and P >= 1 and H % P == 0):
-            raise ValueError(f"the torchft schedule needs sync_every (H={H}) to be a multiple of num_fragments "
+            raise ConfigError(f"the torchft schedule needs sync_every (H={H}) to be a multiple of num_fragments "
                              f"(P={P}), as torchft does; choose H = {P} x k")
         if not (isinstance(tau, int) and 0 <= tau < H // P):
-            raise ValueError(f"the torchft schedule needs 0 <= overlap_steps (tau={tau}) < H/P = {H // P}: torchft "
+            raise ConfigError(f"the torchft schedule needs 0 <= overlap_steps (tau={tau}) < H/P = {H // P}: torchft "
                              f"sends fragment p at (p+1) H/P - tau, which must come after the previous merge; "
                              f"use tau <= {H // P - 1} or the default schedule")
         return cls(H, P, tau, offsets=tuple((p + 1) * (H // P) - tau for p in range(P)))
@@ -160,26 +161,26 @@ def resolve_schedule(spec: object, sync_every: int, num_fragments: int, overlap_
         return Schedule(H, P, tau, eager=eager)
     if spec == "torchft":
         if eager:
-            raise ValueError("schedule='torchft' cannot run eager updates (torchft needs tau < H/P); "
+            raise ConfigError("schedule='torchft' cannot run eager updates (torchft needs tau < H/P); "
                              "use schedule='even' or offsets")
         return Schedule.torchft(H, P, tau)
     if isinstance(spec, Schedule):
         mine = (spec.sync_every, spec.num_fragments, spec.overlap_steps)
         if spec.eager != eager:
-            raise ValueError(f"schedule has eager={spec.eager} but the algorithm was given eager={eager}; "
+            raise ConfigError(f"schedule has eager={spec.eager} but the algorithm was given eager={eager}; "
                              f"pass the same to both")
         if mine != (H, P, tau):
-            raise ValueError(f"schedule has (H, P, tau) = {mine} but the algorithm was given sync_every={H}, "
+            raise ConfigError(f"schedule has (H, P, tau) = {mine} but the algorithm was given sync_every={H}, "
                              f"num_fragments={P}, overlap_steps={tau}; pass the same values to both, or pass "
                              f"schedule=offsets (a tuple of {P} first-send steps)")
         return spec
     if isinstance(spec, str):
-        raise ValueError(f"schedule={spec!r}: use 'even', 'torchft', a tuple of {P} offsets in 1..{H}, or a Schedule")
+        raise ConfigError(f"schedule={spec!r}: use 'even', 'torchft', a tuple of {P} offsets in 1..{H}, or a Schedule")
     try:
         offsets = tuple(spec)  # type: ignore[call-overload]
     except TypeError:
-        raise ValueError(f"schedule={spec!r}: use 'even', 'torchft', a tuple of {P} offsets in 1..{H}, "
+        raise ConfigError(f"schedule={spec!r}: use 'even', 'torchft', a tuple of {P} offsets in 1..{H}, "
                          f"or a Schedule") from None
     if not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets):
-        raise ValueError(f"schedule offsets {offsets!r} must be integers (inner steps 1..{H})")
+        raise ConfigError(f"schedule offsets {offsets!r} must be integers (inner steps 1..{H})")
     return Schedule(H, P, tau, offsets=offsets, eager=eager)

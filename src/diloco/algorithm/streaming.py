@@ -60,6 +60,7 @@ from diloco.algorithm.guard import DEFAULT_GUARD_RATIO, NormGuard
 from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer, load_global_state, merge_
 from diloco.algorithm.schedule import Schedule, resolve_schedule
 from diloco.comm.base import Communicator, MeanWork
+from diloco.errors import ConfigError
 
 
 @dataclass
@@ -121,7 +122,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         guard_ratio: float = DEFAULT_GUARD_RATIO,
     ) -> None:
         if not 0.0 <= float(merge_alpha) <= 1.0:
-            raise ValueError(f"merge_alpha (alpha) must lie in [0, 1], got {merge_alpha}")
+            raise ConfigError(f"merge_alpha (alpha) must lie in [0, 1], got {merge_alpha}")
         self.model = model
         self.comm = comm
         self.eager = bool(eager)
@@ -369,7 +370,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         load_global_state(self.global_flat, self.outer_optimizers, state, owner="run")
         if self.error_feedback is not None:
             if "error_feedback" not in state:
-                raise ValueError("this run uses error feedback but the checkpoint has no accumulators; resume "
+                raise ConfigError("this run uses error feedback but the checkpoint has no accumulators; resume "
                                  "with the error-feedback decay the checkpoint was written with")
             self.error_feedback.load_state_dict(state["error_feedback"])
         if self.guard.on and "guard" in state:  # a checkpoint without it (guard off, or older): the guard starts afresh
@@ -385,7 +386,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
             entry = state["pending"][p]
             payload = entry["payload"]
             if self.eager and "share" not in entry:
-                raise ValueError(f"fragment {p}'s exchange in flight has no eager share in the checkpoint: "
+                raise ConfigError(f"fragment {p}'s exchange in flight has no eager share in the checkpoint: "
                                  f"it was not written by an eager run; resume with eager=False")
             work = self.comm.mean_async(payload, codec=self.codec, numel=self.global_flat[int(p)].numel(),
                                         tag=f"fragment {p} (resumed)")

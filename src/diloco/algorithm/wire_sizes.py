@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+from diloco.errors import ConfigError
+
 #: Block size of the 4-bit scaled formats (fp4_e3m0, fp4_e2m1) and of the 8-bit ones (fp8_e4m3, int8).
 FP4_BLOCK = 16
 BLOCK8 = 32
@@ -29,7 +31,7 @@ SPARSE_CODECS: tuple[str, ...] = ("topk",)
 
 def check_numel(numel: int) -> int:
     if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
-        raise ValueError(f"numel must be a non-negative int, got {numel!r}")
+        raise ConfigError(f"numel must be a non-negative int, got {numel!r}")
     return numel
 
 
@@ -71,7 +73,7 @@ def topk_selected(numel: int, *, density: float = TOPK_DENSITY, chunk_size: int 
 
 def check_topk_tables(tables: str) -> str:
     if tables not in TOPK_TABLES:
-        raise ValueError(f"topk tables={tables!r}: use 'payload' (one table of bin means for the whole payload) "
+        raise ConfigError(f"topk tables={tables!r}: use 'payload' (one table of bin means for the whole payload) "
                          f"or 'chunk' (one per chunk, 16 more bytes per chunk)")
     return tables
 
@@ -105,7 +107,7 @@ def payload_bytes(name: str, numel: int, *, topk_density: float | None = None, t
     if name == "topk":
         return topk_bytes(numel, density=TOPK_DENSITY if topk_density is None else topk_density,
                           tables=TOPK_TABLE if topk_tables is None else topk_tables)
-    raise ValueError(f"unknown codec {name!r}; valid names: {', '.join(NAMES)}")
+    raise ConfigError(f"unknown codec {name!r}; valid names: {', '.join(NAMES)}")
 
 
 #: Every codec name :func:`payload_bytes` knows (the same as ``diloco.algorithm.codecs.ALL_CODEC_NAMES``).
@@ -116,7 +118,7 @@ def bits_per_value(name: str, numel: int, *, topk_density: float | None = None,
                    topk_tables: str | None = None) -> float:
     """Exact bits on the wire per value for a payload of ``numel`` values: ``payload_bytes * 8 / numel``."""
     if check_numel(numel) == 0:
-        raise ValueError("numel must be >= 1 for bits per value")
+        raise ConfigError("numel must be >= 1 for bits per value")
     return payload_bytes(name, numel, topk_density=topk_density, topk_tables=topk_tables) * 8 / numel
 
 

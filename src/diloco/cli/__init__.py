@@ -14,6 +14,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
+
+from diloco.errors import ConfigError
 
 # Sub-command modules and their one-line help, in the order `diloco --help` lists them.
 COMMANDS: dict[str, str] = {
@@ -45,7 +48,7 @@ def _top_parser() -> argparse.ArgumentParser:
 def build_parser(command: str) -> argparse.ArgumentParser:
     """The parser of one sub-command (its module imported now, and only it)."""
     if command not in COMMANDS:
-        raise ValueError(f"unknown command {command!r}; choose one of {', '.join(COMMANDS)}")
+        raise ConfigError(f"unknown command {command!r}; choose one of {', '.join(COMMANDS)}")
     parser = argparse.ArgumentParser(prog="diloco", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     importlib.import_module(f"diloco.cli.{command}").register(sub)
@@ -65,12 +68,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(command).parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ValueError as exc:  # a user error: say what and how to fix it, no traceback
+    except ConfigError as exc:  # the user's to fix: say what and how, no traceback
         print(f"diloco {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception:  # anything else is a bug: the traceback, and where to report it
+        traceback.print_exc()
+        print(f"diloco {args.command}: internal error (a bug, not a mistake of yours): please report it with the "
+              f"traceback above, the command line and `pip show diloco torch`", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

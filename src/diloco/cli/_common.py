@@ -6,6 +6,7 @@ import argparse
 import textwrap
 from pathlib import Path
 
+from diloco.errors import ConfigError
 from diloco.files import default_cache_dir
 from diloco.train.config import TrainConfig, load_preset, parse_override, preset_names, reference
 
@@ -62,7 +63,7 @@ def resolve(preset: dict, method: str | None, extra: dict) -> TrainConfig:
     if method is not None:
         methods = preset["methods"]
         if method not in methods and method not in METHODS:
-            raise ValueError(f"method {method!r} is not in this preset; its methods: {', '.join(methods)} "
+            raise ConfigError(f"method {method!r} is not in this preset; its methods: {', '.join(methods)} "
                              f"(or a method the trainer runs: {', '.join(METHODS)})")
         base.update(methods.get(method, {"method": method}))
     return TrainConfig.from_dict({**base, **extra})

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from diloco.cli._common import add_config_args, cache_dir, load_preset, overrides, resolve
+from diloco.errors import ConfigError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
                   seed=cfg.seed)
     for name, value in (("--step-time", args.step_time), ("--max-seconds", args.max_seconds)):
         if value < 0:
-            raise ValueError(f"{name}={value}: give seconds >= 0")
+            raise ConfigError(f"{name}={value}: give seconds >= 0")
     summary = chaos_run(cfg, args.out, chaos=chaos, cache_dir=cache_dir(args), step_time_s=args.step_time,
                         max_seconds=args.max_seconds)
     print(json.dumps(summary, indent=2))

@@ -8,6 +8,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from diloco.errors import ConfigError
+
 
 def add_input_args(p: argparse.ArgumentParser) -> None:
     """Where the records come from and how the best point per size is chosen (shared with `report`)."""
@@ -27,7 +29,7 @@ def load_fit(args: argparse.Namespace) -> tuple[Any, str]:
     from diloco.scaling.records import load_records, paper_table4, paper_table4_records
 
     if args.max_inits < 1:
-        raise ValueError(f"--max-inits={args.max_inits}: need at least 1")
+        raise ConfigError(f"--max-inits={args.max_inits}: need at least 1")
     if args.paper_table4:
         records, source = paper_table4_records(), paper_table4()["source"]
     else:
@@ -37,7 +39,7 @@ def load_fit(args: argparse.Namespace) -> tuple[Any, str]:
             source += " (SYNTHETIC runner: a known noisy law, not training measurements)"
     bootstrap = getattr(args, "bootstrap", 0)  # `diloco report` draws no intervals
     if bootstrap < 0:
-        raise ValueError(f"--bootstrap={bootstrap}: give a number of refits >= 0")
+        raise ConfigError(f"--bootstrap={bootstrap}: give a number of refits >= 0")
     fit = fit_scaling(records, smooth_by=args.smooth_by, max_inits=args.max_inits, bootstrap=bootstrap)
     for message in fit.warnings:
         print(f"warning: {message}", file=sys.stderr)
@@ -86,14 +88,14 @@ def run(args: argparse.Namespace) -> int:
 
     for n in args.predict:
         if not n > 0:
-            raise ValueError(f"--predict {n}: give a positive parameter count, e.g. --predict 4e9")
+            raise ConfigError(f"--predict {n}: give a positive parameter count, e.g. --predict 4e9")
     if (args.tokens is not None or args.replicas) and not args.predict:
-        raise ValueError("--tokens and --replicas go with --predict N")
+        raise ConfigError("--tokens and --replicas go with --predict N")
     if args.tokens is not None and not args.tokens > 0:
-        raise ValueError(f"--tokens {args.tokens}: give a positive token budget, e.g. --tokens 2e11")
+        raise ConfigError(f"--tokens {args.tokens}: give a positive token budget, e.g. --tokens 2e11")
     bad_m = [m for m in args.replicas if m < 1]
     if bad_m:
-        raise ValueError(f"--replicas {bad_m}: every M must be >= 1")
+        raise ConfigError(f"--replicas {bad_m}: every M must be >= 1")
     out = args.json or (Path("paper_table4.fit.json") if args.paper_table4 else args.results.with_suffix(".fit.json"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

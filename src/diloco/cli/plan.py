@@ -30,6 +30,7 @@ from diloco.cli.simulate import (
     resolve_exchange,
     resolve_model,
 )
+from diloco.errors import ConfigError
 from diloco.outer_steps import MIN_OUTER_STEPS, recommended_sync_every
 from diloco.sim.goodput import HOURS_PER_YEAR, METHOD_LABELS, FailureModel, goodput_by_method
 from diloco.sim.hardware import ModelSpec
@@ -51,9 +52,9 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
-        raise ValueError(f"--{what} {text!r}: give comma-separated whole numbers, e.g. 30,100") from None
+        raise ConfigError(f"--{what} {text!r}: give comma-separated whole numbers, e.g. 30,100") from None
     if not values:
-        raise ValueError(f"--{what} is empty")
+        raise ConfigError(f"--{what} is empty")
     return values
 
 
@@ -109,17 +110,17 @@ def _model(args: argparse.Namespace) -> tuple[ModelSpec, str]:
     if args.model_config is None:
         return resolve_model(args)
     if args.size is not None or args.params is not None or args.layers is not None:
-        raise ValueError("give --model-config or --size or --params/--layers, not several")
+        raise ConfigError("give --model-config or --size or --params/--layers, not several")
     from diloco.files import read_json
     from diloco.models.transformer import ModelConfig, count_params, flops_per_token
 
     data = read_json(args.model_config)
     if not isinstance(data, dict):
-        raise ValueError(f"{args.model_config}: expected a JSON object of ModelConfig fields")
+        raise ConfigError(f"{args.model_config}: expected a JSON object of ModelConfig fields")
     try:
         config = ModelConfig(**data)
     except TypeError as exc:
-        raise ValueError(f"{args.model_config}: {exc}") from None
+        raise ConfigError(f"{args.model_config}: {exc}") from None
     total = count_params(config)
     blocks = count_params(config, embeddings=False) - config.d_model  # the non-embedding count holds the final norm
     args.params, args.layers, args.non_block_params = float(total), config.n_layers, float(total - blocks)
@@ -278,14 +279,14 @@ def failure_setting(args: argparse.Namespace) -> tuple[float, FailureModel] | No
     if args.mtbf_hours is None and args.chip_mtbi_years is None:
         return None
     if args.mtbf_hours is not None and args.chip_mtbi_years is not None:
-        raise ValueError("give --mtbf-hours (the cluster's) or --chip-mtbi-years (one chip's, with --chips), not both")
+        raise ConfigError("give --mtbf-hours (the cluster's) or --chip-mtbi-years (one chip's, with --chips), not both")
     value = args.mtbf_hours if args.mtbf_hours is not None else args.chip_mtbi_years
     name = "--mtbf-hours" if args.mtbf_hours is not None else "--chip-mtbi-years"
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name}={value}: give a positive number, e.g. {name} {0.06 if 'mtbf' in name else 1}")
+        raise ConfigError(f"{name}={value}: give a positive number, e.g. {name} {0.06 if 'mtbf' in name else 1}")
     if args.chip_mtbi_years is not None:
         if args.chips is None:
-            raise ValueError("--chip-mtbi-years needs --chips N (all chips of the run); or give the cluster's "
+            raise ConfigError("--chip-mtbi-years needs --chips N (all chips of the run); or give the cluster's "
                              "--mtbf-hours instead")
         return float(args.chips), FailureModel(chip_mtbi_hours=args.chip_mtbi_years * HOURS_PER_YEAR)
     if args.chips is not None:
@@ -322,20 +323,20 @@ def run(args: argparse.Namespace) -> int:
     exchange = resolve_exchange(args)
     bws = bandwidths_bps(args.bandwidth)
     if bws is None:
-        raise ValueError("give the link: --bandwidth GBPS [GBPS ...] (e.g. --bandwidth 10 1 0.1)")
+        raise ConfigError("give the link: --bandwidth GBPS [GBPS ...] (e.g. --bandwidth 10 1 0.1)")
     if args.tokens_per_step is None:
-        raise ValueError("give --tokens-per-step (the global batch in tokens): wall-clock counts steps")
+        raise ConfigError("give --tokens-per-step (the global batch in tokens): wall-clock counts steps")
     if not args.tokens_per_step > 0:
-        raise ValueError(f"--tokens-per-step={args.tokens_per_step}: must be > 0")
+        raise ConfigError(f"--tokens-per-step={args.tokens_per_step}: must be > 0")
     if args.steps is not None:
-        raise ValueError("diloco plan takes --tokens (the token budget), not --steps")
+        raise ConfigError("diloco plan takes --tokens (the token budget), not --steps")
     tokens = args.tokens if args.tokens is not None else 20.0 * model.num_params
     if not (tokens > 0 and math.isfinite(tokens)):
-        raise ValueError(f"--tokens={args.tokens}: give a positive token budget")
+        raise ConfigError(f"--tokens={args.tokens}: give a positive token budget")
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
-        raise ValueError(f"--tolerance={args.tolerance}: give a percentage >= 0, e.g. 0.5")
+        raise ConfigError(f"--tolerance={args.tolerance}: give a percentage >= 0, e.g. 0.5")
     if args.top < 1:
-        raise ValueError(f"--top={args.top}: must be >= 1")
+        raise ConfigError(f"--top={args.top}: must be >= 1")
     failures = failure_setting(args)
     sync_every = _ints(args.sync_every, "sync-every")
     if args.sync_every == DEFAULT_SYNC_EVERY_ARG:  # the defaults, and the largest H the outer-steps rule allows

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from diloco.errors import ConfigError
 from diloco.sim.hardware import GBIT, PAPER_EXCHANGE, PRESETS, ModelSpec, bandwidth_grid, step_time_from_hardware
 from diloco.sim.utilization import TARGETS, SweepResult, paper_methods, sweep
 from diloco.traffic import EXCHANGES, default_exchange
@@ -82,22 +83,22 @@ def resolve_model(args: argparse.Namespace) -> tuple[ModelSpec, str]:
     hw_given = [k for k, v in hardware.items() if v is not None]
     if args.size is not None:
         if args.params is not None or args.layers is not None:
-            raise ValueError("give either --size or --params/--layers, not both")
+            raise ConfigError("give either --size or --params/--layers, not both")
         base = PRESETS[args.size]
         num_params, num_layers, name = base.num_params, base.num_layers, base.name
     else:
         missing = [k for k, v in (("--params", args.params), ("--layers", args.layers)) if v is None]
         if missing:
-            raise ValueError(f"without --size, give --params and --layers (missing {', '.join(missing)})")
+            raise ConfigError(f"without --size, give --params and --layers (missing {', '.join(missing)})")
         num_params, num_layers, name = args.params, args.layers, f"{args.params:.3g} params"
     if hw_given and args.step_time is not None:
-        raise ValueError("give either --step-time or the hardware (--chips, --peak-flops, --mfu), not both")
+        raise ConfigError("give either --step-time or the hardware (--chips, --peak-flops, --mfu), not both")
     if hw_given:
         missing = [k for k, v in hardware.items() if v is None]
         if args.tokens_per_step is None:
             missing.append("--tokens-per-step")
         if missing:
-            raise ValueError(f"a step time from hardware needs --chips, --peak-flops, --mfu and --tokens-per-step "
+            raise ConfigError(f"a step time from hardware needs --chips, --peak-flops, --mfu and --tokens-per-step "
                              f"(missing {', '.join(missing)})")
         step = step_time_from_hardware(num_params=num_params, tokens_per_step=args.tokens_per_step,
                                        num_chips=args.chips, peak_flops=args.peak_flops, mfu=args.mfu)
@@ -108,10 +109,10 @@ def resolve_model(args: argparse.Namespace) -> tuple[ModelSpec, str]:
     elif args.size is not None:
         step, source = PRESETS[args.size].step_time_s, f"Streaming DiLoCo's stated {PRESETS[args.size].step_time_s:g} s"
     else:
-        raise ValueError("give the step time: --step-time SECONDS, or --chips, --peak-flops, --mfu and "
+        raise ConfigError("give the step time: --step-time SECONDS, or --chips, --peak-flops, --mfu and "
                          "--tokens-per-step")
     if not (math.isfinite(args.step_time_scale) and args.step_time_scale > 0):
-        raise ValueError(f"--step-time-scale={args.step_time_scale}: must be > 0")
+        raise ConfigError(f"--step-time-scale={args.step_time_scale}: must be > 0")
     if args.step_time_scale != 1.0:
         source += f", x {args.step_time_scale:g} (--step-time-scale) = {step * args.step_time_scale:.4g} s"
     model = ModelSpec(num_layers, float(num_params), float(step) * args.step_time_scale,
@@ -122,23 +123,23 @@ def resolve_model(args: argparse.Namespace) -> tuple[ModelSpec, str]:
 def resolve_steps(args: argparse.Namespace) -> float | None:
     """Inner steps of the run, from --steps or --tokens / --tokens-per-step; None if not given."""
     if args.steps is not None and args.tokens is not None:
-        raise ValueError("give either --steps or --tokens, not both")
+        raise ConfigError("give either --steps or --tokens, not both")
     if args.steps is not None:
         if not args.steps > 0:
-            raise ValueError(f"--steps={args.steps}: must be > 0")
+            raise ConfigError(f"--steps={args.steps}: must be > 0")
         return float(args.steps)
     if args.tokens is not None:
         if args.tokens_per_step is None:
-            raise ValueError("--tokens needs --tokens-per-step (the global batch in tokens) to count steps")
+            raise ConfigError("--tokens needs --tokens-per-step (the global batch in tokens) to count steps")
         if not (args.tokens > 0 and args.tokens_per_step > 0):
-            raise ValueError(f"--tokens={args.tokens} and --tokens-per-step={args.tokens_per_step} must be > 0")
+            raise ConfigError(f"--tokens={args.tokens} and --tokens-per-step={args.tokens_per_step} must be > 0")
         return args.tokens / args.tokens_per_step
     return None
 
 
 def resolve_exchange(args: argparse.Namespace) -> str:
     if args.workers < 1:
-        raise ValueError(f"--workers={args.workers}: need at least 1")
+        raise ConfigError(f"--workers={args.workers}: need at least 1")
     return default_exchange(args.workers) if args.exchange == "default" else args.exchange
 
 
@@ -147,7 +148,7 @@ def bandwidths_bps(values: list[float] | None) -> np.ndarray | None:
         return None
     bad = [v for v in values if not (math.isfinite(v) and v > 0)]
     if bad:
-        raise ValueError(f"--bandwidth {bad}: every bandwidth must be a positive number of Gbit/s")
+        raise ConfigError(f"--bandwidth {bad}: every bandwidth must be a positive number of Gbit/s")
     return np.array(sorted(set(values)), dtype=float) * GBIT
 
 
@@ -197,7 +198,7 @@ def _methods(args: argparse.Namespace, num_layers: int):
     names = [ALIASES.get(n.strip().lower(), n.strip().lower()) for n in args.methods.split(",") if n.strip()]
     unknown = [n for n in names if n not in METHODS]
     if unknown or not names:
-        raise ValueError(f"unknown method(s) {unknown or args.methods!r}; choose from {', '.join(METHODS)}")
+        raise ConfigError(f"unknown method(s) {unknown or args.methods!r}; choose from {', '.join(METHODS)}")
     specs = paper_methods(num_layers, sync_every=args.sync_every, fragment_layers=args.fragment_layers,
                           overlap_steps=args.overlap, bits=args.wire_bits, low_bits=args.bits)
     by_name = dict(zip(METHODS, specs))
@@ -237,11 +238,11 @@ def run(args: argparse.Namespace) -> int:
     methods = _methods(args, model.num_layers)
     given = bandwidths_bps(args.bandwidth)
     if given is not None and args.grid is not None:
-        raise ValueError("give either --bandwidth (one or more values) or --grid LOW HIGH NUM, not both")
+        raise ConfigError("give either --bandwidth (one or more values) or --grid LOW HIGH NUM, not both")
     if given is None:
         low, high, num = args.grid or (0.1, 1000.0, 50)
         if num != int(num):
-            raise ValueError(f"--grid NUM must be an integer, got {num}")
+            raise ConfigError(f"--grid NUM must be an integer, got {num}")
         bw = bandwidth_grid(low, high, int(num))
     else:
         bw = given

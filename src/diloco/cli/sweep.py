@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from diloco.errors import ConfigError
+
 EXECUTOR_CHOICES = ("inline", "local", "submitit-local", "slurm")
 
 
@@ -87,7 +89,7 @@ def _parameters(items: list[str]) -> dict[str, Any]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--slurm {item!r}: give KEY=VALUE, e.g. --slurm partition=gpu")
+            raise ConfigError(f"--slurm {item!r}: give KEY=VALUE, e.g. --slurm partition=gpu")
         try:
             out[key.strip()] = json.loads(value)
         except json.JSONDecodeError:
@@ -107,13 +109,13 @@ def run(args: argparse.Namespace) -> int:
     configs = expand_grids(grids)  # checks that the grids agree on the runner
     runner = grids[0].runner
     if args.synthetic_delay < 0 or (args.synthetic_delay > 0 and runner != "synthetic"):
-        raise ValueError(f"--synthetic-delay={args.synthetic_delay}: only a non-negative delay, with the "
+        raise ConfigError(f"--synthetic-delay={args.synthetic_delay}: only a non-negative delay, with the "
                          f"synthetic runner (this sweep uses {runner!r})")
     executor_name = args.executor or ("inline" if runner == "synthetic" else "local")
     if args.workers != 1 and executor_name != "local":
-        raise ValueError(f"--workers={args.workers} goes with --executor local (this sweep uses {executor_name})")
+        raise ConfigError(f"--workers={args.workers} goes with --executor local (this sweep uses {executor_name})")
     if args.slurm and executor_name not in ("slurm", "submitit-local"):
-        raise ValueError(f"--slurm goes with --executor slurm or submitit-local (this sweep uses {executor_name})")
+        raise ConfigError(f"--slurm goes with --executor slurm or submitit-local (this sweep uses {executor_name})")
     run_fn = get_runner(runner)
     parameters = _parameters(args.slurm)
     folder = args.submitit_dir or args.out.parent / "submitit"

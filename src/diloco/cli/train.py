@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from diloco.cli._common import add_config_args, cache_dir, load_preset, overrides, resolve
+from diloco.errors import ConfigError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -59,7 +60,7 @@ def _under_torchrun() -> bool:
 def _resume_mode(args: argparse.Namespace) -> dict[str, bool]:
     """``--resume`` must find a checkpoint; ``--resume auto`` resumes one or starts (the trainer's ``reuse``)."""
     if args.resume == "auto" and args.overwrite:
-        raise ValueError("--resume auto continues or starts the run in --out, --overwrite replaces it: choose one")
+        raise ConfigError("--resume auto continues or starts the run in --out, --overwrite replaces it: choose one")
     return {"resume": args.resume == "yes", "reuse": args.resume == "auto", "overwrite": args.overwrite}
 
 
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     name = Path(args.preset).stem
     out = args.out or Path("runs") / f"{name}-{args.method or cfg.method}"
     if args.elastic and not _under_torchrun():
-        raise ValueError("--elastic needs a torchrun launch, e.g. `torchrun --nnodes 1:2 --max-restarts 3 "
+        raise ConfigError("--elastic needs a torchrun launch, e.g. `torchrun --nnodes 1:2 --max-restarts 3 "
                          "--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29400 -m diloco train --elastic ...`")
     if args.device is not None:  # a device this process cannot use is refused before --out is touched
         from diloco.train.device import check_device
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
         env = read_env()
         if env.world_size % cfg.ranks_per_worker:
-            raise ValueError(f"--elastic: {env.world_size} processes cannot form workers of ranks_per_worker="
+            raise ConfigError(f"--elastic: {env.world_size} processes cannot form workers of ranks_per_worker="
                              f"{cfg.ranks_per_worker} ranks; launch a multiple of {cfg.ranks_per_worker} processes "
                              f"(--nproc-per-node {cfg.ranks_per_worker} per node) or set ranks_per_worker to a "
                              f"divisor of {env.world_size}")

@@ -41,6 +41,7 @@ import torch
 from diloco.algorithm.codecs import Codec
 from diloco.comm.accounting import CommStats
 from diloco.comm.exchange import chunk_bytes, decode_contribution, encode_contribution, link_bytes, resolve_exchange
+from diloco.errors import ConfigError
 from diloco.traffic import LinkBytes, all_gather_bytes, check_exchange, default_exchange, shard_sizes
 
 
@@ -143,7 +144,7 @@ class Communicator(abc.ABC):
         exchange = self.exchange_for(numel, codec)
         sizes = chunk_bytes(codec, numel=numel, num_replicas=self.world_size, exchange=exchange)
         if contribution.numel() != sum(sizes):
-            raise ValueError(f"contribution of {contribution.numel()} bytes, but {exchange} of {numel} values "
+            raise ConfigError(f"contribution of {contribution.numel()} bytes, but {exchange} of {numel} values "
                              f"with {codec.name} among {self.world_size} replicas takes {sum(sizes)}: encode it "
                              f"with this communicator's encode() (same codec, same exchange)")
         lb = link_bytes(codec, numel=numel, num_replicas=self.world_size, exchange=exchange, rank=self.rank)

@@ -24,6 +24,7 @@ import torch
 
 from diloco.comm.accounting import CommStats
 from diloco.comm.base import CommError, Communicator, Work
+from diloco.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -42,7 +43,7 @@ class LocalGroup:
 
     def __init__(self, world_size: int, *, timeout: float = 600.0) -> None:
         if world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {world_size}")
+            raise ConfigError(f"world_size must be >= 1, got {world_size}")
         self.world_size = world_size
         self.timeout = timeout
         self._cond = threading.Condition()

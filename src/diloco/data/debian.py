@@ -25,6 +25,7 @@ import gzip
 from pathlib import Path
 
 from diloco.data.corpus import Document, MissingSourceError, normalize_text
+from diloco.errors import ConfigError
 
 __all__ = ["DICTD_B64", "dictd_number", "load_fortunes", "load_gcide", "load_jargon", "load_linux_doc",
            "load_python_doc"]
@@ -38,7 +39,7 @@ def dictd_number(text: str) -> int:
     n = 0
     for ch in text:
         if ch not in _B64_VALUE:
-            raise ValueError(f"{text!r} is not a dictd base-64 number (digit {ch!r})")
+            raise ConfigError(f"{text!r} is not a dictd base-64 number (digit {ch!r})")
         n = n * 64 + _B64_VALUE[ch]
     return n
 

@@ -37,6 +37,7 @@ import torch
 
 from diloco.data.corpus import Document, corpus_fingerprint, load_documents
 from diloco.data.tokenizer import EOD_TOKEN, TOKENIZER_VERSION, BPETokenizer, check_vocab_size, get_tokenizer
+from diloco.errors import ConfigError
 from diloco.files import atomic_write_bytes, dumps_strict
 
 __all__ = ["DocumentSpan", "ShardSampler", "TokenData", "eval_batches", "prepare_tokens", "split_point"]
@@ -114,15 +115,15 @@ def _sha256(data: bytes) -> str:
 
 def _resolve_documents(sources: Sequence[str] | Sequence[Document]) -> tuple[list[Document], list[str]]:
     if isinstance(sources, str):
-        raise ValueError(f"sources={sources!r}: pass a sequence of names, e.g. ({sources!r},)")
+        raise ConfigError(f"sources={sources!r}: pass a sequence of names, e.g. ({sources!r},)")
     items = list(sources)
     if items and all(isinstance(s, Document) for s in items):
         docs = [d for d in items if d.text]
         if not docs:
-            raise ValueError("prepare_tokens: every document given is empty")
+            raise ConfigError("prepare_tokens: every document given is empty")
         return docs, sorted({d.source for d in docs})
     if any(isinstance(s, Document) for s in items):
-        raise ValueError("prepare_tokens: sources must be all source names or all Document objects, not a mix")
+        raise ConfigError("prepare_tokens: sources must be all source names or all Document objects, not a mix")
     return load_documents(items), items
 
 
@@ -139,7 +140,7 @@ def prepare_tokens(sources: Sequence[str] | Sequence[Document], vocab_size: int,
     each file's size and SHA-256, and a cache that fails the check is rebuilt with a warning.
     """
     if not (isinstance(val_fraction, (int, float)) and 0.0 < val_fraction < 0.5):
-        raise ValueError(f"val_fraction={val_fraction!r}: need 0 < val_fraction < 0.5, e.g. 0.02")
+        raise ConfigError(f"val_fraction={val_fraction!r}: need 0 < val_fraction < 0.5, e.g. 0.02")
     check_vocab_size(vocab_size)
     t0 = time.perf_counter()
     docs, source_names = _resolve_documents(sources)
@@ -265,18 +266,18 @@ def _load_cached(folder: Path) -> TokenData | None:
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         if manifest.get("format") != DATA_VERSION:
-            raise ValueError(f"format {manifest.get('format')!r}, expected {DATA_VERSION}")
+            raise ConfigError(f"format {manifest.get('format')!r}, expected {DATA_VERSION}")
         arrays = {}
         for name, info in manifest["files"].items():
             blob = (folder / name).read_bytes()
             if len(blob) != info["bytes"] or _sha256(blob) != info["sha256"]:
-                raise ValueError(f"{name} has {len(blob)} bytes, expected {info['bytes']}, or a wrong checksum")
+                raise ConfigError(f"{name} has {len(blob)} bytes, expected {info['bytes']}, or a wrong checksum")
             arrays[name] = np.load(io.BytesIO(blob), allow_pickle=False)
         tinfo = manifest["tokenizer"]
         tok_path = folder.parent / tinfo["file"]
         tok_blob = tok_path.read_bytes()
         if len(tok_blob) != tinfo["bytes"] or _sha256(tok_blob) != tinfo["sha256"]:
-            raise ValueError(f"{tok_path.name} does not match its recorded size and checksum")
+            raise ConfigError(f"{tok_path.name} does not match its recorded size and checksum")
         tok = BPETokenizer.from_file(tok_path, eod_token=tinfo.get("eod_token", EOD_TOKEN))
         documents = tuple(DocumentSpan(**d) for d in manifest["documents"])
         return TokenData(arrays["train.npy"], arrays["val.npy"], tok, documents, dict(manifest["metadata"]))
@@ -289,13 +290,13 @@ def _load_cached(folder: Path) -> TokenData | None:
 
 def _check_int(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name}={value!r}: need an integer >= {low}")
+        raise ConfigError(f"{name}={value!r}: need an integer >= {low}")
     return int(value)
 
 
 def _check_tokens(tokens: Any) -> np.ndarray:
     if not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
-        raise ValueError(f"tokens: need a 1-D integer numpy array (e.g. TokenData.train), got "
+        raise ConfigError(f"tokens: need a 1-D integer numpy array (e.g. TokenData.train), got "
                          f"{type(tokens).__name__} {getattr(tokens, 'shape', '')} {getattr(tokens, 'dtype', '')}")
     return tokens
 
@@ -318,17 +319,17 @@ class ShardSampler:
         self.world_size = _check_int("world_size", world_size, 1)
         self.rank = _check_int("rank", rank, 0)
         if self.rank >= self.world_size:
-            raise ValueError(f"rank={rank} with world_size={world_size}: need 0 <= rank < world_size")
+            raise ConfigError(f"rank={rank} with world_size={world_size}: need 0 <= rank < world_size")
         self.batch_size = _check_int("batch_size", batch_size, 1)
         self.seq_len = _check_int("seq_len", seq_len, 1)
         self.seed = _check_int("seed", seed, 0)
         if partition not in ("interleaved", "contiguous"):
-            raise ValueError(f"partition={partition!r}: use 'interleaved' or 'contiguous'")
+            raise ConfigError(f"partition={partition!r}: use 'interleaved' or 'contiguous'")
         self.partition = partition
         span = self.seq_len + 1
         per_rank = tokens.size // span // self.world_size  # equal shards: replicas' epochs stay in step
         if per_rank < self.batch_size:
-            raise ValueError(
+            raise ConfigError(
                 f"{tokens.size} tokens make {tokens.size // span} windows of seq_len+1={span} tokens, "
                 f"{per_rank} per replica for world_size={world_size}: fewer than batch_size={batch_size}. "
                 f"Lower seq_len or the per-replica batch size, use fewer replicas, or add corpus sources")
@@ -404,7 +405,7 @@ class ShardSampler:
         for field in fields:
             mine = self.state_dict()[field]
             if state.get(field) != mine:
-                raise ValueError(f"sampler state has {field}={state.get(field)!r} but this sampler has {mine!r}; "
+                raise ConfigError(f"sampler state has {field}={state.get(field)!r} but this sampler has {mine!r}; "
                                  f"resume with the data and settings the state was saved with")
 
     def _set_position(self, epoch: Any, index: Any, cuts: list[tuple[int, int]]) -> None:
@@ -412,7 +413,7 @@ class ShardSampler:
         self._set_shard()
         if not (isinstance(epoch, int) and epoch >= 0 and isinstance(index, int)
                 and 0 <= index < self.windows_per_epoch):
-            raise ValueError(f"sampler state epoch={epoch!r}, index={index!r}: need epoch >= 0 and "
+            raise ConfigError(f"sampler state epoch={epoch!r}, index={index!r}: need epoch >= 0 and "
                              f"0 <= index < {self.windows_per_epoch}")
         self.index = index
 
@@ -470,7 +471,7 @@ def eval_batches(tokens: np.ndarray, *, batch_size: int, seq_len: int,
     span = seq_len + 1
     available = tokens.size // span // batch_size
     if available == 0:
-        raise ValueError(f"validation split of {tokens.size} tokens holds {tokens.size // span} windows of "
+        raise ConfigError(f"validation split of {tokens.size} tokens holds {tokens.size // span} windows of "
                          f"seq_len+1={span} tokens, fewer than batch_size={batch_size}; "
                          f"raise val_fraction or lower seq_len or the batch size")
     count = available if max_batches is None else min(available, max_batches)

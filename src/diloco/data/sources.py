@@ -41,6 +41,7 @@ import numpy as np
 from diloco.data.corpus import CORPORA, SOURCES, Document, load_documents, normalize_text
 from diloco.data.shards import TokenData, prepare_tokens
 from diloco.data.tokenizer import load_tokenizer_file
+from diloco.errors import ConfigError
 
 __all__ = ["TEXT_SUFFIXES", "TOKEN_SUFFIXES", "are_token_files", "check_sources", "load_text_documents", "load_token_files", "prepare_data",
            "resolve_paths"]
@@ -58,14 +59,14 @@ def _suffix(path: Path) -> str:
 def resolve_paths(spec: str) -> list[Path]:
     """The files a source names: the file itself, a folder's data files (recursive), or a glob's matches."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"source {spec!r}: give a file, a folder or a glob such as 'data/*.txt'")
+        raise ConfigError(f"source {spec!r}: give a file, a folder or a glob such as 'data/*.txt'")
     known = TEXT_SUFFIXES + TOKEN_SUFFIXES
     expanded = str(Path(spec).expanduser())
     if _GLOB_CHARS & set(spec):
         files = sorted(Path(p) for p in glob.glob(expanded, recursive=True) if Path(p).is_file())
         files = [f for f in files if _suffix(f) in known]
         if not files:
-            raise ValueError(f"source {spec!r}: the glob matches no {'/'.join(known)} file; check the pattern "
+            raise ConfigError(f"source {spec!r}: the glob matches no {'/'.join(known)} file; check the pattern "
                              f"(use '**' to search subfolders, e.g. 'data/**/*.txt')")
         return files
     path = Path(expanded)
@@ -73,17 +74,17 @@ def resolve_paths(spec: str) -> list[Path]:
         files = sorted(f for f in path.rglob("*") if f.is_file() and _suffix(f) in known
                        and not any(part.startswith(".") for part in f.relative_to(path).parts))
         if not files:
-            raise ValueError(f"source {spec!r}: the folder holds no {'/'.join(known)} file; put your text in "
+            raise ConfigError(f"source {spec!r}: the folder holds no {'/'.join(known)} file; put your text in "
                              f".txt/.md/.jsonl files or your tokens in .bin/.npy files")
         return files
     if path.is_file():
         if _suffix(path) not in known:
-            raise ValueError(f"source {spec!r}: unknown file type {path.suffix or '(none)'!r}; text must be "
+            raise ConfigError(f"source {spec!r}: unknown file type {path.suffix or '(none)'!r}; text must be "
                              f".txt/.md/.jsonl (UTF-8) and token files .bin/.npy")
         return [path]
     bundled = (f"; the bundled sources are {', '.join(sorted(SOURCES))} (mixes: {', '.join(sorted(CORPORA))})"
                if "/" not in spec and "." not in spec else "")
-    raise ValueError(f"source {spec!r}: no such file or folder{bundled}; give an existing file, folder or glob "
+    raise ConfigError(f"source {spec!r}: no such file or folder{bundled}; give an existing file, folder or glob "
                      f"(e.g. 'data/*.txt')")
 
 
@@ -91,7 +92,7 @@ def _decode(path: Path, data: bytes) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path} is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start}; convert "
+        raise ConfigError(f"{path} is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start}; convert "
                          f"the file to UTF-8 (e.g. iconv -f latin1 -t utf-8) or leave it out of the sources") from None
 
 
@@ -106,10 +107,10 @@ def _read_text_file(path: Path, name: str) -> list[Document]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno} is not valid JSON ({exc.msg}); each line of a .jsonl file must be "
+            raise ConfigError(f"{path}:{lineno} is not valid JSON ({exc.msg}); each line of a .jsonl file must be "
                              f'one object such as {{"text": "..."}}') from None
         if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-            raise ValueError(f'{path}:{lineno} has no string "text" field; each line of a .jsonl file must be '
+            raise ConfigError(f'{path}:{lineno} has no string "text" field; each line of a .jsonl file must be '
                              f'an object such as {{"text": "..."}}')
         docs.append(Document(f"{name}:{lineno}", "text", normalize_text(row["text"])))
     return docs
@@ -122,14 +123,14 @@ def load_text_documents(specs: Sequence[str]) -> list[Document]:
     for spec in specs:
         for path in resolve_paths(spec):
             if _suffix(path) not in TEXT_SUFFIXES:
-                raise ValueError(f"source {spec!r} includes the token file {path}; text and pre-tokenized "
+                raise ConfigError(f"source {spec!r} includes the token file {path}; text and pre-tokenized "
                                  f"sources cannot be mixed: give them in separate runs")
             if path.resolve() in seen:
                 continue  # a file named twice (a folder and a glob inside it) counts once
             seen.add(path.resolve())
             docs.extend(d for d in _read_text_file(path, str(path)) if d.text)
     if not docs:
-        raise ValueError(f"sources {list(specs)}: every file is empty (no text after normalisation); add text "
+        raise ConfigError(f"sources {list(specs)}: every file is empty (no text after normalisation); add text "
                          f"to the files or name other files")
     return docs
 
@@ -139,15 +140,15 @@ def _open_tokens(path: Path, token_dtype: str) -> np.ndarray:
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
         except ValueError as exc:
-            raise ValueError(f"{path} is not a plain numpy array file ({exc}); save it with np.save") from None
+            raise ConfigError(f"{path} is not a plain numpy array file ({exc}); save it with np.save") from None
         if arr.ndim != 1 or arr.dtype not in (np.uint16, np.uint32):
-            raise ValueError(f"{path} holds a {arr.ndim}-D {arr.dtype} array; token files must be 1-D uint16 or "
+            raise ConfigError(f"{path} holds a {arr.ndim}-D {arr.dtype} array; token files must be 1-D uint16 or "
                              f"uint32 (e.g. np.save(path, ids.astype(np.uint16)))")
         return arr
     size = path.stat().st_size
     itemsize = np.dtype(token_dtype).itemsize
     if size % itemsize:
-        raise ValueError(f"{path} has {size} bytes, not a whole number of {token_dtype} ids; set token_dtype to "
+        raise ConfigError(f"{path} has {size} bytes, not a whole number of {token_dtype} ids; set token_dtype to "
                          f"the type it was written with ({' or '.join(TOKEN_DTYPES)})")
     if size == 0:
         return np.zeros(0, dtype=token_dtype)
@@ -162,19 +163,19 @@ def load_token_files(specs: Sequence[str], *, vocab_size: int, val_fraction: flo
                      token_dtype: str = "uint16") -> TokenData:
     """Pre-tokenized sources as train/validation streams (memory-mapped when there is one file)."""
     if token_dtype not in TOKEN_DTYPES:
-        raise ValueError(f"token_dtype={token_dtype!r}: use {' or '.join(TOKEN_DTYPES)} (nanoGPT writes uint16)")
+        raise ConfigError(f"token_dtype={token_dtype!r}: use {' or '.join(TOKEN_DTYPES)} (nanoGPT writes uint16)")
     files: list[Path] = []
     for spec in specs:
         for path in resolve_paths(spec):
             if _suffix(path) not in TOKEN_SUFFIXES:
-                raise ValueError(f"source {spec!r} includes the text file {path}; text and pre-tokenized sources "
+                raise ConfigError(f"source {spec!r} includes the text file {path}; text and pre-tokenized sources "
                                  f"cannot be mixed: give them in separate runs")
             files.append(path)
     arrays = {path: _open_tokens(path, token_dtype) for path in files}
     for path, arr in arrays.items():
         top = _max_id(arr)
         if top >= vocab_size:
-            raise ValueError(f"{path} holds token id {top}, which is >= vocab_size={vocab_size}; set vocab_size "
+            raise ConfigError(f"{path} holds token id {top}, which is >= vocab_size={vocab_size}; set vocab_size "
                              f"to at least {top + 1} (the tokenizer's vocabulary size)")
     names = {p.name for p in files}
     split_by_files = len(files) == 2 and names == {"train.bin", "val.bin"}
@@ -192,7 +193,7 @@ def load_token_files(specs: Sequence[str], *, vocab_size: int, val_fraction: flo
         val = vals[0] if len(vals) == 1 else np.concatenate(vals)
         split = "the last val_fraction of each token file is validation"
     if train.size == 0:
-        raise ValueError(f"sources {list(specs)}: the token files hold no training tokens; give non-empty files")
+        raise ConfigError(f"sources {list(specs)}: the token files hold no training tokens; give non-empty files")
     metadata: dict[str, Any] = {
         "sources": [str(p) for p in files], "kind": "tokens", "vocab_size": int(vocab_size),
         "val_fraction": val_fraction, "split": split, "token_dtype": str(train.dtype),
@@ -209,16 +210,16 @@ def check_sources(sources: Sequence[str]) -> None:
     """The cheap checks of :func:`prepare_data` (names, paths, file types, no text mixed with token files),
     reading no file: what a run checks before anything else."""
     if isinstance(sources, str):
-        raise ValueError(f"sources={sources!r}: pass a sequence, e.g. ({sources!r},)")
+        raise ConfigError(f"sources={sources!r}: pass a sequence, e.g. ({sources!r},)")
     specs = list(sources)
     if not specs:
-        raise ValueError(f"sources=(): name at least one of {', '.join(sorted(SOURCES))}, or a file, folder or glob")
+        raise ConfigError(f"sources=(): name at least one of {', '.join(sorted(SOURCES))}, or a file, folder or glob")
     paths = [s for s in specs if not _is_bundled(s)]
     resolved = {s: resolve_paths(s) for s in paths}
     tokens = [s for s, files in resolved.items() if any(_suffix(f) in TOKEN_SUFFIXES for f in files)]
     if tokens and (len(tokens) != len(specs)
                    or any(_suffix(f) not in TOKEN_SUFFIXES for s in tokens for f in resolved[s])):
-        raise ValueError(f"sources {specs}: token files ({', '.join(tokens)}) cannot be mixed with text; give "
+        raise ConfigError(f"sources {specs}: token files ({', '.join(tokens)}) cannot be mixed with text; give "
                          f"only token files, or only text")
 
 
@@ -243,18 +244,18 @@ def prepare_data(sources: Sequence[str], *, vocab_size: int, cache_dir: Path | s
     check_sources(sources)
     specs = list(sources)
     if not (isinstance(val_fraction, (int, float)) and 0.0 < val_fraction < 0.5):
-        raise ValueError(f"val_fraction={val_fraction!r}: need 0 < val_fraction < 0.5, e.g. 0.02")
+        raise ConfigError(f"val_fraction={val_fraction!r}: need 0 < val_fraction < 0.5, e.g. 0.02")
     bundled = [s for s in specs if _is_bundled(s)]
     paths = [s for s in specs if not _is_bundled(s)]
     tokens = [s for s in paths if any(_suffix(f) in TOKEN_SUFFIXES for f in resolve_paths(s))]
     if tokens:
         if tokenizer:
-            raise ValueError(f"tokenizer={tokenizer!r} is not used with pre-tokenized sources (they are ids "
+            raise ConfigError(f"tokenizer={tokenizer!r} is not used with pre-tokenized sources (they are ids "
                              f"already); leave tokenizer empty and set vocab_size to their vocabulary size")
         return load_token_files(paths, vocab_size=vocab_size, val_fraction=val_fraction, token_dtype=token_dtype)
     tok = load_tokenizer_file(tokenizer, eod_token=eod_token) if tokenizer else None
     if eod_token and not tokenizer:
-        raise ValueError(f"eod_token={eod_token!r} names a token of your tokenizer.json: set tokenizer=PATH too, or "
+        raise ConfigError(f"eod_token={eod_token!r} names a token of your tokenizer.json: set tokenizer=PATH too, or "
                          f"leave eod_token empty (the project's BPE uses <|endoftext|>)")
     docs: list[Document] = []
     if bundled:

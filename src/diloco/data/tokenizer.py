@@ -25,6 +25,7 @@ import tokenizers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from diloco.data.corpus import Document, corpus_fingerprint
+from diloco.errors import ConfigError
 from diloco.files import atomic_write_bytes
 
 __all__ = ["BPETokenizer", "EOD_TOKEN", "KNOWN_EOD_TOKENS", "TOKENIZER_VERSION", "get_tokenizer", "load_tokenizer_file",
@@ -45,7 +46,7 @@ class BPETokenizer:
                  train_seconds: float | None = None, eod_token: str = EOD_TOKEN) -> None:
         eod = tok.token_to_id(eod_token)
         if eod is None:
-            raise ValueError(f"this tokenizer has no {eod_token!r} token; build it with train_tokenizer() or "
+            raise ConfigError(f"this tokenizer has no {eod_token!r} token; build it with train_tokenizer() or "
                              f"name its end-of-document token (eod_token=...)")
         tok.encode_special_tokens = True  # literal "<|endoftext|>" in text is text (not saved in the JSON)
         self.eod_token = eod_token
@@ -69,7 +70,7 @@ class BPETokenizer:
         arr = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), dtype=np.int64).reshape(-1)
         if arr.size and (arr.min() < 0 or arr.max() >= self.vocab_size):
             bad = int(arr[(arr < 0) | (arr >= self.vocab_size)][0])
-            raise ValueError(f"token id {bad} is outside this tokenizer's vocabulary [0, {self.vocab_size})")
+            raise ConfigError(f"token id {bad} is outside this tokenizer's vocabulary [0, {self.vocab_size})")
         return self._tok.decode(arr.tolist(), skip_special_tokens=False)
 
     def to_json(self) -> str:
@@ -82,7 +83,7 @@ class BPETokenizer:
         try:
             tok = Tokenizer.from_str(path.read_text(encoding="utf-8"))
         except Exception as exc:  # tokenizers raises plain Exception on bad JSON
-            raise ValueError(f"{path} is not a readable tokenizer file ({exc}); delete it to retrain") from exc
+            raise ConfigError(f"{path} is not a readable tokenizer file ({exc}); delete it to retrain") from exc
         return cls(tok, path=path, from_cache=True, eod_token=eod_token)
 
     def save(self, path: Path | str) -> None:
@@ -109,22 +110,22 @@ def load_tokenizer_file(path: Path | str, *, eod_token: str | None = None) -> BP
     if p.is_dir():
         p = p / "tokenizer.json"
     if not p.is_file():
-        raise ValueError(f"tokenizer={str(path)!r}: no such file; give a tokenizer.json (Hugging Face tokenizers "
+        raise ConfigError(f"tokenizer={str(path)!r}: no such file; give a tokenizer.json (Hugging Face tokenizers "
                          f"format) or a folder holding one, or leave tokenizer empty to train the project's BPE")
     try:
         tok = Tokenizer.from_str(p.read_text(encoding="utf-8"))
     except Exception as exc:  # tokenizers raises plain Exception on bad JSON
-        raise ValueError(f"tokenizer={str(p)!r} is not a tokenizer.json the tokenizers library can read ({exc}); "
+        raise ConfigError(f"tokenizer={str(p)!r} is not a tokenizer.json the tokenizers library can read ({exc}); "
                          f"save it with tokenizer.save('tokenizer.json') or leave tokenizer empty") from exc
     if eod_token:
         if tok.token_to_id(eod_token) is None:
-            raise ValueError(f"eod_token={eod_token!r} is not in the vocabulary of {p}; name one of its tokens "
+            raise ConfigError(f"eod_token={eod_token!r} is not in the vocabulary of {p}; name one of its tokens "
                              f"(e.g. {', '.join(repr(t) for t in KNOWN_EOD_TOKENS if tok.token_to_id(t) is not None) or 'its end-of-text token'})")
         eod = eod_token
     else:
         found = [t for t in KNOWN_EOD_TOKENS if tok.token_to_id(t) is not None]
         if not found:
-            raise ValueError(f"{p} has none of the end-of-document tokens {', '.join(KNOWN_EOD_TOKENS)}; name the one "
+            raise ConfigError(f"{p} has none of the end-of-document tokens {', '.join(KNOWN_EOD_TOKENS)}; name the one "
                              f"that separates documents with eod_token=... (--set eod_token=...)")
         eod = found[0]
     return BPETokenizer(tok, path=p, eod_token=eod)
@@ -132,9 +133,9 @@ def load_tokenizer_file(path: Path | str, *, eod_token: str | None = None) -> BP
 
 def check_vocab_size(vocab_size: int) -> None:
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
-        raise ValueError(f"vocab_size={vocab_size!r}: need an integer, e.g. 4096")
+        raise ConfigError(f"vocab_size={vocab_size!r}: need an integer, e.g. 4096")
     if not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
-        raise ValueError(f"vocab_size={vocab_size}: need {MIN_VOCAB_SIZE} <= vocab_size <= {MAX_VOCAB_SIZE} "
+        raise ConfigError(f"vocab_size={vocab_size}: need {MIN_VOCAB_SIZE} <= vocab_size <= {MAX_VOCAB_SIZE} "
                          f"(256 byte tokens + end-of-document + merges); 4096-8192 suits a small model")
 
 
@@ -175,10 +176,10 @@ def get_tokenizer(docs_or_corpus: Sequence[Document] | Sequence[str], vocab_size
     check_vocab_size(vocab_size)
     items = list(docs_or_corpus)
     if not items:
-        raise ValueError("get_tokenizer: no documents given; pass the training documents or texts")
+        raise ConfigError("get_tokenizer: no documents given; pass the training documents or texts")
     texts = [d.text if isinstance(d, Document) else d for d in items]
     if not all(isinstance(t, str) for t in texts):
-        raise ValueError("get_tokenizer: docs_or_corpus must hold Document objects or str texts")
+        raise ConfigError("get_tokenizer: docs_or_corpus must hold Document objects or str texts")
     key = tokenizer_key(corpus_fingerprint(items), int(vocab_size))
     path = Path(cache_dir) / f"tokenizer-{key}.json"
     if path.is_file():

@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diloco.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Event:
@@ -84,17 +86,17 @@ class Chaos:
     def check(self, num_learners: int) -> None:
         for at, m in self.kills:
             if at < 0 or not 0 <= m < num_learners:
-                raise ValueError(f"chaos kill ({at}, {m}): give seconds >= 0 and a learner in 0..{num_learners - 1}")
+                raise ConfigError(f"chaos kill ({at}, {m}): give seconds >= 0 and a learner in 0..{num_learners - 1}")
         if self.kill_rate < 0 or self.downtime_s < 0:
-            raise ValueError(f"chaos kill_rate={self.kill_rate}, downtime_s={self.downtime_s}: both must be >= 0")
+            raise ConfigError(f"chaos kill_rate={self.kill_rate}, downtime_s={self.downtime_s}: both must be >= 0")
         if self.slowdown and (len(self.slowdown) != num_learners or min(self.slowdown) < 1):
-            raise ValueError(f"chaos slowdown={list(self.slowdown)}: give one factor >= 1 per learner "
+            raise ConfigError(f"chaos slowdown={list(self.slowdown)}: give one factor >= 1 per learner "
                              f"({num_learners} learners), e.g. {[1.0] * (num_learners - 1) + [3.0]}")
         if any(t < 0 for t in self.syncer_kills):
-            raise ValueError(f"chaos syncer_kills={list(self.syncer_kills)}: seconds after the start, >= 0")
+            raise ConfigError(f"chaos syncer_kills={list(self.syncer_kills)}: seconds after the start, >= 0")
         for at, m, scale, duration in self.corrupt:
             if at < 0 or duration <= 0 or not 0 <= m < num_learners or (scale is not None and not math.isfinite(scale)):
-                raise ValueError(f"chaos corrupt ({at}, {m}, {scale}, {duration}): give seconds >= 0, a learner in "
+                raise ConfigError(f"chaos corrupt ({at}, {m}, {scale}, {duration}): give seconds >= 0, a learner in "
                                  f"0..{num_learners - 1}, a finite scale (or none: random) and a duration > 0")
 
     def corrupt_windows(self, learner: int) -> tuple[tuple[float, float, float | None], ...]:
@@ -129,7 +131,7 @@ def parse_kills(text: str) -> tuple[tuple[float, int], ...]:
                 raise ValueError
             out.append((float(at), int(m)))
         except ValueError:
-            raise ValueError(f"chaos kill {item!r}: write SECONDS:LEARNER, e.g. '3:1' (learner 1 killed 3 s in)") from None
+            raise ConfigError(f"chaos kill {item!r}: write SECONDS:LEARNER, e.g. '3:1' (learner 1 killed 3 s in)") from None
     return tuple(out)
 
 
@@ -151,7 +153,7 @@ def parse_corrupt(text: str) -> tuple[tuple[float, int, float | None, float], ..
             duration = float(parts[3]) if len(parts) > 3 else DEFAULT_CORRUPT_SECONDS
             out.append((float(parts[0]), int(parts[1]), scale, duration))
         except ValueError:
-            raise ValueError(f"chaos corrupt {item!r}: write SECONDS:LEARNER[:SCALE[:DURATION]], e.g. '12:1:1e4' "
+            raise ConfigError(f"chaos corrupt {item!r}: write SECONDS:LEARNER[:SCALE[:DURATION]], e.g. '12:1:1e4' "
                              f"(learner 1 sends 1e4 x its outer gradient from 12 s for {DEFAULT_CORRUPT_SECONDS:g} s) "
                              f"or '12:1' (random values)") from None
     return tuple(out)
@@ -162,7 +164,7 @@ def parse_floats(text: str, what: str) -> tuple[float, ...]:
     try:
         return tuple(float(s) for s in text.split(",") if s.strip())
     except ValueError:
-        raise ValueError(f"{what}={text!r}: give numbers separated by commas, e.g. '1,1,3'") from None
+        raise ConfigError(f"{what}={text!r}: give numbers separated by commas, e.g. '1,1,3'") from None
 
 
 # -- what the logs say ----------------------------------------------------------------------------------------------
@@ -368,7 +370,7 @@ def restart_stalls(rows: Sequence[dict[str, Any]], *, kill_at: float, killed: in
     module docstring). The worst step is the longest in the window, or the first step after the kill if it
     ended later (the window then kept nothing); ``until`` ends the window there if earlier."""
     if window_s <= 0:
-        raise ValueError(f"window_s={window_s}: give the seconds after a kill to look at, > 0")
+        raise ConfigError(f"window_s={window_s}: give the seconds after a kill to look at, > 0")
     end = kill_at + window_s if until is None else min(kill_at + window_s, until)
     final = {id(r) for r in final_steps(rows)[0]}
     out = []
@@ -427,7 +429,7 @@ def summarize_restarts(rows: Sequence[dict[str, Any]], faults: Sequence[dict[str
     executions; per learner kill the survivors' worst step ÷ typical, steps kept (:func:`restart_stalls`) and
     :func:`restart_kill`'s figures."""
     if num_workers < 1 or wall_s <= 0:
-        raise ValueError(f"num_workers={num_workers}, wall_s={wall_s}: give at least one worker and a wall time > 0")
+        raise ConfigError(f"num_workers={num_workers}, wall_s={wall_s}: give at least one worker and a wall time > 0")
     kept, lost = final_steps(rows)
     g = Goodput(sum(float(r["compute_s"]) for r in kept), num_workers * wall_s, lost)
     out: dict[str, Any] = {"goodput": g.value, "useful_learner_s": g.useful_s, "allocated_learner_s": g.allocated_s,
@@ -435,7 +437,7 @@ def summarize_restarts(rows: Sequence[dict[str, Any]], faults: Sequence[dict[str
     times = sorted(f["at"] for f in faults)
     for f in sorted(faults, key=lambda f: f["at"]):
         if f["target"] != "learner":
-            raise ValueError(f"fault {f}: a run restarted from checkpoints has no syncer; give learner kills")
+            raise ConfigError(f"fault {f}: a run restarted from checkpoints has no syncer; give learner kills")
         later = [t for t in times if t > f["at"]]
         stalls = restart_stalls(rows, kill_at=f["at"], killed=int(f["index"]), window_s=window_s,
                                 until=later[0] if later else None)

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from diloco.errors import ConfigError
 from diloco.files import atomic_write_bytes
 
 _NAME = re.compile(r"^syncer-(\d{8,})\.pt$")
@@ -44,7 +45,7 @@ def saved_states(directory: Path | str) -> list[Path]:
 def save_state(directory: Path | str, state: dict[str, Any], *, merges: int, keep: int = 2) -> Path:
     """Write ``state`` as ``syncer-<merges>.pt`` (atomic) and delete all but the newest ``keep`` files."""
     if not isinstance(keep, int) or keep < 1:
-        raise ValueError(f"keep={keep!r}: keep at least 1 syncer checkpoint")
+        raise ConfigError(f"keep={keep!r}: keep at least 1 syncer checkpoint")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()

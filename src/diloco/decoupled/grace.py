@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from diloco.errors import ConfigError
+
 #: Defaults of the grace-window settings.
 DEFAULT_GRACE_GAMMA = 0.2
 DEFAULT_EMA_DECAY = 0.9
@@ -38,13 +40,13 @@ def grace_seconds(*, gamma: float, overlap_steps: int, step_time: float, quorum_
 def check_grace(*, gamma: float, decay: float, overlap_steps: int) -> None:
     """ValueError for settings with which no grace window can fit."""
     if not 0.0 <= gamma < 1.0:
-        raise ValueError(f"grace_gamma={gamma} is outside [0, 1): the window is a share of the time left within "
+        raise ConfigError(f"grace_gamma={gamma} is outside [0, 1): the window is a share of the time left within "
                          f"tau steps; use 0 (no window) up to e.g. {DEFAULT_GRACE_GAMMA} (the default)")
     if overlap_steps < 0:
-        raise ValueError(f"overlap_steps (tau) = {overlap_steps}: the window must fit within tau steps; use tau >= 0 "
+        raise ConfigError(f"overlap_steps (tau) = {overlap_steps}: the window must fit within tau steps; use tau >= 0 "
                          f"(tau = 0 leaves no time for a window: it is then 0)")
     if not 0.0 <= decay < 1.0:
-        raise ValueError(f"grace_ema_decay={decay} is outside [0, 1): use e.g. {DEFAULT_EMA_DECAY} (the default)")
+        raise ConfigError(f"grace_ema_decay={decay} is outside [0, 1): use e.g. {DEFAULT_EMA_DECAY} (the default)")
 
 
 @dataclass

@@ -13,6 +13,8 @@ The schedule (:class:`diloco.algorithm.schedule.Schedule`) says, on the learner'
 fragment p is due. After step t, for every fragment the schedule starts, the learner sends a
 :class:`~diloco.decoupled.messages.Report`: ``encode(base_p - theta_p)`` (its values, as the difference
 from the global copy it last received) and its counters for p (steps, tokens since it last received p).
+
+from diloco.errors import ConfigError
 After step t + tau it needs the syncer's reply: it waits for it there only if it has not arrived, then
 overwrites the fragment (``merge_alpha`` alpha = 0, the default: the global values as they are; alpha > 0:
 ``alpha * local + (1 - alpha) * global``) and resets p's counters. The grace window is sized so that the
@@ -104,12 +106,12 @@ class Learner(ReplicaAlgorithm):
         overwrite_after: str = "send",
     ) -> None:
         if overwrite_after not in ("send", "arrival"):
-            raise ValueError(f"overwrite_after={overwrite_after!r}: choose 'send' (tau steps after sending, the "
+            raise ConfigError(f"overwrite_after={overwrite_after!r}: choose 'send' (tau steps after sending, the "
                              f"Streaming DiLoCo timing) or 'arrival' (tau steps after the reply arrives)")
         self.overwrite_after = overwrite_after
         self._arrived: dict[int, tuple[int, Reply]] = {}  # arrival mode: fragment -> (step seen, reply)
         if not 0.0 <= float(merge_alpha) <= 1.0:
-            raise ValueError(f"merge_alpha (alpha) must lie in [0, 1], got {merge_alpha}; 0 overwrites (the default)")
+            raise ConfigError(f"merge_alpha (alpha) must lie in [0, 1], got {merge_alpha}; 0 overwrites (the default)")
         self.model, self.channel, self.learner = model, channel, learner
         self.merge_alpha = float(merge_alpha)
         self.codec = get_codec(codec)
@@ -125,7 +127,7 @@ class Learner(ReplicaAlgorithm):
         self.versions = list(welcome.versions)        # of the global fragments last received
         sizes = [f.numel for f in self.fragments]
         if [s.numel() for s in start] != sizes:
-            raise ValueError(f"the syncer's fragments have {[s.numel() for s in start]} values, this learner's "
+            raise ConfigError(f"the syncer's fragments have {[s.numel() for s in start]} values, this learner's "
                              f"{sizes}: give both the same model, num_fragments and fragment_pattern")
         self.base = [s.detach().float().clone() for s in start]  # the global copy last received, per fragment
         for p in range(len(self.fragments)):
@@ -240,7 +242,7 @@ class Learner(ReplicaAlgorithm):
 
     def state_dict(self) -> dict[str, Any]:
         if self._in_flight:
-            raise ValueError(f"fragments {sorted(self._in_flight)} are in flight: call flush() before state_dict()")
+            raise ConfigError(f"fragments {sorted(self._in_flight)} are in flight: call flush() before state_dict()")
         return {"step": self.step_count, "steps": list(self.steps), "tokens": list(self.tokens),
                 "global": [b.clone() for b in self.base],  # the global copy last received (as StreamingDiLoCo's)
                 "versions": list(self.versions)}

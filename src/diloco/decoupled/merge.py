@@ -23,6 +23,8 @@ from collections.abc import Sequence
 
 import torch
 
+from diloco.errors import ConfigError
+
 #: The merge rules ``merge=`` accepts.
 MERGE_NAMES = ("rda", "mean")
 
@@ -30,7 +32,7 @@ MERGE_NAMES = ("rda", "mean")
 def check_merge(name: str) -> str:
     """``name`` if it is a merge rule, else a ValueError naming the choices."""
     if name not in MERGE_NAMES:
-        raise ValueError(f"merge={name!r} is not a merge rule: choose 'rda' (radial-directional averaging, "
+        raise ConfigError(f"merge={name!r} is not a merge rule: choose 'rda' (radial-directional averaging, "
                          f"embeddings averaged) or 'mean' (token-weighted mean of every tensor)")
     return name
 
@@ -41,7 +43,7 @@ def token_weights(steps: Sequence[int], tokens: Sequence[float]) -> list[float]:
     All zero (no learner did any work) gives all zero.
     """
     if len(steps) != len(tokens):
-        raise ValueError(f"{len(steps)} step counters but {len(tokens)} token counters: give one of each per learner")
+        raise ConfigError(f"{len(steps)} step counters but {len(tokens)} token counters: give one of each per learner")
     raw = [float(c) * (float(c) / s) if s > 0 else 0.0 for s, c in zip(steps, tokens, strict=True)]
     total = sum(raw)
     return [w / total for w in raw] if total > 0 else [0.0] * len(raw)

@@ -40,6 +40,7 @@ from diloco.algorithm.codecs import Codec
 from diloco.decoupled.chaos import Chaos, Event, kept_steps, read_learner_log, step_row, summarize
 from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, connect, start_syncer
 from diloco.decoupled.syncer import Syncer
+from diloco.errors import ConfigError
 from diloco.files import write_json
 from diloco.train.lr import cosine_lr
 
@@ -251,11 +252,11 @@ def run_on_ray(spec: LearnerSpec, *, syncer: Syncer, num_learners: int, out_dir:
     chaos = chaos or Chaos()
     chaos.check(num_learners)
     if syncer.num_learners != num_learners:
-        raise ValueError(f"the syncer expects {syncer.num_learners} learners, num_learners={num_learners}: give both "
+        raise ConfigError(f"the syncer expects {syncer.num_learners} learners, num_learners={num_learners}: give both "
                          f"the same M")
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
-        raise ValueError(f"out_dir {out} is not empty: give a new folder (nothing in it is overwritten)")
+        raise ConfigError(f"out_dir {out} is not empty: give a new folder (nothing in it is overwritten)")
     out.mkdir(parents=True, exist_ok=True)
     name = f"diloco-syncer-{os.getpid()}-{time.monotonic_ns()}"
     handle = start_syncer(syncer, name=name, namespace=namespace, address=address, checkpoint_dir=str(out / "syncer"))

@@ -33,6 +33,7 @@ import torch
 
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
 from diloco.decoupled.syncer import Syncer
+from diloco.errors import ConfigError
 
 #: The actor's default name and namespace: learners look it up by these.
 DEFAULT_NAME = "diloco-syncer"
@@ -227,12 +228,12 @@ def check_address(address: str | None, *, timeout_s: float = PROBE_TIMEOUT_S) ->
     hostport = address.split("://", 1)[-1].rstrip("/")
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
-        raise ValueError(f"ray_address={address!r}: give HOST:PORT (a head node's GCS, e.g. 10.0.0.1:6379) or "
+        raise ConfigError(f"ray_address={address!r}: give HOST:PORT (a head node's GCS, e.g. 10.0.0.1:6379) or "
                          f"ray://HOST:PORT (Ray Client, port 10001), or leave it empty for a local Ray instance")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as exc:
-        raise ValueError(f"ray_address={address!r} does not answer ({type(exc).__name__}: {exc}, within "
+        raise ConfigError(f"ray_address={address!r} does not answer ({type(exc).__name__}: {exc}, within "
                          f"{timeout_s:g} s): start the cluster there (ray start --head --port {port}), fix the "
                          f"address, or leave it empty to start a local Ray instance") from None
 
@@ -257,7 +258,7 @@ def start_syncer(syncer: Syncer, *, name: str = DEFAULT_NAME, namespace: str = D
     except ValueError:
         pass
     else:
-        raise ValueError(f"a syncer named {name!r} already runs in namespace {namespace!r}: give another name= "
+        raise ConfigError(f"a syncer named {name!r} already runs in namespace {namespace!r}: give another name= "
                          f"or stop it first (ray.kill(ray.get_actor({name!r}, namespace={namespace!r})))")
     if checkpoint_dir is None:
         return SyncerActor.options(name=name, namespace=namespace).remote(syncer)
@@ -332,7 +333,7 @@ def connect(*, learner: int, name: str = DEFAULT_NAME, namespace: str = DEFAULT_
     try:
         actor = ray.get_actor(name, namespace=namespace)
     except ValueError:
-        raise ValueError(f"no syncer named {name!r} in Ray namespace {namespace!r}: start one with "
+        raise ConfigError(f"no syncer named {name!r} in Ray namespace {namespace!r}: start one with "
                          f"start_syncer(syncer, name={name!r}) first, or pass the name it was started with") from None
     return RayChannel(actor, learner)
 

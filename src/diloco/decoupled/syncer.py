@@ -55,6 +55,7 @@ from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimize
 from diloco.decoupled.grace import DEFAULT_EMA_DECAY, DEFAULT_GRACE_GAMMA, GraceWindow
 from diloco.decoupled.merge import check_merge, merge_outer_gradients, token_weights
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
+from diloco.errors import ConfigError
 
 
 #: How the syncer forms a learner's outer gradient (see :class:`Syncer`).
@@ -74,9 +75,9 @@ def embedding_names(model: nn.Module) -> set[str]:
 
 def check_quorum(quorum: int, num_learners: int) -> None:
     if not isinstance(num_learners, int) or num_learners < 1:
-        raise ValueError(f"num_learners={num_learners!r}: give the number of learners, at least 1")
+        raise ConfigError(f"num_learners={num_learners!r}: give the number of learners, at least 1")
     if not isinstance(quorum, int) or not 1 <= quorum <= num_learners:
-        raise ValueError(f"quorum={quorum!r} with {num_learners} learners: the quorum K must lie in "
+        raise ConfigError(f"quorum={quorum!r} with {num_learners} learners: the quorum K must lie in "
                          f"1..{num_learners} (K = {num_learners} is synchronous, K = 1 never waits for a second)")
 
 
@@ -148,7 +149,7 @@ class Syncer:
         self.num_learners, self.quorum = num_learners, quorum
         self.merge = check_merge(merge)
         if outer_gradient not in OUTER_GRADIENTS:
-            raise ValueError(f"outer_gradient={outer_gradient!r}: choose 'global' (Theta - theta_m) or 'own' "
+            raise ConfigError(f"outer_gradient={outer_gradient!r}: choose 'global' (Theta - theta_m) or 'own' "
                              f"(base_m - theta_m)")
         self.outer_gradient = outer_gradient
         self.partial_scale = bool(partial_scale)
@@ -183,7 +184,7 @@ class Syncer:
         """Learner ``learner`` (0..M-1) joins, or joins again after a restart (its open reports are dropped):
         the global fragments (FP32 copies) and versions it starts from."""
         if not isinstance(learner, int) or not 0 <= learner < self.num_learners:
-            raise ValueError(f"learner={learner!r}: learners are numbered 0..{self.num_learners - 1}")
+            raise ConfigError(f"learner={learner!r}: learners are numbered 0..{self.num_learners - 1}")
         again = learner in self.joins
         self._drop_reports(learner)
         self._last_sent.pop(learner, None)
@@ -221,7 +222,7 @@ class Syncer:
     def receive(self, report: Report) -> list[Reply]:
         """Take one learner's report; returns the replies of any merge it completes."""
         if report.learner not in self.members:
-            raise ValueError(f"a report from learner {report.learner}, which has not joined: join first")
+            raise ConfigError(f"a report from learner {report.learner}, which has not joined: join first")
         if (report.base_version != self._held[report.learner][report.fragment]
                 or self.expects(report.learner, report.fragment)):
             self.ignored_reports += 1  # merged already, or sent twice: harmless (module docstring)
@@ -381,7 +382,7 @@ class Syncer:
         if "records" in state:
             records = state["records"]
         elif records is None or len(records) != state["num_records"]:
-            raise ValueError(f"this syncer state holds {state['num_records']} merge records apart from it; pass "
+            raise ConfigError(f"this syncer state holds {state['num_records']} merge records apart from it; pass "
                              f"them as records= (got {'none' if records is None else len(records)})")
         load_global_state(self.global_flat, self.outer_optimizers, state, owner="syncer")
         self.versions = [int(v) for v in state["versions"]]

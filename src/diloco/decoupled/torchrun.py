@@ -35,6 +35,7 @@ from torch import nn
 
 from diloco.decoupled.learner import Channel
 from diloco.decoupled.messages import Reply, Report, Welcome
+from diloco.errors import ConfigError
 
 AUTH_MODE = "RAY_AUTH_MODE"  # Ray's setting: "token" turns token authentication on
 
@@ -86,11 +87,11 @@ def torchrun_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] | 
     from diloco.decoupled.trainer import RunningSyncer, make_syncer
 
     if cfg.decoupled_transport != "ray":
-        raise ValueError(f"method='decoupled' under torchrun needs decoupled_transport='ray' (got "
+        raise ConfigError(f"method='decoupled' under torchrun needs decoupled_transport='ray' (got "
                          f"{cfg.decoupled_transport!r}: a thread of one process cannot serve learners in other "
                          f"processes): --set decoupled_transport=ray")
     if importlib.util.find_spec("ray") is None:
-        raise ValueError("decoupled learners under torchrun need Ray: pip install -e .[ray] (or ray>=2.9)")
+        raise ConfigError("decoupled learners under torchrun need Ray: pip install -e .[ray] (or ray>=2.9)")
     lead = intra is None or intra.rank == 0
     first = worker == 0 and lead
     handle = None

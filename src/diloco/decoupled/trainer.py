@@ -19,6 +19,7 @@ from diloco.decoupled.learner import Channel, Learner
 from diloco.decoupled.local import LocalTransport
 from diloco.decoupled.messages import MergeRecord
 from diloco.decoupled.syncer import Syncer
+from diloco.errors import ConfigError
 from diloco.files import atomic_write_bytes
 
 
@@ -56,7 +57,7 @@ def decoupled_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] |
 
             from diloco.decoupled.ray_transport import RayChannel, start_syncer
         except ImportError:
-            raise ValueError("decoupled_transport='ray' needs Ray: pip install -e .[ray] (or ray>=2.9), "
+            raise ConfigError("decoupled_transport='ray' needs Ray: pip install -e .[ray] (or ray>=2.9), "
                              "or use decoupled_transport='threads'") from None
         handle = start_syncer(syncer, name=f"diloco-syncer-{uuid.uuid4().hex[:12]}",
                               address=cfg.ray_address or None)
@@ -107,7 +108,7 @@ def chaos_run(cfg: Any, out: Path | str, *, chaos: Any, cache_dir: Path | str, s
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"--out {out} is not a new or empty folder: give a new one (nothing is overwritten)")
+        raise ConfigError(f"--out {out} is not a new or empty folder: give a new one (nothing is overwritten)")
     chaos.check(cfg.replicas)
     try:
         import ray
@@ -115,7 +116,7 @@ def chaos_run(cfg: Any, out: Path | str, *, chaos: Any, cache_dir: Path | str, s
         from diloco.decoupled.ray_learners import LearnerSpec, run_on_ray
         from diloco.decoupled.ray_transport import check_address
     except ImportError:
-        raise ValueError("diloco chaos needs Ray: pip install -e .[ray] (or ray>=2.9)") from None
+        raise ConfigError("diloco chaos needs Ray: pip install -e .[ray] (or ray>=2.9)") from None
     if not ray.is_initialized():
         check_address(cfg.ray_address or None)  # before anything is prepared or written
     data = prepare_tokens(cfg.sources, cfg.vocab_size, cache_dir, val_fraction=cfg.val_fraction)

@@ -34,6 +34,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from diloco.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -56,7 +58,7 @@ def _int_var(environ: Mapping[str, str], name: str, default: int | None = None) 
     raw = environ.get(name)
     if raw is None:
         if default is None:
-            raise ValueError(
+            raise ConfigError(
                 f"environment variable {name} is not set: this process was not started by torchrun; "
                 f"launch with e.g. `torchrun --nproc-per-node 2 -m diloco train ...`"
             )
@@ -64,7 +66,7 @@ def _int_var(environ: Mapping[str, str], name: str, default: int | None = None) 
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+        raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
 def read_env(environ: Mapping[str, str] | None = None) -> DistEnv:
@@ -76,9 +78,9 @@ def read_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     local_world_size = _int_var(environ, "LOCAL_WORLD_SIZE", 1)
     master_port = _int_var(environ, "MASTER_PORT")
     if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"RANK={rank} must lie in 0..WORLD_SIZE-1 with WORLD_SIZE={world_size} >= 1")
+        raise ConfigError(f"RANK={rank} must lie in 0..WORLD_SIZE-1 with WORLD_SIZE={world_size} >= 1")
     if not 0 <= local_rank < local_world_size:
-        raise ValueError(f"LOCAL_RANK={local_rank} must lie in 0..LOCAL_WORLD_SIZE-1={local_world_size - 1}")
+        raise ConfigError(f"LOCAL_RANK={local_rank} must lie in 0..LOCAL_WORLD_SIZE-1={local_world_size - 1}")
     return DistEnv(rank, world_size, local_rank, local_world_size, environ.get("MASTER_ADDR", "127.0.0.1"),
                    master_port)
 
@@ -130,9 +132,9 @@ def init_from_env(*, backend: str | None = None, timeout_s: float = 1800.0) -> D
     env = read_env()
     backend = backend or default_backend()
     if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+        raise ConfigError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if dist.is_initialized():
-        raise ValueError("torch.distributed is already initialized; call init_from_env() once per process")
+        raise ConfigError("torch.distributed is already initialized; call init_from_env() once per process")
     if backend == "nccl":
         torch.cuda.set_device(env.local_rank)
     else:
@@ -217,12 +219,12 @@ def check_world_size(world_size: int, replicas: Any, ranks_per_worker: Any) -> N
     """Raise a ValueError that says what to launch when ``world_size`` != replicas x ranks_per_worker."""
     for name, value in (("replicas", replicas), ("ranks_per_worker", ranks_per_worker)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r}: need an integer >= 1")
+            raise ConfigError(f"{name}={value!r}: need an integer >= 1")
     if world_size != replicas * ranks_per_worker:
         hint = ""
         if world_size % ranks_per_worker == 0:
             hint = f", or set replicas={world_size // ranks_per_worker} for this launch"
-        raise ValueError(f"{world_size} processes were launched but replicas x ranks_per_worker = {replicas} x "
+        raise ConfigError(f"{world_size} processes were launched but replicas x ranks_per_worker = {replicas} x "
                          f"{ranks_per_worker} = {replicas * ranks_per_worker}; launch "
                          f"{replicas * ranks_per_worker} processes (torchrun --nproc-per-node ...){hint}")
 
@@ -257,19 +259,19 @@ def setup_communicators(*, replicas: int | None = None, ranks_per_worker: int = 
     env = read_env()
     R = ranks_per_worker
     if isinstance(R, bool) or not isinstance(R, int) or R < 1:
-        raise ValueError(f"ranks_per_worker={R!r}: need an integer >= 1")
+        raise ConfigError(f"ranks_per_worker={R!r}: need an integer >= 1")
     if worker_sharding not in ("replicate", "fsdp"):
-        raise ValueError(f"worker_sharding={worker_sharding!r}: choose 'replicate' or 'fsdp'")
+        raise ConfigError(f"worker_sharding={worker_sharding!r}: choose 'replicate' or 'fsdp'")
     M = replicas if replicas is not None else env.world_size // R
     check_world_size(env.world_size, M, R)
     if not timeout_s > 0:
-        raise ValueError(f"timeout_s={timeout_s!r}: need a positive number of seconds, e.g. 300")
+        raise ConfigError(f"timeout_s={timeout_s!r}: need a positive number of seconds, e.g. 300")
     owns = not dist.is_initialized()
     if owns:
         pg_timeout = process_group_timeout_s if process_group_timeout_s is not None else max(1800.0, 2 * timeout_s)
         init_from_env(backend=backend, timeout_s=pg_timeout)
     elif dist.get_world_size() != env.world_size:
-        raise ValueError(f"torch.distributed is initialized with {dist.get_world_size()} ranks but "
+        raise ConfigError(f"torch.distributed is initialized with {dist.get_world_size()} ranks but "
                          f"WORLD_SIZE={env.world_size}; initialise it from torchrun's environment or not at all")
     if device is None:
         device = f"cuda:{env.local_rank}" if torch.cuda.is_available() else "cpu"

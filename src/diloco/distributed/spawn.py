@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from diloco.distributed.launch import bind_gloo_to_loopback_if_local
+from diloco.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -125,7 +126,7 @@ def run_processes(
         ProcessFailure: some rank raised or exited without a result (all ranks' reasons inside).
     """
     if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
+        raise ConfigError(f"world_size must be >= 1, got {world_size}")
     options = {"backend": backend, "threads": threads, "comm_timeout_s": comm_timeout_s,
                "pg_timeout_s": pg_timeout_s if pg_timeout_s is not None else max(comm_timeout_s, 60.0)}
     ctx = _context(start_method)

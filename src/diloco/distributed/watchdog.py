@@ -16,6 +16,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from diloco.errors import ConfigError
+
 
 def exit_when_orphaned(*, interval_s: float = 1.0, what: str = "the launcher",
                        on_orphaned: Callable[[], None] | None = None) -> threading.Thread:
@@ -24,7 +26,7 @@ def exit_when_orphaned(*, interval_s: float = 1.0, what: str = "the launcher",
     ``on_orphaned`` replaces the exit (for tests). Returns the (daemon) thread.
     """
     if not interval_s > 0:
-        raise ValueError(f"interval_s must be > 0 seconds, got {interval_s!r}")
+        raise ConfigError(f"interval_s must be > 0 seconds, got {interval_s!r}")
     parent = os.getppid()
 
     def exit_now() -> None:

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from diloco.errors import ConfigError
+
 __all__ = ["build_model", "check_model", "describe_model", "load_factory"]
 
 _FACTORY = re.compile(r"^(?P<module>[A-Za-z_][\w.]*|.+\.py):(?P<func>[A-Za-z_]\w*)$")
@@ -35,18 +37,18 @@ _FACTORY = re.compile(r"^(?P<module>[A-Za-z_][\w.]*|.+\.py):(?P<func>[A-Za-z_]\w
 def describe_model(spec: str) -> str:
     """``"transformer"``, ``"hf"`` or ``"factory"``; a ValueError for a spec that is none of them."""
     if not isinstance(spec, str):
-        raise ValueError(f"model={spec!r}: give a string: '' (the project's Transformer), 'hf:PATH' or "
+        raise ConfigError(f"model={spec!r}: give a string: '' (the project's Transformer), 'hf:PATH' or "
                          f"'module:function'")
     if spec == "":
         return "transformer"
     if spec.startswith("hf:"):
         if not spec[3:]:
-            raise ValueError("model='hf:': name the config, e.g. model=hf:configs/llama-tiny (a folder with "
+            raise ConfigError("model='hf:': name the config, e.g. model=hf:configs/llama-tiny (a folder with "
                              "config.json) or model=hf:llama.json")
         return "hf"
     if _FACTORY.match(spec):
         return "factory"
-    raise ValueError(f"model={spec!r} is not a model: use '' for the project's Transformer (its size from "
+    raise ConfigError(f"model={spec!r} is not a model: use '' for the project's Transformer (its size from "
                      f"size=...), 'hf:PATH' for a Hugging Face config, or 'module:function' / 'file.py:function' "
                      f"for your own factory")
 
@@ -73,7 +75,7 @@ def load_factory(spec: str) -> Callable[..., Any]:
     if module_name.endswith(".py"):
         path = Path(module_name).expanduser()
         if not path.is_file():
-            raise ValueError(f"model={spec!r}: {path} does not exist; give the path of your .py file")
+            raise ConfigError(f"model={spec!r}: {path} does not exist; give the path of your .py file")
         unique = f"diloco_user_model_{abs(hash(str(path.resolve())))}"
         mod_spec = importlib.util.spec_from_file_location(unique, path)
         assert mod_spec is not None and mod_spec.loader is not None
@@ -84,11 +86,11 @@ def load_factory(spec: str) -> Callable[..., Any]:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            raise ValueError(f"model={spec!r}: cannot import module {module_name!r} ({exc}); put it on PYTHONPATH "
+            raise ConfigError(f"model={spec!r}: cannot import module {module_name!r} ({exc}); put it on PYTHONPATH "
                              f"or give the file: model=path/to/{module_name.rsplit('.', 1)[-1]}.py:{func}") from None
     fn = getattr(module, func, None)
     if not callable(fn):
-        raise ValueError(f"model={spec!r}: {module_name} has no function {func!r}; name a function that returns "
+        raise ConfigError(f"model={spec!r}: {module_name} has no function {func!r}; name a function that returns "
                          f"an nn.Module")
     return fn
 
@@ -123,8 +125,8 @@ def build_model(spec: str, *, size: str, vocab_size: int, seq_len: int, seed: in
 
         model = CausalLM(model)
     if not isinstance(model, nn.Module):
-        raise ValueError(f"model={spec!r} returned a {type(model).__name__}, not a torch.nn.Module; return the "
+        raise ConfigError(f"model={spec!r} returned a {type(model).__name__}, not a torch.nn.Module; return the "
                          f"model (forward(idx, targets) -> (logits, loss))")
     if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError(f"model={spec!r} returned a module with no trainable parameters")
+        raise ConfigError(f"model={spec!r} returned a module with no trainable parameters")
     return model

@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from diloco.errors import ConfigError
+
 __all__ = ["CausalLM", "WEIGHT_FILES", "build_hf_model", "check_model_type", "folder_tokenizer", "has_weights",
            "load_hf_config_fields"]
 
@@ -53,7 +55,7 @@ def _transformers():
     try:
         import transformers
     except ImportError:
-        raise ValueError(f"a Hugging Face model needs the transformers package, which is not installed; "
+        raise ConfigError(f"a Hugging Face model needs the transformers package, which is not installed; "
                          f"install it with: {INSTALL}") from None
     return transformers
 
@@ -91,19 +93,19 @@ def load_hf_config_fields(spec: str | Path | Mapping[str, Any]) -> dict[str, Any
         path = Path(spec).expanduser()
         file = path / "config.json" if path.is_dir() else path
         if not file.is_file():
-            raise ValueError(f"Hugging Face config {str(spec)!r}: no such file{' (config.json)' if path.is_dir() else ''}; "
+            raise ConfigError(f"Hugging Face config {str(spec)!r}: no such file{' (config.json)' if path.is_dir() else ''}; "
                              f"give a folder holding config.json or a .json file of config fields with a "
                              f"model_type, e.g. {{\"model_type\": \"llama\", \"hidden_size\": 256}}")
         try:
             fields = json.loads(file.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{file} is not a JSON config ({exc}); write it as JSON (it is never executed)") from None
+            raise ConfigError(f"{file} is not a JSON config ({exc}); write it as JSON (it is never executed)") from None
         where = str(file)
         if not isinstance(fields, dict):
-            raise ValueError(f"{file} holds a {type(fields).__name__}, not a JSON object of config fields")
+            raise ConfigError(f"{file} holds a {type(fields).__name__}, not a JSON object of config fields")
     model_type = fields.get("model_type")
     if not isinstance(model_type, str) or not model_type:
-        raise ValueError(f"{where} has no model_type; add one, e.g. \"model_type\": \"llama\" (or gpt2, qwen2, ...)")
+        raise ConfigError(f"{where} has no model_type; add one, e.g. \"model_type\": \"llama\" (or gpt2, qwen2, ...)")
     return fields
 
 
@@ -112,7 +114,7 @@ def check_model_type(spec: str | Path | Mapping[str, Any]) -> str:
     model_type = load_hf_config_fields(spec)["model_type"]
     transformers = _transformers()
     if model_type not in transformers.CONFIG_MAPPING:
-        raise ValueError(f"model_type={model_type!r} is not a model type transformers "
+        raise ConfigError(f"model_type={model_type!r} is not a model type transformers "
                          f"{transformers.__version__} knows; use one such as llama, gpt2, qwen2, mistral")
     return model_type
 
@@ -133,7 +135,7 @@ def has_weights(spec: str | Path | Mapping[str, Any]) -> bool:
         return True
     pickled = [name for name in _PICKLED_WEIGHTS if (folder / name).is_file()]
     if pickled:
-        raise ValueError(f"{folder} holds weights as {pickled[0]}, a pickle (loading it could run code); only "
+        raise ConfigError(f"{folder} holds weights as {pickled[0]}, a pickle (loading it could run code); only "
                          f"safetensors are loaded: convert it once, in a trusted environment, with "
                          f"AutoModelForCausalLM.from_pretrained({str(folder)!r}).save_pretrained({str(folder)!r}) "
                          f"(writes model.safetensors), or remove it to train from random weights")
@@ -167,7 +169,7 @@ def build_hf_model(spec: str | Path | Mapping[str, Any], *, vocab_size: int, seq
     if given_vocab is None:
         fields["vocab_size"] = int(vocab_size)
     elif not isinstance(given_vocab, int) or given_vocab < vocab_size:
-        raise ValueError(f"the model config's vocab_size={given_vocab!r} is smaller than the data's vocabulary "
+        raise ConfigError(f"the model config's vocab_size={given_vocab!r} is smaller than the data's vocabulary "
                          f"({vocab_size} ids); remove vocab_size from the config (it then follows the data) "
                          f"or set it to at least {vocab_size}")
     for name in _DROPOUT_FIELDS:
@@ -176,9 +178,9 @@ def build_hf_model(spec: str | Path | Mapping[str, Any], *, vocab_size: int, seq
         config = transformers.AutoConfig.for_model(model_type, **fields)
     except ValueError as exc:
         if "Unrecognized model identifier" in str(exc):
-            raise ValueError(f"model_type={model_type!r} is not a model type transformers "
+            raise ConfigError(f"model_type={model_type!r} is not a model type transformers "
                              f"{transformers.__version__} knows; use one such as llama, gpt2, qwen2, mistral") from None
-        raise ValueError(f"invalid {model_type} config: {exc}") from None
+        raise ConfigError(f"invalid {model_type} config: {exc}") from None
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value >= config.vocab_size and name not in fields:
@@ -187,7 +189,7 @@ def build_hf_model(spec: str | Path | Mapping[str, Any], *, vocab_size: int, seq
     try:
         model = transformers.AutoModelForCausalLM.from_config(config)
     except ValueError as exc:
-        raise ValueError(f"transformers has no causal LM for model_type={model_type!r} ({exc}); use a decoder "
+        raise ConfigError(f"transformers has no causal LM for model_type={model_type!r} ({exc}); use a decoder "
                          f"such as llama, gpt2 or qwen2") from None
     return CausalLM(model)
 
@@ -197,7 +199,7 @@ def _check_context(config: Any, seq_len: int, fields: Mapping[str, Any]) -> None
     if context is not None and context < seq_len:
         field = next((f for f in _CONTEXT_FIELDS if f in fields),  # the name the user wrote
                      next(f for f in _CONTEXT_FIELDS if getattr(config, f, None) == context))
-        raise ValueError(f"the model config's {field}={context} is shorter than seq_len={seq_len}; set {field} "
+        raise ConfigError(f"the model config's {field}={context} is shorter than seq_len={seq_len}; set {field} "
                          f">= {seq_len} in the config or lower seq_len")
 
 
@@ -224,10 +226,10 @@ def _pretrained(folder: Path, *, vocab_size: int, seq_len: int, load_weights: bo
     try:
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{folder}/config.json cannot be read by transformers {transformers.__version__} "
+        raise ConfigError(f"{folder}/config.json cannot be read by transformers {transformers.__version__} "
                          f"({exc})") from None
     if config.vocab_size < vocab_size:
-        raise ValueError(f"the data's vocabulary ({vocab_size} ids) is larger than that of the pretrained model in "
+        raise ConfigError(f"the data's vocabulary ({vocab_size} ids) is larger than that of the pretrained model in "
                          f"{folder} (vocab_size={config.vocab_size}): ids >= {config.vocab_size} have no embedding. "
                          f"Use the model's own tokenizer (a tokenizer.json in {folder} is used by default; "
                          f"tokenizer=... overrides it) or token files whose ids are < {config.vocab_size}")
@@ -240,16 +242,16 @@ def _pretrained(folder: Path, *, vocab_size: int, seq_len: int, load_weights: bo
                 folder, config=config, local_files_only=True, use_safetensors=True, output_loading_info=True,
                 **_fp32(transformers))
     except RuntimeError as exc:  # size mismatch (transformers prints the details to its logger)
-        raise ValueError(f"the weights in {folder} do not match its config.json: "
+        raise ConfigError(f"the weights in {folder} do not match its config.json: "
                          f"{_mismatches(folder, config) or exc}; restore the config the weights were saved with "
                          f"(save_pretrained writes both)") from None
     except OSError as exc:
-        raise ValueError(f"cannot read the weights in {folder} ({exc})") from None
+        raise ConfigError(f"cannot read the weights in {folder} ({exc})") from None
     missing, unexpected = sorted(info.get("missing_keys", ())), sorted(info.get("unexpected_keys", ()))
     if missing or unexpected:
         parts = [f"{len(keys)} {label} weight(s) ({', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''})"
                  for label, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
-        raise ValueError(f"the weights in {folder} do not match its config.json: {'; '.join(parts)}; "
+        raise ConfigError(f"the weights in {folder} do not match its config.json: {'; '.join(parts)}; "
                          f"restore the config the weights were saved with (save_pretrained writes both)")
     return CausalLM(model)
 

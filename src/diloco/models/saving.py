@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from diloco.errors import ConfigError
 from diloco.files import read_json, write_json
 
 __all__ = ["TRANSFORMER_FORMAT", "describe_folder", "load_transformer", "save_hf", "save_module", "save_transformer"]
@@ -39,7 +40,7 @@ def _safetensors_torch():
     try:
         import safetensors.torch
     except ImportError:
-        raise ValueError('exporting needs the safetensors package, which is not installed; install it with: '
+        raise ConfigError('exporting needs the safetensors package, which is not installed; install it with: '
                          'pip install safetensors (or: pip install -e ".[hf]")') from None
     return safetensors.torch
 
@@ -103,18 +104,18 @@ def load_transformer(folder: Path | str, *, device: str | torch.device = "cpu") 
     folder = Path(folder)
     path = folder / "config.json"
     if not path.is_file():
-        raise ValueError(f"{folder} has no config.json: not a model folder written by `diloco export`")
+        raise ConfigError(f"{folder} has no config.json: not a model folder written by `diloco export`")
     cfg: Any = read_json(path)
     if not isinstance(cfg, dict) or cfg.get("diloco_model") != TRANSFORMER_FORMAT:
         hint = (" (it is a Hugging Face model: load it with transformers.AutoModelForCausalLM.from_pretrained)"
                 if isinstance(cfg, dict) and "model_type" in cfg else "")
-        raise ValueError(f"{path} does not describe the project's Transformer{hint}")
+        raise ConfigError(f"{path} does not describe the project's Transformer{hint}")
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     model = Transformer(ModelConfig(**{k: v for k, v in cfg["model_config"].items() if k in fields}))
     missing, unexpected = _safetensors_torch().load_model(model, str(folder / "model.safetensors"), strict=False,
                                                           device=str(device))
     if missing or unexpected:
-        raise ValueError(f"{folder}/model.safetensors does not match its config.json (missing {sorted(missing)[:4]}, "
+        raise ConfigError(f"{folder}/model.safetensors does not match its config.json (missing {sorted(missing)[:4]}, "
                          f"unexpected {sorted(unexpected)[:4]})")
     return model.to(device).eval()
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from diloco.errors import ConfigError
 from diloco.models.transformer import ModelConfig
 
 
@@ -80,7 +81,7 @@ def get_size(name: str) -> ModelShape:
     by_lower = {k.lower(): v for k, v in SIZES.items()}
     if isinstance(name, str) and name.lower() in by_lower:
         return by_lower[name.lower()]
-    raise ValueError(f"unknown model size {name!r}: choose one of {', '.join(SIZES)}")
+    raise ConfigError(f"unknown model size {name!r}: choose one of {', '.join(SIZES)}")
 
 
 def make_config(
@@ -96,12 +97,12 @@ def make_config(
     valid = {f.name for f in fields(ModelConfig)} - {"vocab_size", "seq_len"}
     unknown = sorted(set(overrides) - valid)
     if unknown:
-        raise ValueError(f"unknown ModelConfig field(s) {unknown}: valid overrides are {', '.join(sorted(valid))}")
+        raise ConfigError(f"unknown ModelConfig field(s) {unknown}: valid overrides are {', '.join(sorted(valid))}")
     vocab_size = shape.vocab_size if vocab_size is None else vocab_size
     seq_len = shape.seq_len if seq_len is None else seq_len
     missing = [n for n, v in (("vocab_size", vocab_size), ("seq_len", seq_len)) if v is None]
     if missing:
-        raise ValueError(f"size {size_name!r} takes {' and '.join(missing)} from the data: pass "
+        raise ConfigError(f"size {size_name!r} takes {' and '.join(missing)} from the data: pass "
                          f"make_config({size_name!r}, vocab_size=..., seq_len=...) "
                          f"(e.g. the tokenizer's vocab size and the training sequence length)")
     base = dict(n_layers=shape.n_layers, n_heads=shape.n_heads, d_model=shape.d_model, d_mlp=shape.d_mlp,

@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from diloco.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -65,7 +67,7 @@ class ModelConfig:
             if not isinstance(getattr(self, name), bool):
                 errors.append(f"{name}={getattr(self, name)!r} must be True or False")
         if errors:
-            raise ValueError("invalid model config:\n  " + "\n  ".join(errors))
+            raise ConfigError("invalid model config:\n  " + "\n  ".join(errors))
 
     @property
     def head_dim(self) -> int:
@@ -165,7 +167,7 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         if not isinstance(config, ModelConfig):
-            raise ValueError(f"Transformer needs a ModelConfig, got {type(config).__name__}: "
+            raise ConfigError(f"Transformer needs a ModelConfig, got {type(config).__name__}: "
                              f"build one with diloco.models.make_config(size, vocab_size=..., seq_len=...)")
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
@@ -197,7 +199,7 @@ class Transformer(nn.Module):
         """Next-token logits ``(B, T, vocab_size)`` for token ids ``idx`` ``(B, T)``."""
         T = idx.shape[1]
         if T > self.config.seq_len:
-            raise ValueError(f"sequence length {T} exceeds the model's seq_len={self.config.seq_len}: "
+            raise ConfigError(f"sequence length {T} exceeds the model's seq_len={self.config.seq_len}: "
                              f"build the model with a larger seq_len or feed shorter sequences")
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         x = self.embed(idx)

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from diloco.errors import ConfigError
+
 RunFn = Callable[[dict[str, Any]], dict[str, Any]]
 Outcome = tuple[dict[str, Any], Any, "str | None"]  # (config, result, error message)
 
@@ -87,7 +89,7 @@ class LocalExecutor:
 
     def __init__(self, workers: int = 1) -> None:
         if not (isinstance(workers, int) and workers >= 1):
-            raise ValueError(f"workers={workers!r}: give a whole number of processes >= 1")
+            raise ConfigError(f"workers={workers!r}: give a whole number of processes >= 1")
         self.workers = workers
 
     def run(self, fn: RunFn, configs: Sequence[dict[str, Any]]) -> Iterator[Outcome]:
@@ -123,11 +125,11 @@ class SubmititExecutor:
     def __init__(self, folder: Path | str, *, cluster: str = "slurm", poll_s: float = 0.2,
                  parameters: dict[str, Any] | None = None) -> None:
         if cluster not in ("slurm", "local", "debug"):
-            raise ValueError(f"cluster={cluster!r}: choose slurm, local or debug")
+            raise ConfigError(f"cluster={cluster!r}: choose slurm, local or debug")
         try:
             import submitit  # noqa: F401
         except ImportError:
-            raise ValueError("the submitit executors need submitit: pip install submitit") from None
+            raise ConfigError("the submitit executors need submitit: pip install submitit") from None
         self.folder, self.cluster, self.poll_s = Path(folder), cluster, poll_s
         self.parameters = dict(parameters or {})
         self.name = "slurm" if cluster == "slurm" else f"submitit-{cluster}"
@@ -178,10 +180,10 @@ def make_executor(name: str, *, workers: int = 1, folder: Path | str | None = No
         return LocalExecutor(workers)
     if name in ("submitit-local", "slurm"):
         if folder is None:
-            raise ValueError(f"the {name} executor needs a folder for its job files (--submitit-dir)")
+            raise ConfigError(f"the {name} executor needs a folder for its job files (--submitit-dir)")
         return SubmititExecutor(folder, cluster="local" if name == "submitit-local" else "slurm",
                                 parameters=parameters)
-    raise ValueError(f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}")
+    raise ConfigError(f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}")
 
 
 __all__ = ["EXECUTORS", "InlineExecutor", "LocalExecutor", "SubmititExecutor", "make_executor", "run_in_child"]

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from diloco.errors import ConfigError
 from diloco.scaling.laws import (
     ALTERNATIVE_FORMS,
     CHINCHILLA_SOURCE,
@@ -83,7 +84,7 @@ def best_points(records: Iterable[Mapping[str, Any]], *, smooth_by: str | None =
     minimum of a parabola in log(hyperparameter) through the best loss at each of its values,
     using the best value and up to ``window`` neighbours on each side."""
     if smooth_by is not None and smooth_by not in HPARAMS:
-        raise ValueError(f"smooth_by={smooth_by!r}: choose one of {', '.join(HPARAMS)} or None")
+        raise ConfigError(f"smooth_by={smooth_by!r}: choose one of {', '.join(HPARAMS)} or None")
     groups: dict[tuple[str, int, int], list[Mapping[str, Any]]] = defaultdict(list)
     for r in records:
         groups[(r["method"], int(r.get("replicas") or 1), int(r["num_params"]))].append(r)
@@ -185,11 +186,11 @@ class ScalingFit:
         if law in ("power", "power+C"):
             laws = self.loss_laws if law == "power" else self.loss_laws_c
             if key not in laws:
-                raise ValueError(f"no fitted {law} law for {key}; fitted: {', '.join(laws) or 'none'} "
+                raise ConfigError(f"no fitted {law} law for {key}; fitted: {', '.join(laws) or 'none'} "
                                  f"(or use a joint law: {', '.join(self.joint) or 'none fitted'})")
             return f"{law}:{key}", laws[key], notes
         if not joint_ok or law not in self.joint:
-            raise ValueError(f"law {law!r} is not fitted for method {method!r}; joint laws "
+            raise ConfigError(f"law {law!r} is not fitted for method {method!r}; joint laws "
                              f"({', '.join(self.joint) or 'none'}) cover method {self.settings.get('joint_method')!r}")
         return law, self.joint[law], notes
 
@@ -202,9 +203,9 @@ class ScalingFit:
         Chinchilla's data term, noted as an extrapolation.
         """
         if not (num_params > 0 and math.isfinite(num_params)):
-            raise ValueError(f"num_params={num_params!r}: give a positive parameter count, e.g. 4e9")
+            raise ConfigError(f"num_params={num_params!r}: give a positive parameter count, e.g. 4e9")
         if not (isinstance(replicas, int) and replicas >= 1):
-            raise ValueError(f"replicas={replicas!r}: give a whole number of replicas >= 1")
+            raise ConfigError(f"replicas={replicas!r}: give a whole number of replicas >= 1")
         key = method_key(method, replicas)
         m = 1 if method == "dp" else int(replicas)
         joint_ok = method == self.settings.get("joint_method")
@@ -218,9 +219,9 @@ class ScalingFit:
         tpp = self.settings.get("tokens_per_param")
         if tokens is not None:
             if not (tokens > 0 and math.isfinite(tokens)):
-                raise ValueError(f"tokens={tokens!r}: give a positive token budget, e.g. 2e11")
+                raise ConfigError(f"tokens={tokens!r}: give a positive token budget, e.g. 2e11")
             if tpp is None:
-                raise ValueError("these records do not say their tokens per parameter; fit records with 'tokens'")
+                raise ConfigError("these records do not say their tokens per parameter; fit records with 'tokens'")
             ref = tpp * num_params
             if abs(tokens / ref - 1) > 1e-9:
                 factor = token_budget_factor(num_params, tokens, ref)
@@ -283,7 +284,7 @@ class ScalingFit:
                 warnings=list(data.get("warnings", [])),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ValueError(f"{where} is not the JSON `diloco fit` writes ({type(exc).__name__}: {exc}); "
+            raise ConfigError(f"{where} is not the JSON `diloco fit` writes ({type(exc).__name__}: {exc}); "
                              f"run `diloco fit --results RESULTS.jsonl --json FIT.json`") from None
 
     def coefficient_table(self) -> str:
@@ -372,9 +373,9 @@ def fit_scaling(records: Iterable[Mapping[str, Any]], *, smooth_by: str | None =
     records = list(records)
     points = best_points(records, smooth_by=smooth_by)
     if not points:
-        raise ValueError("no records to fit: run `diloco sweep` first, or use the paper's table (--paper-table4)")
+        raise ConfigError("no records to fit: run `diloco sweep` first, or use the paper's table (--paper-table4)")
     if bootstrap < 0:
-        raise ValueError(f"bootstrap={bootstrap}: give a number of resamples >= 0")
+        raise ConfigError(f"bootstrap={bootstrap}: give a number of resamples >= 0")
     alternatives = tuple(alternatives)
     for name in alternatives:
         get_form(name)

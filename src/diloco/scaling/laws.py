@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from diloco.errors import ConfigError
+
 # scipy is imported inside the fitting functions: reading and evaluating a fitted law (the planner)
 # needs numpy only.
 
@@ -122,7 +124,7 @@ ALTERNATIVE_FORMS = ("joint+C", "exp-M+C", "additive")  # the paper's Table 13
 
 def get_form(name: str) -> LawForm:
     if name not in FORMS:
-        raise ValueError(f"unknown law form {name!r}; choose one of {', '.join(FORMS)}")
+        raise ConfigError(f"unknown law form {name!r}; choose one of {', '.join(FORMS)}")
     return FORMS[name]
 
 
@@ -140,7 +142,7 @@ class FittedLaw:
         form = get_form(self.form)
         n, m = np.broadcast_arrays(np.asarray(num_params, float), np.asarray(replicas, float))
         if np.any(n <= 0) or np.any(m <= 0):
-            raise ValueError(f"num_params and replicas must be positive (got N={num_params}, M={replicas})")
+            raise ConfigError(f"num_params and replicas must be positive (got N={num_params}, M={replicas})")
         logy, _ = form.model(form.to_internal(self.coef), np.log(n).ravel(), m.ravel())
         return np.exp(logy).reshape(n.shape)
 
@@ -216,14 +218,14 @@ def fit_law(form_name: str, num_params: Any, replicas: Any, y: Any, *, huber_del
     form = get_form(form_name)
     n, m, yv = (np.asarray(v, float).ravel() for v in np.broadcast_arrays(num_params, replicas, y))
     if np.any(n <= 0) or np.any(m <= 0) or np.any(yv <= 0) or not np.all(np.isfinite(yv)):
-        raise ValueError("fit_law needs positive, finite num_params, replicas and y")
+        raise ConfigError("fit_law needs positive, finite num_params, replicas and y")
     if huber_delta <= 0:
-        raise ValueError(f"huber_delta={huber_delta}: must be > 0 (e.g. 1e-3)")
+        raise ConfigError(f"huber_delta={huber_delta}: must be > 0 (e.g. 1e-3)")
     if len(yv) < len(form.params):
-        raise ValueError(f"form {form.name!r} has {len(form.params)} parameters but only {len(yv)} points; "
+        raise ConfigError(f"form {form.name!r} has {len(form.params)} parameters but only {len(yv)} points; "
                          f"add model sizes or use a smaller form")
     if len(np.unique(n)) < 2:
-        raise ValueError("a scaling law needs at least two distinct model sizes")
+        raise ConfigError("a scaling law needs at least two distinct model sizes")
     x = np.log(n)
     logy = np.log(yv)
     # log A and alpha are nearly collinear when log N spans 17..22, which slows L-BFGS badly.
@@ -287,7 +289,7 @@ def fit_law(form_name: str, num_params: Any, replicas: Any, y: Any, *, huber_del
             best = res
     if best is None:
         messages = sorted({str(r.message) for r in results})
-        raise ValueError(f"fitting {form.name!r} to {len(yv)} points failed: no start converged "
+        raise ConfigError(f"fitting {form.name!r} to {len(yv)} points failed: no start converged "
                          f"(optimizer: {'; '.join(messages)[:300]}); try more points or a smaller form")
     return FittedLaw(form.name, form.to_natural(to_theta(best.x)), len(yv), float(best.fun / scale))
 
@@ -345,7 +347,7 @@ CHINCHILLA_SOURCE = "Hoffmann et al. 2022 (Chinchilla), Approach 3: L = 1.69 + 4
 def token_budget_factor(num_params: float, tokens: float, reference_tokens: float) -> float:
     """L(N, D) / L(N, D_ref) under Chinchilla's law: how a loss at ``reference_tokens`` moves to ``tokens``."""
     if not (num_params > 0 and tokens > 0 and reference_tokens > 0):
-        raise ValueError(f"need positive N, D and D_ref, got {num_params}, {tokens}, {reference_tokens}")
+        raise ConfigError(f"need positive N, D and D_ref, got {num_params}, {tokens}, {reference_tokens}")
     c = CHINCHILLA
 
     def loss(d: float) -> float:

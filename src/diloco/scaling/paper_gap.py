@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
+from diloco.errors import ConfigError
+
 #: The papers' token budget, at which every run of their Table 4 was trained.
 PAPER_TOKENS_PER_PARAM = 20
 
@@ -33,7 +35,7 @@ def _paper_fit():
 def paper_law_gaps(num_params: float, *, replicas: Sequence[int] = (1, 2)) -> dict[int, float]:
     """DiLoCo's loss over data-parallel's, minus 1, in %, per M, at ``num_params`` (non-embedding) parameters."""
     if not num_params > 0:
-        raise ValueError(f"num_params={num_params!r}: give a positive parameter count")
+        raise ConfigError(f"num_params={num_params!r}: give a positive parameter count")
     fit = _paper_fit()
     dp = fit.predict(num_params, method="dp").loss
     return {m: 100.0 * (fit.predict(num_params, method="diloco", replicas=m).loss / dp - 1.0) for m in replicas}

@@ -10,6 +10,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from diloco.errors import ConfigError
 from diloco.scaling.sweep import read_results
 
 __all__ = ["is_number", "key_order", "load_records", "method_key", "paper_table4", "paper_table4_records", "split_key"]
@@ -26,7 +27,7 @@ def split_key(key: str) -> tuple[str, int]:
         return "dp", 1
     method, sep, m = key.rpartition("-m")
     if not sep or not m.isdigit():
-        raise ValueError(f"method key {key!r}: expected 'dp' or '<method>-m<M>', e.g. 'diloco-m4'")
+        raise ConfigError(f"method key {key!r}: expected 'dp' or '<method>-m<M>', e.g. 'diloco-m4'")
     return method, int(m)
 
 
@@ -58,32 +59,32 @@ def load_records(path: Path) -> list[dict[str, Any]]:
     """
     path = Path(path)
     if not path.exists():
-        raise ValueError(f"results file {path} does not exist; run `diloco sweep --out {path}` first")
+        raise ConfigError(f"results file {path} does not exist; run `diloco sweep --out {path}` first")
     records = read_results(path)
     line_of = _record_lines(path)
     latest: dict[str, tuple[int, dict[str, Any]]] = {}
     for line, rec in zip(line_of, records):
         where = f"{path}:{line}"
         if not isinstance(rec, dict):
-            raise ValueError(f"{where}: a record must be a JSON object, got {type(rec).__name__} "
+            raise ConfigError(f"{where}: a record must be a JSON object, got {type(rec).__name__} "
                              f"({json.dumps(rec)[:60]}); fix or delete that line")
         if rec.get("status", "ok") != "ok":
             latest[rec.get("run_id") or f"line-{line}"] = (line, rec)
             continue
         for key in ("method", "num_params", "eval_loss"):
             if key not in rec:
-                raise ValueError(f"{where}: the record has no {key!r} (keys: {', '.join(sorted(rec)) or 'none'}); "
+                raise ConfigError(f"{where}: the record has no {key!r} (keys: {', '.join(sorted(rec)) or 'none'}); "
                                  f"every finished run needs method, num_params and eval_loss")
         if not isinstance(rec["method"], str) or not rec["method"]:
-            raise ValueError(f"{where}: method={rec['method']!r} must be a name such as 'dp' or 'diloco'")
+            raise ConfigError(f"{where}: method={rec['method']!r} must be a name such as 'dp' or 'diloco'")
         if not (is_number(rec["num_params"]) and rec["num_params"] > 0):
-            raise ValueError(f"{where}: num_params={rec['num_params']!r} must be a positive number")
+            raise ConfigError(f"{where}: num_params={rec['num_params']!r} must be a positive number")
         replicas = rec.get("replicas", 1)
         if replicas is not None and not (is_number(replicas) and replicas >= 1 and replicas == int(replicas)):
-            raise ValueError(f"{where}: replicas={replicas!r} must be a whole number >= 1")
+            raise ConfigError(f"{where}: replicas={replicas!r} must be a whole number >= 1")
         loss = rec["eval_loss"]
         if loss is not None and not is_number(loss):
-            raise ValueError(f"{where}: eval_loss={loss!r} is not a number")
+            raise ConfigError(f"{where}: eval_loss={loss!r} is not a number")
         latest[rec.get("run_id") or f"line-{line}"] = (line, rec)
     ok = []
     for line, rec in latest.values():
@@ -96,7 +97,7 @@ def load_records(path: Path) -> list[dict[str, Any]]:
             continue
         ok.append(rec)
     if not ok:
-        raise ValueError(f"{path} holds no finished runs (status 'ok'); run `diloco sweep` first")
+        raise ConfigError(f"{path} holds no finished runs (status 'ok'); run `diloco sweep` first")
     return ok
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from diloco.errors import ConfigError
 from diloco.files import append_jsonl, read_jsonl
 from diloco.methods import METHODS
 from diloco.scaling.synthetic import synthetic_run
@@ -67,13 +68,13 @@ RUNNERS: dict[str, RunFn] = {
 def register_runner(name: str, fn: RunFn) -> None:
     """Make ``fn`` available as ``diloco sweep --runner NAME`` (a module-level function for process executors)."""
     if not callable(fn):
-        raise ValueError(f"runner {name!r} must be a callable taking a run config, got {type(fn).__name__}")
+        raise ConfigError(f"runner {name!r} must be a callable taking a run config, got {type(fn).__name__}")
     RUNNERS[name] = fn
 
 
 def get_runner(name: str) -> RunFn:
     if name not in RUNNERS:
-        raise ValueError(f"unknown runner {name!r}; registered runners: {', '.join(sorted(RUNNERS))}")
+        raise ConfigError(f"unknown runner {name!r}; registered runners: {', '.join(sorted(RUNNERS))}")
     return RUNNERS[name]
 
 
@@ -85,9 +86,9 @@ def ladder(start: float, stop: float, factor: float | str) -> tuple[float, ...]:
     named = {"sqrt2": math.sqrt(2.0), "2": 2.0}
     f = named.get(factor) if isinstance(factor, str) else float(factor)
     if f is None or not f > 1.0:
-        raise ValueError(f"ladder factor {factor!r}: use 'sqrt2', '2' or a number > 1")
+        raise ConfigError(f"ladder factor {factor!r}: use 'sqrt2', '2' or a number > 1")
     if not 0 < start <= stop:
-        raise ValueError(f"ladder start={start}, stop={stop}: need 0 < start <= stop")
+        raise ConfigError(f"ladder start={start}, stop={stop}: need 0 < start <= stop")
     count = int(math.floor(math.log(stop / start) / math.log(f) + 1e-9)) + 1
     return tuple(float(f"{start * f**k:.6g}") for k in range(count))
 
@@ -97,20 +98,20 @@ def _values(raw: Any, what: str, kind: type = float) -> tuple[Any, ...]:
     if isinstance(raw, Mapping):
         unknown = set(raw) - {"start", "stop", "factor"}
         if unknown or not {"start", "stop", "factor"} <= set(raw):
-            raise ValueError(f"{what}: a ladder is {{'start': x, 'stop': y, 'factor': 'sqrt2' | '2' | number}}, "
+            raise ConfigError(f"{what}: a ladder is {{'start': x, 'stop': y, 'factor': 'sqrt2' | '2' | number}}, "
                              f"got keys {sorted(raw)}")
         raw = ladder(float(raw["start"]), float(raw["stop"]), raw["factor"])
     elif isinstance(raw, (int, float)):
         raw = (raw,)
     if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
-        raise ValueError(f"{what}: expected a non-empty list of numbers or a ladder, got {raw!r}")
+        raise ConfigError(f"{what}: expected a non-empty list of numbers or a ladder, got {raw!r}")
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in raw):
-        raise ValueError(f"{what}: every value must be a number, got {list(raw)}")
+        raise ConfigError(f"{what}: every value must be a number, got {list(raw)}")
     values = tuple(kind(v) for v in raw)
     if kind is int and any(v != int(v) for v in raw):
-        raise ValueError(f"{what}: {list(raw)} must be whole numbers")
+        raise ConfigError(f"{what}: {list(raw)} must be whole numbers")
     if len(set(values)) != len(values):
-        raise ValueError(f"{what}: {list(raw)} repeats a value (each grid point would run twice)")
+        raise ConfigError(f"{what}: {list(raw)} repeats a value (each grid point would run twice)")
     return values
 
 
@@ -120,7 +121,7 @@ def _per_size(raw: Any, sizes: Sequence[str], what: str, kind: type = float) -> 
         missing = [s for s in sizes if s not in raw]
         extra = [s for s in raw if s not in sizes]
         if missing or extra:
-            raise ValueError(f"{what}: per-size values must name exactly the grid's sizes "
+            raise ConfigError(f"{what}: per-size values must name exactly the grid's sizes "
                              f"(missing {missing}, not in sizes {extra})")
         return {s: _values(raw[s], f"{what}[{s}]", kind) for s in sizes}
     values = _values(raw, what, kind)
@@ -170,7 +171,7 @@ class GridSpec:
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
         if isinstance(self.sizes, str) or not self.sizes or len(set(self.sizes)) != len(self.sizes):
-            raise ValueError(f"sizes={self.sizes!r}: give a non-empty list of distinct size names")
+            raise ConfigError(f"sizes={self.sizes!r}: give a non-empty list of distinct size names")
         for name in ("sizes", "methods"):
             set_(name, tuple(getattr(self, name)))
         set_("replicas", _values(self.replicas, "replicas", int))
@@ -179,32 +180,32 @@ class GridSpec:
         set_("inner_lr", _per_size(self.inner_lr, self.sizes, "inner_lr"))
         set_("global_batch", _per_size(self.global_batch, self.sizes, "global_batch", int))
         if not isinstance(self.num_params, Mapping):
-            raise ValueError(f"num_params={self.num_params!r}: give a mapping size name -> parameter count")
+            raise ConfigError(f"num_params={self.num_params!r}: give a mapping size name -> parameter count")
         set_("num_params", {str(k): _values(v, f"num_params[{k}]", int)[0] for k, v in self.num_params.items()})
         if not isinstance(self.base, Mapping):
-            raise ValueError(f"base={self.base!r}: give a mapping of settings held fixed over the grid")
+            raise ConfigError(f"base={self.base!r}: give a mapping of settings held fixed over the grid")
         set_("base", dict(self.base))
 
         bad_methods = [m for m in self.methods if m not in SWEEP_METHODS]
         if bad_methods or not self.methods or len(set(self.methods)) != len(self.methods):
-            raise ValueError(f"methods={list(self.methods)}: choose from {', '.join(SWEEP_METHODS)}")
+            raise ConfigError(f"methods={list(self.methods)}: choose from {', '.join(SWEEP_METHODS)}")
         if any(m < 1 for m in self.replicas):
-            raise ValueError(f"replicas={list(self.replicas)}: every M must be >= 1")
+            raise ConfigError(f"replicas={list(self.replicas)}: every M must be >= 1")
         if any(h < 1 for h in self.sync_every):
-            raise ValueError(f"sync_every={list(self.sync_every)}: every H must be >= 1")
+            raise ConfigError(f"sync_every={list(self.sync_every)}: every H must be >= 1")
         if any(not v > 0 for v in self.outer_lr):
-            raise ValueError(f"outer_lr={list(self.outer_lr)}: must be positive")
+            raise ConfigError(f"outer_lr={list(self.outer_lr)}: must be positive")
         if not self.tokens_per_param > 0:
-            raise ValueError(f"tokens_per_param={self.tokens_per_param}: must be positive (the paper uses 20)")
+            raise ConfigError(f"tokens_per_param={self.tokens_per_param}: must be positive (the paper uses 20)")
         for s in self.sizes:
             if any(not v > 0 for v in self.inner_lr[s]):
-                raise ValueError(f"inner_lr for {s}: {list(self.inner_lr[s])} must be positive")
+                raise ConfigError(f"inner_lr for {s}: {list(self.inner_lr[s])} must be positive")
             if any(b < 1 for b in self.global_batch[s]):
-                raise ValueError(f"global_batch for {s}: {list(self.global_batch[s])} must be >= 1")
+                raise ConfigError(f"global_batch for {s}: {list(self.global_batch[s])} must be >= 1")
             if any(m != "dp" for m in self.methods):
                 bad = [(b, m) for b in self.global_batch[s] for m in self.replicas if b % m]
                 if bad:
-                    raise ValueError(f"global_batch for {s}: (batch, M) pairs {bad} do not divide; each "
+                    raise ConfigError(f"global_batch for {s}: (batch, M) pairs {bad} do not divide; each "
                                      f"replica gets global_batch / M sequences, so use powers of 2 >= max M")
             self.size_params(s)  # raises for unknown sizes
 
@@ -218,7 +219,7 @@ class GridSpec:
         counted = _model_zoo_params(size, self.base)
         if counted is not None:
             return counted
-        raise ValueError(f"unknown size {size!r}: give its non-embedding parameter count in the grid's "
+        raise ConfigError(f"unknown size {size!r}: give its non-embedding parameter count in the grid's "
                          f"num_params (e.g. \"num_params\": {{\"{size}\": 1200000}}) or register it in "
                          f"diloco.scaling.sweep.SIZE_PARAMS; known: {', '.join(SIZE_PARAMS)}")
 
@@ -227,10 +228,10 @@ class GridSpec:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known - {"_comment"})
         if unknown:
-            raise ValueError(f"unknown grid keys {unknown}; valid keys: {', '.join(sorted(known))}")
+            raise ConfigError(f"unknown grid keys {unknown}; valid keys: {', '.join(sorted(known))}")
         missing = sorted({"sizes", "inner_lr", "global_batch"} - set(data))
         if missing:
-            raise ValueError(f"the grid needs {missing}")
+            raise ConfigError(f"the grid needs {missing}")
         return cls(**{k: v for k, v in data.items() if k in known})
 
     @classmethod
@@ -239,11 +240,11 @@ class GridSpec:
         try:
             data = json.loads(Path(path).read_text())
         except FileNotFoundError:
-            raise ValueError(f"grid file {path} does not exist") from None
+            raise ConfigError(f"grid file {path} does not exist") from None
         except json.JSONDecodeError as exc:
-            raise ValueError(f"grid file {path} is not valid JSON: {exc}") from None
+            raise ConfigError(f"grid file {path} is not valid JSON: {exc}") from None
         if not isinstance(data, dict):
-            raise ValueError(f"grid file {path} must hold a JSON object")
+            raise ConfigError(f"grid file {path} must hold a JSON object")
         return cls.from_dict(data)
 
 
@@ -280,10 +281,10 @@ def expand_grids(grids: Sequence[GridSpec]) -> list[dict[str, Any]]:
     the run function, since one sweep calls one."""
     grids = list(grids)
     if not grids:
-        raise ValueError("give at least one grid")
+        raise ConfigError("give at least one grid")
     runners = sorted({g.runner for g in grids})
     if len(runners) > 1:
-        raise ValueError(f"the grids name different runners {runners}; sweep them one runner at a time "
+        raise ConfigError(f"the grids name different runners {runners}; sweep them one runner at a time "
                          f"(or pass --runner to use one for all)")
     out, seen = [], set()
     for grid in grids:
@@ -376,7 +377,7 @@ def run_sweep(grid: GridSpec | Sequence[GridSpec], *, results_path: Path, run_fn
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ValueError(f"another sweep is writing {results_path}; wait for it or use another --out") from None
+            raise ConfigError(f"another sweep is writing {results_path}; wait for it or use another --out") from None
         _drop_partial_tail(f)
         finished = {r.get("run_id") for r in read_results(results_path)
                     if r.get("status") == "ok" or (r.get("status") == "failed" and not retry_failed)}

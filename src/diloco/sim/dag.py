@@ -55,6 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from diloco.algorithm.schedule import Schedule
+from diloco.errors import ConfigError
 
 _RELEASE, _GATE = 0, 1  # at equal offsets a release (end of a node) precedes a gate (start of the next)
 
@@ -68,9 +69,9 @@ class ComputeStream:
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_layers, int) or self.num_layers < 1:
-            raise ValueError(f"num_layers must be a positive int, got {self.num_layers!r}")
+            raise ConfigError(f"num_layers must be a positive int, got {self.num_layers!r}")
         if not (np.isfinite(self.step_time_s) and self.step_time_s > 0):
-            raise ValueError(f"step_time_s must be a positive number of seconds, got {self.step_time_s!r}")
+            raise ConfigError(f"step_time_s must be a positive number of seconds, got {self.step_time_s!r}")
 
     @property
     def num_nodes(self) -> int:
@@ -116,14 +117,14 @@ class SyncPlan:
 
     def __post_init__(self) -> None:
         if len(self.fragment_units) != self.schedule.num_fragments:
-            raise ValueError(
+            raise ConfigError(
                 f"{len(self.fragment_units)} fragments given but the schedule has {self.schedule.num_fragments}"
             )
         units = [u for frag in self.fragment_units for u in frag]
         if len(units) != len(set(units)):
-            raise ValueError(f"a unit is in two fragments: {self.fragment_units}")
+            raise ConfigError(f"a unit is in two fragments: {self.fragment_units}")
         if not all(0 <= u < len(self.unit_bits) for u in units):
-            raise ValueError(f"fragments name units outside 0..{len(self.unit_bits) - 1}: {self.fragment_units}")
+            raise ConfigError(f"fragments name units outside 0..{len(self.unit_bits) - 1}: {self.fragment_units}")
 
 
 def _step_events(stream: ComputeStream, plan: SyncPlan, starts: Sequence[int], gated: Sequence[int]) -> list:
@@ -163,11 +164,11 @@ def simulate_utilization(
     """
     bw = np.atleast_1d(np.asarray(bandwidth_bps, dtype=float))
     if bw.ndim != 1 or not np.all(bw > 0):
-        raise ValueError(f"bandwidth_bps must be positive (bits/s), got {bandwidth_bps!r}")
+        raise ConfigError(f"bandwidth_bps must be positive (bits/s), got {bandwidth_bps!r}")
     if not (latency_s >= 0 and np.isfinite(latency_s)):
-        raise ValueError(f"latency_s must be >= 0 seconds, got {latency_s!r}")
+        raise ConfigError(f"latency_s must be >= 0 seconds, got {latency_s!r}")
     if len(plan.unit_bits) not in (stream.num_layers, stream.num_layers + 1):
-        raise ValueError(f"the plan has {len(plan.unit_bits)} units for {stream.num_layers} layers; "
+        raise ConfigError(f"the plan has {len(plan.unit_bits)} units for {stream.num_layers} layers; "
                          f"give one per layer, plus optionally the non-block parameters")
     sched = plan.schedule
     H, T = sched.sync_every, stream.step_time_s

@@ -38,6 +38,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from diloco.errors import ConfigError
+
 HOURS_PER_YEAR = 8760.0
 
 #: The methods :func:`goodput` knows, in the order ``diloco plan`` prints them.
@@ -79,15 +81,15 @@ class FailureModel:
         for name in ("chip_mtbi_hours", "recovery_median_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise ValueError(f"{name}={v!r}: give a positive number of "
+                raise ConfigError(f"{name}={v!r}: give a positive number of "
                                  f"{'hours' if 'hours' in name else 'seconds'}")
         for name in ("recovery_sigma", "checkpoint_interval_s", "downscale_s", "upscale_s", "slice_chips"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"{name}={v!r}: give a finite number >= 0")
+                raise ConfigError(f"{name}={v!r}: give a finite number >= 0")
         slow = tuple(float(s) for s in self.slowdowns)
         if any(not (math.isfinite(s) and s > 0) for s in slow):
-            raise ValueError(f"slowdowns={self.slowdowns!r}: give each group's relative step time, > 0 "
+            raise ConfigError(f"slowdowns={self.slowdowns!r}: give each group's relative step time, > 0 "
                              "(1 = nominal, 1.18 = 18 % slower)")
         object.__setattr__(self, "slowdowns", slow)
 
@@ -126,9 +128,9 @@ def cluster_mtbf_hours(chips: float, *, chip_mtbi_hours: float = HOURS_PER_YEAR)
 
 def _check_chips(chips: float, learners: int) -> None:
     if not (isinstance(chips, (int, float)) and math.isfinite(chips) and chips > 0):
-        raise ValueError(f"chips={chips!r}: give the number of chips, > 0 (e.g. 150_000)")
+        raise ConfigError(f"chips={chips!r}: give the number of chips, > 0 (e.g. 150_000)")
     if not (isinstance(learners, int) and learners >= 1):
-        raise ValueError(f"learners={learners!r}: give a whole number of learners >= 1 (M)")
+        raise ConfigError(f"learners={learners!r}: give a whole number of learners >= 1 (M)")
 
 
 def straggler_factor(model: FailureModel, *, waits: bool) -> float:
@@ -190,7 +192,7 @@ def goodput(method: str, *, chips: float, learners: int = 1, model: FailureModel
         return goodput_synchronous(chips, learners, model)
     if method == "decoupled":
         return goodput_decoupled(chips, learners, model) * straggler_factor(model, waits=False)
-    raise ValueError(f"method={method!r}: give one of {', '.join(METHODS)}")
+    raise ConfigError(f"method={method!r}: give one of {', '.join(METHODS)}")
 
 
 def goodput_by_method(*, chips: float, learners: int, model: FailureModel = FailureModel()) -> dict[str, float]:

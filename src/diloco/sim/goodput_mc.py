@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from diloco.errors import ConfigError
 from diloco.sim.goodput import METHODS, FailureModel, failure_rate, straggler_factor
 
 
@@ -52,13 +53,13 @@ def simulate_goodput(method: str, *, chips: float, learners: int = 1, model: Fai
     that many failures; ``num_runs`` independent runs give the mean and its standard error.
     """
     if method not in METHODS:
-        raise ValueError(f"method={method!r}: give one of {', '.join(METHODS)}")
+        raise ConfigError(f"method={method!r}: give one of {', '.join(METHODS)}")
     if not (failures_per_unit >= 10 and num_runs >= 2):
-        raise ValueError(f"failures_per_unit={failures_per_unit}, num_runs={num_runs}: give >= 10 failures per "
+        raise ConfigError(f"failures_per_unit={failures_per_unit}, num_runs={num_runs}: give >= 10 failures per "
                          "unit and >= 2 runs (the standard error needs two)")
     n_unit, units = _unit(method, chips, learners)
     if not (n_unit > 0 and math.isfinite(n_unit)):
-        raise ValueError(f"chips={chips!r}, learners={learners!r}: give chips > 0 and learners >= 1")
+        raise ConfigError(f"chips={chips!r}, learners={learners!r}: give chips > 0 and learners >= 1")
     lam = failure_rate(n_unit, model)
     non_elastic = method == "dp"
     learner_down = method == "decoupled" and not elastic_learners

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from diloco.errors import ConfigError
 from diloco.traffic import check_exchange
 
 GBIT = 1e9  # bits per second in one Gbit/s
@@ -35,13 +36,13 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_layers, int) or isinstance(self.num_layers, bool) or self.num_layers < 1:
-            raise ValueError(f"num_layers must be a positive int, got {self.num_layers!r}")
+            raise ConfigError(f"num_layers must be a positive int, got {self.num_layers!r}")
         if not (np.isfinite(self.num_params) and self.num_params > 0):
-            raise ValueError(f"num_params must be > 0, got {self.num_params!r}")
+            raise ConfigError(f"num_params must be > 0, got {self.num_params!r}")
         if not (np.isfinite(self.step_time_s) and self.step_time_s > 0):
-            raise ValueError(f"step_time_s must be > 0 seconds, got {self.step_time_s!r}")
+            raise ConfigError(f"step_time_s must be > 0 seconds, got {self.step_time_s!r}")
         if not 0 <= self.non_block_params < self.num_params:
-            raise ValueError(
+            raise ConfigError(
                 f"non_block_params must lie in [0, num_params={self.num_params:g}), got {self.non_block_params!r}"
             )
 
@@ -52,7 +53,7 @@ class ModelSpec:
     def scaled(self, step_time_scale: float) -> "ModelSpec":
         """The same model with its step time multiplied by ``step_time_scale``."""
         if not (np.isfinite(step_time_scale) and step_time_scale > 0):
-            raise ValueError(f"step_time_scale must be > 0, got {step_time_scale!r}")
+            raise ConfigError(f"step_time_scale must be > 0, got {step_time_scale!r}")
         return replace(self, step_time_s=self.step_time_s * step_time_scale)
 
 
@@ -68,7 +69,7 @@ def preset(name: str) -> ModelSpec:
     try:
         return PRESETS[name]
     except KeyError:
-        raise ValueError(f"unknown model size {name!r}; choose one of {', '.join(PRESETS)}") from None
+        raise ConfigError(f"unknown model size {name!r}; choose one of {', '.join(PRESETS)}") from None
 
 
 def bandwidth_grid(low_gbps: float = 0.1, high_gbps: float = 1000.0, num: int = 50) -> np.ndarray:
@@ -79,10 +80,10 @@ def bandwidth_grid(low_gbps: float = 0.1, high_gbps: float = 1000.0, num: int = 
     if num == 1 and low_gbps == high_gbps and low_gbps > 0:
         return np.array([low_gbps * GBIT])
     if not (0 < low_gbps < high_gbps):
-        raise ValueError(f"need 0 < low < high Gbit/s (or low == high with num 1), got low={low_gbps!r}, "
+        raise ConfigError(f"need 0 < low < high Gbit/s (or low == high with num 1), got low={low_gbps!r}, "
                          f"high={high_gbps!r}")
     if num < 2:
-        raise ValueError(f"a bandwidth grid from low to high needs at least 2 points, got num={num}")
+        raise ConfigError(f"a bandwidth grid from low to high needs at least 2 points, got num={num}")
     return np.logspace(np.log10(low_gbps), np.log10(high_gbps), num) * GBIT
 
 
@@ -97,9 +98,9 @@ def step_time_from_hardware(*, num_params: float, tokens_per_step: float, num_ch
     for name, v in (("num_params", num_params), ("tokens_per_step", tokens_per_step), ("num_chips", num_chips),
                     ("peak_flops", peak_flops)):
         if not (np.isfinite(v) and v > 0):
-            raise ValueError(f"{name} must be a positive number, got {v!r}")
+            raise ConfigError(f"{name} must be a positive number, got {v!r}")
     if not (np.isfinite(mfu) and 0 < mfu <= 1):
-        raise ValueError(f"mfu must lie in (0, 1] (a fraction of peak, e.g. 0.4), got {mfu!r}")
+        raise ConfigError(f"mfu must lie in (0, 1] (a fraction of peak, e.g. 0.4), got {mfu!r}")
     return 6.0 * num_params * tokens_per_step / (num_chips * peak_flops * mfu)
 
 
@@ -112,7 +113,7 @@ def latency_hops(exchange: str, num_workers: int) -> int:
     """
     check_exchange(exchange)
     if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
-        raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
+        raise ConfigError(f"num_workers must be a positive int, got {num_workers!r}")
     rounds = num_workers - 1
     return 2 * rounds if exchange == "reduce_scatter" else rounds
 

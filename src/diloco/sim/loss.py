@@ -39,6 +39,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from diloco.errors import ConfigError
 from diloco.scaling.fit import ScalingFit
 
 #: The reference H of the DiLoCo laws (the paper sweeps at H = 30).
@@ -95,9 +96,9 @@ class LossModel:
 
     def __init__(self, fit: ScalingFit, *, source: str, ablations: str = "paper") -> None:
         if ablations not in ABLATION_SETS:
-            raise ValueError(f"ablations={ablations!r}: choose one of {', '.join(ABLATION_SETS)}")
+            raise ConfigError(f"ablations={ablations!r}: choose one of {', '.join(ABLATION_SETS)}")
         if "dp" not in fit.loss_laws and "dp" not in fit.loss_laws_c:
-            raise ValueError(f"the fit ({source}) has no data-parallel law: the planner compares every setting "
+            raise ConfigError(f"the fit ({source}) has no data-parallel law: the planner compares every setting "
                              f"with DP, so fit records that include method 'dp'")
         self.fit, self.source, self.ablations = fit, source, ablations
         table = _data("ablations.json")
@@ -115,10 +116,10 @@ class LossModel:
 
         path = Path(path)
         if not path.exists():
-            raise ValueError(f"fit file {path} does not exist; write one with `diloco fit ... --json {path}`")
+            raise ConfigError(f"fit file {path} does not exist; write one with `diloco fit ... --json {path}`")
         data = read_json(path)
         if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected the JSON object `diloco fit` writes")
+            raise ConfigError(f"{path}: expected the JSON object `diloco fit` writes")
         src = f"{path} (diloco fit of {data.get('source', 'unknown records')})"
         return cls(ScalingFit.from_dict(data, where=str(path)), source=src, ablations=ablations)
 
@@ -195,7 +196,7 @@ class LossModel:
         ``overlap_steps`` says) are charged the laptop-scale measurements (:meth:`measured_term`).
         """
         if method not in ("dp", "diloco", "streaming"):
-            raise ValueError(f"method={method!r}: choose dp, diloco or streaming")
+            raise ConfigError(f"method={method!r}: choose dp, diloco or streaming")
         law_method = "dp" if method == "dp" else "diloco"
         m = 1 if method == "dp" else replicas
         pr = self.fit.predict(num_params, method=law_method, replicas=m, tokens=tokens)

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from diloco.errors import ConfigError
 from diloco.sim.hardware import GBIT, PRESETS, ModelSpec
 from diloco.sim.utilization import TARGETS, MethodSpec, data_parallel, diloco, paper_methods, utilization_curve
 
@@ -123,7 +124,7 @@ CONVENTIONS = ("first_reaching", "last_below")
 def read_grid(cu: np.ndarray, target: float, convention: str = "first_reaching") -> int | None:
     """Grid index a curve gives for ``target`` under ``convention`` (None: not on the grid)."""
     if convention not in CONVENTIONS:
-        raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
+        raise ConfigError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
     hit = np.flatnonzero(np.asarray(cu) >= target - 1e-12)
     if not hit.size:
         return None

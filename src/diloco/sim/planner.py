@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from diloco.algorithm.wire_sizes import SPARSE_CODECS, bits_per_value
+from diloco.errors import ConfigError
 from diloco.outer_steps import MIN_OUTER_STEPS, OUTER_MOMENTUM
 from diloco.outer_steps import SOURCE as OUTER_STEPS_SOURCE
 from diloco.sim.hardware import GBIT, PAPER_EXCHANGE, ModelSpec
@@ -85,7 +86,7 @@ class Candidate:
     def __post_init__(self) -> None:
         if self.eager:
             if self.method == "dp":
-                raise ValueError("eager updates are an outer-step setting: not for data-parallel")
+                raise ConfigError("eager updates are an outer-step setting: not for data-parallel")
             object.__setattr__(self, "overlap_steps", self.sync_every)
 
     @property
@@ -149,11 +150,11 @@ def candidates(num_layers: int, *, sync_every: Sequence[int] = DEFAULT_SYNC_EVER
     """
     unknown = [c for c in codecs if c not in DEFAULT_CODECS]
     if unknown:
-        raise ValueError(f"unknown codec(s) {unknown}; the planner knows {', '.join(DEFAULT_CODECS)}")
+        raise ConfigError(f"unknown codec(s) {unknown}; the planner knows {', '.join(DEFAULT_CODECS)}")
     for name, values, low in (("sync_every", sync_every, 1), ("overlap", overlap, 0),
                               ("fragment_layers", fragment_layers, 1)):
         if not values or any(not isinstance(v, int) or v < low for v in values):
-            raise ValueError(f"{name}={list(values)}: give whole numbers >= {low}")
+            raise ConfigError(f"{name}={list(values)}: give whole numbers >= {low}")
     out = [Candidate("dp")]
     if num_workers < 2:
         return out
@@ -264,12 +265,12 @@ def evaluate(setup: Setup, cands: Sequence[Candidate], bandwidths_bps: Sequence[
              *, tolerance: float = DEFAULT_TOLERANCE) -> Plan:
     """Every candidate at every bandwidth, and the recommendation at each."""
     if not (math.isfinite(tolerance) and tolerance >= 0):
-        raise ValueError(f"tolerance={tolerance!r}: give a relative loss tolerance >= 0, e.g. 0.005 for 0.5 %")
+        raise ConfigError(f"tolerance={tolerance!r}: give a relative loss tolerance >= 0, e.g. 0.005 for 0.5 %")
     bws = np.array(sorted(set(float(b) for b in bandwidths_bps)))
     if bws.size == 0 or np.any(~(bws > 0)):
-        raise ValueError(f"bandwidths must be positive bits/s, got {list(bandwidths_bps)}")
+        raise ConfigError(f"bandwidths must be positive bits/s, got {list(bandwidths_bps)}")
     if not any(c.method == "dp" for c in cands):
-        raise ValueError("the candidates must include data-parallel: the loss tolerance is relative to it")
+        raise ConfigError("the candidates must include data-parallel: the loss tolerance is relative to it")
     model, M, T = setup.model, setup.num_workers, setup.model.step_time_s
     read_grid = READ_GRID_GBPS * GBIT
     bits = {c: c.bits_per_param(model.num_params) for c in cands}

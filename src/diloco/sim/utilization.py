@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from diloco.algorithm.schedule import Schedule
+from diloco.errors import ConfigError
 from diloco.layout import PATTERNS, block_fragments
 from diloco.methods import SYNCHRONOUS_METHODS as METHODS  # decoupled learners are not modelled here
 from diloco.sim.dag import ComputeStream, SyncPlan, simulate_utilization
@@ -61,14 +62,14 @@ class MethodSpec:
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.bits) and self.bits > 0):
-            raise ValueError(f"bits must be > 0 (bits per parameter on the wire), got {self.bits!r}")
+            raise ConfigError(f"bits must be > 0 (bits per parameter on the wire), got {self.bits!r}")
         if self.fragment_pattern not in PATTERNS:
-            raise ValueError(f"fragment_pattern must be 'strided' or 'sequential', got {self.fragment_pattern!r}")
+            raise ConfigError(f"fragment_pattern must be 'strided' or 'sequential', got {self.fragment_pattern!r}")
         offsets = None
         if self.fragment_spacing is not None:
             s, P, H = self.fragment_spacing, self.num_fragments, self.sync_every
             if not 1 <= s * P <= H:
-                raise ValueError(
+                raise ConfigError(
                     f"fragment_spacing={s} with P={P} fragments needs 1 <= s*P <= H={H}; use s <= {H // max(P, 1)}"
                 )
             offsets = tuple((p + 1) * s for p in range(P))
@@ -106,7 +107,7 @@ def streaming(
 def paper_fragments(num_layers: int, fragment_layers: int = 3) -> int:
     """P for blocks of ``fragment_layers`` layers each, plus the non-block fragment: ceil(L/k) + 1."""
     if fragment_layers < 1 or fragment_layers > num_layers:
-        raise ValueError(f"fragment_layers must lie in 1..num_layers={num_layers}, got {fragment_layers}")
+        raise ConfigError(f"fragment_layers must lie in 1..num_layers={num_layers}, got {fragment_layers}")
     return math.ceil(num_layers / fragment_layers) + 1
 
 
@@ -128,7 +129,7 @@ def paper_methods(
     P = paper_fragments(num_layers, fragment_layers)
     spacing = sync_every // P
     if spacing < 1:
-        raise ValueError(f"{P} fragments do not fit in H={sync_every} steps; raise H or fragment_layers")
+        raise ConfigError(f"{P} fragments do not fit in H={sync_every} steps; raise H or fragment_layers")
     stream = dict(sync_every=sync_every, num_fragments=P, fragment_spacing=spacing)
     return [
         data_parallel(bits=bits),
@@ -185,7 +186,7 @@ def utilization_curve(
     :func:`~diloco.sim.hardware.latency_hops` times (pipelined: see :mod:`diloco.sim.dag`).
     """
     if not (latency_s >= 0 and np.isfinite(latency_s)):
-        raise ValueError(f"latency_s must be >= 0 seconds, got {latency_s!r}")
+        raise ConfigError(f"latency_s must be >= 0 seconds, got {latency_s!r}")
     stream = ComputeStream(model.num_layers, model.step_time_s)
     plan = build_plan(model, method, num_workers=num_workers, overlap_backward=overlap_backward, exchange=exchange)
     hops = latency_hops(exchange, num_workers)
@@ -231,17 +232,17 @@ def predict_utilization(
     which exchange whole payloads after the step instead of layer by layer during the backward.
     """
     if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     if method == "dp" and (sync_every, num_fragments, overlap_steps) != (1, 1, 0):
-        raise ValueError(
+        raise ConfigError(
             f"data-parallel reduces every step: leave sync_every=1, num_fragments=1, overlap_steps=0 "
             f"(got {sync_every}, {num_fragments}, {overlap_steps}); use method='diloco' or 'streaming'"
         )
     if method == "diloco" and num_fragments != 1:
-        raise ValueError(f"DiLoCo syncs all parameters at once (num_fragments=1), got {num_fragments}; "
+        raise ConfigError(f"DiLoCo syncs all parameters at once (num_fragments=1), got {num_fragments}; "
                          f"use method='streaming'")
     if eager and overlap_steps != sync_every:
-        raise ValueError(f"eager updates overlap a whole round: overlap_steps must equal sync_every "
+        raise ConfigError(f"eager updates overlap a whole round: overlap_steps must equal sync_every "
                          f"({sync_every}), got {overlap_steps}")
     model = ModelSpec(num_layers, float(num_params), float(step_time_s), float(non_block_params))
     spec = MethodSpec(method, sync_every, num_fragments, overlap_steps, float(bits), fragment_pattern,
@@ -257,7 +258,7 @@ def bandwidth_needed(
     """For each target, the smallest grid bandwidth (bits/s) whose utilization reaches it; NaN if none."""
     bw, cu = np.asarray(bandwidth_bps, dtype=float), np.asarray(utilization, dtype=float)
     if bw.shape != cu.shape or np.any(np.diff(bw) <= 0):
-        raise ValueError("bandwidth_bps must be increasing and the same shape as utilization")
+        raise ConfigError("bandwidth_bps must be increasing and the same shape as utilization")
     out = np.full(len(targets), np.nan)
     for i, q in enumerate(targets):
         hit = np.flatnonzero(cu >= q - 1e-12)  # tolerance: a curve that is exactly q reaches q
@@ -306,7 +307,7 @@ def sweep(
     """Curves and the table of bandwidth needed per target for each method."""
     labels = [m.label for m in methods]
     if len(set(labels)) != len(labels):
-        raise ValueError(f"method labels must be distinct, got {labels}")
+        raise ConfigError(f"method labels must be distinct, got {labels}")
     bw = np.asarray(bandwidth_bps, dtype=float)
     curves = {m.label: utilization_curve(model, m, bw, latency_s=latency_s, num_workers=num_workers,
                                          overlap_backward=overlap_backward, exchange=exchange)

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from diloco.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Network:
@@ -37,9 +39,9 @@ class Network:
 
     def __post_init__(self) -> None:
         if not self.bandwidth_bps > 0:
-            raise ValueError(f"bandwidth_bps must be > 0 bits/s, got {self.bandwidth_bps!r}")
+            raise ConfigError(f"bandwidth_bps must be > 0 bits/s, got {self.bandwidth_bps!r}")
         if not (self.latency_s >= 0 and np.isfinite(self.latency_s)):
-            raise ValueError(f"latency_s must be >= 0 seconds, got {self.latency_s!r}")
+            raise ConfigError(f"latency_s must be >= 0 seconds, got {self.latency_s!r}")
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class WallClock:
 def _positive(**values: float) -> None:
     for name, v in values.items():
         if not (np.isfinite(v) and v > 0):
-            raise ValueError(f"{name} must be a positive number, got {v!r}")
+            raise ConfigError(f"{name} must be a positive number, got {v!r}")
 
 
 def num_steps(*, num_tokens: float, batch_tokens: float) -> float:
@@ -86,7 +88,7 @@ def allreduce_time_s(*, num_params: float, ring_size: float, network: Network, b
     """2 N b / W (1 - 1/r) + e: one ring all-reduce of N parameters of b bits over r chips."""
     _positive(num_params=num_params, ring_size=ring_size, bits_per_param=bits_per_param)
     if ring_size < 1:
-        raise ValueError(f"ring_size must be >= 1 chip, got {ring_size!r}")
+        raise ConfigError(f"ring_size must be >= 1 chip, got {ring_size!r}")
     payload = num_params * bits_per_param
     return 2.0 * payload / network.bandwidth_bps * (1.0 - 1.0 / ring_size) + network.latency_s
 
@@ -126,11 +128,11 @@ def diloco_wallclock(
     """DiLoCo with M replicas of R/M chips: data-parallel inside each, an outer all-reduce every H steps."""
     M, R, H = num_replicas, num_chips, sync_every
     if not (isinstance(M, int) and M >= 1):
-        raise ValueError(f"num_replicas (M) must be a positive int, got {M!r}")
+        raise ConfigError(f"num_replicas (M) must be a positive int, got {M!r}")
     if not (isinstance(H, int) and H >= 1):
-        raise ValueError(f"sync_every (H) must be a positive int, got {H!r}")
+        raise ConfigError(f"sync_every (H) must be a positive int, got {H!r}")
     if R < M or R % M:
-        raise ValueError(f"num_chips (R={R}) must be a multiple of num_replicas (M={M}): each replica gets R/M chips")
+        raise ConfigError(f"num_chips (R={R}) must be a multiple of num_replicas (M={M}): each replica gets R/M chips")
     T = num_steps(num_tokens=num_tokens, batch_tokens=batch_tokens)
     compute = compute_time_s(num_params=num_params, num_tokens=num_tokens, num_chips=R,
                              flops_per_chip=flops_per_chip)

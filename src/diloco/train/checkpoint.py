@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from diloco.errors import ConfigError
 from diloco.files import atomic_write_with, read_json, write_json
 
 _DIR = "checkpoints"
@@ -81,7 +82,7 @@ def commit(run_dir: Path, step: int, meta: dict[str, Any], *, keep: int = 2) -> 
     """Replica 0, after every replica saved ``step``: record the files' digests, make ``step`` the latest,
     and keep only the last ``keep`` steps."""
     if keep < 1:
-        raise ValueError(f"keep={keep}: keep at least the checkpoint just written")
+        raise ConfigError(f"keep={keep}: keep at least the checkpoint just written")
     n = int(meta.get("num_replicas", 1))
     if meta.get("format") == "dcp":  # sharded: every file every rank wrote, by its path in the step's folder
         root = step_dir(run_dir, step)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from diloco.errors import ConfigError
 from diloco.files import atomic_write_bytes, read_jsonl, write_json
 from diloco.train.config import TrainConfig
 from diloco.train.result import RunResult
@@ -38,7 +39,7 @@ def run_compare(
         except ValueError as exc:
             errors.append(f"{name}: {exc}")
     if errors:
-        raise ValueError("nothing was trained:\n" + "\n".join(errors))
+        raise ConfigError("nothing was trained:\n" + "\n".join(errors))
     rows = []
     for name, trainer in trainers.items():
         plan = plans[name]

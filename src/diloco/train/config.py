@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from diloco.algorithm.wire_sizes import TOPK_TABLES
+from diloco.errors import ConfigError
 from diloco.layout import PATTERNS
 from diloco.methods import METHODS, schedule_errors
 
@@ -224,7 +225,7 @@ class TrainConfig:
             except ValueError as exc:
                 errors.append(f"schedule={self.schedule!r}: {exc}")
         if errors:
-            raise ValueError("invalid training config:\n  " + "\n  ".join(errors))
+            raise ConfigError("invalid training config:\n  " + "\n  ".join(errors))
 
     # -- derived -------------------------------------------------------------
     @property
@@ -297,7 +298,7 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown config keys {unknown}; valid keys: {', '.join(sorted(known))}")
+            raise ConfigError(f"unknown config keys {unknown}; valid keys: {', '.join(sorted(known))}")
         data = dict(data)
         for key in ("sources", "fragments"):
             if key in data:
@@ -384,12 +385,12 @@ def _sections() -> dict[str, str]:
 def parse_override(item: str) -> tuple[str, Any]:
     """Parse ``key=value`` against the field's type: ``--set sync_every=100``."""
     if "=" not in item:
-        raise ValueError(f"override {item!r} must look like key=value, e.g. sync_every=100")
+        raise ConfigError(f"override {item!r} must look like key=value, e.g. sync_every=100")
     key, raw = item.split("=", 1)
     key = key.strip()
     types = {f.name: f.type for f in fields(TrainConfig)}
     if key not in types:
-        raise ValueError(f"unknown config key {key!r}; valid keys: {', '.join(sorted(types))}")
+        raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(sorted(types))}")
     typ = str(types[key])
     try:
         if typ == "bool":
@@ -404,7 +405,7 @@ def parse_override(item: str) -> tuple[str, Any]:
         if typ.startswith("tuple"):
             return key, tuple(s.strip() for s in raw.split(",") if s.strip())
     except ValueError:
-        raise ValueError(f"{key}={raw!r}: expected a value of type {typ}") from None
+        raise ConfigError(f"{key}={raw!r}: expected a value of type {typ}") from None
     return key, raw
 
 
@@ -426,13 +427,13 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
     else:
         res = resources.files("diloco") / "configs" / f"{name_or_path}.json"
         if not res.is_file():
-            raise ValueError(f"unknown preset {name_or_path!r}; presets: {', '.join(preset_names())} "
+            raise ConfigError(f"unknown preset {name_or_path!r}; presets: {', '.join(preset_names())} "
                              f"(or give a path to a .json file)")
         text = res.read_text()
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"preset {name_or_path!r} is not valid JSON: {exc}") from None
+        raise ConfigError(f"preset {name_or_path!r} is not valid JSON: {exc}") from None
     if "base" not in data:
         data = {"base": data}
     data.setdefault("methods", {})

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from diloco.errors import ConfigError
 from diloco.train import checkpoint as ckpt
 
 __all__ = ["ExportResult", "export_run", "global_model"]
@@ -55,17 +56,17 @@ def _checkpoint_meta(run_dir: Path, step: int | None) -> tuple[dict[str, Any], t
     """The record of the checkpoint to export, every replica file checked against its SHA-256, and the
     newer checkpoints skipped as damaged (``step`` None: the newest readable one)."""
     if not run_dir.is_dir():
-        raise ValueError(f"{run_dir} is not a folder; give the --out folder of a `diloco train` run")
+        raise ConfigError(f"{run_dir} is not a folder; give the --out folder of a `diloco train` run")
     steps = ckpt.saved_steps(run_dir)
     if not steps:
-        raise ValueError(f"{run_dir} has no checkpoint ({ckpt.checkpoint_dir(run_dir)} holds none): nothing to "
+        raise ConfigError(f"{run_dir} has no checkpoint ({ckpt.checkpoint_dir(run_dir)} holds none): nothing to "
                          f"export. Train it (a checkpoint is written at the end and every checkpoint_every steps) "
                          f"or --resume it if it was interrupted before its first checkpoint")
     if step is None:
         found = ckpt.find_resumable(run_dir)  # the newest readable one; raises naming every damaged one
         return found.meta, found.skipped
     if step not in steps:
-        raise ValueError(f"{run_dir} has no checkpoint of step {step}; its checkpoints: "
+        raise ConfigError(f"{run_dir} has no checkpoint of step {step}; its checkpoints: "
                          f"{', '.join(map(str, steps))} (leave out --step for the latest)")
     meta = ckpt._step_meta(run_dir, step)
     for rank in range(int(meta.get("num_replicas", 1))):
@@ -139,7 +140,7 @@ def global_model(run_dir: Path | str, *, step: int | None = None, cache_dir: Pat
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as exc:
-        raise ValueError(f"the checkpoint of {run_dir} does not fit the model its config builds now "
+        raise ConfigError(f"the checkpoint of {run_dir} does not fit the model its config builds now "
                          f"(model={cfg.model!r}: was its config changed since the run?): {str(exc)[:300]}") from None
     if cfg.method != "dp":  # DP's parameters are the global ones; else each fragment's flat global copy
         groups = run_fragments(cfg, model)
@@ -164,7 +165,7 @@ def _load_sharded(run_dir: Path, model: torch.nn.Module, meta: dict[str, Any], c
     try:
         model.load_state_dict({k[len("model/"):]: v for k, v in full.items() if k.startswith("model/")})
     except RuntimeError as exc:
-        raise ValueError(f"the checkpoint of {run_dir} does not fit the model its config builds now "
+        raise ConfigError(f"the checkpoint of {run_dir} does not fit the model its config builds now "
                          f"(model={cfg.model!r}: was its config changed since the run?): {str(exc)[:300]}") from None
     with torch.no_grad():  # a tied weight is one parameter: it takes the global value under every name
         for name, p in model.named_parameters():
@@ -174,14 +175,14 @@ def _load_sharded(run_dir: Path, model: torch.nn.Module, meta: dict[str, Any], c
 
 def _check_out(out: Path, run_dir: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; give a folder (new or empty) for the model")
+        raise ConfigError(f"--out {out} is a file; give a folder (new or empty) for the model")
     resolved, run = out.resolve(), run_dir.resolve()
     if resolved == run or resolved in run.parents:
-        raise ValueError(f"--out {out} holds the run {run_dir} itself; export to another folder (e.g. {run_dir}/model)")
+        raise ConfigError(f"--out {out} holds the run {run_dir} itself; export to another folder (e.g. {run_dir}/model)")
     held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if held and not overwrite:
         shown = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
-        raise ValueError(f"--out {out} already holds files ({shown}); choose a new or empty folder, or pass "
+        raise ConfigError(f"--out {out} already holds files ({shown}); choose a new or empty folder, or pass "
                          f"--overwrite to replace the folder and everything in it")
 
 

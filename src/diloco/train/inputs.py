@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from diloco.errors import ConfigError
+
 __all__ = ["Inputs", "check_ids_fit", "prepare_inputs", "run_fragments", "run_tokenizer"]
 
 
@@ -40,7 +42,7 @@ def run_fragments(cfg: Any, model: nn.Module) -> list[list[str]] | None:
         return None
     groups = fragments_from_prefixes(model, list(cfg.fragments)) if cfg.fragments else None
     if groups is not None and len(groups) != cfg.num_fragments:
-        raise ValueError(f"fragments={list(cfg.fragments)} names {len(groups)} fragments but num_fragments="
+        raise ConfigError(f"fragments={list(cfg.fragments)} names {len(groups)} fragments but num_fragments="
                          f"{cfg.num_fragments}; give one comma-separated group per fragment or set "
                          f"num_fragments={len(groups)}")
     split_fragments(model, cfg.num_fragments, pattern=cfg.fragment_pattern, fragments=groups)
@@ -64,7 +66,7 @@ def run_tokenizer(cfg: Any) -> tuple[str | None, Path | None]:
     if cfg.tokenizer:
         return cfg.tokenizer, own
     if own is None and spec and has_weights(spec):
-        raise ValueError(f"model=hf:{spec} has pretrained weights but no tokenizer.json, and tokenizer is not set: "
+        raise ConfigError(f"model=hf:{spec} has pretrained weights but no tokenizer.json, and tokenizer is not set: "
                          f"a tokenizer trained here would give ids that mean nothing to its embeddings. Put the "
                          f"model's tokenizer.json in {spec} or set tokenizer=PATH (or train on token files made "
                          f"with its tokenizer)")
@@ -78,7 +80,7 @@ def check_ids_fit(data: Any, tokenizer_file: Path) -> None:
     size = Tokenizer.from_file(str(tokenizer_file)).get_vocab_size()
     top = max((int(a.max()) for a in (data.train, data.val) if a.size), default=-1)
     if top >= size:
-        raise ValueError(f"the token files hold id {top} but the model's tokenizer ({tokenizer_file}) has only "
+        raise ConfigError(f"the token files hold id {top} but the model's tokenizer ({tokenizer_file}) has only "
                          f"{size} tokens: these ids were not made by it. Tokenize the text with that tokenizer "
                          f"(or train on the text itself: it is then tokenized with it)")
 

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any, Protocol
 
+from diloco.errors import ConfigError
 from diloco.files import atomic_write_bytes, dumps_strict, read_jsonl
 
 
@@ -63,7 +64,7 @@ class TensorBoardSink:
         try:
             import torch.utils.tensorboard  # noqa: F401
         except ImportError as exc:  # pragma: no cover - depends on an optional package
-            raise ValueError("tensorboard=true needs the tensorboard package: pip install tensorboard, "
+            raise ConfigError("tensorboard=true needs the tensorboard package: pip install tensorboard, "
                              "or set tensorboard=false") from exc
 
     def log(self, record: dict[str, Any]) -> None:

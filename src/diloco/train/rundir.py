@@ -15,6 +15,8 @@ only reads it and says what to do:
 Once the data is built, :func:`check_same_data` refuses a resume on token ids whose SHA-256 differs
 from the checkpoint's. So a typo on the command line can never truncate, overwrite or delete results.
 
+from diloco.errors import ConfigError
+
 While a run trains, its process holds :class:`RunDirLock` on the folder: a second training command on the
 same ``--out`` (a second terminal, a sweep started again while a run of the first is still alive) is refused
 before it reads or writes anything, instead of two processes writing one run's files.
@@ -89,7 +91,7 @@ class RunDirLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise ValueError(f"--out {self.out_dir}: another process is training in this folder right now (it holds "
+            raise ConfigError(f"--out {self.out_dir}: another process is training in this folder right now (it holds "
                              f"the folder's lock); wait for it to finish, or stop it and continue the run with "
                              f"--resume, or choose another --out") from None
         self._fd = fd
@@ -131,7 +133,7 @@ def _saved_config(out_dir: Path) -> dict[str, Any] | None:
         return None
     data = read_json(path)
     if not isinstance(data, dict):
-        raise ValueError(f"{path} is not a JSON object; is --out the right folder?")
+        raise ConfigError(f"{path} is not a JSON object; is --out the right folder?")
     return _with_defaults(data)
 
 
@@ -150,13 +152,13 @@ def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overw
     out_dir = Path(out_dir)
     extra = ELASTIC_KEYS if elastic else ()
     if elastic and (resume or overwrite):
-        raise ValueError("an elastic launch resumes by itself: drop --resume / --overwrite (or --elastic)")
+        raise ConfigError("an elastic launch resumes by itself: drop --resume / --overwrite (or --elastic)")
     reuse = reuse or elastic
     if sum((resume, overwrite, reuse)) > 1:
-        raise ValueError("--resume continues the run in --out, --overwrite replaces it (and reuse takes a "
+        raise ConfigError("--resume continues the run in --out, --overwrite replaces it (and reuse takes a "
                          "finished one as it is): choose one")
     if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"--out {out_dir} is a file, not a folder; choose another --out")
+        raise ConfigError(f"--out {out_dir} is a file, not a folder; choose another --out")
     present = existing_run_files(out_dir)
     new = cfg.to_dict()
     if resume:
@@ -169,11 +171,11 @@ def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overw
     saved = _saved_config(out_dir)
     replace = f"choose another --out, or pass {replace_flag} to replace it (deletes {', '.join(present)})"
     if saved is None:
-        raise ValueError(f"--out {out_dir} already holds run files ({', '.join(present)}) without a config.json; "
+        raise ConfigError(f"--out {out_dir} already holds run files ({', '.join(present)}) without a config.json; "
                          f"{replace}")
     diff = config_differences(saved, new, ignore=RUNTIME_KEYS + extra)
     if diff:
-        raise ValueError(f"--out {out_dir} holds another run; its config differs in:\n  " + "\n  ".join(diff)
+        raise ConfigError(f"--out {out_dir} holds another run; its config differs in:\n  " + "\n  ".join(diff)
                          + f"\n{replace}")
     if reuse:
         if (out_dir / "summary.json").exists():
@@ -183,9 +185,9 @@ def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overw
         return RunDirPlan(out_dir, "overwrite", notices=(f"{out_dir} holds this config, stopped before its first "
                                                           f"checkpoint was committed: starting it again",))
     if (out_dir / "summary.json").exists():
-        raise ValueError(f"--out {out_dir} already holds this run, finished (summary.json); nothing to do. "
+        raise ConfigError(f"--out {out_dir} already holds this run, finished (summary.json); nothing to do. "
                          f"To train it again, {replace}")
-    raise ValueError(f"--out {out_dir} holds an unfinished run of this config; continue it with --resume, or "
+    raise ConfigError(f"--out {out_dir} holds an unfinished run of this config; continue it with --resume, or "
                      f"{replace}")
 
 
@@ -204,14 +206,14 @@ def _plan_resume(out_dir: Path, cfg: TrainConfig, present: list[str], extra: tup
         extra = (*extra, *RESHARD_KEYS)
     diff = config_differences(saved, cfg.to_dict(), ignore=RESUMABLE_CHANGES + RUNTIME_KEYS + extra)
     if diff:
-        raise ValueError(f"--resume: the checkpoint in {out_dir} was written by a different config; it differs in:"
+        raise ConfigError(f"--resume: the checkpoint in {out_dir} was written by a different config; it differs in:"
                          f"\n  " + "\n  ".join(diff) + f"\nresume with the same settings (see {out_dir}/config.json)")
     notices = tuple(f"skipped a damaged checkpoint, {line}" for line in found.skipped)
     if found.skipped:
         notices += (f"resuming from step {found.step}, the newest readable checkpoint",)
     step, total = found.step, cfg.total_steps
     if step > total:
-        raise ValueError(f"--resume: the checkpoint in {out_dir} is at step {step}, past this config's "
+        raise ConfigError(f"--resume: the checkpoint in {out_dir} is at step {step}, past this config's "
                          f"{total} steps; set steps >= {step} (or the matching tokens) to continue it")
     if step == total and (out_dir / "summary.json").exists() and not found.skipped:
         return RunDirPlan(out_dir, "finished", start_step=step, meta=found.meta,
@@ -225,12 +227,12 @@ def check_format(meta: dict[str, Any], cfg: TrainConfig, out_dir: Path) -> None:
     sharded = meta.get("format") == "dcp"
     step = meta.get("step")
     if cfg.worker_sharding == "fsdp" and not sharded:
-        raise ValueError(
+        raise ConfigError(
             f"--resume: the checkpoint of step {step} in {out_dir} holds one file per worker (replicated workers, "
             f"worker_sharding='replicate'); FSDP workers resume only from sharded checkpoints. Resume it with "
             f"--set worker_sharding=replicate (and its ranks_per_worker), or start the FSDP run in another --out")
     if cfg.worker_sharding != "fsdp" and sharded:
-        raise ValueError(
+        raise ConfigError(
             f"--resume: the checkpoint of step {step} in {out_dir} is sharded (written by FSDP workers); resume it "
             f"with --set worker_sharding=fsdp under torchrun, or start afresh in another --out")
 
@@ -251,7 +253,7 @@ def check_same_data(plan: RunDirPlan, digest: str, out_dir: Path) -> None:
     file) would silently train on different batches than the run began with."""
     saved = (plan.meta or {}).get("data_sha256")
     if plan.action == "resume" and saved is not None and saved != digest:
-        raise ValueError(
+        raise ConfigError(
             f"--resume: the data differs from what the run in {out_dir} was trained on (token SHA-256 "
             f"{digest[:16]}... now, {saved[:16]}... in its checkpoint), so the resumed run would not continue "
             f"the same run. Restore the data it used (for the bundled corpora: the same versions of the "

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from diloco.errors import ConfigError
 from diloco.files import default_cache_dir
 from diloco.train.config import TrainConfig
 from diloco.train.trainer import train_model
@@ -55,7 +56,7 @@ def device_of(config: dict[str, Any]) -> str:
     """The device a sweep record's run trains on: its grid's ``base["device"]``, ``cpu`` when unset."""
     device = config.get("base", {}).get("device") or "cpu"
     if not isinstance(device, str):
-        raise ValueError(f"base.device={device!r}: a device name, e.g. \"cpu\" or \"cuda\"")
+        raise ConfigError(f"base.device={device!r}: a device name, e.g. \"cpu\" or \"cuda\"")
     return device
 
 

@@ -25,6 +25,8 @@ import math
 import os
 import time
 
+from diloco.errors import ConfigError
+
 
 def usable_cores() -> list[int]:
     """The CPUs this process may run on (its affinity; all of os.cpu_count() where affinity is unknown)."""
@@ -72,7 +74,7 @@ def busy_cores(cpus: list[int] | None = None, *, window_s: float = 0.2) -> float
 def default_threads(replicas: int, *, cores: int | None = None, busy: float | None = None) -> int:
     """Threads per replica for ``replicas`` replicas sharing this process's cores (see the module docstring)."""
     if replicas < 1:
-        raise ValueError(f"replicas={replicas}: need at least 1")
+        raise ConfigError(f"replicas={replicas}: need at least 1")
     cpus = usable_cores()
     cores = len(cpus) if cores is None else cores
     busy = busy_cores(cpus) if busy is None else busy

@@ -44,6 +44,7 @@ import torch
 
 from diloco.comm.base import CommError, Communicator
 from diloco.comm.local import run_replicas
+from diloco.errors import ConfigError
 from diloco.train import checkpoint as ckpt
 from diloco.train import replica_checkpoint
 from diloco.train import sharded_checkpoint
@@ -191,12 +192,12 @@ class Trainer:
         cfg = self.cfg
         _check_ray_address(cfg)
         if cfg.worker_sharding == "fsdp":
-            raise ValueError(f"worker_sharding='fsdp' shards each worker over its ranks, one process each: launch "
+            raise ConfigError(f"worker_sharding='fsdp' shards each worker over its ranks, one process each: launch "
                              f"replicas x ranks_per_worker = {cfg.replicas * cfg.ranks_per_worker} processes with "
                              f"torchrun (torchrun --nproc-per-node {cfg.replicas * cfg.ranks_per_worker} -m diloco "
                              f"train ...), or set worker_sharding=replicate to train in one process")
         if cfg.ranks_per_worker != 1:
-            raise ValueError(f"ranks_per_worker={cfg.ranks_per_worker} needs one process per rank: launch "
+            raise ConfigError(f"ranks_per_worker={cfg.ranks_per_worker} needs one process per rank: launch "
                              f"{cfg.replicas * cfg.ranks_per_worker} processes with torchrun, "
                              f"or set ranks_per_worker=1")
         plan = self.plan(resume=resume, overwrite=overwrite, reuse=reuse)
@@ -276,19 +277,19 @@ class Trainer:
         cfg = self.cfg
         R = cfg.ranks_per_worker
         if (cfg.worker_sharding == "fsdp") != (mesh is not None) or (mesh is not None and intra is None):
-            raise ValueError(f"worker_sharding={cfg.worker_sharding!r} but this process was set up for "
+            raise ConfigError(f"worker_sharding={cfg.worker_sharding!r} but this process was set up for "
                              f"{'sharded' if mesh is not None else 'replicated'} workers: pass "
                              f"setup_communicators(worker_sharding={cfg.worker_sharding!r}) and its mesh and intra")
         if comm.world_size != cfg.replicas:
-            raise ValueError(f"config replicas={cfg.replicas} but {comm.world_size} replicas were launched; "
+            raise ConfigError(f"config replicas={cfg.replicas} but {comm.world_size} replicas were launched; "
                              f"pass --set replicas={comm.world_size} or launch {cfg.replicas * R} processes")
         if (1 if intra is None else intra.world_size) != R:
-            raise ValueError(f"config ranks_per_worker={R} but this worker has "
+            raise ConfigError(f"config ranks_per_worker={R} but this worker has "
                              f"{1 if intra is None else intra.world_size} ranks; launch replicas x ranks_per_worker "
                              f"= {cfg.replicas * R} processes")
         _check_ray_address(cfg)
         if cfg.method == "decoupled" and mesh is not None:
-            raise ValueError("method='decoupled' with worker_sharding='fsdp' is not built yet (a learner's lead "
+            raise ConfigError("method='decoupled' with worker_sharding='fsdp' is not built yet (a learner's lead "
                              "rank would need its ranks' shards): use worker_sharding=replicate")
         lead = comm.rank == 0 and (intra is None or intra.rank == 0)
         plan = self.plan(resume=resume, overwrite=overwrite, reuse=reuse, elastic=elastic)  # every process alike
