@@ -5,7 +5,6 @@ module, so that what is counted, what is simulated and what is planned are
 the same numbers. Pure Python, no torch: ``diloco.sim`` and ``diloco plan``
 import it without loading torch.
 
-from diloco.errors import ConfigError
 
 Two exchanges of an encoded payload among ``M`` replicas (workers):
 
@@ -36,6 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from diloco.errors import ConfigError
 
 #: The exchanges a communicator can run, by name.
 EXCHANGES = ("all_gather", "reduce_scatter")

@@ -23,7 +23,6 @@ hangs is caught by ``wait(timeout)`` after ``timeout_s`` seconds. Either way
 e.g. ``"fragment 2"``, and its sequence number) and the rank(s) at fault, read
 from the rendezvous store, where every rank records the number of the
 
-from diloco.errors import ConfigError
 collective it last entered and, from a heartbeat thread, that it is alive:
 a rank that never entered the collective is *behind* (hung, or dead if its
 heartbeat stopped). After a failure the communicator refuses further work:
@@ -44,6 +43,7 @@ import torch.distributed as dist
 
 from diloco.comm.accounting import CommStats
 from diloco.comm.base import CommError, Communicator, Work
+from diloco.errors import ConfigError
 
 _KEY_PREFIX = "diloco_comm"
 # torch >= 2.9 renamed all_gather_into_tensor (deprecated since) to all_gather_single.

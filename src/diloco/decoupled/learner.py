@@ -14,7 +14,6 @@ fragment p is due. After step t, for every fragment the schedule starts, the lea
 :class:`~diloco.decoupled.messages.Report`: ``encode(base_p - theta_p)`` (its values, as the difference
 from the global copy it last received) and its counters for p (steps, tokens since it last received p).
 
-from diloco.errors import ConfigError
 After step t + tau it needs the syncer's reply: it waits for it there only if it has not arrived, then
 overwrites the fragment (``merge_alpha`` alpha = 0, the default: the global values as they are; alpha > 0:
 ``alpha * local + (1 - alpha) * global``) and resets p's counters. The grace window is sized so that the
@@ -46,6 +45,7 @@ from diloco.algorithm.schedule import Schedule, resolve_schedule
 from diloco.comm.accounting import CommStats
 from diloco.decoupled.messages import Reply, Report, Welcome
 from diloco.decoupled.syncer import is_lossless
+from diloco.errors import ConfigError
 
 
 class Channel(Protocol):

@@ -15,7 +15,6 @@ only reads it and says what to do:
 Once the data is built, :func:`check_same_data` refuses a resume on token ids whose SHA-256 differs
 from the checkpoint's. So a typo on the command line can never truncate, overwrite or delete results.
 
-from diloco.errors import ConfigError
 
 While a run trains, its process holds :class:`RunDirLock` on the folder: a second training command on the
 same ``--out`` (a second terminal, a sweep started again while a run of the first is still alive) is refused
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from diloco.errors import ConfigError
 from diloco.files import read_json
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig
