@@ -13,7 +13,7 @@ wall-clock and goodput are in that emulated time. Methods:
   restart joins the next rounds; until then every round waits for it;
 * ``decoupled``: K = 1 with the adaptive grace window, RDA merge (``decoupled-mean``: mean merge);
   ``-own``: the learner's own outer gradient (``outer_gradient="own"``); ``-scaled``: a merge of k of M
-  learners is a k/M share of an outer step (``partial_scale``).
+  learners is a k/M share of an outer step (``outer_scale="share"``).
 
 Faults (the same schedule for every method): ``kill``: SIGKILL learner 1 at 10 s and at 25 s, each
 restart held down 3 s (a restarted torchft group in the peer benchmark comes back 3 s later too);
@@ -72,13 +72,14 @@ from diloco.train.config import TrainConfig, load_preset
 
 RESULTS = Path(__file__).parent / "results"
 METHODS = {"sync": dict(quorum=None, merge="mean", grace_gamma=0.0),
-           "decoupled": dict(quorum=1, merge="rda"),
-           "decoupled-mean": dict(quorum=1, merge="mean"),
-           "decoupled-own": dict(quorum=1, merge="rda", outer_gradient="own"),
-           "decoupled-mean-own": dict(quorum=1, merge="mean", outer_gradient="own"),
-           "decoupled-own-scaled": dict(quorum=1, merge="rda", outer_gradient="own", partial_scale=True),
+           # outer_scale="none": every merge a whole outer step, as these rows were measured (the default now scales)
+           "decoupled": dict(quorum=1, merge="rda", outer_scale="none"),
+           "decoupled-mean": dict(quorum=1, merge="mean", outer_scale="none"),
+           "decoupled-own": dict(quorum=1, merge="rda", outer_gradient="own", outer_scale="none"),
+           "decoupled-mean-own": dict(quorum=1, merge="mean", outer_gradient="own", outer_scale="none"),
+           "decoupled-own-scaled": dict(quorum=1, merge="rda", outer_gradient="own", outer_scale="share"),
            # RDA keeps the norm of nearly orthogonal outer gradients (~sqrt(M) x the mean's): its outer lr / sqrt(M)
-           "decoupled-lr-sqrtm": dict(quorum=1, merge="rda", outer_lr_over_sqrt_m=True)}
+           "decoupled-lr-sqrtm": dict(quorum=1, merge="rda", outer_lr_over_sqrt_m=True, outer_scale="none")}
 
 DP_METHODS = {"dp": None, "dp-ckpt16": 16}  # data-parallel under TorchElastic: checkpoint_every (None: the default)
 

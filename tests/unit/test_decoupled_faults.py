@@ -261,11 +261,12 @@ def test_a_learner_log_cut_mid_line_by_a_kill_still_reads(tmp_path):
 
 @pytest.mark.parametrize("outer_gradient", ["global", "own"])
 def test_a_stale_learners_outer_gradient_against_theta_or_against_its_own_copy(outer_gradient):
-    """Outer SGD lr 1, no momentum, K = 1. Learner 0 moves Theta by 0.5; then learner 1, still holding the
+    """Outer SGD lr 1, no momentum, K = 1, every merge a whole step. Learner 0 moves Theta by 0.5; then learner 1, still holding the
     old copy b, reports b - d. 'global': Delta = Theta - (b - d), so Theta becomes learner 1's values b - d
     (learner 0's progress undone); 'own': Delta = b - (b - d) = d, so Theta moves by d from where it is."""
     syncer = Syncer(make_model(seed=0), num_learners=2, quorum=1, grace_gamma=0.0, merge="mean",
-                    outer_gradient=outer_gradient, outer_optimizer=lambda p: torch.optim.SGD(p, lr=1.0))
+                    outer_gradient=outer_gradient, outer_scale="none",
+                    outer_optimizer=lambda p: torch.optim.SGD(p, lr=1.0))
     for m in (0, 1):
         syncer.join(m)
     b = syncer._snapshot[0].clone()
@@ -280,9 +281,9 @@ def test_a_stale_learners_outer_gradient_against_theta_or_against_its_own_copy(o
         Syncer(make_model(), num_learners=2, outer_gradient="both")
 
 
-def test_partial_scale_makes_a_merge_of_k_of_m_learners_a_k_over_m_share_of_an_outer_step():
+def test_outer_scale_share_makes_a_merge_of_k_of_m_learners_a_k_over_m_share_of_an_outer_step():
     syncer = Syncer(make_model(seed=0), num_learners=2, quorum=1, grace_gamma=0.0, merge="mean",
-                    partial_scale=True, outer_optimizer=lambda p: torch.optim.SGD(p, lr=1.0))
+                    outer_scale="share", outer_optimizer=lambda p: torch.optim.SGD(p, lr=1.0))
     for m in (0, 1):
         syncer.join(m)
     b = syncer._snapshot[0].clone()

@@ -67,6 +67,7 @@ class TrainConfig:
     topk_tables: str = setting("payload", "where the topk codec's 2-bit values take their bin means: payload (one table) or chunk (one per chunk, +0.03 bits)")
     quorum: int = setting(0, "K (decoupled): learners a merge needs at least; 0 = all (synchronous), 1 = whoever reports first")
     merge: str = setting("rda", "decoupled: how the syncer merges: rda (radial-directional; measured best at outer_lr 0.7/sqrt(M)) or mean (token-weighted)")
+    outer_scale: str = setting("auto", "decoupled: the share of an outer step a merge of k of M learners applies: auto (share: k/M, measured in studies/decoupled-quorum; never diverged), share (k/M), sqrt-share (sqrt(k/M)), none (a whole step per merge: diverges at K < M); K = M is never scaled")
     outer_gradient: str = setting("global", "decoupled: a learner's outer gradient: global (Theta - theta_m) or own (base_m - theta_m, its own progress; kinder to stragglers)")
     grace_gamma: float = setting(0.2, "decoupled: gamma of the wait for more learners after the quorum, gamma x (tau x step time - quorum time - sync time)")
     grace_ema_decay: float = setting(0.9, "decoupled: decay of the grace window's moving averages of step, quorum and sync times")
@@ -295,10 +296,12 @@ def _decoupled_errors(cfg: TrainConfig) -> list[str]:
     """What ``method='decoupled'`` cannot run with (each message names the value and the fix)."""
     from diloco.decoupled.grace import check_grace
     from diloco.decoupled.merge import check_merge
+    from diloco.decoupled.outer_scale import check_outer_scale
     from diloco.decoupled.syncer import check_quorum
 
     errors = []
     checks = [lambda: check_quorum(cfg.quorum or cfg.replicas, cfg.replicas), lambda: check_merge(cfg.merge),
+              lambda: check_outer_scale(cfg.outer_scale),
               lambda: check_grace(gamma=cfg.grace_gamma, decay=cfg.grace_ema_decay, overlap_steps=cfg.overlap_steps)]
     if cfg.quorum < 0:
         errors.append(f"quorum={cfg.quorum}: use 0 (all learners) or 1..replicas={cfg.replicas}")
