@@ -31,8 +31,10 @@ class RunningSyncer:
     """What the trainer holds while a decoupled run is on: a channel per learner and, after, the merges."""
 
     def __init__(self, channel: Callable[[int], Channel], records: Callable[[], list[MergeRecord]],
-                 global_parameters: Callable[[], dict[str, torch.Tensor]]) -> None:
+                 global_parameters: Callable[[], dict[str, torch.Tensor]],
+                 abort: Callable[[str], None] = lambda reason: None) -> None:
         self.channel, self.records, self.global_parameters = channel, records, global_parameters
+        self.abort = abort  # the run stops (a learner diverged): learners waiting for replies stop too
 
 
 def make_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] | None = None) -> Syncer:
@@ -67,7 +69,7 @@ def decoupled_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] |
         return
     with LocalTransport(syncer, timeout=600.0) as transport:
         yield RunningSyncer(transport.channel, lambda: list(transport.syncer.records),
-                            transport.syncer.global_named_parameters)
+                            transport.syncer.global_named_parameters, transport.abort)
 
 
 def decoupled_learner(cfg: Any, model: nn.Module, channel: Channel, *, learner: int,

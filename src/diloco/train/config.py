@@ -95,6 +95,7 @@ class TrainConfig:
     # evaluation, checkpoints, runtime
     eval_every: int = setting(100, "steps between evaluations of the global parameters on held-out tokens")
     eval_batches: int = setting(16, "batches of global_batch sequences per evaluation")
+    diverge_factor: float = setting(3.0, "stop a run (non-zero exit, no checkpoint of it) whose evaluation loss is not finite or exceeds this x its first evaluation; its training loss not finite stops it too; 0 = off")
     checkpoint_every: int = setting(-1, "steps between checkpoints; -1 = auto (every 100, rounded up to a multiple of sync_every), 0 = only at the end")
     keep_checkpoints: int = setting(2, "K: the last K checkpoints are kept (an unreadable newest one falls back)")
     checkpoint_async: bool = setting(False, "with worker_sharding=fsdp: write each checkpoint in the background (dcp.async_save), committed at the next step")
@@ -197,6 +198,9 @@ class TrainConfig:
         need(self.checkpoint_every >= -1,
              f"checkpoint_every={self.checkpoint_every}: steps between checkpoints, 0 = only at the end, "
              f"-1 = auto (every {AUTO_CHECKPOINT_STEPS} steps, rounded up to an outer-sync boundary)")
+        need(self.diverge_factor == 0 or self.diverge_factor > 1,
+             f"diverge_factor={self.diverge_factor}: give a factor > 1 (default 3: stop when the evaluation loss "
+             f"exceeds 3 x its first value) or 0 to turn the divergence guard off")
         need(self.keep_checkpoints >= 1, f"keep_checkpoints={self.keep_checkpoints}: keep at least 1 (default 2)")
         need(self.threads >= 0, f"threads={self.threads}: must be >= 0 (0 = auto)")
         need(self.seq_len >= 8 and self.vocab_size >= 260,

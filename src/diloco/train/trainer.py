@@ -50,6 +50,7 @@ from diloco.train import sharded_checkpoint
 from diloco.files import atomic_write_bytes, write_json
 from diloco.train.config import TrainConfig
 from diloco.train.device import check_device
+from diloco.train.divergence import DivergenceError, DivergenceGuard, check_training_loss
 from diloco.train.evaluation import evaluate
 from diloco.train.inner_step import step_record, train_step
 from diloco.train.replica import Everyone, Replica, Run, build_replica
@@ -393,6 +394,7 @@ class Trainer:
 
             learner_log = LearnerLog(self.out_dir, rep.rank, append=run.start_step > 0)
         final_eval = float("nan")
+        guard = DivergenceGuard(cfg, vocab_size=run.vocab_size)  # replica 0's evaluations (diloco.train.divergence)
         if rep.rank == 0 and run.start_step == cfg.total_steps:  # resumed at the end, before the summary
             final_eval = self._evaluate(rep, run, None, None)
         step = run.start_step
@@ -400,16 +402,25 @@ class Trainer:
             for step in range(run.start_step + 1, cfg.total_steps + 1):
                 out = train_step(rep, step, cfg=cfg, device=self.device)
                 table.add(rep.rank, step, step_record(rep, step, out))
+                check_training_loss(out.loss, step=step, replica=rep.rank, cfg=cfg)  # before a log that refuses NaN
                 if learner_log is not None:
                     learner_log.add(rep.algo, step, out)
                 if rep.rank == 0 and (step % cfg.eval_every == 0 or step == cfg.total_steps):
                     final_eval = self._evaluate(rep, run, step, logger)
+                    if rep.evaluates:
+                        guard.check_eval(final_eval, step=step)
                 if rep.writing is not None:  # the checkpoint written in the background since the last step
                     replica_checkpoint.commit(rep, *rep.writing, run_dir=self.out_dir, keep=cfg.keep_checkpoints)
                 if (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0) or step == cfg.total_steps:
+                    if cfg.diverge_factor:  # every replica past the divergence checks before any writes this step
+                        rep.barrier()
                     self._checkpoint(rep, run, step)
                 for callback in self.callbacks:
                     callback.on_step_end(step, rank=rep.rank)
+        except DivergenceError as exc:
+            if self._transport is not None:  # decoupled: learners waiting for the syncer stop too
+                self._transport.abort(str(exc))
+            raise
         except CommError as exc:
             where = f"replica {rep.rank}" if intra is None else \
                 f"replica {rep.rank} (rank {rep.local} of its {intra.world_size})"
