@@ -67,7 +67,7 @@ class TrainConfig:
     topk_tables: str = setting("payload", "where the topk codec's 2-bit values take their bin means: payload (one table) or chunk (one per chunk, +0.03 bits)")
     quorum: int = setting(0, "K (decoupled): learners a merge needs at least; 0 = all (synchronous), 1 = whoever reports first")
     merge: str = setting("rda", "decoupled: how the syncer merges: rda (radial-directional; measured best at outer_lr 0.7/sqrt(M)) or mean (token-weighted)")
-    outer_scale: str = setting("auto", "decoupled: the share of an outer step a merge of k of M learners applies: auto (share: k/M, measured in studies/decoupled-quorum; never diverged), share (k/M), sqrt-share (sqrt(k/M)), none (a whole step per merge: diverges at K < M); K = M is never scaled")
+    outer_scale: str = setting("auto", "decoupled: share of an outer step a merge of k of M learners applies: auto (share), share (k/M), sqrt-share, none (1)")
     outer_gradient: str = setting("global", "decoupled: a learner's outer gradient: global (Theta - theta_m) or own (base_m - theta_m, its own progress; kinder to stragglers)")
     grace_gamma: float = setting(0.2, "decoupled: gamma of the wait for more learners after the quorum, gamma x (tau x step time - quorum time - sync time)")
     grace_ema_decay: float = setting(0.9, "decoupled: decay of the grace window's moving averages of step, quorum and sync times")
@@ -95,7 +95,7 @@ class TrainConfig:
     # evaluation, checkpoints, runtime
     eval_every: int = setting(100, "steps between evaluations of the global parameters on held-out tokens")
     eval_batches: int = setting(16, "batches of global_batch sequences per evaluation")
-    diverge_factor: float = setting(3.0, "stop a run (non-zero exit, no checkpoint of it) whose evaluation loss is not finite or exceeds this x its first evaluation; its training loss not finite stops it too; 0 = off")
+    diverge_factor: float = setting(3.0, "stop (exit 3, no checkpoint) on a non-finite loss or an eval above this x min(first eval, ln vocab); 0 = off")
     checkpoint_every: int = setting(-1, "steps between checkpoints; -1 = auto (every 100, rounded up to a multiple of sync_every), 0 = only at the end")
     keep_checkpoints: int = setting(2, "K: the last K checkpoints are kept (an unreadable newest one falls back)")
     checkpoint_async: bool = setting(False, "with worker_sharding=fsdp: write each checkpoint in the background (dcp.async_save), committed at the next step")
