@@ -187,6 +187,12 @@ class Learner(ReplicaAlgorithm):
         self.channel.leave()
         return reports
 
+    def finish(self) -> list[SyncReport]:
+        """The run's last step: :meth:`close`. A learner that stays a member after its last report would hold up
+        the others' last rounds (with K < M the last learner's report could wait for a quorum no one else
+        will send)."""
+        return self.close()
+
     # -- one fragment --------------------------------------------------------
     @torch.no_grad()
     def _send(self, p: int, t: int) -> None:

@@ -276,8 +276,10 @@ class Syncer:
         if any(w > 0 for w in weights):
             g.grad = merge_outer_gradients(deltas, weights, sizes=self.tensor_sizes[p], embedding=self.is_embedding[p],
                                            merge=self.merge)
-            share = outer_step_share(merged=len(kept), members=max(len(self.members), 1), rule=self.outer_scale,
-                                     merge=self.merge)
+            # k: the learners whose work is in this merge (weight > 0), of the M the run has (members come and
+            # go: at a run's end the last learner alone is a 1/M share of a round's work, not a whole one)
+            share = outer_step_share(merged=sum(w > 0 for w in weights), members=self.num_learners,
+                                     rule=self.outer_scale, merge=self.merge)
             if share != 1.0:  # a share of an outer step (diloco.decoupled.outer_scale); k = M is never scaled
                 g.grad.mul_(share)
             if bool(all_finite(g.grad)):
