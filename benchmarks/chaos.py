@@ -113,6 +113,7 @@ def one_run(*, method: str, M: int, fault: str, args, data, work: Path) -> dict:
     s = res.summary
     return {"method": method, "M": M, "fault": fault, "eval_loss": res.eval_loss, "wall_s": res.wall_s,
             "goodput": s["goodput"], "lost_steps": s["lost_steps"], "merges": s["merges"],
+            "wait_share": s.get("wait_share"),
             "steps": {str(m): sum(1 for r in res.rows if r.get("learner") == m and "step" in r) for m in range(M)},
             "kills": s["learner_kills"]}
 

@@ -31,6 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BASE = {"global_batch": 24, "steps": 400, "threads": 1, "eval_every": 50, "checkpoint_every": 0,
         "diverge_factor": 0}
+TIMEOUT_S = 300  # a run takes 5-30 s on 2 cores
 
 
 def runs(tier: str) -> list[dict]:
@@ -64,8 +65,12 @@ def one(r: dict, work: Path) -> dict:
     cmd = [sys.executable, "-m", "diloco", "train", "--preset", "tiny", "--method", r["method"], "--out", str(out),
            "--no-progress", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
     t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    row = {"key": key(r), **r, "rc": proc.returncode, "wall_s": round(time.time() - t0, 2)}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+        rc, stderr = proc.returncode, proc.stderr
+    except subprocess.TimeoutExpired as exc:  # a run that hangs is recorded as such, not waited for
+        rc, stderr = "timeout", str(exc.stderr or "")
+    row = {"key": key(r), **r, "rc": rc, "wall_s": round(time.time() - t0, 2)}
     try:
         summary = json.loads((out / "summary.json").read_text())
         evals = [json.loads(line)["eval_loss"] for line in (out / "metrics.jsonl").read_text().splitlines()
@@ -73,7 +78,7 @@ def one(r: dict, work: Path) -> dict:
         row.update(final_eval_loss=summary["final_eval_loss"], first_eval=evals[0] if evals else None,
                    max_eval=max(evals) if evals else None, goodput=summary.get("goodput"))
     except (OSError, ValueError, KeyError):
-        row["error"] = proc.stderr[-2000:]
+        row["error"] = stderr[-2000:]
     shutil.rmtree(out, ignore_errors=True)
     return row
 

@@ -250,6 +250,17 @@ def test_stalls_rejoin_and_goodput_from_the_logs():
     assert g.value == pytest.approx(g.useful_s / 40.0)
 
 
+def test_each_learners_waiting_share_from_its_step_rows():
+    from diloco.decoupled.chaos import summarize, wait_shares
+
+    rows = _rows(0, 0, 0.0, 16, 0.1) + _rows(1, 0, 0.0, 16, 0.1) + _rows(1, 1, 5.0, 4, 0.2)
+    for r in rows:
+        if r.get("step") == 16 and r["learner"] == 0:
+            r["dt"], r["wait_s"] = 0.7, 0.6  # a step that waited 0.6 s for its reply
+    assert wait_shares(rows, num_learners=3) == [pytest.approx(0.6 / 2.2), pytest.approx(0.0), None]
+    assert summarize(rows, [], [], num_learners=2, wall_s=5.0)["wait_share"] == [pytest.approx(0.6 / 2.2), 0.0]
+
+
 def test_a_learner_log_cut_mid_line_by_a_kill_still_reads(tmp_path):
     from diloco.decoupled.chaos import read_learner_log
 

@@ -174,10 +174,17 @@ def learner_goodput(results: Sequence[dict[str, Any]]) -> float | None:
     return max(0.0, 1.0 - sum(r["waited_s"] for r in results) / total)
 
 
+def learner_wait_shares(results: Sequence[dict[str, Any]]) -> list[float] | None:
+    """Each learner's share of its training time spent waiting for the syncer's replies, in learner order."""
+    if any(r.get("waited_s") is None for r in results):
+        return None
+    return [r["waited_s"] / r["train_time_s"] if r["train_time_s"] > 0 else 0.0 for r in results]
+
+
 def write_merges(path: Path, records: Sequence[MergeRecord]) -> None:
     """One JSON row per merge, in the order they happened."""
     atomic_write_bytes(Path(path), "".join(json.dumps(r.as_row()) + "\n" for r in records).encode("utf-8"))
 
 
 __all__ = ["LearnerLog", "RunningSyncer", "chaos_run", "decoupled_learner", "decoupled_syncer", "evaluate_global",
-           "learner_goodput", "make_syncer", "write_merges"]
+           "learner_goodput", "learner_wait_shares", "make_syncer", "write_merges"]

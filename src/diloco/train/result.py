@@ -27,6 +27,8 @@ class RunResult:
     data_sha256: str | None = None  # TokenData.digest() of what it trained on (None: written before runs kept it)
     # method=decoupled: the share of the learners' training time not spent waiting for the syncer's replies
     goodput: float | None = None
+    # method=decoupled: each learner's share of its training time spent waiting for replies (learner order)
+    wait_share: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Strict-JSON-ready: a non-finite loss (a diverged run) becomes None."""
@@ -42,4 +44,5 @@ class RunResult:
         d["final_eval_loss"] = float("nan") if d.get("final_eval_loss") is None else float(d["final_eval_loss"])
         d.setdefault("data_sha256", None)  # a summary written before runs kept it
         d.setdefault("goodput", None)
+        d.setdefault("wait_share", None)  # a summary written before runs kept it
         return cls(**{f: d[f] for f in cls.__dataclass_fields__})

@@ -328,11 +328,12 @@ class Trainer:
                        learners: Sequence[dict[str, Any]]) -> None:
         """method=decoupled: the run's final loss from the syncer's global parameters, and the goodput over
         ``learners`` (each one's train and waited seconds), into the lead's result ``out``."""
-        from diloco.decoupled.trainer import evaluate_global, learner_goodput
+        from diloco.decoupled.trainer import evaluate_global, learner_goodput, learner_wait_shares
 
         out["final_eval_loss"] = evaluate_global(run.template, global_params, run.val, bf16=self.cfg.bf16,
                                                  device=self.device)
         out["goodput"] = learner_goodput(learners)
+        out["wait_share"] = learner_wait_shares(learners)
 
     @contextlib.contextmanager
     def _decoupled_torchrun(self, run: Run, comm: Communicator, intra: Communicator | None):
@@ -371,6 +372,7 @@ class Trainer:
             dropped_contributions=rank0["dropped"],
             data_sha256=run.data_sha256,
             goodput=rank0.get("goodput"),
+            wait_share=rank0.get("wait_share"),
         )
         write_json(self.out_dir / "summary.json", result.to_dict())
         return result
