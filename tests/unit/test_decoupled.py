@@ -214,3 +214,43 @@ def test_syncer_state_dict_round_trip():
     other.load_state_dict(syncer.state_dict())
     a, b = syncer.global_named_parameters(), other.global_named_parameters()
     assert all(torch.equal(a[n], b[n]) for n in a) and other.versions == syncer.versions
+
+
+class _LateChannel(_ScriptedChannel):
+    """Replies become visible only after step ``visible_after`` (a syncer down); a wait_reply is recorded."""
+
+    def __init__(self, start, *, visible_after):
+        super().__init__(start, visible_after=visible_after)
+        self.waited_at = []
+
+    def wait_reply(self, fragment):
+        self.waited_at.append(self.step)
+        return self._reply(fragment)
+
+
+@pytest.mark.parametrize("bound, sent, waited_at, overwritten_after", [
+    (20, [8, 24], [], 23),     # rides out 13 steps past t + tau = 10, skips the report due at 16, never waits
+    (5, [8, 16, 24], [15], 15),  # past its bound (10 + 5) it waits at step 15; the next (sent at 16) it rides out
+                                 # from 18 until it comes after step 23, within 18 + 5
+    (0, [8, 16, 24], [10, 18], 10),  # no ride-out: waits at t + tau, the Streaming DiLoCo timing
+])
+def test_a_learner_rides_out_a_late_reply_for_up_to_its_bound(bound, sent, waited_at, overwritten_after):
+    """H = 8, tau = 2; the report after step 8 has its reply visible only after step 23 (the syncer down)."""
+    from diloco.algorithm.fragments import flatten
+
+    model = make_model()
+    channel = _LateChannel([flatten(list(model.parameters()))], visible_after=23)
+    algo = Learner(model, channel=channel, learner=0, sync_every=8, overlap_steps=2, ride_out_steps=bound)
+    zeroed = []
+    for t in range(1, 25):
+        channel.step = t
+        algo.after_optimizer_step()
+        zeroed.append(all(bool((p == 0).all()) for p in model.parameters()))
+    assert channel.sent == sent and channel.waited_at == waited_at
+    assert zeroed.index(True) + 1 == overwritten_after
+    if bound:
+        assert algo.ride_outs >= 1 and algo.ride_out_waits == len(waited_at)
+        assert algo.skipped_reports == (1 if bound == 20 else 0)
+    with pytest.raises(ValueError, match="ride_out_steps=-1"):
+        Learner(make_model(), channel=_ScriptedChannel([flatten(list(model.parameters()))], visible_after=0),
+                learner=0, sync_every=8, ride_out_steps=-1)

@@ -79,7 +79,7 @@ def decoupled_learner(cfg: Any, model: nn.Module, channel: Channel, *, learner: 
                    num_fragments=cfg.num_fragments, fragment_pattern=cfg.fragment_pattern, fragments=fragments,
                    overlap_steps=cfg.overlap_steps, merge_alpha=cfg.merge_alpha, codec=cfg.make_codec(),
                    schedule=cfg.schedule_spec, tokens_per_step=cfg.batch_per_replica * cfg.seq_len, stats=stats,
-                   overwrite_after=cfg.overwrite_after)
+                   overwrite_after=cfg.overwrite_after, ride_out_steps=cfg.ride_out_steps)
 
 
 @torch.no_grad()
@@ -127,7 +127,7 @@ def chaos_run(cfg: Any, out: Path | str, *, chaos: Any, cache_dir: Path | str, s
                        fragment_pattern=cfg.fragment_pattern, overlap_steps=cfg.overlap_steps,
                        merge_alpha=cfg.merge_alpha, codec=cfg.make_codec(), seed=cfg.seed, step_time_s=step_time_s,
                        duration_s=max_seconds, max_steps=cfg.total_steps, warmup_steps=cfg.warmup_steps,
-                       min_lr_ratio=cfg.min_lr_ratio)
+                       min_lr_ratio=cfg.min_lr_ratio, ride_out_steps=cfg.ride_out_steps)
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(address=cfg.ray_address or None, include_dashboard=False, log_to_driver=False)

@@ -71,6 +71,7 @@ class TrainConfig:
     outer_gradient: str = setting("global", "decoupled: a learner's outer gradient: global (Theta - theta_m) or own (base_m - theta_m, its own progress; kinder to stragglers)")
     grace_gamma: float = setting(0.2, "decoupled: gamma of the wait for more learners after the quorum, gamma x (tau x step time - quorum time - sync time)")
     grace_ema_decay: float = setting(0.9, "decoupled: decay of the grace window's moving averages of step, quorum and sync times")
+    ride_out_steps: int = setting(0, "decoupled: steps a learner trains on while a reply is late (a syncer restarting) before it waits; 0 = wait")
     overwrite_after: str = setting("send", "decoupled: a learner overwrites a fragment tau steps after sending it (send) or after its reply arrives (arrival)")
     decoupled_transport: str = setting("threads", "decoupled: where the syncer runs: threads (a thread of this process) or ray (a named Ray actor)")
     ray_address: str = setting("", "decoupled_transport=ray: the Ray cluster to join; empty: start a local Ray instance")
@@ -315,6 +316,9 @@ def _decoupled_errors(cfg: TrainConfig) -> list[str]:
             check()
         except ValueError as exc:
             errors.append(str(exc))
+    if cfg.ride_out_steps < 0:
+        errors.append(f"ride_out_steps={cfg.ride_out_steps}: give the steps to train on while a reply is late, >= 0 "
+                      f"(0: wait at once)")
     if cfg.overwrite_after not in ("send", "arrival"):
         errors.append(f"overwrite_after={cfg.overwrite_after!r}: choose send or arrival")
     if cfg.outer_gradient not in ("global", "own"):
