@@ -259,6 +259,10 @@ def test_each_learners_waiting_share_from_its_step_rows():
             r["dt"], r["wait_s"] = 0.7, 0.6  # a step that waited 0.6 s for its reply
     assert wait_shares(rows, num_learners=3) == [pytest.approx(0.6 / 2.2), pytest.approx(0.0), None]
     assert summarize(rows, [], [], num_learners=2, wall_s=5.0)["wait_share"] == [pytest.approx(0.6 / 2.2), 0.0]
+    # a syncer killed at t = 0.85: every learner is a survivor; learner 0's step 16 (0.7 s, 7 x typical) is after it
+    kill = {"target": "syncer", "at": 0.85, "back_at": 1.5, "merges_before": 3, "restored_merges": 3}
+    (row,) = summarize(rows, [], [kill], num_learners=2, wall_s=5.0, window_s=1.0)["syncer_kills"]
+    assert row["worst_step_ratio"] == pytest.approx(7.0) and row["restored_merges"] == 3
 
 
 def test_a_learner_log_cut_mid_line_by_a_kill_still_reads(tmp_path):

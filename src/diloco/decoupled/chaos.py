@@ -265,7 +265,9 @@ def summarize(rows: Sequence[dict[str, Any]], merges: Sequence[dict[str, Any]], 
 
     Per learner kill: the survivors' worst step / typical step and the share of steps they kept in
     ``window_s`` after it (up to the next fault), seconds from the kill to the restart joining, and from
-    joining to its first merge with weight > 0. Per syncer kill: seconds down and merges restored."""
+    joining to its first merge with weight > 0. Per syncer kill: seconds down, merges restored and the learners'
+    worst step / typical step in ``window_s`` after it. ``wait_share``: each learner's share of its step time
+    spent waiting for replies."""
     g = goodput(rows, num_learners=num_learners, wall_s=wall_s)
     out: dict[str, Any] = {"goodput": g.value, "useful_learner_s": g.useful_s, "allocated_learner_s": g.allocated_s,
                            "lost_steps": g.lost_steps, "merges": len(merges),
@@ -275,9 +277,12 @@ def summarize(rows: Sequence[dict[str, Any]], merges: Sequence[dict[str, Any]], 
     incarnation: dict[int, int] = {}
     for f in faults:
         later = [t for t in times if t > f["at"]]
-        if f["target"] == "syncer":
+        if f["target"] == "syncer":  # every learner is a survivor: its longest step after the kill / its typical
+            stalls = survivor_stalls(rows, kill_at=f["at"], killed=-1, window_s=window_s,
+                                     until=later[0] if later else None)
             out["syncer_kills"].append({"down_s": f["back_at"] - f["at"], "merges_before": f["merges_before"],
-                                        "restored_merges": f["restored_merges"]})
+                                        "restored_merges": f["restored_merges"],
+                                        "worst_step_ratio": max((s.worst_step_ratio for s in stalls), default=None)})
             continue
         m = int(f["index"])
         incarnation[m] = incarnation.get(m, 0) + 1
