@@ -8,7 +8,8 @@ whatever M), one torch thread per replica, H = 8 (the preset's), one fragment. G
 * tier a (tau = 1, seeds 0-2): M in {2, 3, 4, 8}; K in {1, M/2 (rounded up), M}; merge in {mean, rda};
   outer_scale in {none, share, sqrt-share} where K < M (K = M is never scaled); DP (M = 4) for reference;
 * tier b (tau in {0, 2}, seeds 0-1): the same without outer_scale=none;
-* tier l (what a 2-core machine can do in half an hour): tier a without M = 8.
+* tier l (what a 2-core machine can do in half an hour): tier a without M = 8;
+* tier m8 (tau = 1, seeds 0-1): M = 8, K in {1, 4, 8}, both merges, outer_scale share and sqrt-share.
 
 Runs `--jobs` at a time; resumable (a run whose key is in --out is skipped). One JSON row per run: the
 settings, final_eval_loss, first and largest evaluation loss (what a divergence guard would see), wall time.
@@ -36,6 +37,10 @@ TIMEOUT_S = 300  # a run takes 5-30 s on 2 cores
 
 def runs(tier: str) -> list[dict]:
     out = []
+    if tier == "m8":
+        return [{"method": "decoupled", "M": 8, "K": K, "merge": merge, "scale": scale, "tau": 1, "seed": seed}
+                for seed in (0, 1) for K in (1, 4, 8) for merge in ("mean", "rda")
+                for scale in (("share", "sqrt-share") if K < 8 else ("share",))]
     if tier in ("a", "all", "l"):
         for seed in (0, 1, 2):
             out.append({"method": "dp", "M": 4, "K": 4, "merge": "-", "scale": "-", "tau": 0, "seed": seed})
@@ -86,7 +91,7 @@ def one(r: dict, work: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--tier", default="a", choices=["a", "b", "l", "all"])
+    ap.add_argument("--tier", default="a", choices=["a", "b", "l", "m8", "all"])
     ap.add_argument("--out", type=Path, default=HERE / "results.jsonl")
     args = ap.parse_args()
     done = set()

@@ -13,8 +13,9 @@ ends or when every joined learner has reported. The merge:
     w_m      = token weights (c_tok * c_tok / c_steps, normalised)
     Delta    = RDA per tensor, weighted mean for embedding tensors   (merge="rda")
                or the weighted mean of every tensor                  (merge="mean")
-    s        = the share of an outer step a merge of k of the M members applies (outer_scale: k/M by default,
-               so that the outer step per round of learner work does not grow with M/K; 1 when k = M)
+    s        = the share of an outer step a merge of k of the M learners applies (outer_scale; by default k/M
+               for the mean, sqrt(k/M) for RDA), so that the outer step per round of learner work does not
+               grow with M/K; 1 when k = M
     Theta_p <- OuterOpt_p(Theta_p, s * Delta)     (refused if s * Delta is not finite: Theta_p stays)
     reply to each merged learner: the new Theta_p, encoded
 
@@ -104,7 +105,8 @@ class Syncer:
             own progress since the copy it started from (a stale learner then does not pull Theta back to where
             it was). The same when every learner holds the current Theta (K = M).
         outer_scale: the share of an outer step a merge of k of the M members applies
-            (:mod:`diloco.decoupled.outer_scale`): ``"auto"`` (default: the measured best for ``merge``),
+            (:mod:`diloco.decoupled.outer_scale`): ``"auto"`` (default: the measured best for ``merge``: ``"share"``
+            for the mean, ``"sqrt-share"`` for RDA),
             ``"share"`` (k / M), ``"sqrt-share"`` (sqrt(k / M)) or ``"none"`` (a whole step each, the paper's
             wording; diverges at small quorums). A merge of every member is never scaled.
         codec: wire format of both directions (name or :class:`Codec`); default ``"fp32"``.

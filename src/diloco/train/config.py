@@ -67,7 +67,7 @@ class TrainConfig:
     topk_tables: str = setting("payload", "where the topk codec's 2-bit values take their bin means: payload (one table) or chunk (one per chunk, +0.03 bits)")
     quorum: int = setting(0, "K (decoupled): learners a merge needs at least; 0 = all (synchronous), 1 = whoever reports first")
     merge: str = setting("rda", "decoupled: how the syncer merges: rda (radial-directional; measured best at outer_lr 0.7/sqrt(M)) or mean (token-weighted)")
-    outer_scale: str = setting("auto", "decoupled: share of an outer step a merge of k of M learners applies: auto (share), share (k/M), sqrt-share, none (1)")
+    outer_scale: str = setting("auto", "decoupled: outer step share of a merge of k of M learners: auto (mean: share, rda: sqrt-share), share (k/M), sqrt-share, none (1)")
     outer_gradient: str = setting("global", "decoupled: a learner's outer gradient: global (Theta - theta_m) or own (base_m - theta_m, its own progress; kinder to stragglers)")
     grace_gamma: float = setting(0.2, "decoupled: gamma of the wait for more learners after the quorum, gamma x (tau x step time - quorum time - sync time)")
     grace_ema_decay: float = setting(0.9, "decoupled: decay of the grace window's moving averages of step, quorum and sync times")
