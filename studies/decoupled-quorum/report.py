@@ -53,13 +53,19 @@ def main() -> None:
               f"{vs_dp} |")
     # what the divergence guard (diverge_factor 3, reference min(first eval, ln 512)) would have done
     ln_v = math.log(512)
-    healthy = [r for r in rows if r["final_eval_loss"] <= DIVERGED]
-    worst = max((r["max_eval"] / min(r["first_eval"], ln_v) for r in healthy if r.get("max_eval")), default=float("nan"))
-    tripped = [r["key"] for r in rows if r.get("max_eval") and r["max_eval"] > 3 * min(r["first_eval"], ln_v)]
-    print(f"\nRuns that trained: {len(healthy)} of {len(rows)}; their largest evaluation / reference: {worst:.3f} "
-          f"(the guard stops at 3). Runs the guard would have stopped: {len(tripped)}, all with final loss > "
-          f"{DIVERGED}: {all(groups and r['final_eval_loss'] > DIVERGED for r in rows if r['key'] in tripped)}.")
 
+    def ratio(r: dict) -> float:
+        return r["max_eval"] / min(r["first_eval"], ln_v)
+
+    scaled = [r for r in rows if r["scale"] != "none"]
+    old = [r for r in rows if r["scale"] == "none"]
+    tripped = [r for r in rows if ratio(r) > 3]
+    print(f"\nThe divergence guard (stop above 3 x min(first evaluation, ln 512)): the {len(scaled)} runs of DP, K = M "
+          f"and the scaled rules (share, sqrt-share) have a largest evaluation of at most "
+          f"{max(map(ratio, scaled)):.3f} x that reference (none above 3); of the {len(old)} runs with a whole step "
+          f"per merge (none), {len(tripped)} pass 3 (all {sum(r['final_eval_loss'] > DIVERGED for r in tripped)} end "
+          f"above {DIVERGED:g}), the others reach at most "
+          f"{max(ratio(r) for r in old if ratio(r) <= 3):.2f} x.")
 
 if __name__ == "__main__":
     main()

@@ -17,7 +17,8 @@ The rules (``outer_scale=``), the factor s(k, M) applied to the merged outer gra
 * ``"auto"`` (the default): the rule the study in ``studies/decoupled-quorum`` found best for each merge
   rule (:data:`AUTO`): ``"share"`` for the mean (equal to ``"sqrt-share"`` within the noise, and the one
   that keeps the step along the learners' common direction equal to K = M's at every M), ``"sqrt-share"``
-  for RDA (better than ``"share"`` in 6 of its 7 cells at M = 2-8, by up to 3 %).
+  for RDA (lower than ``"share"`` at K = 1 in all four cells, M = 2-8, by up to 3 %; within about a
+  standard error of it at K = M/2).
 * ``"none"``: s = 1, every merge a whole outer step (the paper's wording; diverges at K = 1, above).
 
 A merge of every member (k = M) is never scaled, so K = M is unchanged (and, with the mean merge,
