@@ -254,3 +254,32 @@ def test_a_learner_rides_out_a_late_reply_for_up_to_its_bound(bound, sent, waite
     with pytest.raises(ValueError, match="ride_out_steps=-1"):
         Learner(make_model(), channel=_ScriptedChannel([flatten(list(model.parameters()))], visible_after=0),
                 learner=0, sync_every=8, ride_out_steps=-1)
+
+
+def test_learners_that_finish_leave_so_the_last_learners_reports_still_merge():
+    """M = 3, K = 2. Learners 1 and 2 train 8 steps (H = 4) and finish; learner 0 then trains alone. Had the
+    two stayed members after their last step, learner 0's first report would wait for a second one that no
+    one sends (the trainer's run hung at its last step so); they leave, and its reports merge alone."""
+    import threading
+
+    syncer = Syncer(make_model(seed=0), num_learners=3, quorum=2, grace_gamma=0.0)
+    with LocalTransport(syncer, timeout=10) as transport:
+        def run(m):
+            model = make_model(seed=10 + m)
+            algo = Learner(model, channel=transport.channel(m), learner=m, sync_every=4, overlap_steps=1)
+            _loop(model, algo, 8, m)
+            algo.finish()
+
+        pair = [threading.Thread(target=run, args=(m,)) for m in (1, 2)]
+        for th in pair:
+            th.start()
+        for th in pair:
+            th.join()
+        assert syncer_members(transport) == set()
+        run(0)  # a TransportError after 10 s if its reports waited for a quorum
+    alone = [r for r in syncer.records if r.learners == (0,)]
+    assert len(alone) == 2 and all(set(r.learners) == {1, 2} for r in syncer.records if r not in alone)
+
+
+def syncer_members(transport):
+    return transport._call(lambda: set(transport.syncer.members))
