@@ -36,7 +36,7 @@ def likely_causes(cfg: Any) -> str:
     if cfg.method == "decoupled":
         k = cfg.quorum or cfg.replicas
         parts.append(f"quorum K={k} of replicas M={cfg.replicas} with outer_scale={cfg.outer_scale!r} "
-                     f"(each merge of k < M learners must apply only a share of an outer step: outer_scale=share)")
+                     f"(a merge of k < M learners must apply only a share of an outer step: outer_scale=auto, the default)")
     return "; ".join(parts)
 
 
