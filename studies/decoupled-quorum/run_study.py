@@ -9,7 +9,9 @@ whatever M), one torch thread per replica, H = 8 (the preset's), one fragment. G
   outer_scale in {none, share, sqrt-share} where K < M (K = M is never scaled); DP (M = 4) for reference;
 * tier b (tau in {0, 2}, seeds 0-1): the same without outer_scale=none;
 * tier l (what a 2-core machine can do in half an hour): tier a without M = 8;
-* tier m8 (tau = 1, seeds 0-1): M = 8, K in {1, 4, 8}, both merges, outer_scale share and sqrt-share.
+* tier m8 (tau = 1, seeds 0-1): M = 8, K in {1, 4, 8}, both merges, outer_scale share and sqrt-share;
+* tier tau (tau in {0, 2}, seeds 0-1): M in {2, 4}, K in {1, M/2, M}, both merges, the default rule of each
+  (share for the mean, sqrt-share for RDA).
 
 Runs `--jobs` at a time; resumable (a run whose key is in --out is skipped). One JSON row per run: the
 settings, final_eval_loss, first and largest evaluation loss (what a divergence guard would see), wall time.
@@ -37,6 +39,12 @@ TIMEOUT_S = 300  # a run takes 5-30 s on 2 cores
 
 def runs(tier: str) -> list[dict]:
     out = []
+    if tier == "tau":
+        auto = {"mean": "share", "rda": "sqrt-share"}
+        return [{"method": "decoupled", "M": M, "K": K, "merge": merge, "scale": auto[merge] if K < M else "share",
+                 "tau": tau, "seed": seed}
+                for seed in (0, 1) for tau in (0, 2) for M in (2, 4) for K in sorted({1, M // 2, M})
+                for merge in ("mean", "rda")]
     if tier == "m8":
         return [{"method": "decoupled", "M": 8, "K": K, "merge": merge, "scale": scale, "tau": 1, "seed": seed}
                 for seed in (0, 1) for K in (1, 4, 8) for merge in ("mean", "rda")
@@ -91,7 +99,7 @@ def one(r: dict, work: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--tier", default="a", choices=["a", "b", "l", "m8", "all"])
+    ap.add_argument("--tier", default="a", choices=["a", "b", "l", "m8", "tau", "all"])
     ap.add_argument("--out", type=Path, default=HERE / "results.jsonl")
     args = ap.parse_args()
     done = set()
