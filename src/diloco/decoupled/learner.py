@@ -253,12 +253,12 @@ class Learner(ReplicaAlgorithm):
 
     @torch.no_grad()
     def _overwrite(self, p: int, t: int, reply: Reply | None = None) -> SyncReport:
+        """Apply fragment p's reply: ``reply`` if given (already polled), else the one seen arriving, else the
+        one waited for now."""
         started = self._in_flight.pop(p)
-        if reply is not None:
-            pass
-        elif p in self._arrived:
+        if reply is None and p in self._arrived:
             reply = self._arrived.pop(p)[1]
-        else:
+        elif reply is None:
             before = time.monotonic()
             reply = self.channel.wait_reply(p)
             self.wait_seconds += time.monotonic() - before
