@@ -38,7 +38,7 @@ def main() -> None:
             if fault == "syncer-kill":
                 cmd += ["--syncer-kill", "10"]
             t0 = time.time()
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             row = {"ride_out_steps": bound, "fault": fault, "rc": proc.returncode, "wall_s": round(time.time() - t0, 1)}
             try:
                 s = json.loads((out / "summary.json").read_text())

@@ -79,7 +79,7 @@ def one(r: dict, work: Path) -> dict:
            "--no-progress", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
     t0 = time.time()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
         rc, stderr = proc.returncode, proc.stderr
     except subprocess.TimeoutExpired as exc:  # a run that hangs is recorded as such, not waited for
         rc, stderr = "timeout", str(exc.stderr or "")

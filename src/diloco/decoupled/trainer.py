@@ -41,7 +41,8 @@ def make_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] | None
     """The config's syncer, holding ``template``'s parameters as the initial global ones."""
     return Syncer(template, num_learners=cfg.replicas, quorum=cfg.quorum or cfg.replicas,
                   num_fragments=cfg.num_fragments, fragment_pattern=cfg.fragment_pattern, fragments=fragments,
-                  merge=cfg.merge, outer_scale=cfg.outer_scale, outer_gradient=cfg.outer_gradient, codec=cfg.make_codec(), outer_optimizer=_outer(cfg),
+                  merge=cfg.merge, outer_scale=cfg.outer_scale, outer_gradient=cfg.outer_gradient,
+                  codec=cfg.make_codec(), outer_optimizer=_outer(cfg),
                   overlap_steps=cfg.overlap_steps, grace_gamma=cfg.grace_gamma, grace_ema_decay=cfg.grace_ema_decay)
 
 

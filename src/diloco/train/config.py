@@ -200,8 +200,8 @@ class TrainConfig:
              f"checkpoint_every={self.checkpoint_every}: steps between checkpoints, 0 = only at the end, "
              f"-1 = auto (every {AUTO_CHECKPOINT_STEPS} steps, rounded up to an outer-sync boundary)")
         need(self.diverge_factor == 0 or self.diverge_factor > 1,
-             f"diverge_factor={self.diverge_factor}: give a factor > 1 (default 3: stop when the evaluation loss "
-             f"exceeds 3 x its first value) or 0 to turn the divergence guard off")
+             f"diverge_factor={self.diverge_factor}: give a factor > 1 (default 3: stop when an evaluation loss "
+             f"exceeds 3 x min(first evaluation, ln vocab_size)) or 0 to turn the divergence guard off")
         need(self.keep_checkpoints >= 1, f"keep_checkpoints={self.keep_checkpoints}: keep at least 1 (default 2)")
         need(self.threads >= 0, f"threads={self.threads}: must be >= 0 (0 = auto)")
         need(self.seq_len >= 8 and self.vocab_size >= 260,

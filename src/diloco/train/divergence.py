@@ -36,7 +36,8 @@ def likely_causes(cfg: Any) -> str:
     if cfg.method == "decoupled":
         k = cfg.quorum or cfg.replicas
         parts.append(f"quorum K={k} of replicas M={cfg.replicas} with outer_scale={cfg.outer_scale!r} "
-                     f"(a merge of k < M learners must apply only a share of an outer step: outer_scale=auto, the default)")
+                     f"(a merge of k < M learners must apply only a share of an outer step: outer_scale=auto, "
+                     f"the default)")
     return "; ".join(parts)
 
 
