@@ -12,7 +12,7 @@ cause a divergence.
 The threshold is ``diverge_factor`` (default 3): an evaluation loss above 3 x the reference, the smaller of
 the run's first evaluation (the first of this process: a resumed run takes its first evaluation after the
 resume) and ln(vocab_size), the loss of a model that has learnt nothing. A healthy run's evaluation
-loss falls after its first evaluation: in studies/decoupled-quorum the 101 runs of data-parallel, K = M and
+loss falls after its first evaluation: in studies/decoupled-quorum the 141 runs of data-parallel, K = M and
 the scaled outer steps reached at most 1.005 x that reference, and all 11 runs that diverged passed 3
 (the worst run that did not diverge, with a whole outer step per merge, reached 1.69 x). 0 turns the
 guard off.
