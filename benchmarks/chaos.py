@@ -11,7 +11,9 @@ wall-clock and goodput are in that emulated time. Methods:
 * ``sync``: quorum K = M, mean merge, no grace window: synchronous Streaming DiLoCo (bit-identical to
   :class:`diloco.StreamingDiLoCo` on the same reports, tested), here with live rejoin: a killed learner's
   restart joins the next rounds; until then every round waits for it;
-* ``decoupled``: K = 1 with the adaptive grace window, RDA merge (``decoupled-mean``: mean merge);
+* ``decoupled``: K = 1 with the adaptive grace window, RDA merge (``decoupled-mean``: mean merge), every merge a
+  whole outer step (``outer_scale="none"``, as these rows were first measured); ``-default``: today's default
+  share of an outer step per merge (``outer_scale="auto"``);
   ``-own``: the learner's own outer gradient (``outer_gradient="own"``); ``-scaled``: a merge of k of M
   learners is a k/M share of an outer step (``outer_scale="share"``).
 
@@ -79,7 +81,11 @@ METHODS = {"sync": dict(quorum=None, merge="mean", grace_gamma=0.0),
            "decoupled-mean-own": dict(quorum=1, merge="mean", outer_gradient="own", outer_scale="none"),
            "decoupled-own-scaled": dict(quorum=1, merge="rda", outer_gradient="own", outer_scale="share"),
            # RDA keeps the norm of nearly orthogonal outer gradients (~sqrt(M) x the mean's): its outer lr / sqrt(M)
-           "decoupled-lr-sqrtm": dict(quorum=1, merge="rda", outer_lr_over_sqrt_m=True, outer_scale="none")}
+           "decoupled-lr-sqrtm": dict(quorum=1, merge="rda", outer_lr_over_sqrt_m=True, outer_scale="none"),
+           # today's defaults: K = 1, a merge of k of M learners a share of an outer step (outer_scale="auto":
+           # sqrt(k/M) for RDA, k/M for the mean; studies/decoupled-quorum)
+           "decoupled-default": dict(quorum=1, merge="rda", outer_scale="auto"),
+           "decoupled-mean-default": dict(quorum=1, merge="mean", outer_scale="auto")}
 
 DP_METHODS = {"dp": None, "dp-ckpt16": 16}  # data-parallel under TorchElastic: checkpoint_every (None: the default)
 
@@ -178,7 +184,9 @@ def main() -> None:
                                                 ("decoupled-own-scaled", "none"), ("decoupled-own-scaled", "kill"),
                                                 ("decoupled-own-scaled", "straggler"),
                                                 ("decoupled-lr-sqrtm", "none"), ("decoupled-lr-sqrtm", "kill"),
-                                                ("decoupled-lr-sqrtm", "straggler")]]
+                                                ("decoupled-lr-sqrtm", "straggler"),
+                                                ("decoupled-default", "none"), ("decoupled-default", "straggler"),
+                                                ("decoupled-mean-default", "none"), ("decoupled-mean-default", "straggler")]]
     rerun = {m for m in args.rerun.split(",") if m}
     todo = [p for p in plan if p not in done or p[0] in rerun]
     work = Path(tempfile.mkdtemp(prefix="diloco-chaos-"))
