@@ -11,9 +11,11 @@ wall-clock and goodput are in that emulated time. Methods:
 * ``sync``: quorum K = M, mean merge, no grace window: synchronous Streaming DiLoCo (bit-identical to
   :class:`diloco.StreamingDiLoCo` on the same reports, tested), here with live rejoin: a killed learner's
   restart joins the next rounds; until then every round waits for it;
-* ``decoupled``: K = 1 with the adaptive grace window, RDA merge (``decoupled-mean``: mean merge);
+* ``decoupled``: K = 1 with the adaptive grace window, RDA merge (``decoupled-mean``: mean merge), every merge a
+  whole outer step (``outer_scale="none"``, as these rows were first measured); ``-default``: today's default
+  share of an outer step per merge (``outer_scale="auto"``);
   ``-own``: the learner's own outer gradient (``outer_gradient="own"``); ``-scaled``: a merge of k of M
-  learners is a k/M share of an outer step (``partial_scale``).
+  learners is a k/M share of an outer step (``outer_scale="share"``).
 
 Faults (the same schedule for every method): ``kill``: SIGKILL learner 1 at 10 s and at 25 s, each
 restart held down 3 s (a restarted torchft group in the peer benchmark comes back 3 s later too);
@@ -77,13 +79,18 @@ from diloco.train.config import TrainConfig, load_preset
 
 RESULTS = Path(__file__).parent / "results"
 METHODS = {"sync": dict(quorum=None, merge="mean", grace_gamma=0.0),
-           "decoupled": dict(quorum=1, merge="rda"),
-           "decoupled-mean": dict(quorum=1, merge="mean"),
-           "decoupled-own": dict(quorum=1, merge="rda", outer_gradient="own"),
-           "decoupled-mean-own": dict(quorum=1, merge="mean", outer_gradient="own"),
-           "decoupled-own-scaled": dict(quorum=1, merge="rda", outer_gradient="own", partial_scale=True),
+           # outer_scale="none": every merge a whole outer step, as these rows were measured (the default now scales)
+           "decoupled": dict(quorum=1, merge="rda", outer_scale="none"),
+           "decoupled-mean": dict(quorum=1, merge="mean", outer_scale="none"),
+           "decoupled-own": dict(quorum=1, merge="rda", outer_gradient="own", outer_scale="none"),
+           "decoupled-mean-own": dict(quorum=1, merge="mean", outer_gradient="own", outer_scale="none"),
+           "decoupled-own-scaled": dict(quorum=1, merge="rda", outer_gradient="own", outer_scale="share"),
            # RDA keeps the norm of nearly orthogonal outer gradients (~sqrt(M) x the mean's): its outer lr / sqrt(M)
-           "decoupled-lr-sqrtm": dict(quorum=1, merge="rda", outer_lr_over_sqrt_m=True),
+           "decoupled-lr-sqrtm": dict(quorum=1, merge="rda", outer_lr_over_sqrt_m=True, outer_scale="none"),
+           # today's defaults: K = 1, a merge of k of M learners a share of an outer step (outer_scale="auto":
+           # sqrt(k/M) for RDA, k/M for the mean; studies/decoupled-quorum)
+           "decoupled-default": dict(quorum=1, merge="rda", outer_scale="auto"),
+           "decoupled-mean-default": dict(quorum=1, merge="mean", outer_scale="auto"),
            # the contribution guard's rows (--guard): K = M, RDA at 0.7 / sqrt(M); the guard on (default) or off
            "decoupled-k=m": dict(quorum=None, merge="rda", outer_lr_over_sqrt_m=True),
            "decoupled-k=m-noguard": dict(quorum=None, merge="rda", outer_lr_over_sqrt_m=True, guard="off")}
@@ -124,6 +131,7 @@ def one_run(*, method: str, M: int, fault: str, args, data, work: Path) -> dict:
     s = res.summary
     return {"method": method, "M": M, "fault": fault, "eval_loss": res.eval_loss, "wall_s": res.wall_s,
             "goodput": s["goodput"], "lost_steps": s["lost_steps"], "merges": s["merges"],
+            "wait_share": s.get("wait_share"),
             "steps": {str(m): sum(1 for r in res.rows if r.get("learner") == m and "step" in r) for m in range(M)},
             "kills": s["learner_kills"], "corrupted_reports": s["corrupted_reports"],
             "guard_events": len(s["guard_events"])}
@@ -194,7 +202,9 @@ def main() -> None:
                                                 ("decoupled-own-scaled", "none"), ("decoupled-own-scaled", "kill"),
                                                 ("decoupled-own-scaled", "straggler"),
                                                 ("decoupled-lr-sqrtm", "none"), ("decoupled-lr-sqrtm", "kill"),
-                                                ("decoupled-lr-sqrtm", "straggler")]]
+                                                ("decoupled-lr-sqrtm", "straggler"),
+                                                ("decoupled-default", "none"), ("decoupled-default", "straggler"),
+                                                ("decoupled-mean-default", "none"), ("decoupled-mean-default", "straggler")]]
     if args.guard:
         plan = [("decoupled-k=m", 3, "none"), ("decoupled-k=m", 3, "corrupt"), ("decoupled-k=m-noguard", 3, "corrupt"),
                 ("decoupled-k=m", 3, "corrupt-random"), ("decoupled-k=m-noguard", 3, "corrupt-random")]

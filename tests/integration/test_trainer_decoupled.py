@@ -49,6 +49,9 @@ def test_decoupled_trains_the_tiny_model_and_logs_every_merge(tmp_path, cache):
     # K = 1 and 'arrival': the learners hardly wait; the summary says so
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["goodput"] == result.goodput and 0.5 < result.goodput <= 1.0
+    # each learner's waiting share; the goodput is one minus their time-weighted mean
+    waits = summary["wait_share"]
+    assert len(waits) == 3 and all(0.0 <= w < 0.5 for w in waits) and min(waits) <= 1.0 - result.goodput <= max(waits)
 
 
 @pytest.mark.parametrize("kw, match", [

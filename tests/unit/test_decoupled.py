@@ -214,3 +214,72 @@ def test_syncer_state_dict_round_trip():
     other.load_state_dict(syncer.state_dict())
     a, b = syncer.global_named_parameters(), other.global_named_parameters()
     assert all(torch.equal(a[n], b[n]) for n in a) and other.versions == syncer.versions
+
+
+class _LateChannel(_ScriptedChannel):
+    """Replies become visible only after step ``visible_after`` (a syncer down); a wait_reply is recorded."""
+
+    def __init__(self, start, *, visible_after):
+        super().__init__(start, visible_after=visible_after)
+        self.waited_at = []
+
+    def wait_reply(self, fragment):
+        self.waited_at.append(self.step)
+        return self._reply(fragment)
+
+
+@pytest.mark.parametrize("bound, sent, waited_at, overwritten_after", [
+    (20, [8, 24], [], 23),     # rides out 13 steps past t + tau = 10, skips the report due at 16, never waits
+    (5, [8, 16, 24], [15], 15),  # past its bound (10 + 5) it waits at step 15; the next (sent at 16) it rides out
+                                 # from 18 until it comes after step 23, within 18 + 5
+    (0, [8, 16, 24], [10, 18], 10),  # no ride-out: waits at t + tau, the Streaming DiLoCo timing
+])
+def test_a_learner_rides_out_a_late_reply_for_up_to_its_bound(bound, sent, waited_at, overwritten_after):
+    """H = 8, tau = 2; the report after step 8 has its reply visible only after step 23 (the syncer down)."""
+    from diloco.algorithm.fragments import flatten
+
+    model = make_model()
+    channel = _LateChannel([flatten(list(model.parameters()))], visible_after=23)
+    algo = Learner(model, channel=channel, learner=0, sync_every=8, overlap_steps=2, ride_out_steps=bound)
+    zeroed = []
+    for t in range(1, 25):
+        channel.step = t
+        algo.after_optimizer_step()
+        zeroed.append(all(bool((p == 0).all()) for p in model.parameters()))
+    assert channel.sent == sent and channel.waited_at == waited_at
+    assert zeroed.index(True) + 1 == overwritten_after
+    if bound:
+        assert algo.ride_outs >= 1 and algo.ride_out_waits == len(waited_at)
+        assert algo.skipped_reports == (1 if bound == 20 else 0)
+    with pytest.raises(ValueError, match="ride_out_steps=-1"):
+        Learner(make_model(), channel=_ScriptedChannel([flatten(list(model.parameters()))], visible_after=0),
+                learner=0, sync_every=8, ride_out_steps=-1)
+
+
+def test_learners_that_finish_leave_so_the_last_learners_reports_still_merge():
+    """M = 3, K = 2. Learners 1 and 2 train 8 steps (H = 4) and finish; learner 0 then trains alone. Had the
+    two stayed members after their last step, learner 0's first report would wait for a second one that no
+    one sends (the trainer's run hung at its last step so); they leave, and its reports merge alone."""
+    import threading
+
+    syncer = Syncer(make_model(seed=0), num_learners=3, quorum=2, grace_gamma=0.0)
+    with LocalTransport(syncer, timeout=10) as transport:
+        def run(m):
+            model = make_model(seed=10 + m)
+            algo = Learner(model, channel=transport.channel(m), learner=m, sync_every=4, overlap_steps=1)
+            _loop(model, algo, 8, m)
+            algo.finish()
+
+        pair = [threading.Thread(target=run, args=(m,)) for m in (1, 2)]
+        for th in pair:
+            th.start()
+        for th in pair:
+            th.join()
+        assert syncer_members(transport) == set()
+        run(0)  # a TransportError after 10 s if its reports waited for a quorum
+    alone = [r for r in syncer.records if r.learners == (0,)]
+    assert len(alone) == 2 and all(set(r.learners) == {1, 2} for r in syncer.records if r not in alone)
+
+
+def syncer_members(transport):
+    return transport._call(lambda: set(transport.syncer.members))

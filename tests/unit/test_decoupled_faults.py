@@ -250,6 +250,21 @@ def test_stalls_rejoin_and_goodput_from_the_logs():
     assert g.value == pytest.approx(g.useful_s / 40.0)
 
 
+def test_each_learners_waiting_share_from_its_step_rows():
+    from diloco.decoupled.chaos import summarize, wait_shares
+
+    rows = _rows(0, 0, 0.0, 16, 0.1) + _rows(1, 0, 0.0, 16, 0.1) + _rows(1, 1, 5.0, 4, 0.2)
+    for r in rows:
+        if r.get("step") == 16 and r["learner"] == 0:
+            r["dt"], r["wait_s"] = 0.7, 0.6  # a step that waited 0.6 s for its reply
+    assert wait_shares(rows, num_learners=3) == [pytest.approx(0.6 / 2.2), pytest.approx(0.0), None]
+    assert summarize(rows, [], [], num_learners=2, wall_s=5.0)["wait_share"] == [pytest.approx(0.6 / 2.2), 0.0]
+    # a syncer killed at t = 0.85: every learner is a survivor; learner 0's step 16 (0.7 s, 7 x typical) is after it
+    kill = {"target": "syncer", "at": 0.85, "back_at": 1.5, "merges_before": 3, "restored_merges": 3}
+    (row,) = summarize(rows, [], [kill], num_learners=2, wall_s=5.0, window_s=1.0)["syncer_kills"]
+    assert row["worst_step_ratio"] == pytest.approx(7.0) and row["restored_merges"] == 3
+
+
 def test_a_learner_log_cut_mid_line_by_a_kill_still_reads(tmp_path):
     from diloco.decoupled.chaos import read_learner_log
 
@@ -261,11 +276,12 @@ def test_a_learner_log_cut_mid_line_by_a_kill_still_reads(tmp_path):
 
 @pytest.mark.parametrize("outer_gradient", ["global", "own"])
 def test_a_stale_learners_outer_gradient_against_theta_or_against_its_own_copy(outer_gradient):
-    """Outer SGD lr 1, no momentum, K = 1. Learner 0 moves Theta by 0.5; then learner 1, still holding the
+    """Outer SGD lr 1, no momentum, K = 1, every merge a whole step. Learner 0 moves Theta by 0.5; then learner 1, still holding the
     old copy b, reports b - d. 'global': Delta = Theta - (b - d), so Theta becomes learner 1's values b - d
     (learner 0's progress undone); 'own': Delta = b - (b - d) = d, so Theta moves by d from where it is."""
     syncer = Syncer(make_model(seed=0), num_learners=2, quorum=1, grace_gamma=0.0, merge="mean",
-                    outer_gradient=outer_gradient, outer_optimizer=lambda p: torch.optim.SGD(p, lr=1.0))
+                    outer_gradient=outer_gradient, outer_scale="none",
+                    outer_optimizer=lambda p: torch.optim.SGD(p, lr=1.0))
     for m in (0, 1):
         syncer.join(m)
     b = syncer._snapshot[0].clone()
@@ -280,9 +296,9 @@ def test_a_stale_learners_outer_gradient_against_theta_or_against_its_own_copy(o
         Syncer(make_model(), num_learners=2, outer_gradient="both")
 
 
-def test_partial_scale_makes_a_merge_of_k_of_m_learners_a_k_over_m_share_of_an_outer_step():
+def test_outer_scale_share_makes_a_merge_of_k_of_m_learners_a_k_over_m_share_of_an_outer_step():
     syncer = Syncer(make_model(seed=0), num_learners=2, quorum=1, grace_gamma=0.0, merge="mean",
-                    partial_scale=True, outer_optimizer=lambda p: torch.optim.SGD(p, lr=1.0))
+                    outer_scale="share", outer_optimizer=lambda p: torch.optim.SGD(p, lr=1.0))
     for m in (0, 1):
         syncer.join(m)
     b = syncer._snapshot[0].clone()

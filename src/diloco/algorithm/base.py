@@ -83,6 +83,11 @@ class ReplicaAlgorithm(abc.ABC):
         """Finish every exchange still in flight (default: there are none)."""
         return []
 
+    def finish(self) -> list[SyncReport]:
+        """After the run's last step: finish every exchange still in flight (default: :meth:`flush`); a method
+        whose peers keep waiting for it (a decoupled learner's syncer) also says it is done."""
+        return self.flush()
+
     @abc.abstractmethod
     def global_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's state dict with the global (outer) parameter values: what to evaluate."""

@@ -66,8 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         _top_parser().parse_args(argv[:1])  # exits 2 with "invalid choice", listing the commands
     args = build_parser(command).parse_args(argv)
+    from diloco.train.divergence import DivergenceError  # no torch: the guard's module is plain Python
+
     try:
         return int(args.func(args) or 0)
+    except DivergenceError as exc:  # the run stopped itself: what diverged, where, and the usual causes
+        print(f"diloco {args.command}: error: {exc}", file=sys.stderr)
+        return 3
     except ConfigError as exc:  # the user's to fix: say what and how, no traceback
         print(f"diloco {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -289,23 +289,41 @@ def goodput(rows: Sequence[dict[str, Any]], *, num_learners: int, wall_s: float)
 
 
 
+def wait_shares(rows: Sequence[dict[str, Any]], *, num_learners: int) -> list[float | None]:
+    """Each learner's share of its step time spent waiting for replies: sum(wait_s) / sum(dt) over its step rows
+    (every incarnation; None for a learner with no step)."""
+    out: list[float | None] = []
+    for m in range(num_learners):
+        steps = [r for r in rows if r.get("learner") == m and "step" in r and "dt" in r]
+        total = sum(float(r["dt"]) for r in steps)
+        out.append(sum(float(r.get("wait_s", 0.0)) for r in steps) / total if total > 0 else None)
+    return out
+
+
 def summarize(rows: Sequence[dict[str, Any]], merges: Sequence[dict[str, Any]], faults: Sequence[dict[str, Any]], *,
               num_learners: int, wall_s: float, window_s: float = 10.0) -> dict[str, Any]:
     """What a faulty run comes to: goodput, and per fault what it cost (plain numbers, for JSON).
 
     Per learner kill: the survivors' worst step / typical step and the share of steps they kept in
     ``window_s`` after it (up to the next fault), seconds from the kill to the restart joining, and from
-    joining to its first merge with weight > 0. Per syncer kill: seconds down and merges restored."""
+    joining to its first merge with weight > 0. Per syncer kill: seconds down, merges restored and the learners'
+    worst step / typical step in ``window_s`` after it. ``wait_share``: each learner's share of its step time
+    spent waiting for replies."""
     g = goodput(rows, num_learners=num_learners, wall_s=wall_s)
     out: dict[str, Any] = {"goodput": g.value, "useful_learner_s": g.useful_s, "allocated_learner_s": g.allocated_s,
-                           "lost_steps": g.lost_steps, "merges": len(merges), "learner_kills": [], "syncer_kills": []}
+                           "lost_steps": g.lost_steps, "merges": len(merges),
+                           "wait_share": wait_shares(rows, num_learners=num_learners), "learner_kills": [],
+                           "syncer_kills": []}
     times = sorted(f["at"] for f in faults)
     incarnation: dict[int, int] = {}
     for f in faults:
         later = [t for t in times if t > f["at"]]
-        if f["target"] == "syncer":
+        if f["target"] == "syncer":  # every learner is a survivor: its longest step after the kill / its typical
+            stalls = survivor_stalls(rows, kill_at=f["at"], killed=-1, window_s=window_s,
+                                     until=later[0] if later else None)
             out["syncer_kills"].append({"down_s": f["back_at"] - f["at"], "merges_before": f["merges_before"],
-                                        "restored_merges": f["restored_merges"]})
+                                        "restored_merges": f["restored_merges"],
+                                        "worst_step_ratio": max((s.worst_step_ratio for s in stalls), default=None)})
             continue
         m = int(f["index"])
         incarnation[m] = incarnation.get(m, 0) + 1
@@ -448,6 +466,4 @@ def summarize_restarts(rows: Sequence[dict[str, Any]], faults: Sequence[dict[str
     return out
 
 
-__all__ = ["Chaos", "Event", "Goodput", "Stall", "committed_steps", "final_steps", "goodput", "kept_steps", "parse_corrupt", "parse_floats", "parse_kills",
-           "read_learner_log", "rejoin_seconds", "restart_kill", "restart_stalls", "summarize", "summarize_restarts",
-           "survivor_stalls"]
+__all__ = ["Chaos", "Event", "Goodput", "Stall", "committed_steps", "final_steps", "goodput", "kept_steps", "parse_corrupt", "parse_floats", "parse_kills", "read_learner_log", "rejoin_seconds", "restart_kill", "restart_stalls", "summarize", "summarize_restarts", "survivor_stalls", "wait_shares"]

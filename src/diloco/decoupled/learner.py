@@ -85,6 +85,11 @@ class Learner(ReplicaAlgorithm):
         overwrite_after: ``"send"`` (default): overwrite after step t + tau, t the step the report was sent
             after, waiting there if the reply is late; ``"arrival"``: tau steps after the step at which the
             reply was seen to have arrived (see the module docstring).
+        ride_out_steps: B (with ``"send"``): a reply not there at t + tau does not stop the learner: it trains
+            on, looks for the reply after every step and overwrites when it comes, skipping that fragment's
+            reports meanwhile, for up to B steps past t + tau; only then does it wait (counted in
+            ``ride_out_waits``). For a syncer that is down or slow (a restart takes seconds); 0 (default): wait
+            at t + tau, the Streaming DiLoCo timing (runs are reproducible only then).
     """
 
     def __init__(
@@ -104,11 +109,20 @@ class Learner(ReplicaAlgorithm):
         tokens_per_step: float = 1.0,
         stats: CommStats | None = None,
         overwrite_after: str = "send",
+        ride_out_steps: int = 0,
     ) -> None:
         if overwrite_after not in ("send", "arrival"):
             raise ConfigError(f"overwrite_after={overwrite_after!r}: choose 'send' (tau steps after sending, the "
                              f"Streaming DiLoCo timing) or 'arrival' (tau steps after the reply arrives)")
         self.overwrite_after = overwrite_after
+        if not isinstance(ride_out_steps, int) or ride_out_steps < 0:
+            raise ConfigError(f"ride_out_steps={ride_out_steps!r}: give the steps a learner trains on while a reply is "
+                             f"late, >= 0 (0: wait for it at once)")
+        self.ride_out_steps = ride_out_steps
+        self._late: dict[int, int] = {}  # ride-out: fragment -> the last step before the learner waits for its reply
+        self.ride_outs = 0                # replies that were late at t + tau and ridden out
+        self.ride_out_waits = 0           # of those, the ones still missing B steps later (waited for)
+        self.skipped_reports = 0          # reports not sent because the fragment's previous reply was still late
         self._arrived: dict[int, tuple[int, Reply]] = {}  # arrival mode: fragment -> (step seen, reply)
         if not 0.0 <= float(merge_alpha) <= 1.0:
             raise ConfigError(f"merge_alpha (alpha) must lie in [0, 1], got {merge_alpha}; 0 overwrites (the default)")
@@ -157,6 +171,8 @@ class Learner(ReplicaAlgorithm):
             self.tokens[p] += float(tokens)
         if self.overwrite_after == "arrival":
             reports = self._arrival_step(t)
+        elif self.ride_out_steps:
+            reports = self._ride_out_step(t)
         else:
             for p in self.schedule.starts(t):
                 self._send(p, t)
@@ -179,8 +195,35 @@ class Learner(ReplicaAlgorithm):
         reports += [self._overwrite(p, t) for p in sorted(self._arrived) if t >= self._arrived[p][0] + tau]
         return reports
 
+    def _ride_out_step(self, t: int) -> list[SyncReport]:
+        reports = []
+        for p in sorted(self._late):  # late replies: apply one that came; wait for one past its bound
+            reply = self.channel.poll_reply(p)
+            if reply is None and t < self._late[p]:
+                continue
+            if reply is None:
+                self.ride_out_waits += 1
+            del self._late[p]
+            reports.append(self._overwrite(p, t, reply))
+        for p in self.schedule.starts(t):
+            if p in self._late:  # its previous reply is still out: no second report in flight; train on
+                self.skipped_reports += 1
+                continue
+            self._send(p, t)
+        for p in self.schedule.finishes(t):
+            if p not in self._in_flight or p in self._late:
+                continue
+            reply = self.channel.poll_reply(p)
+            if reply is None:  # late: ride it out for up to B steps
+                self._late[p] = t + self.ride_out_steps
+                self.ride_outs += 1
+                continue
+            reports.append(self._overwrite(p, t, reply))
+        return reports
+
     def flush(self) -> list[SyncReport]:
         """Wait for every reply still in flight and apply it now."""
+        self._late.clear()
         return [self._overwrite(p, self.step_count) for p in sorted(self._in_flight)]
 
     def close(self) -> list[SyncReport]:
@@ -188,6 +231,12 @@ class Learner(ReplicaAlgorithm):
         reports = self.flush()
         self.channel.leave()
         return reports
+
+    def finish(self) -> list[SyncReport]:
+        """The run's last step: :meth:`close`. A learner that stays a member after its last report would hold up
+        the others' last rounds (with K < M the last learner's report could wait for a quorum no one else
+        will send)."""
+        return self.close()
 
     # -- one fragment --------------------------------------------------------
     @torch.no_grad()
@@ -205,11 +254,13 @@ class Learner(ReplicaAlgorithm):
             self._handles[p] = self.stats.start(f"fragment {p}", sent=n, received=n)
 
     @torch.no_grad()
-    def _overwrite(self, p: int, t: int) -> SyncReport:
+    def _overwrite(self, p: int, t: int, reply: Reply | None = None) -> SyncReport:
+        """Apply fragment p's reply: ``reply`` if given (already polled), else the one seen arriving, else the
+        one waited for now."""
         started = self._in_flight.pop(p)
-        if p in self._arrived:
+        if reply is None and p in self._arrived:
             reply = self._arrived.pop(p)[1]
-        else:
+        elif reply is None:
             before = time.monotonic()
             reply = self.channel.wait_reply(p)
             self.wait_seconds += time.monotonic() - before

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from diloco.comm.base import CommError
 from diloco.decoupled.messages import Reply, Report, Welcome
 from diloco.decoupled.syncer import Syncer
 
@@ -39,6 +40,7 @@ class LocalTransport:
         self._inbox: queue.Queue = queue.Queue()
         self._outboxes = {m: queue.Queue() for m in range(syncer.num_learners)}
         self._error: BaseException | None = None
+        self._aborted: str | None = None  # why the run stopped (abort); learners' next calls raise CommError
         self._thread = threading.Thread(target=self._serve, name="diloco-syncer", daemon=True)
         self._thread.start()
 
@@ -55,6 +57,16 @@ class LocalTransport:
             self._thread.join(self.timeout)
         if self._error is not None:
             raise TransportError(f"the syncer failed: {self._error!r}") from self._error
+
+    def abort(self, reason: str) -> None:
+        """The run stops (e.g. a learner diverged): every learner's next wait or poll raises
+        :class:`~diloco.comm.base.CommError` (a peer's failure, not the cause); the syncer's thread runs on until
+        :meth:`stop`."""
+        self._aborted = reason
+
+    def _check_aborted(self) -> None:
+        if self._aborted is not None:
+            raise CommError(f"the run stopped on another learner: {self._aborted}")
 
     def channel(self, learner: int) -> LocalChannel:
         return LocalChannel(self, learner)
@@ -73,6 +85,7 @@ class LocalTransport:
         while True:
             if self._error is not None:
                 raise TransportError(f"the syncer failed: {self._error!r}") from self._error
+            self._check_aborted()
             try:
                 return q.get(timeout=min(0.05, max(deadline - time.monotonic(), 0.0)))
             except queue.Empty:
@@ -128,6 +141,7 @@ class LocalChannel:
         return self._stash.pop(fragment)
 
     def poll_reply(self, fragment: int) -> Reply | None:
+        self.transport._check_aborted()
         outbox = self.transport._outboxes[self.learner]
         while True:
             try:

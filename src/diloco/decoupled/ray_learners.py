@@ -79,6 +79,7 @@ class LearnerSpec:
     duration_s: float = 10.0
     max_steps: int = 0
     total_tokens: int = 0
+    ride_out_steps: int = 0  # steps a learner trains on while a reply is late (a syncer restarting); see Learner
     schedule_steps: int = 0
     warmup_steps: int = 0
     min_lr_ratio: float = 0.1
@@ -136,7 +137,7 @@ def prepare_learner(spec: LearnerSpec, *, learner: int, num_learners: int, synce
     algo = Learner(model, channel=channel, learner=learner, sync_every=spec.sync_every,
                    num_fragments=spec.num_fragments, fragment_pattern=spec.fragment_pattern,
                    overlap_steps=spec.overlap_steps, merge_alpha=spec.merge_alpha, codec=spec.codec,
-                   tokens_per_step=spec.batch_size * spec.seq_len)
+                   tokens_per_step=spec.batch_size * spec.seq_len, ride_out_steps=spec.ride_out_steps)
     inner = torch.optim.AdamW(model.parameters(), lr=spec.inner_lr, weight_decay=spec.weight_decay)
     batches = _windows(tokens, learner=learner, num_learners=num_learners, batch=spec.batch_size,
                        seq_len=spec.seq_len, seed=spec.seed * 1000 + learner * 100 + algo.incarnation)

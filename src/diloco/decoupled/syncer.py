@@ -14,7 +14,10 @@ ends or when every joined learner has reported. The merge:
     w_m      = token weights (c_tok * c_tok / c_steps, normalised)
     Delta    = RDA per tensor, weighted mean for embedding tensors   (merge="rda")
                or the weighted mean of every tensor                  (merge="mean")
-    Theta_p <- OuterOpt_p(Theta_p, Delta)
+    s        = the share of an outer step a merge of k of the M learners applies (outer_scale; by default k/M
+               for the mean, sqrt(k/M) for RDA), so that the outer step per round of learner work does not
+               grow with M/K; 1 when k = M
+    Theta_p <- OuterOpt_p(Theta_p, s * Delta)     (refused if s * Delta is not finite: Theta_p stays)
     reply to each merged learner: the new Theta_p, encoded
 
 A learner's report never waits for more than one round: it has at most one report per fragment in
@@ -54,6 +57,7 @@ from diloco.algorithm.guard import DEFAULT_GUARD_RATIO, NormGuard
 from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer, load_global_state
 from diloco.decoupled.grace import DEFAULT_EMA_DECAY, DEFAULT_GRACE_GAMMA, GraceWindow
 from diloco.decoupled.merge import check_merge, merge_outer_gradients, token_weights
+from diloco.decoupled.outer_scale import check_outer_scale, outer_step_share
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
 from diloco.errors import ConfigError
 
@@ -104,8 +108,11 @@ class Syncer:
             Theta_p (the reading of the paper used here); ``"own"``: Delta_m = base_m - theta_m, the learner's
             own progress since the copy it started from (a stale learner then does not pull Theta back to where
             it was). The same when every learner holds the current Theta (K = M).
-        partial_scale: scale a merge of k of the M members' reports by k / M (a merge of one learner is a 1/M
-            share of an outer step; off by default: every merge is a whole outer step, as in the paper).
+        outer_scale: the share of an outer step a merge of k of the M members applies
+            (:mod:`diloco.decoupled.outer_scale`): ``"auto"`` (default: the measured best for ``merge``: ``"share"``
+            for the mean, ``"sqrt-share"`` for RDA),
+            ``"share"`` (k / M), ``"sqrt-share"`` (sqrt(k / M)) or ``"none"`` (a whole step each, the paper's
+            wording; diverges at small quorums). A merge of every member is never scaled.
         codec: wire format of both directions (name or :class:`Codec`); default ``"fp32"``.
         outer_optimizer: factory ``f([tensor]) -> Optimizer`` per fragment; default Nesterov SGD 0.7 / 0.9.
         overlap_steps: tau, the learners' steps between a report and the step that needs its reply.
@@ -134,7 +141,7 @@ class Syncer:
         fragments: FragmentSpec | None = None,
         merge: str = "rda",
         outer_gradient: str = "global",
-        partial_scale: bool = False,
+        outer_scale: str = "auto",
         codec: str | Codec = "fp32",
         outer_optimizer: OuterOptimizerFactory | None = None,
         overlap_steps: int = 0,
@@ -152,7 +159,7 @@ class Syncer:
             raise ConfigError(f"outer_gradient={outer_gradient!r}: choose 'global' (Theta - theta_m) or 'own' "
                              f"(base_m - theta_m)")
         self.outer_gradient = outer_gradient
-        self.partial_scale = bool(partial_scale)
+        self.outer_scale = check_outer_scale(outer_scale)
         self.codec = get_codec(codec)
         self.grace = GraceWindow(gamma=float(grace_gamma), overlap_steps=overlap_steps, decay=float(grace_ema_decay))
         self.guard = NormGuard(action=guard, max_ratio=float(guard_ratio), who="learner")
@@ -178,6 +185,7 @@ class Syncer:
         self.bytes_received = 0
         self.bytes_sent = 0
         self.ignored_reports = 0                        # stale or repeated reports (see the module docstring)
+        self.refused_merges = 0                         # merged outer gradients that were not finite: no step
 
     # -- membership ----------------------------------------------------------
     def join(self, learner: int) -> Welcome:
@@ -295,9 +303,17 @@ class Syncer:
         if any(w > 0 for w in weights):
             g.grad = merge_outer_gradients(deltas, weights, sizes=self.tensor_sizes[p], embedding=self.is_embedding[p],
                                            merge=self.merge)
-            if self.partial_scale and len(kept) < len(self.members):  # a share of an outer step: merged / members
-                g.grad.mul_(len(kept) / len(self.members))
-            self.outer_optimizers[p].step()
+            # k: the learners whose work is in this merge (weight > 0), of the M the run has (members come and
+            # go: at a run's end the last learner alone is a 1/M share of a round's work, not a whole one)
+            share = outer_step_share(merged=sum(w > 0 for w in weights), members=self.num_learners,
+                                     rule=self.outer_scale, merge=self.merge)
+            if share != 1.0:  # a share of an outer step (diloco.decoupled.outer_scale); k = M is never scaled
+                g.grad.mul_(share)
+            if bool(all_finite(g.grad)):
+                self.outer_optimizers[p].step()
+            else:  # finite reports whose merge overflowed: Theta and the momentum stay as they were
+                self.refused_merges += 1
+                dropped, kept, weights = dropped + kept, [], []
             g.grad = None
         self.versions[p] += 1
         self._snapshot[p] = g.detach().clone()
@@ -374,7 +390,7 @@ class Syncer:
                           for m, bs in self._base.items()},
                 **({"records": [r.as_row() for r in self.records]} if records else {"num_records": len(self.records)}),
                 "bytes": [self.bytes_received, self.bytes_sent], "ignored_reports": self.ignored_reports,
-                "guard": self.guard.state_dict()}
+                "guard": self.guard.state_dict(), "refused_merges": self.refused_merges}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any], *, records: Sequence[dict[str, Any]] | None = None) -> None:
@@ -401,6 +417,7 @@ class Syncer:
         self.ignored_reports = int(state["ignored_reports"])
         if "guard" in state:  # a state written before the guard existed: the guard starts afresh
             self.guard.load_state_dict(state["guard"])
+        self.refused_merges = int(state.get("refused_merges", 0))  # absent in states written before it existed
 
     def fragment_sizes(self) -> Sequence[int]:
         return [g.numel() for g in self.global_flat]

@@ -32,15 +32,18 @@ class RunningSyncer:
     """What the trainer holds while a decoupled run is on: a channel per learner and, after, the merges."""
 
     def __init__(self, channel: Callable[[int], Channel], records: Callable[[], list[MergeRecord]],
-                 global_parameters: Callable[[], dict[str, torch.Tensor]]) -> None:
+                 global_parameters: Callable[[], dict[str, torch.Tensor]],
+                 abort: Callable[[str], None] = lambda reason: None) -> None:
         self.channel, self.records, self.global_parameters = channel, records, global_parameters
+        self.abort = abort  # the run stops (a learner diverged): learners waiting for replies stop too
 
 
 def make_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] | None = None) -> Syncer:
     """The config's syncer, holding ``template``'s parameters as the initial global ones."""
     return Syncer(template, num_learners=cfg.replicas, quorum=cfg.quorum or cfg.replicas,
                   num_fragments=cfg.num_fragments, fragment_pattern=cfg.fragment_pattern, fragments=fragments,
-                  merge=cfg.merge, outer_gradient=cfg.outer_gradient, codec=cfg.make_codec(), outer_optimizer=_outer(cfg),
+                  merge=cfg.merge, outer_scale=cfg.outer_scale, outer_gradient=cfg.outer_gradient,
+                  codec=cfg.make_codec(), outer_optimizer=_outer(cfg),
                   overlap_steps=cfg.overlap_steps, grace_gamma=cfg.grace_gamma, grace_ema_decay=cfg.grace_ema_decay,
                   guard=cfg.guard, guard_ratio=cfg.guard_ratio)
 
@@ -69,7 +72,7 @@ def decoupled_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] |
         return
     with LocalTransport(syncer, timeout=600.0) as transport:
         yield RunningSyncer(transport.channel, lambda: list(transport.syncer.records),
-                            transport.syncer.global_named_parameters)
+                            transport.syncer.global_named_parameters, transport.abort)
 
 
 def decoupled_learner(cfg: Any, model: nn.Module, channel: Channel, *, learner: int,
@@ -79,7 +82,7 @@ def decoupled_learner(cfg: Any, model: nn.Module, channel: Channel, *, learner: 
                    num_fragments=cfg.num_fragments, fragment_pattern=cfg.fragment_pattern, fragments=fragments,
                    overlap_steps=cfg.overlap_steps, merge_alpha=cfg.merge_alpha, codec=cfg.make_codec(),
                    schedule=cfg.schedule_spec, tokens_per_step=cfg.batch_per_replica * cfg.seq_len, stats=stats,
-                   overwrite_after=cfg.overwrite_after)
+                   overwrite_after=cfg.overwrite_after, ride_out_steps=cfg.ride_out_steps)
 
 
 @torch.no_grad()
@@ -127,7 +130,7 @@ def chaos_run(cfg: Any, out: Path | str, *, chaos: Any, cache_dir: Path | str, s
                        fragment_pattern=cfg.fragment_pattern, overlap_steps=cfg.overlap_steps,
                        merge_alpha=cfg.merge_alpha, codec=cfg.make_codec(), seed=cfg.seed, step_time_s=step_time_s,
                        duration_s=max_seconds, max_steps=cfg.total_steps, warmup_steps=cfg.warmup_steps,
-                       min_lr_ratio=cfg.min_lr_ratio)
+                       min_lr_ratio=cfg.min_lr_ratio, ride_out_steps=cfg.ride_out_steps)
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(address=cfg.ray_address or None, include_dashboard=False, log_to_driver=False)
@@ -174,10 +177,17 @@ def learner_goodput(results: Sequence[dict[str, Any]]) -> float | None:
     return max(0.0, 1.0 - sum(r["waited_s"] for r in results) / total)
 
 
+def learner_wait_shares(results: Sequence[dict[str, Any]]) -> list[float] | None:
+    """Each learner's share of its training time spent waiting for the syncer's replies, in learner order."""
+    if any(r.get("waited_s") is None for r in results):
+        return None
+    return [r["waited_s"] / r["train_time_s"] if r["train_time_s"] > 0 else 0.0 for r in results]
+
+
 def write_merges(path: Path, records: Sequence[MergeRecord]) -> None:
     """One JSON row per merge, in the order they happened."""
     atomic_write_bytes(Path(path), "".join(json.dumps(r.as_row()) + "\n" for r in records).encode("utf-8"))
 
 
 __all__ = ["LearnerLog", "RunningSyncer", "chaos_run", "decoupled_learner", "decoupled_syncer", "evaluate_global",
-           "learner_goodput", "make_syncer", "write_merges"]
+           "learner_goodput", "learner_wait_shares", "make_syncer", "write_merges"]

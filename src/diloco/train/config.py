@@ -70,9 +70,11 @@ class TrainConfig:
     guard_ratio: float = setting(10.0, "guard's bar on norm / reference (round's median, else running median of accepted norms); healthy runs measured < 3")
     quorum: int = setting(0, "K (decoupled): learners a merge needs at least; 0 = all (synchronous), 1 = whoever reports first")
     merge: str = setting("rda", "decoupled: how the syncer merges: rda (radial-directional; measured best at outer_lr 0.7/sqrt(M)) or mean (token-weighted)")
+    outer_scale: str = setting("auto", "decoupled: outer step share of a merge of k of M learners: auto (mean: share, rda: sqrt-share), share (k/M), sqrt-share, none (1)")
     outer_gradient: str = setting("global", "decoupled: a learner's outer gradient: global (Theta - theta_m) or own (base_m - theta_m, its own progress; kinder to stragglers)")
     grace_gamma: float = setting(0.2, "decoupled: gamma of the wait for more learners after the quorum, gamma x (tau x step time - quorum time - sync time)")
     grace_ema_decay: float = setting(0.9, "decoupled: decay of the grace window's moving averages of step, quorum and sync times")
+    ride_out_steps: int = setting(0, "decoupled: steps a learner trains on while a reply is late (a syncer restarting) before it waits; 0 = wait")
     overwrite_after: str = setting("send", "decoupled: a learner overwrites a fragment tau steps after sending it (send) or after its reply arrives (arrival)")
     decoupled_transport: str = setting("threads", "decoupled: where the syncer runs: threads (a thread of this process) or ray (a named Ray actor)")
     ray_address: str = setting("", "decoupled_transport=ray: the Ray cluster to join; empty: start a local Ray instance")
@@ -97,6 +99,7 @@ class TrainConfig:
     # evaluation, checkpoints, runtime
     eval_every: int = setting(100, "steps between evaluations of the global parameters on held-out tokens")
     eval_batches: int = setting(16, "batches of global_batch sequences per evaluation")
+    diverge_factor: float = setting(3.0, "stop (exit 3, no checkpoint) on a non-finite loss or an eval above this x min(first eval, ln vocab); 0 = off")
     checkpoint_every: int = setting(-1, "steps between checkpoints; -1 = auto (every 100, rounded up to a multiple of sync_every), 0 = only at the end")
     keep_checkpoints: int = setting(2, "K: the last K checkpoints are kept (an unreadable newest one falls back)")
     checkpoint_async: bool = setting(False, "with worker_sharding=fsdp: write each checkpoint in the background (dcp.async_save), committed at the next step")
@@ -205,6 +208,9 @@ class TrainConfig:
         need(self.checkpoint_every >= -1,
              f"checkpoint_every={self.checkpoint_every}: steps between checkpoints, 0 = only at the end, "
              f"-1 = auto (every {AUTO_CHECKPOINT_STEPS} steps, rounded up to an outer-sync boundary)")
+        need(self.diverge_factor == 0 or self.diverge_factor > 1,
+             f"diverge_factor={self.diverge_factor}: give a factor > 1 (default 3: stop when an evaluation loss "
+             f"exceeds 3 x min(first evaluation, ln vocab_size)) or 0 to turn the divergence guard off")
         need(self.keep_checkpoints >= 1, f"keep_checkpoints={self.keep_checkpoints}: keep at least 1 (default 2)")
         need(self.threads >= 0, f"threads={self.threads}: must be >= 0 (0 = auto)")
         need(self.seq_len >= 8 and self.vocab_size >= 260,
@@ -313,10 +319,12 @@ def _decoupled_errors(cfg: TrainConfig) -> list[str]:
     """What ``method='decoupled'`` cannot run with (each message names the value and the fix)."""
     from diloco.decoupled.grace import check_grace
     from diloco.decoupled.merge import check_merge
+    from diloco.decoupled.outer_scale import check_outer_scale
     from diloco.decoupled.syncer import check_quorum
 
     errors = []
     checks = [lambda: check_quorum(cfg.quorum or cfg.replicas, cfg.replicas), lambda: check_merge(cfg.merge),
+              lambda: check_outer_scale(cfg.outer_scale),
               lambda: check_grace(gamma=cfg.grace_gamma, decay=cfg.grace_ema_decay, overlap_steps=cfg.overlap_steps)]
     if cfg.quorum < 0:
         errors.append(f"quorum={cfg.quorum}: use 0 (all learners) or 1..replicas={cfg.replicas}")
@@ -326,6 +334,9 @@ def _decoupled_errors(cfg: TrainConfig) -> list[str]:
             check()
         except ValueError as exc:
             errors.append(str(exc))
+    if cfg.ride_out_steps < 0:
+        errors.append(f"ride_out_steps={cfg.ride_out_steps}: give the steps to train on while a reply is late, >= 0 "
+                      f"(0: wait at once)")
     if cfg.overwrite_after not in ("send", "arrival"):
         errors.append(f"overwrite_after={cfg.overwrite_after!r}: choose send or arrival")
     if cfg.outer_gradient not in ("global", "own"):

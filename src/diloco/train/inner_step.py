@@ -4,7 +4,7 @@
 rows of it), runs forward and backward (bf16 autocast if configured), averages the
 gradients inside the worker, lets the algorithm act before the optimizer step (data
 parallel's gradient average), clips, steps the inner optimizer, then runs the algorithm's
-outer syncs (all of them flushed at the last step). :func:`step_record` is the row
+outer syncs (all of them finished at the last step). :func:`step_record` is the row
 :class:`~diloco.train.step_log.StepTable` merges over the replicas into ``metrics.jsonl``.
 """
 
@@ -71,7 +71,7 @@ def train_step(rep: Replica, step: int, *, cfg: TrainConfig, device: torch.devic
     compute += time.perf_counter() - t1
     reports = rep.algo.after_optimizer_step()
     if step == cfg.total_steps:
-        reports += rep.algo.flush()
+        reports += rep.algo.finish()
     rep.dropped += _dropped(reports)
     step_time = time.perf_counter() - t_start
     rep.train_time += step_time

@@ -29,6 +29,8 @@ class RunResult:
     goodput: float | None = None
     # where it ran (diloco.train.environment): torch, CPU model and vector extensions, threads, device
     environment: dict[str, Any] | None = None
+    # method=decoupled: each learner's share of its training time spent waiting for replies (learner order)
+    wait_share: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Strict-JSON-ready: a non-finite loss (a diverged run) becomes None."""
@@ -45,4 +47,5 @@ class RunResult:
         d.setdefault("data_sha256", None)  # a summary written before runs kept it
         d.setdefault("goodput", None)
         d.setdefault("environment", None)  # a summary written before runs recorded it
+        d.setdefault("wait_share", None)  # a summary written before runs kept it
         return cls(**{f: d[f] for f in cls.__dataclass_fields__})

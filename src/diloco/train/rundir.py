@@ -43,7 +43,8 @@ RUN_FILES: tuple[str, ...] = ("config.json", "tokenizer.json", "metrics.jsonl", 
 RESUMABLE_CHANGES: tuple[str, ...] = ("steps", "tokens")
 
 #: Settings that do not change what is trained: two runs differing only in these are the same run.
-RUNTIME_KEYS: tuple[str, ...] = ("checkpoint_every", "keep_checkpoints", "checkpoint_async", "tensorboard")
+RUNTIME_KEYS: tuple[str, ...] = ("checkpoint_every", "keep_checkpoints", "checkpoint_async", "tensorboard",
+                                 "diverge_factor")
 
 #: Settings a resume of FSDP workers may change: their sharded checkpoints load onto any R (resharding).
 RESHARD_KEYS: tuple[str, ...] = ("ranks_per_worker",)

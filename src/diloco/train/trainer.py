@@ -51,6 +51,7 @@ from diloco.train import sharded_checkpoint
 from diloco.files import atomic_write_bytes, write_json
 from diloco.train.config import TrainConfig
 from diloco.train.device import check_device
+from diloco.train.divergence import DivergenceError, DivergenceGuard, check_training_loss
 from diloco.train.evaluation import evaluate
 from diloco.train.environment import environment
 from diloco.train.inner_step import step_record, train_step
@@ -329,11 +330,12 @@ class Trainer:
                        learners: Sequence[dict[str, Any]]) -> None:
         """method=decoupled: the run's final loss from the syncer's global parameters, and the goodput over
         ``learners`` (each one's train and waited seconds), into the lead's result ``out``."""
-        from diloco.decoupled.trainer import evaluate_global, learner_goodput
+        from diloco.decoupled.trainer import evaluate_global, learner_goodput, learner_wait_shares
 
         out["final_eval_loss"] = evaluate_global(run.template, global_params, run.val, bf16=self.cfg.bf16,
                                                  device=self.device)
         out["goodput"] = learner_goodput(learners)
+        out["wait_share"] = learner_wait_shares(learners)
 
     @contextlib.contextmanager
     def _decoupled_torchrun(self, run: Run, comm: Communicator, intra: Communicator | None):
@@ -373,6 +375,7 @@ class Trainer:
             data_sha256=run.data_sha256,
             goodput=rank0.get("goodput"),
             environment=environment(device=str(self.device)),
+            wait_share=rank0.get("wait_share"),
         )
         write_json(self.out_dir / "summary.json", result.to_dict())
         return result
@@ -396,6 +399,7 @@ class Trainer:
 
             learner_log = LearnerLog(self.out_dir, rep.rank, append=run.start_step > 0)
         final_eval = float("nan")
+        guard = DivergenceGuard(cfg, vocab_size=run.vocab_size)  # replica 0's evaluations (diloco.train.divergence)
         if rep.rank == 0 and run.start_step == cfg.total_steps:  # resumed at the end, before the summary
             final_eval = self._evaluate(rep, run, None, None)
         step = run.start_step
@@ -403,16 +407,25 @@ class Trainer:
             for step in range(run.start_step + 1, cfg.total_steps + 1):
                 out = train_step(rep, step, cfg=cfg, device=self.device)
                 table.add(rep.rank, step, step_record(rep, step, out))
+                check_training_loss(out.loss, step=step, replica=rep.rank, cfg=cfg)  # before a log that refuses NaN
                 if learner_log is not None:
                     learner_log.add(rep.algo, step, out)
                 if rep.rank == 0 and (step % cfg.eval_every == 0 or step == cfg.total_steps):
                     final_eval = self._evaluate(rep, run, step, logger)
+                    if rep.evaluates:
+                        guard.check_eval(final_eval, step=step)
                 if rep.writing is not None:  # the checkpoint written in the background since the last step
                     replica_checkpoint.commit(rep, *rep.writing, run_dir=self.out_dir, keep=cfg.keep_checkpoints)
                 if (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0) or step == cfg.total_steps:
+                    if cfg.diverge_factor:  # every replica past the divergence checks before any writes this step
+                        rep.barrier()
                     self._checkpoint(rep, run, step)
                 for callback in self.callbacks:
                     callback.on_step_end(step, rank=rep.rank)
+        except DivergenceError as exc:
+            if self._transport is not None:  # decoupled: learners waiting for the syncer stop too
+                self._transport.abort(str(exc))
+            raise
         except CommError as exc:
             where = f"replica {rep.rank}" if intra is None else \
                 f"replica {rep.rank} (rank {rep.local} of its {intra.world_size})"
