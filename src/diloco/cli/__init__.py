@@ -16,7 +16,7 @@ import importlib
 import sys
 import traceback
 
-from diloco.errors import ConfigError
+from diloco.errors import ConfigError, RunError
 
 # Sub-command modules and their one-line help, in the order `diloco --help` lists them.
 COMMANDS: dict[str, str] = {
@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except RunError:  # a failure outside the code (a dead peer, a timeout): its traceback names what
+        traceback.print_exc()
+        return 1
     except Exception:  # anything else is a bug: the traceback, and where to report it
         traceback.print_exc()
         print(f"diloco {args.command}: internal error (a bug, not a mistake of yours): please report it with the "

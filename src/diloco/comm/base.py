@@ -41,11 +41,11 @@ import torch
 from diloco.algorithm.codecs import Codec
 from diloco.comm.accounting import CommStats
 from diloco.comm.exchange import chunk_bytes, decode_contribution, encode_contribution, link_bytes, resolve_exchange
-from diloco.errors import ConfigError
+from diloco.errors import ConfigError, RunError
 from diloco.traffic import LinkBytes, all_gather_bytes, check_exchange, default_exchange, shard_sizes
 
 
-class CommError(RuntimeError):
+class CommError(RunError):
     """A collective failed: a peer died, hung past the timeout, or the group was aborted."""
 
 

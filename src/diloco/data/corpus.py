@@ -60,7 +60,7 @@ class Document:
     text: str
 
 
-class MissingSourceError(ValueError):
+class MissingSourceError(ConfigError):
     """A corpus source whose package is not installed; the message says how to install it."""
 
 

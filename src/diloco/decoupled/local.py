@@ -22,12 +22,13 @@ from typing import Any, TypeVar
 from diloco.comm.base import CommError
 from diloco.decoupled.messages import Reply, Report, Welcome
 from diloco.decoupled.syncer import Syncer
+from diloco.errors import RunError
 
 T = TypeVar("T")
 _STOP = object()
 
 
-class TransportError(RuntimeError):
+class TransportError(RunError):
     """The syncer's thread failed, or a reply did not come in time."""
 
 

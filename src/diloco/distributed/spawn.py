@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from diloco.distributed.launch import bind_gloo_to_loopback_if_local
-from diloco.errors import ConfigError
+from diloco.errors import ConfigError, RunError
 
 T = TypeVar("T")
 
@@ -54,7 +54,7 @@ class RankFailure:
     exitcode: int | None = None
 
 
-class ProcessFailure(RuntimeError):
+class ProcessFailure(RunError):
     """One or more ranks raised or died; ``failures`` says which and why, ``results`` holds the rest."""
 
     def __init__(self, failures: Sequence[RankFailure], results: dict[int, Any]) -> None:

@@ -43,7 +43,7 @@ _DIR = "checkpoints"
 _PREFIX = "step-"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ConfigError):
     """A checkpoint is missing or cannot be read; the message names the file and a fix."""
 
 
