@@ -23,7 +23,10 @@ decoupled learner has none today) and does not change the syncer's work: ``stat2
 Memcpy: in the same process, ``dst.copy_(src)`` of two FP32 tensors of the fragment's size (the fastest of
 9 after a warm-up: on a shared machine a preempted copy is many times slower, and a floor is what a
 memcpy costs; a 64 MiB buffer written before each so small fragments are copied from memory, not
-from the last-level cache); each merge time is also given as a multiple of it.
+from the last-level cache); each merge time is also given as a multiple of it. The machine this was
+written on is shared (2 cores, load often 3-7), so wall times swing several-fold between runs; the
+process CPU time (``time.process_time``, all threads) of the merge and of the memcpy is recorded too, and
+their ratio (``x cpu``) is the steadier measure of the merge's work in memcpys.
 
 Peak memory: each config runs in a fresh subprocess (``python benchmarks/syncer_merge.py --one ...``).
 After the model, the syncer, the joins and the prepared reports exist, it resets the kernel's
@@ -101,18 +104,20 @@ def build(values: int) -> tuple[nn.Module, int, int]:
     return model, d, num_blocks
 
 
-def memcpy_seconds(numel: int, repeats: int = 9) -> float:
-    """Fastest of ``repeats`` timings of ``dst.copy_(src)`` for FP32 tensors of ``numel``, from memory: a 64 MiB buffer is
-    written between copies so a fragment that fits the last-level cache is not timed from cache."""
+def memcpy_seconds(numel: int, repeats: int = 9) -> tuple[float, float]:
+    """(wall, process CPU) seconds of ``dst.copy_(src)`` for FP32 tensors of ``numel``: the fastest of
+    ``repeats`` each, from memory (a 64 MiB buffer is written between copies, so a fragment that fits the
+    last-level cache is not timed from cache)."""
     src, dst, evict = torch.randn(numel), torch.empty(numel), torch.empty(16 << 20)
     dst.copy_(src)
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
         evict.fill_(1.0)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         dst.copy_(src)
-        times.append(time.perf_counter() - t0)
-    return min(times)  # the contention-free estimate on a shared machine (a preempted copy is 10-30x slower)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return min(wall), min(cpu)  # the contention-free estimate on a shared machine (a preempted copy is 10-30x slower)
 
 
 def _status_kb(field: str) -> int | None:
@@ -149,29 +154,32 @@ def run_one(*, values: int, learners: int, codec: str, merge: str, repeats: int)
     c = get_codec(codec)
     gen = torch.Generator().manual_seed(1)
     payloads = [c.encode(torch.randn(n, generator=gen).mul_(1e-3)) for _ in range(min(2, learners))]
-    copy_s = memcpy_seconds(n)
+    copy_s, copy_cpu = memcpy_seconds(n)
     reset = _reset_hwm()
     rss_before = _status_kb("VmRSS")
-    times, sync_times = [], []
+    times, cpu_times, sync_times = [], [], []
     for r in range(repeats):
         version = syncer.versions[0]
         reports = [Report(learner=m, fragment=0, payload=payloads[m % len(payloads)], steps=10, tokens=1000.0 * (1 + m % 3),
                           step_time=0.0, sent_after_step=10 * (r + 1), base_version=version) for m in range(learners)]
         for rep in reports[:-1]:
             assert syncer.receive(rep) == []
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         replies = syncer.receive(reports[-1])
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
         assert len(replies) == learners and syncer.versions[0] == version + 1, "the round did not merge"
         sync_times.append(syncer.records[-1].sync_time)
         del replies, reports
     hwm = _status_kb("VmHWM")
     growth = (hwm - rss_before) * 1024 if hwm is not None and rss_before is not None else None
     median = statistics.median(times[1:] if len(times) > 1 else times)
+    cpu_median = statistics.median(cpu_times[1:] if len(cpu_times) > 1 else cpu_times)
     return {"values_target": values, "values": n, "width": d, "blocks": num_blocks, "learners": learners,
             "codec": codec, "merge": merge, "repeats": repeats, "merge_s_median": median, "merge_s_first": times[0],
             "merge_s_min": min(times), "merge_s_all": times, "sync_time_s_all": sync_times, "memcpy_s": copy_s,
-            "merge_over_memcpy": median / copy_s, "ns_per_learner_value": median / (n * learners) * 1e9,
+            "merge_over_memcpy": median / copy_s, "merge_cpu_s_median": cpu_median, "merge_cpu_s_all": cpu_times,
+            "memcpy_cpu_s": copy_cpu, "merge_over_memcpy_cpu": cpu_median / copy_cpu, "ns_per_learner_value": median / (n * learners) * 1e9,
             "peak_growth_bytes": growth, "model_fp32_bytes": 4 * n,
             "peak_growth_over_model": growth / (4 * n) if growth is not None else None, "hwm_reset": reset}
 
@@ -235,7 +243,7 @@ def main() -> None:
 
     rows, skipped = [], []
     header = (f"{'values':>11} {'d':>5} {'L':>3} {'M':>3} {'codec':<9} {'merge':<5} {'merge s':>8} "
-              f"{'first s':>8} {'memcpy ms':>9} {'x memcpy':>9} {'ns/(M*val)':>10} {'peak/model':>10}")
+              f"{'first s':>8} {'cpu s':>7} {'memcpy ms':>9} {'x memcpy':>9} {'x cpu':>6} {'ns/(M*val)':>10} {'peak/model':>10}")
     print(header)
     for cfg in configs(args):
         one = json.dumps({**cfg, "repeats": args.repeats})
@@ -254,8 +262,9 @@ def main() -> None:
         rows.append(r)
         peak = "n/a" if r["peak_growth_over_model"] is None else f"{r['peak_growth_over_model']:.1f}x"
         print(f"{r['values']:>11,} {r['width']:>5} {r['blocks']:>3} {r['learners']:>3} {r['codec']:<9} "
-              f"{r['merge']:<5} {r['merge_s_median']:>8.3f} {r['merge_s_first']:>8.3f} {1e3 * r['memcpy_s']:>9.2f} "
-              f"{r['merge_over_memcpy']:>9.0f} {r['ns_per_learner_value']:>10.1f} {peak:>10}", flush=True)
+              f"{r['merge']:<5} {r['merge_s_median']:>8.3f} {r['merge_s_first']:>8.3f} {r['merge_cpu_s_median']:>7.3f} "
+              f"{1e3 * r['memcpy_s']:>9.2f} {r['merge_over_memcpy']:>9.0f} {r['merge_over_memcpy_cpu']:>6.0f} "
+              f"{r['ns_per_learner_value']:>10.1f} {peak:>10}", flush=True)
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "quick": args.quick,
             "machine": platform.processor() or platform.machine(), "repeats": args.repeats,
             "python": platform.python_version(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

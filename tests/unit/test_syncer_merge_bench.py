@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-KEYS = {"values", "learners", "codec", "merge", "merge_s_median", "merge_s_first", "memcpy_s", "merge_over_memcpy",
+KEYS = {"values", "learners", "codec", "merge", "merge_s_median", "merge_s_first", "memcpy_s", "merge_over_memcpy", "merge_over_memcpy_cpu", "merge_cpu_s_median",
         "ns_per_learner_value", "peak_growth_bytes", "peak_growth_over_model", "model_fp32_bytes", "hwm_reset"}
 
 
