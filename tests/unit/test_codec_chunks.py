@@ -64,7 +64,7 @@ def test_default_path_above_one_chunk_is_chunked_and_identical(name):
     x = torch.randn(n, generator=torch.Generator().manual_seed(3)) * 1e-3
     codec = get_codec(name)
     assert use_chunks(x, None) and type(codec)._encode_chunked is not Codec._encode_chunked
-    assert type(codec)._decode_chunked is not Codec._decode_chunked
+    assert codec.chunked_decode == (name not in ("int8", "fp8_e4m3"))  # one cast: the reference is faster
     payload = codec.encode(x)
     assert same_bits(payload, codec.encode_reference(x))
     assert same_bits(codec.decode(payload, n), codec.decode_reference(payload, n))

@@ -219,6 +219,8 @@ class StatisticalCodec(Codec):
             table.fill_(torch.nan)
         return torch.cat([codes_out, table.reshape(-1).view(torch.uint8)])
 
+    chunked_decode = True
+
     def _decode_chunked(self, payload: torch.Tensor, numel: int, chunk: int) -> torch.Tensor:
         self._check_payload(payload, numel)
         n, B, L = numel, self.block_size, 1 << self.bits
