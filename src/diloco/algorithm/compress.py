@@ -196,6 +196,7 @@ class StatisticalCodec(Codec):
         n, B, L = x32.numel(), self.block_size, 1 << self.bits
         if 8 % self.bits or B % 8:
             return self.encode_reference(x32)
+        chunk = min(chunk, (1 << 20) // L)  # the masked sums hold L values per value of a chunk
         full = (n // B) * B
         n_code = -(-n * self.bits // 8)
         rows = -(-n // B)
