@@ -85,9 +85,9 @@ def main() -> None:
         payload = codec.encode(x)
         identical = same_bits(ref_payload, payload) and same_bits(codec.decode_reference(ref_payload, n),
                                                                    codec.decode(ref_payload, n))
-        for path, enc, dec in (("reference", lambda: codec.encode_reference(x),
-                                lambda: codec.decode_reference(ref_payload, n)),
-                               ("chunked", lambda: codec.encode(x), lambda: codec.decode(ref_payload, n))):
+        c, p = codec, ref_payload
+        for path, enc, dec in (("reference", lambda c=c: c.encode_reference(x), lambda c=c, p=p: c.decode_reference(p, n)),
+                               ("chunked", lambda c=c: c.encode(x), lambda c=c, p=p: c.decode(p, n))):
             e, d = timings(enc, args.repeats), timings(dec, args.repeats)
             row = {"codec": name, "path": path, "numel": n, "encode": e, "decode": d,
                    "encode_gb_s": gb / e["min_s"], "decode_gb_s": gb / d["min_s"],

@@ -89,7 +89,6 @@ def pack_small(codes: torch.Tensor, bits: int) -> torch.Tensor:
 def unpack_small(payload: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     """:func:`unpack_bits` for ``bits`` in (1, 2, 4, 8): the first ``count`` codes (uint8)."""
     assert 8 % bits == 0
-    per = 8 // bits
     shifts = torch.arange(0, 8, bits, device=payload.device, dtype=torch.uint8)
     return ((payload.reshape(-1, 1) >> shifts) & ((1 << bits) - 1)).reshape(-1)[:count]
 
