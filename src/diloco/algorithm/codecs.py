@@ -75,6 +75,15 @@ Non-finite input. If x holds any NaN or +-inf, the payload decodes to all NaN
 scale E4M3's NaN; fp32/bf16: every value NaN), so the reducer can drop that
 replica instead of averaging garbage.
 
+Speed. On CPU, inputs above :data:`CHUNK` values (256K) are encoded and decoded a chunk at a time
+(:meth:`Codec.encode` / :meth:`Codec.decode`), so the dozen temporaries of the block-scale search
+stay in cache instead of streaming the whole tensor through memory a dozen times. The
+arithmetic is the same operations on the same values, element by element and block by block (every
+reduction is over one block, which a chunk never splits), so the payload is bit for bit that of the
+whole-tensor reference (:meth:`Codec.encode_reference` / :meth:`Codec.decode_reference`, kept, and
+what other devices run); ``tests/unit/test_codec_chunks.py`` checks it and ``benchmarks/codec_speed.py``
+times both against a memcpy.
+
 Payload layout of the scaled codecs: ``[element codes][block scales][tensor
 scale]`` with ``ceil(numel * bits / 8)``, ``ceil(numel / B)`` and 1 bytes.
 4-bit codes are packed two per byte, element ``2i`` in the low nibble; a code
@@ -98,6 +107,27 @@ _E4M3_MAX = torch.finfo(_E4M3).max  # 448
 _E4M3_NAN = 0x7F  # positive NaN code of E4M3 "fn"
 _E8M0_BIAS, _E8M0_NAN = 127, 0xFF
 _K_MIN, _K_MAX = -126, 126  # tensor exponents for which 2^k and 2^-k are normal fp32
+#: Values per chunk of the CPU encode / decode paths (see "Speed" in the module docstring). 256K: on the
+#: 2-core machine this was tuned on, 16K-64K chunks lose more to per-op overhead (each chunk runs a few
+#: dozen torch ops) than they gain in cache; int8 encode measured 6 % of a memcpy at 64K, 11 % at 256K.
+CHUNK = 1 << 18
+
+
+def row_chunks(rows: int, rows_per: int) -> list[tuple[int, int]]:
+    """[start, end) row ranges of about ``rows_per`` rows covering ``rows``, none of a single row unless
+    ``rows`` is 1: torch reduces a one-row tensor along its row by another kernel than a many-row one (a
+    different summation order), while every row of a many-row tensor is reduced alike."""
+    rows_per = max(2, rows_per)
+    bounds = [(r0, min(rows, r0 + rows_per)) for r0 in range(0, rows, rows_per)]
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
+        bounds[-2:] = [(bounds[-2][0], rows)]
+    return bounds
+
+
+def use_chunks(x: torch.Tensor, chunk: int | None) -> bool:
+    """Whether an encode / decode of ``x`` takes the chunked path: on CPU above one chunk, or when a test
+    forces it by passing ``chunk``."""
+    return chunk is not None or (x.device.type == "cpu" and x.numel() > CHUNK)
 
 
 class Codec(abc.ABC):
@@ -108,18 +138,44 @@ class Codec(abc.ABC):
     #: False for sparse payloads (top-k): the sum of two of them is not one of them, so the reduce-scatter
     #: exchange (which re-encodes each shard's mean) cannot carry them: the communicator all-gathers them.
     reduces_in_place: bool = True
+    #: Whether :meth:`decode` takes the chunked path (:meth:`_decode_chunked`) on CPU.
+    chunked_decode: bool = False
 
     @abc.abstractmethod
     def num_bytes(self, numel: int) -> int:
         """Exact payload size for ``numel`` elements (a function of numel only)."""
 
-    @abc.abstractmethod
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """1-D floating ``x`` -> 1-D uint8 payload of ``num_bytes(x.numel())`` bytes on ``x.device``."""
+    def encode(self, x: torch.Tensor, *, chunk: int | None = None) -> torch.Tensor:
+        """1-D floating ``x`` -> 1-D uint8 payload of ``num_bytes(x.numel())`` bytes on ``x.device``.
 
-    @abc.abstractmethod
-    def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
-        """Payload -> new 1-D float32 tensor of ``numel`` elements on ``payload.device``."""
+        ``chunk``: values per chunk of the chunked path (default :data:`CHUNK` on CPU above one chunk,
+        else the reference); the payload is the same bits either way.
+        """
+        if use_chunks(x, chunk) and type(self)._encode_chunked is not Codec._encode_chunked:
+            return self._encode_chunked(x, chunk or CHUNK)
+        return self.encode_reference(x)
+
+    def decode(self, payload: torch.Tensor, numel: int, *, chunk: int | None = None) -> torch.Tensor:
+        """Payload -> new 1-D float32 tensor of ``numel`` elements on ``payload.device`` (``chunk`` as
+        :meth:`encode`)."""
+        if use_chunks(payload, chunk) and numel > 0 and self.chunked_decode:
+            return self._decode_chunked(payload, numel, chunk or CHUNK)
+        return self.decode_reference(payload, numel)
+
+    def encode_reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole-tensor encode: what the chunked path must match bit for bit. (A codec may instead
+        override :meth:`encode` and :meth:`decode` themselves.)"""
+        raise NotImplementedError(f"{type(self).__name__} implements neither encode nor encode_reference")
+
+    def decode_reference(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
+        """The whole-tensor decode: what the chunked path must match bit for bit."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither decode nor decode_reference")
+
+    def _encode_chunked(self, x: torch.Tensor, chunk: int) -> torch.Tensor:
+        raise NotImplementedError  # codecs without a chunked path run the reference
+
+    def _decode_chunked(self, payload: torch.Tensor, numel: int, chunk: int) -> torch.Tensor:
+        raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, bits_per_value={self.bits_per_value})"
@@ -172,11 +228,11 @@ class FP32Codec(Codec):
     def num_bytes(self, numel: int) -> int:
         return wire_sizes.dense_bytes(numel, 4)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
+    def encode_reference(self, x: torch.Tensor) -> torch.Tensor:
         x32, bad = self._prepare(x)
         return torch.where(bad, torch.nan, x32).view(torch.uint8)  # where copies: no aliasing of x
 
-    def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
+    def decode_reference(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
         self._check_payload(payload, numel)
         return payload.clone().view(torch.float32)  # clone: aligned, and the caller may add_ into it
 
@@ -190,14 +246,38 @@ class BF16Codec(Codec):
     def num_bytes(self, numel: int) -> int:
         return wire_sizes.dense_bytes(numel, 2)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
+    def encode_reference(self, x: torch.Tensor) -> torch.Tensor:
         x32, bad = self._prepare(x)
         y = x32.clamp(-_BF16_MAX, _BF16_MAX).to(torch.bfloat16)
         return torch.where(bad, torch.nan, y).view(torch.uint8)
 
-    def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
+    def decode_reference(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
         self._check_payload(payload, numel)
         return payload.clone().view(torch.bfloat16).to(torch.float32)
+
+    def _encode_chunked(self, x: torch.Tensor, chunk: int) -> torch.Tensor:
+        # Per chunk: the min and max (one read; they propagate NaN), the rounding cast, and the clamp only
+        # where a value lies beyond bf16's max. Clamping after the cast gives the same bits as before it: a
+        # finite value above bf16's max rounds to that max or to inf, and the clamp takes inf back to the max.
+        x32 = self._as_float32(x)
+        n = x32.numel()
+        out = torch.empty(n, dtype=torch.bfloat16, device=x32.device)
+        for i in range(0, n, chunk):
+            j = min(n, i + chunk)
+            lo, hi = (float(v) for v in torch.aminmax(x32[i:j]))
+            if not (math.isfinite(lo) and math.isfinite(hi)):  # a NaN or inf: every value NaN, as the reference
+                return out.fill_(torch.nan).view(torch.uint8)
+            out[i:j].copy_(x32[i:j])
+            if lo < -_BF16_MAX or hi > _BF16_MAX:
+                out[i:j].clamp_(-_BF16_MAX, _BF16_MAX)
+        return out.view(torch.uint8)
+
+    def _decode_chunked(self, payload: torch.Tensor, numel: int, chunk: int) -> torch.Tensor:
+        self._check_payload(payload, numel)
+        aligned = payload if payload.storage_offset() % 2 == 0 else payload.clone()
+        return aligned.view(torch.bfloat16).to(torch.float32)  # the cast is a copy: no clone needed
+
+    chunked_decode = True
 
 
 def _pow2(k: torch.Tensor) -> torch.Tensor:
@@ -319,7 +399,7 @@ class BlockScaledCodec(Codec):
                 best_err = torch.where(better, err, best_err)
         return self._signed_codes(best_v, xb, y.view(torch.int32), t.view(torch.int32)), best_scales
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
+    def encode_reference(self, x: torch.Tensor) -> torch.Tensor:
         x32 = self._as_float32(x)
         n, B = x32.numel(), self.block_size
         xb = (x32 if n % B == 0 else torch.nn.functional.pad(x32, (0, -n % B))).view(-1, B)
@@ -340,7 +420,7 @@ class BlockScaledCodec(Codec):
         tensor_scale = torch.where(bad, _E8M0_NAN, k + _E8M0_BIAS).to(torch.uint8).reshape(1)
         return torch.cat([codes, scales, tensor_scale])
 
-    def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
+    def decode_reference(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
         self._check_payload(payload, numel)
         n, B = numel, self.block_size
         n_code_bytes, n_blocks = -(-n * self.element_bits // 8), -(-n // B)
@@ -352,6 +432,78 @@ class BlockScaledCodec(Codec):
         factor = torch.where(t == _E8M0_NAN, torch.nan, _pow2((t - _E8M0_BIAS).clamp(-126, 127)))
         out = values.view(-1, B).mul_(s8.unsqueeze(1)).view(-1)[:n].mul_(factor)  # a NaN scale: all NaN
         return out.clamp_(-_F32_MAX, _F32_MAX)  # a rounded-up absmax near fp32's max must not become inf
+
+    def _encode_chunked(self, x: torch.Tensor, chunk: int) -> torch.Tensor:
+        """:meth:`encode_reference`'s operations on ``chunk`` values (whole blocks) at a time.
+
+        Two passes over x: the block absmaxes (for the tensor scale, which every block needs), then the
+        candidate search and the codes chunk by chunk, written straight into the payload.
+        """
+        x32 = self._as_float32(x)
+        n, B = x32.numel(), self.block_size
+        rows, rows_per = -(-n // B), max(1, chunk // B)
+        n_code = -(-n * self.element_bits // 8)
+        payload = torch.empty(self.num_bytes(n), dtype=torch.uint8, device=x32.device)
+        amax_b = torch.empty(rows, device=x32.device)
+
+        def blocks(r0: int, r1: int) -> torch.Tensor:
+            if r1 * B <= n:
+                return x32[r0 * B:r1 * B].view(-1, B)
+            return torch.nn.functional.pad(x32[r0 * B:], (0, r1 * B - n)).view(-1, B)  # the last, partial block
+
+        bounds = row_chunks(rows, rows_per)
+        mag_buf = torch.empty(max(r1 - r0 for r0, r1 in bounds), B, device=x32.device)
+        for r0, r1 in bounds:
+            mag = torch.abs(blocks(r0, r1), out=mag_buf[: r1 - r0])
+            torch.amax(mag.view(torch.int32), dim=1, out=amax_b[r0:r1].view(torch.int32))
+        amax = amax_b.max()
+        if not bool(torch.isfinite(amax)):  # a NaN or inf: the reference's defined all-NaN payload
+            payload[:n_code] = 0
+            payload[n_code:-1] = _E4M3_NAN
+            payload[-1] = _E8M0_NAN
+            return payload
+        k = self._tensor_exponent(amax)
+        for r0, r1 in bounds:
+            xb = blocks(r0, r1)
+            codes, scales = self._quantize_blocks(xb, torch.abs(xb, out=mag_buf[: r1 - r0]), k, amax_b[r0:r1])
+            codes = codes.view(-1)
+            if self.element_bits == 4:
+                lo, hi = r0 * B // 2, min(n_code, r1 * B // 2)
+                torch.bitwise_or(codes[0::2][: hi - lo], codes[1::2][: hi - lo] << 4, out=payload[lo:hi])
+            else:
+                lo, hi = r0 * B, min(n_code, r1 * B)
+                payload[lo:hi] = codes[: hi - lo]
+            payload[n_code + r0:n_code + r1] = scales
+        payload[-1] = (k + _E8M0_BIAS).to(torch.uint8)
+        return payload
+
+    def _decode_chunked(self, payload: torch.Tensor, numel: int, chunk: int) -> torch.Tensor:
+        """:meth:`decode_reference`'s operations on ``chunk`` values (whole blocks) at a time, in place in
+        the output. Only the 4-bit formats take it (:meth:`decode`): for the 8-bit ones, whose element decode
+        is one cast, it measured slower than the reference (their ``chunked_decode`` is False)."""
+        self._check_payload(payload, numel)
+        n, B = numel, self.block_size
+        n_code, rows = -(-n * self.element_bits // 8), -(-n // B)
+        rows_per = max(1, chunk // B)
+        out = torch.empty(rows * B, device=payload.device)
+        t = payload[-1].to(torch.int32)
+        factor = torch.where(t == _E8M0_NAN, torch.nan, _pow2((t - _E8M0_BIAS).clamp(-126, 127)))
+        for r0 in range(0, rows, rows_per):
+            r1 = min(rows, r0 + rows_per)
+            count = min(n, r1 * B) - r0 * B
+            per_byte = 8 // self.element_bits
+            lo, hi = r0 * B // per_byte, -(-(r0 * B + count) // per_byte)
+            part = out[r0 * B:r1 * B]
+            self._decode_elements_into(payload[lo:hi], count, part)
+            part[count:].zero_()  # the reference pads the last block with zeros
+            s8 = payload[n_code + r0:n_code + r1].view(_E4M3).to(torch.float32)
+            part.view(-1, B).mul_(s8.unsqueeze(1))
+            part[:count].mul_(factor).clamp_(-_F32_MAX, _F32_MAX)
+        return out[:n]
+
+    def _decode_elements_into(self, code_bytes: torch.Tensor, n: int, out: torch.Tensor) -> None:
+        """Write the first ``n`` element values of ``code_bytes`` into ``out[:n]``."""
+        out[:n].copy_(self._decode_elements(code_bytes, n))
 
     def _decode_elements(self, code_bytes: torch.Tensor, n: int) -> torch.Tensor:
         """The payload's element code bytes -> the first ``n`` element values (a new fp32 tensor)."""
@@ -443,6 +595,16 @@ class FP4Codec(BlockScaledCodec):
     def _decode_elements(self, code_bytes: torch.Tensor, n: int) -> torch.Tensor:
         table = self._byte_values.to(code_bytes.device)
         return torch.gather(table, 0, code_bytes.long()).view(torch.float32)[:n]  # both nibbles at once
+
+    chunked_decode = True
+
+    def _decode_elements_into(self, code_bytes: torch.Tensor, n: int, out: torch.Tensor) -> None:
+        table = self._byte_values.to(code_bytes.device)
+        m = code_bytes.numel()
+        if 2 * m <= out.numel() and out.storage_offset() % 2 == 0:  # both nibbles of a byte: one 8-byte word
+            torch.gather(table, 0, code_bytes.long(), out=out[: 2 * m].view(torch.int64))
+        else:
+            out[:n].copy_(self._decode_elements(code_bytes, n))
 
     def _signed_codes(self, v: torch.Tensor, xb: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor) -> torch.Tensor:
         codes = self._codes_into(v)

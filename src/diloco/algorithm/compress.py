@@ -47,7 +47,7 @@ from __future__ import annotations
 import torch
 
 from diloco.algorithm import wire_sizes
-from diloco.algorithm.codecs import Codec
+from diloco.algorithm.codecs import Codec, row_chunks
 from diloco.errors import ConfigError
 
 
@@ -73,6 +73,27 @@ def unpack_bits(payload: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     return (stream.reshape(count, bits).to(torch.int64) * weights).sum(1)
 
 
+def pack_small(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """:func:`pack_bits` for ``bits`` in (1, 2, 4, 8), the same bytes: ``8 / bits`` codes OR-ed into a byte."""
+    assert 8 % bits == 0
+    per = 8 // bits
+    c = codes.reshape(-1).to(torch.uint8)
+    if c.numel() % per:
+        c = torch.cat([c, c.new_zeros(per - c.numel() % per)])
+    c = c.view(-1, per)
+    out = c[:, 0].clone()
+    for j in range(1, per):
+        out.bitwise_or_(c[:, j] << (bits * j))
+    return out
+
+
+def unpack_small(payload: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    """:func:`unpack_bits` for ``bits`` in (1, 2, 4, 8): the first ``count`` codes (uint8)."""
+    assert 8 % bits == 0
+    shifts = torch.arange(0, 8, bits, device=payload.device, dtype=torch.uint8)
+    return ((payload.reshape(-1, 1) >> shifts) & ((1 << bits) - 1)).reshape(-1)[:count]
+
+
 def stat_quantize(xb: torch.Tensor, *, bits: int, range_sigmas: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of fp32 ``xb`` (shape (rows, n)) -> (codes int64 of xb's shape, tables fp32 of shape (rows, 2^bits)).
 
@@ -96,6 +117,30 @@ def stat_quantize(xb: torch.Tensor, *, bits: int, range_sigmas: float) -> tuple[
     return codes, table
 
 
+def _stat_codes_and_table(xb: torch.Tensor, *, levels: int, range_sigmas: float, table: torch.Tensor) -> torch.Tensor:
+    """:func:`stat_quantize`'s values for rows ``xb``: returns the codes (uint8), writes the bin means into
+    ``table``. Every float operation is the reference's, on the same values in the same order per row; the
+    masked sums of all bins go through one ``sum`` over a (rows, bins, n) tensor, whose rows are summed as
+    the reference's (rows, n) ones are."""
+    mu = xb.mean(1, keepdim=True)
+    sigma = xb.std(1, correction=0, keepdim=True)
+    lo = mu - range_sigmas * sigma
+    width = (2.0 * range_sigmas / levels) * sigma
+    safe = torch.where(width > 0, width, torch.ones_like(width))
+    codes = torch.floor((xb - lo) / safe).nan_to_num_(0.0).clamp_(0, levels - 1).to(torch.uint8)
+    rows = xb.shape[0]
+    # counts are integers: one pass, any order
+    counts = torch.zeros(rows * levels, dtype=torch.int64, device=xb.device)
+    index = codes.to(torch.int64).add_(torch.arange(rows, device=xb.device).mul_(levels).unsqueeze(1))
+    counts.index_add_(0, index.view(-1), torch.ones(1, dtype=torch.int64, device=xb.device).expand(index.numel()))
+    counts = counts.view(rows, levels)
+    mask = codes.unsqueeze(1) == torch.arange(levels, dtype=torch.uint8, device=xb.device).view(1, levels, 1)
+    totals = torch.where(mask, xb.unsqueeze(1), 0.0).sum(2)
+    centre = lo + (torch.arange(levels, device=xb.device, dtype=torch.float32) + 0.5) * width
+    torch.where(counts > 0, totals / counts.clamp(min=1), centre, out=table)
+    return codes
+
+
 class StatisticalCodec(Codec):
     """``bits``-bit codes over ``mean +- r sigma`` per block, with a table of bin means per block (see module)."""
 
@@ -116,7 +161,7 @@ class StatisticalCodec(Codec):
     def num_bytes(self, numel: int) -> int:
         return wire_sizes.stat_bytes(numel, bits=self.bits, block_size=self.block_size)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
+    def encode_reference(self, x: torch.Tensor) -> torch.Tensor:
         x32, bad = self._prepare(x)
         n, B = x32.numel(), self.block_size
         full = (n // B) * B
@@ -133,7 +178,7 @@ class StatisticalCodec(Codec):
         table = torch.where(bad, torch.nan, table).contiguous()
         return torch.cat([pack_bits(code, self.bits), table.reshape(-1).view(torch.uint8)])
 
-    def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
+    def decode_reference(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
         self._check_payload(payload, numel)
         n, B, L = numel, self.block_size, 1 << self.bits
         code_bytes = -(-n * self.bits // 8)
@@ -141,6 +186,62 @@ class StatisticalCodec(Codec):
         table = payload[code_bytes:].clone().view(torch.float32).reshape(-1, L)
         block = torch.arange(n, device=payload.device) // B
         return table[block, codes]
+
+    def _encode_chunked(self, x: torch.Tensor, chunk: int) -> torch.Tensor:
+        """:meth:`encode_reference`'s arithmetic on whole blocks, ``chunk`` values at a time (module docstring of
+        :mod:`diloco.algorithm.codecs`, "Speed"): per block the same mean, std, codes and one masked sum per
+        bin (every bin's masked rows summed by one call, each row as the reference sums it); the counts, which
+        are integers, in one pass. Codes are packed a byte at a time."""
+        x32 = self._as_float32(x)
+        n, B, L = x32.numel(), self.block_size, 1 << self.bits
+        if 8 % self.bits or B % 8:
+            return self.encode_reference(x32)
+        chunk = min(chunk, (1 << 20) // L)  # the masked sums hold L values per value of a chunk
+        full = (n // B) * B
+        n_code = -(-n * self.bits // 8)
+        rows = -(-n // B)
+        codes_out = torch.empty(n_code, dtype=torch.uint8, device=x32.device)
+        table = torch.empty(rows, L, device=x32.device)
+        bits = x32.view(torch.int32)
+        top = torch.zeros((), dtype=torch.int32, device=x32.device)
+        full_rows = full // B
+        bounds = row_chunks(full_rows, chunk // B) if full_rows else []
+        parts = [(r0 * B, x32[r0 * B:r1 * B].view(-1, B)) for r0, r1 in bounds]
+        if full < n:
+            parts.append((full, x32[full:].view(1, -1)))  # the last, partial block: its own row, as the reference
+        for start, xb in parts:
+            top = torch.maximum(top, bits[start:start + xb.numel()].bitwise_and(0x7FFFFFFF).amax())
+            codes = _stat_codes_and_table(xb, levels=L, range_sigmas=self.range_sigmas,
+                                          table=table[start // B:start // B + xb.shape[0]])
+            b0 = start * self.bits // 8
+            packed = pack_small(codes, self.bits)
+            codes_out[b0:b0 + packed.numel()] = packed[: n_code - b0]
+        if bool(top >= 0x7F800000):  # a non-finite value: NaN tables, as the reference
+            table.fill_(torch.nan)
+        return torch.cat([codes_out, table.reshape(-1).view(torch.uint8)])
+
+    chunked_decode = True
+
+    def _decode_chunked(self, payload: torch.Tensor, numel: int, chunk: int) -> torch.Tensor:
+        self._check_payload(payload, numel)
+        n, B, L = numel, self.block_size, 1 << self.bits
+        if 8 % self.bits or B % 8:
+            return self.decode_reference(payload, numel)
+        code_bytes = -(-n * self.bits // 8)
+        table = payload[code_bytes:].clone().view(torch.float32).reshape(-1, L)
+        out = torch.empty(n, device=payload.device)
+        rows_per = max(1, chunk // B)
+        for r0 in range(0, table.shape[0], rows_per):
+            r1 = min(table.shape[0], r0 + rows_per)
+            lo, hi = r0 * B, min(n, r1 * B)
+            codes = unpack_small(payload[lo * self.bits // 8:-(-hi * self.bits // 8)], self.bits, hi - lo).long()
+            full_rows = (hi - lo) // B
+            if full_rows:
+                torch.gather(table[r0:r0 + full_rows], 1, codes[: full_rows * B].view(-1, B),
+                             out=out[lo:lo + full_rows * B].view(-1, B))
+            if lo + full_rows * B < hi:
+                out[lo + full_rows * B:hi] = table[r0 + full_rows][codes[full_rows * B:]]
+        return out
 
 
 def _chunk_sizes(numel: int, chunk: int) -> list[int]:
