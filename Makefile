@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 # tcmalloc speeds up small-tensor CPU training here (see docs/results/performance.md); preloaded when present.
 RUN := LD_PRELOAD=$$(ls /usr/lib/*/libtcmalloc_minimal.so.4 2>/dev/null | head -n 1) $(PY)
 
-.PHONY: setup corpus demo test docs bench clean
+.PHONY: setup corpus demo test lint format docs bench clean
 setup: $(VENV)/.installed $(VENV)/.corpus
 
 # The larger corpus (sources=large, docs/guides/data.md): texts from Debian packages, installed with apt as root
@@ -38,8 +38,17 @@ $(VENV)/.installed: pyproject.toml requirements-dev.txt
 demo: setup
 	$(RUN) -m diloco compare --preset demo
 
-test: setup
+test: setup lint
 	$(RUN) -m pytest
+
+# ruff (pyproject.toml's [tool.ruff]): lint and format check, a few seconds; `make format` applies both.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 # The documentation site into site/ (strict: a broken link or reference fails; the tests run the same build).
 docs: setup

@@ -28,10 +28,11 @@ from pathlib import Path
 
 def _options(argv: list[str]) -> tuple[Path, float, list[str]]:
     if "--" not in argv:
-        raise SystemExit("usage: _padded_train.py --log-dir DIR --step-time S [--slow-rank R --slowdown F] -- "
-                         "<diloco CLI arguments>")
+        raise SystemExit(
+            "usage: _padded_train.py --log-dir DIR --step-time S [--slow-rank R --slowdown F] -- <diloco CLI arguments>"
+        )
     cut = argv.index("--")
-    mine, cli = argv[:cut], argv[cut + 1:]
+    mine, cli = argv[:cut], argv[cut + 1 :]
     opts = dict(zip(mine[::2], mine[1::2], strict=True))
     step_time = float(opts.get("--step-time", "0"))
     if int(os.environ["RANK"]) == int(opts.get("--slow-rank", "-1")):  # a straggler: its steps take this much longer
@@ -45,7 +46,7 @@ def main() -> int:
     tmp = log_dir / f".worker-{rank}.pid.{os.getpid()}"
     tmp.write_text(str(os.getpid()))
     tmp.replace(log_dir / f"worker-{rank}.pid")
-    log = open(log_dir / f"worker-{rank}.jsonl", "a", buffering=1)  # noqa: SIM115 (open for the process's life)
+    log = open(log_dir / f"worker-{rank}.jsonl", "a", buffering=1)
     if log.tell() > 0:  # a predecessor killed mid-line leaves no newline: start on a line of our own
         log.write("\n")
 
@@ -71,8 +72,15 @@ def main() -> int:
             joined = True
         out = inner(rep, step, cfg=cfg, device=device)
         time.sleep(max(0.0, t0 + step_time - time.perf_counter()))
-        write({"step": step, "t": time.time(), "dt": time.perf_counter() - t0,
-               "compute_s": max(out.compute_time, step_time), "loss": out.loss})
+        write(
+            {
+                "step": step,
+                "t": time.time(),
+                "dt": time.perf_counter() - t0,
+                "compute_s": max(out.compute_time, step_time),
+                "loss": out.loss,
+            }
+        )
         return out
 
     trainer.train_step = padded_step

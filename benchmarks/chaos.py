@@ -66,9 +66,9 @@ from pathlib import Path
 
 import ray
 import torch
-
 from chaos_dp import dp_run
 from chaos_torchft import torchft_run
+
 from diloco.data import prepare_tokens
 from diloco.decoupled.chaos import Chaos
 from diloco.decoupled.ray_learners import LearnerSpec, run_on_ray
@@ -78,22 +78,24 @@ from diloco.models.factory import build_model
 from diloco.train.config import TrainConfig, load_preset
 
 RESULTS = Path(__file__).parent / "results"
-METHODS = {"sync": dict(quorum=None, merge="mean", grace_gamma=0.0),
-           # outer_scale="none": every merge a whole outer step, as these rows were measured (the default now scales)
-           "decoupled": dict(quorum=1, merge="rda", outer_scale="none"),
-           "decoupled-mean": dict(quorum=1, merge="mean", outer_scale="none"),
-           "decoupled-own": dict(quorum=1, merge="rda", outer_gradient="own", outer_scale="none"),
-           "decoupled-mean-own": dict(quorum=1, merge="mean", outer_gradient="own", outer_scale="none"),
-           "decoupled-own-scaled": dict(quorum=1, merge="rda", outer_gradient="own", outer_scale="share"),
-           # RDA keeps the norm of nearly orthogonal outer gradients (~sqrt(M) x the mean's): its outer lr / sqrt(M)
-           "decoupled-lr-sqrtm": dict(quorum=1, merge="rda", outer_lr_over_sqrt_m=True, outer_scale="none"),
-           # today's defaults: K = 1, a merge of k of M learners a share of an outer step (outer_scale="auto":
-           # sqrt(k/M) for RDA, k/M for the mean; studies/decoupled-quorum)
-           "decoupled-default": dict(quorum=1, merge="rda", outer_scale="auto"),
-           "decoupled-mean-default": dict(quorum=1, merge="mean", outer_scale="auto"),
-           # the contribution guard's rows (--guard): K = M, RDA at 0.7 / sqrt(M); the guard on (default) or off
-           "decoupled-k=m": dict(quorum=None, merge="rda", outer_lr_over_sqrt_m=True),
-           "decoupled-k=m-noguard": dict(quorum=None, merge="rda", outer_lr_over_sqrt_m=True, guard="off")}
+METHODS = {
+    "sync": dict(quorum=None, merge="mean", grace_gamma=0.0),
+    # outer_scale="none": every merge a whole outer step, as these rows were measured (the default now scales)
+    "decoupled": dict(quorum=1, merge="rda", outer_scale="none"),
+    "decoupled-mean": dict(quorum=1, merge="mean", outer_scale="none"),
+    "decoupled-own": dict(quorum=1, merge="rda", outer_gradient="own", outer_scale="none"),
+    "decoupled-mean-own": dict(quorum=1, merge="mean", outer_gradient="own", outer_scale="none"),
+    "decoupled-own-scaled": dict(quorum=1, merge="rda", outer_gradient="own", outer_scale="share"),
+    # RDA keeps the norm of nearly orthogonal outer gradients (~sqrt(M) x the mean's): its outer lr / sqrt(M)
+    "decoupled-lr-sqrtm": dict(quorum=1, merge="rda", outer_lr_over_sqrt_m=True, outer_scale="none"),
+    # today's defaults: K = 1, a merge of k of M learners a share of an outer step (outer_scale="auto":
+    # sqrt(k/M) for RDA, k/M for the mean; studies/decoupled-quorum)
+    "decoupled-default": dict(quorum=1, merge="rda", outer_scale="auto"),
+    "decoupled-mean-default": dict(quorum=1, merge="mean", outer_scale="auto"),
+    # the contribution guard's rows (--guard): K = M, RDA at 0.7 / sqrt(M); the guard on (default) or off
+    "decoupled-k=m": dict(quorum=None, merge="rda", outer_lr_over_sqrt_m=True),
+    "decoupled-k=m-noguard": dict(quorum=None, merge="rda", outer_lr_over_sqrt_m=True, guard="off"),
+}
 
 DP_METHODS = {"dp": None, "dp-ckpt16": 16}  # data-parallel under TorchElastic: checkpoint_every (None: the default)
 
@@ -103,7 +105,9 @@ def faults(name: str, M: int) -> Chaos:
         return Chaos(kills=((10.0, 1), (25.0, 1)), downtime_s=3.0)
     if name == "straggler":
         return Chaos(slowdown=tuple([1.0] * (M - 1) + [3.0]))
-    if name == "corrupt":  # learner 1 sends 1e4 x its outer gradient from 10 s to 15 s (`diloco chaos --corrupt 10:1:1e4`)
+    if (
+        name == "corrupt"
+    ):  # learner 1 sends 1e4 x its outer gradient from 10 s to 15 s (`diloco chaos --corrupt 10:1:1e4`)
         return Chaos(corrupt=((10.0, 1, 1e4, 5.0),))
     if name == "corrupt-random":  # the same window, N(0, 1) values (`--corrupt 10:1`)
         return Chaos(corrupt=((10.0, 1, None, 5.0),))
@@ -111,30 +115,64 @@ def faults(name: str, M: int) -> Chaos:
 
 
 def one_run(*, method: str, M: int, fault: str, args, data, work: Path) -> dict:
-    spec = LearnerSpec(tokens=data.train, vocab_size=data.vocab_size, size=args.size, seq_len=args.seq_len,
-                       batch_size=args.global_batch // M, inner_lr=args.inner_lr, sync_every=args.sync_every,
-                       num_fragments=args.fragments, overlap_steps=args.overlap, step_time_s=args.step_time,
-                       duration_s=args.steps * args.step_time * 6 + 120,
-                       total_tokens=args.steps * args.global_batch * args.seq_len, schedule_steps=args.steps,
-                       warmup_steps=args.steps // 10, seed=0)
+    spec = LearnerSpec(
+        tokens=data.train,
+        vocab_size=data.vocab_size,
+        size=args.size,
+        seq_len=args.seq_len,
+        batch_size=args.global_batch // M,
+        inner_lr=args.inner_lr,
+        sync_every=args.sync_every,
+        num_fragments=args.fragments,
+        overlap_steps=args.overlap,
+        step_time_s=args.step_time,
+        duration_s=args.steps * args.step_time * 6 + 120,
+        total_tokens=args.steps * args.global_batch * args.seq_len,
+        schedule_steps=args.steps,
+        warmup_steps=args.steps // 10,
+        seed=0,
+    )
     model = build_model("", size=args.size, vocab_size=data.vocab_size, seq_len=args.seq_len, seed=0)
     kw = dict(METHODS[method])
     kw["quorum"] = kw["quorum"] or M
     outer_lr = 0.7 / math.sqrt(M) if kw.pop("outer_lr_over_sqrt_m", False) else 0.7
-    syncer = Syncer(model, num_learners=M, num_fragments=args.fragments, overlap_steps=args.overlap,
-                    outer_optimizer=lambda p: torch.optim.SGD(p, lr=outer_lr, momentum=0.9, nesterov=True), **kw)
+    syncer = Syncer(
+        model,
+        num_learners=M,
+        num_fragments=args.fragments,
+        overlap_steps=args.overlap,
+        outer_optimizer=lambda p: torch.optim.SGD(p, lr=outer_lr, momentum=0.9, nesterov=True),
+        **kw,
+    )
     out = work / f"{method}-m{M}-{fault}"
     shutil.rmtree(out, ignore_errors=True)
     # the trainer's evaluation set: its first 16 x global_batch windows (here in batches of global_batch / M)
-    res = run_on_ray(spec, syncer=syncer, num_learners=M, out_dir=out, chaos=faults(fault, M), val_tokens=data.val,
-                     eval_batches=16 * M, namespace="diloco-chaos")
+    res = run_on_ray(
+        spec,
+        syncer=syncer,
+        num_learners=M,
+        out_dir=out,
+        chaos=faults(fault, M),
+        val_tokens=data.val,
+        eval_batches=16 * M,
+        namespace="diloco-chaos",
+    )
     s = res.summary
-    return {"method": method, "M": M, "fault": fault, "eval_loss": res.eval_loss, "wall_s": res.wall_s,
-            "goodput": s["goodput"], "lost_steps": s["lost_steps"], "merges": s["merges"],
-            "wait_share": s.get("wait_share"),
-            "steps": {str(m): sum(1 for r in res.rows if r.get("learner") == m and "step" in r) for m in range(M)},
-            "kills": s["learner_kills"], "corrupted_reports": s["corrupted_reports"],
-            "guard_events": len(s["guard_events"])}
+    return {
+        "method": method,
+        "M": M,
+        "fault": fault,
+        "eval_loss": res.eval_loss,
+        "wall_s": res.wall_s,
+        "goodput": s["goodput"],
+        "lost_steps": s["lost_steps"],
+        "merges": s["merges"],
+        "wait_share": s.get("wait_share"),
+        "steps": {str(m): sum(1 for r in res.rows if r.get("learner") == m and "step" in r) for m in range(M)},
+        "kills": s["learner_kills"],
+        "corrupted_reports": s["corrupted_reports"],
+        "guard_events": len(s["guard_events"]),
+    }
 
 
 def _fmt(x, spec=".3f"):
@@ -146,25 +184,53 @@ def dp_row(args, cache: Path) -> dict:
     from diloco.train.trainer import train_model
 
     base = load_preset("tiny")["base"]
-    cfg = TrainConfig.from_dict({**base, "method": "dp", "replicas": 1, "size": args.size, "seq_len": args.seq_len,
-                                 "global_batch": args.global_batch, "inner_lr": args.inner_lr, "steps": args.steps,
-                                 "tokens": 0, "warmup_steps": args.steps // 10, "min_lr_ratio": 0.1,
-                                 "eval_every": args.steps, "eval_batches": 16})
+    cfg = TrainConfig.from_dict(
+        {
+            **base,
+            "method": "dp",
+            "replicas": 1,
+            "size": args.size,
+            "seq_len": args.seq_len,
+            "global_batch": args.global_batch,
+            "inner_lr": args.inner_lr,
+            "steps": args.steps,
+            "tokens": 0,
+            "warmup_steps": args.steps // 10,
+            "min_lr_ratio": 0.1,
+            "eval_every": args.steps,
+            "eval_batches": 16,
+        }
+    )
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.time()
         result = train_model(cfg, Path(tmp) / "dp", cache_dir=cache, progress=False)
-    return {"method": "dp", "M": 1, "fault": "none", "eval_loss": result.final_eval_loss,
-            "wall_s": time.time() - t0, "goodput": None, "merges": None, "kills": []}
+    return {
+        "method": "dp",
+        "M": 1,
+        "fault": "none",
+        "eval_loss": result.final_eval_loss,
+        "wall_s": time.time() - t0,
+        "goodput": None,
+        "merges": None,
+        "kills": [],
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="M = 2 only, 120 steps")
-    ap.add_argument("--guard", action="store_true", help="only the contribution guard's rows: M = 3, K = M, no fault, "
-                    "learner 1 corrupted (1e4 x, or random values) from 10 s to 15 s with the guard, and without it")
+    ap.add_argument(
+        "--guard",
+        action="store_true",
+        help="only the contribution guard's rows: M = 3, K = M, no fault, "
+        "learner 1 corrupted (1e4 x, or random values) from 10 s to 15 s with the guard, and without it",
+    )
     ap.add_argument("--fresh", action="store_true", help="start a new runs file (the old one is kept, renamed)")
-    ap.add_argument("--rerun", default="", help="methods to run again (comma-separated; their new rows are appended "
-                    "and supersede the old ones)")
+    ap.add_argument(
+        "--rerun",
+        default="",
+        help="methods to run again (comma-separated; their new rows are appended and supersede the old ones)",
+    )
     ap.add_argument("--replicas", default="2,4")
     ap.add_argument("--size", default="tiny")
     ap.add_argument("--steps", type=int, default=300, help="steps per learner that reach the syncer")
@@ -191,23 +257,47 @@ def main() -> None:
     base = TrainConfig.from_dict(load_preset("tiny")["base"])
     cache = default_cache_dir()
     data = prepare_tokens(base.sources, base.vocab_size, cache, val_fraction=base.val_fraction)
-    plan = [(m, M, f) for M in Ms for m, f in [("dp", "none"), ("dp", "kill"), ("dp", "straggler"),
-                                                ("dp-ckpt16", "none"),
-                                                ("dp-ckpt16", "kill"), ("torchft", "none"), ("torchft", "kill"),
-                                                ("sync", "none"), ("decoupled", "none"), ("decoupled-mean", "none"),
-                                                ("sync", "kill"), ("decoupled", "kill"),
-                                                ("sync", "straggler"), ("decoupled", "straggler"),
-                                                ("decoupled-mean", "straggler"), ("decoupled-own", "straggler"),
-                                                ("decoupled-mean-own", "straggler"),
-                                                ("decoupled-own-scaled", "none"), ("decoupled-own-scaled", "kill"),
-                                                ("decoupled-own-scaled", "straggler"),
-                                                ("decoupled-lr-sqrtm", "none"), ("decoupled-lr-sqrtm", "kill"),
-                                                ("decoupled-lr-sqrtm", "straggler"),
-                                                ("decoupled-default", "none"), ("decoupled-default", "straggler"),
-                                                ("decoupled-mean-default", "none"), ("decoupled-mean-default", "straggler")]]
+    plan = [
+        (m, M, f)
+        for M in Ms
+        for m, f in [
+            ("dp", "none"),
+            ("dp", "kill"),
+            ("dp", "straggler"),
+            ("dp-ckpt16", "none"),
+            ("dp-ckpt16", "kill"),
+            ("torchft", "none"),
+            ("torchft", "kill"),
+            ("sync", "none"),
+            ("decoupled", "none"),
+            ("decoupled-mean", "none"),
+            ("sync", "kill"),
+            ("decoupled", "kill"),
+            ("sync", "straggler"),
+            ("decoupled", "straggler"),
+            ("decoupled-mean", "straggler"),
+            ("decoupled-own", "straggler"),
+            ("decoupled-mean-own", "straggler"),
+            ("decoupled-own-scaled", "none"),
+            ("decoupled-own-scaled", "kill"),
+            ("decoupled-own-scaled", "straggler"),
+            ("decoupled-lr-sqrtm", "none"),
+            ("decoupled-lr-sqrtm", "kill"),
+            ("decoupled-lr-sqrtm", "straggler"),
+            ("decoupled-default", "none"),
+            ("decoupled-default", "straggler"),
+            ("decoupled-mean-default", "none"),
+            ("decoupled-mean-default", "straggler"),
+        ]
+    ]
     if args.guard:
-        plan = [("decoupled-k=m", 3, "none"), ("decoupled-k=m", 3, "corrupt"), ("decoupled-k=m-noguard", 3, "corrupt"),
-                ("decoupled-k=m", 3, "corrupt-random"), ("decoupled-k=m-noguard", 3, "corrupt-random")]
+        plan = [
+            ("decoupled-k=m", 3, "none"),
+            ("decoupled-k=m", 3, "corrupt"),
+            ("decoupled-k=m-noguard", 3, "corrupt"),
+            ("decoupled-k=m", 3, "corrupt-random"),
+            ("decoupled-k=m-noguard", 3, "corrupt-random"),
+        ]
     rerun = {m for m in args.rerun.split(",") if m}
     todo = [p for p in plan if p not in done or p[0] in rerun]
     work = Path(tempfile.mkdtemp(prefix="diloco-chaos-"))
@@ -217,8 +307,15 @@ def main() -> None:
         for i, (method, M, fault) in enumerate(todo, 1):
             print(f"[{i}/{len(todo)}] {method} M={M} faults={fault} ...", file=sys.stderr, flush=True)
             if method in DP_METHODS:
-                row = dp_run(M=M, fault=fault, args=args, work=work, cache=cache, method=method,
-                             checkpoint_every=DP_METHODS[method])
+                row = dp_run(
+                    M=M,
+                    fault=fault,
+                    args=args,
+                    work=work,
+                    cache=cache,
+                    method=method,
+                    checkpoint_every=DP_METHODS[method],
+                )
             elif method == "torchft":
                 row = torchft_run(M=M, fault=fault, args=args, data=data, work=work)
             else:
@@ -236,25 +333,40 @@ def main() -> None:
             fh.write(json.dumps(row, allow_nan=False) + "\n")
 
     rows = [done[p] for p in ([] if args.guard else [("dp", 1, "none")]) + plan]
-    print(f"\n{'method':20} {'M':>2} {'faults':9} {'loss':>7} {'wall s':>7} {'goodput':>7}  per kill: worst step x, "
-          f"steps kept, restart s, rejoin s")
+    print(
+        f"\n{'method':20} {'M':>2} {'faults':9} {'loss':>7} {'wall s':>7} {'goodput':>7}  per kill: worst step x, "
+        f"steps kept, restart s, rejoin s"
+    )
     for r in rows:
-        kills = "; ".join(f"{_fmt(k['worst_step_ratio'], '.1f')}x {_fmt(k['steps_kept'], '.0%')} "
-                          f"{_fmt(k['restart_s'], '.1f')} {_fmt(k['rejoin_s'], '.1f')}"
-                          + (f" (redone {k['redone_steps']}, past it {_fmt(k['caught_up_s'], '.1f')} s)"
-                             if "redone_steps" in k else "") for k in r["kills"])
-        guard = (f"  corrupted reports {r['corrupted_reports']}, guard events {r['guard_events']}"
-                 if r.get("corrupted_reports") is not None and r["fault"].startswith("corrupt") else "")
-        print(f"{r['method']:20} {r['M']:>2} {r['fault']:9} {_fmt(r['eval_loss'], '.4f'):>7} "
-              f"{_fmt(r['wall_s'], '.1f'):>7} {_fmt(r['goodput'], '.2f'):>7}  {kills}{guard}")
+        kills = "; ".join(
+            f"{_fmt(k['worst_step_ratio'], '.1f')}x {_fmt(k['steps_kept'], '.0%')} "
+            f"{_fmt(k['restart_s'], '.1f')} {_fmt(k['rejoin_s'], '.1f')}"
+            + (
+                f" (redone {k['redone_steps']}, past it {_fmt(k['caught_up_s'], '.1f')} s)"
+                if "redone_steps" in k
+                else ""
+            )
+            for k in r["kills"]
+        )
+        guard = (
+            f"  corrupted reports {r['corrupted_reports']}, guard events {r['guard_events']}"
+            if r.get("corrupted_reports") is not None and r["fault"].startswith("corrupt")
+            else ""
+        )
+        print(
+            f"{r['method']:20} {r['M']:>2} {r['fault']:9} {_fmt(r['eval_loss'], '.4f'):>7} "
+            f"{_fmt(r['wall_s'], '.1f'):>7} {_fmt(r['goodput'], '.2f'):>7}  {kills}{guard}"
+        )
     peer_file = RESULTS / "torchft_healing.json"
     peer = json.loads(peer_file.read_text()) if peer_file.exists() else None
     if peer is not None:
         sv, rs = peer["median"]["survivor"], peer["median"]["restarted"]
-        print(f"\ntorchft 0.2.0 DiLoCo, live healing, M = 2 (benchmarks/torchft_healing.py, median of "
-              f"{len(peer['repeats'])}): survivor's stall at its next sync {sv['stall_s']:.2f} s "
-              f"({sv['stall_ratio']:.1f}x its step), steps kept in 10 s {sv['kept_pct']:.0f} %; the restart "
-              f"(3 s after the kill) contributes {rs['contributes_s']:.1f} s after it was spawned")
+        print(
+            f"\ntorchft 0.2.0 DiLoCo, live healing, M = 2 (benchmarks/torchft_healing.py, median of "
+            f"{len(peer['repeats'])}): survivor's stall at its next sync {sv['stall_s']:.2f} s "
+            f"({sv['stall_ratio']:.1f}x its step), steps kept in 10 s {sv['kept_pct']:.0f} %; the restart "
+            f"(3 s after the kill) contributes {rs['contributes_s']:.1f} s after it was spawned"
+        )
     out = {"settings": vars(args), "runs": rows, "torchft": peer, "torch": torch.__version__, "ray": ray.__version__}
     write_json(RESULTS / f"chaos{suffix}.json", out)
 

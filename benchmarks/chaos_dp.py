@@ -37,9 +37,19 @@ DOWNTIME_S = 3.0
 
 def _config(args: Any, checkpoint_every: int | None) -> list[str]:
     """chaos.py's dp_row settings, as ``--set`` overrides of the tiny preset (dp)."""
-    sets = {"size": args.size, "seq_len": args.seq_len, "global_batch": args.global_batch, "inner_lr": args.inner_lr,
-            "steps": args.steps, "tokens": 0, "warmup_steps": args.steps // 10, "min_lr_ratio": 0.1,
-            "eval_every": args.steps, "eval_batches": 16, "threads": 1}
+    sets = {
+        "size": args.size,
+        "seq_len": args.seq_len,
+        "global_batch": args.global_batch,
+        "inner_lr": args.inner_lr,
+        "steps": args.steps,
+        "tokens": 0,
+        "warmup_steps": args.steps // 10,
+        "min_lr_ratio": 0.1,
+        "eval_every": args.steps,
+        "eval_batches": 16,
+        "threads": 1,
+    }
     if checkpoint_every is not None:
         sets["checkpoint_every"] = checkpoint_every
     return [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
@@ -61,24 +71,61 @@ def _kill(log_dir: Path, worker: int, deadline: float) -> int | None:
     return None
 
 
-def dp_run(*, M: int, fault: str, args: Any, work: Path, cache: Path, checkpoint_every: int | None = None,
-           method: str = "dp") -> dict[str, Any]:
+def dp_run(
+    *, M: int, fault: str, args: Any, work: Path, cache: Path, checkpoint_every: int | None = None, method: str = "dp"
+) -> dict[str, Any]:
     """One data-parallel run of M workers under ``fault`` (``kill``, ``straggler``: worker M-1's steps padded
     to 3x the step time, or ``none``); chaos.py's row."""
     out = work / f"{method}-m{M}-{fault}"
     log_dir, run_dir = out / "logs", out / "run"
     log_dir.mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME")
+    }
     # each round's store hosted by its rank 0 worker: with the agent's shared store a restarted worker read the
     # killed round's gloo addresses (a held-down peer's) and every restart failed
-    env.update(OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"), env.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(M),
-           "--max-restarts", "5", "--monitor-interval", "0.1", "--local-addr", "127.0.0.1", str(HERE / "_padded_train.py"),
-           "--log-dir", str(log_dir), "--step-time", str(args.step_time),
-           *(("--slow-rank", str(M - 1), "--slowdown", "3") if fault == "straggler" else ()), "--",
-           "train", "--preset", "tiny", "--method", "dp", "--elastic", "--no-progress", "--out", str(run_dir),
-           "--cache-dir", str(cache), "--timeout", "30", *_config(args, checkpoint_every)]
+    env.update(
+        OMP_NUM_THREADS="1",
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+        PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"), env.get("PYTHONPATH", "")]),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(M),
+        "--max-restarts",
+        "5",
+        "--monitor-interval",
+        "0.1",
+        "--local-addr",
+        "127.0.0.1",
+        str(HERE / "_padded_train.py"),
+        "--log-dir",
+        str(log_dir),
+        "--step-time",
+        str(args.step_time),
+        *(("--slow-rank", str(M - 1), "--slowdown", "3") if fault == "straggler" else ()),
+        "--",
+        "train",
+        "--preset",
+        "tiny",
+        "--method",
+        "dp",
+        "--elastic",
+        "--no-progress",
+        "--out",
+        str(run_dir),
+        "--cache-dir",
+        str(cache),
+        "--timeout",
+        "30",
+        *_config(args, checkpoint_every),
+    ]
     faults: list[dict[str, Any]] = []
     with open(out / "torchrun.log", "wb") as agent_log:
         agent = subprocess.Popen(cmd, env=env, stdout=agent_log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -114,11 +161,23 @@ def dp_run(*, M: int, fault: str, args: Any, work: Path, cache: Path, checkpoint
     summary = summarize_restarts(rows, faults, num_workers=M, wall_s=wall)
     summary_file = json.loads((run_dir / "summary.json").read_text())
     for k, f in zip(summary["learner_kills"], faults, strict=True):  # kill -> the agent's new process for it
-        later = [r["t"] for r in rows if r.get("event") == "spawned" and r["learner"] == f["index"] and r["t"] > f["at"]]
+        later = [
+            r["t"] for r in rows if r.get("event") == "spawned" and r["learner"] == f["index"] and r["t"] > f["at"]
+        ]
         k["spawned_s"] = min(later) - f["at"] if later else None
     restarts = max(r["incarnation"] for r in rows)
-    return {"method": method, "M": M, "fault": fault, "eval_loss": summary_file["final_eval_loss"], "wall_s": wall,
-            "goodput": summary["goodput"], "lost_steps": summary["lost_steps"], "merges": None,
-            "steps": {str(m): sum(1 for r in rows if r["learner"] == m and "step" in r) for m in range(M)},
-            "kills": summary["learner_kills"], "restarts": restarts,
-            "checkpoint_every": checkpoint_every or "auto", "launcher": "torchrun --standalone, one agent, --max-restarts 5"}
+    return {
+        "method": method,
+        "M": M,
+        "fault": fault,
+        "eval_loss": summary_file["final_eval_loss"],
+        "wall_s": wall,
+        "goodput": summary["goodput"],
+        "lost_steps": summary["lost_steps"],
+        "merges": None,
+        "steps": {str(m): sum(1 for r in rows if r["learner"] == m and "step" in r) for m in range(M)},
+        "kills": summary["learner_kills"],
+        "restarts": restarts,
+        "checkpoint_every": checkpoint_every or "auto",
+        "launcher": "torchrun --standalone, one agent, --max-restarts 5",
+    }

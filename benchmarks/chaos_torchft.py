@@ -84,7 +84,7 @@ def _replica_main(replica: int, incarnation: int, lighthouse: str, run_dir: Path
     from diloco.train.lr import cosine_lr
 
     torch.set_num_threads(1)
-    log = open(run_dir / f"replica{replica}.inc{incarnation}.jsonl", "a", buffering=1)  # noqa: SIM115
+    log = open(run_dir / f"replica{replica}.inc{incarnation}.jsonl", "a", buffering=1)
 
     def write(row: dict) -> None:
         log.write(json.dumps({"learner": replica, "incarnation": incarnation, **row}) + "\n")
@@ -98,10 +98,8 @@ def _replica_main(replica: int, incarnation: int, lighthouse: str, run_dir: Path
     rng = np.random.default_rng(s.seed * 1000 + replica * 100 + incarnation)  # the Ray learners' windows
     model = build_model("", size=s.size, vocab_size=s.vocab_size, seq_len=s.seq_len, seed=s.seed)
     inner = torch.optim.AdamW(model.parameters(), lr=s.inner_lr, weight_decay=s.weight_decay)
-    frags = [torch.nn.ModuleList([model.embed, model.norm, model.head]), model.blocks] if s.fragments == 2 \
-        else [model]
-    outers = [torch.optim.SGD(f.parameters(), lr=s.outer_lr, momentum=s.outer_momentum, nesterov=True)
-              for f in frags]
+    frags = [torch.nn.ModuleList([model.embed, model.norm, model.head]), model.blocks] if s.fragments == 2 else [model]
+    outers = [torch.optim.SGD(f.parameters(), lr=s.outer_lr, momentum=s.outer_momentum, nesterov=True) for f in frags]
     step = [0]
 
     def load_state_dict(sd: dict) -> None:  # healing: the peer's model, AdamW state and step
@@ -110,8 +108,13 @@ def _replica_main(replica: int, incarnation: int, lighthouse: str, run_dir: Path
         step[0] = sd["step"]
 
     manager = instrumented_manager(
-        replica=replica, lighthouse=lighthouse, s=s, load_state_dict=load_state_dict, event=event,
-        state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict(), "step": step[0]})
+        replica=replica,
+        lighthouse=lighthouse,
+        s=s,
+        load_state_dict=load_state_dict,
+        event=event,
+        state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict(), "step": step[0]},
+    )
     clock: dict[str, float] = {}
 
     def pad(*_: Any) -> None:  # before DiLoCo's hook: the compute is padded, the sync comes on top
@@ -124,31 +127,54 @@ def _replica_main(replica: int, incarnation: int, lighthouse: str, run_dir: Path
     while not go.exists():  # the first incarnations start together
         time.sleep(0.01)
     try:
-        with DiLoCo(manager, frags, inner, outers, sync_every=s.sync_every, backup_device=torch.device("cpu"),
-                    pin_memory=False, fragment_sync_delay=s.fragment_sync_delay) as diloco:
+        with DiLoCo(
+            manager,
+            frags,
+            inner,
+            outers,
+            sync_every=s.sync_every,
+            backup_device=torch.device("cpu"),
+            pin_memory=False,
+            fragment_sync_delay=s.fragment_sync_delay,
+        ) as diloco:
             event("joined")
             while not stop.exists():
                 clock["begin"] = time.perf_counter()
                 for group in inner.param_groups:
-                    group["lr"] = cosine_lr(step[0] + 1, peak=s.inner_lr, warmup_steps=s.warmup_steps,
-                                            total_steps=s.schedule_steps, min_lr_ratio=s.min_lr_ratio)
+                    group["lr"] = cosine_lr(
+                        step[0] + 1,
+                        peak=s.inner_lr,
+                        warmup_steps=s.warmup_steps,
+                        total_steps=s.schedule_steps,
+                        min_lr_ratio=s.min_lr_ratio,
+                    )
                 starts = replica * share + rng.integers(0, share - s.seq_len - 1, size=s.batch_size)
-                block = torch.from_numpy(np.stack([tokens[i:i + s.seq_len + 1] for i in starts]).astype(np.int64))
+                block = torch.from_numpy(np.stack([tokens[i : i + s.seq_len + 1] for i in starts]).astype(np.int64))
                 _, loss = model(block[:, :-1], block[:, 1:])
                 loss.backward()
                 inner.step()
                 inner.zero_grad()
                 step[0] += 1
                 end = time.perf_counter()
-                write({"step": step[0], "t": time.time(), "dt": end - clock["begin"],
-                       "compute_s": clock["padded"] - clock["begin"], "sync_s": end - clock["padded"],
-                       "outer_step": manager.current_step(), "tokens": s.batch_size * s.seq_len,
-                       "loss": round(float(loss), 4)})
+                write(
+                    {
+                        "step": step[0],
+                        "t": time.time(),
+                        "dt": end - clock["begin"],
+                        "compute_s": clock["padded"] - clock["begin"],
+                        "sync_s": end - clock["padded"],
+                        "outer_step": manager.current_step(),
+                        "tokens": s.batch_size * s.seq_len,
+                        "loss": round(float(loss), 4),
+                    }
+                )
             if replica == 0:  # torchft's global parameters: each fragment's copy as of its last sync
                 names = {id(p): n for n, p in model.named_parameters()}
-                state = {names[id(p)]: frag.original_parameters[n].clone()
-                         for frag, module in zip(diloco._fragments, frags, strict=True)
-                         for n, p in module.named_parameters()}
+                state = {
+                    names[id(p)]: frag.original_parameters[n].clone()
+                    for frag, module in zip(diloco._fragments, frags, strict=True)
+                    for n, p in module.named_parameters()
+                }
                 torch.save(state, run_dir / "global.pt.tmp")
                 os.replace(run_dir / "global.pt.tmp", run_dir / "global.pt")
         event("stop", steps=step[0])
@@ -177,10 +203,21 @@ def torchft_run(*, M: int, fault: str, args: Any, data: Any, work: Path) -> dict
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     np.save(run_dir / "train.npy", np.asarray(data.train))
-    s = ChaosSettings(tokens_file=str(run_dir / "train.npy"), vocab_size=data.vocab_size, num_replicas=M,
-                      size=args.size, seq_len=args.seq_len, batch_size=args.global_batch // M, inner_lr=args.inner_lr,
-                      warmup_steps=args.steps // 10, schedule_steps=args.steps, sync_every=args.sync_every,
-                      fragments=args.fragments, fragment_sync_delay=args.overlap, step_time_s=args.step_time)
+    s = ChaosSettings(
+        tokens_file=str(run_dir / "train.npy"),
+        vocab_size=data.vocab_size,
+        num_replicas=M,
+        size=args.size,
+        seq_len=args.seq_len,
+        batch_size=args.global_batch // M,
+        inner_lr=args.inner_lr,
+        warmup_steps=args.steps // 10,
+        schedule_steps=args.steps,
+        sync_every=args.sync_every,
+        fragments=args.fragments,
+        fragment_sync_delay=args.overlap,
+        step_time_s=args.step_time,
+    )
     total = args.steps * args.global_batch * args.seq_len
     cluster = Cluster(s, run_dir, script=Path(__file__).resolve())
     faults: list[dict[str, Any]] = []
@@ -211,8 +248,7 @@ def torchft_run(*, M: int, fault: str, args: Any, data: Any, work: Path) -> dict
                 _, m = restarts.pop(0)
                 live[m] += 1
                 cluster.spawn(m, live[m])
-            cluster.check_alive(*((m, live[m]) for m in range(M)
-                                  if not any(r[1] == m for r in restarts)))
+            cluster.check_alive(*((m, live[m]) for m in range(M) if not any(r[1] == m for r in restarts)))
             if now >= next_count:  # the token budget, as chaos.py's Ray driver watches it: 4 times a second
                 next_count = now + 0.25
                 if sum(r["tokens"] for r in committed_steps(_all_rows(run_dir))) >= total:
@@ -237,8 +273,10 @@ def torchft_run(*, M: int, fault: str, args: Any, data: Any, work: Path) -> dict
         # the longest step that ended after the kill: the step whose sync waits may have begun just before it
         worst = restart_stalls(steps, kill_at=f["at"], killed=f["index"], window_s=10.0, until=until)
         kept_share = survivor_stalls(kept, kill_at=f["at"], killed=f["index"], window_s=10.0, until=until)
-        new = sorted((r for r in rows if r["learner"] == f["index"] and r["incarnation"] == f["restarted_as"]),
-                     key=lambda r: r["t"])
+        new = sorted(
+            (r for r in rows if r["learner"] == f["index"] and r["incarnation"] == f["restarted_as"]),
+            key=lambda r: r["t"],
+        )
 
         def first(name: str, pred=lambda r: True, new=new) -> float | None:
             return next((r["t"] for r in new if r.get("event") == name and pred(r)), None)
@@ -247,32 +285,51 @@ def torchft_run(*, M: int, fault: str, args: Any, data: Any, work: Path) -> dict
         contributes = first("sync", lambda r: r["committed"])
         end = f["at"] + 10.0 if until is None else min(f["at"] + 10.0, until)
         syncs = [r for r in rows if r.get("event") == "sync" and r["learner"] != f["index"] and f["at"] <= r["t"] < end]
-        kills.append({"learner": f["index"],
-                      "worst_step_ratio": max((st.worst_step_ratio for st in worst), default=None),
-                      "steps_kept": min((st.steps_kept for st in kept_share), default=None),
-                      "restart_s": None if joined is None else joined - f["at"],
-                      "rejoin_s": None if joined is None or contributes is None else contributes - joined,
-                      "healed_s": None if healed is None else healed - f["at"],
-                      "survivors_failed_syncs": sum(1 for r in syncs if not r["committed"]),
-                      "survivors_syncs": len(syncs),
-                      "survivors_healed": sum(1 for r in rows if r.get("event") == "healed" and r["learner"] != f["index"]
-                                              and f["at"] <= r["t"] < end),
-                      "first_error": next((r["error"] for r in syncs if r["error"]), None)})
+        kills.append(
+            {
+                "learner": f["index"],
+                "worst_step_ratio": max((st.worst_step_ratio for st in worst), default=None),
+                "steps_kept": min((st.steps_kept for st in kept_share), default=None),
+                "restart_s": None if joined is None else joined - f["at"],
+                "rejoin_s": None if joined is None or contributes is None else contributes - joined,
+                "healed_s": None if healed is None else healed - f["at"],
+                "survivors_failed_syncs": sum(1 for r in syncs if not r["committed"]),
+                "survivors_syncs": len(syncs),
+                "survivors_healed": sum(
+                    1
+                    for r in rows
+                    if r.get("event") == "healed" and r["learner"] != f["index"] and f["at"] <= r["t"] < end
+                ),
+                "first_error": next((r["error"] for r in syncs if r["error"]), None),
+            }
+        )
     loss = None
     if (run_dir / "global.pt").exists():
         params = torch.load(run_dir / "global.pt")
         template = build_model("", size=args.size, vocab_size=data.vocab_size, seq_len=args.seq_len, seed=0)
-        val = list(eval_batches(data.val, batch_size=args.global_batch // M, seq_len=args.seq_len,
-                                max_batches=16 * M))
+        val = list(eval_batches(data.val, batch_size=args.global_batch // M, seq_len=args.seq_len, max_batches=16 * M))
         loss = evaluate_global(template, params, val, bf16=False, device=torch.device("cpu"))
     typical = statistics.median(r["dt"] for r in steps) if steps else None
-    return {"method": "torchft", "M": M, "fault": fault, "eval_loss": loss, "wall_s": wall,
-            "goodput": sum(r["compute_s"] for r in kept) / (M * wall), "lost_steps": len(steps) - len(kept),
-            "merges": sum(1 for r in rows if r.get("event") == "sync" and r["committed"] and r["learner"] == 0),
-            "steps": {str(m): sum(1 for r in steps if r["learner"] == m) for m in range(M)},
-            "kills": kills, "typical_step_s": typical,
-            "versions": versions(), "settings": {"sync_every": s.sync_every, "fragments": s.fragments,
-                         "fragment_sync_delay": s.fragment_sync_delay, "heartbeat_timeout_s": s.heartbeat_timeout_s}}
+    return {
+        "method": "torchft",
+        "M": M,
+        "fault": fault,
+        "eval_loss": loss,
+        "wall_s": wall,
+        "goodput": sum(r["compute_s"] for r in kept) / (M * wall),
+        "lost_steps": len(steps) - len(kept),
+        "merges": sum(1 for r in rows if r.get("event") == "sync" and r["committed"] and r["learner"] == 0),
+        "steps": {str(m): sum(1 for r in steps if r["learner"] == m) for m in range(M)},
+        "kills": kills,
+        "typical_step_s": typical,
+        "versions": versions(),
+        "settings": {
+            "sync_every": s.sync_every,
+            "fragments": s.fragments,
+            "fragment_sync_delay": s.fragment_sync_delay,
+            "heartbeat_timeout_s": s.heartbeat_timeout_s,
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

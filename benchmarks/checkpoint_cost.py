@@ -54,17 +54,23 @@ def measure(cfg: TrainConfig, cache: Path) -> dict:
         out = Path(d) / "run"
         trainer = TimedTrainer(cfg, out, cache_dir=cache, progress=False)
         result = trainer.run()
-        step_s = statistics.median(r["step_time_s"] for r in read_jsonl(out / "metrics.jsonl")
-                                   if "step_time_s" in r and r["step"] > 5)
+        step_s = statistics.median(
+            r["step_time_s"] for r in read_jsonl(out / "metrics.jsonl") if "step_time_s" in r and r["step"] > 5
+        )
         step_dir = ckpt.checkpoint_dir(out) / f"step-{cfg.total_steps:08d}"
         ckpt_bytes = sum(p.stat().st_size for p in step_dir.glob("replica-*.pt"))
     default = cfg.with_overrides({"checkpoint_every": -1}).checkpoint_interval
     mean_ckpt = statistics.mean(trainer.checkpoint_s)
     return {
-        "method": cfg.method, "steps": cfg.total_steps, "checkpoints": len(trainer.checkpoint_s),
-        "checkpoint_s_mean": mean_ckpt, "checkpoint_s_max": max(trainer.checkpoint_s),
-        "checkpoint_bytes_all_replicas": ckpt_bytes, "median_step_s": step_s,
-        "train_time_s": result.train_time_s, "threads": torch.get_num_threads(),
+        "method": cfg.method,
+        "steps": cfg.total_steps,
+        "checkpoints": len(trainer.checkpoint_s),
+        "checkpoint_s_mean": mean_ckpt,
+        "checkpoint_s_max": max(trainer.checkpoint_s),
+        "checkpoint_bytes_all_replicas": ckpt_bytes,
+        "median_step_s": step_s,
+        "train_time_s": result.train_time_s,
+        "threads": torch.get_num_threads(),
         "measured_share_pct": 100 * sum(trainer.checkpoint_s) / result.train_time_s,
         "default_interval_steps": default,
         "default_cadence_cost_pct": 100 * mean_ckpt / (default * step_s),
@@ -81,9 +87,16 @@ def main() -> None:
     preset = load_preset("demo")
     rows = []
     for name in ("dp", "diloco", "streaming"):
-        cfg = TrainConfig.from_dict({**preset["base"], **preset["methods"][name], "steps": args.steps,
-                                     "checkpoint_every": args.every, "eval_every": 10 * args.steps,
-                                     "eval_batches": 1})
+        cfg = TrainConfig.from_dict(
+            {
+                **preset["base"],
+                **preset["methods"][name],
+                "steps": args.steps,
+                "checkpoint_every": args.every,
+                "eval_every": 10 * args.steps,
+                "eval_batches": 1,
+            }
+        )
         rows.append({"name": name, **measure(cfg, args.cache_dir)})
         print(f"{name}: done", flush=True)
     print(f"\ndemo preset, {args.steps} steps (reduced from 480), a checkpoint every {args.every} steps, M = 2\n")
@@ -91,8 +104,10 @@ def main() -> None:
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['name']:<10} {r['checkpoint_bytes_all_replicas'] / 1e6:8.1f} {r['checkpoint_s_mean']:7.3f} "
-              f"{r['median_step_s']:7.3f} {r['default_interval_steps']:13d} {r['default_cadence_cost_pct']:6.2f}%")
+        print(
+            f"{r['name']:<10} {r['checkpoint_bytes_all_replicas'] / 1e6:8.1f} {r['checkpoint_s_mean']:7.3f} "
+            f"{r['median_step_s']:7.3f} {r['default_interval_steps']:13d} {r['default_cadence_cost_pct']:6.2f}%"
+        )
     worst = max(r["default_cadence_cost_pct"] for r in rows)
     print(f"\nworst cost of the default cadence: {worst:.2f}% of training time (goal <= 2%)")
     write_json(args.out, {"steps": args.steps, "every": args.every, "rows": rows, "worst_cost_pct": worst})

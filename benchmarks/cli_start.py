@@ -20,9 +20,11 @@ from pathlib import Path
 
 from diloco.files import write_json
 
-PROBE = "import sys, runpy; sys.argv = ['diloco', *sys.argv[1:]]\n" \
-        "try:\n    runpy.run_module('diloco', run_name='__main__')\nexcept SystemExit:\n    pass\n" \
-        "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')"
+PROBE = (
+    "import sys, runpy; sys.argv = ['diloco', *sys.argv[1:]]\n"
+    "try:\n    runpy.run_module('diloco', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+    "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')"
+)
 
 
 def timed(argv: list[str], repeats: int) -> dict:
@@ -34,8 +36,13 @@ def timed(argv: list[str], repeats: int) -> dict:
         if proc.returncode != 0:
             raise SystemExit(f"{argv} failed: {proc.stderr[-500:]}")
         torch.add(proc.stdout.strip().splitlines()[-1])
-    return {"argv": argv, "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
-            "imports_torch": "TORCH" in torch}
+    return {
+        "argv": argv,
+        "median_s": statistics.median(times),
+        "min_s": min(times),
+        "max_s": max(times),
+        "imports_torch": "TORCH" in torch,
+    }
 
 
 def main() -> None:
@@ -48,8 +55,18 @@ def main() -> None:
     cases = {
         "python -c pass": None,
         "diloco --help": ["--help"],
-        "diloco simulate (10B, 3 bandwidths)": ["simulate", "--size", "10B", "--bandwidth", "10", "1", "0.1",
-                                                 "--no-plot", "--out", str(tmp / "sim")],
+        "diloco simulate (10B, 3 bandwidths)": [
+            "simulate",
+            "--size",
+            "10B",
+            "--bandwidth",
+            "10",
+            "1",
+            "0.1",
+            "--no-plot",
+            "--out",
+            str(tmp / "sim"),
+        ],
         "diloco plan (10B, 3 bandwidths, no plot)": [*plan, "--no-plot", "--out", str(tmp / "plan")],
         "diloco plan (10B, 3 bandwidths, with plot)": [*plan, "--out", str(tmp / "plan2")],
     }

@@ -47,8 +47,13 @@ def timings(fn: Callable[[], object], repeats: int) -> dict[str, float]:
         fn()
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-    return {"first_s": first, "min_s": min(times), "median_s": statistics.median(times), "cpu_min_s": min(cpu),
-            "cpu_median_s": statistics.median(cpu)}
+    return {
+        "first_s": first,
+        "min_s": min(times),
+        "median_s": statistics.median(times),
+        "cpu_min_s": min(cpu),
+        "cpu_median_s": statistics.median(cpu),
+    }
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -68,48 +73,76 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.numel, args.repeats = 1 << 20, 3
-    out = args.out or Path(__file__).parent / "results" / ("codec_speed_quick.json" if args.quick else "codec_speed.json")
+    out = args.out or Path(__file__).parent / "results" / (
+        "codec_speed_quick.json" if args.quick else "codec_speed.json"
+    )
     n = args.numel
     x = torch.randn(n, generator=torch.Generator().manual_seed(0))
     gb = 4 * n / 1e9
     dst = torch.empty_like(x)
     copy = timings(lambda: dst.copy_(x), 2 * args.repeats)
     rows = []
-    print(f"{n:,} fp32 values; memcpy {gb / copy['min_s']:.2f} GB/s; threads {torch.get_num_threads()}; "
-          f"chunk {CHUNK:,} values")
-    print(f"{'codec':<9} {'path':<9} {'enc GB/s':>9} {'% memcpy':>9} {'dec GB/s':>9} {'% memcpy':>9} "
-          f"{'enc % cpu':>9} {'dec % cpu':>9} {'enc first s':>11} {'target':>7}")
+    print(
+        f"{n:,} fp32 values; memcpy {gb / copy['min_s']:.2f} GB/s; threads {torch.get_num_threads()}; "
+        f"chunk {CHUNK:,} values"
+    )
+    print(
+        f"{'codec':<9} {'path':<9} {'enc GB/s':>9} {'% memcpy':>9} {'dec GB/s':>9} {'% memcpy':>9} "
+        f"{'enc % cpu':>9} {'dec % cpu':>9} {'enc first s':>11} {'target':>7}"
+    )
     for name in [c.strip() for c in args.codecs.split(",") if c.strip()]:
         codec = get_codec(name)
         ref_payload = codec.encode_reference(x)
         payload = codec.encode(x)
-        identical = same_bits(ref_payload, payload) and same_bits(codec.decode_reference(ref_payload, n),
-                                                                   codec.decode(ref_payload, n))
+        identical = same_bits(ref_payload, payload) and same_bits(
+            codec.decode_reference(ref_payload, n), codec.decode(ref_payload, n)
+        )
         c, p = codec, ref_payload
-        for path, enc, dec in (("reference", lambda c=c: c.encode_reference(x), lambda c=c, p=p: c.decode_reference(p, n)),
-                               ("chunked", lambda c=c: c.encode(x), lambda c=c, p=p: c.decode(p, n))):
+        for path, enc, dec in (
+            ("reference", lambda c=c: c.encode_reference(x), lambda c=c, p=p: c.decode_reference(p, n)),
+            ("chunked", lambda c=c: c.encode(x), lambda c=c, p=p: c.decode(p, n)),
+        ):
             e, d = timings(enc, args.repeats), timings(dec, args.repeats)
-            row = {"codec": name, "path": path, "numel": n, "encode": e, "decode": d,
-                   "encode_gb_s": gb / e["min_s"], "decode_gb_s": gb / d["min_s"],
-                   "encode_share_of_memcpy": copy["min_s"] / e["min_s"],
-                   "decode_share_of_memcpy": copy["min_s"] / d["min_s"],
-                   "encode_share_of_memcpy_cpu": copy["cpu_min_s"] / e["cpu_min_s"],
-                   "decode_share_of_memcpy_cpu": copy["cpu_min_s"] / d["cpu_min_s"],
-                   "target_share": TARGET.get(name), "bit_identical_to_reference": identical}
+            row = {
+                "codec": name,
+                "path": path,
+                "numel": n,
+                "encode": e,
+                "decode": d,
+                "encode_gb_s": gb / e["min_s"],
+                "decode_gb_s": gb / d["min_s"],
+                "encode_share_of_memcpy": copy["min_s"] / e["min_s"],
+                "decode_share_of_memcpy": copy["min_s"] / d["min_s"],
+                "encode_share_of_memcpy_cpu": copy["cpu_min_s"] / e["cpu_min_s"],
+                "decode_share_of_memcpy_cpu": copy["cpu_min_s"] / d["cpu_min_s"],
+                "target_share": TARGET.get(name),
+                "bit_identical_to_reference": identical,
+            }
             rows.append(row)
             target = f"{100 * TARGET[name]:.0f} %" if name in TARGET else "-"
-            print(f"{name:<9} {path:<9} {row['encode_gb_s']:>9.3f} {100 * row['encode_share_of_memcpy']:>8.1f}% "
-                  f"{row['decode_gb_s']:>9.3f} {100 * row['decode_share_of_memcpy']:>8.1f}% "
-                  f"{100 * row['encode_share_of_memcpy_cpu']:>8.1f}% {100 * row['decode_share_of_memcpy_cpu']:>8.1f}% "
-                  f"{e['first_s']:>11.3f} "
-                  f"{target:>7}", flush=True)
+            print(
+                f"{name:<9} {path:<9} {row['encode_gb_s']:>9.3f} {100 * row['encode_share_of_memcpy']:>8.1f}% "
+                f"{row['decode_gb_s']:>9.3f} {100 * row['decode_share_of_memcpy']:>8.1f}% "
+                f"{100 * row['encode_share_of_memcpy_cpu']:>8.1f}% {100 * row['decode_share_of_memcpy_cpu']:>8.1f}% "
+                f"{e['first_s']:>11.3f} "
+                f"{target:>7}",
+                flush=True,
+            )
         if not identical:
             print(f"  {name}: the chunked path is NOT bit-identical to the reference")
-    meta = {"numel": n, "repeats": args.repeats, "chunk": CHUNK, "memcpy": copy, "memcpy_gb_s": gb / copy["min_s"],
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "quick": args.quick,
-            "machine": platform.processor() or platform.machine(),
-            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "timing": "fastest of repeats after a warm-up call; share = memcpy time / codec time, same run"}
+    meta = {
+        "numel": n,
+        "repeats": args.repeats,
+        "chunk": CHUNK,
+        "memcpy": copy,
+        "memcpy_gb_s": gb / copy["min_s"],
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "quick": args.quick,
+        "machine": platform.processor() or platform.machine(),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "timing": "fastest of repeats after a warm-up call; share = memcpy time / codec time, same run",
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2, allow_nan=False) + "\n")
     print(f"\nwritten: {out}")

@@ -35,11 +35,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_baseline(rev: str):
-    shown = subprocess.run(["git", "show", f"{rev}:src/diloco/algorithm/codecs.py"], cwd=ROOT,
-                           capture_output=True, text=True)
+    shown = subprocess.run(
+        ["git", "show", f"{rev}:src/diloco/algorithm/codecs.py"], cwd=ROOT, capture_output=True, text=True
+    )
     if shown.returncode != 0:
-        sys.exit(f"--baseline {rev!r}: git has no src/diloco/algorithm/codecs.py at that revision "
-                 f"({shown.stderr.strip()}); pass a commit of this repository, e.g. a6c008f")
+        sys.exit(
+            f"--baseline {rev!r}: git has no src/diloco/algorithm/codecs.py at that revision "
+            f"({shown.stderr.strip()}); pass a commit of this repository, e.g. a6c008f"
+        )
     source = shown.stdout
     path = Path(tempfile.mkdtemp()) / "baseline_codecs.py"
     path.write_text(source)
@@ -104,8 +107,11 @@ def main() -> None:
         for i, x in enumerate(data):
             p_old, p_new = old.encode(x), new.encode(x)
             if not bool(torch.isfinite(x).all()):  # only "decodes to all NaN" is defined; the codes are not
-                if not (old.decode(p_new, x.numel()).isnan().all() and new.decode(p_new, x.numel()).isnan().all()
-                        and new.decode(p_old, x.numel()).isnan().all()):
+                if not (
+                    old.decode(p_new, x.numel()).isnan().all()
+                    and new.decode(p_new, x.numel()).isnan().all()
+                    and new.decode(p_old, x.numel()).isnan().all()
+                ):
                     mismatches.append(f"{name}: non-finite input {i} does not decode to all NaN")
                 continue
             if not torch.equal(p_old, p_new):
@@ -113,10 +119,13 @@ def main() -> None:
                 continue
             d_old, d_new = old.decode(p_old, x.numel()), new.decode(p_old, x.numel())
             if not torch.equal(d_old.nan_to_num(1.0), d_new.nan_to_num(1.0)) or not torch.equal(
-                    d_old.isnan(), d_new.isnan()):
+                d_old.isnan(), d_new.isnan()
+            ):
                 mismatches.append(f"{name}: decode differs on input {i}")
-    print(f"{len(names)} codecs x {len(data)} inputs: "
-          + ("payloads and decoded values identical" if not mismatches else f"{len(mismatches)} MISMATCHES"))
+    print(
+        f"{len(names)} codecs x {len(data)} inputs: "
+        + ("payloads and decoded values identical" if not mismatches else f"{len(mismatches)} MISMATCHES")
+    )
     for m in mismatches:
         print("  ", m)
 
@@ -126,22 +135,42 @@ def main() -> None:
         old, new = base.get_codec(name), current.get_codec(name)
         payload = new.encode(x)
         enc = timed_pair(lambda: old.encode(x), lambda: new.encode(x), args.repeats)
-        dec = timed_pair(lambda: old.decode(payload, args.numel), lambda: new.decode(payload, args.numel),
-                         args.repeats)
-        rows.append({"codec": name, "encode_ms": {"baseline": 1e3 * enc[0], "current": 1e3 * enc[1]},
-                     "decode_ms": {"baseline": 1e3 * dec[0], "current": 1e3 * dec[1]},
-                     "encode_speedup": enc[0] / enc[1], "decode_speedup": dec[0] / dec[1]})
-    print(f"\n{args.numel:,} values, median of {args.repeats} interleaved repeats, torch threads 2; "
-          f"baseline {args.baseline}")
+        dec = timed_pair(lambda: old.decode(payload, args.numel), lambda: new.decode(payload, args.numel), args.repeats)
+        rows.append(
+            {
+                "codec": name,
+                "encode_ms": {"baseline": 1e3 * enc[0], "current": 1e3 * enc[1]},
+                "decode_ms": {"baseline": 1e3 * dec[0], "current": 1e3 * dec[1]},
+                "encode_speedup": enc[0] / enc[1],
+                "decode_speedup": dec[0] / dec[1],
+            }
+        )
+    print(
+        f"\n{args.numel:,} values, median of {args.repeats} interleaved repeats, torch threads 2; "
+        f"baseline {args.baseline}"
+    )
     print(f"{'codec':<10} {'encode ms (base -> now)':>24} {'x':>6} {'decode ms (base -> now)':>24} {'x':>6}")
     for r in rows:
         e, d = r["encode_ms"], r["decode_ms"]
-        print(f"{r['codec']:<10} {e['baseline']:>11.1f} -> {e['current']:>8.1f} {r['encode_speedup']:>6.2f} "
-              f"{d['baseline']:>11.1f} -> {d['current']:>8.1f} {r['decode_speedup']:>6.2f}")
+        print(
+            f"{r['codec']:<10} {e['baseline']:>11.1f} -> {e['current']:>8.1f} {r['encode_speedup']:>6.2f} "
+            f"{d['baseline']:>11.1f} -> {d['current']:>8.1f} {r['decode_speedup']:>6.2f}"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"baseline": args.baseline, "numel": args.numel, "repeats": args.repeats,
-                                    "identical": not mismatches, "mismatches": mismatches, "rows": rows},
-                                   indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "baseline": args.baseline,
+                "numel": args.numel,
+                "repeats": args.repeats,
+                "identical": not mismatches,
+                "mismatches": mismatches,
+                "rows": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"\nwritten: {args.out}")
     if mismatches:
         sys.exit(1)

@@ -104,7 +104,9 @@ def ablation_rows(data: dict[str, torch.Tensor]) -> list[dict]:
         ]
         for block, cands in ((32, 1), (32, 4), (16, 1), (16, 4)):
             codec = cls(block_size=block, scale_candidates=cands)
-            label = f"two-level: block {block}, E4M3, {cands} cand." + (" (default)" if (block, cands) == (16, 4) else "")
+            label = f"two-level: block {block}, E4M3, {cands} cand." + (
+                " (default)" if (block, cands) == (16, 4) else ""
+            )
             variants.append((label, codec.bits_per_value, lambda x, c=codec: c.decode(c.encode(x), x.numel())))
         for label, bits, fn in variants:
             row = {"format": base.name, "scaling": label, "bits_per_value": bits}
@@ -142,8 +144,12 @@ def main() -> None:
     codec_rows = []
     for name in CODEC_NAMES:
         codec = get_codec(name)
-        row = {"codec": name, "bits_per_value": codec.bits_per_value, "bytes_for_1M": codec.num_bytes(1 << 20),
-               "x_fewer_than_fp32": 32 / codec.bits_per_value}
+        row = {
+            "codec": name,
+            "bits_per_value": codec.bits_per_value,
+            "bytes_for_1M": codec.num_bytes(1 << 20),
+            "x_fewer_than_fp32": 32 / codec.bits_per_value,
+        }
         row.update({k: rel_error(x, codec.decode(codec.encode(x), x.numel())) for k, x in data.items()})
         x = data["normal"]
         payload = codec.encode(x)
@@ -153,22 +159,37 @@ def main() -> None:
     ablation = ablation_rows(data)
 
     cols = list(data)
-    print(f"\nrelative L2 error on {n:,} elements" + (f" (outer grad: {data['outer_grad'].numel():,})"
-                                                      if "outer_grad" in data else ""))
-    print(f"{'codec':<10} {'bits':>5} {'vs fp32':>8} " + " ".join(f"{names[c]:>13}" for c in cols)
-          + f" {'enc Mel/s':>10} {'dec Mel/s':>10}")
+    print(
+        f"\nrelative L2 error on {n:,} elements"
+        + (f" (outer grad: {data['outer_grad'].numel():,})" if "outer_grad" in data else "")
+    )
+    print(
+        f"{'codec':<10} {'bits':>5} {'vs fp32':>8} "
+        + " ".join(f"{names[c]:>13}" for c in cols)
+        + f" {'enc Mel/s':>10} {'dec Mel/s':>10}"
+    )
     for r in codec_rows:
-        print(f"{r['codec']:<10} {r['bits_per_value']:>5.2f} {r['x_fewer_than_fp32']:>7.2f}x "
-              + " ".join(f"{r[c]:>13.5f}" for c in cols)
-              + f" {r['encode_melem_per_s']:>10.1f} {r['decode_melem_per_s']:>10.1f}")
+        print(
+            f"{r['codec']:<10} {r['bits_per_value']:>5.2f} {r['x_fewer_than_fp32']:>7.2f}x "
+            + " ".join(f"{r[c]:>13.5f}" for c in cols)
+            + f" {r['encode_melem_per_s']:>10.1f} {r['decode_melem_per_s']:>10.1f}"
+        )
     print("\nfp4 scaling ablation (relative L2 error)")
     print(f"{'format':<9} {'scaling':<47} {'bits':>5} " + " ".join(f"{names[c]:>13}" for c in cols))
     for r in ablation:
-        print(f"{r['format']:<9} {r['scaling']:<47} {r['bits_per_value']:>5.2f} "
-              + " ".join(f"{r[c]:>13.4f}" for c in cols))
+        print(
+            f"{r['format']:<9} {r['scaling']:<47} {r['bits_per_value']:>5.2f} "
+            + " ".join(f"{r[c]:>13.4f}" for c in cols)
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"numel": n, "repeats": args.repeats, "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "machine": platform.processor() or platform.machine(), "quick": args.quick}
+    meta = {
+        "numel": n,
+        "repeats": args.repeats,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": platform.processor() or platform.machine(),
+        "quick": args.quick,
+    }
     args.out.write_text(json.dumps({"meta": meta, "codecs": codec_rows, "fp4_ablation": ablation}, indent=2) + "\n")
     print(f"\nwritten: {args.out}")
 

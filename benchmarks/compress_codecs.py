@@ -50,30 +50,42 @@ def main() -> None:
     x = torch.randn(1 << 20, generator=torch.Generator().manual_seed(0))
     rows = []
     print(f"{args.size}: {n:,} parameters, one payload per sync")
-    print(f"{'codec':10s} {'bits/value':>10s} {'rel. L2 err':>11s}  " +
-          "  ".join(f"{'B/param sent, M=' + str(m):>24s}" for m in WORKERS))
+    print(
+        f"{'codec':10s} {'bits/value':>10s} {'rel. L2 err':>11s}  "
+        + "  ".join(f"{'B/param sent, M=' + str(m):>24s}" for m in WORKERS)
+    )
     for name in CODECS:
         codec = get_codec(name)
-        row = {"codec": name, "payload_bytes": codec.num_bytes(n), "bits_per_value": 8 * codec.num_bytes(n) / n,
-               "relative_l2_error": relative_error(codec, x), "sent_bytes_per_param": {}}
+        row = {
+            "codec": name,
+            "payload_bytes": codec.num_bytes(n),
+            "bits_per_value": 8 * codec.num_bytes(n) / n,
+            "relative_l2_error": relative_error(codec, x),
+            "sent_bytes_per_param": {},
+        }
         for m in WORKERS:
             ex = resolve_exchange(default_exchange(m), num_replicas=m, numel=n, codec=codec)
-            row["sent_bytes_per_param"][m] = {"exchange": ex,
-                                              "bytes": link_bytes(codec, numel=n, num_replicas=m, exchange=ex,
-                                                                  rank=0).sent / n}
+            row["sent_bytes_per_param"][m] = {
+                "exchange": ex,
+                "bytes": link_bytes(codec, numel=n, num_replicas=m, exchange=ex, rank=0).sent / n,
+            }
         rows.append(row)
-        sent = "  ".join(f"{row['sent_bytes_per_param'][m]['bytes']:8.4f} {row['sent_bytes_per_param'][m]['exchange']:>15s}"
-                         for m in WORKERS)
+        sent = "  ".join(
+            f"{row['sent_bytes_per_param'][m]['bytes']:8.4f} {row['sent_bytes_per_param'][m]['exchange']:>15s}"
+            for m in WORKERS
+        )
         print(f"{name:10s} {row['bits_per_value']:10.4f} {row['relative_l2_error']:11.4f}  {sent}")
     ranges = {}
     print("\nstatistical quantizer, relative L2 error by range r (sigmas)")
     for bits in (2, 4):
-        ranges[bits] = {r: relative_error(StatisticalCodec(bits=bits, range_sigmas=r), x)
-                        for r in (1.5, 2.0, 2.5, 3.0, 4.0, 6.0)}
+        ranges[bits] = {
+            r: relative_error(StatisticalCodec(bits=bits, range_sigmas=r), x) for r in (1.5, 2.0, 2.5, 3.0, 4.0, 6.0)
+        }
         print(f"  {bits}-bit: " + "  ".join(f"r={r:g}: {e:.4f}" for r, e in ranges[bits].items()))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"size": args.size, "num_params": n, "codecs": rows,
-                                    "stat_range_error": ranges}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps({"size": args.size, "num_params": n, "codecs": rows, "stat_range_error": ranges}, indent=2) + "\n"
+    )
     print(f"\nwrote {args.out}")
 
 

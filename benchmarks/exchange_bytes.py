@@ -37,8 +37,14 @@ def replica(comm, cfg: dict) -> dict:
     work = comm.mean_async(comm.encode(values, codec), codec=codec, numel=cfg["numel"], tag="bench")
     mean, _ = work.wait()
     s = comm.stats
-    return {"exchange": work.exchange, "sent": s.bytes_sent, "received": s.bytes_received,
-            "wire_sent": s.wire_sent, "wire_received": s.wire_received, "mean0": float(mean[0])}
+    return {
+        "exchange": work.exchange,
+        "sent": s.bytes_sent,
+        "received": s.bytes_received,
+        "wire_sent": s.wire_sent,
+        "wire_received": s.wire_received,
+        "mean0": float(mean[0]),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,25 +74,37 @@ def main(argv: list[str] | None = None) -> int:
                     "counted_received_max": max(r["received"] for r in res),
                     "counted_sent_mean": sum(r["sent"] for r in res) / m,
                     "counted_equals_handed_to_gloo": all(
-                        (r["sent"], r["received"]) == (r["wire_sent"], r["wire_received"]) for r in res),
+                        (r["sent"], r["received"]) == (r["wire_sent"], r["wire_received"]) for r in res
+                    ),
                     "analytic": analytic,
                 }
             rows.append(row)
-    print(f"\n{'M':>2} {'codec':<9} {'payload n':>10} | {'all-gather':>11} {'analytic':>11} | "
-          f"{'reduce-scat':>11} {'analytic':>11} {'ratio':>6} | counted = handed to gloo")
+    print(
+        f"\n{'M':>2} {'codec':<9} {'payload n':>10} | {'all-gather':>11} {'analytic':>11} | "
+        f"{'reduce-scat':>11} {'analytic':>11} {'ratio':>6} | counted = handed to gloo"
+    )
     for r in rows:
         ag, rs = r["all_gather"], r["reduce_scatter"]
         ok = ag["counted_equals_handed_to_gloo"] and rs["counted_equals_handed_to_gloo"]
         ran = "" if rs["ran"] == "reduce_scatter" else f" (ran {rs['ran']})"
-        print(f"{r['replicas']:>2} {r['codec']:<9} {r['payload_bytes']:>10,} | {ag['counted_sent_max']:>11,} "
-              f"{ag['analytic']:>11,.0f} | {rs['counted_sent_max']:>11,} {rs['analytic']:>11,.0f} "
-              f"{ag['counted_sent_max'] / max(rs['counted_sent_max'], 1):>6.2f} | {ok}{ran}")
-    print("bytes each way per replica per sync (sent = received; max over ranks: uneven shards differ by a few "
-          "bytes).\nanalytic: diloco.traffic.exchange_bytes, (M-1)·n and 2(M-1)/M·n.")
+        print(
+            f"{r['replicas']:>2} {r['codec']:<9} {r['payload_bytes']:>10,} | {ag['counted_sent_max']:>11,} "
+            f"{ag['analytic']:>11,.0f} | {rs['counted_sent_max']:>11,} {rs['analytic']:>11,.0f} "
+            f"{ag['counted_sent_max'] / max(rs['counted_sent_max'], 1):>6.2f} | {ok}{ran}"
+        )
+    print(
+        "bytes each way per replica per sync (sent = received; max over ranks: uneven shards differ by a few "
+        "bytes).\nanalytic: diloco.traffic.exchange_bytes, (M-1)·n and 2(M-1)/M·n."
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": {"replicas": args.replicas, "codecs": args.codecs,
-                                               "numel": args.numel}, "rows": rows},
-                                   indent=2, allow_nan=False) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {"config": {"replicas": args.replicas, "codecs": args.codecs, "numel": args.numel}, "rows": rows},
+            indent=2,
+            allow_nan=False,
+        )
+        + "\n"
+    )
     print(f"wrote {args.out}")
     return 0
 

@@ -24,18 +24,48 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MODES = {"none": ["checkpoint_every=0"], "foreground": ["checkpoint_every=2", "checkpoint_async=false"],
-         "background": ["checkpoint_every=2", "checkpoint_async=true"]}
+MODES = {
+    "none": ["checkpoint_every=0"],
+    "foreground": ["checkpoint_every=2", "checkpoint_async=false"],
+    "background": ["checkpoint_every=2", "checkpoint_async=true"],
+}
 
 
 def run(mode: str, out: Path, steps: int) -> dict[str, float]:
-    sets = ["worker_sharding=fsdp", "ranks_per_worker=2", f"steps={steps}", "eval_every=1000", "eval_batches=1",
-            "threads=1", *MODES[mode]]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                              "MASTER_PORT")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m", "diloco",
-           "train", "--preset", "demo", "--method", "streaming", "--no-progress", "--out", str(out), "--overwrite",
-           *[a for kv in sets for a in ("--set", kv)]]
+    sets = [
+        "worker_sharding=fsdp",
+        "ranks_per_worker=2",
+        f"steps={steps}",
+        "eval_every=1000",
+        "eval_batches=1",
+        "threads=1",
+        *MODES[mode],
+    ]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        "-m",
+        "diloco",
+        "train",
+        "--preset",
+        "demo",
+        "--method",
+        "streaming",
+        "--no-progress",
+        "--out",
+        str(out),
+        "--overwrite",
+        *[a for kv in sets for a in ("--set", kv)],
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise SystemExit(f"{mode}: torchrun exited with {done.returncode}:\n{done.stderr[-3000:]}")
@@ -54,17 +84,35 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeats):
             for mode in MODES:
                 results[mode].append(run(mode, Path(tmp) / mode, args.steps))
-    print(f"\ndiloco train, 2 FSDP workers x 2 ranks, cpu-1m (seq 128), {args.steps} steps; checkpoints every 2 "
-          f"steps; medians of {args.repeats}:")
+    print(
+        f"\ndiloco train, 2 FSDP workers x 2 ranks, cpu-1m (seq 128), {args.steps} steps; checkpoints every 2 "
+        f"steps; medians of {args.repeats}:"
+    )
     print(f"{'checkpoints':>12} {'wall s':>8} {'train s':>8}   runs (wall s)")
     for mode, rows in results.items():
-        print(f"{mode:>12} {statistics.median(r['wall_time_s'] for r in rows):>8.2f} "
-              f"{statistics.median(r['train_time_s'] for r in rows):>8.2f}   "
-              + ", ".join(f"{r['wall_time_s']:.2f}" for r in rows))
+        print(
+            f"{mode:>12} {statistics.median(r['wall_time_s'] for r in rows):>8.2f} "
+            f"{statistics.median(r['train_time_s'] for r in rows):>8.2f}   "
+            + ", ".join(f"{r['wall_time_s']:.2f}" for r in rows)
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": {"steps": args.steps, "repeats": args.repeats, "checkpoint_every": 2,
-                                               "workers": 2, "ranks_per_worker": 2, "size": "cpu-1m"},
-                                    "results": results}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "config": {
+                    "steps": args.steps,
+                    "repeats": args.repeats,
+                    "checkpoint_every": 2,
+                    "workers": 2,
+                    "ranks_per_worker": 2,
+                    "size": "cpu-1m",
+                },
+                "results": results,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {args.out}")
     return 0
 

@@ -56,11 +56,21 @@ def rank_fn(comm, cfg: dict) -> dict:
         algo.step()
     algo.flush()
     glob = sum(g.untyped_storage().nbytes() for g in algo.global_flat)
-    outer = sum(v.untyped_storage().nbytes() for o in algo.outer_optimizers for st in o.state.values()
-                for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+    outer = sum(
+        v.untyped_storage().nbytes()
+        for o in algo.outer_optimizers
+        for st in o.state.values()
+        for v in st.values()
+        if isinstance(v, torch.Tensor) and v.dim() > 0
+    )
     params = sum(local_shard(p.detach()).numel() * p.element_size() for p in model.parameters())
-    return {"rank": dist.get_rank(), "global_bytes": glob, "outer_state_bytes": outer, "param_bytes": params,
-            "exchanged_bytes_sent": xcomm.stats.bytes_sent}
+    return {
+        "rank": dist.get_rank(),
+        "global_bytes": glob,
+        "outer_state_bytes": outer,
+        "param_bytes": params,
+        "exchanged_bytes_sent": xcomm.stats.bytes_sent,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,33 +86,60 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = []
     for R in (int(r) for r in args.ranks.split(",")):
-        cfg = {"workers": 2, "ranks_per_worker": R, "size": args.size, "vocab": args.vocab, "seq": args.seq,
-               "P": args.fragments}
+        cfg = {
+            "workers": 2,
+            "ranks_per_worker": R,
+            "size": args.size,
+            "vocab": args.vocab,
+            "seq": args.seq,
+            "P": args.fragments,
+        }
         res = run_processes(rank_fn, 2 * R, args=(cfg,), timeout_s=600, comm_timeout_s=120)
         worker0 = res[:R]
-        rows.append({"R": R, "per_rank": worker0,
-                     "max_global_bytes": max(r["global_bytes"] for r in worker0),
-                     "max_outer_state_bytes": max(r["outer_state_bytes"] for r in worker0),
-                     "sum_global_bytes": sum(r["global_bytes"] for r in worker0),
-                     "sum_outer_state_bytes": sum(r["outer_state_bytes"] for r in worker0),
-                     "max_param_bytes": max(r["param_bytes"] for r in worker0)})
+        rows.append(
+            {
+                "R": R,
+                "per_rank": worker0,
+                "max_global_bytes": max(r["global_bytes"] for r in worker0),
+                "max_outer_state_bytes": max(r["outer_state_bytes"] for r in worker0),
+                "sum_global_bytes": sum(r["global_bytes"] for r in worker0),
+                "sum_outer_state_bytes": sum(r["outer_state_bytes"] for r in worker0),
+                "max_param_bytes": max(r["param_bytes"] for r in worker0),
+            }
+        )
     base = rows[0]
-    print(f"\nmodel {args.size} (vocab {args.vocab}), 2 workers x R ranks, P = {args.fragments}, fp32; per rank "
-          f"(largest of the worker's R ranks):")
-    print(f"{'R':>2} {'global copy MB':>15} {'outer state MB':>15} {'sum of both':>12} {'x of R=1':>9} "
-          f"{'params MB':>10} | worker total = R=1's")
+    print(
+        f"\nmodel {args.size} (vocab {args.vocab}), 2 workers x R ranks, P = {args.fragments}, fp32; per rank "
+        f"(largest of the worker's R ranks):"
+    )
+    print(
+        f"{'R':>2} {'global copy MB':>15} {'outer state MB':>15} {'sum of both':>12} {'x of R=1':>9} "
+        f"{'params MB':>10} | worker total = R=1's"
+    )
     for r in rows:
         both = r["max_global_bytes"] + r["max_outer_state_bytes"]
         ref = base["max_global_bytes"] + base["max_outer_state_bytes"]
-        same = (r["sum_global_bytes"], r["sum_outer_state_bytes"]) == (base["sum_global_bytes"],
-                                                                      base["sum_outer_state_bytes"])
-        print(f"{r['R']:>2} {r['max_global_bytes'] / 1e6:>15.3f} {r['max_outer_state_bytes'] / 1e6:>15.3f} "
-              f"{both / 1e6:>12.3f} {both / ref:>9.3f} {r['max_param_bytes'] / 1e6:>10.3f} | {same}")
-    print("R = 1: today's replicated worker (no FSDP); R >= 2: fully_shard over the worker's R ranks. Bytes are "
-          "the tensors' storage sizes.")
+        same = (r["sum_global_bytes"], r["sum_outer_state_bytes"]) == (
+            base["sum_global_bytes"],
+            base["sum_outer_state_bytes"],
+        )
+        print(
+            f"{r['R']:>2} {r['max_global_bytes'] / 1e6:>15.3f} {r['max_outer_state_bytes'] / 1e6:>15.3f} "
+            f"{both / 1e6:>12.3f} {both / ref:>9.3f} {r['max_param_bytes'] / 1e6:>10.3f} | {same}"
+        )
+    print(
+        "R = 1: today's replicated worker (no FSDP); R >= 2: fully_shard over the worker's R ranks. Bytes are "
+        "the tensors' storage sizes."
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                                    "rows": rows}, indent=2, allow_nan=False) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "rows": rows},
+            indent=2,
+            allow_nan=False,
+        )
+        + "\n"
+    )
     print(f"wrote {args.out}")
     return 0
 

@@ -54,16 +54,51 @@ def bytes_per_rank(worker_dir: Path) -> dict[int, dict[str, int]]:
 
 
 def run(R: int, out: Path, cache: Path | None, timeout: float) -> dict[int, dict[str, int]]:
-    args = ["--preset", "demo", "--method", "streaming", "--no-progress", "--out", str(out), "--overwrite",
-            *[a for kv in ("worker_sharding=fsdp", f"ranks_per_worker={R}", "seq_len=32", "steps=12",
-                           "sync_every=6", "codec=fp32", "checkpoint_every=0", "eval_every=1000", "eval_batches=1",
-                           "threads=1") for a in ("--set", kv)]]
+    args = [
+        "--preset",
+        "demo",
+        "--method",
+        "streaming",
+        "--no-progress",
+        "--out",
+        str(out),
+        "--overwrite",
+        *[
+            a
+            for kv in (
+                "worker_sharding=fsdp",
+                f"ranks_per_worker={R}",
+                "seq_len=32",
+                "steps=12",
+                "sync_every=6",
+                "codec=fp32",
+                "checkpoint_every=0",
+                "eval_every=1000",
+                "eval_batches=1",
+                "threads=1",
+            )
+            for a in ("--set", kv)
+        ],
+    ]
     if cache is not None:
         args += ["--cache-dir", str(cache)]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                              "MASTER_PORT")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(2 * R),
-           "-m", "diloco", "train", *args]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(2 * R),
+        "-m",
+        "diloco",
+        "train",
+        *args,
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise SystemExit(f"R={R}: torchrun exited with {done.returncode}:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
@@ -81,31 +116,59 @@ def main(argv: list[str] | None = None) -> int:
     library = {}
     lib_file = HERE / "results" / "fsdp_memory.json"
     if lib_file.exists():
-        library = {r["R"]: r["max_global_bytes"] + r["max_outer_state_bytes"]
-                   for r in json.loads(lib_file.read_text())["rows"]}
+        library = {
+            r["R"]: r["max_global_bytes"] + r["max_outer_state_bytes"] for r in json.loads(lib_file.read_text())["rows"]
+        }
     rows = []
     with tempfile.TemporaryDirectory(prefix="fsdp-trainer-memory-") as tmp:
         for R in (int(r) for r in args.ranks.split(",")):
             per_rank = run(R, Path(tmp) / f"R{R}", args.cache_dir, args.timeout)
             largest = max(per_rank.values(), key=lambda c: sum(c.values()))
-            rows.append({"R": R, "per_rank": {str(r): c for r, c in sorted(per_rank.items())},
-                         "largest_rank": largest, "library_global_plus_outer": library.get(R)})
-    print("\ndiloco train, worker_sharding=fsdp: cpu-1m (vocab 4096), 2 workers x R ranks, Streaming P = 3, "
-          "fp32;\nper rank (the largest of worker 0's R ranks), MB of tensors held between steps:")
-    print(f"{'R':>2} {'params':>8} {'AdamW':>8} {'global':>8} {'outer':>8} {'global+outer':>13} "
-          f"{'library':>8} {'total':>8} {'x of R=1':>9}")
+            rows.append(
+                {
+                    "R": R,
+                    "per_rank": {str(r): c for r, c in sorted(per_rank.items())},
+                    "largest_rank": largest,
+                    "library_global_plus_outer": library.get(R),
+                }
+            )
+    print(
+        "\ndiloco train, worker_sharding=fsdp: cpu-1m (vocab 4096), 2 workers x R ranks, Streaming P = 3, "
+        "fp32;\nper rank (the largest of worker 0's R ranks), MB of tensors held between steps:"
+    )
+    print(
+        f"{'R':>2} {'params':>8} {'AdamW':>8} {'global':>8} {'outer':>8} {'global+outer':>13} "
+        f"{'library':>8} {'total':>8} {'x of R=1':>9}"
+    )
     base = sum(rows[0]["largest_rank"].values())
     for r in rows:
         c = r["largest_rank"]
         lib = r["library_global_plus_outer"]
         total = sum(c.values())
-        print(f"{r['R']:>2} {c['model'] / 1e6:>8.2f} {c['optim'] / 1e6:>8.2f} {c['global'] / 1e6:>8.2f} "
-              f"{c['outer'] / 1e6:>8.2f} {(c['global'] + c['outer']) / 1e6:>13.2f} "
-              f"{'-' if lib is None else f'{lib / 1e6:.2f}':>8} {total / 1e6:>8.2f} {total / base:>9.3f}")
+        print(
+            f"{r['R']:>2} {c['model'] / 1e6:>8.2f} {c['optim'] / 1e6:>8.2f} {c['global'] / 1e6:>8.2f} "
+            f"{c['outer'] / 1e6:>8.2f} {(c['global'] + c['outer']) / 1e6:>13.2f} "
+            f"{'-' if lib is None else f'{lib / 1e6:.2f}':>8} {total / 1e6:>8.2f} {total / base:>9.3f}"
+        )
     print("library: global copy + outer state per rank from benchmarks/fsdp_memory.py (the algorithm alone).")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": {"ranks": args.ranks, "size": "cpu-1m", "vocab": 4096, "seq_len": 32,
-                                               "workers": 2, "fragments": 3}, "rows": rows}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "config": {
+                    "ranks": args.ranks,
+                    "size": "cpu-1m",
+                    "vocab": 4096,
+                    "seq_len": 32,
+                    "workers": 2,
+                    "fragments": 3,
+                },
+                "rows": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {args.out}")
     return 0
 

@@ -41,18 +41,32 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=1_000_000)
     ap.add_argument("--threads", type=int, default=0, help="torch threads per replica (0: cores // replicas)")
-    ap.add_argument("--quality", type=Path, default=RESULTS / "quality.json",
-                    help="quality.py's results: the best inner lr of dp and diloco")
-    ap.add_argument("--runs", type=Path, default=Path("runs/quality/budgets"),
-                    help="run directory (default: quality.py's budget runs, whose reference runs are reused)")
+    ap.add_argument(
+        "--quality",
+        type=Path,
+        default=RESULTS / "quality.json",
+        help="quality.py's results: the best inner lr of dp and diloco",
+    )
+    ap.add_argument(
+        "--runs",
+        type=Path,
+        default=Path("runs/quality/budgets"),
+        help="run directory (default: quality.py's budget runs, whose reference runs are reused)",
+    )
     ap.add_argument("--cache-dir", type=Path, default=default_cache_dir())
     ap.add_argument("--out", type=Path, default=RESULTS / "gap_ablation.json")
     args = ap.parse_args()
     if not args.quality.exists():
         raise SystemExit(f"{args.quality} not found: run benchmarks/quality.py first (it picks the inner lrs)")
     best = {r["name"]: r["inner_lr"] for r in json.loads(args.quality.read_text())["best"]}
-    base = {**load_preset("demo")["base"], "steps": 0, "tokens": args.tokens, "eval_every": 100,
-            "warmup_steps": 50, "threads": args.threads}
+    base = {
+        **load_preset("demo")["base"],
+        "steps": 0,
+        "tokens": args.tokens,
+        "eval_every": 100,
+        "warmup_steps": 50,
+        "threads": args.threads,
+    }
     configs, pairs = {}, []
     for name, diloco_kw, dp_kw in VARIANTS:
         dp_name = run_name("dp", best["dp"], args.tokens, dp_kw)
@@ -64,15 +78,24 @@ def main() -> None:
     rows = []
     for name, dp_name, dl_name in pairs:
         dp, dl = runs[dp_name], runs[dl_name]
-        rows.append({"variant": name, "diloco_eval_loss": dl["final_eval_loss"], "dp_eval_loss": dp["final_eval_loss"],
-                     "gap_pct": 100 * (dl["final_eval_loss"] / dp["final_eval_loss"] - 1),
-                     "outer_steps": dl["config"]["tokens"] // (dl["config"]["global_batch"] * dl["config"]["seq_len"])
-                     // dl["config"]["sync_every"]})
+        rows.append(
+            {
+                "variant": name,
+                "diloco_eval_loss": dl["final_eval_loss"],
+                "dp_eval_loss": dp["final_eval_loss"],
+                "gap_pct": 100 * (dl["final_eval_loss"] / dp["final_eval_loss"] - 1),
+                "outer_steps": dl["config"]["tokens"]
+                // (dl["config"]["global_batch"] * dl["config"]["seq_len"])
+                // dl["config"]["sync_every"],
+            }
+        )
     print(f"\nDiLoCo M=2 against DP, {args.tokens:,} tokens, inner lr DP {best['dp']:g} / DiLoCo {best['diloco']:g}:")
     print(f"  {'variant':<42} {'DiLoCo':>8} {'DP':>8} {'gap':>8} {'outer steps':>12}")
     for r in rows:
-        print(f"  {r['variant']:<42} {r['diloco_eval_loss']:8.4f} {r['dp_eval_loss']:8.4f} {r['gap_pct']:+7.2f}% "
-              f"{r['outer_steps']:>12}")
+        print(
+            f"  {r['variant']:<42} {r['diloco_eval_loss']:8.4f} {r['dp_eval_loss']:8.4f} {r['gap_pct']:+7.2f}% "
+            f"{r['outer_steps']:>12}"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"tokens": args.tokens, "inner_lr": best, "rows": rows}, indent=2) + "\n")
     print(f"written: {args.out}")

@@ -37,19 +37,43 @@ RUNS = {
     "diloco M=4": dict(method="diloco", replicas=4),
     # the running median's hardest case: outer gradients that grow sync after sync (a long inner lr warmup)
     "diloco M=2 warmup=steps/2": dict(method="diloco", replicas=2, warmup_steps=-2),
-    "streaming M=2 H=2 warmup=steps/2": dict(method="streaming", replicas=2, sync_every=2, num_fragments=2,
-                                             warmup_steps=-2),
-    "streaming M=2 (preset)": dict(method="streaming", replicas=2, num_fragments=3, overlap_steps=1, merge_alpha=0.5,
-                                   codec="fp4_e3m0"),
+    "streaming M=2 H=2 warmup=steps/2": dict(
+        method="streaming", replicas=2, sync_every=2, num_fragments=2, warmup_steps=-2
+    ),
+    "streaming M=2 (preset)": dict(
+        method="streaming", replicas=2, num_fragments=3, overlap_steps=1, merge_alpha=0.5, codec="fp4_e3m0"
+    ),
     "streaming M=4 P=3": dict(method="streaming", replicas=4, num_fragments=3, overlap_steps=1),
-    "decoupled M=3 K=3 mean": dict(method="decoupled", replicas=3, quorum=3, merge="mean", num_fragments=3,
-                                   overlap_steps=1),
-    "decoupled M=3 K=3 rda": dict(method="decoupled", replicas=3, quorum=3, merge="rda", num_fragments=3,
-                                  overlap_steps=1, outer_lr=0.7 / math.sqrt(3)),
-    "decoupled M=3 K=2 rda": dict(method="decoupled", replicas=3, quorum=2, merge="rda", num_fragments=3,
-                                  overlap_steps=1, outer_lr=0.7 / math.sqrt(3)),
-    "decoupled M=3 K=1 rda": dict(method="decoupled", replicas=3, quorum=1, merge="rda", num_fragments=3,
-                                  overlap_steps=1, outer_lr=0.7 / math.sqrt(3)),
+    "decoupled M=3 K=3 mean": dict(
+        method="decoupled", replicas=3, quorum=3, merge="mean", num_fragments=3, overlap_steps=1
+    ),
+    "decoupled M=3 K=3 rda": dict(
+        method="decoupled",
+        replicas=3,
+        quorum=3,
+        merge="rda",
+        num_fragments=3,
+        overlap_steps=1,
+        outer_lr=0.7 / math.sqrt(3),
+    ),
+    "decoupled M=3 K=2 rda": dict(
+        method="decoupled",
+        replicas=3,
+        quorum=2,
+        merge="rda",
+        num_fragments=3,
+        overlap_steps=1,
+        outer_lr=0.7 / math.sqrt(3),
+    ),
+    "decoupled M=3 K=1 rda": dict(
+        method="decoupled",
+        replicas=3,
+        quorum=1,
+        merge="rda",
+        num_fragments=3,
+        overlap_steps=1,
+        outer_lr=0.7 / math.sqrt(3),
+    ),
 }
 
 
@@ -75,8 +99,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=160, help="steps per run (the preset: 40)")
     ap.add_argument("--runs", default="", help="comma-separated run names (default: all)")
-    ap.add_argument("--repeats", type=int, default=1, help="train each run this many times (the decoupled ones "
-                    "differ from one time to the next: the learners' threads keep their own pace)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="train each run this many times (the decoupled ones "
+        "differ from one time to the next: the learners' threads keep their own pace)",
+    )
     args = ap.parse_args()
     base = load_preset("tiny")["base"]
     cache = default_cache_dir()
@@ -88,8 +117,15 @@ def main() -> None:
         run = dict(RUNS[name])
         if run.get("warmup_steps") == -2:
             run["warmup_steps"] = args.steps // 2
-        cfg = TrainConfig.from_dict({**base, **run, "steps": args.steps, "eval_every": args.steps,
-                                     "global_batch": 12 if run["replicas"] == 3 else 8})
+        cfg = TrainConfig.from_dict(
+            {
+                **base,
+                **run,
+                "steps": args.steps,
+                "eval_every": args.steps,
+                "global_batch": 12 if run["replicas"] == 3 else 8,
+            }
+        )
         NormGuard.judge = recorded
         t0, losses = time.time(), []
         try:
@@ -98,20 +134,32 @@ def main() -> None:
                     losses.append(train_model(cfg, Path(tmp) / "run", cache_dir=cache, progress=False).final_eval_loss)
         finally:
             NormGuard.judge = judge
-        row = {"run": name, "steps": args.steps, "repeats": args.repeats, "judged": len(ratios),
-               "median": statistics.median(ratios), "p99": _quantile(ratios, 0.99), "max": max(ratios),
-               "over_10": sum(r > 10 for r in ratios), "eval_loss": statistics.mean(losses),
-               "seconds": time.time() - t0}
+        row = {
+            "run": name,
+            "steps": args.steps,
+            "repeats": args.repeats,
+            "judged": len(ratios),
+            "median": statistics.median(ratios),
+            "p99": _quantile(ratios, 0.99),
+            "max": max(ratios),
+            "over_10": sum(r > 10 for r in ratios),
+            "eval_loss": statistics.mean(losses),
+            "seconds": time.time() - t0,
+        }
         rows.append(row)
-        print(f"{name:26} judged {row['judged']:4d}  median {row['median']:.2f}  p99 {row['p99']:.2f}  "
-              f"max {row['max']:.2f}  >10: {row['over_10']}  loss {row['eval_loss']:.3f}  ({row['seconds']:.0f} s)",
-              flush=True)
+        print(
+            f"{name:26} judged {row['judged']:4d}  median {row['median']:.2f}  p99 {row['p99']:.2f}  "
+            f"max {row['max']:.2f}  >10: {row['over_10']}  loss {row['eval_loss']:.3f}  ({row['seconds']:.0f} s)",
+            flush=True,
+        )
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / "guard_ratios.json"
     if args.runs and path.exists():  # a subset: keep the other runs' rows of the same length
         old = json.loads(path.read_text())
         rows = [r for r in old["runs"] if r["run"] not in names and r["steps"] == args.steps] + rows
-    write_json(path, {"settings": {"steps": args.steps}, "runs": sorted(rows, key=lambda r: list(RUNS).index(r["run"]))})
+    write_json(
+        path, {"settings": {"steps": args.steps}, "runs": sorted(rows, key=lambda r: list(RUNS).index(r["run"]))}
+    )
 
 
 if __name__ == "__main__":

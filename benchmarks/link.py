@@ -65,8 +65,8 @@ from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from link_emulation import SHAPERS, Link, addr  # noqa: E402 - the emulated links (namespaces, shaped veths)
-from link_report import repredict, with_predictions, report  # noqa: E402 - predictions and the table
+from link_emulation import SHAPERS, Link, addr
+from link_report import report, repredict, with_predictions
 
 PORT = 29517
 METHODS = {  # name -> (algorithm, num_fragments, overlap_steps, codec)
@@ -155,9 +155,15 @@ def probe_overlap(comm, mbps: float) -> dict:
     t_compute = timed(compute)
     t_both = timed(both)
     hidden = (t_comm + t_compute - t_both) / min(t_comm, t_compute)
-    return {"payload_bytes": payload.numel(), "comm_s": t_comm, "compute_s": t_compute, "overlapped_s": t_both,
-            "serial_s": t_comm + t_compute, "fraction_hidden": hidden,
-            "effective_mbps": others * payload.numel() * 8 / t_comm / 1e6}  # per rank, each way, both at once
+    return {
+        "payload_bytes": payload.numel(),
+        "comm_s": t_comm,
+        "compute_s": t_compute,
+        "overlapped_s": t_both,
+        "serial_s": t_comm + t_compute,
+        "fraction_hidden": hidden,
+        "effective_mbps": others * payload.numel() * 8 / t_comm / 1e6,
+    }  # per rank, each way, both at once
 
 
 def probe_exchanges(comm, numel: int, codec_name: str, mbps: float) -> dict:
@@ -182,8 +188,7 @@ def probe_exchanges(comm, numel: int, codec_name: str, mbps: float) -> dict:
             work.wait()
             times.append(time.perf_counter() - t0)
             sent = max(work.link_bytes.sent, work.link_bytes.received)
-        out[exchange] = {"s": statistics.median(times), "bytes_each_way": sent,
-                         "link_s": sent * 8 / (mbps * 1e6)}
+        out[exchange] = {"s": statistics.median(times), "bytes_each_way": sent, "link_s": sent * 8 / (mbps * 1e6)}
     comm.exchange = None
     return out
 
@@ -207,8 +212,9 @@ def run_method(comm, name: str, args, dev: str | None, exchange: str | None = No
         algo = DataParallel(model, comm=comm, codec=codec)
         warmup, measured = 1, args.dp_steps
     else:
-        algo = StreamingDiLoCo(model, comm=comm, sync_every=args.H, num_fragments=P, overlap_steps=tau,
-                               codec=codec, eager=eager)
+        algo = StreamingDiLoCo(
+            model, comm=comm, sync_every=args.H, num_fragments=P, overlap_steps=tau, codec=codec, eager=eager
+        )
         # the window of H steps holds exactly one sync of every fragment; eager (tau = H): the window
         # is the second round, so it holds one landing (the wait for the exchange started H steps
         # before) and one start
@@ -256,15 +262,34 @@ def run_method(comm, name: str, args, dev: str | None, exchange: str | None = No
     n_params = sum(p.numel() for p in model.parameters())
     non_block = n_params - sum(p.numel() for p in model.blocks.parameters())
     ran = comm.exchange_for(n_params)  # every payload here is far larger than M values
-    return {"method": name if exchange is None else f"{name} [{exchange}]", "base_method": name,
-            "workers": comm.world_size, "exchange": ran, "kind": kind, "H": 1 if kind == "dp" else args.H,
-            "P": P, "tau": tau, "eager": eager, "codec": codec,
-            "bits": algo.codec.bits_per_value, "steps": measured, "compute_s": compute, "wall_s": wall,
-            "utilization": compute / wall, "s_per_step": wall / measured,
-            "compute_s_per_step": compute / measured, "bytes_sent": sent,
-            "compute_emulated": emulated, "cpu_s": cpu, "cores_used": cpu / wall, "in_step_s": in_step,
-            "wire_tx_bytes": wire, "num_params": n_params, "non_block_params": non_block,
-            "num_layers": len(model.blocks)}
+    return {
+        "method": name if exchange is None else f"{name} [{exchange}]",
+        "base_method": name,
+        "workers": comm.world_size,
+        "exchange": ran,
+        "kind": kind,
+        "H": 1 if kind == "dp" else args.H,
+        "P": P,
+        "tau": tau,
+        "eager": eager,
+        "codec": codec,
+        "bits": algo.codec.bits_per_value,
+        "steps": measured,
+        "compute_s": compute,
+        "wall_s": wall,
+        "utilization": compute / wall,
+        "s_per_step": wall / measured,
+        "compute_s_per_step": compute / measured,
+        "bytes_sent": sent,
+        "compute_emulated": emulated,
+        "cpu_s": cpu,
+        "cores_used": cpu / wall,
+        "in_step_s": in_step,
+        "wire_tx_bytes": wire,
+        "num_params": n_params,
+        "non_block_params": non_block,
+        "num_layers": len(model.blocks),
+    }
 
 
 def worker(args) -> None:
@@ -275,10 +300,12 @@ def worker(args) -> None:
 
     torch.set_num_threads(1)
     os.environ["GLOO_SOCKET_IFNAME"] = args.ifname
-    store = dist.TCPStore(args.addr, args.port, world_size=args.workers, is_master=args.rank == 0,
-                          timeout=timedelta(seconds=120))
-    dist.init_process_group("gloo", store=store, rank=args.rank, world_size=args.workers,
-                            timeout=timedelta(seconds=900))
+    store = dist.TCPStore(
+        args.addr, args.port, world_size=args.workers, is_master=args.rank == 0, timeout=timedelta(seconds=120)
+    )
+    dist.init_process_group(
+        "gloo", store=store, rank=args.rank, world_size=args.workers, timeout=timedelta(seconds=900)
+    )
     comm = TorchDistCommunicator(timeout_s=900, heartbeat_s=0)  # no heartbeat traffic on the measured link
     if args.throttle:
         throttle(comm, args.mbps, args.latency_ms)
@@ -287,14 +314,18 @@ def worker(args) -> None:
     if args.workers > 2:
         from diloco.models import Transformer, make_config
 
-        n = sum(p.numel() for p in Transformer(make_config(args.size, vocab_size=args.vocab,
-                                                           seq_len=args.seq)).parameters())
+        n = sum(
+            p.numel() for p in Transformer(make_config(args.size, vocab_size=args.vocab, seq_len=args.seq)).parameters()
+        )
         out["probe"]["exchanges"] = probe_exchanges(comm, n, "bf16", args.mbps)
     for name in args.methods.split(","):
         for exchange in _exchanges(args):
             out["runs"].append(run_method(comm, name, args, dev, exchange))
-            print(f"  [rank {args.rank}] {out['runs'][-1]['method']}: {out['runs'][-1]['utilization']:.1%}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  [rank {args.rank}] {out['runs'][-1]['method']}: {out['runs'][-1]['utilization']:.1%}",
+                file=sys.stderr,
+                flush=True,
+            )
     comm.barrier()
     Path(args.json_out).write_text(json.dumps(out))
     dist.destroy_process_group()
@@ -309,12 +340,41 @@ def launch(args, mbps: float, link: Link | None, tmp: Path) -> list[dict]:
     procs, outs = [], []
     for rank in range(args.workers):
         out = tmp / f"bw{mbps:g}_rank{rank}.json"
-        cmd = [sys.executable, __file__, "--worker", "--rank", str(rank), "--mbps", str(mbps),
-               "--json-out", str(out), "--methods", args.methods, "--H", str(args.H),
-               "--fragments", str(args.fragments), "--dp-steps", str(args.dp_steps), "--size", args.size,
-               "--batch", str(args.batch), "--seq", str(args.seq), "--vocab", str(args.vocab),
-               "--latency-ms", str(args.latency_ms), "--workers", str(args.workers), "--exchanges", args.exchanges,
-               "--compute-s", str(args.compute_s)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            "--rank",
+            str(rank),
+            "--mbps",
+            str(mbps),
+            "--json-out",
+            str(out),
+            "--methods",
+            args.methods,
+            "--H",
+            str(args.H),
+            "--fragments",
+            str(args.fragments),
+            "--dp-steps",
+            str(args.dp_steps),
+            "--size",
+            args.size,
+            "--batch",
+            str(args.batch),
+            "--seq",
+            str(args.seq),
+            "--vocab",
+            str(args.vocab),
+            "--latency-ms",
+            str(args.latency_ms),
+            "--workers",
+            str(args.workers),
+            "--exchanges",
+            args.exchanges,
+            "--compute-s",
+            str(args.compute_s),
+        ]
         if link is not None:
             cmd = ["ip", "netns", "exec", link.ns[rank]] + cmd + ["--addr", addr(0), "--ifname", link.dev[rank]]
         else:
@@ -336,21 +396,43 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bandwidths", default="20,100,1000", help="Mbit/s, comma-separated")
     ap.add_argument("--latency-ms", type=float, default=0.0, help="one-way delay per direction (needs netem)")
-    ap.add_argument("--methods", default=",".join(m for m in METHODS if m != "DiLoCo+eager"),
-                    help="comma-separated, of: " + ", ".join(METHODS))
+    ap.add_argument(
+        "--methods",
+        default=",".join(m for m in METHODS if m != "DiLoCo+eager"),
+        help="comma-separated, of: " + ", ".join(METHODS),
+    )
     ap.add_argument("--workers", type=int, default=2, help="M, worker processes (one namespace each)")
-    ap.add_argument("--queue-ms", type=float, default=100.0,
-                    help="tbf queue: packets that would wait longer are dropped (tbf's 'latency')")
-    ap.add_argument("--shaper", choices=SHAPERS, default=None,
-                    help="tbf: one FIFO per link end; htb: one class (and FIFO) per peer, rate = link / peers, "
-                         "ceil = link (see Link._htb). Default: tbf for 2 workers (one peer), htb for more "
-                         "(one FIFO shared by several peers' flows drops packets)")
-    ap.add_argument("--ack-priority", action="store_true",
-                    help="htb: packets under 128 bytes (pure ACKs) first, in a class of their own")
-    ap.add_argument("--sysctl", action="append", default=[], metavar="KEY=VALUE",
-                    help="set inside every worker namespace (repeatable), e.g. net.ipv4.tcp_wmem='4096 16384 4194304'")
-    ap.add_argument("--exchanges", default="default",
-                    help="comma-separated: default, all_gather, reduce_scatter (each method runs with each)")
+    ap.add_argument(
+        "--queue-ms",
+        type=float,
+        default=100.0,
+        help="tbf queue: packets that would wait longer are dropped (tbf's 'latency')",
+    )
+    ap.add_argument(
+        "--shaper",
+        choices=SHAPERS,
+        default=None,
+        help="tbf: one FIFO per link end; htb: one class (and FIFO) per peer, rate = link / peers, "
+        "ceil = link (see Link._htb). Default: tbf for 2 workers (one peer), htb for more "
+        "(one FIFO shared by several peers' flows drops packets)",
+    )
+    ap.add_argument(
+        "--ack-priority",
+        action="store_true",
+        help="htb: packets under 128 bytes (pure ACKs) first, in a class of their own",
+    )
+    ap.add_argument(
+        "--sysctl",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set inside every worker namespace (repeatable), e.g. net.ipv4.tcp_wmem='4096 16384 4194304'",
+    )
+    ap.add_argument(
+        "--exchanges",
+        default="default",
+        help="comma-separated: default, all_gather, reduce_scatter (each method runs with each)",
+    )
     ap.add_argument("--H", type=int, default=24, help="sync_every for the DiLoCo methods")
     ap.add_argument("--fragments", type=int, default=3, help="P for Streaming (fragment 0 = non-block params)")
     ap.add_argument("--dp-steps", type=int, default=4)
@@ -358,15 +440,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--compute-s", type=float, default=0.0,
-                    help="emulate each step's compute by a sleep of this many seconds (an accelerator's step: "
-                         "the CPU is left to the exchange); 0 = real forward/backward/AdamW on the CPU")
+    ap.add_argument(
+        "--compute-s",
+        type=float,
+        default=0.0,
+        help="emulate each step's compute by a sleep of this many seconds (an accelerator's step: "
+        "the CPU is left to the exchange); 0 = real forward/backward/AdamW on the CPU",
+    )
     ap.add_argument("--quick", action="store_true", help="H=8, 2 DP steps (smoke run)")
     ap.add_argument("--force-throttle", action="store_true", help="skip namespaces; use the in-process throttle")
     ap.add_argument("--out", default=None, help="default benchmarks/results/link.json (link_m<M>.json for M != 2)")
-    ap.add_argument("--repredict", action="store_true",
-                    help="no training: recompute the simulator's predictions for the measurements in --out "
-                         "(after a change to the simulator) and print the table again")
+    ap.add_argument(
+        "--repredict",
+        action="store_true",
+        help="no training: recompute the simulator's predictions for the measurements in --out "
+        "(after a change to the simulator) and print the table again",
+    )
     # worker-only
     for flag in ("--rank", "--mbps", "--json-out", "--addr", "--ifname"):
         ap.add_argument(flag, help=argparse.SUPPRESS)
@@ -375,8 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--throttle", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.out is None:
-        args.out = str(Path(__file__).parent / "results" / ("link.json" if args.workers == 2 else
-                                                             f"link_m{args.workers}.json"))
+        args.out = str(
+            Path(__file__).parent / "results" / ("link.json" if args.workers == 2 else f"link_m{args.workers}.json")
+        )
     if args.workers < 2 or args.workers > 26:
         raise SystemExit(f"--workers must lie in 2..26, got {args.workers}")
     if args.shaper is None:
@@ -421,9 +511,16 @@ def _orchestrate(args, bandwidths: list[float]) -> int:
             notes.append("no root or no iproute2: THROTTLE IN THE COMMUNICATOR (sleep bytes/bandwidth), not a link")
         else:
             try:
-                link = cleanup.enter_context(Link(  # always torn down
-                    args.latency_ms, args.workers, args.queue_ms, shaper=args.shaper, ack_priority=args.ack_priority,
-                    sysctls=dict(kv.split("=", 1) for kv in args.sysctl)))
+                link = cleanup.enter_context(
+                    Link(  # always torn down
+                        args.latency_ms,
+                        args.workers,
+                        args.queue_ms,
+                        shaper=args.shaper,
+                        ack_priority=args.ack_priority,
+                        sysctls=dict(kv.split("=", 1) for kv in args.sysctl),
+                    )
+                )
             except (subprocess.CalledProcessError, OSError) as exc:
                 detail = getattr(exc, "stderr", "") or str(exc)
                 notes.append(f"network namespaces unavailable ({detail.strip()}): THROTTLE IN THE COMMUNICATOR")
@@ -437,11 +534,17 @@ def _orchestrate(args, bandwidths: list[float]) -> int:
             for i, run in enumerate(results[0]["runs"]):
                 mates = [r["runs"][i] for r in results]
                 util = sum(m["utilization"] for m in mates) / len(mates)
-                rows.append(run | {"mbps": mbps, "utilization": util,
-                                   "s_per_step": max(m["s_per_step"] for m in mates),
-                                   "utilization_per_rank": [m["utilization"] for m in mates],
-                                   "cores_used": sum(m["cores_used"] for m in mates)}
-                            | with_predictions(run, probes[mbps], mbps, args.latency_ms))
+                rows.append(
+                    run
+                    | {
+                        "mbps": mbps,
+                        "utilization": util,
+                        "s_per_step": max(m["s_per_step"] for m in mates),
+                        "utilization_per_rank": [m["utilization"] for m in mates],
+                        "cores_used": sum(m["cores_used"] for m in mates),
+                    }
+                    | with_predictions(run, probes[mbps], mbps, args.latency_ms)
+                )
         if link is not None:
             notes += link.notes
     report(rows, probes, notes, args)

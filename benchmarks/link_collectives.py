@@ -63,10 +63,20 @@ from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from link_emulation import SHAPERS, Link, SsSampler, addr  # noqa: E402 - the same emulated links as the link benchmark
+from link_emulation import SHAPERS, Link, SsSampler, addr
 
-PATTERNS = ("one_round", "one_round_3x", "same_peer_rounds", "round_k2", "round_back", "pairwise_rounds",
-            "partner_rounds", "concurrent_p2p", "all_to_all_single", "all_gather_ring")
+PATTERNS = (
+    "one_round",
+    "one_round_3x",
+    "same_peer_rounds",
+    "round_k2",
+    "round_back",
+    "pairwise_rounds",
+    "partner_rounds",
+    "concurrent_p2p",
+    "all_to_all_single",
+    "all_gather_ring",
+)
 
 
 def exchange_partners(num_ranks: int) -> list[list[int]]:
@@ -95,13 +105,15 @@ def exchange_partners(num_ranks: int) -> list[list[int]]:
 
 def _retransmitted_segments() -> int:
     """TCP segments this namespace has retransmitted so far (/proc/net/snmp, per network namespace)."""
-    head, values = [line.split() for line in Path("/proc/net/snmp").read_text().splitlines()
-                    if line.startswith("Tcp:")][:2]
+    head, values = [
+        line.split() for line in Path("/proc/net/snmp").read_text().splitlines() if line.startswith("Tcp:")
+    ][:2]
     return int(values[head.index("RetransSegs")])
 
 
-def worker(rank: int, m: int, nbytes: int, port: int, out: str, patterns: list[str], ss_s: float,
-           recv_first: bool) -> None:
+def worker(
+    rank: int, m: int, nbytes: int, port: int, out: str, patterns: list[str], ss_s: float, recv_first: bool
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -113,6 +125,7 @@ def worker(rank: int, m: int, nbytes: int, port: int, out: str, patterns: list[s
 
     def post(sends: list, recvs: list) -> list:
         """isend/irecv of (tensor, peer) pairs; receives first when ``recv_first`` (see --recv-first)."""
+
         def s():
             return [dist.isend(t, p) for t, p in sends]
 
@@ -153,11 +166,18 @@ def worker(rank: int, m: int, nbytes: int, port: int, out: str, patterns: list[s
     def ring() -> None:
         dist.all_gather_into_tensor(torch.empty(m * nbytes, dtype=torch.uint8), shard)
 
-    fns = {"one_round": lambda: exchange(1, shard, recv), "one_round_3x": lambda: exchange(1, big, recv_big),
-           "same_peer_rounds": same_peer, "round_k2": lambda: exchange(2 % m, shard, recv),
-           "round_back": lambda: exchange(m - 1, shard, recv), "pairwise_rounds": pairwise,
-           "partner_rounds": partners, "concurrent_p2p": concurrent, "all_to_all_single": a2a,
-           "all_gather_ring": ring}
+    fns = {
+        "one_round": lambda: exchange(1, shard, recv),
+        "one_round_3x": lambda: exchange(1, big, recv_big),
+        "same_peer_rounds": same_peer,
+        "round_k2": lambda: exchange(2 % m, shard, recv),
+        "round_back": lambda: exchange(m - 1, shard, recv),
+        "pairwise_rounds": pairwise,
+        "partner_rounds": partners,
+        "concurrent_p2p": concurrent,
+        "all_to_all_single": a2a,
+        "all_gather_ring": ring,
+    }
     res = {}
     for name in patterns:
         fns[name]()  # warm the connections this pattern uses
@@ -181,26 +201,50 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--mbps", type=float, default=20.0)
-    ap.add_argument("--shard-mb", type=float, default=0.7625, help="bytes per peer (default: one bf16 shard "
-                    "of cpu-1m at M = 4)")
+    ap.add_argument(
+        "--shard-mb", type=float, default=0.7625, help="bytes per peer (default: one bf16 shard of cpu-1m at M = 4)"
+    )
     ap.add_argument("--port", type=int, default=29533)
     ap.add_argument("--queue-ms", type=float, default=100.0, help="tbf queue (as benchmarks/link.py)")
-    ap.add_argument("--congestion", default=None, help="TCP congestion control in the namespaces "
-                    "(e.g. reno, bbr; default: the host's)")
+    ap.add_argument(
+        "--congestion",
+        default=None,
+        help="TCP congestion control in the namespaces (e.g. reno, bbr; default: the host's)",
+    )
     ap.add_argument("--no-offload", action="store_true", help="TSO/GSO/GRO off on the veths (wire-size packets)")
-    ap.add_argument("--shaper", choices=SHAPERS, default="tbf", help="tbf: one FIFO per link end; htb: one "
-                    "class per peer (rate = link / peers, ceil = link), see benchmarks/link.py")
-    ap.add_argument("--ack-priority", action="store_true", help="htb: packets < 128 bytes (ACKs) first, "
-                    "in a class of their own")
-    ap.add_argument("--sysctl", action="append", default=[], metavar="KEY=VALUE",
-                    help="set inside every worker namespace (repeatable), e.g. net.ipv4.tcp_rmem='4096 131072 8388608'")
+    ap.add_argument(
+        "--shaper",
+        choices=SHAPERS,
+        default="tbf",
+        help="tbf: one FIFO per link end; htb: one "
+        "class per peer (rate = link / peers, ceil = link), see benchmarks/link.py",
+    )
+    ap.add_argument(
+        "--ack-priority", action="store_true", help="htb: packets < 128 bytes (ACKs) first, in a class of their own"
+    )
+    ap.add_argument(
+        "--sysctl",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set inside every worker namespace (repeatable), e.g. net.ipv4.tcp_rmem='4096 131072 8388608'",
+    )
     ap.add_argument("--patterns", default=",".join(PATTERNS), help="comma-separated subset of: " + ", ".join(PATTERNS))
-    ap.add_argument("--recv-first", action="store_true", help="post every irecv before the isends (gloo "
-                    "sends a payload only after the receiver's ready notice, which otherwise can queue behind "
-                    "this rank's own payload on the same connection)")
+    ap.add_argument(
+        "--recv-first",
+        action="store_true",
+        help="post every irecv before the isends (gloo "
+        "sends a payload only after the receiver's ready notice, which otherwise can queue behind "
+        "this rank's own payload on the same connection)",
+    )
     ap.add_argument("--ss-series", action="store_true", help="keep the raw ss samples in the JSON")
-    ap.add_argument("--ss", type=float, default=0.0, metavar="SECONDS",
-                    help="sample `ss -tinm` every SECONDS in each namespace during the timed runs (0: off)")
+    ap.add_argument(
+        "--ss",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="sample `ss -tinm` every SECONDS in each namespace during the timed runs (0: off)",
+    )
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "link_collectives.json")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -210,26 +254,49 @@ def main(argv: list[str] | None = None) -> int:
         if p not in PATTERNS:
             raise SystemExit(f"--patterns: unknown {p!r}")
     if args.worker:
-        worker(int(args.worker[0]), args.workers, nbytes, args.port, args.worker[1], patterns, args.ss,
-               args.recv_first)
+        worker(int(args.worker[0]), args.workers, nbytes, args.port, args.worker[1], patterns, args.ss, args.recv_first)
         return 0
     sysctls = dict(kv.split("=", 1) for kv in args.sysctl)
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespaces); run with sudo")
     m = args.workers
-    with tempfile.TemporaryDirectory() as tmp, Link(0.0, m, args.queue_ms, args.congestion,
-                                                    not args.no_offload, args.shaper, args.ack_priority,
-                                                    sysctls) as link:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        Link(
+            0.0, m, args.queue_ms, args.congestion, not args.no_offload, args.shaper, args.ack_priority, sysctls
+        ) as link,
+    ):
         link.shape(args.mbps)
         procs = []
         for r in range(m):
             env = dict(os.environ, GLOO_SOCKET_IFNAME=link.dev[r])
-            procs.append(subprocess.Popen(["ip", "netns", "exec", link.ns[r], sys.executable, __file__,
-                                           "--workers", str(m), "--shard-mb", str(args.shard_mb),
-                                           "--port", str(args.port), "--patterns", args.patterns,
-                                           "--ss", str(args.ss), "--worker", str(r), f"{tmp}/r{r}.json"]
-                                          + (["--recv-first"] if args.recv_first else []),
-                                          env=env))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        link.ns[r],
+                        sys.executable,
+                        __file__,
+                        "--workers",
+                        str(m),
+                        "--shard-mb",
+                        str(args.shard_mb),
+                        "--port",
+                        str(args.port),
+                        "--patterns",
+                        args.patterns,
+                        "--ss",
+                        str(args.ss),
+                        "--worker",
+                        str(r),
+                        f"{tmp}/r{r}.json",
+                    ]
+                    + (["--recv-first"] if args.recv_first else []),
+                    env=env,
+                )
+            )
         for p in procs:
             if p.wait(timeout=600) != 0:
                 raise SystemExit(f"a worker failed (exit code {p.returncode})")
@@ -242,41 +309,73 @@ def main(argv: list[str] | None = None) -> int:
         qdiscs = link.qdisc_stats()
     link_s = nbytes * 8 / (args.mbps * 1e6)
     one_shard = ("one_round", "round_k2", "round_back")  # one message each way; the rest M-1 (or 3x)
-    ideal = {p: (link_s if p in one_shard else 3 * link_s if p == "one_round_3x" else (m - 1) * link_s)
-             for p in PATTERNS}
-    rows = [{"pattern": p, "seconds_max_rank": max(r[p] for r in per_rank), "ideal_s": ideal[p],
-             "fraction_of_link_rate": ideal[p] / max(r[p] for r in per_rank)} for p in patterns]
+    ideal = {
+        p: (link_s if p in one_shard else 3 * link_s if p == "one_round_3x" else (m - 1) * link_s) for p in PATTERNS
+    }
+    rows = [
+        {
+            "pattern": p,
+            "seconds_max_rank": max(r[p] for r in per_rank),
+            "ideal_s": ideal[p],
+            "fraction_of_link_rate": ideal[p] / max(r[p] for r in per_rank),
+        }
+        for p in patterns
+    ]
     print(f"\n{m} workers, {args.mbps:g} Mbit/s each way per worker, {nbytes / 1e6:.3f} MB per peer message")
     for r in rows:
         r["retransmits_per_run"] = sum(pr[f"{r['pattern']}_retransmits"] for pr in per_rank)
         tcp = [pr.pop(f"{r['pattern']}_tcp") for pr in per_rank if f"{r['pattern']}_tcp" in pr]
         if tcp:  # per-rank summaries of the sending connections; rank 0's beside the row
             r["tcp_per_rank"] = tcp
-    print(f"{'pattern':<20} {'seconds':>8} {'ideal':>7} {'of link rate':>13} {'retransmits':>12}"
-          + ("  rtt ms  cwnd kB sndwnd kB sndbuf kB  rwnd-lim sndbuf-lim" if args.ss else ""))
+    print(
+        f"{'pattern':<20} {'seconds':>8} {'ideal':>7} {'of link rate':>13} {'retransmits':>12}"
+        + ("  rtt ms  cwnd kB sndwnd kB sndbuf kB  rwnd-lim sndbuf-lim" if args.ss else "")
+    )
 
     def kb(x: float | None) -> str:
         return "-" if x is None else f"{x / 1e3:.0f}"
 
     for r in rows:
-        line = (f"{r['pattern']:<20} {r['seconds_max_rank']:>8.3f} {r['ideal_s']:>7.3f} "
-                f"{r['fraction_of_link_rate']:>12.0%} {r['retransmits_per_run']:>12.0f}")
+        line = (
+            f"{r['pattern']:<20} {r['seconds_max_rank']:>8.3f} {r['ideal_s']:>7.3f} "
+            f"{r['fraction_of_link_rate']:>12.0%} {r['retransmits_per_run']:>12.0f}"
+        )
         if "tcp_per_rank" in r:
             t = r["tcp_per_rank"]
             busy = sum(x["busy_ms"] for x in t) or 1.0
             rtt = statistics.median([x["rtt_ms_median"] for x in t if x["rtt_ms_median"] is not None] or [0])
-            line += (f"  {rtt:>6.0f} {kb(t[0]['cwnd_bytes_median']):>8} {kb(t[0]['snd_wnd_median']):>9} "
-                     f"{kb(t[0]['sndbuf_median']):>9} {sum(x['rwnd_limited_ms'] for x in t) / busy:>8.0%} "
-                     f"{sum(x['sndbuf_limited_ms'] for x in t) / busy:>10.0%}")
+            line += (
+                f"  {rtt:>6.0f} {kb(t[0]['cwnd_bytes_median']):>8} {kb(t[0]['snd_wnd_median']):>9} "
+                f"{kb(t[0]['sndbuf_median']):>9} {sum(x['rwnd_limited_ms'] for x in t) / busy:>8.0%} "
+                f"{sum(x['sndbuf_limited_ms'] for x in t) / busy:>10.0%}"
+            )
         print(line)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": {"workers": m, "mbps": args.mbps, "shard_bytes": nbytes,
-                                               "queue_ms": args.queue_ms, "offload": not args.no_offload,
-                                               "shaper": args.shaper, "recv_first": args.recv_first,
-                                               "ack_priority": args.ack_priority,
-                                               "sysctls": sysctls, "congestion": args.congestion or
-                                               Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()},
-                                    "rows": rows, "per_rank": per_rank, "qdiscs": qdiscs}, indent=2, allow_nan=False) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "config": {
+                    "workers": m,
+                    "mbps": args.mbps,
+                    "shard_bytes": nbytes,
+                    "queue_ms": args.queue_ms,
+                    "offload": not args.no_offload,
+                    "shaper": args.shaper,
+                    "recv_first": args.recv_first,
+                    "ack_priority": args.ack_priority,
+                    "sysctls": sysctls,
+                    "congestion": args.congestion
+                    or Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip(),
+                },
+                "rows": rows,
+                "per_rank": per_rank,
+                "qdiscs": qdiscs,
+            },
+            indent=2,
+            allow_nan=False,
+        )
+        + "\n"
+    )
     print(f"wrote {args.out}")
     return 0
 

@@ -29,9 +29,17 @@ SHAPERS = ("tbf", "htb")
 class Link:
     """M namespaces joined by shaped veths (a pair for M = 2, a bridge for more); always torn down."""
 
-    def __init__(self, latency_ms: float, workers: int = 2, queue_ms: float = 100.0,
-                 congestion: str | None = None, offload: bool = True, shaper: str = "tbf",
-                 ack_priority: bool = False, sysctls: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        latency_ms: float,
+        workers: int = 2,
+        queue_ms: float = 100.0,
+        congestion: str | None = None,
+        offload: bool = True,
+        shaper: str = "tbf",
+        ack_priority: bool = False,
+        sysctls: dict[str, str] | None = None,
+    ) -> None:
         if shaper not in SHAPERS:
             raise ValueError(f"shaper must be one of {SHAPERS}, got {shaper!r}")
         if ack_priority and shaper != "htb":
@@ -84,8 +92,9 @@ class Link:
                 # the idle gaps between syncs; Linux's default would restart slow start after every gap.
                 self._run("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0")
                 if self.congestion:
-                    self._run("ip", "netns", "exec", ns, "sysctl", "-qw",
-                              f"net.ipv4.tcp_congestion_control={self.congestion}")
+                    self._run(
+                        "ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.tcp_congestion_control={self.congestion}"
+                    )
                 for key, value in self.sysctls.items():
                     self._run("ip", "netns", "exec", ns, "sysctl", "-qw", f"{key}={value}")
             for ns, dev in self.shaped() if not self.offload else ():
@@ -103,8 +112,7 @@ class Link:
             base = ["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root"]
             if self.latency_ms > 0:
                 try:
-                    self._run(*base, "netem", "delay", f"{self.latency_ms}ms", "rate", f"{rate}bit",
-                              "limit", "100000")
+                    self._run(*base, "netem", "delay", f"{self.latency_ms}ms", "rate", f"{rate}bit", "limit", "100000")
                     continue
                 except subprocess.CalledProcessError:
                     note = "latency NOT emulated: the kernel has no netem qdisc (bandwidth only, via tbf)"
@@ -128,30 +136,129 @@ class Link:
         tc = ["ip", "netns", "exec", ns, "tc"]
         limit = max(2 * 64 * 1024, int(rate / 8 * self.queue_ms / 1e3))
         self._run(*tc, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "ff")
-        self._run(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", f"{rate}bit",
-                  "ceil", f"{rate}bit", "burst", str(burst), "cburst", str(burst))
-        classes = [(0x10 + p, p) for p in peers] + [(0xff, None)]
+        self._run(
+            *tc,
+            "class",
+            "add",
+            "dev",
+            dev,
+            "parent",
+            "1:",
+            "classid",
+            "1:1",
+            "htb",
+            "rate",
+            f"{rate}bit",
+            "ceil",
+            f"{rate}bit",
+            "burst",
+            str(burst),
+            "cburst",
+            str(burst),
+        )
+        classes = [(0x10 + p, p) for p in peers] + [(0xFF, None)]
         share = rate // len(classes)
         if self.ack_priority:
-            self._run(*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", "1:2", "htb", "rate",
-                      f"{max(rate // 20, 8000)}bit", "ceil", f"{rate}bit", "burst", str(burst), "cburst",
-                      str(burst), "prio", "0")
+            self._run(
+                *tc,
+                "class",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                "1:1",
+                "classid",
+                "1:2",
+                "htb",
+                "rate",
+                f"{max(rate // 20, 8000)}bit",
+                "ceil",
+                f"{rate}bit",
+                "burst",
+                str(burst),
+                "cburst",
+                str(burst),
+                "prio",
+                "0",
+            )
             self._run(*tc, "qdisc", "add", "dev", dev, "parent", "1:2", "pfifo", "limit", "10000")
             # IPv4 total length < 128 bytes (bytes 2-3 of the header): pure ACKs and other small packets
-            self._run(*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-                      "match", "u16", "0x0000", "0xff80", "at", "2", "flowid", "1:2")
+            self._run(
+                *tc,
+                "filter",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                "1:",
+                "protocol",
+                "ip",
+                "prio",
+                "1",
+                "u32",
+                "match",
+                "u16",
+                "0x0000",
+                "0xff80",
+                "at",
+                "2",
+                "flowid",
+                "1:2",
+            )
         for cid, peer in classes:
-            self._run(*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", f"1:{cid:x}", "htb", "rate",
-                      f"{share}bit", "ceil", f"{rate}bit", "burst", str(burst), "cburst", str(burst), "prio", "1")
+            self._run(
+                *tc,
+                "class",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                "1:1",
+                "classid",
+                f"1:{cid:x}",
+                "htb",
+                "rate",
+                f"{share}bit",
+                "ceil",
+                f"{rate}bit",
+                "burst",
+                str(burst),
+                "cburst",
+                str(burst),
+                "prio",
+                "1",
+            )
             self._run(*tc, "qdisc", "add", "dev", dev, "parent", f"1:{cid:x}", "bfifo", "limit", str(limit))
             if peer is not None:
-                self._run(*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "2", "u32",
-                          "match", "ip", "dst" if upload else "src", f"{addr(peer)}/32", "flowid", f"1:{cid:x}")
+                self._run(
+                    *tc,
+                    "filter",
+                    "add",
+                    "dev",
+                    dev,
+                    "parent",
+                    "1:",
+                    "protocol",
+                    "ip",
+                    "prio",
+                    "2",
+                    "u32",
+                    "match",
+                    "ip",
+                    "dst" if upload else "src",
+                    f"{addr(peer)}/32",
+                    "flowid",
+                    f"1:{cid:x}",
+                )
 
     def qdisc_stats(self) -> dict[str, str]:
         """``tc -s qdisc`` of every shaped end (drops, overlimits, backlog), keyed by namespace/device."""
-        return {f"{ns}/{dev}": subprocess.run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", dev],
-                                              capture_output=True, text=True).stdout for ns, dev in self.shaped()}
+        return {
+            f"{ns}/{dev}": subprocess.run(
+                ["ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", dev], capture_output=True, text=True
+            ).stdout
+            for ns, dev in self.shaped()
+        }
 
     def close(self) -> None:
         for ns in self.ns + ([self.hub_ns] if self.hub_ns else []):  # a namespace takes its veth ends along
@@ -164,8 +271,18 @@ class Link:
 
 
 # ================================================================================== TCP state (ss -ti)
-_SS_KEYS = ("cwnd", "mss", "rcv_space", "rcv_ssthresh", "snd_wnd", "bytes_sent", "bytes_acked", "bytes_received",
-            "retrans_total", "unacked")
+_SS_KEYS = (
+    "cwnd",
+    "mss",
+    "rcv_space",
+    "rcv_ssthresh",
+    "snd_wnd",
+    "bytes_sent",
+    "bytes_acked",
+    "bytes_received",
+    "retrans_total",
+    "unacked",
+)
 
 
 def ss_snapshot(port: int | None = None) -> list[dict]:
@@ -194,7 +311,7 @@ def ss_snapshot(port: int | None = None) -> list[dict]:
                 for item in val.strip("()").split(","):
                     name = item.rstrip("0123456789")
                     if name in ("rb", "tb", "r", "t"):
-                        cur[f"skmem_{name}"] = int(item[len(name):])
+                        cur[f"skmem_{name}"] = int(item[len(name) :])
             elif key == "rtt":
                 cur["rtt_ms"] = float(val.split("/")[0])
             elif key == "minrtt":
@@ -207,8 +324,20 @@ def ss_snapshot(port: int | None = None) -> list[dict]:
     return conns
 
 
-_SERIES = ("send_q", "recv_q", "bytes_acked", "bytes_received", "cwnd", "rtt_ms", "snd_wnd", "unacked",
-           "skmem_r", "skmem_rb", "skmem_t", "rcv_space")
+_SERIES = (
+    "send_q",
+    "recv_q",
+    "bytes_acked",
+    "bytes_received",
+    "cwnd",
+    "rtt_ms",
+    "snd_wnd",
+    "unacked",
+    "skmem_r",
+    "skmem_rb",
+    "skmem_t",
+    "rcv_space",
+)
 
 
 class SsSampler:
@@ -250,22 +379,36 @@ class SsSampler:
 
         first = {(c["local"], c["peer"]): c for c in self.samples[0][1]} if self.samples else {}
         last = {(c["local"], c["peer"]): c for c in self.samples[-1][1]} if self.samples else {}
-        limited = {k: sum(last[c].get(f"{k}_ms", 0.0) - first[c].get(f"{k}_ms", 0.0) for c in last if c in first)
-                   for k in ("busy", "rwnd_limited", "sndbuf_limited")}
-        return {"samples": len(self.samples), "active_samples": len(active),
-                "rtt_ms_median": med("rtt_ms"), "rtt_ms_max": top("rtt_ms"), "minrtt_ms": med("minrtt_ms"),
-                "cwnd_bytes_median": None if med("cwnd") is None else med("cwnd") * (med("mss") or 1448),
-                "send_q_median": med("send_q"), "send_q_max": top("send_q"),
-                "snd_wnd_median": med("snd_wnd"), "snd_wnd_max": top("snd_wnd"),
-                "unacked_segments_median": med("unacked"),
-                "sndbuf_median": med("skmem_tb"), "rcvbuf_median": med("skmem_rb"),
-                "rcv_space_median": med("rcv_space"),
-                "busy_ms": limited["busy"], "rwnd_limited_ms": limited["rwnd_limited"],
-                "sndbuf_limited_ms": limited["sndbuf_limited"],
-                # the raw samples, compact: [s since the first, peer, send_q, recv_q, bytes_acked... ]
-                "series_keys": list(_SERIES), "series": [
-                    [round(t - self.samples[0][0], 3), c["peer"]] + [c.get(k) for k in _SERIES]
-                    for t, snap in self.samples for c in snap]}
+        limited = {
+            k: sum(last[c].get(f"{k}_ms", 0.0) - first[c].get(f"{k}_ms", 0.0) for c in last if c in first)
+            for k in ("busy", "rwnd_limited", "sndbuf_limited")
+        }
+        return {
+            "samples": len(self.samples),
+            "active_samples": len(active),
+            "rtt_ms_median": med("rtt_ms"),
+            "rtt_ms_max": top("rtt_ms"),
+            "minrtt_ms": med("minrtt_ms"),
+            "cwnd_bytes_median": None if med("cwnd") is None else med("cwnd") * (med("mss") or 1448),
+            "send_q_median": med("send_q"),
+            "send_q_max": top("send_q"),
+            "snd_wnd_median": med("snd_wnd"),
+            "snd_wnd_max": top("snd_wnd"),
+            "unacked_segments_median": med("unacked"),
+            "sndbuf_median": med("skmem_tb"),
+            "rcvbuf_median": med("skmem_rb"),
+            "rcv_space_median": med("rcv_space"),
+            "busy_ms": limited["busy"],
+            "rwnd_limited_ms": limited["rwnd_limited"],
+            "sndbuf_limited_ms": limited["sndbuf_limited"],
+            # the raw samples, compact: [s since the first, peer, send_q, recv_q, bytes_acked... ]
+            "series_keys": list(_SERIES),
+            "series": [
+                [round(t - self.samples[0][0], 3), c["peer"]] + [c.get(k) for k in _SERIES]
+                for t, snap in self.samples
+                for c in snap
+            ],
+        }
 
 
 __all__ = ["SHAPERS", "Link", "SsSampler", "addr", "ss_snapshot"]

@@ -53,8 +53,7 @@ class Setup:
 
     def step(self) -> None:
         x, y = self.data[:, :-1], self.data[:, 1:]
-        autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if self.precision == "bf16"
-                    else contextlib.nullcontext())
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.precision == "bf16" else contextlib.nullcontext()
         with autocast:
             _, loss = self.model(x, y)
         loss.backward()
@@ -95,27 +94,45 @@ def main() -> None:
     for su in setups:
         med, best = statistics.median(su.times), min(su.times)
         fpt = flops_per_token(su.cfg)
-        rows.append({
-            "size": su.size, "precision": su.precision, "variant": su.variant,
-            "non_embedding_params": count_params(su.cfg, embeddings=False), "params": count_params(su.cfg),
-            "median_step_s": med, "best_step_s": best,
-            "tokens_per_s_median": tokens / med, "tokens_per_s_best": tokens / best,
-            "gflops_per_s_best": fpt * tokens / best / 1e9, "step_times_s": su.times,
-        })
-    print(f"\nbatch {args.batch} x seq {args.seq}, vocab {args.vocab}; torch {torch.__version__}, "
-          f"{args.threads} threads; {args.rounds - 1} timed rounds x {args.steps} steps; "
-          f"load average {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}")
-    print(f"{'size':<9} {'prec':<5} {'variant':<12} {'params':>8} {'tok/s med':>10} {'tok/s best':>11} "
-          f"{'GFLOP/s':>8}")
+        rows.append(
+            {
+                "size": su.size,
+                "precision": su.precision,
+                "variant": su.variant,
+                "non_embedding_params": count_params(su.cfg, embeddings=False),
+                "params": count_params(su.cfg),
+                "median_step_s": med,
+                "best_step_s": best,
+                "tokens_per_s_median": tokens / med,
+                "tokens_per_s_best": tokens / best,
+                "gflops_per_s_best": fpt * tokens / best / 1e9,
+                "step_times_s": su.times,
+            }
+        )
+    print(
+        f"\nbatch {args.batch} x seq {args.seq}, vocab {args.vocab}; torch {torch.__version__}, "
+        f"{args.threads} threads; {args.rounds - 1} timed rounds x {args.steps} steps; "
+        f"load average {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}"
+    )
+    print(f"{'size':<9} {'prec':<5} {'variant':<12} {'params':>8} {'tok/s med':>10} {'tok/s best':>11} {'GFLOP/s':>8}")
     for row in rows:
-        print(f"{row['size']:<9} {row['precision']:<5} {row['variant']:<12} {row['params'] / 1e6:7.2f}M "
-              f"{row['tokens_per_s_median']:10,.0f} {row['tokens_per_s_best']:11,.0f} "
-              f"{row['gflops_per_s_best']:8.1f}")
+        print(
+            f"{row['size']:<9} {row['precision']:<5} {row['variant']:<12} {row['params'] / 1e6:7.2f}M "
+            f"{row['tokens_per_s_median']:10,.0f} {row['tokens_per_s_best']:11,.0f} "
+            f"{row['gflops_per_s_best']:8.1f}"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"torch": torch.__version__, "machine": platform.machine(), "processor": platform.processor(),
-            "cpu_count": os.cpu_count(), "load_average_before": load_before, "load_average_after": os.getloadavg()}
-    args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "meta": meta, "rows": rows},
-                                   indent=2) + "\n")
+    meta = {
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+    }
+    args.out.write_text(
+        json.dumps({"args": vars(args) | {"out": str(args.out)}, "meta": meta, "rows": rows}, indent=2) + "\n"
+    )
     print(f"\nwritten: {args.out}")
 
 

@@ -31,14 +31,24 @@ from diloco.models import Transformer, make_config
 #: The bare loop, then every (P, tau, codec) of {1, 4} x {0, 1} x {fp32, fp4_e3m0}.
 #: Last, a second bare loop on its own model instance: the noise control. Its distance from the first
 #: is what two identical loops differ by in this run (machine load, memory placement of the instance).
-CONFIGS = [("bare AdamW loop", None)] + [
-    (f"P={P} tau={tau} {codec}" + (" (DiLoCo)" if (P, tau, codec) == (1, 0, "fp32") else ""),
-     dict(num_fragments=P, overlap_steps=tau, codec=codec))
-    for P in (1, 4) for tau in (0, 1) for codec in ("fp32", "fp4_e3m0")
-] + [(CONTROL := "bare AdamW loop, again", None)]
+CONFIGS = (
+    [("bare AdamW loop", None)]
+    + [
+        (
+            f"P={P} tau={tau} {codec}" + (" (DiLoCo)" if (P, tau, codec) == (1, 0, "fp32") else ""),
+            dict(num_fragments=P, overlap_steps=tau, codec=codec),
+        )
+        for P in (1, 4)
+        for tau in (0, 1)
+        for codec in ("fp32", "fp4_e3m0")
+    ]
+    + [(CONTROL := "bare AdamW loop, again", None)]
+)
 #: On an accelerator, the same as the last config with the global copy and outer state kept on the CPU.
-OFFLOAD = ("P=4 tau=1 fp4_e3m0 offload=cpu", dict(num_fragments=4, overlap_steps=1, codec="fp4_e3m0",
-                                                 offload_device="cpu"))
+OFFLOAD = (
+    "P=4 tau=1 fp4_e3m0 offload=cpu",
+    dict(num_fragments=4, overlap_steps=1, codec="fp4_e3m0", offload_device="cpu"),
+)
 
 
 def make_setup(kw, args):
@@ -56,7 +66,10 @@ def wrapper_bytes(algo: StreamingDiLoCo) -> dict[str, int]:
     glob = sum(g.numel() * g.element_size() for g in algo.global_flat)
     outer = sum(
         t.numel() * t.element_size()
-        for o in algo.outer_optimizers for st in o.state.values() for t in st.values() if torch.is_tensor(t)
+        for o in algo.outer_optimizers
+        for st in o.state.values()
+        for t in st.values()
+        if torch.is_tensor(t)
     )
     codec = get_codec(algo.codec)
     inflight = max(codec.num_bytes(n) for n in algo.fragment_sizes())
@@ -128,7 +141,7 @@ def main() -> None:
     base = statistics.median(times[setups[0][0]])
     n_params = sum(p.numel() for p in setups[0][1].parameters())
     rows = []
-    for name, model, opt, algo in setups:
+    for name, _model, _opt, algo in setups:
         med = statistics.median(times[name])
         wrapper_s = in_wrapper[name] / ((args.rounds - 1) * args.steps)  # per inner step
         penalty_s, share = 0.0, 0.0
@@ -136,11 +149,17 @@ def main() -> None:
             penalty_s = statistics.median(after_sync[name])
             share = len(after_sync[name]) / n_inner[name]
         total_s = wrapper_s + max(penalty_s, 0.0) * share  # a negative median (noise) counts as no penalty
-        row = {"config": name, "median_step_s": med, "ratio_vs_bare": med / base,
-               "overhead_pct": 100 * (med / base - 1), "wrapper_s_per_step": wrapper_s,
-               "wrapper_pct_of_bare_step": 100 * wrapper_s / base,
-               "after_sync_penalty_s": penalty_s, "after_sync_share": share,
-               "total_overhead_pct": 100 * total_s / base}
+        row = {
+            "config": name,
+            "median_step_s": med,
+            "ratio_vs_bare": med / base,
+            "overhead_pct": 100 * (med / base - 1),
+            "wrapper_s_per_step": wrapper_s,
+            "wrapper_pct_of_bare_step": 100 * wrapper_s / base,
+            "after_sync_penalty_s": penalty_s,
+            "after_sync_share": share,
+            "total_overhead_pct": 100 * total_s / base,
+        }
         if algo is not None:
             mem = wrapper_bytes(algo)
             row.update(mem)
@@ -148,31 +167,42 @@ def main() -> None:
             frag = max(algo.fragment_sizes())
             row["analytic_bytes"] = 2 * 4 * n_params + get_codec(algo.codec).num_bytes(frag)
         rows.append(row)
-    print(f"\nmodel {args.size}: {n_params:,} params; batch {args.batch}x{args.seq}; H={args.H}; "
-          f"{args.rounds - 1} timed rounds x {args.steps} steps; device {args.device}; torch threads 2")
-    print("added MB: the tensors the wrapper holds (global copies, outer momentum, largest in-flight payload),\n"
-          "counted from the objects themselves; analytic: 2 x 4 B x params + one payload of the largest fragment.\n"
-          "Transient buffers of a sync (local flatten and outer gradient of one fragment) are not counted.")
-    print("in step(): time inside the wrapper's step() (syncs included), averaged over inner steps, as % of the\n"
-          "bare loop's step. after sync: how much slower an inner step right after a sync is than the config's latest\n"
-          "inner step before it (median of the paired differences). overhead: both (a negative penalty as 0),\n"
-          "averaged over inner steps, as % of the bare step (the measure for the <= 1 % goal).\n"
-          "vs bare: end-to-end median step time against the bare loop's, a different model instance:\n"
-          "see the noise control.")
+    print(
+        f"\nmodel {args.size}: {n_params:,} params; batch {args.batch}x{args.seq}; H={args.H}; "
+        f"{args.rounds - 1} timed rounds x {args.steps} steps; device {args.device}; torch threads 2"
+    )
+    print(
+        "added MB: the tensors the wrapper holds (global copies, outer momentum, largest in-flight payload),\n"
+        "counted from the objects themselves; analytic: 2 x 4 B x params + one payload of the largest fragment.\n"
+        "Transient buffers of a sync (local flatten and outer gradient of one fragment) are not counted."
+    )
+    print(
+        "in step(): time inside the wrapper's step() (syncs included), averaged over inner steps, as % of the\n"
+        "bare loop's step. after sync: how much slower an inner step right after a sync is than the config's latest\n"
+        "inner step before it (median of the paired differences). overhead: both (a negative penalty as 0),\n"
+        "averaged over inner steps, as % of the bare step (the measure for the <= 1 % goal).\n"
+        "vs bare: end-to-end median step time against the bare loop's, a different model instance:\n"
+        "see the noise control."
+    )
     control = next(r for r in rows if r["config"] == CONTROL)
     print(f"noise control: a second bare loop on its own model ran {control['overhead_pct']:+.2f}% against the first.")
-    print(f"{'config':<26} {'step ms':>8} {'vs bare':>8} {'in step()':>10} {'after sync':>11} {'overhead':>9} "
-          f"{'added MB':>9} {'analytic MB':>12}")
+    print(
+        f"{'config':<26} {'step ms':>8} {'vs bare':>8} {'in step()':>10} {'after sync':>11} {'overhead':>9} "
+        f"{'added MB':>9} {'analytic MB':>12}"
+    )
     for row in rows:
         added = row.get("added_bytes")
-        print(f"{row['config']:<26} {1e3 * row['median_step_s']:8.2f} {row['overhead_pct']:+7.2f}% "
-              f"{row['wrapper_pct_of_bare_step']:9.3f}% {1e3 * row['after_sync_penalty_s']:+8.1f} ms "
-              f"{row['total_overhead_pct']:8.3f}% "
-              f"{'' if added is None else f'{added / 1e6:9.2f}'} "
-              f"{'' if added is None else format(row['analytic_bytes'] / 1e6, '12.2f')}")
+        print(
+            f"{row['config']:<26} {1e3 * row['median_step_s']:8.2f} {row['overhead_pct']:+7.2f}% "
+            f"{row['wrapper_pct_of_bare_step']:9.3f}% {1e3 * row['after_sync_penalty_s']:+8.1f} ms "
+            f"{row['total_overhead_pct']:8.3f}% "
+            f"{'' if added is None else f'{added / 1e6:9.2f}'} "
+            f"{'' if added is None else format(row['analytic_bytes'] / 1e6, '12.2f')}"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "num_params": n_params,
-                                    "rows": rows}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps({"args": vars(args) | {"out": str(args.out)}, "num_params": n_params, "rows": rows}, indent=2) + "\n"
+    )
     print(f"\nwritten: {args.out}")
 
 

@@ -35,8 +35,10 @@ def _print_summary(title: str, cells) -> dict:
     print(f"\n== {title}: {s['exact']}/{s['cells']} exact, {s['within_one']}/{s['cells']} within one grid step")
     print(format_table(cells))
     for m in s["misses"]:
-        print(f"   miss: {m['method']:<18} {m['size']:>4} {m['target']:.0%}: paper {m['paper_gbps']:g}, "
-              f"simulated {m['sim_gbps']:.2f} Gbit/s ({m['offset']:+d})")
+        print(
+            f"   miss: {m['method']:<18} {m['size']:>4} {m['target']:.0%}: paper {m['paper_gbps']:g}, "
+            f"simulated {m['sim_gbps']:.2f} Gbit/s ({m['offset']:+d})"
+        )
     return s
 
 
@@ -61,19 +63,25 @@ def main() -> None:
     t4 = _print_summary(f"Streaming DiLoCo Table 4, step times x {PAPER_STEP_TIME_SCALE}", reproduce_table4())
     stated = summarize(reproduce_table4(step_time_scale=1.0))
     print(f"   with the stated step times (x 1.0): {stated['exact']}/75 exact, {stated['within_one']}/75 within one")
-    below = _print_summary("Table 4 with NO fitted constant: stated step times, the largest grid bandwidth below "
-                           "the target", reproduce_table4(step_time_scale=1.0, convention="last_below"))
+    below = _print_summary(
+        "Table 4 with NO fitted constant: stated step times, the largest grid bandwidth below the target",
+        reproduce_table4(step_time_scale=1.0, convention="last_below"),
+    )
     ratio = 10 ** (4 / 49)
-    same = ([c.sim_index for c in reproduce_table4(step_time_scale=ratio * (1 + 1e-9))]
-            == [c.sim_index for c in reproduce_table4(step_time_scale=1.0, convention="last_below")])
-    print(f"   identical to the natural reading at a step-time factor of one grid ratio, 10^(4/49) = {ratio:.4f}: {same}")
+    same = [c.sim_index for c in reproduce_table4(step_time_scale=ratio * (1 + 1e-9))] == [
+        c.sim_index for c in reproduce_table4(step_time_scale=1.0, convention="last_below")
+    ]
+    print(
+        f"   identical to the natural reading at a step-time factor of one grid ratio, 10^(4/49) = {ratio:.4f}: {same}"
+    )
     scan = np.round(np.arange(1.15, 1.25001, 0.0025), 4)
     t4_scan = {float(s): summarize(reproduce_table4(step_time_scale=float(s)))["exact"] for s in scan}
     best = max(t4_scan.values())
     print(f"   exact cells vs scale: best {best} at {[s for s, n in t4_scan.items() if n == best]}")
 
-    t6 = _print_summary(f"Scaling Laws Table 6 (10B), Table 4's assumptions (x {PAPER_STEP_TIME_SCALE})",
-                        reproduce_table6())
+    t6 = _print_summary(
+        f"Scaling Laws Table 6 (10B), Table 4's assumptions (x {PAPER_STEP_TIME_SCALE})", reproduce_table6()
+    )
     ranges = matching_scales(np.round(np.arange(1.0, 2.0, 0.005), 3))
     print("   step-time scale each Table 6 row needs to match all five cells:")
     for row, ok in ranges.items():
@@ -84,8 +92,10 @@ def main() -> None:
         print(f"   with those per-row scales (mid-points): {t6_row['exact']}/25 exact")
 
     timing = {n: _time_sweep(n) for n in (50, 500)}
-    print(f"\n== speed: 100B, all five methods: {timing[50] * 1e3:.1f} ms for 50 bandwidths, "
-          f"{timing[500] * 1e3:.1f} ms for 500 (median of 5)")
+    print(
+        f"\n== speed: 100B, all five methods: {timing[50] * 1e3:.1f} ms for 50 bandwidths, "
+        f"{timing[500] * 1e3:.1f} ms for 500 (median of 5)"
+    )
 
     results = {
         "calibration_step_time_scale": PAPER_STEP_TIME_SCALE,

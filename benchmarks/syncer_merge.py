@@ -77,7 +77,17 @@ def parse_size(text: str) -> int:
 
 def shape_for(values: int) -> tuple[int, int]:
     """(d, L): width and block count whose embedding + L blocks of 12 d^2 come near ``values``."""
-    d = 64 if values <= 250_000 else 256 if values <= 2_500_000 else 512 if values <= 10_000_000 else 1024 if values <= 100_000_000 else 2048
+    d = (
+        64
+        if values <= 250_000
+        else 256
+        if values <= 2_500_000
+        else 512
+        if values <= 10_000_000
+        else 1024
+        if values <= 100_000_000
+        else 2048
+    )
     return d, max(1, round((values - VOCAB * d) / (12 * d * d)))
 
 
@@ -89,9 +99,16 @@ class Stack(nn.Module):
         d = width
         self.embed = nn.Embedding(VOCAB, d)
         self.blocks = nn.ModuleList(
-            nn.ModuleDict({"qkv": nn.Linear(d, 3 * d, bias=False), "out": nn.Linear(d, d, bias=False),
-                           "up": nn.Linear(d, 4 * d, bias=False), "down": nn.Linear(4 * d, d, bias=False)})
-            for _ in range(num_blocks))
+            nn.ModuleDict(
+                {
+                    "qkv": nn.Linear(d, 3 * d, bias=False),
+                    "out": nn.Linear(d, d, bias=False),
+                    "up": nn.Linear(d, 4 * d, bias=False),
+                    "down": nn.Linear(4 * d, d, bias=False),
+                }
+            )
+            for _ in range(num_blocks)
+        )
 
 
 def build(values: int) -> tuple[nn.Module, int, int]:
@@ -160,8 +177,19 @@ def run_one(*, values: int, learners: int, codec: str, merge: str, repeats: int)
     times, cpu_times, sync_times = [], [], []
     for r in range(repeats):
         version = syncer.versions[0]
-        reports = [Report(learner=m, fragment=0, payload=payloads[m % len(payloads)], steps=10, tokens=1000.0 * (1 + m % 3),
-                          step_time=0.0, sent_after_step=10 * (r + 1), base_version=version) for m in range(learners)]
+        reports = [
+            Report(
+                learner=m,
+                fragment=0,
+                payload=payloads[m % len(payloads)],
+                steps=10,
+                tokens=1000.0 * (1 + m % 3),
+                step_time=0.0,
+                sent_after_step=10 * (r + 1),
+                base_version=version,
+            )
+            for m in range(learners)
+        ]
         for rep in reports[:-1]:
             assert syncer.receive(rep) == []
         t0, c0 = time.perf_counter(), time.process_time()
@@ -176,18 +204,40 @@ def run_one(*, values: int, learners: int, codec: str, merge: str, repeats: int)
     growth = (hwm - rss_before) * 1024 if hwm is not None and rss_before is not None else None
     median = statistics.median(times[1:] if len(times) > 1 else times)
     cpu_median = statistics.median(cpu_times[1:] if len(cpu_times) > 1 else cpu_times)
-    return {"values_target": values, "values": n, "width": d, "blocks": num_blocks, "learners": learners,
-            "codec": codec, "merge": merge, "repeats": repeats, "merge_s_median": median, "merge_s_first": times[0],
-            "merge_s_min": min(times), "merge_s_all": times, "sync_time_s_all": sync_times, "memcpy_s": copy_s,
-            "merge_over_memcpy": median / copy_s, "merge_cpu_s_median": cpu_median, "merge_cpu_s_all": cpu_times,
-            "memcpy_cpu_s": copy_cpu, "merge_over_memcpy_cpu": cpu_median / copy_cpu, "ns_per_learner_value": median / (n * learners) * 1e9,
-            "peak_growth_bytes": growth, "model_fp32_bytes": 4 * n,
-            "peak_growth_over_model": growth / (4 * n) if growth is not None else None, "hwm_reset": reset}
+    return {
+        "values_target": values,
+        "values": n,
+        "width": d,
+        "blocks": num_blocks,
+        "learners": learners,
+        "codec": codec,
+        "merge": merge,
+        "repeats": repeats,
+        "merge_s_median": median,
+        "merge_s_first": times[0],
+        "merge_s_min": min(times),
+        "merge_s_all": times,
+        "sync_time_s_all": sync_times,
+        "memcpy_s": copy_s,
+        "merge_over_memcpy": median / copy_s,
+        "merge_cpu_s_median": cpu_median,
+        "merge_cpu_s_all": cpu_times,
+        "memcpy_cpu_s": copy_cpu,
+        "merge_over_memcpy_cpu": cpu_median / copy_cpu,
+        "ns_per_learner_value": median / (n * learners) * 1e9,
+        "peak_growth_bytes": growth,
+        "model_fp32_bytes": 4 * n,
+        "peak_growth_over_model": growth / (4 * n) if growth is not None else None,
+        "hwm_reset": reset,
+    }
 
 
 def configs(args: argparse.Namespace) -> list[dict]:
-    out = [{"values": v, "learners": m, "codec": args.codec, "merge": args.merge}
-           for v in args.sizes for m in args.learners]
+    out = [
+        {"values": v, "learners": m, "codec": args.codec, "merge": args.merge}
+        for v in args.sizes
+        for m in args.learners
+    ]
     if not args.no_grid:
         for codec in args.codecs:
             for merge in args.merges:
@@ -215,8 +265,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="rounds per config (median of all but the first)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1M and 2M, M in {2, 4}, two codecs, 2 rounds")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per config before it is skipped")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="JSON path (default benchmarks/results/syncer_merge.json, syncer_merge_quick.json with --quick)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON path (default benchmarks/results/syncer_merge.json, syncer_merge_quick.json with --quick)",
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one JSON config, print its row
     args = ap.parse_args()
     if args.one:
@@ -226,7 +280,9 @@ def main() -> None:
         args.sizes, args.learners, args.codecs, args.merges = "1M", "2,4", "fp32,fp4_e3m0", "mean,rda"
         args.grid_size, args.grid_learners, args.repeats = "1M", 2, 2
     if args.out is None:
-        args.out = Path(__file__).parent / "results" / ("syncer_merge_quick.json" if args.quick else "syncer_merge.json")
+        args.out = (
+            Path(__file__).parent / "results" / ("syncer_merge_quick.json" if args.quick else "syncer_merge.json")
+        )
     from diloco.algorithm.codecs import ALL_CODEC_NAMES
     from diloco.decoupled.merge import check_merge
 
@@ -243,14 +299,21 @@ def main() -> None:
         raise ValueError("--repeats and every M must be at least 1")
 
     rows, skipped = [], []
-    header = (f"{'values':>11} {'d':>5} {'L':>3} {'M':>3} {'codec':<9} {'merge':<5} {'merge s':>8} "
-              f"{'first s':>8} {'cpu s':>7} {'memcpy ms':>9} {'x memcpy':>9} {'x cpu':>6} {'ns/(M*val)':>10} {'peak/model':>10}")
+    header = (
+        f"{'values':>11} {'d':>5} {'L':>3} {'M':>3} {'codec':<9} {'merge':<5} {'merge s':>8} "
+        f"{'first s':>8} {'cpu s':>7} {'memcpy ms':>9} {'x memcpy':>9} {'x cpu':>6} {'ns/(M*val)':>10} {'peak/model':>10}"
+    )
     print(header)
     for cfg in configs(args):
         one = json.dumps({**cfg, "repeats": args.repeats})
         try:
-            proc = subprocess.run([sys.executable, __file__, "--one", one], capture_output=True, text=True,
-                                  timeout=args.timeout, check=False)
+            proc = subprocess.run(
+                [sys.executable, __file__, "--one", one],
+                capture_output=True,
+                text=True,
+                timeout=args.timeout,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             skipped.append({**cfg, "why": f"over {args.timeout:g} s"})
             print(f"  skipped {cfg}: over {args.timeout:g} s")
@@ -262,15 +325,24 @@ def main() -> None:
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         rows.append(r)
         peak = "n/a" if r["peak_growth_over_model"] is None else f"{r['peak_growth_over_model']:.1f}x"
-        print(f"{r['values']:>11,} {r['width']:>5} {r['blocks']:>3} {r['learners']:>3} {r['codec']:<9} "
-              f"{r['merge']:<5} {r['merge_s_median']:>8.3f} {r['merge_s_first']:>8.3f} {r['merge_cpu_s_median']:>7.3f} "
-              f"{1e3 * r['memcpy_s']:>9.2f} {r['merge_over_memcpy']:>9.0f} {r['merge_over_memcpy_cpu']:>6.0f} "
-              f"{r['ns_per_learner_value']:>10.1f} {peak:>10}", flush=True)
-    meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "quick": args.quick,
-            "machine": platform.processor() or platform.machine(), "repeats": args.repeats,
-            "python": platform.python_version(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "timing": "median of rounds 2..repeats of Syncer.receive of the round's last report (the merge)",
-            "memory": "VmHWM - VmRSS before the rounds (HWM reset via /proc/self/clear_refs), over 4 * values"}
+        print(
+            f"{r['values']:>11,} {r['width']:>5} {r['blocks']:>3} {r['learners']:>3} {r['codec']:<9} "
+            f"{r['merge']:<5} {r['merge_s_median']:>8.3f} {r['merge_s_first']:>8.3f} {r['merge_cpu_s_median']:>7.3f} "
+            f"{1e3 * r['memcpy_s']:>9.2f} {r['merge_over_memcpy']:>9.0f} {r['merge_over_memcpy_cpu']:>6.0f} "
+            f"{r['ns_per_learner_value']:>10.1f} {peak:>10}",
+            flush=True,
+        )
+    meta = {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "quick": args.quick,
+        "machine": platform.processor() or platform.machine(),
+        "repeats": args.repeats,
+        "python": platform.python_version(),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "timing": "median of rounds 2..repeats of Syncer.receive of the round's last report (the merge)",
+        "memory": "VmHWM - VmRSS before the rounds (HWM reset via /proc/self/clear_refs), over 4 * values",
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"meta": meta, "rows": rows, "skipped": skipped}
     args.out.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")

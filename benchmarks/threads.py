@@ -52,8 +52,13 @@ def main() -> None:
     args = ap.parse_args()
     cores = len(usable_cores())
     preset = load_preset("demo")
-    base = {**preset["base"], "steps": args.steps, "eval_every": 10 * args.steps, "eval_batches": 1,
-            "checkpoint_every": 0}
+    base = {
+        **preset["base"],
+        "steps": args.steps,
+        "eval_every": 10 * args.steps,
+        "eval_batches": 1,
+        "checkpoint_every": 0,
+    }
     rows = []
     for competitor in (False, True):
         hog = None
@@ -67,10 +72,20 @@ def main() -> None:
                     cfg = TrainConfig.from_dict({**base, "replicas": m, "threads": threads})
                     busy = busy_cores()
                     t, used = step_time(cfg, args.cache_dir)
-                    rows.append({"replicas": m, "competitor": competitor, "setting": label, "threads": used,
-                                 "busy_before": busy, "median_step_s": t})
-                    print(f"M={m} competitor={competitor} {label}: {used} threads, {t:.3f} s/step "
-                          f"(busy {busy:.2f})", flush=True)
+                    rows.append(
+                        {
+                            "replicas": m,
+                            "competitor": competitor,
+                            "setting": label,
+                            "threads": used,
+                            "busy_before": busy,
+                            "median_step_s": t,
+                        }
+                    )
+                    print(
+                        f"M={m} competitor={competitor} {label}: {used} threads, {t:.3f} s/step (busy {busy:.2f})",
+                        flush=True,
+                    )
         finally:
             if hog is not None:
                 hog.kill()
@@ -80,8 +95,10 @@ def main() -> None:
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['replicas']:>2} {'one busy loop' if r['competitor'] else 'none':>18} {r['setting']:<26} "
-              f"{r['threads']:>7} {r['median_step_s']:7.3f}")
+        print(
+            f"{r['replicas']:>2} {'one busy loop' if r['competitor'] else 'none':>18} {r['setting']:<26} "
+            f"{r['threads']:>7} {r['median_step_s']:7.3f}"
+        )
     write_json(args.out, {"steps": args.steps, "cores": cores, "rows": rows})
     print(f"written: {args.out}")
 

@@ -39,16 +39,21 @@ from diloco.train.config import TrainConfig, load_preset
 from diloco.train.speed import tcmalloc_loaded
 from diloco.train.trainer import Trainer, build_model
 
-LEVERS = {"fp32": {}, "bf16": {"bf16": True}, "compile": {"compile": True},
-          "bf16+compile": {"bf16": True, "compile": True}}
+LEVERS = {
+    "fp32": {},
+    "bf16": {"bf16": True},
+    "compile": {"compile": True},
+    "bf16+compile": {"bf16": True, "compile": True},
+}
 
 
 def bare_loop(cfg: TrainConfig, data, steps: int) -> float:
     torch.set_num_threads(os.cpu_count() or 1)
     model = build_model(cfg, data.tokenizer.vocab_size)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2))
-    sampler = ShardSampler(data.train, rank=0, world_size=1, batch_size=cfg.global_batch, seq_len=cfg.seq_len,
-                           seed=cfg.seed)
+    sampler = ShardSampler(
+        data.train, rank=0, world_size=1, batch_size=cfg.global_batch, seq_len=cfg.seq_len, seed=cfg.seed
+    )
     t0 = time.perf_counter()
     for _ in range(steps):
         x, y = sampler.next_batch()
@@ -77,41 +82,77 @@ def lever_run(cfg: TrainConfig, cache: Path, skip: int) -> tuple[float, float]:
 def levers(args: argparse.Namespace) -> None:
     preset = load_preset("demo")
     threads = os.cpu_count() or 1
-    out: dict = {"sizes": {}, "rounds": args.rounds, "skip": args.skip, "threads": threads,
-                 "ld_preload": os.environ.get("LD_PRELOAD", ""), "tcmalloc_loaded": tcmalloc_loaded(),
-                 "torch": torch.__version__}
+    out: dict = {
+        "sizes": {},
+        "rounds": args.rounds,
+        "skip": args.skip,
+        "threads": threads,
+        "ld_preload": os.environ.get("LD_PRELOAD", ""),
+        "tcmalloc_loaded": tcmalloc_loaded(),
+        "torch": torch.__version__,
+    }
     for size, steps in zip(args.sizes, args.lever_steps):
-        base = TrainConfig.from_dict({**preset["base"], "size": size, "replicas": 1, "steps": steps,
-                                      "eval_every": steps, "eval_batches": 8, "warmup_steps": min(30, steps // 4),
-                                      "checkpoint_every": 0, "threads": threads})
+        base = TrainConfig.from_dict(
+            {
+                **preset["base"],
+                "size": size,
+                "replicas": 1,
+                "steps": steps,
+                "eval_every": steps,
+                "eval_batches": 8,
+                "warmup_steps": min(30, steps // 4),
+                "checkpoint_every": 0,
+                "threads": threads,
+            }
+        )
         prepare_tokens(base.sources, base.vocab_size, args.cache_dir, val_fraction=base.val_fraction)
         tps: dict[str, list[float]] = {k: [] for k in LEVERS}
         loss: dict[str, list[float]] = {k: [] for k in LEVERS}
         for r in range(args.rounds):
             for name, kw in LEVERS.items():
-                t, l = lever_run(base.with_overrides({**kw, "seed": r}), args.cache_dir, args.skip)
+                t, final = lever_run(base.with_overrides({**kw, "seed": r}), args.cache_dir, args.skip)
                 tps[name].append(t)
-                loss[name].append(l)
-            print(f"{size} round {r + 1}/{args.rounds} (seed {r}): "
-                  + ", ".join(f"{k}: {tps[k][-1]:.0f} tok/s, loss {loss[k][-1]:.4f}" for k in LEVERS), flush=True)
+                loss[name].append(final)
+            print(
+                f"{size} round {r + 1}/{args.rounds} (seed {r}): "
+                + ", ".join(f"{k}: {tps[k][-1]:.0f} tok/s, loss {loss[k][-1]:.4f}" for k in LEVERS),
+                flush=True,
+            )
         fp32 = statistics.median(tps["fp32"])
         rows = []
         for name in LEVERS:
             # the loss against fp32's of the same seed: the lever's effect; fp32's spread over seeds: the noise
             dl = [a - b for a, b in zip(loss[name], loss["fp32"])]
-            rows.append({"config": name, "tokens_per_s": statistics.median(tps[name]), "tokens_per_s_rounds": tps[name],
-                         "speedup": statistics.median(tps[name]) / fp32, "final_eval_loss": loss[name],
-                         "loss_minus_fp32_same_seed": dl})
+            rows.append(
+                {
+                    "config": name,
+                    "tokens_per_s": statistics.median(tps[name]),
+                    "tokens_per_s_rounds": tps[name],
+                    "speedup": statistics.median(tps[name]) / fp32,
+                    "final_eval_loss": loss[name],
+                    "loss_minus_fp32_same_seed": dl,
+                }
+            )
         noise = max(loss["fp32"]) - min(loss["fp32"]) if args.rounds > 1 else None
-        out["sizes"][size] = {"steps": steps, "tokens_per_step": base.tokens_per_step, "rows": rows,
-                              "fp32_loss_spread_over_seeds": noise}
-        print(f"\n{size}: {steps} steps of {base.tokens_per_step} tokens, {threads} threads, "
-              f"medians of {args.rounds} rounds")
-        print(f"{'config':<14} {'tokens/s':>9} {'speedup':>8} {'final eval loss (seed 0..)':>28} {'vs fp32, same seed':>20}")
+        out["sizes"][size] = {
+            "steps": steps,
+            "tokens_per_step": base.tokens_per_step,
+            "rows": rows,
+            "fp32_loss_spread_over_seeds": noise,
+        }
+        print(
+            f"\n{size}: {steps} steps of {base.tokens_per_step} tokens, {threads} threads, "
+            f"medians of {args.rounds} rounds"
+        )
+        print(
+            f"{'config':<14} {'tokens/s':>9} {'speedup':>8} {'final eval loss (seed 0..)':>28} {'vs fp32, same seed':>20}"
+        )
         for row in rows:
-            print(f"{row['config']:<14} {row['tokens_per_s']:9.0f} {row['speedup']:8.3f} "
-                  f"{' '.join(f'{v:.4f}' for v in row['final_eval_loss']):>28} "
-                  f"{' '.join(f'{v:+.4f}' for v in row['loss_minus_fp32_same_seed']):>20}")
+            print(
+                f"{row['config']:<14} {row['tokens_per_s']:9.0f} {row['speedup']:8.3f} "
+                f"{' '.join(f'{v:.4f}' for v in row['final_eval_loss']):>28} "
+                f"{' '.join(f'{v:+.4f}' for v in row['loss_minus_fp32_same_seed']):>20}"
+            )
         if noise is not None:
             print(f"noise: fp32's final eval loss spread over seeds {noise:.4f}")
     print(f"LD_PRELOAD={out['ld_preload']!r}; tcmalloc loaded: {out['tcmalloc_loaded']}")
@@ -127,8 +168,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sizes", nargs="+", default=["cpu-1m", "cpu-10m"], help="--part levers: model sizes")
-    ap.add_argument("--lever-steps", type=int, nargs="+", default=[150, 40],
-                    help="--part levers: steps per run, one per size")
+    ap.add_argument(
+        "--lever-steps", type=int, nargs="+", default=[150, 40], help="--part levers: steps per run, one per size"
+    )
     ap.add_argument("--skip", type=int, default=5, help="--part levers: first steps left out of tokens/s")
     ap.add_argument("--cache-dir", type=Path, default=default_cache_dir())
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "throughput.json")
@@ -139,8 +181,9 @@ def main() -> None:
         levers(args)
         return
     preset = load_preset("demo")
-    base = TrainConfig.from_dict({**preset["base"], "steps": args.steps, "eval_every": 10 * args.steps,
-                                  "eval_batches": 1, "warmup_steps": 5})
+    base = TrainConfig.from_dict(
+        {**preset["base"], "steps": args.steps, "eval_every": 10 * args.steps, "eval_batches": 1, "warmup_steps": 5}
+    )
     data = prepare_tokens(base.sources, base.vocab_size, args.cache_dir, val_fraction=base.val_fraction)
     runs = {
         "bare loop (1 model, batch 16)": lambda: bare_loop(base, data, args.steps),
@@ -165,9 +208,20 @@ def main() -> None:
     print(f"DiLoCo M=2 time / DP M=2 time, same tokens: {time_ratio:.3f}  (goal <= 1.05)")
     print(f"LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"rows": rows, "trainer_vs_bare": ratio_m1, "diloco_vs_dp_time": time_ratio,
-                                    "steps": args.steps, "rounds": args.rounds,
-                                    "ld_preload": os.environ.get("LD_PRELOAD", "")}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "rows": rows,
+                "trainer_vs_bare": ratio_m1,
+                "diloco_vs_dp_time": time_ratio,
+                "steps": args.steps,
+                "rounds": args.rounds,
+                "ld_preload": os.environ.get("LD_PRELOAD", ""),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"written: {args.out}")
 
 

@@ -50,17 +50,35 @@ class Cluster:
 
         self.s, self.run_dir, self.script = s, run_dir, script
         self.lighthouse = LighthouseServer(
-            bind="127.0.0.1:0", min_replicas=s.min_replicas, join_timeout_ms=int(s.join_timeout_s * 1000),
-            quorum_tick_ms=int(s.quorum_tick_s * 1000), heartbeat_timeout_ms=int(s.heartbeat_timeout_s * 1000))
+            bind="127.0.0.1:0",
+            min_replicas=s.min_replicas,
+            join_timeout_ms=int(s.join_timeout_s * 1000),
+            quorum_tick_ms=int(s.quorum_tick_s * 1000),
+            heartbeat_timeout_ms=int(s.heartbeat_timeout_s * 1000),
+        )
         self.procs: dict[tuple[int, int], subprocess.Popen] = {}
         self.spawned: dict[tuple[int, int], float] = {}
 
     def spawn(self, replica: int, incarnation: int) -> float:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-               "OMP_NUM_THREADS": "1"}
-        cmd = [sys.executable, str(self.script), "--replica", str(replica), "--incarnation",
-               str(incarnation), "--lighthouse", self.lighthouse.address(), "--run-dir", str(self.run_dir),
-               "--settings", json.dumps(dataclasses.asdict(self.s))]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+            "OMP_NUM_THREADS": "1",
+        }
+        cmd = [
+            sys.executable,
+            str(self.script),
+            "--replica",
+            str(replica),
+            "--incarnation",
+            str(incarnation),
+            "--lighthouse",
+            self.lighthouse.address(),
+            "--run-dir",
+            str(self.run_dir),
+            "--settings",
+            json.dumps(dataclasses.asdict(self.s)),
+        ]
         out = open(self.run_dir / f"replica{replica}.inc{incarnation}.out", "w")
         t = time.time()
         self.procs[replica, incarnation] = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -97,8 +115,15 @@ class Cluster:
         self.lighthouse.shutdown()
 
 
-def instrumented_manager(*, replica: int, lighthouse: str, s: Any, state_dict: Callable[[], dict],
-                         load_state_dict: Callable[[dict], None], event: Callable[..., None]) -> Any:
+def instrumented_manager(
+    *,
+    replica: int,
+    lighthouse: str,
+    s: Any,
+    state_dict: Callable[[], dict],
+    load_state_dict: Callable[[dict], None],
+    event: Callable[..., None],
+) -> Any:
     """A torchft ``Manager`` for a replica group of one process, its quorums and commits logged by ``event``
     (see the module docstring); ``load_state_dict`` is called only when the manager heals from a peer."""
     from datetime import timedelta
@@ -116,11 +141,22 @@ def instrumented_manager(*, replica: int, lighthouse: str, s: Any, state_dict: C
     store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     timeout = timedelta(seconds=s.timeout_s)
     manager = Manager(
-        pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1, use_async_quorum=False, init_sync=True,
-        load_state_dict=load, state_dict=state_dict,
-        replica_id=str(replica), store_addr="127.0.0.1", store_port=store.port, rank=0, world_size=1,
-        lighthouse_addr=lighthouse, hostname="localhost", timeout=timeout,
-        quorum_timeout=timedelta(seconds=s.quorum_timeout_s), connect_timeout=timeout,
+        pg=ProcessGroupGloo(timeout=timeout),
+        min_replica_size=1,
+        use_async_quorum=False,
+        init_sync=True,
+        load_state_dict=load,
+        state_dict=state_dict,
+        replica_id=str(replica),
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        lighthouse_addr=lighthouse,
+        hostname="localhost",
+        timeout=timeout,
+        quorum_timeout=timedelta(seconds=s.quorum_timeout_s),
+        connect_timeout=timeout,
         heartbeat_interval=timedelta(seconds=s.heartbeat_interval_s),
     )
     manager._diloco_store = store  # kept alive with the manager
@@ -136,15 +172,26 @@ def instrumented_manager(*, replica: int, lighthouse: str, s: Any, state_dict: C
         n, qid = manager.num_participants(), manager._quorum_id
         if healed[0]:
             event("healed", wait_s=wait_s, outer_step=manager.current_step(), participants=n)
-        event("quorum", wait_s=wait_s, participants=n, quorum_id=qid, outer_step=manager.current_step(),
-              changed=(qid, n) != last_quorum[0])
+        event(
+            "quorum",
+            wait_s=wait_s,
+            participants=n,
+            quorum_id=qid,
+            outer_step=manager.current_step(),
+            changed=(qid, n) != last_quorum[0],
+        )
         last_quorum[0] = (qid, n)
 
     def timed_should_commit(*args: Any, **kwargs: Any) -> bool:
         ok = should_commit(*args, **kwargs)
         err = manager.errored()
-        event("sync", committed=bool(ok), participants=manager.num_participants(),
-              outer_step=manager.current_step(), error=None if err is None else repr(err.original_exception)[:200])
+        event(
+            "sync",
+            committed=bool(ok),
+            participants=manager.num_participants(),
+            outer_step=manager.current_step(),
+            error=None if err is None else repr(err.original_exception)[:200],
+        )
         return ok
 
     manager.start_quorum, manager.should_commit = timed_start_quorum, timed_should_commit
@@ -152,7 +199,8 @@ def instrumented_manager(*, replica: int, lighthouse: str, s: Any, state_dict: C
 
 
 def versions() -> dict:
-    import torch
     from importlib.metadata import version
+
+    import torch
 
     return {"python": sys.version.split()[0], "torch": torch.__version__, "torchft": version("torchft")}

@@ -137,16 +137,20 @@ def _replica_main(replica: int, incarnation: int, lighthouse: str, run_dir: Path
         frags = [torch.nn.ModuleList([model.embed, model.norm, model.head]), model.blocks]
     else:
         raise ValueError(f"fragments must be 1 or 2, got {s.fragments}")
-    outers = [torch.optim.SGD(f.parameters(), lr=s.outer_lr, momentum=s.outer_momentum, nesterov=True)
-              for f in frags]
+    outers = [torch.optim.SGD(f.parameters(), lr=s.outer_lr, momentum=s.outer_momentum, nesterov=True) for f in frags]
 
     def load_state_dict(sd: dict) -> None:  # torchft calls it only to apply a peer's state (healing)
         model.load_state_dict(sd["model"])
         inner.load_state_dict(sd["inner"])
 
-    manager = instrumented_manager(replica=replica, lighthouse=lighthouse, s=s, load_state_dict=load_state_dict,
-                                   state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict()},
-                                   event=event)
+    manager = instrumented_manager(
+        replica=replica,
+        lighthouse=lighthouse,
+        s=s,
+        load_state_dict=load_state_dict,
+        state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict()},
+        event=event,
+    )
     event("ready")
 
     gen = torch.Generator().manual_seed(1000 * s.seed + 10 * replica + incarnation)
@@ -162,8 +166,16 @@ def _replica_main(replica: int, incarnation: int, lighthouse: str, run_dir: Path
     pad_hook = inner.register_step_post_hook(pad)
     step = 0
     try:
-        with DiLoCo(manager, frags, inner, outers, sync_every=s.sync_every, backup_device=torch.device("cpu"),
-                    pin_memory=False, fragment_sync_delay=s.fragment_sync_delay):
+        with DiLoCo(
+            manager,
+            frags,
+            inner,
+            outers,
+            sync_every=s.sync_every,
+            backup_device=torch.device("cpu"),
+            pin_memory=False,
+            fragment_sync_delay=s.fragment_sync_delay,
+        ):
             while not stop.exists():
                 clock["begin"] = time.time()
                 tokens = torch.randint(0, s.vocab_size, (s.batch_size, s.seq_len + 1), generator=gen)
@@ -174,8 +186,16 @@ def _replica_main(replica: int, incarnation: int, lighthouse: str, run_dir: Path
                 inner.zero_grad()
                 step += 1
                 end = time.time()
-                write({"step": step, "t": end, "dt": end - clock["begin"], "sync_s": end - clock["padded"],
-                       "outer_step": manager.current_step(), "loss": round(loss.item(), 4)})
+                write(
+                    {
+                        "step": step,
+                        "t": end,
+                        "dt": end - clock["begin"],
+                        "sync_s": end - clock["padded"],
+                        "outer_step": manager.current_step(),
+                        "loss": round(loss.item(), 4),
+                    }
+                )
         event("stop", steps=step)
     finally:
         pad_hook.remove()
@@ -226,8 +246,13 @@ def _run(s: Settings, run_dir: Path) -> dict:
         t_stop = time.time()
     finally:
         cluster.close()
-    return {"t0": t0, "t_kill": t_kill, "t_restart": t_restart, "t_stop": t_stop,
-            "rows": {f"{r}.{i}": cluster.rows(r, i) for r, i in ((0, 0), (1, 0), (1, 1))}}
+    return {
+        "t0": t0,
+        "t_kill": t_kill,
+        "t_restart": t_restart,
+        "t_stop": t_stop,
+        "rows": {f"{r}.{i}": cluster.rows(r, i) for r, i in ((0, 0), (1, 0), (1, 1))},
+    }
 
 
 def _analyse(s: Settings, run: dict) -> dict:
@@ -251,19 +276,18 @@ def _analyse(s: Settings, run: dict) -> dict:
     next_quorum = next(r for r in quorums if r["t"] > t_kill)
     next_sync = next(r for r in events if r["event"] == "sync" and r["t"] > next_quorum["t"])
     step_at_kill_sync = min((r for r in steps if r["t"] >= next_quorum["t"]), key=lambda r: r["t"])
-    rejoin = next((r for r in events if r["event"] == "quorum" and r["t"] > t_restart and r["participants"] == 2),
-                  None)
-    step_at_rejoin = (min((r for r in steps if r["t"] >= rejoin["t"]), key=lambda r: r["t"], default=None)
-                      if rejoin else None)
+    rejoin = next((r for r in events if r["event"] == "quorum" and r["t"] > t_restart and r["participants"] == 2), None)
+    step_at_rejoin = (
+        min((r for r in steps if r["t"] >= rejoin["t"]), key=lambda r: r["t"], default=None) if rejoin else None
+    )
 
     new = run["rows"]["1.1"]
-    ev = lambda name, pred=lambda r: True: next(  # noqa: E731
-        (r for r in new if r.get("event") == name and pred(r)), None)
+    ev = lambda name, pred=lambda r: True: next((r for r in new if r.get("event") == name and pred(r)), None)
     start, healed = ev("start"), ev("healed")
     quorum2 = ev("quorum", lambda r: r["participants"] == 2)
     contributed = _contributed(new)
     first_step = next((r for r in new if "step" in r), None)
-    since = lambda r: None if r is None else round(r["t"] - t_restart, 3)  # noqa: E731
+    since = lambda r: None if r is None else round(r["t"] - t_restart, 3)
     return {
         "survivor": {
             "typical_step_s": round(typical, 4),
@@ -293,8 +317,11 @@ def _analyse(s: Settings, run: dict) -> dict:
             "quorum_of_2_s": since(quorum2),
             "contributes_s": None if contributed is None else round(contributed - t_restart, 3),
         },
-        "timeline_s": {"kill": round(t_kill - t0, 3), "restart": round(t_restart - t0, 3),
-                       "stop": round(run["t_stop"] - t0, 3)},
+        "timeline_s": {
+            "kill": round(t_kill - t0, 3),
+            "restart": round(t_restart - t0, 3),
+            "stop": round(run["t_stop"] - t0, 3),
+        },
     }
 
 
@@ -343,7 +370,7 @@ def _median(results: list[dict]) -> dict:
     out: dict = {}
     for part in ("survivor", "restarted"):
         out[part] = {}
-        for key, value in results[0][part].items():
+        for key in results[0][part]:
             vals = [r[part][key] for r in results]
             if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
                 out[part][key] = round(statistics.median(vals), 4)
@@ -382,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
     doc = {
         "benchmark": "torchft_healing",
         "description": "torchft DiLoCo, 2 one-process replica groups, SIGKILL of replica 1 and a restart; "
-                       "the survivor's stall and kept steps, the restarted replica's healing and rejoin",
+        "the survivor's stall and kept steps, the restarted replica's healing and rejoin",
         "settings": dataclasses.asdict(s),
         "versions": versions(),
         "repeats": results,

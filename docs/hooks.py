@@ -21,8 +21,13 @@ def config_keys_markdown() -> str:
     for f in reference():
         if f.section != section:
             section = f.section
-            out += ["", f"### {section[0].upper()}{section[1:]}", "", "| key | type | default | meaning |",
-                    "|---|---|---|---|"]
+            out += [
+                "",
+                f"### {section[0].upper()}{section[1:]}",
+                "",
+                "| key | type | default | meaning |",
+                "|---|---|---|---|",
+            ]
         default = ",".join(f.default) if isinstance(f.default, list) else f.default
         default = "(empty)" if default == "" else str(default).lower() if isinstance(default, bool) else default
         doc = f.doc.replace("|", "\\|")
@@ -46,7 +51,7 @@ def cli_markdown() -> str:
     return "\n".join(out)
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (MkDocs' signature)
+def on_page_markdown(markdown: str, page, config, files) -> str:
     if CONFIG_MARK in markdown:
         markdown = markdown.replace(CONFIG_MARK, config_keys_markdown())
     if CLI_MARK in markdown:

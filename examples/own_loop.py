@@ -52,7 +52,9 @@ class ByteModel(nn.Module):
 
 def load_text(path: str | None) -> bytes:
     if path is None:  # real English text that every Python has: the docs of a few standard modules
-        return "\n".join(pydoc.render_doc(m, renderer=pydoc.plaintext) for m in ("argparse", "json", "pathlib")).encode()
+        return "\n".join(
+            pydoc.render_doc(m, renderer=pydoc.plaintext) for m in ("argparse", "json", "pathlib")
+        ).encode()
     p = Path(path)
     files = sorted(f for f in p.rglob("*") if f.suffix in (".txt", ".md")) if p.is_dir() else [p]
     if not files:
@@ -62,11 +64,11 @@ def load_text(path: str | None) -> bytes:
 
 def batches(data: torch.Tensor, rank: int, world: int, *, batch: int, context: int, seed: int):
     """Replica ``rank`` reads its own contiguous part of the text, in a seeded random order."""
-    part = data[rank * len(data) // world:(rank + 1) * len(data) // world]
+    part = data[rank * len(data) // world : (rank + 1) * len(data) // world]
     g = torch.Generator().manual_seed(seed + rank)
     while True:
         starts = torch.randint(0, len(part) - context - 1, (batch,), generator=g)
-        windows = torch.stack([part[s:s + context + 1] for s in starts.tolist()])
+        windows = torch.stack([part[s : s + context + 1] for s in starts.tolist()])
         yield windows[:, :-1], windows[:, -1]
 
 
@@ -74,8 +76,15 @@ def replica(comm, args: argparse.Namespace, train: torch.Tensor, val: torch.Tens
     torch.manual_seed(0)  # the same initial model everywhere (StreamingDiLoCo also broadcasts replica 0's)
     model = ByteModel(args.context)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
-    algo = StreamingDiLoCo(model, comm=comm, sync_every=args.sync_every, num_fragments=2, overlap_steps=1,
-                           merge_alpha=0.5, codec="fp4_e3m0")
+    algo = StreamingDiLoCo(
+        model,
+        comm=comm,
+        sync_every=args.sync_every,
+        num_fragments=2,
+        overlap_steps=1,
+        merge_alpha=0.5,
+        codec="fp4_e3m0",
+    )
     data = batches(train, comm.rank, comm.world_size, batch=32, context=args.context, seed=1)
     for step in range(1, args.steps + 1):
         x, y = next(data)
@@ -90,7 +99,7 @@ def replica(comm, args: argparse.Namespace, train: torch.Tensor, val: torch.Tens
     evaluator = copy.deepcopy(model)
     evaluator.load_state_dict(algo.global_state_dict())  # evaluate the global (outer) parameters
     with torch.no_grad():
-        x = torch.stack([val[i:i + args.context] for i in range(0, len(val) - args.context - 1, 7)])
+        x = torch.stack([val[i : i + args.context] for i in range(0, len(val) - args.context - 1, 7)])
         y = torch.stack([val[i + args.context] for i in range(0, len(val) - args.context - 1, 7)])
         val_loss = F.cross_entropy(evaluator(x), y).item()
     return {"val_loss": val_loss, "bytes_sent": comm.stats.bytes_sent}
@@ -114,8 +123,10 @@ def main() -> None:
     else:
         out, lead = run_replicas(lambda comm: replica(comm, args, train, val), 2)[0], True
     if lead:
-        print(f"held-out loss of the global model: {out['val_loss']:.3f} nats/byte "
-              f"(uniform guess: {torch.log(torch.tensor(256.0)).item():.3f}); sent {out['bytes_sent']} bytes/replica")
+        print(
+            f"held-out loss of the global model: {out['val_loss']:.3f} nats/byte "
+            f"(uniform guess: {torch.log(torch.tensor(256.0)).item():.3f}); sent {out['bytes_sent']} bytes/replica"
+        )
 
 
 if __name__ == "__main__":

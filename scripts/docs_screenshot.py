@@ -37,11 +37,19 @@ def check_home(site: Path, out: Path, *, width: int = 1280, height: int = 900) -
     if not page.is_file():
         raise FileNotFoundError(f"{page} does not exist: build the site first (make docs)")
     with tempfile.TemporaryDirectory() as profile:
-        flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
-                 "--hide-scrollbars", f"--window-size={width},{height}"]
+        flags = [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--user-data-dir={profile}",
+            "--hide-scrollbars",
+            f"--window-size={width},{height}",
+        ]
         dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
-        shot = subprocess.run([*flags, f"--screenshot={out.resolve()}", page.as_uri()], capture_output=True,
-                              text=True, timeout=120)
+        shot = subprocess.run(
+            [*flags, f"--screenshot={out.resolve()}", page.as_uri()], capture_output=True, text=True, timeout=120
+        )
     problems = []
     if dom.returncode != 0 or shot.returncode != 0 or not out.is_file():
         return [f"chromium failed: {dom.stderr[-500:]} {shot.stderr[-500:]}"]
@@ -61,8 +69,10 @@ def check_home(site: Path, out: Path, *, width: int = 1280, height: int = 900) -
     header = image[5:40].reshape(-1, 3)  # the theme's header bar, in its primary colour (indigo) when styled
     share = float(np.mean(np.abs(header - np.array(HEADER_RGB)).sum(axis=1) < 40))
     if share < 0.5:
-        problems.append(f"the header bar is not drawn in the theme's colour ({share:.0%} of its pixels): "
-                        f"the stylesheet did not load")
+        problems.append(
+            f"the header bar is not drawn in the theme's colour ({share:.0%} of its pixels): "
+            f"the stylesheet did not load"
+        )
     return problems
 
 

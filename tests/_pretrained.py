@@ -28,8 +28,15 @@ def make_pretrained_llama(folder: Path, docs: list[str], *, steps: int = 30) -> 
     initialisation's, so a run that starts from these weights shows it from its first step."""
     import transformers
 
-    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=MODEL_VOCAB, max_position_embeddings=64)
+    cfg = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=MODEL_VOCAB,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(1234)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     tok = train_tokenizer(docs, TOKENIZER_VOCAB)
@@ -38,7 +45,7 @@ def make_pretrained_llama(folder: Path, docs: list[str], *, steps: int = 30) -> 
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
         starts = torch.randint(0, len(ids) - 33, (8,), generator=g)
-        batch = torch.stack([ids[s:s + 33] for s in starts.tolist()])
+        batch = torch.stack([ids[s : s + 33] for s in starts.tolist()])
         model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss.backward()
         opt.step()
         opt.zero_grad()

@@ -12,13 +12,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def lazy_exports(package: str, exports: Mapping[str, str], namespace: dict[str, Any],
-                 ) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
+def lazy_exports(
+    package: str,
+    exports: Mapping[str, str],
+    namespace: dict[str, Any],
+) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
     """``(__getattr__, __dir__, __all__)`` for ``package``, whose name ``n`` lives in module ``exports[n]``.
 
     Module paths starting with ``.`` are relative to ``package``. An imported name is cached in the package's
     ``namespace`` so ``__getattr__`` runs once per name.
     """
+
     def __getattr__(name: str) -> Any:
         if name in exports:
             value = getattr(importlib.import_module(exports[name], package), name)

@@ -139,6 +139,13 @@ def append_jsonl(fh: Any, record: Any) -> None:
 
 
 __all__ = [
-    "CACHE_ENV", "append_jsonl", "atomic_write_bytes", "atomic_write_with", "default_cache_dir",
-    "dumps_strict", "read_json", "read_jsonl", "write_json",
+    "CACHE_ENV",
+    "append_jsonl",
+    "atomic_write_bytes",
+    "atomic_write_with",
+    "default_cache_dir",
+    "dumps_strict",
+    "read_json",
+    "read_jsonl",
+    "write_json",
 ]

@@ -46,19 +46,27 @@ def schedule_errors(sync_every: int, num_fragments: int, overlap_steps: int, *, 
     if P < 1:
         errors.append(f"num_fragments (P) must be >= 1, got P={P}")
     elif P > H:
-        errors.append(f"num_fragments (P={P}) cannot exceed sync_every (H={H}): each fragment needs its own "
-                      f"step in every window of H steps; use P <= {H} or raise H to >= {P}")
+        errors.append(
+            f"num_fragments (P={P}) cannot exceed sync_every (H={H}): each fragment needs its own "
+            f"step in every window of H steps; use P <= {H} or raise H to >= {P}"
+        )
     if eager:
         if tau != H:
-            errors.append(f"eager updates overlap a whole outer step: overlap_steps (tau={tau}) must equal "
-                          f"sync_every (H={H}); set overlap_steps={H}")
+            errors.append(
+                f"eager updates overlap a whole outer step: overlap_steps (tau={tau}) must equal "
+                f"sync_every (H={H}); set overlap_steps={H}"
+            )
     elif tau == H:
-        errors.append(f"overlap_steps (tau={tau}) = sync_every (H={H}) needs eager updates (eager=True); "
-                      f"without them use 0 <= tau <= {H - 1}")
+        errors.append(
+            f"overlap_steps (tau={tau}) = sync_every (H={H}) needs eager updates (eager=True); "
+            f"without them use 0 <= tau <= {H - 1}"
+        )
     elif not 0 <= tau < H:
-        errors.append(f"overlap_steps (tau={tau}) must satisfy 0 <= tau < sync_every (H={H}) so that a "
-                      f"fragment's sync finishes before its next one starts; use 0 <= tau <= {H - 1} "
-                      f"(or tau = H with eager updates)")
+        errors.append(
+            f"overlap_steps (tau={tau}) must satisfy 0 <= tau < sync_every (H={H}) so that a "
+            f"fragment's sync finishes before its next one starts; use 0 <= tau <= {H - 1} "
+            f"(or tau = H with eager updates)"
+        )
     return errors
 
 

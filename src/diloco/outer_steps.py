@@ -37,8 +37,9 @@ def recommended_sync_every(*, total_steps: int, num_fragments: int = 1) -> int:
     return max(num_fragments, 1, total_steps // MIN_OUTER_STEPS)
 
 
-def outer_steps_warning(*, method: str, total_steps: int, sync_every: int, num_fragments: int = 1,
-                        eager: bool = False) -> str | None:
+def outer_steps_warning(
+    *, method: str, total_steps: int, sync_every: int, num_fragments: int = 1, eager: bool = False
+) -> str | None:
     """A warning when a synchronous DiLoCo run takes fewer outer steps than the rule, naming what gives more;
     None when it takes enough (or for data-parallel and decoupled learners, which the study did not cover)."""
     if method not in OUTER_MOMENTUM or total_steps <= 0:
@@ -54,11 +55,19 @@ def outer_steps_warning(*, method: str, total_steps: int, sync_every: int, num_f
     fixes.append(f"steps >= {MIN_OUTER_STEPS * sync_every} at this H (more tokens, or a smaller global_batch)")
     if low > 1 and total_steps // low < MIN_OUTER_STEPS:
         fixes.append(f"fewer fragments (num_fragments={num_fragments} needs H >= {low})")
-    return (f"sync_every={sync_every} gives {n} outer steps over {total_steps} inner steps; runs with fewer than "
-            f"{MIN_OUTER_STEPS} lost to runs with more in {SOURCE} (Streaming at 40 outer steps +3.83 % against "
-            f"data-parallel, at 80 +2.57 %). For more: {'; or '.join(fixes)}. The outer momentum that won there: "
-            f"{OUTER_MOMENTUM[method]} for {method}.")
+    return (
+        f"sync_every={sync_every} gives {n} outer steps over {total_steps} inner steps; runs with fewer than "
+        f"{MIN_OUTER_STEPS} lost to runs with more in {SOURCE} (Streaming at 40 outer steps +3.83 % against "
+        f"data-parallel, at 80 +2.57 %). For more: {'; or '.join(fixes)}. The outer momentum that won there: "
+        f"{OUTER_MOMENTUM[method]} for {method}."
+    )
 
 
-__all__ = ["MIN_OUTER_STEPS", "OUTER_MOMENTUM", "SOURCE", "outer_steps", "outer_steps_warning",
-           "recommended_sync_every"]
+__all__ = [
+    "MIN_OUTER_STEPS",
+    "OUTER_MOMENTUM",
+    "SOURCE",
+    "outer_steps",
+    "outer_steps_warning",
+    "recommended_sync_every",
+]

@@ -125,6 +125,12 @@ def default_exchange(num_replicas: int) -> str:
 
 
 __all__ = [
-    "EXCHANGES", "LinkBytes", "all_gather_bytes", "check_exchange", "default_exchange",
-    "exchange_bytes", "reduce_scatter_bytes", "shard_sizes",
+    "EXCHANGES",
+    "LinkBytes",
+    "all_gather_bytes",
+    "check_exchange",
+    "default_exchange",
+    "exchange_bytes",
+    "reduce_scatter_bytes",
+    "shard_sizes",
 ]

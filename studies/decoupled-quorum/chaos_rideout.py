@@ -31,10 +31,32 @@ def main() -> None:
     for bound in (int(b) for b in args.bounds.split(",")):
         for fault in ("none", "syncer-kill"):
             out = work / f"b{bound}-{fault}"
-            cmd = [sys.executable, "-m", "diloco", "chaos", "--preset", "tiny", "--out", str(out),
-                   "--step-time", "0.1", "--set", "replicas=3", "--set", "global_batch=12", "--set", "quorum=2",
-                   "--set", "overlap_steps=1", "--set", "sync_every=16", "--set", f"steps={args.steps}",
-                   "--set", f"ride_out_steps={bound}"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "diloco",
+                "chaos",
+                "--preset",
+                "tiny",
+                "--out",
+                str(out),
+                "--step-time",
+                "0.1",
+                "--set",
+                "replicas=3",
+                "--set",
+                "global_batch=12",
+                "--set",
+                "quorum=2",
+                "--set",
+                "overlap_steps=1",
+                "--set",
+                "sync_every=16",
+                "--set",
+                f"steps={args.steps}",
+                "--set",
+                f"ride_out_steps={bound}",
+            ]
             if fault == "syncer-kill":
                 cmd += ["--syncer-kill", "10"]
             t0 = time.time()
@@ -42,8 +64,13 @@ def main() -> None:
             row = {"ride_out_steps": bound, "fault": fault, "rc": proc.returncode, "wall_s": round(time.time() - t0, 1)}
             try:
                 s = json.loads((out / "summary.json").read_text())
-                row.update(eval_loss=s.get("eval_loss"), wait_share=s.get("wait_share"), merges=s.get("merges"),
-                           goodput=s.get("goodput"), syncer_kills=s.get("syncer_kills"))
+                row.update(
+                    eval_loss=s.get("eval_loss"),
+                    wait_share=s.get("wait_share"),
+                    merges=s.get("merges"),
+                    goodput=s.get("goodput"),
+                    syncer_kills=s.get("syncer_kills"),
+                )
             except (OSError, ValueError):
                 row["error"] = proc.stderr[-3000:]
             with open(args.out, "a") as f:

@@ -40,8 +40,10 @@ def main() -> None:
     print(f"Data-parallel (M = 4, same tokens): {fmt(dp_m, dp_se)} over {len(dp)} seeds\n")
     print("| M | K | merge | outer_scale | τ | seeds | final loss (mean ± s.e.) | vs K = M | vs DP |")
     print("|---|---|---|---|---|---|---|---|---|")
-    keys = sorted((k for k in groups if k[0] == "decoupled"),
-                  key=lambda k: (k[5], k[1], k[3], -k[2], ["share", "sqrt-share", "none"].index(k[4])))
+    keys = sorted(
+        (k for k in groups if k[0] == "decoupled"),
+        key=lambda k: (k[5], k[1], k[3], -k[2], ["share", "sqrt-share", "none"].index(k[4])),
+    )
     for k in keys:
         _, M, K, merge, scale, tau = k
         xs = groups[k]
@@ -49,8 +51,10 @@ def main() -> None:
         ref = groups.get(("decoupled", M, M, merge, "share", tau))
         vs_k = "—" if K == M or not ref or m > DIVERGED else f"{100 * (m / statistics.fmean(ref) - 1):+.2f} %"
         vs_dp = "—" if m > DIVERGED else f"{100 * (m / dp_m - 1):+.2f} %"
-        print(f"| {M} | {K} | {merge} | {scale if K < M else '(any)'} | {tau} | {len(xs)} | {fmt(m, se)} | {vs_k} | "
-              f"{vs_dp} |")
+        print(
+            f"| {M} | {K} | {merge} | {scale if K < M else '(any)'} | {tau} | {len(xs)} | {fmt(m, se)} | {vs_k} | "
+            f"{vs_dp} |"
+        )
     # what the divergence guard (diverge_factor 3, reference min(first eval, ln 512)) would have done
     ln_v = math.log(512)
 
@@ -60,12 +64,15 @@ def main() -> None:
     scaled = [r for r in rows if r["scale"] != "none"]
     old = [r for r in rows if r["scale"] == "none"]
     tripped = [r for r in rows if ratio(r) > 3]
-    print(f"\nThe divergence guard (stop above 3 x min(first evaluation, ln 512)): the {len(scaled)} runs of DP, K = M "
-          f"and the scaled rules (share, sqrt-share) have a largest evaluation of at most "
-          f"{max(map(ratio, scaled)):.3f} x that reference (none above 3); of the {len(old)} runs with a whole step "
-          f"per merge (none), {len(tripped)} pass 3 (all {sum(r['final_eval_loss'] > DIVERGED for r in tripped)} end "
-          f"above {DIVERGED:g}), the others reach at most "
-          f"{max(ratio(r) for r in old if ratio(r) <= 3):.2f} x.")
+    print(
+        f"\nThe divergence guard (stop above 3 x min(first evaluation, ln 512)): the {len(scaled)} runs of DP, K = M "
+        f"and the scaled rules (share, sqrt-share) have a largest evaluation of at most "
+        f"{max(map(ratio, scaled)):.3f} x that reference (none above 3); of the {len(old)} runs with a whole step "
+        f"per merge (none), {len(tripped)} pass 3 (all {sum(r['final_eval_loss'] > DIVERGED for r in tripped)} end "
+        f"above {DIVERGED:g}), the others reach at most "
+        f"{max(ratio(r) for r in old if ratio(r) <= 3):.2f} x."
+    )
+
 
 if __name__ == "__main__":
     main()

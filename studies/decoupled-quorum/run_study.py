@@ -32,8 +32,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BASE = {"global_batch": 24, "steps": 400, "threads": 1, "eval_every": 50, "checkpoint_every": 0,
-        "diverge_factor": 0}
+BASE = {"global_batch": 24, "steps": 400, "threads": 1, "eval_every": 50, "checkpoint_every": 0, "diverge_factor": 0}
 TIMEOUT_S = 300  # a run takes 5-30 s on 2 cores
 
 
@@ -41,28 +40,55 @@ def runs(tier: str) -> list[dict]:
     out = []
     if tier == "tau":
         auto = {"mean": "share", "rda": "sqrt-share"}
-        return [{"method": "decoupled", "M": M, "K": K, "merge": merge, "scale": auto[merge] if K < M else "share",
-                 "tau": tau, "seed": seed}
-                for seed in (0, 1) for tau in (0, 2) for M in (2, 4) for K in sorted({1, M // 2, M})
-                for merge in ("mean", "rda")]
+        return [
+            {
+                "method": "decoupled",
+                "M": M,
+                "K": K,
+                "merge": merge,
+                "scale": auto[merge] if K < M else "share",
+                "tau": tau,
+                "seed": seed,
+            }
+            for seed in (0, 1)
+            for tau in (0, 2)
+            for M in (2, 4)
+            for K in sorted({1, M // 2, M})
+            for merge in ("mean", "rda")
+        ]
     if tier == "m8":
-        return [{"method": "decoupled", "M": 8, "K": K, "merge": merge, "scale": scale, "tau": 1, "seed": seed}
-                for seed in (0, 1) for K in (1, 4, 8) for merge in ("mean", "rda")
-                for scale in (("share", "sqrt-share") if K < 8 else ("share",))]
+        return [
+            {"method": "decoupled", "M": 8, "K": K, "merge": merge, "scale": scale, "tau": 1, "seed": seed}
+            for seed in (0, 1)
+            for K in (1, 4, 8)
+            for merge in ("mean", "rda")
+            for scale in (("share", "sqrt-share") if K < 8 else ("share",))
+        ]
     if tier in ("a", "all", "l"):
         for seed in (0, 1, 2):
             out.append({"method": "dp", "M": 4, "K": 4, "merge": "-", "scale": "-", "tau": 0, "seed": seed})
-    taus = {"a": [(1, (0, 1, 2), ("none", "share", "sqrt-share"))],
-            "b": [(0, (0, 1), ("share", "sqrt-share")), (2, (0, 1), ("share", "sqrt-share"))]}
+    taus = {
+        "a": [(1, (0, 1, 2), ("none", "share", "sqrt-share"))],
+        "b": [(0, (0, 1), ("share", "sqrt-share")), (2, (0, 1), ("share", "sqrt-share"))],
+    }
     plan = taus["a"] + taus["b"] if tier == "all" else taus["a" if tier == "l" else tier]
     for tau, seeds, scales in plan:
         for seed in seeds:
-            for M in ((2, 4, 3) if tier == "l" else (2, 4, 3, 8)):
+            for M in (2, 4, 3) if tier == "l" else (2, 4, 3, 8):
                 for K in sorted({1, math.ceil(M / 2), M}):
                     for merge in ("mean", "rda"):
-                        for scale in (scales if K < M else ("share",)):
-                            out.append({"method": "decoupled", "M": M, "K": K, "merge": merge, "scale": scale,
-                                        "tau": tau, "seed": seed})
+                        for scale in scales if K < M else ("share",):
+                            out.append(
+                                {
+                                    "method": "decoupled",
+                                    "M": M,
+                                    "K": K,
+                                    "merge": merge,
+                                    "scale": scale,
+                                    "tau": tau,
+                                    "seed": seed,
+                                }
+                            )
     return out
 
 
@@ -75,8 +101,20 @@ def one(r: dict, work: Path) -> dict:
     sets = {**BASE, "replicas": r["M"], "seed": r["seed"]}
     if r["method"] == "decoupled":
         sets.update(quorum=r["K"], merge=r["merge"], outer_scale=r["scale"], overlap_steps=r["tau"])
-    cmd = [sys.executable, "-m", "diloco", "train", "--preset", "tiny", "--method", r["method"], "--out", str(out),
-           "--no-progress", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "diloco",
+        "train",
+        "--preset",
+        "tiny",
+        "--method",
+        r["method"],
+        "--out",
+        str(out),
+        "--no-progress",
+        *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")],
+    ]
     t0 = time.time()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
@@ -86,10 +124,17 @@ def one(r: dict, work: Path) -> dict:
     row = {"key": key(r), **r, "rc": rc, "wall_s": round(time.time() - t0, 2)}
     try:
         summary = json.loads((out / "summary.json").read_text())
-        evals = [json.loads(line)["eval_loss"] for line in (out / "metrics.jsonl").read_text().splitlines()
-                 if '"eval_loss"' in line]
-        row.update(final_eval_loss=summary["final_eval_loss"], first_eval=evals[0] if evals else None,
-                   max_eval=max(evals) if evals else None, goodput=summary.get("goodput"))
+        evals = [
+            json.loads(line)["eval_loss"]
+            for line in (out / "metrics.jsonl").read_text().splitlines()
+            if '"eval_loss"' in line
+        ]
+        row.update(
+            final_eval_loss=summary["final_eval_loss"],
+            first_eval=evals[0] if evals else None,
+            max_eval=max(evals) if evals else None,
+            goodput=summary.get("goodput"),
+        )
     except (OSError, ValueError, KeyError):
         row["error"] = stderr[-2000:]
     shutil.rmtree(out, ignore_errors=True)

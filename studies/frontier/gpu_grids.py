@@ -34,8 +34,17 @@ from write_grids import grids  # noqa: E402
 
 TOKENS = "runs/frontier-tokens"
 #: the issue's methods (and top-k at twice SparseLoCo's density, the codec nearest the 0.5-bit target)
-ORDER = ("dp", "streaming-fp4-tau1", "eager-fp4-mom0.5", "stat4-ef0.9", "stat2-ef0.9", "topk-sparseloco",
-         "topk-d32", "muon-stat4-ef0.9", "dp-muon")
+ORDER = (
+    "dp",
+    "streaming-fp4-tau1",
+    "eager-fp4-mom0.5",
+    "stat4-ef0.9",
+    "stat2-ef0.9",
+    "topk-sparseloco",
+    "topk-d32",
+    "muon-stat4-ef0.9",
+    "dp-muon",
+)
 ADAMW_LRS = {128: (0.004, 0.008, 0.016), 64: (0.008, 0.016), 256: (0.016, 0.032)}
 MUON_LRS = {128: (0.008, 0.016, 0.032), 64: (0.016, 0.032), 256: (0.032, 0.064)}
 
@@ -49,11 +58,18 @@ def gpu_grids(size: str) -> dict[str, dict]:
             lrs = (MUON_LRS if "muon" in method else ADAMW_LRS)[batch]
             if method == "dp" and batch == 128:
                 lrs = (*lrs, 0.032)  # DP's best on the CPU (1.6e-2) sat at the edge
-            base = {**grid["base"], "sources": [f"{TOKENS}/train.bin", f"{TOKENS}/val.bin"], "device": "cuda",
-                    "runs_dir": f"runs/frontier-gpu/{size}"}
+            base = {
+                **grid["base"],
+                "sources": [f"{TOKENS}/train.bin", f"{TOKENS}/val.bin"],
+                "device": "cuda",
+                "runs_dir": f"runs/frontier-gpu/{size}",
+            }
             out[f"{size}-b{batch}-{method}"] = {
-                **grid, "inner_lr": list(lrs), "base": base,
-                "_comment": f"{grid['_comment']} On one CUDA GPU, on the corpus's token files (gpu_grids.py)."}
+                **grid,
+                "inner_lr": list(lrs),
+                "base": base,
+                "_comment": f"{grid['_comment']} On one CUDA GPU, on the corpus's token files (gpu_grids.py).",
+            }
     return out
 
 
@@ -89,19 +105,30 @@ def next_stage(size: str, records: list[dict]) -> dict[str, dict]:
             b2, lrs = (batch // 2, (lr / 2, lr)) if batch == tried[0] else (batch * 2, (lr, 2 * lr))
             template = grids(size, (b2,))[f"{size}-b{b2}-{method}"]
             base = {**first[f"{size}-b{batch}-{method}"]["base"]}
-            batches[(b2, method)] = {**template, "inner_lr": list(lrs), "base": base,
-                                     "_comment": f"{template['_comment']} On one CUDA GPU (gpu_grids.py --next): "
-                                                 f"{method}'s best batch ({batch}) sat at an edge."}
+            batches[(b2, method)] = {
+                **template,
+                "inner_lr": list(lrs),
+                "base": base,
+                "_comment": f"{template['_comment']} On one CUDA GPU (gpu_grids.py --next): "
+                f"{method}'s best batch ({batch}) sat at an edge.",
+            }
         for seed in (1, 2) if method in ("dp", "streaming-fp4-tau1", "eager-fp4-mom0.5") else (1,):
             grid = first[f"{size}-b{batch}-{method}"]
-            seeds[(batch, method, seed)] = {**grid, "inner_lr": [lr], "seed": seed,
-                                            "_comment": f"{grid['_comment']} Seed {seed} at its best batch and lr."}
+            seeds[(batch, method, seed)] = {
+                **grid,
+                "inner_lr": [lr],
+                "seed": seed,
+                "_comment": f"{grid['_comment']} Seed {seed} at its best batch and lr.",
+            }
     out = {}
     for (b2, method), grid in sorted(batches.items()):
         out[f"{size}-b{b2}-{method}"] = grid
     for (batch, method, lr), grid in sorted(edges.items(), key=lambda kv: (-kv[0][0] if kv[0][0] < 128 else 0, kv[0])):
-        out[f"{size}-b{batch}-{method}-lr{lr:g}"] = {**grid, "inner_lr": [lr], "_comment": f"{grid['_comment']} "
-                                                      f"(--next: one more lr past the best at an edge)"}
+        out[f"{size}-b{batch}-{method}-lr{lr:g}"] = {
+            **grid,
+            "inner_lr": [lr],
+            "_comment": f"{grid['_comment']} (--next: one more lr past the best at an edge)",
+        }
     for (batch, method, seed), grid in sorted(seeds.items()):
         out[f"{size}-b{batch}-{method}-seed{seed}"] = grid
     return {k: v for k, v in sorted(out.items(), key=lambda kv: kv[1]["global_batch"][0])}

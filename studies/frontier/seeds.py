@@ -20,12 +20,16 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(HERE))
 
-from diloco.files import read_jsonl, write_json  # noqa: E402
 from report import method_name  # noqa: E402
 
+from diloco.files import read_jsonl, write_json  # noqa: E402
+
 CURVES = HERE / "eval-curves-gpu.json"
-SHOWN = {"dp": "data-parallel (AdamW)", "streaming-fp4-tau1": "Streaming FP4, tau = 1",
-         "eager-fp4-mom0.5": "eager FP4, tau = H"}
+SHOWN = {
+    "dp": "data-parallel (AdamW)",
+    "streaming-fp4-tau1": "Streaming FP4, tau = 1",
+    "eager-fp4-mom0.5": "eager FP4, tau = H",
+}
 
 
 def collect() -> dict[str, list[list[float]]]:
@@ -34,8 +38,14 @@ def collect() -> dict[str, list[list[float]]]:
         path = ROOT / "runs" / "frontier-gpu" / rec["size"] / rec["run_id"] / "metrics.jsonl"
         if rec.get("status") == "ok" and path.exists():
             curves[rec["run_id"]] = [[r["tokens_seen"], r["eval_loss"]] for r in read_jsonl(path) if "eval_loss" in r]
-    write_json(CURVES, {"_comment": "Eval loss over tokens seen of every GPU run of results-gpu.jsonl, by run_id "
-                                    "(studies/frontier/seeds.py --collect).", "curves": curves})
+    write_json(
+        CURVES,
+        {
+            "_comment": "Eval loss over tokens seen of every GPU run of results-gpu.jsonl, by run_id "
+            "(studies/frontier/seeds.py --collect).",
+            "curves": curves,
+        },
+    )
     return curves
 
 
@@ -46,8 +56,11 @@ def main() -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = [r for r in read_jsonl(HERE / "results-gpu.jsonl") if r.get("status") == "ok"
-               and r["global_batch"] == 128 and r["inner_lr"] == 0.016 and r["run_id"] in curves]
+    records = [
+        r
+        for r in read_jsonl(HERE / "results-gpu.jsonl")
+        if r.get("status") == "ok" and r["global_batch"] == 128 and r["inner_lr"] == 0.016 and r["run_id"] in curves
+    ]
     fig, ax = plt.subplots(figsize=(8, 4.8))
     inset = ax.inset_axes((0.42, 0.38, 0.55, 0.55))
     colors = dict(zip(SHOWN, ("black", "tab:blue", "tab:orange")))
@@ -57,8 +70,12 @@ def main() -> int:
         for k, r in enumerate(runs):
             xs, ys = zip(*curves[r["run_id"]])
             xs = [x / 1e6 for x in xs]
-            kw = dict(color=colors[name], lw=1, alpha=0.8,
-                      label=f"{label}: {len(runs)} seeds, final {min(finals):.3f}-{max(finals):.3f}" if k == 0 else None)
+            kw = dict(
+                color=colors[name],
+                lw=1,
+                alpha=0.8,
+                label=f"{label}: {len(runs)} seeds, final {min(finals):.3f}-{max(finals):.3f}" if k == 0 else None,
+            )
             ax.plot(xs, ys, **kw)
             inset.plot(xs, ys, marker=".", **{**kw, "label": None})
     inset.set_xlim(14.5, 20)
@@ -70,7 +87,9 @@ def main() -> int:
     ax.set_ylim(3.1, 6.2)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left", fontsize=8, frameon=True, framealpha=0.9)
-    ax.set_title("cpu-1m, batch 128, inner lr 1.6e-2, on one GPU: every seed (the gaps are read at the end)", fontsize=9)
+    ax.set_title(
+        "cpu-1m, batch 128, inner lr 1.6e-2, on one GPU: every seed (the gaps are read at the end)", fontsize=9
+    )
     fig.tight_layout()
     fig.savefig(HERE / "seeds.png", dpi=120)
     plt.close(fig)

@@ -30,8 +30,10 @@ VOCAB = 4096
 
 def export(folder: Path, *, xz: bool) -> str:
     data = prepare_data(["large"], vocab_size=VOCAB, cache_dir=default_cache_dir())
-    blobs = {name: arr.astype("<u2", copy=False).tobytes() for name, arr in (("train.bin", data.train),
-                                                                             ("val.bin", data.val))}
+    blobs = {
+        name: arr.astype("<u2", copy=False).tobytes()
+        for name, arr in (("train.bin", data.train), ("val.bin", data.val))
+    }
     for name, blob in blobs.items():
         if (folder / name).exists() and (folder / name).read_bytes() != blob:
             raise SystemExit(f"token_files.py: {folder / name} exists and holds other tokens; choose an empty folder")

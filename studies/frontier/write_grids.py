@@ -20,8 +20,17 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-BASE = {"vocab_size": 4096, "seq_len": 128, "warmup_steps": 120, "eval_every": 200, "eval_batches": 16,
-        "threads": 1, "sources": ["large"], "bf16": True, "compile": True}
+BASE = {
+    "vocab_size": 4096,
+    "seq_len": 128,
+    "warmup_steps": 120,
+    "eval_every": 200,
+    "eval_batches": 16,
+    "threads": 1,
+    "sources": ["large"],
+    "bf16": True,
+    "compile": True,
+}
 STREAM = {"num_fragments": 3, "overlap_steps": 1, "merge_alpha": 0.5, "codec": "fp4_e3m0", "outer_momentum": 0.9}
 
 #: name -> (method, outer_lr, base settings). The methods of the frontier, each at its papers' recipe.
@@ -42,8 +51,11 @@ METHODS = {
     # the error-feedback accumulator already carries momentum, and the two compound
     "topk-nesterov": ("streaming", 0.7, {**STREAM, "codec": "topk", "ef_decay": 0.95}),
     # SparseLoCo at density 1/32 (0.44 bits): the one change that helped at cpu-0.1m (with chunk tables there)
-    "topk-d32": ("streaming", 1.0, {**STREAM, "codec": "topk", "topk_density": 1 / 32, "ef_decay": 0.95,
-                                    "outer_momentum": 0.0}),
+    "topk-d32": (
+        "streaming",
+        1.0,
+        {**STREAM, "codec": "topk", "topk_density": 1 / 32, "ef_decay": 0.95, "outer_momentum": 0.0},
+    ),
     # SparseLoCo's plain outer step at twice its lr: a larger step for what top-k sends (cpu-0.1m: far worse)
     "topk-sparseloco-olr2": ("streaming", 2.0, {**STREAM, "codec": "topk", "ef_decay": 0.95, "outer_momentum": 0.0}),
     # an accumulator that forgets less: at decay 0.95 a value waiting 1 / density = 64 syncs keeps 0.95^64 = 4 %
@@ -51,10 +63,23 @@ METHODS = {
     "topk-ef0.99": ("streaming", 1.0, {**STREAM, "codec": "topk", "ef_decay": 0.99, "outer_momentum": 0.0}),
     # the same with a table of bin means per 4096-value chunk (0.25 bits): chunks of tensors of different
     # scales keep their own magnitudes, as SparseLoCo's per-tensor statistics do; and at density 1/32 (0.47 bits)
-    "topk-chunk": ("streaming", 1.0, {**STREAM, "codec": "topk", "topk_tables": "chunk", "ef_decay": 0.95,
-                                      "outer_momentum": 0.0}),
-    "topk-chunk-d32": ("streaming", 1.0, {**STREAM, "codec": "topk", "topk_tables": "chunk", "topk_density": 1 / 32,
-                                          "ef_decay": 0.95, "outer_momentum": 0.0}),
+    "topk-chunk": (
+        "streaming",
+        1.0,
+        {**STREAM, "codec": "topk", "topk_tables": "chunk", "ef_decay": 0.95, "outer_momentum": 0.0},
+    ),
+    "topk-chunk-d32": (
+        "streaming",
+        1.0,
+        {
+            **STREAM,
+            "codec": "topk",
+            "topk_tables": "chunk",
+            "topk_density": 1 / 32,
+            "ef_decay": 0.95,
+            "outer_momentum": 0.0,
+        },
+    ),
     # MuLoCo: Muon inner optimizer with 4-bit error feedback
     "muon-stat4-ef0.9": ("streaming", 0.7, {**STREAM, "codec": "stat4", "ef_decay": 0.9, "inner_optimizer": "muon"}),
     # the fair reference for Muon + error feedback: data-parallel with Muon as its optimizer
@@ -71,8 +96,15 @@ def grids(size: str, batches: tuple[int, ...] = (16, 32)) -> dict[str, dict]:
         for name, (method, outer_lr, extra) in METHODS.items():
             out[f"{size}-b{batch}-{name}"] = {
                 "_comment": f"The bandwidth frontier: {name} at {size}, global batch {batch}, 20 tokens/param.",
-                "runner": "train", "sizes": [size], "global_batch": [batch], "tokens_per_param": 20.0, "seed": 0,
-                "methods": [method], "replicas": [2], "sync_every": [30], "outer_lr": [outer_lr],
+                "runner": "train",
+                "sizes": [size],
+                "global_batch": [batch],
+                "tokens_per_param": 20.0,
+                "seed": 0,
+                "methods": [method],
+                "replicas": [2],
+                "sync_every": [30],
+                "outer_lr": [outer_lr],
                 "inner_lr": INNER_LRS[size],
                 "base": {**BASE, **extra, "runs_dir": f"runs/frontier/{size}"},
             }
@@ -88,8 +120,10 @@ def at_best_lr(size: str, batch: int, of_batch: int, rows: list[dict]) -> dict[s
         method = name.removeprefix(f"{size}-b{batch}-")
         if method in best:
             out[f"{name}-lr{best[method]:g}"] = {
-                **grid, "inner_lr": [best[method]],
-                "_comment": f"{grid['_comment']} One inner lr: {method}'s best at global batch {of_batch}."}
+                **grid,
+                "inner_lr": [best[method]],
+                "_comment": f"{grid['_comment']} One inner lr: {method}'s best at global batch {of_batch}.",
+            }
     return out
 
 
@@ -104,12 +138,22 @@ def bracketing(size: str, batch: int, rows: list[dict]) -> dict[str, dict]:
         if r["size"] != size or r["global_batch"] != batch or name not in template:
             continue
         lrs, best = sorted(set(r["lrs_tried"])), r["inner_lr"]
-        new = ([best / 2, best * 2] if len(lrs) == 1 else [best / 2] if best == lrs[0]
-               else [best * 2] if best == lrs[-1] else [])
+        new = (
+            [best / 2, best * 2]
+            if len(lrs) == 1
+            else [best / 2]
+            if best == lrs[0]
+            else [best * 2]
+            if best == lrs[-1]
+            else []
+        )
         for lr in new:
-            out[f"{name}-lr{lr:g}"] = {**template[name], "inner_lr": [lr],
-                                       "_comment": f"{template[name]['_comment']} Brackets the best inner lr "
-                                                   f"({best:g} of {', '.join(f'{x:g}' for x in lrs)} tried)."}
+            out[f"{name}-lr{lr:g}"] = {
+                **template[name],
+                "inner_lr": [lr],
+                "_comment": f"{template[name]['_comment']} Brackets the best inner lr "
+                f"({best:g} of {', '.join(f'{x:g}' for x in lrs)} tried).",
+            }
     return out
 
 
@@ -120,11 +164,18 @@ def main() -> int:
         of_batch, args = int(args[3]), args[:2]
     elif len(args) == 3 and args[2] == "--bracket":
         bracket, args = True, args[:2]
-    if (len(args) not in (1, 2) or args[0] not in INNER_LRS or not all(b.isdigit() for b in args[1:])
-            or ((of_batch is not None or bracket) and len(args) != 2)):
-        print(f"usage: write_grids.py SIZE [BATCH] [--lr-of-batch B | --bracket]  (SIZE: {', '.join(INNER_LRS)}; "
-              f"BATCH: a global batch, default 16 and 32; --lr-of-batch: one lr per method, its best at batch B; "
-              f"--bracket: the lrs past each best at an edge)", file=sys.stderr)
+    if (
+        len(args) not in (1, 2)
+        or args[0] not in INNER_LRS
+        or not all(b.isdigit() for b in args[1:])
+        or ((of_batch is not None or bracket) and len(args) != 2)
+    ):
+        print(
+            f"usage: write_grids.py SIZE [BATCH] [--lr-of-batch B | --bracket]  (SIZE: {', '.join(INNER_LRS)}; "
+            f"BATCH: a global batch, default 16 and 32; --lr-of-batch: one lr per method, its best at batch B; "
+            f"--bracket: the lrs past each best at an edge)",
+            file=sys.stderr,
+        )
         return 2
     folder = HERE / "grids"
     folder.mkdir(exist_ok=True)
@@ -132,12 +183,14 @@ def main() -> int:
         todo = grids(args[0], tuple(int(b) for b in args[1:]) or (16, 32))
     else:
         rows = json.loads((HERE / "frontier-summary.json").read_text())["rows"]
-        todo = (bracketing(args[0], int(args[1]), rows) if bracket
-                else at_best_lr(args[0], int(args[1]), of_batch, rows))
+        todo = bracketing(args[0], int(args[1]), rows) if bracket else at_best_lr(args[0], int(args[1]), of_batch, rows)
         if not todo:
-            print(f"write_grids.py: nothing to write for {args[0]} at batch {of_batch or args[1]} from "
-                  f"frontier-summary.json (no finished rows there, or every best bracketed; run "
-                  f"studies/frontier/report.py first)", file=sys.stderr)
+            print(
+                f"write_grids.py: nothing to write for {args[0]} at batch {of_batch or args[1]} from "
+                f"frontier-summary.json (no finished rows there, or every best bracketed; run "
+                f"studies/frontier/report.py first)",
+                file=sys.stderr,
+            )
             return 2
     for name, grid in todo.items():
         path = folder / f"{name}.json"

@@ -54,17 +54,34 @@ METHODS = {
 
 
 def _base(extra: dict, momentum: float) -> dict:
-    return {**BASE, **extra, "outer_momentum": momentum, "sources": [f"{TOKENS}/train.bin", f"{TOKENS}/val.bin"],
-            "device": "cuda", "runs_dir": f"runs/outer-steps-gpu/{SIZE}"}
+    return {
+        **BASE,
+        **extra,
+        "outer_momentum": momentum,
+        "sources": [f"{TOKENS}/train.bin", f"{TOKENS}/val.bin"],
+        "device": "cuda",
+        "runs_dir": f"runs/outer-steps-gpu/{SIZE}",
+    }
 
 
-def grid(name: str, *, batch: int, momentum: float, sync_every: list[int], outer_lr: list[float],
-         seed: int = 0, why: str) -> dict:
+def grid(
+    name: str, *, batch: int, momentum: float, sync_every: list[int], outer_lr: list[float], seed: int = 0, why: str
+) -> dict:
     method, extra = METHODS[name]
-    return {"_comment": f"Outer steps: {name} at {SIZE}, global batch {batch}, outer momentum {momentum}: {why}",
-            "runner": "train", "sizes": [SIZE], "global_batch": [batch], "tokens_per_param": 20.0, "seed": seed,
-            "methods": [method], "replicas": [2], "sync_every": list(sync_every), "outer_lr": list(outer_lr),
-            "inner_lr": [INNER_LR], "base": _base(extra, momentum)}
+    return {
+        "_comment": f"Outer steps: {name} at {SIZE}, global batch {batch}, outer momentum {momentum}: {why}",
+        "runner": "train",
+        "sizes": [SIZE],
+        "global_batch": [batch],
+        "tokens_per_param": 20.0,
+        "seed": seed,
+        "methods": [method],
+        "replicas": [2],
+        "sync_every": list(sync_every),
+        "outer_lr": list(outer_lr),
+        "inner_lr": [INNER_LR],
+        "base": _base(extra, momentum),
+    }
 
 
 def stage1() -> dict[str, dict]:
@@ -74,15 +91,25 @@ def stage1() -> dict[str, dict]:
         for name in METHODS:
             for momentum in MOMENTA:
                 hs = [h for h in SYNC_EVERY if not (name.startswith("streaming") and h == 30 and momentum == 0.9)]
-                out[f"b{batch}-{name}-mom{momentum}"] = grid(name, batch=batch, momentum=momentum, sync_every=hs,
-                                                              outer_lr=[OUTER_LR], why="H bracketed (stage 1).")
+                out[f"b{batch}-{name}-mom{momentum}"] = grid(
+                    name,
+                    batch=batch,
+                    momentum=momentum,
+                    sync_every=hs,
+                    outer_lr=[OUTER_LR],
+                    why="H bracketed (stage 1).",
+                )
     return out
 
 
 def method_of(record: dict) -> str | None:
     """The study's name for a record's method, or None for a record of another kind."""
     b = record["base"]
-    if b.get("eager") or b.get("inner_optimizer", "adamw") != "adamw" or record["method"] not in ("streaming", "diloco"):
+    if (
+        b.get("eager")
+        or b.get("inner_optimizer", "adamw") != "adamw"
+        or record["method"] not in ("streaming", "diloco")
+    ):
         return None
     if record["method"] == "diloco" and b.get("codec", "fp32") == "fp32":
         return "diloco-m2"
@@ -93,8 +120,13 @@ def method_of(record: dict) -> str | None:
 
 def point(record: dict) -> tuple:
     """(method, batch, H, outer momentum, outer lr): one point of the study."""
-    return (method_of(record), record["global_batch"], record["sync_every"],
-            record["base"].get("outer_momentum", 0.9), record["outer_lr"])
+    return (
+        method_of(record),
+        record["global_batch"],
+        record["sync_every"],
+        record["base"].get("outer_momentum", 0.9),
+        record["outer_lr"],
+    )
 
 
 def load(paths: list[Path]) -> list[dict]:
@@ -103,8 +135,15 @@ def load(paths: list[Path]) -> list[dict]:
     for path in paths:
         for line in path.read_text().splitlines():
             r = json.loads(line) if line.strip() else None
-            if (r and r.get("status") == "ok" and r.get("eval_loss") is not None and r["size"] == SIZE
-                    and r["base"].get("device") == "cuda" and r["inner_lr"] == INNER_LR and method_of(r)):
+            if (
+                r
+                and r.get("status") == "ok"
+                and r.get("eval_loss") is not None
+                and r["size"] == SIZE
+                and r["base"].get("device") == "cuda"
+                and r["inner_lr"] == INNER_LR
+                and method_of(r)
+            ):
                 out.append(r)
     return out
 
@@ -113,11 +152,15 @@ def seed0_losses(records: list[dict]) -> dict[tuple, float]:
     return {point(r): r["eval_loss"] for r in records if r.get("seed", 0) == 0}
 
 
-def best(losses: dict[tuple, float], *, method: str, batch: int | None = None,
-         outer_lr: float | None = OUTER_LR) -> tuple | None:
+def best(
+    losses: dict[tuple, float], *, method: str, batch: int | None = None, outer_lr: float | None = OUTER_LR
+) -> tuple | None:
     """The point of least seed-0 loss for ``method`` (at ``batch`` and ``outer_lr`` where given)."""
-    pts = [p for p in losses if p[0] == method and (batch is None or p[1] == batch)
-           and (outer_lr is None or p[4] == outer_lr)]
+    pts = [
+        p
+        for p in losses
+        if p[0] == method and (batch is None or p[1] == batch) and (outer_lr is None or p[4] == outer_lr)
+    ]
     return min(pts, key=losses.get) if pts else None
 
 
@@ -133,15 +176,26 @@ def stage2(records: list[dict]) -> dict[str, dict]:
             p = best(losses, method=name, batch=batch)
             if p:
                 out[f"b{batch}-{name}-H{p[2]}-mom{p[3]}-olr"] = grid(
-                    name, batch=batch, momentum=p[3], sync_every=[p[2]], outer_lr=list(OUTER_LRS_AROUND),
-                    why=f"outer lr around 0.7 at this batch's best H and momentum (stage 2).")
+                    name,
+                    batch=batch,
+                    momentum=p[3],
+                    sync_every=[p[2]],
+                    outer_lr=list(OUTER_LRS_AROUND),
+                    why="outer lr around 0.7 at this batch's best H and momentum (stage 2).",
+                )
     for name in METHODS:
         p = best(losses, method=name)
         for seed in SEEDS if p else ():
             if not _has_seed(records, p, seed):
                 out[f"b{p[1]}-{name}-H{p[2]}-mom{p[3]}-seed{seed}"] = grid(
-                    name, batch=p[1], momentum=p[3], sync_every=[p[2]], outer_lr=[OUTER_LR], seed=seed,
-                    why=f"seed {seed} at the method's best batch, H and momentum (stage 2).")
+                    name,
+                    batch=p[1],
+                    momentum=p[3],
+                    sync_every=[p[2]],
+                    outer_lr=[OUTER_LR],
+                    seed=seed,
+                    why=f"seed {seed} at the method's best batch, H and momentum (stage 2).",
+                )
     return out
 
 
@@ -155,8 +209,14 @@ def stage3(records: list[dict]) -> dict[str, dict]:
             for seed in SEEDS:
                 if not _has_seed(records, overall, seed):
                     out[f"b{overall[1]}-{name}-H{overall[2]}-mom{overall[3]}-olr{overall[4]}-seed{seed}"] = grid(
-                        name, batch=overall[1], momentum=overall[3], sync_every=[overall[2]],
-                        outer_lr=[overall[4]], seed=seed, why=f"seed {seed} at the outer lr that beat 0.7 (stage 3).")
+                        name,
+                        batch=overall[1],
+                        momentum=overall[3],
+                        sync_every=[overall[2]],
+                        outer_lr=[overall[4]],
+                        seed=seed,
+                        why=f"seed {seed} at the outer lr that beat 0.7 (stage 3).",
+                    )
     return out
 
 
@@ -164,21 +224,52 @@ def stage4() -> dict[str, dict]:
     """Stage 4 (module docstring): the edges and seeds that stages 1-2 asked for, at batch 128."""
     out = {}
     for seed in range(5):
-        out[f"b128-diloco-m2-H5-mom0.5-seed{seed}"] = grid("diloco-m2", batch=128, momentum=0.5, sync_every=[5],
-                                                           outer_lr=[OUTER_LR], seed=seed, why="H past the edge (stage 4).")
-    out["b128-diloco-m2-mom0.3"] = grid("diloco-m2", batch=128, momentum=0.3, sync_every=[5, 10], outer_lr=[OUTER_LR],
-                                        why="momentum past the edge (stage 4).")
+        out[f"b128-diloco-m2-H5-mom0.5-seed{seed}"] = grid(
+            "diloco-m2",
+            batch=128,
+            momentum=0.5,
+            sync_every=[5],
+            outer_lr=[OUTER_LR],
+            seed=seed,
+            why="H past the edge (stage 4).",
+        )
+    out["b128-diloco-m2-mom0.3"] = grid(
+        "diloco-m2",
+        batch=128,
+        momentum=0.3,
+        sync_every=[5, 10],
+        outer_lr=[OUTER_LR],
+        why="momentum past the edge (stage 4).",
+    )
     for seed in SEEDS:
         out[f"b128-streaming-fp4-tau1-H10-mom0.9-seed{seed}"] = grid(
-            "streaming-fp4-tau1", batch=128, momentum=0.9, sync_every=[10], outer_lr=[OUTER_LR], seed=seed,
-            why="seeds at the runner-up H (stage 4).")
+            "streaming-fp4-tau1",
+            batch=128,
+            momentum=0.9,
+            sync_every=[10],
+            outer_lr=[OUTER_LR],
+            seed=seed,
+            why="seeds at the runner-up H (stage 4).",
+        )
     for seed in range(3):
         out[f"b128-streaming-fp4-tau1-H5-mom0.9-seed{seed}"] = grid(
-            "streaming-fp4-tau1", batch=128, momentum=0.9, sync_every=[5], outer_lr=[OUTER_LR], seed=seed,
-            why="H below the best two (stage 4).")
+            "streaming-fp4-tau1",
+            batch=128,
+            momentum=0.9,
+            sync_every=[5],
+            outer_lr=[OUTER_LR],
+            seed=seed,
+            why="H below the best two (stage 4).",
+        )
     for name, h, momentum in (("diloco-m2", 10, 0.5), ("streaming-fp4-tau1", 15, 0.9)):
-        g = grid(name, batch=128, momentum=momentum, sync_every=[h], outer_lr=[OUTER_LR],
-                 why="the inner lr re-bracketed at the best H and momentum (stage 4).")
+        g = grid(
+            name,
+            batch=128,
+            momentum=momentum,
+            sync_every=[h],
+            outer_lr=[OUTER_LR],
+            why="the inner lr re-bracketed at the best H and momentum (stage 4).",
+        )
         out[f"b128-{name}-H{h}-mom{momentum}-ilr"] = {**g, "inner_lr": [INNER_LR / 2, INNER_LR * 2]}
     return out
 

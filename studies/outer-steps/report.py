@@ -45,8 +45,15 @@ def dp_records() -> list[dict]:
     for line in (FRONTIER / "results-gpu.jsonl").read_text().splitlines():
         r = json.loads(line)
         b = r["base"]
-        if (r.get("status") == "ok" and r["method"] == "dp" and r["size"] == SIZE and r["global_batch"] == DP_BATCH
-                and r["inner_lr"] == INNER_LR and b.get("device") == "cuda" and b.get("inner_optimizer", "adamw") == "adamw"):
+        if (
+            r.get("status") == "ok"
+            and r["method"] == "dp"
+            and r["size"] == SIZE
+            and r["global_batch"] == DP_BATCH
+            and r["inner_lr"] == INNER_LR
+            and b.get("device") == "cuda"
+            and b.get("inner_optimizer", "adamw") == "adamw"
+        ):
             out.append(r)
     return out
 
@@ -69,9 +76,16 @@ def inner_lr_bracket(path: Path) -> list[dict]:
     for line in path.read_text().splitlines():
         r = json.loads(line)
         if r.get("status") == "ok" and r["inner_lr"] != INNER_LR and method_of(r):
-            out.append({"method": method_of(r), "batch": r["global_batch"], "sync_every": r["sync_every"],
-                        "outer_momentum": r["base"]["outer_momentum"], "inner_lr": r["inner_lr"],
-                        "loss_seed0": r["eval_loss"]})
+            out.append(
+                {
+                    "method": method_of(r),
+                    "batch": r["global_batch"],
+                    "sync_every": r["sync_every"],
+                    "outer_momentum": r["base"]["outer_momentum"],
+                    "inner_lr": r["inner_lr"],
+                    "loss_seed0": r["eval_loss"],
+                }
+            )
     return sorted(out, key=lambda row: (row["method"], row["inner_lr"]))
 
 
@@ -87,43 +101,85 @@ def summarize(records: list[dict], dp: list[dict], inner_lrs: list[dict] = ()) -
     for method in LABELS:
         pts = {p: s for p, s in by_point.items() if p[0] == method}
         seed0 = {p: s[0] for p, s in pts.items() if 0 in s}
-        grid = [{"batch": p[1], "sync_every": p[2], "outer_momentum": p[3], "outer_lr": p[4],
-                 "outer_steps": steps[p[1]] // p[2], "loss_seed0": loss,
-                 "gap_seed0_pct": 100.0 * (loss / dp_stats["mean"] - 1.0)} for p, loss in sorted(seed0.items())]
+        grid = [
+            {
+                "batch": p[1],
+                "sync_every": p[2],
+                "outer_momentum": p[3],
+                "outer_lr": p[4],
+                "outer_steps": steps[p[1]] // p[2],
+                "loss_seed0": loss,
+                "gap_seed0_pct": 100.0 * (loss / dp_stats["mean"] - 1.0),
+            }
+            for p, loss in sorted(seed0.items())
+        ]
         seeded = []
         for p, s in pts.items():
             if len(s) >= 3:
                 st = stats(list(s.values()))
                 gap, se = gap_pct(st["mean"], st["se"], dp_stats)
-                seeded.append({"batch": p[1], "sync_every": p[2], "outer_momentum": p[3], "outer_lr": p[4],
-                               "outer_steps": steps[p[1]] // p[2], "seeds": sorted(s), **st,
-                               "gap_pct": gap, "gap_se_pct": se})
+                seeded.append(
+                    {
+                        "batch": p[1],
+                        "sync_every": p[2],
+                        "outer_momentum": p[3],
+                        "outer_lr": p[4],
+                        "outer_steps": steps[p[1]] // p[2],
+                        "seeds": sorted(s),
+                        **st,
+                        "gap_pct": gap,
+                        "gap_se_pct": se,
+                    }
+                )
         # each batch's best: by seed mean where that batch has points with 3+ seeds, else by seed 0
         best_per_batch = {}
         for batch in sorted({p[1] for p in seed0}):
-            means = {(m, batch, r["sync_every"], r["outer_momentum"], r["outer_lr"]): r["mean"]
-                     for r in seeded if r["batch"] == batch for m in [method]}
+            means = {
+                (m, batch, r["sync_every"], r["outer_momentum"], r["outer_lr"]): r["mean"]
+                for r in seeded
+                if r["batch"] == batch
+                for m in [method]
+            }
             pool = means or {q: seed0[q] for q in seed0 if q[1] == batch}
             p = min(pool, key=pool.get)
-            best_per_batch[str(batch)] = {"sync_every": p[2], "outer_momentum": p[3], "outer_lr": p[4],
-                                          "outer_steps": steps[batch] // p[2], "loss": pool[p],
-                                          "by": "seed mean" if means else "seed 0"}
+            best_per_batch[str(batch)] = {
+                "sync_every": p[2],
+                "outer_momentum": p[3],
+                "outer_lr": p[4],
+                "outer_steps": steps[batch] // p[2],
+                "loss": pool[p],
+                "by": "seed mean" if means else "seed 0",
+            }
         seeded.sort(key=lambda row: row["mean"])
-        methods[method] = {"label": LABELS[method], "grid_seed0": grid, "best_per_batch": best_per_batch,
-                           "inner_lr_bracket": [row for row in inner_lrs if row["method"] == method],
-                           "seeded": seeded, "best": seeded[0] if seeded else None}
+        methods[method] = {
+            "label": LABELS[method],
+            "grid_seed0": grid,
+            "best_per_batch": best_per_batch,
+            "inner_lr_bracket": [row for row in inner_lrs if row["method"] == method],
+            "seeded": seeded,
+            "best": seeded[0] if seeded else None,
+        }
     best_outer_steps = [row["outer_steps"] for m in methods.values() for row in m["best_per_batch"].values()]
     return {
-        "size": SIZE, "num_params": num_params, "inner_lr": INNER_LR, "steps_per_batch": {str(k): v for k, v in steps.items()},
+        "size": SIZE,
+        "num_params": num_params,
+        "inner_lr": INNER_LR,
+        "steps_per_batch": {str(k): v for k, v in steps.items()},
         "dp": {"batch": DP_BATCH, "inner_lr": INNER_LR, "seeds": sorted(r.get("seed", 0) for r in dp), **dp_stats},
-        "law_m2_gap_pct": {"table7_power_laws": table7_gap(num_params), "project_fit_table4": paper_law_gaps(num_params)[2]},
+        "law_m2_gap_pct": {
+            "table7_power_laws": table7_gap(num_params),
+            "project_fit_table4": paper_law_gaps(num_params)[2],
+        },
         "methods": methods,
         "rule": {
             "min_outer_steps": min(best_outer_steps),
-            "outer_momentum": {"diloco": methods["diloco-m2"]["best"]["outer_momentum"],
-                               "streaming": methods["streaming-fp4-tau1"]["best"]["outer_momentum"]},
-            "best_sync_every": {m: sorted({row["sync_every"] for row in v["best_per_batch"].values()})
-                                for m, v in methods.items()},
+            "outer_momentum": {
+                "diloco": methods["diloco-m2"]["best"]["outer_momentum"],
+                "streaming": methods["streaming-fp4-tau1"]["best"]["outer_momentum"],
+            },
+            "best_sync_every": {
+                m: sorted({row["sync_every"] for row in v["best_per_batch"].values()}) for m, v in methods.items()
+            },
         },
     }
 
@@ -131,9 +187,11 @@ def summarize(records: list[dict], dp: list[dict], inner_lrs: list[dict] = ()) -
 def print_tables(s: dict) -> None:
     dp = s["dp"]
     law = s["law_m2_gap_pct"]
-    print(f"DP at batch {dp['batch']}, inner lr {dp['inner_lr']:g}: {dp['mean']:.4f} +- {dp['sd']:.4f} (sd, "
-          f"{dp['n']} seeds); papers' law M = 2 at N = {s['num_params'] / 1e6:.2f}M: "
-          f"{law['table7_power_laws']:+.2f} % (Table 7) / {law['project_fit_table4']:+.2f} % (fit to Table 4)")
+    print(
+        f"DP at batch {dp['batch']}, inner lr {dp['inner_lr']:g}: {dp['mean']:.4f} +- {dp['sd']:.4f} (sd, "
+        f"{dp['n']} seeds); papers' law M = 2 at N = {s['num_params'] / 1e6:.2f}M: "
+        f"{law['table7_power_laws']:+.2f} % (Table 7) / {law['project_fit_table4']:+.2f} % (fit to Table 4)"
+    )
     for m in s["methods"].values():
         print(f"\n{m['label']}: seed-0 loss (gap to DP's seed mean), outer lr 0.7")
         rows = {(r["batch"], r["sync_every"], r["outer_momentum"]): r for r in m["grid_seed0"] if r["outer_lr"] == 0.7}
@@ -141,20 +199,30 @@ def print_tables(s: dict) -> None:
         for batch in sorted({k[0] for k in rows}):
             for mom in sorted({k[2] for k in rows if k[0] == batch}):
                 cells = [rows.get((batch, h, mom)) for h in hs]
-                print(f"  B {batch:>3} mom {mom}: " + "  ".join(
-                    f"H {h:>2} {c['loss_seed0']:.4f} ({c['gap_seed0_pct']:+.2f} %)" if c else f"H {h:>2}   -   "
-                    for h, c in zip(hs, cells)))
+                print(
+                    f"  B {batch:>3} mom {mom}: "
+                    + "  ".join(
+                        f"H {h:>2} {c['loss_seed0']:.4f} ({c['gap_seed0_pct']:+.2f} %)" if c else f"H {h:>2}   -   "
+                        for h, c in zip(hs, cells)
+                    )
+                )
         others = [r for r in m["grid_seed0"] if r["outer_lr"] != 0.7]
         for r in others:
-            print(f"  B {r['batch']} H {r['sync_every']} mom {r['outer_momentum']} outer lr {r['outer_lr']}: "
-                  f"{r['loss_seed0']:.4f}")
+            print(
+                f"  B {r['batch']} H {r['sync_every']} mom {r['outer_momentum']} outer lr {r['outer_lr']}: "
+                f"{r['loss_seed0']:.4f}"
+            )
         for r in m["inner_lr_bracket"]:
-            print(f"  B {r['batch']} H {r['sync_every']} mom {r['outer_momentum']} inner lr {r['inner_lr']:g}: "
-                  f"{r['loss_seed0']:.4f}")
+            print(
+                f"  B {r['batch']} H {r['sync_every']} mom {r['outer_momentum']} inner lr {r['inner_lr']:g}: "
+                f"{r['loss_seed0']:.4f}"
+            )
         print("  seed means:")
         for r in m["seeded"]:
-            print(f"  B {r['batch']} H {r['sync_every']:>2} mom {r['outer_momentum']} ({r['outer_steps']} outer steps): "
-                  f"{r['mean']:.4f} +- {r['sd']:.4f} ({r['n']} seeds), gap {r['gap_pct']:+.2f} +- {r['gap_se_pct']:.2f} %")
+            print(
+                f"  B {r['batch']} H {r['sync_every']:>2} mom {r['outer_momentum']} ({r['outer_steps']} outer steps): "
+                f"{r['mean']:.4f} +- {r['sd']:.4f} ({r['n']} seeds), gap {r['gap_pct']:+.2f} +- {r['gap_se_pct']:.2f} %"
+            )
     print(f"\nrule: {json.dumps(s['rule'])}")
 
 
@@ -174,16 +242,33 @@ def plot(s: dict, path: Path) -> None:
                 if r["sync_every"] not in best_at_h or r["loss_seed0"] < best_at_h[r["sync_every"]]["loss_seed0"]:
                     best_at_h[r["sync_every"]] = r
             xs = sorted(best_at_h.values(), key=lambda r: r["outer_steps"])
-            ax.plot([r["outer_steps"] for r in xs], [r["gap_seed0_pct"] for r in xs], "o-", color=color,
-                    label=f"batch {batch}, seed 0 (best momentum at each H)")
+            ax.plot(
+                [r["outer_steps"] for r in xs],
+                [r["gap_seed0_pct"] for r in xs],
+                "o-",
+                color=color,
+                label=f"batch {batch}, seed 0 (best momentum at each H)",
+            )
             for r in xs:
-                ax.annotate(f"H {r['sync_every']}", (r["outer_steps"], r["gap_seed0_pct"]), fontsize=7,
-                            textcoords="offset points", xytext=(3, 4))
+                ax.annotate(
+                    f"H {r['sync_every']}",
+                    (r["outer_steps"], r["gap_seed0_pct"]),
+                    fontsize=7,
+                    textcoords="offset points",
+                    xytext=(3, 4),
+                )
             seeded = [r for r in m["seeded"] if str(r["batch"]) == batch]
             if seeded:
-                ax.errorbar([r["outer_steps"] for r in seeded], [r["gap_pct"] for r in seeded],
-                            yerr=[r["gap_se_pct"] for r in seeded], fmt="s", color=color, mfc="white", capsize=3,
-                            label=f"batch {batch}, seed mean +- s.e.")
+                ax.errorbar(
+                    [r["outer_steps"] for r in seeded],
+                    [r["gap_pct"] for r in seeded],
+                    yerr=[r["gap_se_pct"] for r in seeded],
+                    fmt="s",
+                    color=color,
+                    mfc="white",
+                    capsize=3,
+                    label=f"batch {batch}, seed mean +- s.e.",
+                )
         lo, hi = sorted(law.values())
         ax.axhspan(lo, hi, color="gray", alpha=0.25, label=f"papers' law, M = 2 ({lo:+.2f} to {hi:+.2f} %)")
         ax.axhline(0, color="black", lw=0.6)
@@ -195,7 +280,9 @@ def plot(s: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"gap to data-parallel's best (%), {s['size']}")
     axes[0].legend(fontsize=7, loc="upper right")
-    fig.suptitle(f"{s['size']} on one GPU, 20 tokens per parameter: the gap against the number of outer steps", fontsize=10)
+    fig.suptitle(
+        f"{s['size']} on one GPU, 20 tokens per parameter: the gap against the number of outer steps", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -204,8 +291,9 @@ def main() -> int:
     records = load([HERE / "results-gpu.jsonl", FRONTIER / "results-gpu.jsonl"])
     summary = summarize(records, dp_records(), inner_lr_bracket(HERE / "results-gpu.jsonl"))
     print_tables(summary)
-    atomic_write_bytes(HERE / "outer-steps-summary.json",
-                       (json.dumps(summary, indent=1, allow_nan=False) + "\n").encode())
+    atomic_write_bytes(
+        HERE / "outer-steps-summary.json", (json.dumps(summary, indent=1, allow_nan=False) + "\n").encode()
+    )
     plot(summary, HERE / "outer-steps.png")
     return 0
 

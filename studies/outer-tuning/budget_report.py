@@ -40,9 +40,13 @@ def write() -> list[str]:
             path = HERE / f"budget-{SIZE}-{key}-tpp{tpp:g}.json"
             if path.exists():  # a grid a sweep ran is a record: never rewritten
                 continue
-            g = {**grid, "_comment": f"Gap against the token budget: {src}'s settings at {tpp:g} tokens per "
-                 "parameter (the cosine schedule completes at this budget).", "tokens_per_param": tpp,
-                 "base": {**grid["base"], "runs_dir": f"runs/outer-tuning/budget-{SIZE}"}}
+            g = {
+                **grid,
+                "_comment": f"Gap against the token budget: {src}'s settings at {tpp:g} tokens per "
+                "parameter (the cosine schedule completes at this budget).",
+                "tokens_per_param": tpp,
+                "base": {**grid["base"], "runs_dir": f"runs/outer-tuning/budget-{SIZE}"},
+            }
             path.write_text(json.dumps(g, indent=1) + "\n")
             written.append(path.name)
     return written
@@ -93,9 +97,17 @@ def gaps(runs: dict[str, dict[float, list[float]]]) -> list[dict]:
             ref = min(dp[tpp])
             best = min(dp[tpp] + other.get(tpp, []))  # DP at its best lr among those run at this budget
             for loss in runs[key][tpp]:
-                rows.append({"key": key, "tokens_per_param": tpp, "eval_loss": loss, "dp_eval_loss": ref,
-                             "gap_pct": 100 * (loss / ref - 1), "best_dp_eval_loss": best,
-                             "gap_best_dp_pct": 100 * (loss / best - 1)})
+                rows.append(
+                    {
+                        "key": key,
+                        "tokens_per_param": tpp,
+                        "eval_loss": loss,
+                        "dp_eval_loss": ref,
+                        "gap_pct": 100 * (loss / ref - 1),
+                        "best_dp_eval_loss": best,
+                        "gap_best_dp_pct": 100 * (loss / best - 1),
+                    }
+                )
     return rows
 
 
@@ -108,8 +120,9 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for i, key in enumerate(sorted({r["key"] for r in rows})):
         mine = [r for r in rows if r["key"] == key]
-        ax.plot([r["tokens_per_param"] for r in mine], [r["gap_pct"] for r in mine], "o", color=f"C{i}", alpha=0.5,
-                ms=4)  # every seed
+        ax.plot(
+            [r["tokens_per_param"] for r in mine], [r["gap_pct"] for r in mine], "o", color=f"C{i}", alpha=0.5, ms=4
+        )  # every seed
         by: dict[float, list[float]] = {}
         for r in mine:
             by.setdefault(r["tokens_per_param"], []).append(r["gap_pct"])
@@ -118,8 +131,15 @@ def plot(rows: list[dict], path: Path) -> None:
         best: dict[float, list[float]] = {}
         for r in mine:
             best.setdefault(r["tokens_per_param"], []).append(r["gap_best_dp_pct"])
-        ax.plot(tpp, [sum(best[t]) / len(best[t]) for t in tpp], "s--", color=f"C{i}", ms=4, alpha=0.8,
-                label=f"{key}, against DP at its best lr")
+        ax.plot(
+            tpp,
+            [sum(best[t]) / len(best[t]) for t in tpp],
+            "s--",
+            color=f"C{i}",
+            ms=4,
+            alpha=0.8,
+            label=f"{key}, against DP at its best lr",
+        )
         if key in TARGETS:
             ax.axhline(TARGETS[key], color=f"C{i}", ls=":", lw=1, label=f"target for {key}")
     ax.axhline(0, color="k", lw=0.8)
@@ -128,8 +148,11 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
     ax.minorticks_off()
-    ax.set( xlabel="tokens per parameter (each run's schedule completes there)",
-           ylabel="final eval loss vs DP (%)", title=f"{SIZE}: the gap against the token budget (Streaming at inner lr 8e-3)")
+    ax.set(
+        xlabel="tokens per parameter (each run's schedule completes there)",
+        ylabel="final eval loss vs DP (%)",
+        title=f"{SIZE}: the gap against the token budget (Streaming at inner lr 8e-3)",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -150,11 +173,15 @@ def main(argv: list[str]) -> int:
         print("no finished budget runs yet (budget_report.py write; then the sweep in this file's docstring)")
         return 1
     print(f"{SIZE}: final eval loss against DP at the same token budget (each run's schedule completes there)")
-    print(f"{'method':<28} {'tokens/param':>12} {'eval loss':>9} {'DP 8e-3':>8} {'vs DP':>8} {'best DP':>8} "
-          f"{'vs best':>8}  (one line per run)")
+    print(
+        f"{'method':<28} {'tokens/param':>12} {'eval loss':>9} {'DP 8e-3':>8} {'vs DP':>8} {'best DP':>8} "
+        f"{'vs best':>8}  (one line per run)"
+    )
     for r in rows:
-        print(f"{r['key']:<28} {r['tokens_per_param']:>12g} {r['eval_loss']:>9.4f} {r['dp_eval_loss']:>8.4f} "
-              f"{r['gap_pct']:>+7.2f}% {r['best_dp_eval_loss']:>8.4f} {r['gap_best_dp_pct']:>+7.2f}%")
+        print(
+            f"{r['key']:<28} {r['tokens_per_param']:>12g} {r['eval_loss']:>9.4f} {r['dp_eval_loss']:>8.4f} "
+            f"{r['gap_pct']:>+7.2f}% {r['best_dp_eval_loss']:>8.4f} {r['gap_best_dp_pct']:>+7.2f}%"
+        )
     SUMMARY.write_text(json.dumps({"size": SIZE, "rows": rows}, indent=1, allow_nan=False) + "\n")
     plot(rows, HERE / "budget.png")
     print(f"\nwrote {SUMMARY} and {HERE / 'budget.png'}")

@@ -33,11 +33,14 @@ def dp_bytes_at_m2(summary: dict) -> float | None:
     at M = 2), from a DP run's summary; the sweep runs DP with one replica, which sends nothing."""
     if not summary.get("num_params") or not summary.get("steps"):
         return None
-    return summary["steps"] * exchange_bytes(payload_bytes=4 * summary["num_params"], num_replicas=2,
-                                             exchange="all_gather")
+    return summary["steps"] * exchange_bytes(
+        payload_bytes=4 * summary["num_params"], num_replicas=2, exchange="all_gather"
+    )
+
 
 TARGETS = {  # method key -> (max final loss / DP's, min DP bytes / the method's), from issue 15
-    "streaming-m2-h30-fp4_e3m0": (1.01, 200.0), "streaming-m2-h100-fp4_e3m0": (1.015, 600.0),
+    "streaming-m2-h30-fp4_e3m0": (1.01, 200.0),
+    "streaming-m2-h100-fp4_e3m0": (1.015, 600.0),
     "diloco-m1-h30": (1.0, None),
 }
 
@@ -84,16 +87,32 @@ def collect() -> list[dict]:
         if "method" in rec:
             key, seed, size, n = method_key(rec), rec["seed"], rec["size"], rec["num_params"]
         else:  # unfinished: name it from its config
-            pseudo = {"method": config.get("method"), "replicas": config.get("replicas"),
-                      "sync_every": config.get("sync_every"), "base": {"codec": config.get("codec")}}
+            pseudo = {
+                "method": config.get("method"),
+                "replicas": config.get("replicas"),
+                "sync_every": config.get("sync_every"),
+                "base": {"codec": config.get("codec")},
+            }
             key = method_key(pseudo) if pseudo["method"] else "?"
             seed, size = config.get("seed"), config.get("size")
             n = _model_zoo_params(size, config) if size else None
-        out.append({"run_id": run_id, "key": key, "seed": seed, "size": size, "num_params": n, "outer": outer,
-                    "inner_lr": config.get("inner_lr"), "warmup_steps": config.get("warmup_steps"),
-                    "status": rec.get("status"), "final_eval_loss": summary.get("final_eval_loss"),
-                    "bytes_sent_per_replica": summary.get("bytes_sent_per_replica"),
-                    "dp_bytes_at_m2": dp_bytes_at_m2(summary) if key == "dp" else None, "curve": curve})
+        out.append(
+            {
+                "run_id": run_id,
+                "key": key,
+                "seed": seed,
+                "size": size,
+                "num_params": n,
+                "outer": outer,
+                "inner_lr": config.get("inner_lr"),
+                "warmup_steps": config.get("warmup_steps"),
+                "status": rec.get("status"),
+                "final_eval_loss": summary.get("final_eval_loss"),
+                "bytes_sent_per_replica": summary.get("bytes_sent_per_replica"),
+                "dp_bytes_at_m2": dp_bytes_at_m2(summary) if key == "dp" else None,
+                "curve": curve,
+            }
+        )
     return sorted(out, key=lambda r: (str(r["size"]), r["key"], str(r["seed"])))
 
 
@@ -110,10 +129,16 @@ def report(runs: list[dict]) -> None:
         dp = reference_dp(group)
         dp_loss = dp["final_eval_loss"] if dp else None
         dp_bytes = dp["dp_bytes_at_m2"] if dp else None
-        print(f"\n{size}: final eval loss of the global parameters; bytes sent per replica against DP's at M = 2 "
-              f"(fp32 gradients every step, {dp_bytes / 1e9:.2f} GB)" if dp_bytes else f"\n{size}: (no DP run yet)")
-        print(f"{'method':<28} {'seed':>4} {'inner lr':>8} {'outer':>9} {'eval loss':>9} {'/ DP':>7} "
-              f"{'DP bytes / bytes':>16}  target")
+        print(
+            f"\n{size}: final eval loss of the global parameters; bytes sent per replica against DP's at M = 2 "
+            f"(fp32 gradients every step, {dp_bytes / 1e9:.2f} GB)"
+            if dp_bytes
+            else f"\n{size}: (no DP run yet)"
+        )
+        print(
+            f"{'method':<28} {'seed':>4} {'inner lr':>8} {'outer':>9} {'eval loss':>9} {'/ DP':>7} "
+            f"{'DP bytes / bytes':>16}  target"
+        )
         for r in group:
             loss = r["final_eval_loss"]
             ratio = loss / dp_loss if loss is not None and dp_loss else None
@@ -123,12 +148,16 @@ def report(runs: list[dict]) -> None:
             if t and ratio is not None:
                 parts = [f"loss {'met' if ratio <= t[0] else 'MISSED'} (<= {t[0]:g} x DP)"]
                 if t[1]:
-                    parts.append(f"bytes {'met' if fewer is not None and fewer >= t[1] else 'MISSED'} (>= {t[1]:g}x fewer)")
+                    parts.append(
+                        f"bytes {'met' if fewer is not None and fewer >= t[1] else 'MISSED'} (>= {t[1]:g}x fewer)"
+                    )
                 verdict = ", ".join(parts)
             shown = f"{loss:.4f}" if loss is not None else f"({len(r['curve'])} evals)"
             outer = "-" if not r["outer"] else f"{r['outer'][0]:g} / {r['outer'][1]:g}"
-            print(f"{r['key']:<28} {str(r['seed']):>4} {r['inner_lr']!s:>8} {outer:>9} {shown:>9} {ratio if ratio is None else round(ratio, 4)!s:>7} "
-                  f"{'-' if fewer is None else f'{fewer:,.0f}':>16}  {verdict}")
+            print(
+                f"{r['key']:<28} {str(r['seed']):>4} {r['inner_lr']!s:>8} {outer:>9} {shown:>9} {ratio if ratio is None else round(ratio, 4)!s:>7} "
+                f"{'-' if fewer is None else f'{fewer:,.0f}':>16}  {verdict}"
+            )
 
 
 def plot(runs: list[dict], path: Path) -> None:
@@ -153,8 +182,9 @@ def plot(runs: list[dict], path: Path) -> None:
         for i, r in enumerate(group):
             color = plt.cm.tab20(i % 20)  # the same run, the same colour in both panels
             t, loss = zip(*r["curve"], strict=True)
-            label = (f"{r['key']} s{r['seed']} lr {r['inner_lr']:g}"
-                     + ("" if not r["outer"] else f" outer {r['outer'][0]:g}/{r['outer'][1]:g}"))
+            label = f"{r['key']} s{r['seed']} lr {r['inner_lr']:g}" + (
+                "" if not r["outer"] else f" outer {r['outer'][0]:g}/{r['outer'][1]:g}"
+            )
             axes[0][col].plot(t, loss, label=label, color=color)
             if dp is not None and r["key"] != "dp" and r["num_params"]:
                 pts = [(tok / r["num_params"], 100 * (l_ / ref[tok] - 1)) for tok, l_ in r["curve"] if tok in ref]
@@ -163,8 +193,11 @@ def plot(runs: list[dict], path: Path) -> None:
         axes[0][col].set(title=f"{size}: eval loss (global parameters)", xlabel="tokens", ylabel="eval loss")
         axes[0][col].set_ylim(top=min(6.0, axes[0][col].get_ylim()[1]))
         axes[1][col].axhline(0, color="k", lw=0.8)
-        axes[1][col].set(title=f"{size}: gap to the best DP at the same tokens",
-                         xlabel="tokens per parameter", ylabel="eval loss vs DP (%)")
+        axes[1][col].set(
+            title=f"{size}: gap to the best DP at the same tokens",
+            xlabel="tokens per parameter",
+            ylabel="eval loss vs DP (%)",
+        )
         for ax in axes[:, col]:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
@@ -172,9 +205,14 @@ def plot(runs: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-NAMES = {"dp": "data-parallel (M = 2, fp32 gradients every step)", "diloco-m1-h30": "DiLoCo M = 1, H = 30",
-         "diloco-m2-h30": "DiLoCo M = 2, H = 30", "streaming-m2-h30-fp4_e3m0": "Streaming M = 2, H = 30, FP4",
-         "streaming-m2-h30-fp32": "Streaming M = 2, H = 30, FP32", "streaming-m2-h100-fp4_e3m0": "Streaming M = 2, H = 100, FP4"}
+NAMES = {
+    "dp": "data-parallel (M = 2, fp32 gradients every step)",
+    "diloco-m1-h30": "DiLoCo M = 1, H = 30",
+    "diloco-m2-h30": "DiLoCo M = 2, H = 30",
+    "streaming-m2-h30-fp4_e3m0": "Streaming M = 2, H = 30, FP4",
+    "streaming-m2-h30-fp32": "Streaming M = 2, H = 30, FP32",
+    "streaming-m2-h100-fp4_e3m0": "Streaming M = 2, H = 100, FP4",
+}
 
 
 def settings_by_size(runs: list[dict]):
@@ -194,18 +232,23 @@ def markdown(runs: list[dict]) -> None:
     """The README's table per size: finished runs, seeds averaged per setting, bytes against DP at M = 2."""
     for size, dp, by in settings_by_size(runs):
         print(f"\n{size} ({dp['num_params'] / 1e6:.2f}M parameters):\n")
-        print("| method | inner lr | outer lr / momentum | warmup | seeds | eval loss | vs DP | sent per replica | "
-              "× fewer than DP |")
+        print(
+            "| method | inner lr | outer lr / momentum | warmup | seeds | eval loss | vs DP | sent per replica | "
+            "× fewer than DP |"
+        )
         print("|---|---|---|---|---|---|---|---|---|")
-        for (key, lr, outer, warm), rs in sorted(by.items(), key=lambda kv: (kv[0][0] != "dp", kv[0][0], -kv[0][1],
-                                                                             kv[0][2], kv[0][3])):
+        for (key, lr, outer, warm), rs in sorted(
+            by.items(), key=lambda kv: (kv[0][0] != "dp", kv[0][0], -kv[0][1], kv[0][2], kv[0][3])
+        ):
             loss = sum(r["final_eval_loss"] for r in rs) / len(rs)
             sent = dp["dp_bytes_at_m2"] if key == "dp" else rs[0]["bytes_sent_per_replica"]
             fewer = "1" if key == "dp" else ("–" if not sent else f"{dp['dp_bytes_at_m2'] / sent:,.0f}")
             gap = "–" if rs[0] is dp else f"{100 * (loss / dp['final_eval_loss'] - 1):+.2f} %"
             each = "" if len(rs) == 1 else " (" + " / ".join(f"{r['final_eval_loss']:.4f}" for r in rs) + ")"
-            print(f"| {NAMES.get(key, key)} | {lr:g} | {'–' if not outer else f'{outer[0]:g} / {outer[1]:g}'} | {warm} | "
-                  f"{len(rs)} | {loss:.4f}{each} | {gap} | {_human(sent) if sent else '0'} | {fewer} |")
+            print(
+                f"| {NAMES.get(key, key)} | {lr:g} | {'–' if not outer else f'{outer[0]:g} / {outer[1]:g}'} | {warm} | "
+                f"{len(rs)} | {loss:.4f}{each} | {gap} | {_human(sent) if sent else '0'} | {fewer} |"
+            )
 
 
 def markdown_best(runs: list[dict]) -> None:
@@ -215,7 +258,7 @@ def markdown_best(runs: list[dict]) -> None:
     for size, dp, by in settings_by_size(runs):
         sizes.append(f"`{size}` ({dp['num_params'] / 1e6:.2f}M)")
         best: dict[str, tuple[float, tuple, list[dict]]] = {}
-        for (key, lr, outer, warm), rs in by.items():
+        for (key, lr, outer, _warm), rs in by.items():
             loss = sum(r["final_eval_loss"] for r in rs) / len(rs)
             if key not in best or loss < best[key][0]:
                 best[key] = (loss, (lr, outer), rs)
@@ -226,8 +269,14 @@ def markdown_best(runs: list[dict]) -> None:
             cells.setdefault(key, {})[size] = f"{loss:.4f} ({gap}; {how})"
     print("| method | " + " | ".join(sizes) + " |")
     print("|---|" + "---|" * len(sizes))
-    order = ["dp", "diloco-m1-h30", "diloco-m2-h30", "streaming-m2-h30-fp4_e3m0", "streaming-m2-h30-fp32",
-             "streaming-m2-h100-fp4_e3m0"]
+    order = [
+        "dp",
+        "diloco-m1-h30",
+        "diloco-m2-h30",
+        "streaming-m2-h30-fp4_e3m0",
+        "streaming-m2-h30-fp32",
+        "streaming-m2-h100-fp4_e3m0",
+    ]
     for key in sorted(cells, key=lambda k: order.index(k) if k in order else len(order)):
         row = [cells[key].get(size, "–") for size, _, _ in settings_by_size(runs)]
         print(f"| {NAMES.get(key, key)} | " + " | ".join(row) + " |")
@@ -281,25 +330,43 @@ def gap_against_n(runs: list[dict]) -> list[dict]:
             gaps = [100 * (r["final_eval_loss"] / dp["final_eval_loss"] - 1) for r in rs]
             b, a = trend[_series(key)]
             n = rs[0]["num_params"]
-            rows.append({"size": size, "num_params": n, "key": key, "outer": list(outer), "inner_lr": inner_lr,
-                         "warmup_steps": warm, "seeds": len(rs),
-                         "gap_pct": float(np.mean(gaps)), "gap_pct_seeds": gaps,
-                         "papers_trend_gap_pct": float(a + b * np.log10(n)),
-                         "papers_gap_pct_at_smallest": papers[_series(key)][0][1],
-                         "papers_smallest_n": papers[_series(key)][0][0]})
+            rows.append(
+                {
+                    "size": size,
+                    "num_params": n,
+                    "key": key,
+                    "outer": list(outer),
+                    "inner_lr": inner_lr,
+                    "warmup_steps": warm,
+                    "seeds": len(rs),
+                    "gap_pct": float(np.mean(gaps)),
+                    "gap_pct_seeds": gaps,
+                    "papers_trend_gap_pct": float(a + b * np.log10(n)),
+                    "papers_gap_pct_at_smallest": papers[_series(key)][0][1],
+                    "papers_smallest_n": papers[_series(key)][0][0],
+                }
+            )
     return rows
 
 
 def report_gap_against_n(rows: list[dict]) -> None:
-    print("\nThe gap against N: ours (final, 20 tokens/param, mean over seeds) beside the papers' (also 20 tokens/param).")
-    print("'papers' trend' extrapolates gap = a + b log10(N) from the papers' rows (35M and up) to our N: a "
-          "direction, not a prediction.")
-    print(f"{'size':<10} {'method':<28} {'inner lr':>8} {'outer':>9} {'warmup':>6} {'seeds':>5} {'ours':>7} {'papers trend':>12} "
-          f"{'papers at 35M':>13}")
+    print(
+        "\nThe gap against N: ours (final, 20 tokens/param, mean over seeds) beside the papers' (also 20 tokens/param)."
+    )
+    print(
+        "'papers' trend' extrapolates gap = a + b log10(N) from the papers' rows (35M and up) to our N: a "
+        "direction, not a prediction."
+    )
+    print(
+        f"{'size':<10} {'method':<28} {'inner lr':>8} {'outer':>9} {'warmup':>6} {'seeds':>5} {'ours':>7} {'papers trend':>12} "
+        f"{'papers at 35M':>13}"
+    )
     for r in rows:
         outer = "-" if not r["outer"] else f"{r['outer'][0]:g} / {r['outer'][1]:g}"
-        print(f"{r['size']:<10} {r['key']:<28} {r['inner_lr']!s:>8} {outer:>9} {r['warmup_steps']!s:>6} {r['seeds']:>5} {r['gap_pct']:>+6.2f}% "
-              f"{r['papers_trend_gap_pct']:>+11.2f}% {r['papers_gap_pct_at_smallest']:>+12.2f}%")
+        print(
+            f"{r['size']:<10} {r['key']:<28} {r['inner_lr']!s:>8} {outer:>9} {r['warmup_steps']!s:>6} {r['seeds']:>5} {r['gap_pct']:>+6.2f}% "
+            f"{r['papers_trend_gap_pct']:>+11.2f}% {r['papers_gap_pct_at_smallest']:>+12.2f}%"
+        )
 
 
 def plot_gap_against_n(rows: list[dict], path: Path) -> None:
@@ -317,11 +384,22 @@ def plot_gap_against_n(rows: list[dict], path: Path) -> None:
         b, a = np.polyfit(np.log10(n), g, 1)
         xs = np.logspace(4.8, np.log10(max(n)), 50)  # down to the smallest of ours (cpu-0.1m, 97k)
         ax.plot(xs, a + b * np.log10(xs), "k--", lw=0.8, label="papers' trend, extrapolated")
-        mine = [x for x in rows if _series(x["key"]) == series and x["key"] == series + ("-fp4_e3m0" if
-                                                                               series.startswith("streaming") else "")]
+        mine = [
+            x
+            for x in rows
+            if _series(x["key"]) == series
+            and x["key"] == series + ("-fp4_e3m0" if series.startswith("streaming") else "")
+        ]
         for r in mine:  # every setting tried, faded: the spread over settings at each size
-            ax.plot([r["num_params"]] * len(r["gap_pct_seeds"]), r["gap_pct_seeds"], "o", color="C0", alpha=0.25,
-                    ms=4, label=None)
+            ax.plot(
+                [r["num_params"]] * len(r["gap_pct_seeds"]),
+                r["gap_pct_seeds"],
+                "o",
+                color="C0",
+                alpha=0.25,
+                ms=4,
+                label=None,
+            )
         best = {}  # per size, the setting with the lowest mean gap
         for r in mine:
             if r["size"] not in best or r["gap_pct"] < best[r["size"]]["gap_pct"]:

@@ -104,18 +104,24 @@ def table(results: dict[str, dict[tuple, float]]) -> None:
     rep = repeats()
     if rep:
         spread = [max(v) - min(v) for _, _, v in rep]
-        print(f"run-to-run noise: {len(rep)} settings run twice or more, loss spread "
-              f"{min(spread):.4f} .. {max(spread):.4f} (mean {sum(spread) / len(spread):.4f}); their mean is used")
+        print(
+            f"run-to-run noise: {len(rep)} settings run twice or more, loss spread "
+            f"{min(spread):.4f} .. {max(spread):.4f} (mean {sum(spread) / len(spread):.4f}); their mean is used"
+        )
     dp = best(results["dp"])[1] if results.get("dp") else None
-    print(f"{'method':<28} {'runs':>4} {'inner lr':>8} {'outer':>5} {'mom':>4} {'warm':>4} {'eval loss':>9} "
-          f"{'vs DP':>7}  at an edge")
+    print(
+        f"{'method':<28} {'runs':>4} {'inner lr':>8} {'outer':>5} {'mom':>4} {'warm':>4} {'eval loss':>9} "
+        f"{'vs DP':>7}  at an edge"
+    )
     for key in sorted(results, key=lambda k: (k != "dp", k)):
         s, loss = best(results[key])
         rel = f"{100 * (loss / dp - 1):+.2f}%" if dp else "-"
         o = "-" if s[1] is None else f"{s[1]:g}"
         m = "-" if s[2] is None else f"{s[2]:g}"
-        print(f"{key:<28} {len(results[key]):>4} {s[0]:>8g} {o:>5} {m:>4} {s[3]:>4} {loss:>9.4f} {rel:>7}  "
-              f"{'; '.join(edges(results[key], s)) or '-'}")
+        print(
+            f"{key:<28} {len(results[key]):>4} {s[0]:>8g} {o:>5} {m:>4} {s[3]:>4} {loss:>9.4f} {rel:>7}  "
+            f"{'; '.join(edges(results[key], s)) or '-'}"
+        )
 
 
 def _template(key: str) -> dict:
@@ -145,10 +151,18 @@ def write_stage2(results: dict[str, dict[tuple, float]]) -> list[str]:
         (lr, _, _, warm), _ = best(results[key])
         grid = _template(key)
         for mom in MOMENTA:
-            g = {**grid, "_comment": f"Stage 2: {key}, outer lr x outer momentum {mom:g} at inner lr {lr:g}.",
-                 "inner_lr": [lr], "outer_lr": list(OUTER_LRS),
-                 "base": {**grid["base"], "outer_momentum": mom, "warmup_steps": warm,
-                          "runs_dir": f"runs/outer-tuning/s2-{key}"}}
+            g = {
+                **grid,
+                "_comment": f"Stage 2: {key}, outer lr x outer momentum {mom:g} at inner lr {lr:g}.",
+                "inner_lr": [lr],
+                "outer_lr": list(OUTER_LRS),
+                "base": {
+                    **grid["base"],
+                    "outer_momentum": mom,
+                    "warmup_steps": warm,
+                    "runs_dir": f"runs/outer-tuning/s2-{key}",
+                },
+            }
             _write(f"s2-{key}-mom{mom:g}", g, written)
     return written
 
@@ -163,21 +177,54 @@ def write_stage3(results: dict[str, dict[tuple, float]]) -> list[str]:
         if mom is not None:
             base["outer_momentum"] = mom
         for w in WARMUPS:
-            _write(f"s3-{key}-warmup{w}", {**grid, **axes, "_comment": f"Stage 3: {key}, warmup {w} at the best so far.",
-                                           "inner_lr": [lr], "base": {**base, "warmup_steps": w}}, written)
+            _write(
+                f"s3-{key}-warmup{w}",
+                {
+                    **grid,
+                    **axes,
+                    "_comment": f"Stage 3: {key}, warmup {w} at the best so far.",
+                    "inner_lr": [lr],
+                    "base": {**base, "warmup_steps": w},
+                },
+                written,
+            )
         if key != "dp":  # the outer lr bracketed too: one step (x 1.4) past an edge of stage 2's grid
             tried = sorted({t[1] for t in results[key] if t[0] == lr and t[2] == mom and t[3] == warm})
-            beyond = [] if len(tried) < 2 else [round(outer * 1.4, 3)] if outer == tried[-1] else \
-                [round(outer / 1.4, 3)] if outer == tried[0] else []
+            beyond = (
+                []
+                if len(tried) < 2
+                else [round(outer * 1.4, 3)]
+                if outer == tried[-1]
+                else [round(outer / 1.4, 3)]
+                if outer == tried[0]
+                else []
+            )
             if beyond:
-                _write(f"s3-{key}-outer", {**grid, "_comment": f"Stage 3: {key}, outer lr {beyond[0]:g} (past the "
-                                           f"edge of stage 2) at the best so far.", "inner_lr": [lr], "outer_lr": beyond,
-                                           "base": {**base, "warmup_steps": warm}}, written)
+                _write(
+                    f"s3-{key}-outer",
+                    {
+                        **grid,
+                        "_comment": f"Stage 3: {key}, outer lr {beyond[0]:g} (past the "
+                        f"edge of stage 2) at the best so far.",
+                        "inner_lr": [lr],
+                        "outer_lr": beyond,
+                        "base": {**base, "warmup_steps": warm},
+                    },
+                    written,
+                )
         lrs = [v for v in (lr / 2, lr * 2) if (v, outer, mom, warm) not in results[key]]
         if lrs:
-            _write(f"s3-{key}-lr", {**grid, **axes, "_comment": f"Stage 3: {key}, inner lr around {lr:g} at the best "
-                                    "outer settings.", "inner_lr": lrs, "base": {**base, "warmup_steps": warm}},
-                   written)
+            _write(
+                f"s3-{key}-lr",
+                {
+                    **grid,
+                    **axes,
+                    "_comment": f"Stage 3: {key}, inner lr around {lr:g} at the best outer settings.",
+                    "inner_lr": lrs,
+                    "base": {**base, "warmup_steps": warm},
+                },
+                written,
+            )
     return written
 
 
@@ -214,8 +261,12 @@ def write_bracket(results: dict[str, dict[tuple, float]], *, stage: str, lone_lr
                 base["outer_momentum"] = mom
             values = ", ".join(f"{p[i]:g}" for p in points)
             why = "tried at one value only" if len(factors) == 2 else f"one step past the edge of {tried}"
-            g = {**grid, "_comment": f"{stage}: {key}, {name} {values} ({why}).",
-                 "inner_lr": [p[0] for p in points], "base": base}
+            g = {
+                **grid,
+                "_comment": f"{stage}: {key}, {name} {values} ({why}).",
+                "inner_lr": [p[0] for p in points],
+                "base": base,
+            }
             if key != "dp":
                 g["outer_lr"] = [points[0][1]]
             _write(f"{stage}-{key}-{name}", g, written)
@@ -223,12 +274,17 @@ def write_bracket(results: dict[str, dict[tuple, float]], *, stage: str, lone_lr
 
 
 LONG = {  # point 4: method key -> seeds (FP4 against FP32 at two seeds; the rest one)
-    "dp": (0,), "diloco-m1-h30": (0,), "streaming-m2-h30-fp4_e3m0": (0, 1), "streaming-m2-h30-fp32": (0, 1),
-    "streaming-m2-h100-fp4_e3m0": (0,), "diloco-m2-h30": (0,),
+    "dp": (0,),
+    "diloco-m1-h30": (0,),
+    "streaming-m2-h30-fp4_e3m0": (0, 1),
+    "streaming-m2-h30-fp32": (0, 1),
+    "streaming-m2-h100-fp4_e3m0": (0,),
+    "diloco-m2-h30": (0,),
     "streaming-m2-h30-fp4_e3m0-paper": (0,),  # the papers' outer 0.7 / Nesterov 0.9 at the best inner lr
     # stage 5 moved DiLoCo's best inner lr at warmup 120 (the long runs' warmup) to DP's, 4e-3: the long runs
     # again at the best of the runs with that warmup
-    "diloco-m1-h30-retuned": (0,), "diloco-m2-h30-retuned": (0,),
+    "diloco-m1-h30-retuned": (0,),
+    "diloco-m2-h30-retuned": (0,),
     # stage 7 moved Streaming H = 100's best warmup from 30 (its long run's) to 120, the others' long-run warmup
     "streaming-m2-h100-fp4_e3m0-retuned": (0,),
 }
@@ -261,10 +317,20 @@ def write_long(results: dict[str, dict[tuple, float]], *, size: str, tokens_per_
             base["codec"] = "fp32"
         axes = {} if key == "dp" else {"outer_lr": [outer]}
         for seed in seeds:
-            comment = (f"Point 4: {key} at its best search settings (inner lr {lr:g}, warmup {warm}), "
-                       f"{tokens_per_param:g} tokens per parameter, seed {seed}.")
-            g = {**grid, **axes, "_comment": comment, "sizes": [size], "inner_lr": [lr],
-                 "tokens_per_param": tokens_per_param, "seed": seed, "base": base}
+            comment = (
+                f"Point 4: {key} at its best search settings (inner lr {lr:g}, warmup {warm}), "
+                f"{tokens_per_param:g} tokens per parameter, seed {seed}."
+            )
+            g = {
+                **grid,
+                **axes,
+                "_comment": comment,
+                "sizes": [size],
+                "inner_lr": [lr],
+                "tokens_per_param": tokens_per_param,
+                "seed": seed,
+                "base": base,
+            }
             _write(f"long-{size}-{key}-seed{seed}", g, written)
     return written
 
@@ -272,8 +338,10 @@ def write_long(results: dict[str, dict[tuple, float]], *, size: str, tokens_per_
 def markdown(results: dict[str, dict[tuple, float]]) -> None:
     """The README / docs table: each method's best settings, and the best loss at each outer momentum."""
     dp = best(results["dp"])[1] if results.get("dp") else None
-    print("| method | runs | inner lr | outer lr / momentum | warmup | eval loss | vs DP | stage 2 (warmup 30): best at "
-          "momentum 0 / 0.5 / 0.9 |")
+    print(
+        "| method | runs | inner lr | outer lr / momentum | warmup | eval loss | vs DP | stage 2 (warmup 30): best at "
+        "momentum 0 / 0.5 / 0.9 |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for key in sorted(results, key=lambda k: (k != "dp", k)):
         runs = results[key]
@@ -284,8 +352,10 @@ def markdown(results: dict[str, dict[tuple, float]]) -> None:
             by_mom.append(f"{min(vals):.3f}" if vals else "–")
         o = "–" if outer is None else f"{outer:g} / {mom:g}"
         rel = f"{100 * (loss / dp - 1):+.2f} %" if dp else "–"
-        print(f"| {key} | {len(runs)} | {lr:g} | {o} | {warm} | {loss:.4f} | {rel} | "
-              f"{'–' if key == 'dp' else ' / '.join(by_mom)} |")
+        print(
+            f"| {key} | {len(runs)} | {lr:g} | {o} | {warm} | {loss:.4f} | {rel} | "
+            f"{'–' if key == 'dp' else ' / '.join(by_mom)} |"
+        )
 
 
 def plot(results: dict[str, dict[tuple, float]], path: Path) -> None:
@@ -301,7 +371,7 @@ def plot(results: dict[str, dict[tuple, float]], path: Path) -> None:
     cols = 3
     rows = -(-len(keys) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False, sharey=True)
-    for ax in axes.flat[len(keys):]:
+    for ax in axes.flat[len(keys) :]:
         ax.set_visible(False)
     for ax, key in zip(axes.flat, keys, strict=False):
         runs = results[key]
@@ -314,8 +384,11 @@ def plot(results: dict[str, dict[tuple, float]], path: Path) -> None:
             ax.minorticks_off()
         else:
             for mom in sorted({s[2] for s in runs}):
-                pts = sorted((s[1], v) for s, v in runs.items() if s[0] == lr and s[2] == mom and s[3] == warm
-                             and math.isfinite(v))
+                pts = sorted(
+                    (s[1], v)
+                    for s, v in runs.items()
+                    if s[0] == lr and s[2] == mom and s[3] == warm and math.isfinite(v)
+                )
                 if pts:
                     ax.plot(*zip(*pts, strict=True), marker="o", label=f"momentum {mom:g}")
             ax.set(xlabel=f"outer lr (inner lr {lr:g})")

@@ -15,8 +15,8 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
-
 from _tiny import batches, make_model
+
 from diloco.algorithm.data_parallel import DataParallel
 from diloco.algorithm.streaming import StreamingDiLoCo
 
@@ -40,9 +40,16 @@ def streaming_replica(comm, cfg: dict) -> dict:
     """Train TinyNet with StreamingDiLoCo for ``cfg['steps']``; optionally poison one replica once."""
     model = make_model(seed=comm.rank)  # different inits on purpose: the algorithm must equalise them
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    algo = StreamingDiLoCo(model, comm=comm, sync_every=cfg["H"], num_fragments=cfg.get("P", 1),
-                           overlap_steps=cfg.get("tau", 0), merge_alpha=cfg.get("alpha", 0.0),
-                           codec=cfg.get("codec", "fp32"), outer_optimizer=_outer())
+    algo = StreamingDiLoCo(
+        model,
+        comm=comm,
+        sync_every=cfg["H"],
+        num_fragments=cfg.get("P", 1),
+        overlap_steps=cfg.get("tau", 0),
+        merge_alpha=cfg.get("alpha", 0.0),
+        codec=cfg.get("codec", "fp32"),
+        outer_optimizer=_outer(),
+    )
     reports = []
     for t, (x, y) in enumerate(batches(comm.rank, cfg["steps"], seed=cfg.get("seed", 0)), start=1):
         model(x, y)[1].backward()
@@ -72,9 +79,12 @@ def data_parallel_replica(comm, cfg: dict) -> dict:
         reports.append(dp.sync_gradients())
         opt.step()
         opt.zero_grad()
-    return {"local": [p.detach().clone() for p in model.parameters()], "stats": comm.stats.totals(),
-            "reports": [dataclasses.asdict(r) for r in reports],
-            "numel": sum(p.numel() for p in model.parameters())}
+    return {
+        "local": [p.detach().clone() for p in model.parameters()],
+        "stats": comm.stats.totals(),
+        "reports": [dataclasses.asdict(r) for r in reports],
+        "numel": sum(p.numel() for p in model.parameters()),
+    }
 
 
 # -- 2 workers x 2 ranks ----------------------------------------------------------------------------------------------
@@ -83,8 +93,15 @@ def mesh_inner_optimizer(params):
 
 
 def _mesh_algo(model, opt, comm, cfg):
-    return StreamingDiLoCo(model, comm=comm, sync_every=cfg["H"], num_fragments=cfg["P"],
-                           overlap_steps=cfg["tau"], codec="fp32", outer_optimizer=_outer())
+    return StreamingDiLoCo(
+        model,
+        comm=comm,
+        sync_every=cfg["H"],
+        num_fragments=cfg["P"],
+        overlap_steps=cfg["tau"],
+        codec="fp32",
+        outer_optimizer=_outer(),
+    )
 
 
 def mesh_rank(comm, cfg: dict) -> dict:
@@ -106,13 +123,18 @@ def mesh_rank(comm, cfg: dict) -> dict:
         opt.zero_grad()
         algo.step()
     algo.flush()
-    return {"worker": layout.worker, "local_rank": layout.local_rank,
-            "intra": dist.get_process_group_ranks(layout.intra_group),
-            "cross": dist.get_process_group_ranks(layout.cross_group),
-            "global": [g.detach().clone() for g in algo.global_flat],
-            "local": [p.detach().clone() for p in model.parameters()],
-            "stats": wcomm.stats.totals(), "cross_stats": wcomm.cross.stats.totals(),
-            "intra_stats": wcomm.intra.stats.totals(), "fragment_sizes": list(algo.fragment_sizes())}
+    return {
+        "worker": layout.worker,
+        "local_rank": layout.local_rank,
+        "intra": dist.get_process_group_ranks(layout.intra_group),
+        "cross": dist.get_process_group_ranks(layout.cross_group),
+        "global": [g.detach().clone() for g in algo.global_flat],
+        "local": [p.detach().clone() for p in model.parameters()],
+        "stats": wcomm.stats.totals(),
+        "cross_stats": wcomm.cross.stats.totals(),
+        "intra_stats": wcomm.intra.stats.totals(),
+        "fragment_sizes": list(algo.fragment_sizes()),
+    }
 
 
 def _train_mesh_reference(comm, cfg: dict):
@@ -136,8 +158,11 @@ def _train_mesh_reference(comm, cfg: dict):
 def mesh_reference_replica(comm, cfg: dict) -> dict:
     """The in-process twin of a worker (see :func:`_train_mesh_reference`): flat global copies."""
     model, algo = _train_mesh_reference(comm, cfg)
-    return {"global": [g.detach().clone() for g in algo.global_flat],
-            "local": [p.detach().clone() for p in model.parameters()], "stats": comm.stats.totals()}
+    return {
+        "global": [g.detach().clone() for g in algo.global_flat],
+        "local": [p.detach().clone() for p in model.parameters()],
+        "stats": comm.stats.totals(),
+    }
 
 
 # -- faults -------------------------------------------------------------------------------------------------------------
@@ -194,11 +219,18 @@ def exchange_cases(comm, cases: list[dict]) -> list[dict]:
         work = comm.mean_async(contribution, codec=codec, numel=case["numel"], tag="test")
         mean, dropped = work.wait()
         after = dict(comm.stats.totals(), wire_sent=comm.stats.wire_sent, wire_received=comm.stats.wire_received)
-        out.append({"mean": mean, "dropped": dropped, "exchange": work.exchange,
-                    "link": (work.link_bytes.sent, work.link_bytes.received),
-                    "counted": {k: after[k] - before[k] for k in ("bytes_sent", "bytes_received", "wire_sent",
-                                                                  "wire_received")},
-                    "in_flight_after": comm.stats.in_flight})
+        out.append(
+            {
+                "mean": mean,
+                "dropped": dropped,
+                "exchange": work.exchange,
+                "link": (work.link_bytes.sent, work.link_bytes.received),
+                "counted": {
+                    k: after[k] - before[k] for k in ("bytes_sent", "bytes_received", "wire_sent", "wire_received")
+                },
+                "in_flight_after": comm.stats.in_flight,
+            }
+        )
     return out
 
 
@@ -209,16 +241,25 @@ def mesh_exchange_rank(comm, cfg: dict) -> dict:
     layout = build_layout(cfg["workers"], cfg["ranks_per_worker"])
     wcomm = layout.communicator(timeout_s=60)
     out = exchange_cases(wcomm, cfg["cases"])  # exchange_values keyed by wcomm.rank = the worker index
-    return {"worker": layout.worker, "cases": out, "cross": wcomm.cross.stats.totals(),
-            "cross_wire": wcomm.cross.stats.wire_sent}
+    return {
+        "worker": layout.worker,
+        "cases": out,
+        "cross": wcomm.cross.stats.totals(),
+        "cross_wire": wcomm.cross.stats.wire_sent,
+    }
 
 
 # -- FSDP inside a worker ---------------------------------------------------------------------------------------------
 def algorithm_state_bytes(algo) -> dict:
     """Bytes this rank holds for the global copy and for the outer optimizers' state (storage sizes)."""
     glob = sum(g.untyped_storage().nbytes() for g in algo.global_flat)
-    outer = sum(v.untyped_storage().nbytes() for o in algo.outer_optimizers for st in o.state.values()
-                for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+    outer = sum(
+        v.untyped_storage().nbytes()
+        for o in algo.outer_optimizers
+        for st in o.state.values()
+        for v in st.values()
+        if isinstance(v, torch.Tensor) and v.dim() > 0
+    )
     return {"global_bytes": glob, "outer_state_bytes": outer}
 
 
@@ -245,15 +286,23 @@ def fsdp_rank(comm, cfg: dict) -> dict:
         algo.step()
     algo.flush()
     glob = algo.global_state_dict()
-    return {"worker": layout.worker, "local_rank": layout.local_rank,
-            "global": {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in glob.items()},
-            "local": {k: v.full_tensor() for k, v in model.state_dict().items()},
-            "sharded": all(hasattr(p, "to_local") for p in model.parameters()),
-            "memory": algorithm_state_bytes(algo), "stats": scomm.stats.totals()}
+    return {
+        "worker": layout.worker,
+        "local_rank": layout.local_rank,
+        "global": {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in glob.items()},
+        "local": {k: v.full_tensor() for k, v in model.state_dict().items()},
+        "sharded": all(hasattr(p, "to_local") for p in model.parameters()),
+        "memory": algorithm_state_bytes(algo),
+        "stats": scomm.stats.totals(),
+    }
 
 
 def reference_state(comm, cfg: dict) -> dict:
     """``mesh_reference_replica`` with the states by name and the algorithm's memory."""
     model, algo = _train_mesh_reference(comm, cfg)
-    return {"global": algo.global_state_dict(), "local": {k: v.clone() for k, v in model.state_dict().items()},
-            "memory": algorithm_state_bytes(algo), "stats": comm.stats.totals()}
+    return {
+        "global": algo.global_state_dict(),
+        "local": {k: v.clone() for k, v in model.state_dict().items()},
+        "memory": algorithm_state_bytes(algo),
+        "stats": comm.stats.totals(),
+    }

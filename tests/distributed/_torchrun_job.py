@@ -13,8 +13,8 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-
 from _replicas import streaming_replica  # noqa: E402
+
 from diloco import get_codec, setup_communicators  # noqa: E402
 
 
@@ -30,10 +30,19 @@ def main() -> None:
             fp32 = get_codec("fp32")
             payloads = comms.intra.all_gather_async(fp32.encode(torch.full((3,), float(env.rank)))).wait()
             mean = torch.stack([fp32.decode(p, 3) for p in payloads]).mean(0)
-            result = {"replica": (comms.replica.rank, comms.replica.world_size),
-                      "intra": (comms.intra.rank, comms.intra.world_size), "lead": comms.is_lead, "mean": mean}
-        result["env"] = {"rank": env.rank, "world_size": env.world_size, "local_rank": env.local_rank,
-                         "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME"), "device": str(comms.device)}
+            result = {
+                "replica": (comms.replica.rank, comms.replica.world_size),
+                "intra": (comms.intra.rank, comms.intra.world_size),
+                "lead": comms.is_lead,
+                "mean": mean,
+            }
+        result["env"] = {
+            "rank": env.rank,
+            "world_size": env.world_size,
+            "local_rank": env.local_rank,
+            "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+            "device": str(comms.device),
+        }
         torch.save(result, out_dir / f"rank{env.rank}.pt")
     assert not dist.is_initialized()  # close() destroyed the process group it created
 

@@ -47,19 +47,58 @@ def _free_port() -> int:
 
 
 def _agent(out: Path, cache: Path, log: Path, *, port: int, host: bool, steps: int) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME")
+    }
     env["OMP_NUM_THREADS"] = "1"
     # torch 2.13's shared rendezvous store skips publishing the new round's MASTER_ADDR when the same
     # node stays rank 0, so a joining node waits for it until it times out: let rank 0's worker host
     # the workers' store, on the loopback address (--local-addr).
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2", "--nproc-per-node", "1",
-           "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-           "--rdzv-id", "elastic-test", "--local-addr", "127.0.0.1", "--rdzv-conf", f"is_host={int(host)},{RDZV_CONF}",
-           "-m", "diloco", "train", "--preset", "tiny", "--method", "streaming", "--elastic", "--no-progress",
-           "--out", str(out), "--cache-dir", str(cache), "--timeout", "30", "--set", "threads=1",
-           "--set", f"steps={steps}", "--set", f"checkpoint_every={CHECKPOINT_EVERY}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1:2",
+        "--nproc-per-node",
+        "1",
+        "--max-restarts",
+        "3",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "elastic-test",
+        "--local-addr",
+        "127.0.0.1",
+        "--rdzv-conf",
+        f"is_host={int(host)},{RDZV_CONF}",
+        "-m",
+        "diloco",
+        "train",
+        "--preset",
+        "tiny",
+        "--method",
+        "streaming",
+        "--elastic",
+        "--no-progress",
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(cache),
+        "--timeout",
+        "30",
+        "--set",
+        "threads=1",
+        "--set",
+        f"steps={steps}",
+        "--set",
+        f"checkpoint_every={CHECKPOINT_EVERY}",
+    ]
     with open(log, "wb") as f:
         return subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -130,8 +169,10 @@ class _Watch:
                 return got
             for name, (proc, log) in self.agents.items():
                 if proc.poll() not in (None, 0):
-                    raise AssertionError(f"agent {name} exited with {proc.returncode} while waiting for {what}:\n"
-                                         f"{log.read_text()[-4000:]}")
+                    raise AssertionError(
+                        f"agent {name} exited with {proc.returncode} while waiting for {what}:\n"
+                        f"{log.read_text()[-4000:]}"
+                    )
             time.sleep(0.02)
         logs = "\n".join(f"--- {n}:\n{log.read_text()[-3000:]}" for n, (_, log) in self.agents.items())
         raise AssertionError(f"no {what} after {timeout}s\n{logs}")
@@ -148,6 +189,7 @@ def _resumed(watch: _Watch, log: Path, inode: int | None, *, old: int, new: int)
         step = int(found[-1])
         now_inode, rows = watch.rows()
         return now_inode != inode and any(r["step"] == step + 1 for r in rows) and (step, time.monotonic())
+
     return watch.until(f"a training step with {new} workers", first_new_step, 150)
 
 
@@ -163,8 +205,11 @@ def test_a_node_killed_and_a_node_joining_resume_by_themselves(tmp_path: Path, t
         time.sleep(1.0)  # A binds the store first
         agents["B"] = (_agent(out, token_cache, logs["B"], port=port, host=False, steps=steps), logs["B"])
         t0 = time.monotonic()
-        watch.until("a checkpoint of 2 workers", lambda: (m := watch.latest()) and m["num_replicas"] == 2
-                    and m["step"] >= 2 * CHECKPOINT_EVERY, 240)
+        watch.until(
+            "a checkpoint of 2 workers",
+            lambda: (m := watch.latest()) and m["num_replicas"] == 2 and m["step"] >= 2 * CHECKPOINT_EVERY,
+            240,
+        )
         report["startup_s"] = time.monotonic() - t0
         # 2. B's node dies mid-run
         before = watch.rows()
@@ -176,8 +221,11 @@ def test_a_node_killed_and_a_node_joining_resume_by_themselves(tmp_path: Path, t
         report["kill_to_next_step_s"] = seen - killed
         report["steps_redone_after_kill"] = last_step - resumed
         report["resumed_from_after_kill"] = resumed
-        watch.until("a checkpoint of 1 worker", lambda: (m := watch.latest()) and m["num_replicas"] == 1
-                    and m["step"] > resumed, 120)
+        watch.until(
+            "a checkpoint of 1 worker",
+            lambda: (m := watch.latest()) and m["num_replicas"] == 1 and m["step"] > resumed,
+            120,
+        )
         # 3. C joins
         inode, rows = watch.rows()
         agents["C"] = (_agent(out, token_cache, logs["C"], port=port, host=False, steps=steps), logs["C"])

@@ -12,8 +12,8 @@ from functools import partial
 
 import pytest
 import torch
-
 from _replicas import data_parallel_replica, single_thread, streaming_replica
+
 from diloco.algorithm.codecs import get_codec
 from diloco.algorithm.schedule import Schedule
 from diloco.comm.local import run_replicas
@@ -35,10 +35,14 @@ def assert_bit_identical(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
         assert torch.equal(x, y), (x - y).abs().max()
 
 
-@pytest.mark.parametrize("cfg", [
-    {"H": 4, "steps": 12},  # plain DiLoCo
-    {"H": 4, "P": 3, "tau": 1, "alpha": 0.5, "codec": "fp4_e3m0", "steps": 14},  # streaming, overlap, FP4
-], ids=["diloco-fp32", "streaming-overlap-fp4"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"H": 4, "steps": 12},  # plain DiLoCo
+        {"H": 4, "P": 3, "tau": 1, "alpha": 0.5, "codec": "fp4_e3m0", "steps": 14},  # streaming, overlap, FP4
+    ],
+    ids=["diloco-fp32", "streaming-overlap-fp4"],
+)
 def test_streaming_diloco_gloo_equals_in_process_bit_for_bit(cfg):
     local, gloo = both_backends(streaming_replica, 2, cfg)
     for r in range(2):
@@ -72,6 +76,7 @@ def test_byte_counts_on_gloo_equal_the_analytic_ones():
     schedule = Schedule(H, P, 1)
     starts = [p for t in range(1, steps + 1) for p in schedule.starts(t)]
     for rank, res in enumerate(results):
+
         def link(n: int) -> int:
             shards = [codec.num_bytes(s) for s in shard_sizes(n, 3)]
             # the others' shards out, 2 copies of its own in; then its mean out twice, the 2 others' in

@@ -19,15 +19,14 @@ process, from the same vectors (``exchange_values``):
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
-
-from functools import partial
-
 from _replicas import exchange_cases, exchange_values, single_thread
-from diloco.comm.local import run_replicas
+
 from diloco.algorithm.codecs import BlockScaledCodec, get_codec
+from diloco.comm.local import run_replicas
 from diloco.distributed import run_processes
 from diloco.traffic import all_gather_bytes, reduce_scatter_bytes, shard_sizes
 
@@ -38,16 +37,21 @@ LOSSY = ["bf16", "fp8_e4m3", "int8", "fp4_e3m0", "fp4_e2m1"]
 
 
 def cases_for(m: int) -> list[dict]:
-    cases = [{"codec": "fp32", "numel": NUMEL, "seed": 1},
-             {"codec": "fp32", "numel": NUMEL, "seed": 1, "exchange": "all_gather"},
-             {"codec": "fp32", "numel": NUMEL, "seed": 2, "poison": [1]},
-             {"codec": "fp4_e2m1", "numel": NUMEL, "seed": 3, "poison": [m - 1]},
-             {"codec": "int8", "numel": NUMEL, "seed": 4, "poison": list(range(m))},  # nothing left
-             {"codec": "fp8_e4m3", "numel": 2, "seed": 5}]  # fewer values than replicas when m >= 3
+    cases = [
+        {"codec": "fp32", "numel": NUMEL, "seed": 1},
+        {"codec": "fp32", "numel": NUMEL, "seed": 1, "exchange": "all_gather"},
+        {"codec": "fp32", "numel": NUMEL, "seed": 2, "poison": [1]},
+        {"codec": "fp4_e2m1", "numel": NUMEL, "seed": 3, "poison": [m - 1]},
+        {"codec": "int8", "numel": NUMEL, "seed": 4, "poison": list(range(m))},  # nothing left
+        {"codec": "fp8_e4m3", "numel": 2, "seed": 5},
+    ]  # fewer values than replicas when m >= 3
     cases += [{"codec": c, "numel": NUMEL, "seed": 10 + i, "scale": 10.0 ** (i - 2)} for i, c in enumerate(LOSSY)]
     # the compressing codecs: stat2 reduces like the others; sparse top-k is all-gathered at every M
-    cases += [{"codec": "stat2", "numel": NUMEL, "seed": 30}, {"codec": "topk", "numel": NUMEL, "seed": 31},
-              {"codec": "topk", "numel": NUMEL, "seed": 32, "poison": [0]}]
+    cases += [
+        {"codec": "stat2", "numel": NUMEL, "seed": 30},
+        {"codec": "topk", "numel": NUMEL, "seed": 31},
+        {"codec": "topk", "numel": NUMEL, "seed": 32, "poison": [0]},
+    ]
     return cases
 
 
@@ -106,8 +110,12 @@ def test_every_rank_counts_the_traffic_function_and_hands_gloo_exactly_that(run)
             assert got["exchange"] == expected_exchange(m, case), case
             sent, received = analytic_link(m, case, rank)
             assert got["link"] == (sent, received)
-            assert got["counted"] == {"bytes_sent": sent, "bytes_received": received,
-                                      "wire_sent": sent, "wire_received": received}, case
+            assert got["counted"] == {
+                "bytes_sent": sent,
+                "bytes_received": received,
+                "wire_sent": sent,
+                "wire_received": received,
+            }, case
             assert got["in_flight_after"] == 0
     if m >= 3:  # the reduce-scatter moves 2(M-1)/M of a payload each way, the all-gather (M-1)
         n_bytes = 4 * NUMEL
@@ -203,8 +211,11 @@ def test_lossy_codecs_round_the_mean_once_more_within_the_codec_bound(run):
 
 
 def test_gloo_all_to_all_single_and_the_pairwise_rounds_give_the_same_bits():
-    cases = [{"codec": c, "numel": NUMEL, "seed": 20 + i, "pairwise": p, "poison": [1] if i == 2 else []}
-             for i, c in enumerate(["fp32", "fp4_e3m0", "int8"]) for p in (True, False)]
+    cases = [
+        {"codec": c, "numel": NUMEL, "seed": 20 + i, "pairwise": p, "poison": [1] if i == 2 else []}
+        for i, c in enumerate(["fp32", "fp4_e3m0", "int8"])
+        for p in (True, False)
+    ]
     results = run_processes(exchange_cases, 4, args=(cases,), timeout_s=90)
     for res in results:
         for a, b in zip(res[0::2], res[1::2], strict=True):

@@ -16,14 +16,15 @@ from functools import partial
 
 import pytest
 import torch
-from torch.testing import assert_close
-
 from _replicas import fsdp_rank, reference_state, single_thread
 from _tiny import make_model
+from torch.testing import assert_close
+
 from diloco.comm.local import run_replicas
 from diloco.distributed import run_processes
 
 pytestmark = pytest.mark.timeout(180)
+
 
 @pytest.mark.parametrize("R", [2, 3], ids=["2x2", "2x3-uneven-shards"])
 def test_two_sharded_workers_equal_two_replicated_replicas(R):

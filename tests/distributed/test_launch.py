@@ -11,16 +11,22 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from _replicas import single_thread, streaming_replica
+
 from diloco.comm.local import run_replicas
 from diloco.distributed import read_env
 from diloco.distributed.launch import is_loopback
 
 pytestmark = pytest.mark.timeout(120)
 
-TORCHRUN_ENV = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400"}
+TORCHRUN_ENV = {
+    "RANK": "3",
+    "WORLD_SIZE": "4",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "2",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29400",
+}
 
 
 def test_read_env_parses_torchrun_variables():
@@ -34,11 +40,14 @@ def test_read_env_outside_torchrun_says_how_to_launch():
         read_env({})
 
 
-@pytest.mark.parametrize("override, message", [
-    ({"RANK": "4"}, r"RANK=4 must lie in 0..WORLD_SIZE-1"),
-    ({"LOCAL_RANK": "2"}, r"LOCAL_RANK=2 must lie in"),
-    ({"MASTER_PORT": "http"}, r"MASTER_PORT='http' is not an integer"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"RANK": "4"}, r"RANK=4 must lie in 0..WORLD_SIZE-1"),
+        ({"LOCAL_RANK": "2"}, r"LOCAL_RANK=2 must lie in"),
+        ({"MASTER_PORT": "http"}, r"MASTER_PORT='http' is not an integer"),
+    ],
+)
 def test_read_env_rejects_inconsistent_values(override, message):
     with pytest.raises(ValueError, match=message):
         read_env(TORCHRUN_ENV | override)
@@ -53,8 +62,17 @@ def test_torchrun_two_processes_equal_the_in_process_run(tmp_path: Path):
     cfg = {"H": 4, "P": 2, "tau": 1, "codec": "fp4_e3m0", "steps": 10}
     job = Path(__file__).with_name("_torchrun_job.py")
     env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "RANK", "WORLD_SIZE")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(job), str(tmp_path), json.dumps(cfg)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(job),
+        str(tmp_path),
+        json.dumps(cfg),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stderr[-3000:]
     gloo = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
@@ -70,8 +88,17 @@ def test_torchrun_two_processes_equal_the_in_process_run(tmp_path: Path):
 def _torchrun(tmp_path: Path, cfg: dict, nproc: int = 2) -> subprocess.CompletedProcess:
     job = Path(__file__).with_name("_torchrun_job.py")
     env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "RANK", "WORLD_SIZE")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           str(job), str(tmp_path), json.dumps(cfg)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        str(job),
+        str(tmp_path),
+        json.dumps(cfg),
+    ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=100)
 
 
@@ -93,8 +120,11 @@ def test_setup_communicators_checks_the_world_size_before_joining(monkeypatch):
 
     for k, v in TORCHRUN_ENV.items():
         monkeypatch.setenv(k, v)  # a job of 4 processes
-    with pytest.raises(ValueError, match=r"4 processes were launched but replicas x ranks_per_worker = 3 x 1 = 3; "
-                                         r"launch 3 processes.*or set replicas=4"):
+    with pytest.raises(
+        ValueError,
+        match=r"4 processes were launched but replicas x ranks_per_worker = 3 x 1 = 3; "
+        r"launch 3 processes.*or set replicas=4",
+    ):
         setup_communicators(replicas=3)
     with pytest.raises(ValueError, match=r"ranks_per_worker=0: need an integer >= 1"):
         setup_communicators(ranks_per_worker=0)

@@ -17,9 +17,9 @@ from functools import partial
 
 import pytest
 import torch
+from _replicas import mesh_exchange_rank, mesh_rank, mesh_reference_replica, single_thread
 from torch.testing import assert_close
 
-from _replicas import mesh_exchange_rank, mesh_rank, mesh_reference_replica, single_thread
 from diloco.comm.local import run_replicas
 from diloco.distributed import ProcessFailure, run_processes
 
@@ -79,10 +79,14 @@ def test_three_workers_of_two_ranks_run_the_reduce_scatter_exchange_like_three_r
     rank (as the all-gather is); every rank ends with the 3-replica result, bit for bit."""
     from _replicas import exchange_cases
 
-    cases = [{"codec": "fp32", "numel": 1001, "seed": 7}, {"codec": "fp4_e3m0", "numel": 1001, "seed": 8},
-             {"codec": "int8", "numel": 999, "seed": 9, "poison": [2]}]
-    grid = run_processes(mesh_exchange_rank, 6, args=({"workers": 3, "ranks_per_worker": 2, "cases": cases},),
-                         timeout_s=90)
+    cases = [
+        {"codec": "fp32", "numel": 1001, "seed": 7},
+        {"codec": "fp4_e3m0", "numel": 1001, "seed": 8},
+        {"codec": "int8", "numel": 999, "seed": 9, "poison": [2]},
+    ]
+    grid = run_processes(
+        mesh_exchange_rank, 6, args=({"workers": 3, "ranks_per_worker": 2, "cases": cases},), timeout_s=90
+    )
     flat = run_processes(exchange_cases, 3, args=(cases,), timeout_s=90)
     for g in grid:
         for got, want in zip(g["cases"], flat[g["worker"]], strict=True):

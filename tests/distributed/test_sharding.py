@@ -18,8 +18,15 @@ from diloco.distributed import run_processes
 
 pytestmark = pytest.mark.timeout(180)
 
-LLAMA = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
 VOCAB, SEQ, STEPS = 300, 16, 3
 
 
@@ -61,8 +68,9 @@ def rank_fn(comm, cases: list[tuple[str, bool]]) -> list[dict]:
     mesh = build_layout(1, 2).device_mesh["local"]
     rank = dist.get_rank()
     gen = torch.Generator().manual_seed(1)
-    batches = [(x, torch.roll(x, -1, 1)) for x in (torch.randint(0, VOCAB, (4, SEQ), generator=gen)
-                                                   for _ in range(STEPS))]
+    batches = [
+        (x, torch.roll(x, -1, 1)) for x in (torch.randint(0, VOCAB, (4, SEQ), generator=gen) for _ in range(STEPS))
+    ]
     out = []
     for kind, mixed in cases:
         reference = _model(kind)
@@ -73,16 +81,18 @@ def rank_fn(comm, cases: list[tuple[str, bool]]) -> list[dict]:
         losses = _train(sharded, mine)
         both = torch.tensor(losses)  # the loss of the whole batch: the mean of the two ranks' half-batch losses
         dist.all_reduce(both)
-        out.append({
-            "case": (kind, mixed),
-            "units": all(isinstance(b, FSDPModule) for b in blocks) and isinstance(sharded, FSDPModule),
-            "num_blocks": len(blocks),
-            "dtypes": {str(p.dtype) for p in sharded.parameters()},
-            "losses": (both / 2).tolist(),
-            "reference_losses": _train(reference, batches),
-            "params": full_tensors(dict(sharded.named_parameters())),
-            "reference_params": {n: p.detach() for n, p in reference.named_parameters()},
-        })
+        out.append(
+            {
+                "case": (kind, mixed),
+                "units": all(isinstance(b, FSDPModule) for b in blocks) and isinstance(sharded, FSDPModule),
+                "num_blocks": len(blocks),
+                "dtypes": {str(p.dtype) for p in sharded.parameters()},
+                "losses": (both / 2).tolist(),
+                "reference_losses": _train(reference, batches),
+                "params": full_tensors(dict(sharded.named_parameters())),
+                "reference_params": {n: p.detach() for n, p in reference.named_parameters()},
+            }
+        )
     return out
 
 
@@ -99,8 +109,9 @@ def test_blocks_are_fsdp_units_and_sharded_training_matches_the_whole_model():
         assert res["units"] and res["num_blocks"] == (3 if kind == "transformer" else 2), res["case"]
         assert res["dtypes"] == {"torch.float32"}, res["case"]  # master weights stay fp32 with mixed precision
         tol = {"rtol": 1e-2, "atol": 1e-2} if mixed else {"rtol": 1e-5, "atol": 1e-5}
-        torch.testing.assert_close(torch.tensor(res["losses"]), torch.tensor(res["reference_losses"]), **tol,
-                                   msg=str(res["case"]))
+        torch.testing.assert_close(
+            torch.tensor(res["losses"]), torch.tensor(res["reference_losses"]), **tol, msg=str(res["case"])
+        )
         for name, value in res["reference_params"].items():
             torch.testing.assert_close(res["params"][name], value, **tol, msg=f"{res['case']} {name}")
         if not mixed:  # not vacuous: the steps moved the parameters by far more than the tolerance

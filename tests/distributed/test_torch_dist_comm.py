@@ -7,8 +7,8 @@ import time
 
 import pytest
 import torch
-
 from _replicas import dies_before_exchange
+
 from diloco.comm.torch_dist import TorchDistCommunicator
 from diloco.distributed import ProcessFailure, run_processes
 
@@ -24,8 +24,13 @@ def _primitives(comm) -> dict:
     counts = torch.full((4,), comm.rank, dtype=torch.int64)
     comm.broadcast_([weights, counts], src=1)
     comm.barrier()
-    return {"gathered": gathered, "weights": weights, "counts": counts, "stats": comm.stats.totals(),
-            "done": first.is_completed() and second.is_completed()}
+    return {
+        "gathered": gathered,
+        "weights": weights,
+        "counts": counts,
+        "stats": comm.stats.totals(),
+        "done": first.is_completed() and second.is_completed(),
+    }
 
 
 def test_all_gather_broadcast_barrier_and_bytes_on_three_processes():
@@ -36,8 +41,13 @@ def test_all_gather_broadcast_barrier_and_bytes_on_three_processes():
         assert res["done"]
         assert torch.equal(res["weights"], torch.ones(2, 3)) and torch.equal(res["counts"], torch.ones(4).long())
         # what crosses each rank's link: its payloads to the M-1 = 2 others, theirs in; both in flight together
-        assert res["stats"] == {"bytes_sent": 14, "bytes_received": 14, "num_exchanges": 2,
-                                "peak_in_flight": 14, "peak_exchange": 10}
+        assert res["stats"] == {
+            "bytes_sent": 14,
+            "bytes_received": 14,
+            "num_exchanges": 2,
+            "peak_in_flight": 14,
+            "peak_exchange": 10,
+        }
 
 
 def _alone(comm) -> dict:

@@ -16,10 +16,9 @@ from functools import partial
 
 import pytest
 import torch
-from torch import nn
-
 from _replicas import single_thread
 from _tiny import batches, make_model
+from torch import nn
 
 # torchft==0.2.0 is a pinned dev dependency (requirements-dev.txt): a missing install fails, never skips.
 from torchft._torchft import LighthouseServer
@@ -48,18 +47,36 @@ def _torchft_replica(replica: int, lighthouse: str, H: int, P: int, tau: int, al
     outers = [OUTER(f.parameters()) for f in frags]
     store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     manager = Manager(
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=30)), min_replica_size=2, use_async_quorum=False,
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=30)),
+        min_replica_size=2,
+        use_async_quorum=False,
         load_state_dict=lambda sd: (model.load_state_dict(sd["model"]), inner.load_state_dict(sd["inner"])),
         state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict()},
-        replica_id=str(replica), store_addr="127.0.0.1", store_port=store.port, rank=0, world_size=1,
-        lighthouse_addr=lighthouse, hostname="localhost", timeout=timedelta(seconds=30),
-        quorum_timeout=timedelta(seconds=30), connect_timeout=timedelta(seconds=30),
+        replica_id=str(replica),
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        lighthouse_addr=lighthouse,
+        hostname="localhost",
+        timeout=timedelta(seconds=30),
+        quorum_timeout=timedelta(seconds=30),
+        connect_timeout=timedelta(seconds=30),
         init_sync=False,  # both replicas build the same seeded model; no recovery at the first quorum
     )
     losses = []
     try:
-        with DiLoCo(manager, frags, inner, outers, sync_every=H, backup_device=torch.device("cpu"),
-                    pin_memory=False, fragment_sync_delay=tau, fragment_update_alpha=alpha):
+        with DiLoCo(
+            manager,
+            frags,
+            inner,
+            outers,
+            sync_every=H,
+            backup_device=torch.device("cpu"),
+            pin_memory=False,
+            fragment_sync_delay=tau,
+            fragment_update_alpha=alpha,
+        ):
             for x, y in batches(replica, STEPS):
                 _, loss = model(x, y)
                 loss.backward()
@@ -74,9 +91,17 @@ def _torchft_replica(replica: int, lighthouse: str, H: int, P: int, tau: int, al
 def _diloco_replica(comm, H: int, P: int, tau: int, alpha: float) -> dict:
     model = make_model(0)
     inner = INNER(model.parameters())
-    algo = StreamingDiLoCo(model, comm=comm, sync_every=H, num_fragments=P, overlap_steps=tau,
-                           merge_alpha=alpha, outer_optimizer=OUTER, fragments=_fragments(model, P),
-                           schedule="torchft")
+    algo = StreamingDiLoCo(
+        model,
+        comm=comm,
+        sync_every=H,
+        num_fragments=P,
+        overlap_steps=tau,
+        merge_alpha=alpha,
+        outer_optimizer=OUTER,
+        fragments=_fragments(model, P),
+        schedule="torchft",
+    )
     losses = []
     for x, y in batches(comm.rank, STEPS):
         _, loss = model(x, y)
@@ -97,7 +122,7 @@ def _run_torchft(H: int, P: int, tau: int, alpha: float) -> list[dict]:
     def target(replica: int) -> None:
         try:
             results[replica] = _torchft_replica(replica, lighthouse.address(), H, P, tau, alpha)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=target, args=(r,), daemon=True) for r in range(2)]

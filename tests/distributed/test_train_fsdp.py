@@ -20,17 +20,23 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from test_train_torchrun import (
+    _assert_identical,
+    _children,
+    _finish,
+    _in_process,
+    _rank_of,
+    _torchrun,
+    _train_args,
+    _wait_for_checkpoint,
+)
 
-from test_train_torchrun import (_assert_identical, _children, _finish, _in_process, _rank_of, _torchrun,
-                                 _train_args, _wait_for_checkpoint)
 from diloco.cli import main as cli_main
 from diloco.train import checkpoint as ckpt
 from diloco.train import sharded_checkpoint as sc
@@ -56,10 +62,12 @@ def runs(token_cache: Path, tmp_path_factory) -> dict[str, Path]:
     step-4 checkpoint; then the in-process run of 2 replicated replicas."""
     root = tmp_path_factory.mktemp("fsdp-runs")
     out = {"fsdp": root / "fsdp", "killed": root / "killed", "replicate": root / "replicate"}
-    proc = _torchrun(_train_args(out["fsdp"], token_cache, "streaming", *RUN, *FSDP, *KEEP_ALL), root / "fsdp.log",
-                     nproc=4)
-    killed = _torchrun(_train_args(out["killed"], token_cache, "streaming", *RUN, *FSDP, *ASYNC), root / "killed.log",
-                       nproc=4)  # keep_checkpoints at its default, 2
+    proc = _torchrun(
+        _train_args(out["fsdp"], token_cache, "streaming", *RUN, *FSDP, *KEEP_ALL), root / "fsdp.log", nproc=4
+    )
+    killed = _torchrun(
+        _train_args(out["killed"], token_cache, "streaming", *RUN, *FSDP, *ASYNC), root / "killed.log", nproc=4
+    )  # keep_checkpoints at its default, 2
     try:
         _wait_for_checkpoint(out["killed"], 4, killed, root / "killed.log")
         workers = {_rank_of(pid): pid for pid in _children(killed.pid)}
@@ -86,10 +94,16 @@ def continued(runs: dict[str, Path], token_cache: Path, tmp_path_factory) -> dic
     root = tmp_path_factory.mktemp("fsdp-continued")
     r1, m1 = _from_step(runs["fsdp"], 4, root / "r1"), _from_step(runs["fsdp"], 4, root / "m1")
     procs = {
-        "killed": _torchrun(_train_args(runs["killed"], token_cache, "streaming", *RUN, *FSDP, *ASYNC, "--resume"),
-                            root / "killed.log", nproc=4),
-        "r1": _torchrun(_train_args(r1, token_cache, "streaming", *BASE, *FSDP, "--set", "ranks_per_worker=1",
-                                    "--resume"), root / "r1.log", nproc=2),
+        "killed": _torchrun(
+            _train_args(runs["killed"], token_cache, "streaming", *RUN, *FSDP, *ASYNC, "--resume"),
+            root / "killed.log",
+            nproc=4,
+        ),
+        "r1": _torchrun(
+            _train_args(r1, token_cache, "streaming", *BASE, *FSDP, "--set", "ranks_per_worker=1", "--resume"),
+            root / "r1.log",
+            nproc=2,
+        ),
         "m1": _torchrun(_train_args(m1, token_cache, "streaming", *RUN, *FSDP, "--elastic"), root / "m1.log", nproc=2),
     }
     for name, proc in procs.items():
@@ -98,13 +112,17 @@ def continued(runs: dict[str, Path], token_cache: Path, tmp_path_factory) -> dic
 
 
 def _losses(run: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-            if "loss" in r}
+    return {
+        r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r
+    }
 
 
 def _evals(run: Path) -> dict[int, float]:
-    return {r["step"]: r["eval_loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-            if "eval_loss" in r}
+    return {
+        r["step"]: r["eval_loss"]
+        for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+        if "eval_loss" in r
+    }
 
 
 def _fragment_names(run: Path) -> list[list[str]]:
@@ -113,8 +131,10 @@ def _fragment_names(run: Path) -> list[list[str]]:
     from diloco.train.trainer import build_model
 
     cfg = TrainConfig.from_dict(json.loads((run / "config.json").read_text()))
-    return [f.names for f in split_fragments(build_model(cfg, cfg.vocab_size), cfg.num_fragments,
-                                             pattern=cfg.fragment_pattern)]
+    return [
+        f.names
+        for f in split_fragments(build_model(cfg, cfg.vocab_size), cfg.num_fragments, pattern=cfg.fragment_pattern)
+    ]
 
 
 # -- 1. FSDP workers = replicated workers --------------------------------------
@@ -158,8 +178,11 @@ def test_the_sharded_checkpoint_every_rank_its_shard_with_digests(runs: dict[str
     fsdp = runs["fsdp"]
     meta = ckpt.latest_meta(fsdp)
     assert meta["format"] == "dcp" and meta["step"] == STEPS and meta["num_replicas"] == 2
-    names = {f"worker-{w}/{f}" for w in range(2) for f in (".metadata", "__0_0.distcp", "__1_0.distcp",
-                                                            "rank-0.pt", "rank-1.pt")}
+    names = {
+        f"worker-{w}/{f}"
+        for w in range(2)
+        for f in (".metadata", "__0_0.distcp", "__1_0.distcp", "rank-0.pt", "rank-1.pt")
+    }
     assert set(meta["files"]) == names
     # each rank holds about half of every sharded tensor: the two shard files are about the same size
     sizes = [meta["files"][f"worker-0/__{r}_0.distcp"]["bytes"] for r in range(2)]
@@ -187,8 +210,9 @@ def test_an_fsdp_run_exports_its_global_parameters(runs: dict[str, Path], tmp_pa
 
 # -- 2. kill -9, then --resume: bit-identical --------------------------------------
 def _tensors_and_state(run: Path, step: int, worker: int) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
-    ranks = [torch.load(ckpt.step_dir(run, step) / f"worker-{worker}" / f"rank-{r}.pt", weights_only=True)
-             for r in range(2)]
+    ranks = [
+        torch.load(ckpt.step_dir(run, step) / f"worker-{worker}" / f"rank-{r}.pt", weights_only=True) for r in range(2)
+    ]
     for r in ranks:
         r.pop("train_time_s")  # wall-clock, not state
     return sc.read_full(run, step, worker), ranks
@@ -205,8 +229,10 @@ def test_fsdp_run_killed_with_sigkill_resumes_bit_identical(runs: dict[str, Path
         _assert_identical(got, want, f"worker {w}")
     assert ckpt.saved_steps(run) == [STEPS - 4, STEPS]  # keep K = 2
     assert _losses(run) == _losses(ref) and _evals(run) == _evals(ref)  # every step logged once, same bits
-    assert json.loads((run / "summary.json").read_text())["final_eval_loss"] == \
-        json.loads((ref / "summary.json").read_text())["final_eval_loss"]
+    assert (
+        json.loads((run / "summary.json").read_text())["final_eval_loss"]
+        == json.loads((ref / "summary.json").read_text())["final_eval_loss"]
+    )
 
 
 # -- 3. resharding (R 2 -> 1) and the elastic path (M 2 -> 1) --------------------------
@@ -248,7 +274,8 @@ def test_resume_with_fewer_ranks_and_with_fewer_workers(runs: dict[str, Path], c
         assert got[step] == pytest.approx(want[step], rel=1e-5), step
     meta = ckpt.latest_meta(r1)
     assert meta["config"]["ranks_per_worker"] == 1 and set(meta["files"]) == {
-        f"worker-{w}/{f}" for w in range(2) for f in (".metadata", "__0_0.distcp", "rank-0.pt")}
+        f"worker-{w}/{f}" for w in range(2) for f in (".metadata", "__0_0.distcp", "rank-0.pt")
+    }
     a, b = sc.read_full(r1, STEPS, 0), sc.read_full(ref, STEPS, 0)
     for name in b:
         if name.startswith("global/"):
@@ -256,30 +283,51 @@ def test_resume_with_fewer_ranks_and_with_fewer_workers(runs: dict[str, Path], c
 
     got = _evals(m1)
     assert sorted(_losses(m1)) == list(range(1, STEPS + 1)) and got.keys() == want.keys()
-    assert "elastic restart: resuming from step 4 (written by 2 workers) with 1 workers" in \
-        continued["m1.log"].read_text()
+    assert (
+        "elastic restart: resuming from step 4 (written by 2 workers) with 1 workers" in continued["m1.log"].read_text()
+    )
     assert ckpt.latest_meta(m1)["num_replicas"] == 1
     for step in got:
         assert got[step] == pytest.approx(want[step], rel=0.02), step
 
 
 # -- 4. bad input: a clear error before anything is written ---------------------------------
-def test_fsdp_in_one_process_and_ranks_that_do_not_divide_the_world_are_refused(tmp_path: Path, monkeypatch,
-                                                                                  capsys):
+def test_fsdp_in_one_process_and_ranks_that_do_not_divide_the_world_are_refused(tmp_path: Path, monkeypatch, capsys):
     out = tmp_path / "out"
-    args = ["train", "--preset", "tiny", "--no-progress", "--out", str(out), "--cache-dir", str(tmp_path / "c"),
-            "--set", "worker_sharding=fsdp", "--set", "ranks_per_worker=2"]
+    args = [
+        "train",
+        "--preset",
+        "tiny",
+        "--no-progress",
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(tmp_path / "c"),
+        "--set",
+        "worker_sharding=fsdp",
+        "--set",
+        "ranks_per_worker=2",
+    ]
 
     def refused(argv: list[str], message: str) -> None:
         assert cli_main(argv) == 2
         assert message in capsys.readouterr().err
         assert not out.exists()  # nothing written
 
-    refused(args, "worker_sharding='fsdp' shards each worker over its ranks, one process each: launch replicas x "
-                  "ranks_per_worker = 4 processes with torchrun")
+    refused(
+        args,
+        "worker_sharding='fsdp' shards each worker over its ranks, one process each: launch replicas x "
+        "ranks_per_worker = 4 processes with torchrun",
+    )
     # under torchrun (its environment), 3 processes for workers of 2 ranks: refused before joining
-    for key, value in {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "3",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+    for key, value in {
+        "RANK": "0",
+        "WORLD_SIZE": "3",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "3",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1",
+    }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     refused(args, "3 processes were launched but replicas x ranks_per_worker = 2 x 2 = 4; launch 4 processes")
@@ -313,10 +361,16 @@ def test_a_checkpoint_of_the_other_format_is_refused_saying_what_to_do(runs: dic
     to resume each."""
     fsdp, rep = runs["fsdp"], runs["replicate"]
     cfg = TrainConfig.from_dict(json.loads((fsdp / "config.json").read_text()))
-    with pytest.raises(ValueError, match=r"holds one file per worker \(replicated workers, worker_sharding="
-                                         r"'replicate'\); FSDP workers resume only from sharded checkpoints. "
-                                         r"Resume it with --set worker_sharding=replicate"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds one file per worker \(replicated workers, worker_sharding="
+        r"'replicate'\); FSDP workers resume only from sharded checkpoints. "
+        r"Resume it with --set worker_sharding=replicate",
+    ):
         plan_run_dir(rep, cfg.with_overrides({"steps": STEPS + 8}), resume=True)
-    with pytest.raises(ValueError, match=r"is sharded \(written by FSDP workers\); resume it with --set "
-                                         r"worker_sharding=fsdp under torchrun"):
+    with pytest.raises(
+        ValueError,
+        match=r"is sharded \(written by FSDP workers\); resume it with --set "
+        r"worker_sharding=fsdp under torchrun",
+    ):
         plan_run_dir(fsdp, cfg.with_overrides({"worker_sharding": "replicate", "steps": STEPS + 8}), resume=True)

@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from _replicas import single_thread
+
 from diloco.cli import main as cli_main
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig, load_preset
@@ -55,10 +55,23 @@ def _train_args(out: Path, cache: Path, method: str, *extra: str) -> list[str]:
 
 def _torchrun(args: list[str], log: Path, *, nproc: int = 2, torchrun_opts: tuple[str, ...] = ()) -> subprocess.Popen:
     """Start ``torchrun --standalone --nproc-per-node NPROC [opts] -m diloco <args>``; output to ``log``."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           *torchrun_opts, "-m", "diloco", *args]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME")
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        *torchrun_opts,
+        "-m",
+        "diloco",
+        *args,
+    ]
     with open(log, "wb") as f:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
 
@@ -119,8 +132,14 @@ def test_torchrun_train_equals_the_in_process_run_bit_for_bit(tmp_path: Path, ca
 
     assert _assert_same_replicas(dist_out, local_out) == 16
     got, want = _summary(dist_out), _summary(local_out)
-    for key in ("final_eval_loss", "bytes_sent_per_replica", "bytes_received_per_replica",
-                "peak_bytes_per_sync", "num_params", "dropped_contributions"):
+    for key in (
+        "final_eval_loss",
+        "bytes_sent_per_replica",
+        "bytes_received_per_replica",
+        "peak_bytes_per_sync",
+        "num_params",
+        "dropped_contributions",
+    ):
         assert got[key] == want[key], key
     assert got["bytes_sent_per_replica"] > 0 and got["dropped_contributions"] == 0
     if method == "streaming":  # the preset's Streaming DiLoCo: P = 3, tau = 1, FP4 on the wire
@@ -238,8 +257,10 @@ def test_two_workers_of_two_ranks_equal_the_in_process_two_replica_run(tmp_path:
 
     a, b = ckpt.load_latest(mesh_out), ckpt.load_latest(local_out)
     assert a["step"] == b["step"] == 16 and a["num_replicas"] == 2  # one file per worker, not per process
-    assert sorted(p.name for p in (mesh_out / "checkpoints" / "step-00000016").iterdir()) == \
-        ["replica-0.pt", "replica-1.pt"]
+    assert sorted(p.name for p in (mesh_out / "checkpoints" / "step-00000016").iterdir()) == [
+        "replica-0.pt",
+        "replica-1.pt",
+    ]
     for ra, rb in zip(a["replicas"], b["replicas"], strict=True):
         for k in rb["model"]:
             torch.testing.assert_close(ra["model"][k], rb["model"][k], rtol=0, atol=1e-5, msg=k)
@@ -263,8 +284,13 @@ def test_decoupled_learners_of_two_ranks_equal_one_process_learners(tmp_path: Pa
     args = ["--set", "steps=16", "--set", "overlap_steps=1", "--set", "num_fragments=2"]
     ranks_out, local_out = tmp_path / "2x2", tmp_path / "threads"
     log = tmp_path / "2x2.log"
-    proc = _torchrun(_train_args(ranks_out, cache, "decoupled", *args, "--set", "ranks_per_worker=2",
-                                 "--set", "decoupled_transport=ray"), log, nproc=4)
+    proc = _torchrun(
+        _train_args(
+            ranks_out, cache, "decoupled", *args, "--set", "ranks_per_worker=2", "--set", "decoupled_transport=ray"
+        ),
+        log,
+        nproc=4,
+    )
     _in_process(_train_args(local_out, cache, "decoupled", *args))
     _finish(proc, log)
 
@@ -276,8 +302,9 @@ def test_decoupled_learners_of_two_ranks_equal_one_process_learners(tmp_path: Pa
         for ga, gb in zip(ra["algorithm"]["global"], rb["algorithm"]["global"], strict=True):
             torch.testing.assert_close(ga, gb, rtol=0, atol=1e-5)
         assert ra["algorithm"]["versions"] == rb["algorithm"]["versions"] == [2, 2]  # every merge, both fragments
-    merges = [[json.loads(line) for line in (run / "merges.jsonl").read_text().splitlines()]
-              for run in (ranks_out, local_out)]
+    merges = [
+        [json.loads(line) for line in (run / "merges.jsonl").read_text().splitlines()] for run in (ranks_out, local_out)
+    ]
     assert [(m["fragment"], m["learners"]) for m in merges[0]] == [(m["fragment"], m["learners"]) for m in merges[1]]
     assert len(merges[0]) == 4 and all(sorted(m["learners"]) == [0, 1] for m in merges[0])
     got, want = _summary(ranks_out), _summary(local_out)

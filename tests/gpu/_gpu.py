@@ -10,7 +10,6 @@ from functools import partial
 
 import pytest
 import torch
-
 from _tiny import batches, make_model
 
 NUM_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -29,8 +28,16 @@ def outer():
 STREAMING = {"sync_every": 4, "num_fragments": 2, "overlap_steps": 1, "merge_alpha": 0.5}
 
 
-def train_streaming(comm, *, device: str, offload: str | None = None, codec: str = "fp32", steps: int = 12,
-                    seed_by_rank: bool = True, fsdp_mesh=None) -> dict:
+def train_streaming(
+    comm,
+    *,
+    device: str,
+    offload: str | None = None,
+    codec: str = "fp32",
+    steps: int = 12,
+    seed_by_rank: bool = True,
+    fsdp_mesh=None,
+) -> dict:
     """TinyNet with StreamingDiLoCo on ``device`` (replicas start apart: the algorithm equalises them).
 
     ``fsdp_mesh``: ``fully_shard`` every block and the root over it first. Returns the global
@@ -46,8 +53,7 @@ def train_streaming(comm, *, device: str, offload: str | None = None, codec: str
             fully_shard(block, mesh=fsdp_mesh)
         fully_shard(model, mesh=fsdp_mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    algo = StreamingDiLoCo(model, comm=comm, codec=codec, outer_optimizer=outer(), offload_device=offload,
-                           **STREAMING)
+    algo = StreamingDiLoCo(model, comm=comm, codec=codec, outer_optimizer=outer(), offload_device=offload, **STREAMING)
     for x, y in batches(comm.rank, steps):
         model(x.to(device), y.to(device))[1].backward()
         opt.step()
@@ -55,9 +61,11 @@ def train_streaming(comm, *, device: str, offload: str | None = None, codec: str
         algo.step()
     algo.flush()
     glob = algo.global_state_dict()
-    return {"global": {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu() for k, v in glob.items()},
-            "global_device": str(algo.global_flat[0].device),
-            "sharded": all(hasattr(p, "to_local") for p in model.parameters())}
+    return {
+        "global": {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu() for k, v in glob.items()},
+        "global_device": str(algo.global_flat[0].device),
+        "sharded": all(hasattr(p, "to_local") for p in model.parameters()),
+    }
 
 
 # -- rank functions for run_processes(..., backend="nccl") (module level: the children import them) -------------------
@@ -86,11 +94,14 @@ def nccl_exchange_rank(comm, cfg: dict) -> dict:
         values = torch.randn(4099, generator=g).to(comm.device)
         payload = comm.encode(values, codec)
         mean, dropped = comm.mean_async(payload, codec=codec, numel=values.numel(), tag=name).wait()
-        out[name] = {"mean": mean.cpu(), "payload_device": str(payload.device), "dropped": list(dropped),
-                     "own": codec.decode(payload, values.numel()).cpu()}
+        out[name] = {
+            "mean": mean.cpu(),
+            "payload_device": str(payload.device),
+            "dropped": list(dropped),
+            "own": codec.decode(payload, values.numel()).cpu(),
+        }
     t = torch.full((3,), float(comm.rank), device=comm.device)
     comm.broadcast_([t], src=0)
     comm.barrier()
     out["broadcast"] = t.cpu()
     return out
-

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _gpu import requires_cuda
+
 from diloco.algorithm.codecs import CODEC_NAMES, get_codec
 
 pytestmark = [requires_cuda, pytest.mark.timeout(120)]

@@ -16,15 +16,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from _gpu import nccl_exchange_rank, nccl_fsdp_rank, nccl_streaming_rank, requires_cuda, requires_gpus, train_streaming
 from torch.testing import assert_close
 
-from _gpu import nccl_exchange_rank, nccl_fsdp_rank, nccl_streaming_rank, requires_cuda, requires_gpus, train_streaming
 from diloco.algorithm.codecs import CODEC_NAMES
 from diloco.comm.local import run_replicas
 from diloco.distributed import run_processes
 
-pytestmark = [requires_cuda, pytest.mark.timeout(300),
-              pytest.mark.skipif(not torch.distributed.is_nccl_available(), reason="this torch has no nccl")]
+pytestmark = [
+    requires_cuda,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(not torch.distributed.is_nccl_available(), reason="this torch has no nccl"),
+]
 
 
 def test_nccl_communicator_on_one_gpu():
@@ -48,12 +51,40 @@ def test_fsdp_on_one_cuda_rank_equals_the_unsharded_model():
 
 def test_torchrun_train_on_one_gpu_with_nccl(token_cache, tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "diloco",
-           "train", "--preset", "tiny", "--method", "streaming", "--out", str(out), "--cache-dir", str(token_cache),
-           "--no-progress", "--set", "replicas=1", "--set", "steps=8", "--set", "sync_every=4",
-           "--set", "eval_every=8", "--set", "num_fragments=2"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[2] / "src"),
-                                                        os.environ.get("PYTHONPATH", "")]))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "1",
+        "-m",
+        "diloco",
+        "train",
+        "--preset",
+        "tiny",
+        "--method",
+        "streaming",
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(token_cache),
+        "--no-progress",
+        "--set",
+        "replicas=1",
+        "--set",
+        "steps=8",
+        "--set",
+        "sync_every=4",
+        "--set",
+        "eval_every=8",
+        "--set",
+        "num_fragments=2",
+    ]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[2] / "src"), os.environ.get("PYTHONPATH", "")]),
+    )
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (out / "summary.json").is_file()

@@ -7,9 +7,9 @@ from __future__ import annotations
 from functools import partial
 
 import pytest
+from _gpu import requires_cuda, train_streaming
 from torch.testing import assert_close
 
-from _gpu import requires_cuda, train_streaming
 from diloco.comm.local import run_replicas
 
 pytestmark = [requires_cuda, pytest.mark.timeout(180)]

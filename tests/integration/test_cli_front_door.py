@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from _hooks import CrashAfter, SimulatedCrash
+
 from diloco.cli import main as cli_main
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig, load_preset, reference
@@ -20,8 +20,22 @@ STEPS = ["--set", "steps=8", "--set", "eval_every=4", "--set", "checkpoint_every
 
 
 def cli_train(out: Path, cache: Path, *extra: str) -> int:
-    return cli_main(["train", "--preset", "tiny", "--method", "diloco", "--out", str(out), "--cache-dir", str(cache),
-                     "--no-progress", *STEPS, *extra])
+    return cli_main(
+        [
+            "train",
+            "--preset",
+            "tiny",
+            "--method",
+            "diloco",
+            "--out",
+            str(out),
+            "--cache-dir",
+            str(cache),
+            "--no-progress",
+            *STEPS,
+            *extra,
+        ]
+    )
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -59,20 +73,23 @@ def test_config_prints_the_resolved_validated_config(capsys):
     assert out["derived"]["checkpoint_interval"] == 120  # the first multiple of H=60 at or above 100
 
 
-@pytest.mark.parametrize("setting, message", [
-    ("tokens=-5", "tokens=-5: must be >= 0"),
-    ("steps=-1", "steps=-1: must be >= 0"),
-    ("inner_lr=0", "inner_lr=0.0: must be > 0"),
-    ("inner_lr=nan", "inner_lr=nan: must be a finite number"),
-    ("outer_lr=-0.5", "outer_lr=-0.5: must be > 0"),
-    ("outer_momentum=1.0", "outer_momentum=1.0: need 0 <= outer_momentum < 1"),
-    ("beta2=1.5", "beta2=1.5: need 0 <= beta2 < 1"),
-    ("global_batch=0", "global_batch=0: need at least 1"),
-    ("weight_decay=-0.1", "weight_decay=-0.1: must be >= 0"),
-    ("grad_clip=-1", "grad_clip=-1.0: must be >= 0"),
-    ("warmup_steps=-3", "warmup_steps=-3: must be >= 0"),
-    ("seed=-1", "seed=-1: must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("tokens=-5", "tokens=-5: must be >= 0"),
+        ("steps=-1", "steps=-1: must be >= 0"),
+        ("inner_lr=0", "inner_lr=0.0: must be > 0"),
+        ("inner_lr=nan", "inner_lr=nan: must be a finite number"),
+        ("outer_lr=-0.5", "outer_lr=-0.5: must be > 0"),
+        ("outer_momentum=1.0", "outer_momentum=1.0: need 0 <= outer_momentum < 1"),
+        ("beta2=1.5", "beta2=1.5: need 0 <= beta2 < 1"),
+        ("global_batch=0", "global_batch=0: need at least 1"),
+        ("weight_decay=-0.1", "weight_decay=-0.1: must be >= 0"),
+        ("grad_clip=-1", "grad_clip=-1.0: must be >= 0"),
+        ("warmup_steps=-3", "warmup_steps=-3: must be >= 0"),
+        ("seed=-1", "seed=-1: must be >= 0"),
+    ],
+)
 def test_numbers_out_of_range_are_refused_naming_the_value(setting, message, capsys):
     assert cli_main(["config", "--preset", "demo", "--set", setting]) == 2
     assert message in capsys.readouterr().err
@@ -90,8 +107,9 @@ def test_resume_auto_starts_a_run_where_there_is_none(tmp_path, token_cache):
 
 
 def test_resume_auto_continues_a_killed_run_bit_for_bit(tmp_path, token_cache):
-    cfg = TrainConfig.from_dict({**load_preset("tiny")["base"], "method": "diloco", "steps": 8, "eval_every": 4,
-                                 "checkpoint_every": 4})
+    cfg = TrainConfig.from_dict(
+        {**load_preset("tiny")["base"], "method": "diloco", "steps": 8, "eval_every": 4, "checkpoint_every": 4}
+    )
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert cli_train(full, token_cache) == 0
     with pytest.raises(SimulatedCrash):
@@ -117,8 +135,22 @@ def test_resume_auto_still_refuses_another_runs_folder(tmp_path, token_cache, ca
 def test_a_finished_streaming_run_resumed_with_a_larger_budget_trains_on(tmp_path, token_cache):
     """The last step flushes the exchanges in flight; the steps they were due at must finish nothing."""
     out = tmp_path / "run"
-    base = ["train", "--preset", "tiny", "--method", "streaming", "--set", "num_fragments=2", "--out", str(out),
-            "--cache-dir", str(token_cache), "--no-progress", "--set", "eval_every=8"]
+    base = [
+        "train",
+        "--preset",
+        "tiny",
+        "--method",
+        "streaming",
+        "--set",
+        "num_fragments=2",
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(token_cache),
+        "--no-progress",
+        "--set",
+        "eval_every=8",
+    ]
     assert cli_main([*base, "--set", "steps=16"]) == 0
     assert cli_main([*base, "--set", "steps=24", "--resume"]) == 0
     assert json.loads((out / "summary.json").read_text())["steps"] == 24

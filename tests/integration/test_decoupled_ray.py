@@ -11,6 +11,7 @@ import torch
 ray = pytest.importorskip("ray")
 
 from _tiny import batches, make_model  # noqa: E402
+
 from diloco.decoupled.learner import Learner  # noqa: E402
 from diloco.decoupled.local import LocalTransport, run_learners  # noqa: E402
 from diloco.decoupled.syncer import Syncer  # noqa: E402
@@ -41,8 +42,13 @@ def _syncer(**kw):
 @pytest.fixture(scope="module")
 def local_ray(tmp_path_factory):
     """A local Ray instance of 2 CPUs for this module; token authentication as Ray's environment sets it."""
-    ray.init(num_cpus=2, include_dashboard=False, namespace="diloco-test", log_to_driver=False,
-             _temp_dir=str(tmp_path_factory.mktemp("ray")))
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        namespace="diloco-test",
+        log_to_driver=False,
+        _temp_dir=str(tmp_path_factory.mktemp("ray")),
+    )
     yield
     ray.shutdown()
 
@@ -65,7 +71,7 @@ def test_ray_syncer_actor_gives_the_in_process_bits_and_learners_find_it_by_name
     def learner(m):
         try:  # each learner looks the actor up by its name
             results[m] = _train(connect(learner=m, name="syncer-eq", namespace="diloco-test"), m)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=learner, args=(m,)) for m in range(M)]
@@ -126,8 +132,16 @@ def test_diloco_train_decoupled_on_ray(local_ray, tmp_path, token_cache):
     from diloco.train.config import TrainConfig, load_preset
     from diloco.train.trainer import train_model
 
-    cfg = TrainConfig.from_dict({**load_preset("tiny")["base"], "method": "decoupled", "decoupled_transport": "ray",
-                                 "overlap_steps": 1, "quorum": 1, "steps": 16})
+    cfg = TrainConfig.from_dict(
+        {
+            **load_preset("tiny")["base"],
+            "method": "decoupled",
+            "decoupled_transport": "ray",
+            "overlap_steps": 1,
+            "quorum": 1,
+            "steps": 16,
+        }
+    )
     result = train_model(cfg, tmp_path, cache_dir=token_cache, progress=False)
     merges = [json.loads(line) for line in (tmp_path / "merges.jsonl").read_text().splitlines()]
     assert merges and {m for r in merges for m in r["learners"]} == {0, 1}
@@ -149,18 +163,27 @@ def test_chaos_a_learner_killed_rejoins_and_a_killed_syncer_loses_nothing(local_
 
     base = TrainConfig.from_dict(load_preset("tiny")["base"])
     data = prepare_tokens(base.sources, base.vocab_size, token_cache, val_fraction=base.val_fraction)
-    spec = LearnerSpec(tokens=data.train, vocab_size=data.vocab_size, seq_len=32, batch_size=4, sync_every=8,
-                       num_fragments=2, overlap_steps=2, step_time_s=0.2, duration_s=13.0)
+    spec = LearnerSpec(
+        tokens=data.train,
+        vocab_size=data.vocab_size,
+        seq_len=32,
+        batch_size=4,
+        sync_every=8,
+        num_fragments=2,
+        overlap_steps=2,
+        step_time_s=0.2,
+        duration_s=13.0,
+    )
     model = build_model("", size="tiny", vocab_size=data.vocab_size, seq_len=32, seed=0)
     syncer = Syncer(model, num_learners=3, quorum=1, num_fragments=2, overlap_steps=2)
     chaos = Chaos(kills=((3.0, 1),), syncer_kills=(7.0,))
-    result = run_on_ray(spec, syncer=syncer, num_learners=3, out_dir=tmp_path / "run", chaos=chaos,
-                        namespace="diloco-test")
+    result = run_on_ray(
+        spec, syncer=syncer, num_learners=3, out_dir=tmp_path / "run", chaos=chaos, namespace="diloco-test"
+    )
     learner_kill, syncer_kill = result.faults
     assert {r["learner"]: r["incarnation"] for r in result.learners} == {0: 0, 1: 1, 2: 0}
 
-    stalls = survivor_stalls(result.rows, kill_at=learner_kill["at"], killed=1, window_s=3.0,
-                             until=syncer_kill["at"])
+    stalls = survivor_stalls(result.rows, kill_at=learner_kill["at"], killed=1, window_s=3.0, until=syncer_kill["at"])
     assert {s.learner for s in stalls} == {0, 2}
     assert all(s.worst_step_ratio <= 2.0 for s in stalls), stalls
     assert rejoin_seconds(result.rows, result.merges, learner=1, incarnation=1) <= 5.0
@@ -183,22 +206,54 @@ def test_diloco_chaos_on_the_command_line(local_ray, tmp_path, token_cache, caps
     from diloco.cli import main as cli_main
 
     out = tmp_path / "chaos"
-    code = cli_main(["chaos", "--preset", "tiny", "--set", "replicas=2", "--set", "steps=30", "--set", "quorum=1",
-                     "--set", "overlap_steps=1", "--set", "num_fragments=2", "--set", "sync_every=6",
-                     "--set", "warmup_steps=3", "--kill", "0.8:1", "--step-time", "0.05", "--out", str(out),
-                     "--cache-dir", str(token_cache),
-                     "--corrupt", "0:0:1:1000"])  # learner 0's reports through the corrupting channel, scaled by 1
+    code = cli_main(
+        [
+            "chaos",
+            "--preset",
+            "tiny",
+            "--set",
+            "replicas=2",
+            "--set",
+            "steps=30",
+            "--set",
+            "quorum=1",
+            "--set",
+            "overlap_steps=1",
+            "--set",
+            "num_fragments=2",
+            "--set",
+            "sync_every=6",
+            "--set",
+            "warmup_steps=3",
+            "--kill",
+            "0.8:1",
+            "--step-time",
+            "0.05",
+            "--out",
+            str(out),
+            "--cache-dir",
+            str(token_cache),
+            "--corrupt",
+            "0:0:1:1000",
+        ]
+    )  # learner 0's reports through the corrupting channel, scaled by 1
     assert code == 0
     printed = capsys.readouterr().out  # Ray's raylet may print its own lines to stdout before the summary
-    summary = json.loads(printed[0 if printed.startswith("{") else printed.index("\n{\n") + 1:])
+    summary = json.loads(printed[0 if printed.startswith("{") else printed.index("\n{\n") + 1 :])
     assert summary == json.loads((out / "summary.json").read_text())
     assert math.isfinite(summary["eval_loss"]) and 0 < summary["goodput"] <= 1
     (kill,) = summary["learner_kills"]
     assert kill["learner"] == 1 and kill["restart_s"] > 0
     # the corrupting channel carried every report of learner 0 (x 1: honest, so the guard let them all in)
     assert summary["corrupted_reports"] >= 30 // 6 and summary["guard_events"] == []
-    for name in ("config.json", "merges.jsonl", "chaos.json", "learner-0.jsonl", "learner-1.jsonl",
-                 "syncer/events.jsonl"):
+    for name in (
+        "config.json",
+        "merges.jsonl",
+        "chaos.json",
+        "learner-0.jsonl",
+        "learner-1.jsonl",
+        "syncer/events.jsonl",
+    ):
         assert (out / name).exists(), name
     assert json.loads((out / "config.json").read_text())["method"] == "decoupled"
     # learner 1's steps that reached the syncer, over both its lives: exactly `steps` (lost ones redone)

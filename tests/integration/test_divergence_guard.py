@@ -16,23 +16,48 @@ from diloco.train.trainer import Trainer, TrainerCallback
 
 # The inner lr ramps up over the warmup (lr = 1000 x step / 16000): about 0.5 at step 8, where the run is still
 # near its start (checkpoints at 4, 8, 12), and 1 at step 16, where the evaluation is 3.3 x ln(vocab)
-DIVERGING = {"method": "diloco", "inner_lr": 1000.0, "warmup_steps": 16000, "steps": 64, "checkpoint_every": 4,
-             "keep_checkpoints": 10, "eval_every": 8, "threads": 1}
+DIVERGING = {
+    "method": "diloco",
+    "inner_lr": 1000.0,
+    "warmup_steps": 16000,
+    "steps": 64,
+    "checkpoint_every": 4,
+    "keep_checkpoints": 10,
+    "eval_every": 8,
+    "threads": 1,
+}
 
 
 def files(run_dir: Path) -> dict[str, str]:
     """SHA-256 of every file under the run's checkpoints/ folder."""
     root = run_dir / "checkpoints"
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
-def test_the_cli_stops_a_diverging_run_with_exit_3_the_message_and_its_checkpoints_intact(tmp_path, token_cache,
-                                                                                          capsys):
+def test_the_cli_stops_a_diverging_run_with_exit_3_the_message_and_its_checkpoints_intact(
+    tmp_path, token_cache, capsys
+):
     out = tmp_path / "run"
     sets = [a for k, v in DIVERGING.items() if k != "method" for a in ("--set", f"{k}={v}")]
-    code = cli_main(["train", "--preset", "tiny", "--method", "diloco", *sets, "--out", str(out), "--no-progress",
-                     "--cache-dir", str(token_cache)])
+    code = cli_main(
+        [
+            "train",
+            "--preset",
+            "tiny",
+            "--method",
+            "diloco",
+            *sets,
+            "--out",
+            str(out),
+            "--no-progress",
+            "--cache-dir",
+            str(token_cache),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 3, err
     assert "the run diverged at step 16: the evaluation loss is" in err
@@ -76,9 +101,19 @@ def test_the_guard_writes_nothing_after_the_last_healthy_step(tmp_path, token_ca
 @pytest.mark.timeout(120)
 def test_a_decoupled_run_with_every_learner_waiting_stops_too(tmp_path, token_cache):
     """K = M: when one learner's loss is not finite, the others (waiting for the syncer) stop as well."""
-    cfg = TrainConfig.from_dict({**load_preset("tiny")["base"], "method": "decoupled", "replicas": 3,
-                                 "global_batch": 12, "quorum": 0, "inner_lr": 1e5, "warmup_steps": 2, "steps": 40,
-                                 "threads": 1})
+    cfg = TrainConfig.from_dict(
+        {
+            **load_preset("tiny")["base"],
+            "method": "decoupled",
+            "replicas": 3,
+            "global_batch": 12,
+            "quorum": 0,
+            "inner_lr": 1e5,
+            "warmup_steps": 2,
+            "steps": 40,
+            "threads": 1,
+        }
+    )
     trainer = Trainer(cfg, tmp_path, cache_dir=token_cache, progress=False)
     with pytest.raises(DivergenceError, match="training loss is nan"):
         trainer.run()

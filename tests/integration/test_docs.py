@@ -22,8 +22,14 @@ MKDOCS = Path(sys.executable).with_name("mkdocs")
 def site(tmp_path_factory) -> Path:
     """`make docs`' build (strict) into a temporary folder."""
     out = tmp_path_factory.mktemp("site")
-    proc = subprocess.run([str(MKDOCS), "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    proc = subprocess.run(
+        [str(MKDOCS), "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
 
@@ -42,8 +48,11 @@ def test_the_cli_reference_has_every_command(site):
 
 def test_the_api_reference_resolves_the_public_classes(site):
     html = (site / "reference" / "api" / "index.html").read_text()
-    for name in ("diloco.algorithm.streaming.StreamingDiLoCo", "diloco.train.trainer.train_model",
-                 "diloco.distributed.launch.setup_communicators"):
+    for name in (
+        "diloco.algorithm.streaming.StreamingDiLoCo",
+        "diloco.train.trainer.train_model",
+        "diloco.distributed.launch.setup_communicators",
+    ):
         assert f'id="{name}"' in html, name
 
 
@@ -54,11 +63,19 @@ def test_every_page_in_docs_is_in_the_navigation(site):
 
 
 def test_no_user_facing_text_names_internal_work_items():
-    paths = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "src").rglob("*.py"),
-             *(ROOT / "src").rglob("*.json"), *(ROOT / "studies").glob("*/README.md")]
-    hits = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in paths
-            for n, line in enumerate(p.read_text().splitlines(), 1)
-            if re.search(r"issue [0-9]|session [0-9]", line, re.I)]
+    paths = [
+        ROOT / "README.md",
+        *(ROOT / "docs").rglob("*.md"),
+        *(ROOT / "src").rglob("*.py"),
+        *(ROOT / "src").rglob("*.json"),
+        *(ROOT / "studies").glob("*/README.md"),
+    ]
+    hits = [
+        f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+        for p in paths
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"issue [0-9]|session [0-9]", line, re.I)
+    ]
     assert not hits, "\n".join(hits)
 
 
@@ -79,15 +96,22 @@ def test_the_home_page_renders_with_its_navigation_in_a_browser(site, tmp_path):
 
 def test_every_docs_page_the_code_and_readmes_name_exists():
     """Error messages, help texts and READMEs point at documentation pages: each must exist."""
-    paths = [ROOT / "README.md", ROOT / "Makefile", *(ROOT / "studies").glob("*/README.md"),
-             *[p for d in ("src", "benchmarks", "examples", "scripts", "studies") for p in (ROOT / d).rglob("*.py")],
-             *(ROOT / "src").rglob("*.json")]
+    paths = [
+        ROOT / "README.md",
+        ROOT / "Makefile",
+        *(ROOT / "studies").glob("*/README.md"),
+        *[p for d in ("src", "benchmarks", "examples", "scripts", "studies") for p in (ROOT / d).rglob("*.py")],
+        *(ROOT / "src").rglob("*.json"),
+    ]
     missing = []
     for p in paths:
         text = p.read_text()
         named = set(re.findall(r"\bdocs/[\w/.-]+?\.md\b", text))
         if p.suffix == ".md":  # relative Markdown links and images of a README
-            named |= {str((p.parent / t).resolve().relative_to(ROOT)) for t in
-                      re.findall(r"\]\((?!https?:|#|mailto:)([^)#\s]+)", text) if (p.parent / t).resolve().is_relative_to(ROOT)}
+            named |= {
+                str((p.parent / t).resolve().relative_to(ROOT))
+                for t in re.findall(r"\]\((?!https?:|#|mailto:)([^)#\s]+)", text)
+                if (p.parent / t).resolve().is_relative_to(ROOT)
+            }
         missing += [f"{p.relative_to(ROOT)} names {n}" for n in sorted(named) if not (ROOT / n).exists()]
     assert not missing, "\n".join(missing)

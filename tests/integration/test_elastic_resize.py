@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from _hooks import CrashAfter, SimulatedCrash
+
 from diloco.comm.local import run_replicas
 from diloco.data import ShardSampler
 from diloco.train import checkpoint as ckpt
@@ -25,14 +25,23 @@ from diloco.train.trainer import Trainer
 
 
 def _cfg(replicas: int) -> TrainConfig:
-    return TrainConfig.from_dict({**load_preset("tiny")["base"], **load_preset("tiny")["methods"]["streaming"],
-                                  "replicas": replicas, "global_batch": 12, "steps": 24, "checkpoint_every": 8,
-                                  "threads": 1})
+    return TrainConfig.from_dict(
+        {
+            **load_preset("tiny")["base"],
+            **load_preset("tiny")["methods"]["streaming"],
+            "replicas": replicas,
+            "global_batch": 12,
+            "steps": 24,
+            "checkpoint_every": 8,
+            "threads": 1,
+        }
+    )
 
 
 def _elastic(out: Path, cache: Path, replicas: int):
     def one(comm):
         return Trainer(_cfg(replicas), out, cache_dir=cache, progress=False).run_replica(comm, elastic=True)
+
     return run_replicas(one, replicas)
 
 
@@ -40,8 +49,7 @@ def _elastic(out: Path, cache: Path, replicas: int):
 def test_a_run_resumes_with_another_number_of_workers(tmp_path: Path, token_cache: Path, old: int, new: int):
     out = tmp_path / "run"
     with pytest.raises(SimulatedCrash):  # M = old workers, stopped after step 11: step 8 is the newest checkpoint
-        Trainer(_cfg(old), out, cache_dir=token_cache, progress=False,
-                callbacks=[CrashAfter(11, replicas=old)]).run()
+        Trainer(_cfg(old), out, cache_dir=token_cache, progress=False, callbacks=[CrashAfter(11, replicas=old)]).run()
     saved = ckpt.load_latest(out)
     assert (saved["step"], saved["num_replicas"]) == (8, old)
     assert any(r["algorithm"]["pending"] for r in saved["replicas"])  # tau = 1: something was in flight
@@ -52,14 +60,20 @@ def test_a_run_resumes_with_another_number_of_workers(tmp_path: Path, token_cach
     class Capture(Trainer):
         def _restore_resized(self, rep, step, saved_replicas):
             super()._restore_resized(rep, step, saved_replicas)
-            starts[rep.rank] = {"model": {k: v.clone() for k, v in rep.model.state_dict().items()},
-                                "global": rep.algo.global_state_dict(), "opt": rep.opt.state_dict(),
-                                "sampler": rep.sampler, "dropped_in_flight": dict(rep.algo._dropped_in_flight)}
+            starts[rep.rank] = {
+                "model": {k: v.clone() for k, v in rep.model.state_dict().items()},
+                "global": rep.algo.global_state_dict(),
+                "opt": rep.opt.state_dict(),
+                "sampler": rep.sampler,
+                "dropped_in_flight": dict(rep.algo._dropped_in_flight),
+            }
             raise SimulatedCrash("restored")
 
     with pytest.raises(SimulatedCrash):
-        run_replicas(lambda comm: Capture(_cfg(new), out, cache_dir=token_cache, progress=False)
-                     .run_replica(comm, elastic=True), new)
+        run_replicas(
+            lambda comm: Capture(_cfg(new), out, cache_dir=token_cache, progress=False).run_replica(comm, elastic=True),
+            new,
+        )
     assert sorted(starts) == list(range(new))
     for r, got in starts.items():
         mine = saved["replicas"][r if r < old else 0]
@@ -79,11 +93,17 @@ def test_a_run_resumes_with_another_number_of_workers(tmp_path: Path, token_cach
     # the rest of the epoch is dealt anew: disjoint shards, none of the windows read before the checkpoint
     read = set()
     for state in (r["sampler"] for r in saved["replicas"]):
-        s = ShardSampler(np.zeros(state["num_tokens"], np.int64), rank=state["rank"], world_size=old,
-                         batch_size=state["batch_size"], seq_len=state["seq_len"], seed=state["seed"])
-        read |= set(s.window_starts[s._epoch_order()[:state["index"]]].tolist())
+        s = ShardSampler(
+            np.zeros(state["num_tokens"], np.int64),
+            rank=state["rank"],
+            world_size=old,
+            batch_size=state["batch_size"],
+            seq_len=state["seq_len"],
+            seed=state["seed"],
+        )
+        read |= set(s.window_starts[s._epoch_order()[: state["index"]]].tolist())
     shards = [set(starts[r]["sampler"].window_starts.tolist()) for r in range(new)]
-    assert all(not (a & b) for i, a in enumerate(shards) for b in shards[i + 1:])
+    assert all(not (a & b) for i, a in enumerate(shards) for b in shards[i + 1 :])
     assert not any(sh & read for sh in shards) and read
 
     # And the run goes on to its end with `new` workers.

@@ -20,6 +20,7 @@ from torch.testing import assert_close
 transformers = pytest.importorskip("transformers")
 
 from _pretrained import MODEL_VOCAB, make_pretrained_llama, make_text  # noqa: E402
+
 from diloco.cli import main as cli_main  # noqa: E402
 from diloco.data import ShardSampler, train_tokenizer  # noqa: E402
 from diloco.models.hf import CausalLM  # noqa: E402
@@ -32,7 +33,6 @@ from diloco.train.inputs import prepare_inputs  # noqa: E402
 from diloco.train.metrics import read_jsonl  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
-
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -48,20 +48,41 @@ def user(tmp_path_factory) -> dict[str, Path]:
     make_pretrained_llama(root / "llama", docs)
     (root / "big").mkdir()
     train_tokenizer(docs, 400).save(root / "big" / "tokenizer.json")  # more tokens than the model has rows
-    return {"root": root, "text": root / "text", "llama": root / "llama", "big": root / "big" / "tokenizer.json",
-            "cache": root / "cache"}
+    return {
+        "root": root,
+        "text": root / "text",
+        "llama": root / "llama",
+        "big": root / "big" / "tokenizer.json",
+        "cache": root / "cache",
+    }
 
 
-SETS = {"sources": None, "seq_len": 32, "method": "streaming", "replicas": 2, "global_batch": 4, "sync_every": 4,
-        "num_fragments": 2, "overlap_steps": 1, "merge_alpha": 0.5, "codec": "fp4_e3m0", "steps": 8,
-        "warmup_steps": 2, "inner_lr": 3e-3, "eval_every": 8, "eval_batches": 2, "checkpoint_every": 4,
-        "threads": 1}
+SETS = {
+    "sources": None,
+    "seq_len": 32,
+    "method": "streaming",
+    "replicas": 2,
+    "global_batch": 4,
+    "sync_every": 4,
+    "num_fragments": 2,
+    "overlap_steps": 1,
+    "merge_alpha": 0.5,
+    "codec": "fp4_e3m0",
+    "steps": 8,
+    "warmup_steps": 2,
+    "inner_lr": 3e-3,
+    "eval_every": 8,
+    "eval_batches": 2,
+    "checkpoint_every": 4,
+    "threads": 1,
+}
 
 
 def _train_args(user, model: str, out: Path, **over) -> list[str]:
     sets = SETS | {"model": model, "sources": str(user["text"])} | over
-    return (["train", "--preset", "tiny", "--out", str(out), "--cache-dir", str(user["cache"]), "--no-progress"]
-            + [x for k, v in sets.items() for x in ("--set", f"{k}={v}")])
+    return ["train", "--preset", "tiny", "--out", str(out), "--cache-dir", str(user["cache"]), "--no-progress"] + [
+        x for k, v in sets.items() for x in ("--set", f"{k}={v}")
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -79,13 +100,21 @@ def test_pretrained_llama_trains_from_its_weights_with_its_tokenizer(user, hf_ru
     cfg = _cfg(hf_run)
     inputs = prepare_inputs(cfg, user["cache"])
     assert inputs.data.vocab_size == 300  # the folder's tokenizer, not a BPE trained on the text
-    assert json.loads((hf_run / "tokenizer.json").read_text())["model"]["vocab"] == \
-        json.loads((user["llama"] / "tokenizer.json").read_text())["model"]["vocab"]
+    assert (
+        json.loads((hf_run / "tokenizer.json").read_text())["model"]["vocab"]
+        == json.loads((user["llama"] / "tokenizer.json").read_text())["model"]["vocab"]
+    )
     pretrained = transformers.AutoModelForCausalLM.from_pretrained(user["llama"], dtype=torch.float32)
     first = []
     for rank in range(cfg.replicas):  # the first batch of each replica, as the trainer draws it
-        x, y = ShardSampler(inputs.data.train, rank=rank, world_size=cfg.replicas, batch_size=cfg.batch_per_replica,
-                            seq_len=cfg.seq_len, seed=cfg.seed).next_batch()
+        x, y = ShardSampler(
+            inputs.data.train,
+            rank=rank,
+            world_size=cfg.replicas,
+            batch_size=cfg.batch_per_replica,
+            seq_len=cfg.seq_len,
+            seed=cfg.seed,
+        ).next_batch()
         with torch.no_grad():
             logits = pretrained(input_ids=x).logits
         first.append(F.cross_entropy(logits.float().flatten(0, 1), y.flatten()).item())
@@ -128,9 +157,28 @@ def test_export_writes_the_global_parameters_transformers_loads(user, hf_run, tm
 
 def test_projects_transformer_exports_to_safetensors_and_loads_back(token_cache, tmp_path, capsys):
     run, out = tmp_path / "run", tmp_path / "model"
-    args = ["train", "--preset", "tiny", "--method", "streaming", "--out", str(run), "--cache-dir", str(token_cache),
-            "--no-progress", "--set", "steps=8", "--set", "sync_every=4", "--set", "eval_every=8",
-            "--set", "num_fragments=2", "--set", "threads=1"]
+    args = [
+        "train",
+        "--preset",
+        "tiny",
+        "--method",
+        "streaming",
+        "--out",
+        str(run),
+        "--cache-dir",
+        str(token_cache),
+        "--no-progress",
+        "--set",
+        "steps=8",
+        "--set",
+        "sync_every=4",
+        "--set",
+        "eval_every=8",
+        "--set",
+        "num_fragments=2",
+        "--set",
+        "threads=1",
+    ]
     assert cli_main(args) == 0
     capsys.readouterr()
     assert cli_main(["export", str(run), "--out", str(out)]) == 0
@@ -187,8 +235,27 @@ def test_data_parallel_run_of_your_factory_exports_to_safetensors(token_cache, t
 
     (tmp_path / "mine.py").write_text(FACTORY)
     run, out = tmp_path / "run", tmp_path / "model"
-    assert cli_main(["train", "--preset", "tiny", "--method", "dp", "--out", str(run), "--cache-dir", str(token_cache),
-                     "--no-progress", "--set", "steps=4", "--set", f"model={tmp_path / 'mine.py'}:build"]) == 0
+    assert (
+        cli_main(
+            [
+                "train",
+                "--preset",
+                "tiny",
+                "--method",
+                "dp",
+                "--out",
+                str(run),
+                "--cache-dir",
+                str(token_cache),
+                "--no-progress",
+                "--set",
+                "steps=4",
+                "--set",
+                f"model={tmp_path / 'mine.py'}:build",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert cli_main(["export", str(run), "--out", str(out)]) == 0
     assert json.loads(capsys.readouterr().out)["model_kind"] == "factory"
@@ -205,6 +272,7 @@ def test_data_parallel_run_of_your_factory_exports_to_safetensors(token_cache, t
 
 # -- bad input: a clear error (exit 2) before anything is written --------------------------------------------------
 
+
 def test_export_refusals_write_nothing(hf_run, tmp_path, capsys):
     held = tmp_path / "held"
     held.mkdir()
@@ -213,12 +281,20 @@ def test_export_refusals_write_nothing(hf_run, tmp_path, capsys):
     empty_run.mkdir()
     (empty_run / "config.json").write_text("{}")
     cases = [
-        (["export", str(hf_run), "--out", str(held)], r"--out .*held already holds files \(notes.txt\); choose a "
-                                                      r"new or empty folder, or pass --overwrite"),
-        (["export", str(empty_run), "--out", str(tmp_path / "m1")], r"empty-run has no checkpoint .*nothing to "
-                                                                    r"export"),
-        (["export", str(hf_run), "--out", str(tmp_path / "m2"), "--step", "5"],
-         r"has no checkpoint of step 5; its checkpoints: 4, 8"),
+        (
+            ["export", str(hf_run), "--out", str(held)],
+            r"--out .*held already holds files \(notes.txt\); choose a "
+            r"new or empty folder, or pass --overwrite",
+        ),
+        (
+            ["export", str(empty_run), "--out", str(tmp_path / "m1")],
+            r"empty-run has no checkpoint .*nothing to "
+            r"export",
+        ),
+        (
+            ["export", str(hf_run), "--out", str(tmp_path / "m2"), "--step", "5"],
+            r"has no checkpoint of step 5; its checkpoints: 4, 8",
+        ),
         (["export", str(hf_run), "--out", str(hf_run)], r"holds the run .* itself; export to another folder"),
     ]
     before = _snapshot(tmp_path)
@@ -263,22 +339,34 @@ def _bad_folders(user, tmp: Path) -> dict[str, tuple[list[str], str]]:
     np.arange(0, 600, dtype=np.uint16).repeat(20).tofile(tmp / "ids.bin")  # ids up to 599: not this tokenizer's
     llama = f"hf:{user['llama']}"
     return {
-        "weights missing for the config": (_train_args(user, f"hf:{deeper}", tmp / "out"),
-                                           r"the weights in .*deeper do not match its config.json: 9 missing "
-                                           r"weight\(s\) \(model.layers.2"),
-        "weights of other shapes": (_train_args(user, f"hf:{wider}", tmp / "out"),
-                                    r"the weights in .*wider do not match its config.json: .* is \[\d+, 32\] in the "
-                                    r"weights, \[\d+, 64\] by the config"),
-        "tokenizer larger than the model": (_train_args(user, llama, tmp / "out", tokenizer=user["big"]),
-                                            r"the data's vocabulary \(400 ids\) is larger than that of the pretrained "
-                                            r"model in .* \(vocab_size=320\)"),
-        "ids beyond the tokenizer": (_train_args(user, llama, tmp / "out", sources=tmp / "ids.bin", vocab_size=600),
-                                     r"the token files hold id 599 but the model's tokenizer \(.*tokenizer.json\) "
-                                     r"has only 300 tokens"),
-        "weights without a tokenizer": (_train_args(user, f"hf:{untokenized}", tmp / "out"),
-                                        r"has pretrained weights but no tokenizer.json, and tokenizer is not set"),
-        "pickled weights": (_train_args(user, f"hf:{pickled}", tmp / "out"),
-                            r"holds weights as pytorch_model.bin, a pickle .*only safetensors are loaded"),
+        "weights missing for the config": (
+            _train_args(user, f"hf:{deeper}", tmp / "out"),
+            r"the weights in .*deeper do not match its config.json: 9 missing "
+            r"weight\(s\) \(model.layers.2",
+        ),
+        "weights of other shapes": (
+            _train_args(user, f"hf:{wider}", tmp / "out"),
+            r"the weights in .*wider do not match its config.json: .* is \[\d+, 32\] in the "
+            r"weights, \[\d+, 64\] by the config",
+        ),
+        "tokenizer larger than the model": (
+            _train_args(user, llama, tmp / "out", tokenizer=user["big"]),
+            r"the data's vocabulary \(400 ids\) is larger than that of the pretrained "
+            r"model in .* \(vocab_size=320\)",
+        ),
+        "ids beyond the tokenizer": (
+            _train_args(user, llama, tmp / "out", sources=tmp / "ids.bin", vocab_size=600),
+            r"the token files hold id 599 but the model's tokenizer \(.*tokenizer.json\) "
+            r"has only 300 tokens",
+        ),
+        "weights without a tokenizer": (
+            _train_args(user, f"hf:{untokenized}", tmp / "out"),
+            r"has pretrained weights but no tokenizer.json, and tokenizer is not set",
+        ),
+        "pickled weights": (
+            _train_args(user, f"hf:{pickled}", tmp / "out"),
+            r"holds weights as pytorch_model.bin, a pickle .*only safetensors are loaded",
+        ),
     }
 
 
@@ -291,4 +379,3 @@ def test_bad_pretrained_folders_are_refused_before_the_run_directory(user, tmp_p
         assert "diloco train: error: " in err and "Traceback" not in err and re.search(message, err), f"{name}: {err}"
         assert not (tmp_path / "out").exists(), name
     assert _snapshot(tmp_path) == before
-

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from _hooks import CrashAfter, SimulatedCrash
+
 from diloco.cli import main as cli_main
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig, load_preset
@@ -37,8 +37,22 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 
 def cli_train(out: Path, cache: Path, *extra: str) -> int:
-    return cli_main(["train", "--preset", "tiny", "--method", "diloco", "--out", str(out), "--cache-dir", str(cache),
-                     "--no-progress", *STEPS, *extra])
+    return cli_main(
+        [
+            "train",
+            "--preset",
+            "tiny",
+            "--method",
+            "diloco",
+            "--out",
+            str(out),
+            "--cache-dir",
+            str(cache),
+            "--no-progress",
+            *STEPS,
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +140,9 @@ def test_resume_on_data_that_changed_is_refused_and_changes_nothing(tmp_path, to
     changed[1234] = (int(changed[1234]) + 1) % 512  # one token of 20,000
     changed.tofile(corpus)
     before = snapshot(out)
-    with pytest.raises(ValueError, match=r"(?s)the data differs.*" + digest[:16] + r".*in its checkpoint.*another --out"):
+    with pytest.raises(
+        ValueError, match=r"(?s)the data differs.*" + digest[:16] + r".*in its checkpoint.*another --out"
+    ):
         Trainer(cfg, out, cache_dir=token_cache, progress=False).run(resume=True)
     assert snapshot(out) == before
     ids.tofile(corpus)  # the fix the message names: the data the run used
@@ -182,10 +198,14 @@ def test_overwrite_replaces_a_run_deliberately(tmp_path, token_cache):
     assert ckpt.latest_meta(out)["config"]["inner_lr"] == 0.01
 
 
-_HOLD = ("import sys, time\nfrom diloco.train.rundir import RunDirLock\nlock = RunDirLock(sys.argv[1])\n"
-         "lock.acquire()\nprint('held', flush=True)\ntime.sleep(120)\n")
-_TRY = ("import sys\nfrom diloco.train.rundir import RunDirLock\ntry:\n    RunDirLock(sys.argv[1]).acquire()\n"
-        "except ValueError as exc:\n    print(exc)\n    sys.exit(3)\n")
+_HOLD = (
+    "import sys, time\nfrom diloco.train.rundir import RunDirLock\nlock = RunDirLock(sys.argv[1])\n"
+    "lock.acquire()\nprint('held', flush=True)\ntime.sleep(120)\n"
+)
+_TRY = (
+    "import sys\nfrom diloco.train.rundir import RunDirLock\ntry:\n    RunDirLock(sys.argv[1]).acquire()\n"
+    "except ValueError as exc:\n    print(exc)\n    sys.exit(3)\n"
+)
 
 
 def test_a_folder_another_process_is_training_in_is_refused_and_left_alone(finished_run, token_cache, capsys):
@@ -213,38 +233,66 @@ class _TryTheLock(TrainerCallback):
 
     def on_step_end(self, step: int, *, rank: int) -> None:
         if step == self.step and rank == 0:
-            self.seen = subprocess.run([sys.executable, "-c", _TRY, str(self.out)], capture_output=True, text=True,
-                                       timeout=120)
+            self.seen = subprocess.run(
+                [sys.executable, "-c", _TRY, str(self.out)], capture_output=True, text=True, timeout=120
+            )
 
 
 def test_a_new_run_holds_its_folder_while_it_trains_and_lets_go_after(tmp_path, token_cache):
     out = tmp_path / "new"
     probe = _TryTheLock(out, step=2)
-    Trainer(tiny(method="diloco", steps=4, eval_every=4), out, cache_dir=token_cache, progress=False,
-            callbacks=[probe]).run()
+    Trainer(
+        tiny(method="diloco", steps=4, eval_every=4), out, cache_dir=token_cache, progress=False, callbacks=[probe]
+    ).run()
     assert probe.seen.returncode == 3 and "another process is training" in probe.seen.stdout, probe.seen
     after = subprocess.run([sys.executable, "-c", _TRY, str(out)], capture_output=True, text=True, timeout=120)
     assert after.returncode == 0, after
 
 
-@pytest.mark.parametrize("setting, message", [
-    ("size=huge", "size='huge': choose one of"),
-    ("dp_codec=nope", "dp_codec='nope': choose one of"),
-    ("num_fragments=5", "num_fragments=5 needs 4 block fragments but size='tiny' has 3 blocks"),
-    ("sources=shakespeare,nope", "source 'nope': no such file or folder; the bundled sources are bible, fortunes, gcide"),
-])
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("size=huge", "size='huge': choose one of"),
+        ("dp_codec=nope", "dp_codec='nope': choose one of"),
+        ("num_fragments=5", "num_fragments=5 needs 4 block fragments but size='tiny' has 3 blocks"),
+        (
+            "sources=shakespeare,nope",
+            "source 'nope': no such file or folder; the bundled sources are bible, fortunes, gcide",
+        ),
+    ],
+)
 def test_bad_settings_are_reported_before_the_directory_is_made(tmp_path, token_cache, capsys, setting, message):
     out = tmp_path / "never"
     method = ["--method", "streaming"] if "fragments" in setting else []
-    assert cli_main(["train", "--preset", "tiny", *method, "--out", str(out), "--cache-dir", str(token_cache),
-                     "--no-progress", *STEPS, "--set", setting]) == 2
+    assert (
+        cli_main(
+            [
+                "train",
+                "--preset",
+                "tiny",
+                *method,
+                "--out",
+                str(out),
+                "--cache-dir",
+                str(token_cache),
+                "--no-progress",
+                *STEPS,
+                "--set",
+                setting,
+            ]
+        )
+        == 2
+    )
     assert message in capsys.readouterr().err
     assert not out.exists()
 
 
 def test_train_config_rejects_unknown_codec_and_size():
-    for kw, msg in ((dict(codec="fp5"), "codec='fp5'"), (dict(dp_codec="nope"), "dp_codec='nope'"),
-                    (dict(size="huge"), "size='huge'")):
+    for kw, msg in (
+        (dict(codec="fp5"), "codec='fp5'"),
+        (dict(dp_codec="nope"), "dp_codec='nope'"),
+        (dict(size="huge"), "size='huge'"),
+    ):
         with pytest.raises(ValueError, match=msg):
             TrainConfig(steps=1, **kw)
 
@@ -259,19 +307,49 @@ def test_compare_checks_every_method_before_training_any(tmp_path, token_cache, 
     other.rename(out / "diloco")
     before = snapshot(out)
     preset_file = tmp_path / "p.json"
-    preset_file.write_text(json.dumps({"base": preset["base"], "methods": {"dp": {"method": "dp"},
-                                                                           "diloco": {"method": "diloco"}}}))
-    assert cli_main(["compare", "--preset", str(preset_file), "--out", str(out), "--cache-dir", str(token_cache),
-                     "--no-progress", *STEPS]) == 2
+    preset_file.write_text(
+        json.dumps({"base": preset["base"], "methods": {"dp": {"method": "dp"}, "diloco": {"method": "diloco"}}})
+    )
+    assert (
+        cli_main(
+            [
+                "compare",
+                "--preset",
+                str(preset_file),
+                "--out",
+                str(out),
+                "--cache-dir",
+                str(token_cache),
+                "--no-progress",
+                *STEPS,
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "nothing was trained" in err and "diloco: --out" in err and "method: 'dp' -> 'diloco'" in err
     assert "pass --fresh to replace it" in err and "--overwrite" not in err  # compare's own flag
     assert snapshot(out) == before and not (out / "dp").exists()
     # a bad setting in one method: reported before any trains
-    preset_file.write_text(json.dumps({"base": preset["base"], "methods": {"dp": {"method": "dp"},
-                                                                           "bad": {"codec": "fp5"}}}))
-    assert cli_main(["compare", "--preset", str(preset_file), "--out", str(tmp_path / "cmp2"), "--cache-dir",
-                     str(token_cache), "--no-progress", *STEPS]) == 2
+    preset_file.write_text(
+        json.dumps({"base": preset["base"], "methods": {"dp": {"method": "dp"}, "bad": {"codec": "fp5"}}})
+    )
+    assert (
+        cli_main(
+            [
+                "compare",
+                "--preset",
+                str(preset_file),
+                "--out",
+                str(tmp_path / "cmp2"),
+                "--cache-dir",
+                str(token_cache),
+                "--no-progress",
+                *STEPS,
+            ]
+        )
+        == 2
+    )
     assert "codec='fp5'" in capsys.readouterr().err and not (tmp_path / "cmp2").exists()
 
 
@@ -279,8 +357,12 @@ def test_compare_checks_every_method_before_training_any(tmp_path, token_cache, 
 def test_the_last_k_checkpoints_are_kept(tmp_path, token_cache):
     train_model(tiny(steps=12, checkpoint_every=2, keep_checkpoints=3), tmp_path, cache_dir=token_cache, progress=False)
     assert ckpt.saved_steps(tmp_path) == [8, 10, 12]
-    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.json")) == \
-        ["latest.json", "step-00000008.json", "step-00000010.json", "step-00000012.json"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.json")) == [
+        "latest.json",
+        "step-00000008.json",
+        "step-00000010.json",
+        "step-00000012.json",
+    ]
 
 
 def test_default_cadence_falls_on_sync_boundaries_and_is_named_in_help(capsys):
@@ -357,11 +439,26 @@ def test_no_readable_checkpoint_says_what_to_do(tmp_path, token_cache, capsys):
 def test_compare_reuses_a_finished_run_and_resumes_an_interrupted_one(tmp_path, token_cache, capsys):
     preset = load_preset("tiny")
     preset_file = tmp_path / "p.json"
-    preset_file.write_text(json.dumps({"base": {**preset["base"], "checkpoint_every": 4},
-                                       "methods": {"dp": {"method": "dp"}, "diloco": {"method": "diloco"}}}))
+    preset_file.write_text(
+        json.dumps(
+            {
+                "base": {**preset["base"], "checkpoint_every": 4},
+                "methods": {"dp": {"method": "dp"}, "diloco": {"method": "diloco"}},
+            }
+        )
+    )
     out = tmp_path / "cmp"
-    args = ["compare", "--preset", str(preset_file), "--out", str(out), "--cache-dir", str(token_cache),
-            "--no-progress", *STEPS]
+    args = [
+        "compare",
+        "--preset",
+        str(preset_file),
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(token_cache),
+        "--no-progress",
+        *STEPS,
+    ]
     # diloco was killed after step 6: its checkpoint at step 4 is resumed, dp trains afresh
     cfg = TrainConfig.from_dict({**preset["base"], "checkpoint_every": 4, "steps": 8, "eval_every": 4})
     with pytest.raises(SimulatedCrash):
@@ -369,8 +466,9 @@ def test_compare_reuses_a_finished_run_and_resumes_an_interrupted_one(tmp_path, 
         Trainer(cfg, out / "diloco", cache_dir=token_cache, progress=False, callbacks=[crash]).run()
     assert cli_main(args) == 0
     first = {r["name"]: r for r in json.loads((out / "compare.json").read_text())}
-    steps = [r["step"] for r in map(json.loads, (out / "diloco" / "metrics.jsonl").read_text().splitlines())
-             if "loss" in r]
+    steps = [
+        r["step"] for r in map(json.loads, (out / "diloco" / "metrics.jsonl").read_text().splitlines()) if "loss" in r
+    ]
     assert steps == list(range(1, 9)) and not first["diloco"]["reused"]
     before = snapshot(out / "dp")
     assert cli_main(args) == 0  # everything finished: reused, nothing retrained
@@ -397,8 +495,25 @@ def test_the_fix_an_unloadable_checkpoint_names_works(tmp_path, token_cache, cap
         record["files"][path.name] = ckpt._digest(path)
     record_path.write_text(json.dumps(record))
     (cut / "checkpoints" / "latest.json").write_text(json.dumps(record))
-    args = ["train", "--preset", "tiny", "--method", "diloco", "--out", str(cut), "--cache-dir", str(token_cache),
-            "--no-progress", "--set", "steps=8", "--set", "checkpoint_every=2", "--set", "eval_every=4", "--resume"]
+    args = [
+        "train",
+        "--preset",
+        "tiny",
+        "--method",
+        "diloco",
+        "--out",
+        str(cut),
+        "--cache-dir",
+        str(token_cache),
+        "--no-progress",
+        "--set",
+        "steps=8",
+        "--set",
+        "checkpoint_every=2",
+        "--set",
+        "eval_every=4",
+        "--resume",
+    ]
     assert cli_main(args) == 2
     err = capsys.readouterr().err
     assert "weights_only" not in err

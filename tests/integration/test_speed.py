@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-
 from _hooks import CrashAfter, SimulatedCrash
 from _tiny import make_model
+
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig, load_preset
 from diloco.train.speed import TCMALLOC_HINT, compile_in_place, tcmalloc_loaded, tcmalloc_notice, unwrap_compiled
@@ -22,9 +22,18 @@ def cache(token_cache):
 
 def tiny(**kw) -> TrainConfig:
     # Streaming with P=2 fragments: the fragments name the model's parameters, so a renamed parameter fails here.
-    base = {**load_preset("tiny")["base"], "method": "streaming", "replicas": 2, "sync_every": 6,
-            "num_fragments": 2, "overlap_steps": 1, "merge_alpha": 0.5, "steps": 12, "checkpoint_every": 6,
-            "eval_every": 12}
+    base = {
+        **load_preset("tiny")["base"],
+        "method": "streaming",
+        "replicas": 2,
+        "sync_every": 6,
+        "num_fragments": 2,
+        "overlap_steps": 1,
+        "merge_alpha": 0.5,
+        "steps": 12,
+        "checkpoint_every": 6,
+        "eval_every": 12,
+    }
     return TrainConfig.from_dict({**base, **kw})
 
 
@@ -95,8 +104,12 @@ def test_tcmalloc_is_read_from_the_process_maps(tmp_path):
 
 
 def test_trainer_says_whether_tcmalloc_is_loaded(tmp_path, cache, capsys):
-    train_model(tiny(method="diloco", num_fragments=1, overlap_steps=0, merge_alpha=0.0, steps=2, checkpoint_every=0),
-          tmp_path, cache_dir=cache, progress=False)
+    train_model(
+        tiny(method="diloco", num_fragments=1, overlap_steps=0, merge_alpha=0.0, steps=2, checkpoint_every=0),
+        tmp_path,
+        cache_dir=cache,
+        progress=False,
+    )
     err = capsys.readouterr().err
     if tcmalloc_loaded() is not None:
         assert "diloco: tcmalloc is" in err

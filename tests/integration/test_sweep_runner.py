@@ -15,12 +15,26 @@ from diloco.scaling.sweep import read_results
 
 def test_sweep_with_the_real_trainer_records_losses(tmp_path, token_cache):
     grid = {
-        "sizes": ["tiny"], "methods": ["dp", "diloco", "streaming"], "replicas": [2], "inner_lr": [3e-3],
-        "global_batch": [8], "outer_lr": [0.7], "sync_every": [8], "tokens_per_param": 0.5,
+        "sizes": ["tiny"],
+        "methods": ["dp", "diloco", "streaming"],
+        "replicas": [2],
+        "inner_lr": [3e-3],
+        "global_batch": [8],
+        "outer_lr": [0.7],
+        "sync_every": [8],
+        "tokens_per_param": 0.5,
         "runner": "train",
-        "base": {"vocab_size": 512, "seq_len": 32, "warmup_steps": 4, "eval_every": 1000, "eval_batches": 2,
-                 "num_fragments": 2, "overlap_steps": 1,
-                 "runs_dir": str(tmp_path / "runs"), "cache_dir": str(token_cache)},
+        "base": {
+            "vocab_size": 512,
+            "seq_len": 32,
+            "warmup_steps": 4,
+            "eval_every": 1000,
+            "eval_batches": 2,
+            "num_fragments": 2,
+            "overlap_steps": 1,
+            "runs_dir": str(tmp_path / "runs"),
+            "cache_dir": str(token_cache),
+        },
     }
     (tmp_path / "grid.json").write_text(json.dumps(grid))
     out = tmp_path / "results.jsonl"
@@ -37,8 +51,10 @@ def test_sweep_with_the_real_trainer_records_losses(tmp_path, token_cache):
         assert summary["data_sha256"] == r["data_sha256"]
         # the record alone tells what the run cost, so a report needs no run folder
         assert {k: r[k] for k in ("total_params", "steps", "bytes_sent_per_replica")} == {
-            "total_params": summary["num_params"], "steps": summary["steps"],
-            "bytes_sent_per_replica": summary["bytes_sent_per_replica"]}
+            "total_params": summary["num_params"],
+            "steps": summary["steps"],
+            "bytes_sent_per_replica": summary["bytes_sent_per_replica"],
+        }
         assert r["total_params"] > r["num_params"] and (r["method"] == "dp" or r["bytes_sent_per_replica"] > 0)
         trained = json.loads((run_dir / "config.json").read_text())
         trained = trained.get("config", trained)
@@ -51,23 +67,41 @@ def test_a_run_killed_mid_sweep_resumes_when_the_sweep_restarts(tmp_path, token_
     """The sweep was killed while this run trained: its folder holds a checkpoint. Rerunning the record
     resumes it (metrics continue from the checkpoint, one line per step) instead of failing on the folder."""
     import pytest
-
     from _hooks import CrashAfter, SimulatedCrash
+
     from diloco.scaling.sweep import GridSpec, expand
     from diloco.train.sweep_runner import config_from_record, run_config
     from diloco.train.trainer import Trainer
 
-    grid = {"sizes": ["tiny"], "methods": ["diloco"], "replicas": [2], "inner_lr": [3e-3], "global_batch": [8],
-            "outer_lr": [0.7], "sync_every": [4], "tokens_per_param": 0.1, "runner": "train",
-            "base": {"vocab_size": 512, "seq_len": 32, "warmup_steps": 2, "eval_every": 1000, "eval_batches": 2,
-                     "checkpoint_every": 4, "runs_dir": str(tmp_path / "runs"), "cache_dir": str(token_cache)}}
+    grid = {
+        "sizes": ["tiny"],
+        "methods": ["diloco"],
+        "replicas": [2],
+        "inner_lr": [3e-3],
+        "global_batch": [8],
+        "outer_lr": [0.7],
+        "sync_every": [4],
+        "tokens_per_param": 0.1,
+        "runner": "train",
+        "base": {
+            "vocab_size": 512,
+            "seq_len": 32,
+            "warmup_steps": 2,
+            "eval_every": 1000,
+            "eval_batches": 2,
+            "checkpoint_every": 4,
+            "runs_dir": str(tmp_path / "runs"),
+            "cache_dir": str(token_cache),
+        },
+    }
     (tmp_path / "grid.json").write_text(json.dumps(grid))
     (record,) = expand(GridSpec.from_dict(grid))
     cfg, run_dir, cache_dir = config_from_record(record)
     assert cfg.total_steps > 6
     with pytest.raises(SimulatedCrash):
-        Trainer(cfg, run_dir, cache_dir=cache_dir, progress=False,
-                callbacks=[CrashAfter(6, replicas=cfg.replicas)]).run()
+        Trainer(
+            cfg, run_dir, cache_dir=cache_dir, progress=False, callbacks=[CrashAfter(6, replicas=cfg.replicas)]
+        ).run()
     result = run_config(record)
     assert result["eval_loss"] < 6.0 and (run_dir / "summary.json").exists()
     steps = [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
@@ -92,10 +126,28 @@ def test_the_grids_device_is_the_runs_and_the_token_files_train_as_their_text(tm
     (tmp_path / "tok").mkdir()
     for name, arr in (("train.bin", data.train), ("val.bin", data.val)):
         (tmp_path / "tok" / name).write_bytes(arr.astype("<u2").tobytes())
-    base = {"vocab_size": 512, "seq_len": 32, "warmup_steps": 2, "eval_every": 1000, "eval_batches": 2,
-            "sources": list(sources), "runs_dir": str(tmp_path / "runs"), "cache_dir": str(token_cache)}
-    grid = {"sizes": ["tiny"], "methods": ["streaming"], "replicas": [2], "inner_lr": [3e-3], "global_batch": [8],
-            "outer_lr": [0.7], "sync_every": [4], "tokens_per_param": 0.1, "runner": "train", "base": base}
+    base = {
+        "vocab_size": 512,
+        "seq_len": 32,
+        "warmup_steps": 2,
+        "eval_every": 1000,
+        "eval_batches": 2,
+        "sources": list(sources),
+        "runs_dir": str(tmp_path / "runs"),
+        "cache_dir": str(token_cache),
+    }
+    grid = {
+        "sizes": ["tiny"],
+        "methods": ["streaming"],
+        "replicas": [2],
+        "inner_lr": [3e-3],
+        "global_batch": [8],
+        "outer_lr": [0.7],
+        "sync_every": [4],
+        "tokens_per_param": 0.1,
+        "runner": "train",
+        "base": base,
+    }
 
     def record(**changes):
         (rec,) = expand(GridSpec.from_dict({**grid, "base": {**base, **changes}}))

@@ -44,8 +44,21 @@ def test_sigterm_to_the_sweep_stops_its_run_processes_and_records_nothing(tmp_pa
     grid = dict(sizes=["35M"], inner_lr=[1e-3], global_batch=[16], methods=["dp"], replicas=[1], runner="synthetic")
     (tmp_path / "grid.json").write_text(json.dumps(grid))
     out = tmp_path / "results.jsonl"
-    cmd = [sys.executable, "-m", "diloco", "sweep", "--grid", str(tmp_path / "grid.json"), "--out", str(out),
-           "--executor", "local", "--synthetic-delay", "120", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "diloco",
+        "sweep",
+        "--grid",
+        str(tmp_path / "grid.json"),
+        "--out",
+        str(out),
+        "--executor",
+        "local",
+        "--synthetic-delay",
+        "120",
+        "--no-progress",
+    ]
     sweep = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60

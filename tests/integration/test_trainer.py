@@ -6,14 +6,14 @@ import json
 
 import pytest
 import torch
-
 from _hooks import CrashAfter, SimulatedCrash
+
 from diloco.algorithm.codecs import get_codec
 from diloco.cli import main as cli_main
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig, load_preset
-from diloco.train.metrics import read_jsonl
 from diloco.train.lr import lr_at
+from diloco.train.metrics import read_jsonl
 from diloco.train.trainer import Trainer, train_model
 
 
@@ -28,8 +28,16 @@ def tiny(**kw) -> TrainConfig:
 
 
 def test_streaming_two_replicas_loss_falls_and_bytes_match(tmp_path, cache):
-    cfg = tiny(method="streaming", replicas=2, sync_every=8, num_fragments=3, overlap_steps=1,
-               merge_alpha=0.5, codec="fp4_e3m0", steps=48)
+    cfg = tiny(
+        method="streaming",
+        replicas=2,
+        sync_every=8,
+        num_fragments=3,
+        overlap_steps=1,
+        merge_alpha=0.5,
+        codec="fp4_e3m0",
+        steps=48,
+    )
     result = train_model(cfg, tmp_path, cache_dir=cache, progress=False)
     rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "loss" in r]
     assert len(rows) == 48
@@ -49,8 +57,11 @@ def test_streaming_two_replicas_loss_falls_and_bytes_match(tmp_path, cache):
     assert result.final_eval_loss < rows[0]["loss"]
 
 
-@pytest.mark.parametrize("kw", [dict(method="dp"), dict(method="diloco", sync_every=8),
-                                dict(method="diloco", replicas=1, sync_every=8)], ids=["dp", "diloco", "diloco-m1"])
+@pytest.mark.parametrize(
+    "kw",
+    [dict(method="dp"), dict(method="diloco", sync_every=8), dict(method="diloco", replicas=1, sync_every=8)],
+    ids=["dp", "diloco", "diloco-m1"],
+)
 def test_every_mode_trains_the_tiny_model(tmp_path, cache, kw):
     cfg = tiny(**({"replicas": 2, "steps": 48} | kw))
     result = train_model(cfg, tmp_path, cache_dir=cache, progress=False)
@@ -62,8 +73,10 @@ def test_every_mode_trains_the_tiny_model(tmp_path, cache, kw):
 
 def test_tensorboard_sink_writes_the_logged_scalars(tmp_path, cache):
     from tensorboard.backend.event_processing import event_accumulator  # a dev dependency
-    train_model(tiny(method="diloco", steps=12, eval_every=6, tensorboard=True), tmp_path, cache_dir=cache,
-          progress=False)
+
+    train_model(
+        tiny(method="diloco", steps=12, eval_every=6, tensorboard=True), tmp_path, cache_dir=cache, progress=False
+    )
     acc = event_accumulator.EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
     losses = [e.value for e in acc.Scalars("loss")]
@@ -114,7 +127,9 @@ def test_resume_refuses_a_different_config(tmp_path, cache):
     cfg = tiny(method="diloco", steps=8)
     train_model(cfg, tmp_path, cache_dir=cache, progress=False)
     with pytest.raises(ValueError, match="different config"):
-        train_model(tiny(method="diloco", steps=8, inner_lr=1e-2), tmp_path, cache_dir=cache, progress=False, resume=True)
+        train_model(
+            tiny(method="diloco", steps=8, inner_lr=1e-2), tmp_path, cache_dir=cache, progress=False, resume=True
+        )
 
 
 def test_config_validation_names_values_and_fix():
@@ -130,8 +145,20 @@ def test_config_validation_names_values_and_fix():
 
 def test_cli_compare_end_to_end(tmp_path, cache, capsys):
     out = tmp_path / "cmp"
-    code = cli_main(["compare", "--preset", "tiny", "--out", str(out), "--cache-dir", str(cache),
-                     "--no-progress", "--set", "steps=16"])
+    code = cli_main(
+        [
+            "compare",
+            "--preset",
+            "tiny",
+            "--out",
+            str(out),
+            "--cache-dir",
+            str(cache),
+            "--no-progress",
+            "--set",
+            "steps=16",
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     rows = json.loads((out / "compare.json").read_text())

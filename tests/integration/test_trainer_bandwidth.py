@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-
 from _hooks import CrashAfter, SimulatedCrash
+
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig, load_preset
 from diloco.train.trainer import Trainer, train_model
@@ -23,9 +23,23 @@ def tiny(**kw) -> TrainConfig:
 
 
 def test_eager_topk_error_feedback_muon_run_resumes_bit_identical(tmp_path, cache):
-    cfg = tiny(method="streaming", replicas=2, steps=16, sync_every=4, num_fragments=2, overlap_steps=4,
-               eager=True, codec="topk", topk_density=0.05, ef_decay=0.95, outer_momentum=0.0, outer_lr=1.0,
-               inner_optimizer="muon", checkpoint_every=6, eval_every=16)
+    cfg = tiny(
+        method="streaming",
+        replicas=2,
+        steps=16,
+        sync_every=4,
+        num_fragments=2,
+        overlap_steps=4,
+        eager=True,
+        codec="topk",
+        topk_density=0.05,
+        ef_decay=0.95,
+        outer_momentum=0.0,
+        outer_lr=1.0,
+        inner_optimizer="muon",
+        checkpoint_every=6,
+        eval_every=16,
+    )
     full = tmp_path / "full"
     train_model(cfg, full, cache_dir=cache, progress=False)
     cut = tmp_path / "cut"
@@ -44,8 +58,11 @@ def test_eager_topk_error_feedback_muon_run_resumes_bit_identical(tmp_path, cach
             assert torch.equal(ra["model"][k], rb["model"][k]), k
         for ga, gb in zip(ra["algorithm"]["global"], rb["algorithm"]["global"], strict=True):
             assert torch.equal(ga, gb)
-        for ea, eb in zip(ra["algorithm"]["error_feedback"]["accumulators"],
-                          rb["algorithm"]["error_feedback"]["accumulators"], strict=True):
+        for ea, eb in zip(
+            ra["algorithm"]["error_feedback"]["accumulators"],
+            rb["algorithm"]["error_feedback"]["accumulators"],
+            strict=True,
+        ):
             assert torch.equal(ea, eb)
 
 
@@ -63,8 +80,19 @@ def test_topk_with_chunk_tables_sends_what_the_traffic_function_counts(tmp_path,
     from diloco.algorithm.codecs import get_codec
     from diloco.algorithm.schedule import Schedule
 
-    kw = dict(method="streaming", replicas=2, steps=16, sync_every=4, num_fragments=2, overlap_steps=1,
-              codec="topk", ef_decay=0.95, outer_momentum=0.0, outer_lr=1.0, eval_every=16)
+    kw = dict(
+        method="streaming",
+        replicas=2,
+        steps=16,
+        sync_every=4,
+        num_fragments=2,
+        overlap_steps=1,
+        codec="topk",
+        ef_decay=0.95,
+        outer_momentum=0.0,
+        outer_lr=1.0,
+        eval_every=16,
+    )
     result = train_model(tiny(**kw, topk_tables="chunk"), tmp_path, cache_dir=cache, progress=False)
     sizes = [g.numel() for g in ckpt.load_latest(tmp_path)["replicas"][0]["algorithm"]["global"]]
     codec = get_codec("topk", topk_tables="chunk")
@@ -106,8 +134,7 @@ def test_config_checks_the_new_keys():
 
 
 def test_muon_is_the_inner_optimizer_the_trainer_builds(tmp_path, cache):
-    result = train_model(tiny(steps=2, inner_optimizer="muon", eval_every=2), tmp_path, cache_dir=cache,
-                         progress=False)
+    result = train_model(tiny(steps=2, inner_optimizer="muon", eval_every=2), tmp_path, cache_dir=cache, progress=False)
     assert result.final_eval_loss > 0
     state = ckpt.load_latest(tmp_path)["replicas"][0]["optimizer"]
     assert set(state) == {"muon", "adamw"}  # one state per part of the combined optimizer

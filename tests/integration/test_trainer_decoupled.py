@@ -23,8 +23,18 @@ def tiny(**kw) -> TrainConfig:
 
 
 def test_decoupled_trains_the_tiny_model_and_logs_every_merge(tmp_path, cache):
-    cfg = tiny(method="decoupled", replicas=3, global_batch=9, quorum=1, sync_every=8, num_fragments=2,
-               overlap_steps=2, codec="fp4_e3m0", steps=48, overwrite_after="arrival")
+    cfg = tiny(
+        method="decoupled",
+        replicas=3,
+        global_batch=9,
+        quorum=1,
+        sync_every=8,
+        num_fragments=2,
+        overlap_steps=2,
+        codec="fp4_e3m0",
+        steps=48,
+        overwrite_after="arrival",
+    )
     result = train_model(cfg, tmp_path, cache_dir=cache, progress=False)
     rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "loss" in r]
     assert len(rows) == 48
@@ -54,22 +64,41 @@ def test_decoupled_trains_the_tiny_model_and_logs_every_merge(tmp_path, cache):
     assert len(waits) == 3 and all(0.0 <= w < 0.5 for w in waits) and min(waits) <= 1.0 - result.goodput <= max(waits)
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(quorum=3), "quorum=3 with 2 learners"),
-    (dict(merge="median"), "merge='median'"),
-    (dict(grace_gamma=-0.5), "grace_gamma=-0.5"),
-    (dict(checkpoint_every=8), "checkpoint_every=8"),
-    (dict(ranks_per_worker=2), "ranks_per_worker=2 with these settings yet: set decoupled_transport=ray"),
-    (dict(overwrite_after="later"), "overwrite_after='later'"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(quorum=3), "quorum=3 with 2 learners"),
+        (dict(merge="median"), "merge='median'"),
+        (dict(grace_gamma=-0.5), "grace_gamma=-0.5"),
+        (dict(checkpoint_every=8), "checkpoint_every=8"),
+        (dict(ranks_per_worker=2), "ranks_per_worker=2 with these settings yet: set decoupled_transport=ray"),
+        (dict(overwrite_after="later"), "overwrite_after='later'"),
+    ],
+)
 def test_decoupled_settings_are_checked_with_the_fix(kw, match):
     with pytest.raises(ValueError, match=match):
         tiny(method="decoupled", replicas=2, **kw)
 
 
 def test_cli_train_method_decoupled(tmp_path, cache):
-    code = cli_main(["train", "--preset", "tiny", "--method", "decoupled", "--set", "steps=16", "--no-progress",
-                     "--set", "overlap_steps=1", "--cache-dir", str(cache), "--out", str(tmp_path / "run")])
+    code = cli_main(
+        [
+            "train",
+            "--preset",
+            "tiny",
+            "--method",
+            "decoupled",
+            "--set",
+            "steps=16",
+            "--no-progress",
+            "--set",
+            "overlap_steps=1",
+            "--cache-dir",
+            str(cache),
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     assert code in (0, None)
     assert (tmp_path / "run" / "merges.jsonl").read_text().strip()
 
@@ -77,8 +106,9 @@ def test_cli_train_method_decoupled(tmp_path, cache):
 def test_the_final_loss_is_the_syncers_parameters(tmp_path, cache):
     """K = M: after the last flush learner 0 holds the syncer's latest parameters, so the summary's loss
     (evaluated from the syncer's) equals the last eval row (from learner 0's copy), and both moved."""
-    result = train_model(tiny(method="decoupled", replicas=2, overlap_steps=1, steps=16), tmp_path,
-                         cache_dir=cache, progress=False)
+    result = train_model(
+        tiny(method="decoupled", replicas=2, overlap_steps=1, steps=16), tmp_path, cache_dir=cache, progress=False
+    )
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
     assert result.final_eval_loss == pytest.approx(evals[-1], rel=1e-6)
@@ -86,8 +116,12 @@ def test_the_final_loss_is_the_syncers_parameters(tmp_path, cache):
 
 
 def test_overwrite_deletes_the_merge_log_too(tmp_path, cache):
-    train_model(tiny(method="decoupled", replicas=2, quorum=1, overlap_steps=1, steps=8), tmp_path, cache_dir=cache,
-                progress=False)
+    train_model(
+        tiny(method="decoupled", replicas=2, quorum=1, overlap_steps=1, steps=8),
+        tmp_path,
+        cache_dir=cache,
+        progress=False,
+    )
     assert (tmp_path / "merges.jsonl").exists()
     train_model(tiny(method="diloco", steps=8), tmp_path, cache_dir=cache, progress=False, overwrite=True)
     assert not (tmp_path / "merges.jsonl").exists()  # a run's files, replaced with the run

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import os
 import pydoc
+import re
 import signal
 import subprocess
 import sys
@@ -24,14 +24,21 @@ from diloco.algorithm.fragments import split_fragments
 from diloco.cli import main as cli_main
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig
+from diloco.train.evaluation import evaluate
 from diloco.train.inputs import prepare_inputs
 from diloco.train.metrics import read_jsonl
-from diloco.train.evaluation import evaluate
 
 pytestmark = pytest.mark.timeout(240)
 
-LLAMA = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
 GPT2 = {"model_type": "gpt2", "n_embd": 32, "n_layer": 4, "n_head": 4, "n_positions": 64}
 
 
@@ -52,10 +59,27 @@ def user(tmp_path_factory) -> dict[str, Path]:
 
 
 def _args(user, model: str, out: Path, steps: int, *extra: str) -> list[str]:
-    sets = {"model": f"hf:{user[model]}", "sources": str(user["text"]), "vocab_size": 384, "seq_len": 32,
-            "method": "streaming", "replicas": 2, "global_batch": 4, "sync_every": 4, "num_fragments": 2,
-            "overlap_steps": 1, "merge_alpha": 0.5, "codec": "fp4_e3m0", "steps": steps, "warmup_steps": 2,
-            "inner_lr": 3e-3, "eval_every": 8, "eval_batches": 2, "checkpoint_every": 4, "threads": 1}
+    sets = {
+        "model": f"hf:{user[model]}",
+        "sources": str(user["text"]),
+        "vocab_size": 384,
+        "seq_len": 32,
+        "method": "streaming",
+        "replicas": 2,
+        "global_batch": 4,
+        "sync_every": 4,
+        "num_fragments": 2,
+        "overlap_steps": 1,
+        "merge_alpha": 0.5,
+        "codec": "fp4_e3m0",
+        "steps": steps,
+        "warmup_steps": 2,
+        "inner_lr": 3e-3,
+        "eval_every": 8,
+        "eval_batches": 2,
+        "checkpoint_every": 4,
+        "threads": 1,
+    }
     out_args = ["train", "--preset", "tiny", "--out", str(out), "--cache-dir", str(user["cache"]), "--no-progress"]
     return out_args + [x for k, v in sets.items() for x in ("--set", f"{k}={v}")] + list(extra)
 
@@ -101,7 +125,7 @@ def test_hf_model_on_your_text_trains_evaluates_global_params_and_resumes_bit_id
         for frag, flat in zip(frags, state["algorithm"]["global"], strict=True):
             offset = 0
             for p in frag.params:
-                p.copy_(flat[offset:offset + p.numel()].view(p.shape))
+                p.copy_(flat[offset : offset + p.numel()].view(p.shape))
                 offset += p.numel()
     assert evaluate(inputs.model, inputs.val_batches) == summary["final_eval_loss"]
     inputs.model.load_state_dict(state["model"])  # replica 0's local parameters (alpha = 0.5): not what is reported
@@ -110,8 +134,12 @@ def test_hf_model_on_your_text_trains_evaluates_global_params_and_resumes_bit_id
     # 3. killed (SIGKILL) after the step-8 checkpoint, then resumed: bit-identical to the uninterrupted run
     log = tmp_path / "killed.log"
     with open(log, "wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "diloco", *_args(user, model, killed, total)],
-                                stdout=f, stderr=subprocess.STDOUT, env=os.environ.copy())
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "diloco", *_args(user, model, killed, total)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=os.environ.copy(),
+        )
     try:
         _wait_for_step(killed, 8, proc, log)
         proc.send_signal(signal.SIGKILL)
@@ -174,28 +202,73 @@ def _bad_cases(tmp: Path, user) -> list[tuple[str, list[str], str]]:
     (tmp / "lama.json").write_text(json.dumps(LLAMA | {"model_type": "lama"}))
     base = ["--set", "steps=4", "--set", "vocab_size=384", "--set", f"sources={user['text']}"]  # cached text
     return [
-        ("missing path", ["--set", f"sources={tmp / 'nowhere'}"], r"nowhere'?: no such file or folder.*give an existing"),
+        (
+            "missing path",
+            ["--set", f"sources={tmp / 'nowhere'}"],
+            r"nowhere'?: no such file or folder.*give an existing",
+        ),
         ("empty corpus", ["--set", f"sources={tmp / 'empty'}"], r"every file is empty.*add text"),
-        ("not UTF-8", ["--set", f"sources={tmp / 'latin1'}"], r"caf.txt is not UTF-8 text: byte 0xe9 at offset 6.*iconv"),
-        ("ids >= vocab", ["--set", f"sources={tmp / 'ids.bin'}", "--set", "vocab_size=512"],
-         r"ids.bin holds token id 599, which is >= vocab_size=512; set vocab_size to at least 600"),
-        ("unknown source", ["--set", "sources=shakespear"], r"'shakespear': no such file or folder; the bundled "
-                                                            r"sources are bible, fortunes, gcide"),
-        ("too small for validation", ["--set", f"sources={tmp / 'short.txt'}"],
-         r"validation split of \d+ tokens .* fewer than batch_size=8; raise val_fraction or lower seq_len"),
-        ("too small for one batch", ["--set", f"sources={tmp / 'nano'}", "--set", "vocab_size=4096"],
-         r"40 tokens make 1 windows .* fewer than batch_size=4\. Lower seq_len or the per-replica batch size"),
-        ("no blocks for P > 1", ["--set", f"model={tmp / 'mine.py'}:mlp", "--method", "streaming",
-                                 "--set", "num_fragments=2", "--set", "overlap_steps=0"],
-         r"num_fragments=2 needs repeated blocks.*Bigram has none.*--set fragments='prefix\|prefix,prefix"),
-        ("unknown model type", ["--set", f"model=hf:{tmp / 'lama.json'}"],
-         r"model_type='lama' is not a model type transformers .* knows; use one such as llama"),
+        (
+            "not UTF-8",
+            ["--set", f"sources={tmp / 'latin1'}"],
+            r"caf.txt is not UTF-8 text: byte 0xe9 at offset 6.*iconv",
+        ),
+        (
+            "ids >= vocab",
+            ["--set", f"sources={tmp / 'ids.bin'}", "--set", "vocab_size=512"],
+            r"ids.bin holds token id 599, which is >= vocab_size=512; set vocab_size to at least 600",
+        ),
+        (
+            "unknown source",
+            ["--set", "sources=shakespear"],
+            r"'shakespear': no such file or folder; the bundled "
+            r"sources are bible, fortunes, gcide",
+        ),
+        (
+            "too small for validation",
+            ["--set", f"sources={tmp / 'short.txt'}"],
+            r"validation split of \d+ tokens .* fewer than batch_size=8; raise val_fraction or lower seq_len",
+        ),
+        (
+            "too small for one batch",
+            ["--set", f"sources={tmp / 'nano'}", "--set", "vocab_size=4096"],
+            r"40 tokens make 1 windows .* fewer than batch_size=4\. Lower seq_len or the per-replica batch size",
+        ),
+        (
+            "no blocks for P > 1",
+            [
+                "--set",
+                f"model={tmp / 'mine.py'}:mlp",
+                "--method",
+                "streaming",
+                "--set",
+                "num_fragments=2",
+                "--set",
+                "overlap_steps=0",
+            ],
+            r"num_fragments=2 needs repeated blocks.*Bigram has none.*--set fragments='prefix\|prefix,prefix",
+        ),
+        (
+            "unknown model type",
+            ["--set", f"model=hf:{tmp / 'lama.json'}"],
+            r"model_type='lama' is not a model type transformers .* knows; use one such as llama",
+        ),
         ("not a model", ["--set", "model=llama"], r"model='llama' is not a model: use '' .*'hf:PATH'"),
     ], base
 
 
-BAD_CASES = ["missing path", "unknown source", "empty corpus", "not UTF-8", "ids >= vocab", "too small for validation",
-             "too small for one batch", "no blocks for P > 1", "unknown model type", "not a model"]
+BAD_CASES = [
+    "missing path",
+    "unknown source",
+    "empty corpus",
+    "not UTF-8",
+    "ids >= vocab",
+    "too small for validation",
+    "too small for one batch",
+    "no blocks for P > 1",
+    "unknown model type",
+    "not a model",
+]
 
 
 @pytest.mark.parametrize("case", BAD_CASES)
@@ -222,8 +295,8 @@ def test_token_files_and_your_tokenizer_train_and_resume_like_the_bundled_corpus
     """Pre-tokenized ids (nanoGPT .bin, memory-mapped) and a tokenizer.json go through the same trainer:
     the same shards, evaluation and exact resume."""
     import numpy as np
-
     from _hooks import CrashAfter, SimulatedCrash
+
     from diloco.data import load_text_documents, train_tokenizer
     from diloco.train.trainer import Trainer
 
@@ -235,10 +308,25 @@ def test_token_files_and_your_tokenizer_train_and_resume_like_the_bundled_corpus
     ids.tofile(tmp_path / "corpus.bin")
     from diloco.train.config import load_preset
 
-    base = dict(load_preset("tiny")["base"], size="tiny", seq_len=32, global_batch=4, replicas=2,
-                method="streaming", sync_every=4, num_fragments=2, overlap_steps=1, merge_alpha=0.5,
-                codec="fp4_e3m0", steps=12, warmup_steps=2, eval_every=6, eval_batches=2, checkpoint_every=4,
-                threads=1)
+    base = dict(
+        load_preset("tiny")["base"],
+        size="tiny",
+        seq_len=32,
+        global_batch=4,
+        replicas=2,
+        method="streaming",
+        sync_every=4,
+        num_fragments=2,
+        overlap_steps=1,
+        merge_alpha=0.5,
+        codec="fp4_e3m0",
+        steps=12,
+        warmup_steps=2,
+        eval_every=6,
+        eval_batches=2,
+        checkpoint_every=4,
+        threads=1,
+    )
     by_ids = TrainConfig.from_dict(base | {"sources": [str(tmp_path / "corpus.bin")], "vocab_size": tok.vocab_size})
     by_json = TrainConfig.from_dict(base | {"sources": [str(user["text"])], "tokenizer": str(tmp_path / "tok")})
     results = {}
@@ -261,10 +349,32 @@ def test_explicit_fragments_for_a_model_without_blocks_from_the_command_line(use
     """The fix the no-blocks message gives works: --set fragments=PREFIXES splits the model as named."""
     (tmp_path / "mine.py").write_text(FACTORY)
     out = tmp_path / "run"
-    args = ["train", "--preset", "tiny", "--method", "streaming", "--out", str(out), "--cache-dir", str(user["cache"]),
-            "--no-progress", "--set", f"sources={user['text']}", "--set", "vocab_size=384", "--set", "steps=4",
-            "--set", f"model={tmp_path / 'mine.py'}:mlp", "--set", "num_fragments=2", "--set", "overlap_steps=0",
-            "--set", "fragments=net.0,net.1"]
+    args = [
+        "train",
+        "--preset",
+        "tiny",
+        "--method",
+        "streaming",
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(user["cache"]),
+        "--no-progress",
+        "--set",
+        f"sources={user['text']}",
+        "--set",
+        "vocab_size=384",
+        "--set",
+        "steps=4",
+        "--set",
+        f"model={tmp_path / 'mine.py'}:mlp",
+        "--set",
+        "num_fragments=2",
+        "--set",
+        "overlap_steps=0",
+        "--set",
+        "fragments=net.0,net.1",
+    ]
     assert cli_main(args) == 0
     sizes = [g.numel() for g in ckpt.load_latest(out)["replicas"][0]["algorithm"]["global"]]
     assert sizes == [384 * 16, 16 * 384 + 384]  # fragment 0: the embedding; fragment 1: the linear head

@@ -7,9 +7,9 @@ from functools import partial
 
 import pytest
 import torch
+from _tiny import ConstantStep, Scalar, batches, make_model
 from torch.testing import assert_close
 
-from _tiny import ConstantStep, Scalar, batches, make_model
 from diloco.algorithm.data_parallel import DataParallel
 from diloco.algorithm.streaming import StreamingDiLoCo
 from diloco.comm.local import run_replicas
@@ -127,8 +127,14 @@ def test_overlap_and_merge_match_hand_computation(alpha):
     def replica(comm):
         model = Scalar()
         opt = ConstantStep(model.parameters(), c[comm.rank])
-        algo = StreamingDiLoCo(model, comm=comm, sync_every=2, overlap_steps=1, merge_alpha=alpha,
-                               outer_optimizer=partial(torch.optim.SGD, lr=0.5))
+        algo = StreamingDiLoCo(
+            model,
+            comm=comm,
+            sync_every=2,
+            overlap_steps=1,
+            merge_alpha=alpha,
+            outer_optimizer=partial(torch.optim.SGD, lr=0.5),
+        )
         trace = []
         for _ in range(5):
             opt.step()
@@ -152,9 +158,11 @@ def test_overlap_and_merge_match_hand_computation(alpha):
 @pytest.mark.parametrize("codec", ["fp32", "fp4_e3m0", "int8"])
 def test_replicas_bit_identical_global_after_every_sync(codec):
     out = train_replicas(
-        3, 16,
-        lambda m, o, c: StreamingDiLoCo(m, comm=c, sync_every=4, num_fragments=3, overlap_steps=1,
-                                        merge_alpha=0.5, codec=codec),
+        3,
+        16,
+        lambda m, o, c: StreamingDiLoCo(
+            m, comm=c, sync_every=4, num_fragments=3, overlap_steps=1, merge_alpha=0.5, codec=codec
+        ),
     )
     snaps = [s for _, _, s in out]
     assert len(snaps[0]) >= 10
@@ -173,8 +181,9 @@ def test_byte_counts_equal_codec_sizes_on_schedule():
     )
     _, algo, _ = out[0]
     codec = get_codec("fp4_e3m0")
-    expected = sum(codec.num_bytes(algo.fragment_sizes()[p]) for t in range(1, steps + 1)
-                   for p in algo.schedule.starts(t))
+    expected = sum(
+        codec.num_bytes(algo.fragment_sizes()[p]) for t in range(1, steps + 1) for p in algo.schedule.starts(t)
+    )
     stats = algo.comm.stats
     assert stats.bytes_sent == expected and stats.bytes_received == expected  # M - 1 = 1 peer
     assert stats.peak_in_flight == max(codec.num_bytes(n) for n in algo.fragment_sizes())
@@ -187,7 +196,10 @@ def test_nonfinite_outer_gradient_is_dropped_and_training_goes_on():
                 model.blocks[0].fc.weight[0, 0] = float("nan")
 
     out = train_replicas(
-        2, 8, lambda m, o, c: StreamingDiLoCo(m, comm=c, sync_every=4, codec="fp32"), hook=poison,
+        2,
+        8,
+        lambda m, o, c: StreamingDiLoCo(m, comm=c, sync_every=4, codec="fp32"),
+        hook=poison,
     )
     for model, algo, snaps in out:
         assert all(torch.isfinite(p).all() for p in algo.global_named_parameters().values())
@@ -260,8 +272,9 @@ def test_every_sync_report_quotes_the_bytes_the_communicator_counted(M):
 
     H, P, steps = 6, 3, 18
     out = train_replicas(
-        M, steps, lambda m, o, c: StreamingDiLoCo(m, comm=c, sync_every=H, num_fragments=P, overlap_steps=1,
-                                                   codec="int8")
+        M,
+        steps,
+        lambda m, o, c: StreamingDiLoCo(m, comm=c, sync_every=H, num_fragments=P, overlap_steps=1, codec="int8"),
     )
     codec = get_codec("int8")
     for _, algo, snaps in out:
@@ -299,6 +312,7 @@ def test_global_state_dict_gives_tied_weights_their_global_value():
     import copy
 
     from _tiny import TinyNet
+
     from diloco import StreamingDiLoCo, run_replicas
 
     def replica(comm):

@@ -11,8 +11,9 @@ from diloco.decoupled.chaos import committed_steps, final_steps, restart_kill, r
 STEP, M = 0.1, 3
 
 
-def _run(*, kill_step: int, checkpoint: int, down: float, total: int,
-         compute: float = STEP) -> tuple[list[dict], float]:
+def _run(
+    *, kill_step: int, checkpoint: int, down: float, total: int, compute: float = STEP
+) -> tuple[list[dict], float]:
     """M workers in lockstep, a step every STEP s from t = 0; worker 1 is killed while step ``kill_step`` runs
     (at t = (kill_step - 0.5) * STEP); every worker joins again ``down`` s after the kill, resumes from
     ``checkpoint`` and trains to ``total``. Returns the rows and the kill's time."""
@@ -20,12 +21,23 @@ def _run(*, kill_step: int, checkpoint: int, down: float, total: int,
     kill_at = (kill_step - 0.5) * STEP
     for m in range(M):
         rows.append({"learner": m, "incarnation": 0, "event": "joined", "t": 0.0})
-        rows += [{"learner": m, "incarnation": 0, "step": s, "t": s * STEP, "dt": STEP, "compute_s": compute}
-                 for s in range(1, kill_step)]
+        rows += [
+            {"learner": m, "incarnation": 0, "step": s, "t": s * STEP, "dt": STEP, "compute_s": compute}
+            for s in range(1, kill_step)
+        ]
         back = kill_at + down
         rows.append({"learner": m, "incarnation": 1, "event": "joined", "t": back})
-        rows += [{"learner": m, "incarnation": 1, "step": s, "t": back + (s - checkpoint) * STEP, "dt": STEP,
-                  "compute_s": compute} for s in range(checkpoint + 1, total + 1)]
+        rows += [
+            {
+                "learner": m,
+                "incarnation": 1,
+                "step": s,
+                "t": back + (s - checkpoint) * STEP,
+                "dt": STEP,
+                "compute_s": compute,
+            }
+            for s in range(checkpoint + 1, total + 1)
+        ]
     return rows, kill_at
 
 
@@ -62,14 +74,20 @@ def test_work_superseded_by_a_second_restart_is_not_kept_and_its_worker_contribu
     rows = []
     for m in range(2):
         rows.append({"learner": m, "incarnation": 0, "event": "joined", "t": 0.0})
-        rows += [{"learner": m, "incarnation": 0, "step": s, "t": s * STEP, "dt": STEP, "compute_s": STEP}
-                 for s in range(1, 40)]
+        rows += [
+            {"learner": m, "incarnation": 0, "step": s, "t": s * STEP, "dt": STEP, "compute_s": STEP}
+            for s in range(1, 40)
+        ]
         rows.append({"learner": m, "incarnation": 1, "event": "joined", "t": 7.0})
-        rows += [{"learner": m, "incarnation": 1, "step": s, "t": 7.0 + s * STEP, "dt": STEP, "compute_s": STEP}
-                 for s in range(1, 20)]
+        rows += [
+            {"learner": m, "incarnation": 1, "step": s, "t": 7.0 + s * STEP, "dt": STEP, "compute_s": STEP}
+            for s in range(1, 20)
+        ]
         rows.append({"learner": m, "incarnation": 2, "event": "joined", "t": 12.0})
-        rows += [{"learner": m, "incarnation": 2, "step": s, "t": 12.0 + s * STEP, "dt": STEP, "compute_s": STEP}
-                 for s in range(1, 51)]
+        rows += [
+            {"learner": m, "incarnation": 2, "step": s, "t": 12.0 + s * STEP, "dt": STEP, "compute_s": STEP}
+            for s in range(1, 51)
+        ]
     faults = [{"at": 3.95, "target": "learner", "index": 1}, {"at": 8.95, "target": "learner", "index": 1}]
     s = summarize_restarts(rows, faults, num_workers=2, wall_s=17.0)
     assert s["lost_steps"] == 2 * (39 + 19)

@@ -7,19 +7,22 @@ import pytest
 from diloco.cli import main as cli_main
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--kill", "3"], "SECONDS:LEARNER"),
-    (["--kill", "3:5"], "learner in 0..1"),
-    (["--slowdown", "1,3,1"], "one factor >= 1 per learner"),
-    (["--slowdown", "1,x"], "numbers separated by commas"),
-    (["--syncer-kill", "-1"], "seconds after the start"),
-    (["--step-time", "-0.1"], "--step-time=-0.1"),
-    (["--set", "quorum=3"], "quorum"),
-    (["--corrupt", "12"], "SECONDS:LEARNER[:SCALE[:DURATION]]"),
-    (["--corrupt", "12:2:1e4"], "learner in 0..1"),
-    (["--corrupt", "12:1:1e4:0"], "duration > 0"),
-    (["--set", "guard=median"], "guard='median'"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--kill", "3"], "SECONDS:LEARNER"),
+        (["--kill", "3:5"], "learner in 0..1"),
+        (["--slowdown", "1,3,1"], "one factor >= 1 per learner"),
+        (["--slowdown", "1,x"], "numbers separated by commas"),
+        (["--syncer-kill", "-1"], "seconds after the start"),
+        (["--step-time", "-0.1"], "--step-time=-0.1"),
+        (["--set", "quorum=3"], "quorum"),
+        (["--corrupt", "12"], "SECONDS:LEARNER[:SCALE[:DURATION]]"),
+        (["--corrupt", "12:2:1e4"], "learner in 0..1"),
+        (["--corrupt", "12:1:1e4:0"], "duration > 0"),
+        (["--set", "guard=median"], "guard='median'"),
+    ],
+)
 def test_bad_settings_are_refused_naming_the_value(extra, message, tmp_path, capsys):
     out = tmp_path / "new"
     code = cli_main(["chaos", "--preset", "tiny", "--set", "replicas=2", "--out", str(out), *extra])
@@ -52,8 +55,19 @@ def test_a_ray_address_that_does_not_answer_is_named_at_once(tmp_path, capsys):
     port = _closed_port()
     out = tmp_path / "new"
     t0 = time.monotonic()
-    code = cli_main(["chaos", "--preset", "tiny", "--set", "replicas=2", "--set", f"ray_address=127.0.0.1:{port}",
-                     "--out", str(out)])
+    code = cli_main(
+        [
+            "chaos",
+            "--preset",
+            "tiny",
+            "--set",
+            "replicas=2",
+            "--set",
+            f"ray_address=127.0.0.1:{port}",
+            "--out",
+            str(out),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and f"ray_address='127.0.0.1:{port}' does not answer" in err and "ray start --head" in err
     assert time.monotonic() - t0 < 30 and not out.exists()

@@ -30,8 +30,8 @@ def inputs(n: int, seed: int, device: str) -> dict[str, torch.Tensor]:
         "heavy": torch.distributions.StudentT(torch.tensor(1.2)).sample((n,)),  # Cauchy-like tails
         "zeros": torch.zeros(n),
         "neg_zeros": -torch.zeros(n),
-        "ties": (normal * 4).round() / 4,          # many exact ties between codes and between scale candidates
-        "tiny": normal * 1e-42,                    # fp32 subnormals
+        "ties": (normal * 4).round() / 4,  # many exact ties between codes and between scale candidates
+        "tiny": normal * 1e-42,  # fp32 subnormals
         "huge": normal * 3e38,
         "mixed_scales": normal * torch.logspace(-30, 30, n).flip(0),
         "constant": torch.full((n,), 0.3),

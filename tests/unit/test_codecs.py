@@ -143,7 +143,9 @@ def test_fp4_really_packs_two_per_byte():
 
 
 @settings(max_examples=80, deadline=None)
-@given(name=st.sampled_from(CODEC_NAMES), n=st.integers(0, 2100), dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+@given(
+    name=st.sampled_from(CODEC_NAMES), n=st.integers(0, 2100), dtype=st.sampled_from([torch.float32, torch.bfloat16])
+)
 def test_payload_size_depends_on_numel_only(name, n, dtype):
     codec = get_codec(name)
     x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype) * 10.0 ** (n % 7 - 3)
@@ -159,8 +161,9 @@ def test_fp4_code_tables():
     for name in FP4:
         mags = torch.tensor(MAGNITUDES[name], dtype=torch.float32)
         assert torch.equal(get_codec(name).dequantize_elements(codes), torch.cat([mags, -mags]))
-        assert torch.equal(get_codec(name).quantize_elements(torch.cat([mags, -mags[1:]])),
-                           torch.cat([codes[:8], codes[9:]]))
+        assert torch.equal(
+            get_codec(name).quantize_elements(torch.cat([mags, -mags[1:]])), torch.cat([codes[:8], codes[9:]])
+        )
         assert get_codec(name).quantize_elements(torch.tensor([-0.0, -0.01])).tolist() == [0, 0]  # zero is +0
 
 
@@ -208,8 +211,7 @@ def test_fp4_bit_rounding_matches_brute_force_nearest_even(name):
     got = codec.round_magnitudes(torch.from_numpy(y)).numpy()
     expected = nearest_even(np.minimum(y.astype(np.float64), mags[-1]), mags)  # saturate at m, then round
     np.testing.assert_array_equal(got, expected)
-    np.testing.assert_array_equal(codec.magnitude_codes(torch.from_numpy(got)).numpy(),
-                                  np.searchsorted(mags, got))
+    np.testing.assert_array_equal(codec.magnitude_codes(torch.from_numpy(got)).numpy(), np.searchsorted(mags, got))
 
 
 @pytest.mark.parametrize("name", FP4)
@@ -236,12 +238,14 @@ def test_bf16_matches_bit_level_round_to_nearest_even():
 # -- the scaled codecs against the NumPy reference ---------------------------------------------------------
 def sample(seed: int, n: int = 4000) -> np.ndarray:
     g = np.random.default_rng(seed)
-    x = np.concatenate([
-        g.standard_normal(n // 2),
-        g.standard_t(2.0, n // 2) * 1e-3,
-        np.zeros(40),  # an all-zero block
-        g.standard_normal(33) * 1e-4,  # a small-magnitude block, and a ragged tail
-    ])
+    x = np.concatenate(
+        [
+            g.standard_normal(n // 2),
+            g.standard_t(2.0, n // 2) * 1e-3,
+            np.zeros(40),  # an all-zero block
+            g.standard_normal(33) * 1e-4,  # a small-magnitude block, and a ragged tail
+        ]
+    )
     return x.astype(np.float32)
 
 
@@ -272,8 +276,13 @@ def test_equal_error_candidates_keep_the_larger_scale(name, value, expected):
 @pytest.mark.parametrize("name", SCALED)
 def test_tensor_scale_is_the_smallest_power_of_two_that_fits(name):
     top = 448 * float(MAGNITUDES[name][-1])  # largest E4M3 block scale times the element maximum
-    for amax, k in [(top * 2.0**-20, -20), (top * 2.0**-20 * (1 + 2**-23), -19), (top * 2.0**-21 * (1 - 2**-24), -21),
-                    (2.0**-40, -40 - math.floor(math.log2(top))), (0.0, None)]:
+    for amax, k in [
+        (top * 2.0**-20, -20),
+        (top * 2.0**-20 * (1 + 2**-23), -19),
+        (top * 2.0**-21 * (1 - 2**-24), -21),
+        (2.0**-40, -40 - math.floor(math.log2(top))),
+        (0.0, None),
+    ]:
         payload = get_codec(name).encode(torch.tensor([0.5 * amax, -amax], dtype=torch.float32))
         if k is not None:
             assert int(payload[-1]) - 127 == k
@@ -447,7 +456,9 @@ def test_all_finite_agrees_with_isfinite(dtype):
         x[::13] = torch.finfo(torch.float32).max * (trial % 2 * 2 - 1)  # the largest finite values
         x[1::17] = 1e-45  # subnormal
         if trial % 3:
-            x[int(torch.randint(0, x.numel(), (1,), generator=g))] = [float("nan"), float("inf"), -float("inf")][trial % 3]
+            x[int(torch.randint(0, x.numel(), (1,), generator=g))] = [float("nan"), float("inf"), -float("inf")][
+                trial % 3
+            ]
         x = x.to(dtype)
         for view in (x, x[::2], x.view(-1, 1).expand(-1, 2).t()[0]):  # contiguous, strided, expanded
             assert bool(all_finite(view)) == bool(torch.isfinite(view).all()), (trial, dtype)

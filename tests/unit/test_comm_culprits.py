@@ -5,8 +5,10 @@ from diloco.comm.torch_dist import name_culprits
 
 def test_a_dead_peer_that_never_reached_the_collective_is_named_dead():
     parts = name_culprits(seq=5, last_entered={1: 5, 2: 4}, silent=[2], heartbeat=True)
-    assert parts == ["rank(s) [2] never reached it (rank 2 last entered #4)",
-                     "rank(s) [2] stopped responding (heartbeat stopped: process dead or stopped)"]
+    assert parts == [
+        "rank(s) [2] never reached it (rank 2 last entered #4)",
+        "rank(s) [2] stopped responding (heartbeat stopped: process dead or stopped)",
+    ]
 
 
 def test_a_peer_that_gave_up_on_the_same_fault_is_not_called_the_culprit():
@@ -31,9 +33,11 @@ def test_a_live_peer_behind_is_called_hung_only_when_heartbeats_were_watched():
 
 
 def test_every_peer_inside_and_alive_points_inside_the_collective():
-    parts = name_culprits(seq=3, last_entered={0: 3, 2: 3}, silent=[], heartbeat=True,
-                          label=lambda r: f" (global rank {r + 4})")
+    parts = name_culprits(
+        seq=3, last_entered={0: 3, 2: 3}, silent=[], heartbeat=True, label=lambda r: f" (global rank {r + 4})"
+    )
     assert parts == ["every peer had entered it and is alive: a peer failed inside the collective"]
-    named = name_culprits(seq=3, last_entered={2: 1}, silent=[2], heartbeat=True,
-                          label=lambda r: f" (global rank {r + 4})")
+    named = name_culprits(
+        seq=3, last_entered={2: 1}, silent=[2], heartbeat=True, label=lambda r: f" (global rank {r + 4})"
+    )
     assert named[0] == "rank(s) [2] never reached it (rank 2 (global rank 6) last entered #1)"

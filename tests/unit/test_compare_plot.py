@@ -5,9 +5,9 @@ from __future__ import annotations
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from diloco.train.compare import draw_loss_vs_bytes  # noqa: E402
+from diloco.train.compare import draw_loss_vs_bytes
 
 
 def test_zero_byte_methods_are_horizontal_lines_and_the_rest_points_on_a_log_axis():

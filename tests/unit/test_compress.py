@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from _tiny import batches, make_model
 from torch.testing import assert_close
 
-from _tiny import batches, make_model
 from diloco.algorithm import wire_sizes
 from diloco.algorithm.codecs import ALL_CODEC_NAMES, COMPRESSING_CODECS, get_codec
 from diloco.algorithm.compress import StatisticalCodec, TopKCodec, pack_bits, unpack_bits
@@ -44,7 +44,7 @@ def ref_stat(values, bits, r):
 def ref_stat_codec(x, bits, block, r):
     codes, out = [], []
     for start in range(0, len(x), block):
-        c, t = ref_stat(x[start:start + block], bits, r)
+        c, t = ref_stat(x[start : start + block], bits, r)
         codes += c
         out += [t[k] for k in c]
     return codes, np.array(out)
@@ -55,7 +55,7 @@ def ref_topk(x, density, chunk, r, tables="payload"):
     table of bin means for all selected values, or one per chunk."""
     positions, local, groups = [], [], []
     for start in range(0, len(x), chunk):
-        part = x[start:start + chunk]
+        part = x[start : start + chunk]
         k = min(len(part), max(1, math.ceil(density * len(part))))
         top = sorted(sorted(range(len(part)), key=lambda i: -abs(part[i]))[:k])
         local += top
@@ -105,7 +105,7 @@ def test_topk_codec_matches_the_reference():
     assert payload.numel() == codec.num_bytes(n) == math.ceil(2 * k / 8) + math.ceil(8 * k / 8) + 16
     vb = math.ceil(2 * k / 8)
     np.testing.assert_array_equal(payload[:vb].numpy(), ref_pack(codes, 2))
-    np.testing.assert_array_equal(payload[vb:vb + k].numpy(), ref_pack(local, 8))  # 8-bit indices for 256
+    np.testing.assert_array_equal(payload[vb : vb + k].numpy(), ref_pack(local, 8))  # 8-bit indices for 256
     out = codec.decode(payload, n)
     assert torch.nonzero(out).flatten().tolist() == positions
     assert_close(out, torch.from_numpy(expected).float(), rtol=1e-5, atol=1e-6)
@@ -115,8 +115,9 @@ def test_topk_with_a_table_per_chunk_matches_the_reference():
     codec = TopKCodec(density=0.05, chunk_size=256, tables="chunk")
     n = 1000  # four chunks, four tables of 4 FP32 bin means
     # chunks of very different scales, as a fragment's tensors are: one table for all would lose them
-    x = torch.randn(n, generator=torch.Generator().manual_seed(3)) * torch.tensor([0.01, 1.0, 0.1, 3.0]).repeat_interleave(
-        torch.tensor([256, 256, 256, 232]))
+    x = torch.randn(n, generator=torch.Generator().manual_seed(3)) * torch.tensor(
+        [0.01, 1.0, 0.1, 3.0]
+    ).repeat_interleave(torch.tensor([256, 256, 256, 232]))
     positions, local, codes, expected, tables = ref_topk(x.double().numpy(), 0.05, 256, 6.0, tables="chunk")
     k = len(positions)
     payload = codec.encode(x)
@@ -124,9 +125,10 @@ def test_topk_with_a_table_per_chunk_matches_the_reference():
     assert wire_sizes.topk_num_tables(n, chunk_size=256, tables="chunk") == 4
     vb = math.ceil(2 * k / 8)
     np.testing.assert_array_equal(payload[:vb].numpy(), ref_pack(codes, 2))
-    np.testing.assert_array_equal(payload[vb:vb + k].numpy(), ref_pack(local, 8))
-    assert_close(payload[vb + k:].clone().view(torch.float32), torch.tensor(tables, dtype=torch.float32),
-                 rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(payload[vb : vb + k].numpy(), ref_pack(local, 8))
+    assert_close(
+        payload[vb + k :].clone().view(torch.float32), torch.tensor(tables, dtype=torch.float32), rtol=1e-5, atol=1e-7
+    )
     out = codec.decode(payload, n)
     assert torch.nonzero(out).flatten().tolist() == positions
     assert_close(out, torch.from_numpy(expected).float(), rtol=1e-5, atol=1e-7)
@@ -237,13 +239,14 @@ def test_sparseloco_run_bytes_equal_the_traffic_function_and_replicas_agree():
     """M = 3 top-k with error feedback (beta 0.95) and SparseLoCo's outer step (SGD lr 1, no momentum)."""
     H, steps, M = 3, 9, 3
     codec = get_codec("topk")
-    sgd = lambda params: torch.optim.SGD(params, lr=1.0)  # noqa: E731
+    sgd = lambda params: torch.optim.SGD(params, lr=1.0)
 
     def replica(comm):
         model = make_model(seed=comm.rank)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        algo = StreamingDiLoCo(model, comm=comm, sync_every=H, codec="topk", error_feedback_decay=0.95,
-                               outer_optimizer=sgd)
+        algo = StreamingDiLoCo(
+            model, comm=comm, sync_every=H, codec="topk", error_feedback_decay=0.95, outer_optimizer=sgd
+        )
         for x, y in batches(comm.rank, steps):
             model(x, y)[1].backward()
             opt.step()

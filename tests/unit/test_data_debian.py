@@ -25,14 +25,22 @@ from diloco.data.debian import (
 )
 
 GCIDE_ENTRIES = [  # (headwords, entry text) in dictionary order, as in gcide.dict.dz
-    (["Abacus"], "Abacus \\Ab\"a*cus\\, n.; pl. L. {Abaci}, E. {Abacuses}.\n"
-                 "   1. A table or tray strewn with sand, anciently used for\n      drawing, calculating, etc.\n"
-                 "      [1913 Webster]\n"),
-    (["Abandon", "Abandoned"], "Abandon \\A*ban\"don\\, v. t.\n   To give up wholly; to forsake.\n"
-                               "      [1913 Webster]\n"),
+    (
+        ["Abacus"],
+        'Abacus \\Ab"a*cus\\, n.; pl. L. {Abaci}, E. {Abacuses}.\n'
+        "   1. A table or tray strewn with sand, anciently used for\n      drawing, calculating, etc.\n"
+        "      [1913 Webster]\n",
+    ),
+    (
+        ["Abandon", "Abandoned"],
+        'Abandon \\A*ban"don\\, v. t.\n   To give up wholly; to forsake.\n      [1913 Webster]\n',
+    ),
     (["Zeal"], "Zeal \\Zeal\\, n.\n   Passionate ardor in the pursuit of anything.   \n      [1913 Webster]\n"),
-    (["1-hitter"], "1-hitter \\1-hitter\\ n.\n   1. a baseball game in which one team's pitchers allow the\n"
-                   "      opposing team only one hit.\n      [WordNet 1.5 +PJC]\n"),
+    (
+        ["1-hitter"],
+        "1-hitter \\1-hitter\\ n.\n   1. a baseball game in which one team's pitchers allow the\n"
+        "      opposing team only one hit.\n      [WordNet 1.5 +PJC]\n",
+    ),
 ]
 
 
@@ -88,8 +96,10 @@ def test_text_trees_keep_prose_and_leave_out_data(tmp_path):
     (lx / "devicetree" / "x.yaml.gz").write_bytes(gzip.compress(b"$id: http://devicetree.org/x\n"))
     (lx / "logo.svg.gz").write_bytes(gzip.compress(b"<svg/>"))
     docs = load_linux_doc(lx)
-    assert [(d.name, d.text) for d in docs] == [("admin-guide/README.rst", "Linux kernel\n============\n\nThere."),
-                                                ("admin-guide/bug.txt", "Reporting bugs.")]
+    assert [(d.name, d.text) for d in docs] == [
+        ("admin-guide/README.rst", "Linux kernel\n============\n\nThere."),
+        ("admin-guide/bug.txt", "Reporting bugs."),
+    ]
     py = tmp_path / "_sources"
     (py / "library").mkdir(parents=True)
     (py / "library" / "os.rst.txt").write_text(":mod:`os` --- Miscellaneous operating system interfaces\n")
@@ -111,8 +121,11 @@ def test_fortunes_read_cookie_files_not_indexes_or_links(tmp_path):
 
 def test_missing_debian_source_names_package_and_apt_command(monkeypatch, tmp_path):
     monkeypatch.setitem(SOURCES, "gcide", dataclasses.replace(SOURCES["gcide"], path=str(tmp_path / "absent")))
-    with pytest.raises(MissingSourceError, match=r"Debian package 'dict-gcide'.*apt-get install "
-                                                 r"--no-install-recommends dict-gcide.*make setup"):
+    with pytest.raises(
+        MissingSourceError,
+        match=r"Debian package 'dict-gcide'.*apt-get install "
+        r"--no-install-recommends dict-gcide.*make setup",
+    ):
         load_documents(("gcide",))
     with pytest.raises(MissingSourceError, match="gcide.dict.dz is missing.*apt-get install"):
         load_gcide(tmp_path)  # a package that looks incomplete says how to reinstall it
@@ -140,14 +153,21 @@ DEBIAN = [name for name in CORPORA["large"] if SOURCES[name].path]
 _ABSENT = [name for name in DEBIAN if SOURCES[name].locate() is None]
 
 
-@pytest.mark.skipif(bool(_ABSENT), reason=f"Debian corpus packages not installed ({', '.join(_ABSENT)}); "
-                                          f"`make setup` as root installs them")
+@pytest.mark.skipif(
+    bool(_ABSENT),
+    reason=f"Debian corpus packages not installed ({', '.join(_ABSENT)}); `make setup` as root installs them",
+)
 def test_installed_debian_sources_load_as_documented():
     # docs/guides/data.md's table: documents and megabytes of normalised text per source. Debian's updates change a
     # package's files a little between versions (linux-doc 6.1.192: 5,127 documents; 6.1.176: 5,128), so the
     # counts are checked to 2 %: a loader that dropped the gzipped files or read the HTML too is far outside.
-    expected = {"gcide": (27, 39.9), "linux-doc": (5127, 28.5), "python-doc": (497, 11.0), "jargon": (1, 1.7),
-                "fortunes": (43, 2.6)}
+    expected = {
+        "gcide": (27, 39.9),
+        "linux-doc": (5127, 28.5),
+        "python-doc": (497, 11.0),
+        "jargon": (1, 1.7),
+        "fortunes": (43, 2.6),
+    }
     for name in DEBIAN:
         docs = load_documents((name,))
         n, mb = expected[name]

@@ -37,11 +37,18 @@ def corpus_dir(tmp_path_factory):
 def test_folder_glob_and_file_name_the_same_documents(corpus_dir):
     files = resolve_paths(str(corpus_dir))
     assert [str(f.relative_to(corpus_dir)) for f in files] == [
-        "argparse.txt", "guides/json.txt", "guides/pathlib.txt", "logging.txt", "notes.md", "rows.jsonl"]
+        "argparse.txt",
+        "guides/json.txt",
+        "guides/pathlib.txt",
+        "logging.txt",
+        "notes.md",
+        "rows.jsonl",
+    ]
     assert all(".hidden" not in str(f) for f in files)
     docs = load_text_documents([str(corpus_dir)])
-    by_glob = load_text_documents([str(corpus_dir / "**" / "*.txt"), str(corpus_dir / "*.md"),
-                                   str(corpus_dir / "rows.jsonl")])
+    by_glob = load_text_documents(
+        [str(corpus_dir / "**" / "*.txt"), str(corpus_dir / "*.md"), str(corpus_dir / "rows.jsonl")]
+    )
     assert sorted(d.text for d in docs) == sorted(d.text for d in by_glob)
     jsonl = [d for d in docs if ":" in d.name.rsplit("/", 1)[-1]]
     assert len(jsonl) > 5 and all(d.name.split(":")[0].endswith("rows.jsonl") for d in jsonl)
@@ -57,7 +64,7 @@ def test_text_sources_train_a_bpe_cached_by_content(corpus_dir, tmp_path):
     text = corpus_dir / "argparse.txt"
     # held-out split per document: each document's validation tail decodes to the end of its text
     span = next(s for s in data.documents if s.name == str(text))
-    tail = data.tokenizer.decode(data.val[span.val_start:span.val_end])
+    tail = data.tokenizer.decode(data.val[span.val_start : span.val_end])
     assert normalize_text(text.read_text(encoding="utf-8")).endswith(tail) and len(tail) > 100
     again = prepare_data([str(corpus_dir)], vocab_size=400, cache_dir=cache, val_fraction=0.1)
     assert again.metadata["from_cache"] and np.array_equal(again.train, data.train)
@@ -77,7 +84,7 @@ def test_your_tokenizer_json_is_used_as_it_is(corpus_dir, tmp_path):
     data = prepare_data([str(corpus_dir)], vocab_size=4096, cache_dir=tmp_path / "c", tokenizer=str(path.parent))
     assert data.vocab_size == mine.vocab_size and data.tokenizer.eod_token == "<|endoftext|>"
     assert data.tokenizer.to_json() == mine.to_json()
-    assert data.train[: 50].tolist() == mine.encode(docs[0].text[: 2000])[: 50]
+    assert data.train[:50].tolist() == mine.encode(docs[0].text[:2000])[:50]
     assert data.metadata["tokenizer_source"] == str(path)
     cached = prepare_data([str(corpus_dir)], vocab_size=4096, cache_dir=tmp_path / "c", tokenizer=str(path))
     assert cached.metadata["from_cache"] and cached.tokenizer.eod_id == data.tokenizer.eod_id
@@ -116,6 +123,7 @@ def test_npy_uint32_and_resume_positions_are_exact(tmp_path):
 
 # -- bad input: a ValueError naming the value and the fix --------------------------------------
 
+
 def test_bad_sources_name_the_value_and_the_fix(tmp_path):
     cache = tmp_path / "c"
     cases = []
@@ -132,7 +140,9 @@ def test_bad_sources_name_the_value_and_the_fix(tmp_path):
     (tmp_path / "data.csv").write_text("a,b\n", encoding="utf-8")
     cases.append(([str(tmp_path / "data.csv")], r"unknown file type '.csv'.*\.txt/\.md/\.jsonl"))
     cases.append(([str(tmp_path / "*.parquet")], r"the glob matches no .*check the pattern"))
-    cases.append((["shakespear"], r"'shakespear': no such file or folder; the bundled sources are bible, fortunes, gcide"))
+    cases.append(
+        (["shakespear"], r"'shakespear': no such file or folder; the bundled sources are bible, fortunes, gcide")
+    )
     np.arange(10, dtype=np.uint16).tofile(tmp_path / "t.bin")
     cases.append(([str(tmp_path / "t.bin"), "bible"], r"cannot be mixed with text"))
     for sources, message in cases:
@@ -143,8 +153,11 @@ def test_bad_sources_name_the_value_and_the_fix(tmp_path):
 
 def test_token_ids_at_or_above_the_vocabulary_are_refused(tmp_path):
     np.array([1, 2, 511, 512, 3], dtype=np.uint16).tofile(tmp_path / "ids.bin")
-    with pytest.raises(ValueError, match=r"ids.bin holds token id 512, which is >= vocab_size=512; set vocab_size "
-                                         r"to at least 513"):
+    with pytest.raises(
+        ValueError,
+        match=r"ids.bin holds token id 512, which is >= vocab_size=512; set vocab_size "
+        r"to at least 513",
+    ):
         prepare_data([str(tmp_path / "ids.bin")], vocab_size=512, cache_dir=tmp_path / "c")
     (tmp_path / "odd.bin").write_bytes(b"\x01\x00\x02")
     with pytest.raises(ValueError, match=r"odd.bin has 3 bytes, not a whole number of uint16 ids"):
@@ -160,5 +173,9 @@ def test_a_tokenizer_without_an_end_of_document_token_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"has none of the end-of-document tokens.*eod_token="):
         prepare_data([str(tmp_path / "a.txt")], vocab_size=300, cache_dir=tmp_path / "c", tokenizer=str(path))
     with pytest.raises(ValueError, match=r"tokenizer='.*missing.json': no such file"):
-        prepare_data([str(tmp_path / "a.txt")], vocab_size=300, cache_dir=tmp_path / "c",
-                     tokenizer=str(tmp_path / "missing.json"))
+        prepare_data(
+            [str(tmp_path / "a.txt")],
+            vocab_size=300,
+            cache_dir=tmp_path / "c",
+            tokenizer=str(tmp_path / "missing.json"),
+        )

@@ -8,8 +8,8 @@ from functools import partial
 
 import pytest
 import torch
-
 from _tiny import batches, make_model
+
 from diloco.algorithm.streaming import StreamingDiLoCo
 from diloco.comm.local import run_replicas
 from diloco.decoupled.learner import Learner
@@ -35,8 +35,11 @@ def _loop(model, algo, steps, rank, *, sleep=0.0):
 
 def run_decoupled(M, steps, *, sleeps=None, learner_steps=None, **kw):
     """M learner threads against one syncer thread; returns (syncer, per-learner (model, learner, seconds))."""
-    sync_kw = {k: kw[k] for k in ("sync_every", "num_fragments", "overlap_steps", "codec", "merge_alpha",
-                                  "overwrite_after") if k in kw}
+    sync_kw = {
+        k: kw[k]
+        for k in ("sync_every", "num_fragments", "overlap_steps", "codec", "merge_alpha", "overwrite_after")
+        if k in kw
+    }
     syncer_kw = {k: v for k, v in kw.items() if k not in ("sync_every", "merge_alpha", "overwrite_after")}
     syncer = Syncer(make_model(seed=0), num_learners=M, **syncer_kw)
 
@@ -72,8 +75,9 @@ def test_synchronous_decoupled_equals_streaming_diloco_bit_for_bit():
         return model, algo
 
     streaming = run_replicas(replica, M, timeout=60)
-    syncer, dec = run_decoupled(M, steps, sync_every=H, num_fragments=P, overlap_steps=tau, codec="fp32",
-                                merge="mean", grace_gamma=0.0)
+    syncer, dec = run_decoupled(
+        M, steps, sync_every=H, num_fragments=P, overlap_steps=tau, codec="fp32", merge="mean", grace_gamma=0.0
+    )
     assert len(syncer.records) == sum(1 for t in range(1, steps + 1) for _ in streaming[0][1].schedule.starts(t))
     assert all(len(r.learners) == M for r in syncer.records)
     glob_s = streaming[0][1].global_named_parameters()
@@ -87,8 +91,9 @@ def test_synchronous_decoupled_equals_streaming_diloco_bit_for_bit():
 
 
 def test_rda_and_a_lossy_codec_train_and_report_weights():
-    syncer, out = run_decoupled(2, 12, sync_every=4, num_fragments=2, overlap_steps=1, codec="fp4_e2m1",
-                                merge="rda", quorum=2)  # K = M: both learners hold the last version
+    syncer, out = run_decoupled(
+        2, 12, sync_every=4, num_fragments=2, overlap_steps=1, codec="fp4_e2m1", merge="rda", quorum=2
+    )  # K = M: both learners hold the last version
     assert syncer.records and all(abs(sum(r.weights) - 1) < 1e-9 for r in syncer.records)
     assert syncer.bytes_received > 0 and syncer.bytes_sent > 0
     glob = syncer.global_named_parameters()
@@ -118,23 +123,27 @@ def one_torch_thread():
 
 
 @pytest.mark.parametrize("overwrite_after", ["send", "arrival"])
-def test_straggler_quorum_one_with_grace_keeps_the_fast_learners_fast_and_full_quorum_waits(one_torch_thread,
-                                                                                           overwrite_after):
+def test_straggler_quorum_one_with_grace_keeps_the_fast_learners_fast_and_full_quorum_waits(
+    one_torch_thread, overwrite_after
+):
     """3 learners, one 3x slower (sleep per step). K = 1 + grace window: the fast ones keep >= 90 % of
     their solo step rate; K = M: they wait for the slow one at every reply and fall to about 1/3.
 
     The slow learner runs 20 steps under K = 1 (the time the fast ones take for 60) and 60 under K = M.
     """
     step, steps = 0.015, 60  # seconds of sleep per step dominate the ~1.5 ms of compute
-    kw = dict(sync_every=4, num_fragments=2, overlap_steps=2, codec="fp32", merge="rda",
-              overwrite_after=overwrite_after)
+    kw = dict(
+        sync_every=4, num_fragments=2, overlap_steps=2, codec="fp32", merge="rda", overwrite_after=overwrite_after
+    )
     _, solo = run_decoupled(1, steps, sleeps=[step], **kw)
     solo_rate = steps / solo[0][2]
     sleeps = [step, step, 3 * step]
     _, k1 = run_decoupled(3, steps, sleeps=sleeps, learner_steps=[60, 60, 20], quorum=1, grace_gamma=0.2, **kw)
     _, km = run_decoupled(3, steps, sleeps=sleeps, learner_steps=[60, 60, 60], quorum=3, grace_gamma=0.2, **kw)
     r1, rm = _fast_rate(k1) / solo_rate, _fast_rate(km) / solo_rate
-    print(f"{overwrite_after}: fast learners' step rate / solo: K=1 + grace {r1:.2f}, K=M {rm:.2f} (solo {solo_rate:.0f} steps/s)")
+    print(
+        f"{overwrite_after}: fast learners' step rate / solo: K=1 + grace {r1:.2f}, K=M {rm:.2f} (solo {solo_rate:.0f} steps/s)"
+    )
     assert r1 >= 0.9
     assert rm < 0.5  # about 1/3: the tau = 2 steps of overlap let them run a little ahead
 
@@ -157,8 +166,9 @@ class _ScriptedChannel:
         from diloco.algorithm.codecs import get_codec
         from diloco.decoupled.messages import Reply
 
-        return Reply(learner=0, fragment=fragment, payload=get_codec("fp32").encode(torch.zeros_like(self.start[0])),
-                     version=1)
+        return Reply(
+            learner=0, fragment=fragment, payload=get_codec("fp32").encode(torch.zeros_like(self.start[0])), version=1
+        )
 
     def wait_reply(self, fragment):
         return self._reply(fragment)
@@ -189,8 +199,9 @@ def test_overwrite_tau_steps_after_sending_or_after_the_reply_arrives(mode, over
 
 
 def test_a_slow_learner_joins_merges_with_positive_weight_under_a_grace_window():
-    syncer, _ = run_decoupled(2, 16, sleeps=[0.005, 0.01], sync_every=4, num_fragments=1, overlap_steps=2,
-                              quorum=1, grace_gamma=0.5)
+    syncer, _ = run_decoupled(
+        2, 16, sleeps=[0.005, 0.01], sync_every=4, num_fragments=1, overlap_steps=2, quorum=1, grace_gamma=0.5
+    )
     assert any(1 in r.learners for r in syncer.records)
     assert all(r.grace_wait <= r.grace_window + 0.5 for r in syncer.records)
 
@@ -228,12 +239,15 @@ class _LateChannel(_ScriptedChannel):
         return self._reply(fragment)
 
 
-@pytest.mark.parametrize("bound, sent, waited_at, overwritten_after", [
-    (20, [8, 24], [], 23),     # rides out 13 steps past t + tau = 10, skips the report due at 16, never waits
-    (5, [8, 16, 24], [15], 15),  # past its bound (10 + 5) it waits at step 15; the next (sent at 16) it rides out
-                                 # from 18 until it comes after step 23, within 18 + 5
-    (0, [8, 16, 24], [10, 18], 10),  # no ride-out: waits at t + tau, the Streaming DiLoCo timing
-])
+@pytest.mark.parametrize(
+    "bound, sent, waited_at, overwritten_after",
+    [
+        (20, [8, 24], [], 23),  # rides out 13 steps past t + tau = 10, skips the report due at 16, never waits
+        (5, [8, 16, 24], [15], 15),  # past its bound (10 + 5) it waits at step 15; the next (sent at 16) it rides out
+        # from 18 until it comes after step 23, within 18 + 5
+        (0, [8, 16, 24], [10, 18], 10),  # no ride-out: waits at t + tau, the Streaming DiLoCo timing
+    ],
+)
 def test_a_learner_rides_out_a_late_reply_for_up_to_its_bound(bound, sent, waited_at, overwritten_after):
     """H = 8, tau = 2; the report after step 8 has its reply visible only after step 23 (the syncer down)."""
     from diloco.algorithm.fragments import flatten
@@ -252,8 +266,13 @@ def test_a_learner_rides_out_a_late_reply_for_up_to_its_bound(bound, sent, waite
         assert algo.ride_outs >= 1 and algo.ride_out_waits == len(waited_at)
         assert algo.skipped_reports == (1 if bound == 20 else 0)
     with pytest.raises(ValueError, match="ride_out_steps=-1"):
-        Learner(make_model(), channel=_ScriptedChannel([flatten(list(model.parameters()))], visible_after=0),
-                learner=0, sync_every=8, ride_out_steps=-1)
+        Learner(
+            make_model(),
+            channel=_ScriptedChannel([flatten(list(model.parameters()))], visible_after=0),
+            learner=0,
+            sync_every=8,
+            ride_out_steps=-1,
+        )
 
 
 def test_learners_that_finish_leave_so_the_last_learners_reports_still_merge():
@@ -264,6 +283,7 @@ def test_learners_that_finish_leave_so_the_last_learners_reports_still_merge():
 
     syncer = Syncer(make_model(seed=0), num_learners=3, quorum=2, grace_gamma=0.0)
     with LocalTransport(syncer, timeout=10) as transport:
+
         def run(m):
             model = make_model(seed=10 + m)
             algo = Learner(model, channel=transport.channel(m), learner=m, sync_every=4, overlap_steps=1)

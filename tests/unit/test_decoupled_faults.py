@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _tiny import make_model
+
 from diloco.algorithm.codecs import get_codec
 from diloco.decoupled.chaos import Chaos, goodput, parse_kills, rejoin_seconds, survivor_stalls
-from diloco.decoupled.checkpoint import (RECORDS, append_records, load_latest_state, load_records, save_state,
-                                        saved_states)
+from diloco.decoupled.checkpoint import (
+    RECORDS,
+    append_records,
+    load_latest_state,
+    load_records,
+    save_state,
+    saved_states,
+)
 from diloco.decoupled.messages import Report
 from diloco.decoupled.syncer import Syncer
 
@@ -19,8 +25,16 @@ def _report(syncer, m, p, theta, *, steps=4, base_version=None, codec="fp32"):
     """Learner m's report of fragment p with values ``theta`` (against the copy the syncer gave it)."""
     base = syncer._base[m][p]
     version = syncer._held[m][p] if base_version is None else base_version
-    return Report(learner=m, fragment=p, payload=get_codec(codec).encode(base - theta), steps=steps,
-                  tokens=steps * 10.0, step_time=0.0, sent_after_step=steps, base_version=version)
+    return Report(
+        learner=m,
+        fragment=p,
+        payload=get_codec(codec).encode(base - theta),
+        steps=steps,
+        tokens=steps * 10.0,
+        step_time=0.0,
+        sent_after_step=steps,
+        base_version=version,
+    )
 
 
 def _syncer(M=2, **kw):
@@ -56,10 +70,12 @@ def test_with_k_equal_m_a_restarted_learner_falls_in_step_and_nobody_deadlocks()
 
     syncer = _syncer(M=2, quorum=2, num_fragments=2, overlap_steps=1)
     with LocalTransport(syncer, timeout=20) as transport:
-        a = Learner(make_model(seed=1), channel=transport.channel(0), learner=0, sync_every=8, num_fragments=2,
-                    overlap_steps=1)
-        b = Learner(make_model(seed=2), channel=transport.channel(1), learner=1, sync_every=8, num_fragments=2,
-                    overlap_steps=1)
+        a = Learner(
+            make_model(seed=1), channel=transport.channel(0), learner=0, sync_every=8, num_fragments=2, overlap_steps=1
+        )
+        b = Learner(
+            make_model(seed=2), channel=transport.channel(1), learner=1, sync_every=8, num_fragments=2, overlap_steps=1
+        )
         for _ in range(5):  # both report the first fragment after step 4 and apply the reply after step 5
             for learner in (a, b):
                 learner.after_optimizer_step(tokens=1)
@@ -67,8 +83,9 @@ def test_with_k_equal_m_a_restarted_learner_falls_in_step_and_nobody_deadlocks()
             a.after_optimizer_step(tokens=1)
         b.after_optimizer_step(tokens=1)
         b.after_optimizer_step(tokens=1)
-        b2 = Learner(make_model(seed=3), channel=transport.channel(1), learner=1, sync_every=8, num_fragments=2,
-                     overlap_steps=1)  # the restart
+        b2 = Learner(
+            make_model(seed=3), channel=transport.channel(1), learner=1, sync_every=8, num_fragments=2, overlap_steps=1
+        )  # the restart
         assert b2.step_count == 8 and b2.incarnation == 1
         for _ in range(8):  # without the alignment learner 0 would wait forever at step 9
             for learner in (a, b2):
@@ -114,6 +131,7 @@ def test_a_syncer_restored_from_its_state_mid_run_continues_exactly(codec):
                 for p in range(2):
                     noise = torch.randn(s._snapshot[p].shape, generator=gen) * 0.01
                     s.receive(_report(s, m, p, s._base[m][p] + noise, steps=4 + step, codec=codec))
+
     torch.manual_seed(0)
     feed(a, range(3))
     state = a.state_dict()
@@ -131,7 +149,7 @@ def test_a_syncer_restored_from_its_state_mid_run_continues_exactly(codec):
 def test_checkpoint_files_are_atomic_keep_k_and_a_damaged_newest_falls_back(tmp_path, capsys):
     syncer = _syncer(M=1, quorum=1)
     syncer.join(0)
-    for i in range(4):
+    for _ in range(4):
         syncer.receive(_report(syncer, 0, 0, syncer._snapshot[0] + 0.1))
         save_state(tmp_path, {"syncer": syncer.state_dict()}, merges=len(syncer.records), keep=2)
     assert [p.name for p in saved_states(tmp_path)] == ["syncer-00000003.pt", "syncer-00000004.pt"]
@@ -175,7 +193,7 @@ def test_checkpoints_stay_one_size_however_many_merges_and_the_records_come_back
 def test_records_of_merges_whose_state_never_landed_are_dropped_and_a_short_log_is_refused(tmp_path):
     syncer, written = _syncer(M=1, quorum=1), 0
     syncer.join(0)
-    for i in range(3):
+    for _ in range(3):
         syncer.receive(_report(syncer, 0, 0, syncer._snapshot[0] + 0.1))
         written = _checkpoint_as_the_actor_does(syncer, tmp_path, written)
     # a fourth merge reached the log but the syncer died before its state was written, mid-way through a fifth row
@@ -226,8 +244,17 @@ def test_chaos_events_fixed_and_poisson_and_bad_settings():
 def _rows(m, inc, t0, n, dt, synced_every=4, start=0):
     rows = [{"learner": m, "incarnation": inc, "event": "joined", "t": t0}]
     for i in range(1, n + 1):
-        rows.append({"learner": m, "incarnation": inc, "step": start + i, "t": t0 + i * dt, "dt": dt,
-                     "compute_s": dt, "synced": [0] if i % synced_every == 0 else []})
+        rows.append(
+            {
+                "learner": m,
+                "incarnation": inc,
+                "step": start + i,
+                "t": t0 + i * dt,
+                "dt": dt,
+                "compute_s": dt,
+                "synced": [0] if i % synced_every == 0 else [],
+            }
+        )
     return rows
 
 
@@ -238,10 +265,16 @@ def test_stalls_rejoin_and_goodput_from_the_logs():
     rows[50]["dt"] = 0.25  # one slow survivor step after the kill (t = 5.0 is before it: not counted)
     slow_after = next(r for r in rows if r["learner"] == 0 and r.get("step") == 105)
     slow_after["dt"] = 0.15
-    merges = [{"at": 12.5, "learners": [0, 1], "weights": [1.0, 0.0]},
-              {"at": 12.9, "learners": [0, 1], "weights": [0.6, 0.4]}]
+    merges = [
+        {"at": 12.5, "learners": [0, 1], "weights": [1.0, 0.0]},
+        {"at": 12.9, "learners": [0, 1], "weights": [0.6, 0.4]},
+    ]
     (stall,) = survivor_stalls(rows, kill_at=10.0, killed=1, window_s=5.0)
-    assert stall.learner == 0 and stall.worst_step_ratio == pytest.approx(1.5) and stall.steps_kept == pytest.approx(1.0, abs=0.05)
+    assert (
+        stall.learner == 0
+        and stall.worst_step_ratio == pytest.approx(1.5)
+        and stall.steps_kept == pytest.approx(1.0, abs=0.05)
+    )
     assert rejoin_seconds(rows, merges, learner=1, incarnation=1) == pytest.approx(0.9)
     assert rejoin_seconds(rows, merges, learner=1, incarnation=2) is None
     g = goodput(rows, num_learners=2, wall_s=20.0)
@@ -279,9 +312,16 @@ def test_a_stale_learners_outer_gradient_against_theta_or_against_its_own_copy(o
     """Outer SGD lr 1, no momentum, K = 1, every merge a whole step. Learner 0 moves Theta by 0.5; then learner 1, still holding the
     old copy b, reports b - d. 'global': Delta = Theta - (b - d), so Theta becomes learner 1's values b - d
     (learner 0's progress undone); 'own': Delta = b - (b - d) = d, so Theta moves by d from where it is."""
-    syncer = Syncer(make_model(seed=0), num_learners=2, quorum=1, grace_gamma=0.0, merge="mean",
-                    outer_gradient=outer_gradient, outer_scale="none",
-                    outer_optimizer=lambda p: torch.optim.SGD(p, lr=1.0))
+    syncer = Syncer(
+        make_model(seed=0),
+        num_learners=2,
+        quorum=1,
+        grace_gamma=0.0,
+        merge="mean",
+        outer_gradient=outer_gradient,
+        outer_scale="none",
+        outer_optimizer=lambda p: torch.optim.SGD(p, lr=1.0),
+    )
     for m in (0, 1):
         syncer.join(m)
     b = syncer._snapshot[0].clone()
@@ -297,8 +337,15 @@ def test_a_stale_learners_outer_gradient_against_theta_or_against_its_own_copy(o
 
 
 def test_outer_scale_share_makes_a_merge_of_k_of_m_learners_a_k_over_m_share_of_an_outer_step():
-    syncer = Syncer(make_model(seed=0), num_learners=2, quorum=1, grace_gamma=0.0, merge="mean",
-                    outer_scale="share", outer_optimizer=lambda p: torch.optim.SGD(p, lr=1.0))
+    syncer = Syncer(
+        make_model(seed=0),
+        num_learners=2,
+        quorum=1,
+        grace_gamma=0.0,
+        merge="mean",
+        outer_scale="share",
+        outer_optimizer=lambda p: torch.optim.SGD(p, lr=1.0),
+    )
     for m in (0, 1):
         syncer.join(m)
     b = syncer._snapshot[0].clone()

@@ -6,13 +6,18 @@ import math
 
 import pytest
 import torch
+from _tiny import make_model
 from torch.testing import assert_close
 
-from _tiny import make_model
 from diloco.algorithm.fragments import balanced_groups, split_fragments
 from diloco.decoupled.grace import GraceWindow, check_grace, ema, grace_seconds
-from diloco.decoupled.merge import (check_merge, merge_outer_gradients, radial_directional_average, token_weights,
-                                    weighted_mean)
+from diloco.decoupled.merge import (
+    check_merge,
+    merge_outer_gradients,
+    radial_directional_average,
+    token_weights,
+    weighted_mean,
+)
 
 
 def test_token_weights_closed_form():
@@ -61,8 +66,8 @@ def test_merge_is_per_tensor_with_the_mean_for_embeddings():
     d1 = torch.tensor([2.0, 0.0, 2.0, 0.0])
     d2 = torch.tensor([0.0, 2.0, 0.0, 2.0])
     out = merge_outer_gradients([d1, d2], [0.5, 0.5], sizes=[2, 2], embedding=[True, False], merge="rda")
-    assert_close(out[:2], torch.tensor([1.0, 1.0]))                     # mean: norm sqrt(2)
-    assert_close(out[2:], torch.tensor([math.sqrt(2), math.sqrt(2)]))    # RDA: norm 2 kept
+    assert_close(out[:2], torch.tensor([1.0, 1.0]))  # mean: norm sqrt(2)
+    assert_close(out[2:], torch.tensor([math.sqrt(2), math.sqrt(2)]))  # RDA: norm 2 kept
     mean = merge_outer_gradients([d1, d2], [0.5, 0.5], sizes=[2, 2], embedding=[True, False], merge="mean")
     assert_close(mean, torch.tensor([1.0, 1.0, 1.0, 1.0]))
     # a learner of weight 0 takes no part
@@ -85,12 +90,15 @@ def test_grace_window_closed_form_and_emas():
     assert g.seconds() == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(gamma=-0.1, decay=0.9, overlap_steps=1), "grace_gamma=-0.1"),
-    (dict(gamma=1.0, decay=0.9, overlap_steps=1), "grace_gamma=1.0"),
-    (dict(gamma=0.2, decay=0.9, overlap_steps=-1), "tau >= 0"),
-    (dict(gamma=0.2, decay=1.5, overlap_steps=1), "grace_ema_decay=1.5"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(gamma=-0.1, decay=0.9, overlap_steps=1), "grace_gamma=-0.1"),
+        (dict(gamma=1.0, decay=0.9, overlap_steps=1), "grace_gamma=1.0"),
+        (dict(gamma=0.2, decay=0.9, overlap_steps=-1), "tau >= 0"),
+        (dict(gamma=0.2, decay=1.5, overlap_steps=1), "grace_ema_decay=1.5"),
+    ],
+)
 def test_grace_settings_that_cannot_fit_are_refused(kw, match):
     with pytest.raises(ValueError, match=match):
         check_grace(**kw)

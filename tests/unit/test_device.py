@@ -31,8 +31,22 @@ def test_train_on_an_unusable_cuda_device_writes_nothing(tmp_path, capsys, where
         out.mkdir()
         (out / "notes.txt").write_text("mine")
     before = sorted(p.name for p in out.iterdir()) if out.exists() else None
-    code = cli_main(["train", "--preset", "tiny", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
-                     "--no-progress", "--set", "steps=2", "--device", _unusable_cuda()])
+    code = cli_main(
+        [
+            "train",
+            "--preset",
+            "tiny",
+            "--out",
+            str(out),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--no-progress",
+            "--set",
+            "steps=2",
+            "--device",
+            _unusable_cuda(),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("diloco train: error: --device cuda") and "Traceback" not in err
@@ -42,7 +56,19 @@ def test_train_on_an_unusable_cuda_device_writes_nothing(tmp_path, capsys, where
 
 def test_compare_on_an_unusable_cuda_device_writes_nothing(tmp_path, capsys):
     out = tmp_path / "cmp"
-    code = cli_main(["compare", "--preset", "tiny", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
-                     "--no-progress", "--device", _unusable_cuda()])
+    code = cli_main(
+        [
+            "compare",
+            "--preset",
+            "tiny",
+            "--out",
+            str(out),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--no-progress",
+            "--device",
+            _unusable_cuda(),
+        ]
+    )
     assert code == 2 and capsys.readouterr().err.startswith("diloco compare: error: --device cuda")
     assert not out.exists()

@@ -14,13 +14,21 @@ def cfg(**kw) -> TrainConfig:
 
 def test_the_first_evaluation_is_the_reference_and_three_times_it_stops_the_run():
     guard = DivergenceGuard(cfg(inner_lr=0.5, outer_lr=0.7))
-    guard.check_eval(5.0, step=20)          # the reference
-    guard.check_eval(14.9, step=40)         # 2.98 x: still on
+    guard.check_eval(5.0, step=20)  # the reference
+    guard.check_eval(14.9, step=40)  # 2.98 x: still on
     with pytest.raises(DivergenceError) as err:
         guard.check_eval(15.5, step=60)
     msg = str(err.value)
-    for part in ("step 60", "15.5", "3.1 x the reference 5", "5 at step 20", "diverge_factor=3", "inner_lr=0.5", "outer_lr=0.7",
-                 "No checkpoint of this state was written"):
+    for part in (
+        "step 60",
+        "15.5",
+        "3.1 x the reference 5",
+        "5 at step 20",
+        "diverge_factor=3",
+        "inner_lr=0.5",
+        "outer_lr=0.7",
+        "No checkpoint of this state was written",
+    ):
         assert part in msg, (part, msg)
 
 
@@ -57,6 +65,7 @@ def test_an_aborted_local_transport_stops_a_learner_waiting_for_its_reply():
     import time
 
     from _tiny import make_model
+
     from diloco.comm.base import CommError
     from diloco.decoupled.local import LocalTransport
     from diloco.decoupled.syncer import Syncer

@@ -19,8 +19,14 @@ class _Scalar(torch.nn.Module):
 
 
 def _algo(model, comm, alpha):
-    return StreamingDiLoCo(model, comm=comm, sync_every=2, overlap_steps=1, merge_alpha=alpha,
-                           outer_optimizer=partial(torch.optim.SGD, lr=0.5))
+    return StreamingDiLoCo(
+        model,
+        comm=comm,
+        sync_every=2,
+        overlap_steps=1,
+        merge_alpha=alpha,
+        outer_optimizer=partial(torch.optim.SGD, lr=0.5),
+    )
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0])

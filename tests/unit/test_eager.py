@@ -8,14 +8,14 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
-
 from _tiny import ConstantStep, Scalar, batches, make_model
+
+from diloco.algorithm.codecs import get_codec
 from diloco.algorithm.schedule import Schedule
 from diloco.algorithm.streaming import StreamingDiLoCo
 from diloco.comm.local import run_replicas
 from diloco.sim.dag import ComputeStream, SyncPlan, simulate_utilization
 from diloco.traffic import all_gather_bytes
-from diloco.algorithm.codecs import get_codec
 
 SGD_LR1 = partial(torch.optim.SGD, lr=1.0)
 
@@ -58,8 +58,13 @@ def run(M, steps, make_algo, *, cut=None, flush=True):
 def test_eager_with_one_replica_is_diloco_bit_for_bit(codec, P):
     H, steps = 4, 14  # ends mid-window: the flush lands an exchange in flight
     plain = run(1, steps, lambda m, c: StreamingDiLoCo(m, comm=c, sync_every=H, num_fragments=P, codec=codec))
-    eager = run(1, steps, lambda m, c: StreamingDiLoCo(m, comm=c, sync_every=H, num_fragments=P, codec=codec,
-                                                       overlap_steps=H, eager=True))
+    eager = run(
+        1,
+        steps,
+        lambda m, c: StreamingDiLoCo(
+            m, comm=c, sync_every=H, num_fragments=P, codec=codec, overlap_steps=H, eager=True
+        ),
+    )
     (m_plain, a_plain), (m_eager, a_eager) = plain[0], eager[0]
     for a, b in zip(m_plain.parameters(), m_eager.parameters(), strict=True):
         assert torch.equal(a, b)
@@ -81,8 +86,7 @@ def test_eager_two_replicas_apply_every_contribution_once_over_two_rounds():
     def replica(comm):
         model = Scalar()
         opt = ConstantStep(model.parameters(), cs[comm.rank])
-        algo = StreamingDiLoCo(model, comm=comm, sync_every=H, overlap_steps=H, eager=True,
-                               outer_optimizer=SGD_LR1)
+        algo = StreamingDiLoCo(model, comm=comm, sync_every=H, overlap_steps=H, eager=True, outer_optimizer=SGD_LR1)
         seen = []
         for t in range(1, H * rounds + 1):
             opt.step()
@@ -100,8 +104,13 @@ def test_eager_two_replicas_apply_every_contribution_once_over_two_rounds():
 
 def test_eager_bytes_equal_the_traffic_function():
     H, P, steps, M = 4, 2, 12, 2
-    out = run(M, steps, lambda m, c: StreamingDiLoCo(m, comm=c, sync_every=H, num_fragments=P, codec="stat2",
-                                                     overlap_steps=H, eager=True))
+    out = run(
+        M,
+        steps,
+        lambda m, c: StreamingDiLoCo(
+            m, comm=c, sync_every=H, num_fragments=P, codec="stat2", overlap_steps=H, eager=True
+        ),
+    )
     codec = get_codec("stat2")
     for _, algo in out:
         schedule = algo.schedule
@@ -109,8 +118,9 @@ def test_eager_bytes_equal_the_traffic_function():
         expected = sum(all_gather_bytes(codec.num_bytes(algo.fragment_sizes()[p]), M).sent for p in starts)
         assert algo.comm.stats.bytes_sent == expected
         # tau = H: every fragment's exchange is in flight at once (between its sends)
-        assert algo.comm.stats.peak_in_flight == sum(all_gather_bytes(codec.num_bytes(n), M).sent
-                                                     for n in algo.fragment_sizes())
+        assert algo.comm.stats.peak_in_flight == sum(
+            all_gather_bytes(codec.num_bytes(n), M).sent for n in algo.fragment_sizes()
+        )
 
 
 @pytest.mark.parametrize("codec, decay", [("fp32", 0.0), ("topk", 0.95)])
@@ -118,8 +128,16 @@ def test_eager_resume_is_bit_identical_with_shares_and_accumulators_in_flight(co
     H, P, steps, cut = 4, 2, 14, 7
 
     def make(m, c):
-        return StreamingDiLoCo(m, comm=c, sync_every=H, num_fragments=P, overlap_steps=H, eager=True, codec=codec,
-                               error_feedback_decay=decay)
+        return StreamingDiLoCo(
+            m,
+            comm=c,
+            sync_every=H,
+            num_fragments=P,
+            overlap_steps=H,
+            eager=True,
+            codec=codec,
+            error_feedback_decay=decay,
+        )
 
     full = run(2, steps, make)
     resumed = run(2, steps, make, cut=cut)
@@ -139,13 +157,14 @@ def test_eager_resume_is_bit_identical_with_shares_and_accumulators_in_flight(co
 def test_eager_state_counts_one_share_buffer_per_fragment():
     def replica(comm):
         model = make_model(seed=0)
-        algo = StreamingDiLoCo(model, comm=comm, sync_every=2, num_fragments=2, overlap_steps=2, eager=True,
-                               error_feedback_decay=0.9)
+        algo = StreamingDiLoCo(
+            model, comm=comm, sync_every=2, num_fragments=2, overlap_steps=2, eager=True, error_feedback_decay=0.9
+        )
         for _ in range(2):
             algo.step()
         return algo.state_bytes(), sum(algo.fragment_sizes())
 
-    (state, n), = run_replicas(replica, 1)
+    ((state, n),) = run_replicas(replica, 1)
     assert state["eager_shares"] == 4 * n and state["error_feedback"] == 4 * n and state["global"] == 4 * n
 
 
@@ -185,9 +204,14 @@ def test_eager_utilization_curve_is_never_below_overlap_of_one_step():
     from diloco.sim.utilization import diloco, utilization_curve
 
     model, bw = preset("100B"), bandwidth_grid(0.01, 100, 21)
-    tau0, tau1, eager = (utilization_curve(model, m, bw) for m in (
-        diloco(sync_every=100, bits=4), diloco(sync_every=100, bits=4, overlap_steps=1),
-        diloco(sync_every=100, bits=4, eager=True)))
+    tau0, tau1, eager = (
+        utilization_curve(model, m, bw)
+        for m in (
+            diloco(sync_every=100, bits=4),
+            diloco(sync_every=100, bits=4, overlap_steps=1),
+            diloco(sync_every=100, bits=4, eager=True),
+        )
+    )
     assert np.all(eager >= tau1 - 1e-12) and np.all(tau1 >= tau0 - 1e-12)
     assert np.any(eager > tau1 + 0.2)  # a whole outer step hides far more than one inner step
 
@@ -197,8 +221,16 @@ def test_eager_run_flushed_then_continued_equals_its_resumed_continuation():
     H, P, first, more = 4, 2, 10, 6
 
     def make(m, c):
-        return StreamingDiLoCo(m, comm=c, sync_every=H, num_fragments=P, overlap_steps=H, eager=True,
-                               codec="stat4", error_feedback_decay=0.9)
+        return StreamingDiLoCo(
+            m,
+            comm=c,
+            sync_every=H,
+            num_fragments=P,
+            overlap_steps=H,
+            eager=True,
+            codec="stat4",
+            error_feedback_decay=0.9,
+        )
 
     def replica(comm):
         data = batches(comm.rank, first + more)
@@ -225,8 +257,9 @@ def test_eager_run_flushed_then_continued_equals_its_resumed_continuation():
                 o.zero_grad()
                 a.step()
             a.flush()
-        return [torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters())] + \
-               [torch.equal(a, b) for a, b in zip(algo.global_flat, algo2.global_flat)]
+        return [torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters())] + [
+            torch.equal(a, b) for a, b in zip(algo.global_flat, algo2.global_flat)
+        ]
 
     for same in run_replicas(replica, 2, timeout=60):
         assert all(same)

@@ -6,7 +6,12 @@ import math
 import pytest
 
 from diloco.files import (
-    append_jsonl, atomic_write_bytes, default_cache_dir, dumps_strict, read_jsonl, write_json,
+    append_jsonl,
+    atomic_write_bytes,
+    default_cache_dir,
+    dumps_strict,
+    read_jsonl,
+    write_json,
 )
 
 
@@ -64,6 +69,7 @@ def test_cache_dir_honours_env(monkeypatch, tmp_path):
 
 def test_atomic_writes_get_the_usual_mode(tmp_path):
     from diloco.files import _FILE_MODE
+
     p = tmp_path / "m.json"
     write_json(p, {"a": 1})
     assert (p.stat().st_mode & 0o777) == _FILE_MODE

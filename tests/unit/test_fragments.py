@@ -1,7 +1,7 @@
 import pytest
+from _tiny import make_model
 from torch import nn
 
-from _tiny import make_model
 from diloco.algorithm.fragments import split_fragments
 
 
@@ -56,7 +56,9 @@ def test_errors_name_the_values():
         split_fragments(make_model(), 2, pattern="random")
 
 
-@pytest.mark.parametrize("pattern, expected", [("strided", [[0, 2, 4], [1, 3, 5]]), ("sequential", [[0, 1, 2], [3, 4, 5]])])
+@pytest.mark.parametrize(
+    "pattern, expected", [("strided", [[0, 2, 4], [1, 3, 5]]), ("sequential", [[0, 1, 2], [3, 4, 5]])]
+)
 def test_a_bare_stack_of_blocks_splits_its_blocks_over_every_fragment(pattern, expected):
     """Nothing trains outside the blocks: no fragment is kept empty for it (it used to fail: "fragment 0 is empty")."""
     stack = nn.ModuleList(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)) for _ in range(6))

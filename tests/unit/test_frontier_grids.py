@@ -11,8 +11,9 @@ ROOT = Path(__file__).parents[2]
 
 @pytest.fixture(scope="module")
 def wg():
-    spec = importlib.util.spec_from_file_location("frontier_write_grids",
-                                                  ROOT / "studies" / "frontier" / "write_grids.py")
+    spec = importlib.util.spec_from_file_location(
+        "frontier_write_grids", ROOT / "studies" / "frontier" / "write_grids.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -23,16 +24,21 @@ def _row(method, best, tried, batch=8, size="cpu-0.1m"):
 
 
 def test_bracketing_halves_and_doubles_one_lr_and_steps_past_an_edge(wg):
-    rows = [_row("dp", 0.032, [0.032]),                            # one lr: both neighbours
-            _row("stat2-ef0.9", 0.016, [0.016, 0.032]),            # best at the low edge: half it
-            _row("stat4-ef0.9", 0.032, [0.016, 0.032]),            # best at the high edge: twice it
-            _row("streaming-fp4-tau1", 0.016, [0.008, 0.016, 0.032]),  # bracketed: nothing
-            _row("dp", 0.032, [0.032], batch=16),                  # another batch: not this one's
-            _row("no-such-method", 0.01, [0.01])]                  # not a method of the study: skipped
+    rows = [
+        _row("dp", 0.032, [0.032]),  # one lr: both neighbours
+        _row("stat2-ef0.9", 0.016, [0.016, 0.032]),  # best at the low edge: half it
+        _row("stat4-ef0.9", 0.032, [0.016, 0.032]),  # best at the high edge: twice it
+        _row("streaming-fp4-tau1", 0.016, [0.008, 0.016, 0.032]),  # bracketed: nothing
+        _row("dp", 0.032, [0.032], batch=16),  # another batch: not this one's
+        _row("no-such-method", 0.01, [0.01]),
+    ]  # not a method of the study: skipped
     out = wg.bracketing("cpu-0.1m", 8, rows)
     assert {name: g["inner_lr"] for name, g in out.items()} == {
-        "cpu-0.1m-b8-dp-lr0.016": [0.016], "cpu-0.1m-b8-dp-lr0.064": [0.064],
-        "cpu-0.1m-b8-stat2-ef0.9-lr0.008": [0.008], "cpu-0.1m-b8-stat4-ef0.9-lr0.064": [0.064]}
+        "cpu-0.1m-b8-dp-lr0.016": [0.016],
+        "cpu-0.1m-b8-dp-lr0.064": [0.064],
+        "cpu-0.1m-b8-stat2-ef0.9-lr0.008": [0.008],
+        "cpu-0.1m-b8-stat4-ef0.9-lr0.064": [0.064],
+    }
     grid = out["cpu-0.1m-b8-stat4-ef0.9-lr0.064"]
     template = wg.grids("cpu-0.1m", (8,))["cpu-0.1m-b8-stat4-ef0.9"]
     assert grid["base"] == template["base"] and grid["global_batch"] == [8] and grid["outer_lr"] == template["outer_lr"]
@@ -40,11 +46,16 @@ def test_bracketing_halves_and_doubles_one_lr_and_steps_past_an_edge(wg):
 
 
 def test_another_batch_at_each_methods_best_lr(wg):
-    rows = [_row("dp", 0.032, [0.016, 0.032, 0.064], batch=16), _row("eager-fp4-mom0.5", 0.016, [0.016], batch=16),
-            _row("dp", 0.008, [0.008], batch=32)]
+    rows = [
+        _row("dp", 0.032, [0.016, 0.032, 0.064], batch=16),
+        _row("eager-fp4-mom0.5", 0.016, [0.016], batch=16),
+        _row("dp", 0.008, [0.008], batch=32),
+    ]
     out = wg.at_best_lr("cpu-0.1m", 8, 16, rows)
     assert {name: g["inner_lr"] for name, g in out.items()} == {
-        "cpu-0.1m-b8-dp-lr0.032": [0.032], "cpu-0.1m-b8-eager-fp4-mom0.5-lr0.016": [0.016]}
+        "cpu-0.1m-b8-dp-lr0.032": [0.032],
+        "cpu-0.1m-b8-eager-fp4-mom0.5-lr0.016": [0.016],
+    }
     assert out["cpu-0.1m-b8-eager-fp4-mom0.5-lr0.016"]["base"]["eager"] is True
 
 
@@ -93,28 +104,54 @@ def test_every_gpu_grid_is_its_cpu_grid_but_for_device_data_files_and_folder(wg,
 
 
 def _rec(method, batch, lr, loss, seed=0):
-    from_cpu = {"dp": ("dp", 0.7, {}), "streaming-fp4-tau1": ("streaming", 0.7, {"num_fragments": 3, "overlap_steps": 1,
-                "merge_alpha": 0.5, "codec": "fp4_e3m0", "outer_momentum": 0.9})}[method]
-    return {"status": "ok", "size": "cpu-1m", "method": from_cpu[0], "outer_lr": from_cpu[1], "base": from_cpu[2],
-            "global_batch": batch, "inner_lr": lr, "eval_loss": loss, "seed": seed}
+    from_cpu = {
+        "dp": ("dp", 0.7, {}),
+        "streaming-fp4-tau1": (
+            "streaming",
+            0.7,
+            {"num_fragments": 3, "overlap_steps": 1, "merge_alpha": 0.5, "codec": "fp4_e3m0", "outer_momentum": 0.9},
+        ),
+    }[method]
+    return {
+        "status": "ok",
+        "size": "cpu-1m",
+        "method": from_cpu[0],
+        "outer_lr": from_cpu[1],
+        "base": from_cpu[2],
+        "global_batch": batch,
+        "inner_lr": lr,
+        "eval_loss": loss,
+        "seed": seed,
+    }
 
 
 def test_the_second_gpu_stage_steps_past_edges_and_adds_seeds(gg):
-    records = [_rec("dp", 128, 0.008, 3.4), _rec("dp", 128, 0.016, 3.3),               # best at the high edge
-               _rec("dp", 64, 0.008, 3.45), _rec("dp", 64, 0.016, 3.5),                # best at the low edge
-               _rec("dp", 256, 0.016, 3.6), _rec("dp", 128, 0.016, 3.0, seed=1),       # another seed: not a choice
-               _rec("streaming-fp4-tau1", 64, 0.004, 3.5), _rec("streaming-fp4-tau1", 64, 0.008, 3.4),
-               _rec("streaming-fp4-tau1", 64, 0.016, 3.45), _rec("streaming-fp4-tau1", 128, 0.008, 3.6)]
+    records = [
+        _rec("dp", 128, 0.008, 3.4),
+        _rec("dp", 128, 0.016, 3.3),  # best at the high edge
+        _rec("dp", 64, 0.008, 3.45),
+        _rec("dp", 64, 0.016, 3.5),  # best at the low edge
+        _rec("dp", 256, 0.016, 3.6),
+        _rec("dp", 128, 0.016, 3.0, seed=1),  # another seed: not a choice
+        _rec("streaming-fp4-tau1", 64, 0.004, 3.5),
+        _rec("streaming-fp4-tau1", 64, 0.008, 3.4),
+        _rec("streaming-fp4-tau1", 64, 0.016, 3.45),
+        _rec("streaming-fp4-tau1", 128, 0.008, 3.6),
+    ]
     out = gg.next_stage("cpu-1m", records)
     assert {k: (g["global_batch"], g["inner_lr"], g["seed"]) for k, g in out.items()} == {
-        "cpu-1m-b64-dp-lr0.004": ([64], [0.004], 0), "cpu-1m-b128-dp-lr0.032": ([128], [0.032], 0),
-        "cpu-1m-b256-dp-lr0.008": ([256], [0.008], 0), "cpu-1m-b256-dp-lr0.032": ([256], [0.032], 0),  # one lr
-        "cpu-1m-b128-dp-seed1": ([128], [0.016], 1), "cpu-1m-b128-dp-seed2": ([128], [0.016], 2),
+        "cpu-1m-b64-dp-lr0.004": ([64], [0.004], 0),
+        "cpu-1m-b128-dp-lr0.032": ([128], [0.032], 0),
+        "cpu-1m-b256-dp-lr0.008": ([256], [0.008], 0),
+        "cpu-1m-b256-dp-lr0.032": ([256], [0.032], 0),  # one lr
+        "cpu-1m-b128-dp-seed1": ([128], [0.016], 1),
+        "cpu-1m-b128-dp-seed2": ([128], [0.016], 2),
         "cpu-1m-b32-streaming-fp4-tau1": ([32], [0.004, 0.008], 0),  # best batch 64 at the low edge of 64, 128
         "cpu-1m-b128-streaming-fp4-tau1-lr0.004": ([128], [0.004], 0),  # one lr tried at 128: both neighbours
         "cpu-1m-b128-streaming-fp4-tau1-lr0.016": ([128], [0.016], 0),
         "cpu-1m-b64-streaming-fp4-tau1-seed1": ([64], [0.008], 1),
-        "cpu-1m-b64-streaming-fp4-tau1-seed2": ([64], [0.008], 2)}
+        "cpu-1m-b64-streaming-fp4-tau1-seed2": ([64], [0.008], 2),
+    }
     assert [g["global_batch"][0] for g in out.values()] == sorted(g["global_batch"][0] for g in out.values())
 
 

@@ -68,8 +68,7 @@ def test_goodput_falls_with_chips(method):
 @pytest.mark.parametrize("method", METHODS)
 def test_goodput_falls_with_recovery_time(method):
     medians = [1, 10, 45.8, 300, 3600]
-    g = np.array([goodput(method, chips=600_000, learners=4, model=FailureModel(recovery_median_s=r))
-                  for r in medians])
+    g = np.array([goodput(method, chips=600_000, learners=4, model=FailureModel(recovery_median_s=r)) for r in medians])
     assert np.all(np.diff(g) < 0), g
     heavier = goodput(method, chips=600_000, learners=4, model=FailureModel(recovery_sigma=2.0))
     assert heavier < goodput(method, chips=600_000, learners=4)  # same median, heavier tail: larger mean
@@ -104,21 +103,26 @@ def test_stragglers_slow_only_the_methods_that_wait():
     assert straggler_factor(FailureModel(slowdowns=(1.0,) * 7 + (1.18,)), waits=True) == pytest.approx(8.18 / 8 / 1.18)
     for method in ("dp", "dp_elastic", "synchronous"):
         assert goodput(method, chips=1e5, learners=2, model=slow) == pytest.approx(
-            goodput(method, chips=1e5, learners=2) * 2.18 / 2 / 1.18)
+            goodput(method, chips=1e5, learners=2) * 2.18 / 2 / 1.18
+        )
     assert goodput("decoupled", chips=1e5, learners=2, model=slow) == goodput("decoupled", chips=1e5, learners=2)
 
 
-@pytest.mark.parametrize("method, chips, learners, changes", [
-    ("dp", 150_000, 1, {}),
-    ("dp", 1_200_000, 1, {"checkpoint_interval_s": 20.0}),
-    ("dp_elastic", 2_400_000, 1, {"slice_chips": 4096, "recovery_median_s": 600.0}),
-    ("synchronous", 600_000, 4, {"slowdowns": (1.0, 1.1, 1.0, 1.18)}),
-    ("decoupled", 2_400_000, 16, {}),
-])
+@pytest.mark.parametrize(
+    "method, chips, learners, changes",
+    [
+        ("dp", 150_000, 1, {}),
+        ("dp", 1_200_000, 1, {"checkpoint_interval_s": 20.0}),
+        ("dp_elastic", 2_400_000, 1, {"slice_chips": 4096, "recovery_median_s": 600.0}),
+        ("synchronous", 600_000, 4, {"slowdowns": (1.0, 1.1, 1.0, 1.18)}),
+        ("decoupled", 2_400_000, 16, {}),
+    ],
+)
 def test_monte_carlo_agrees_with_the_closed_form(method, chips, learners, changes):
     model = FailureModel(**changes)
-    mc = simulate_goodput(method, chips=chips, learners=learners, model=model, failures_per_unit=600, num_runs=24,
-                          seed=1)
+    mc = simulate_goodput(
+        method, chips=chips, learners=learners, model=model, failures_per_unit=600, num_runs=24, seed=1
+    )
     closed = goodput(method, chips=chips, learners=learners, model=model)
     # three standard errors, plus the fixed horizon's O(1 / failures) bias
     assert abs(mc.mean - closed) <= 3 * mc.stderr + 1 / 600, (mc, closed)
@@ -126,8 +130,9 @@ def test_monte_carlo_agrees_with_the_closed_form(method, chips, learners, change
 
 
 def test_monte_carlo_of_learners_that_leave_and_rejoin():
-    mc = simulate_goodput("decoupled", chips=1_200_000, learners=4, elastic_learners=False, failures_per_unit=600,
-                          num_runs=24, seed=2)
+    mc = simulate_goodput(
+        "decoupled", chips=1_200_000, learners=4, elastic_learners=False, failures_per_unit=600, num_runs=24, seed=2
+    )
     closed = goodput_decoupled(1_200_000, 4, elastic_learners=False)
     assert abs(mc.mean - closed) <= 3 * mc.stderr + 1 / 600
     assert closed < goodput_decoupled(1_200_000, 4)  # waiting out R costs more than a re-scale stall
@@ -154,8 +159,26 @@ def test_plan_reports_goodput_under_a_given_mtbf(tmp_path, capsys):
 
     from diloco.cli import main
 
-    base = ["plan", "--size", "1B", "--workers", "8", "--tokens-per-step", "1e6", "--bandwidth", "10", "--no-plot",
-            "--top", "1", "--sync-every", "30", "--codecs", "bf16", "--overlap", "0"]
+    base = [
+        "plan",
+        "--size",
+        "1B",
+        "--workers",
+        "8",
+        "--tokens-per-step",
+        "1e6",
+        "--bandwidth",
+        "10",
+        "--no-plot",
+        "--top",
+        "1",
+        "--sync-every",
+        "30",
+        "--codecs",
+        "bf16",
+        "--overlap",
+        "0",
+    ]
     # the cluster's MTBF for 1.2M chips at 1 year per chip: the chips follow from it, Table 1's column
     assert main([*base, "--mtbf-hours", str(8760 / 1.2e6), "--out", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
@@ -167,8 +190,24 @@ def test_plan_reports_goodput_under_a_given_mtbf(tmp_path, capsys):
     assert "Goodput under failures" in (tmp_path / "a" / "plan.md").read_text()
     # one chip's MTBI with the chips of the hardware step time
     hw = ["--chips", "64", "--peak-flops", "1e15", "--mfu", "0.4"]
-    assert main([base[0], "--params", "1e9", "--layers", "24", *base[3:], *hw, "--chip-mtbi-years", "0.01",
-                 "--out", str(tmp_path / "b")]) == 0
+    assert (
+        main(
+            [
+                base[0],
+                "--params",
+                "1e9",
+                "--layers",
+                "24",
+                *base[3:],
+                *hw,
+                "--chip-mtbi-years",
+                "0.01",
+                "--out",
+                str(tmp_path / "b"),
+            ]
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "b" / "plan.json").read_text())["goodput"]
     model = FailureModel(chip_mtbi_hours=87.6)
     assert report["goodput"] == pytest.approx(goodput_by_method(chips=64, learners=8, model=model))

@@ -38,7 +38,16 @@ def test_measurements_run_on_the_cpu_and_streaming_state_is_five_thirds_of_dp(gp
     assert rows["streaming"]["algorithm_bytes_on_device"] == 2 * rows["dp"]["param_bytes"]
     codec = gpu_check.run_codec(torch.device("cpu"), size)
     assert codec["encode_GBps"] > 0 and codec["payload_bytes"] < codec["fp32_bytes"] / 7
-    lines = gpu_check._summary({"device_name": "cpu", "device": "cpu", "torch": torch.__version__, "seconds": 1.0,
-                                "codec": codec, "memory": mem, "errors": {}})
+    lines = gpu_check._summary(
+        {
+            "device_name": "cpu",
+            "device": "cpu",
+            "torch": torch.__version__,
+            "seconds": 1.0,
+            "codec": codec,
+            "memory": mem,
+            "errors": {},
+        }
+    )
     assert any(line.startswith("memory: state on the device, Streaming / DP = 1.667") for line in lines)
     json.dumps(mem)  # what the script writes

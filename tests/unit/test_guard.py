@@ -27,8 +27,8 @@ ADAMW = partial(torch.optim.AdamW, lr=1e-2)
 # -- the pure part --------------------------------------------------------------------------------------------------
 def test_reference_is_the_round_median_from_three_reports_else_the_running_median():
     assert reference_norm([1.0, 2.0, 9.0], [4.0, 5.0, 600.0]) == 5.0  # the round outvotes the history
-    assert reference_norm([1.0, 2.0, 9.0], [4.0, 600.0]) == 2.0        # two reports: the running median
-    assert reference_norm([3.0], [4.0], min_history=2) is None          # too little to judge by
+    assert reference_norm([1.0, 2.0, 9.0], [4.0, 600.0]) == 2.0  # two reports: the running median
+    assert reference_norm([3.0], [4.0], min_history=2) is None  # too little to judge by
     assert reference_norm([3.0], [], min_history=1) == 3.0
     # the sender's own accepted norms, where larger (a healthy straggler at a higher point of its lr schedule)
     assert reference_norm([1.0, 2.0, 9.0], [4.0, 5.0, 600.0], own=[7.0, 8.0]) == 7.5
@@ -37,13 +37,13 @@ def test_reference_is_the_round_median_from_three_reports_else_the_running_media
 
 
 def test_verdicts_drop_clip_and_accept_small_ones():
-    assert judge(19.0, 2.0, max_ratio=10, action="drop").action == "accept"   # 9.5 x: under the bar
+    assert judge(19.0, 2.0, max_ratio=10, action="drop").action == "accept"  # 9.5 x: under the bar
     v = judge(30.0, 2.0, max_ratio=10, action="drop")
     assert (v.action, v.ratio, v.scale) == ("drop", 15.0, 0.0)
     v = judge(30.0, 2.0, max_ratio=10, action="clip")
-    assert v.action == "clip" and v.scale * 30.0 == pytest.approx(20.0)      # down to 10 x the reference
+    assert v.action == "clip" and v.scale * 30.0 == pytest.approx(20.0)  # down to 10 x the reference
     assert judge(0.001, 2.0, max_ratio=10, action="drop").action == "accept"  # small is never judged harmful
-    assert judge(1e9, None, max_ratio=10, action="drop").ratio is None        # nothing to judge by: accepted
+    assert judge(1e9, None, max_ratio=10, action="drop").ratio is None  # nothing to judge by: accepted
     assert judge(1e9, 1.0, max_ratio=10, action="off").action == "accept"
 
 
@@ -74,9 +74,18 @@ def _round(syncer, deltas):
     before = syncer._snapshot[0].clone()
     for m, d in enumerate(deltas):
         base = syncer._base[m][0]
-        syncer.receive(Report(learner=m, fragment=0, payload=get_codec("fp32").encode(base - (before - d)), steps=8,
-                              tokens=80.0, step_time=0.0, sent_after_step=8 * len(syncer.records),
-                              base_version=syncer._held[m][0]))
+        syncer.receive(
+            Report(
+                learner=m,
+                fragment=0,
+                payload=get_codec("fp32").encode(base - (before - d)),
+                steps=8,
+                tokens=80.0,
+                step_time=0.0,
+                sent_after_step=8 * len(syncer.records),
+                base_version=syncer._held[m][0],
+            )
+        )
     return float((syncer._snapshot[0] - before).norm())
 
 
@@ -134,8 +143,9 @@ def _sync_run(corrupt, *, guard="drop", M=3, H=2, steps=12, bad_step=10):
 
     def replica(comm):
         model = make_model(seed=comm.rank)
-        algo = StreamingDiLoCo(model, comm=comm, sync_every=H, codec="fp32", guard=guard,
-                               outer_optimizer=partial(torch.optim.SGD, lr=1.0))
+        algo = StreamingDiLoCo(
+            model, comm=comm, sync_every=H, codec="fp32", guard=guard, outer_optimizer=partial(torch.optim.SGD, lr=1.0)
+        )
         opt, reports = ADAMW(model.parameters()), []
         for t, (x, y) in enumerate(batches(comm.rank, steps), 1):
             model(x, y)[1].backward()
@@ -161,6 +171,7 @@ def _sync_run(corrupt, *, guard="drop", M=3, H=2, steps=12, bad_step=10):
 
 def test_a_replica_with_a_huge_outer_gradient_stays_out_and_the_others_average_without_it():
     g = torch.Generator().manual_seed(3)
+
     def huge(p):
         return p + 1e3 * torch.randn(p.shape, generator=g)
 
@@ -179,7 +190,8 @@ def test_a_replica_with_a_huge_outer_gradient_stays_out_and_the_others_average_w
     # without the guard, the garbage is averaged into every replica
     _, _, before_off = _sync_run(huge, guard="off")
     assert float((before_off[(0, "after")] - before_off[0]).norm()) > 100 * float(
-        (before[(0, "after")] - before[0]).norm())
+        (before[(0, "after")] - before[0]).norm()
+    )
 
 
 # -- healthy runs ---------------------------------------------------------------------------------------------------
@@ -212,7 +224,11 @@ def test_healthy_decoupled_and_streaming_runs_never_trip_the_guard():
 def test_corrupt_fault_parses_its_forms_and_refuses_bad_ones():
     from diloco.decoupled.chaos import Chaos, parse_corrupt
 
-    assert parse_corrupt("12:1:1e4, 20:2,30:0::2.5") == ((12.0, 1, 1e4, 5.0), (20.0, 2, None, 5.0), (30.0, 0, None, 2.5))
+    assert parse_corrupt("12:1:1e4, 20:2,30:0::2.5") == (
+        (12.0, 1, 1e4, 5.0),
+        (20.0, 2, None, 5.0),
+        (30.0, 0, None, 2.5),
+    )
     assert Chaos(corrupt=parse_corrupt("12:1:1e4")).corrupt_windows(1) == ((12.0, 17.0, 1e4),)
     with pytest.raises(ValueError, match="SECONDS:LEARNER\\[:SCALE\\[:DURATION\\]\\]"):
         parse_corrupt("12")
@@ -225,8 +241,9 @@ def _decoupled_with_a_corrupt_learner(guard, *, scale=1e4, M=3, steps=24):
     from diloco.decoupled.learner import Learner
     from diloco.decoupled.local import LocalTransport, run_learners
 
-    syncer = Syncer(make_model(seed=0), num_learners=M, num_fragments=2, overlap_steps=1, grace_gamma=0.0,
-                    merge="rda", guard=guard)
+    syncer = Syncer(
+        make_model(seed=0), num_learners=M, num_fragments=2, overlap_steps=1, grace_gamma=0.0, merge="rda", guard=guard
+    )
 
     def learner(channel, m):
         model = make_model(seed=0)

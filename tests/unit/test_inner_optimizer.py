@@ -44,8 +44,9 @@ def test_split_keeps_embeddings_head_norms_and_biases_on_adamw():
     net = Net()
     matrices, rest = split_parameters(net)
     assert [id(p) for p in matrices] == [id(net.fc.weight), id(net.proj.weight)]
-    assert {id(p) for p in rest} == {id(p) for p in (net.embed.weight, net.fc.bias, net.norm.weight,
-                                                      net.norm.bias, net.head.weight)}
+    assert {id(p) for p in rest} == {
+        id(p) for p in (net.embed.weight, net.fc.bias, net.norm.weight, net.norm.bias, net.head.weight)
+    }
 
 
 def test_muon_steps_the_matrices_and_adamw_the_rest():
@@ -88,8 +89,10 @@ def test_combined_state_round_trips_and_rejects_another_optimizer():
     state = copy.deepcopy(opt.state_dict())
     other = build_inner_optimizer(copy.deepcopy(net), name="muon", lr=0.01)
     other.load_state_dict(state)
-    assert torch.equal(other.optimizers["muon"].state_dict()["state"][0]["momentum_buffer"],
-                       opt.optimizers["muon"].state_dict()["state"][0]["momentum_buffer"])
+    assert torch.equal(
+        other.optimizers["muon"].state_dict()["state"][0]["momentum_buffer"],
+        opt.optimizers["muon"].state_dict()["state"][0]["momentum_buffer"],
+    )
     with pytest.raises(ValueError, match="inner optimizer it was written with"):
         other.load_state_dict({"adamw": state["adamw"]})
     with pytest.raises(ValueError, match="adamw, muon"):

@@ -1,8 +1,8 @@
 """diloco.layout (torch-free) splits blocks into fragments exactly as the trainer's fragmenter does."""
 
 import pytest
-
 from _tiny import make_model
+
 from diloco.algorithm.fragments import split_fragments
 from diloco.layout import NON_BLOCK_FRAGMENT, PATTERNS, block_fragments, block_groups
 

@@ -49,18 +49,21 @@ def tokens(batch: int = 2, seq: int = SEQ, vocab: int = VOCAB, seed: int = 1) ->
 BASE = dict(vocab_size=64, seq_len=16, n_layers=2, n_heads=2, d_model=32, d_mlp=64)
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(d_model=30, n_heads=4), "d_model=30 is not divisible by n_heads=4"),
-    (dict(d_model=30, n_heads=10), "head_dim = d_model / n_heads = 3 is odd"),
-    (dict(n_layers=0), "n_layers=0 must be a positive integer"),
-    (dict(vocab_size=-5), "vocab_size=-5 must be a positive integer"),
-    (dict(d_mlp=2.5), "d_mlp=2.5 must be a positive integer"),
-    (dict(z_loss=-1e-4), "z_loss=-0.0001 must be a finite number >= 0"),
-    (dict(z_loss=float("nan")), "z_loss=nan"),
-    (dict(rope_base=1.0), "rope_base=1.0 must be > 1"),
-    (dict(init_std=0.0), "init_std=0.0 must be > 0"),
-    (dict(qk_norm="yes"), "qk_norm='yes' must be True or False"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(d_model=30, n_heads=4), "d_model=30 is not divisible by n_heads=4"),
+        (dict(d_model=30, n_heads=10), "head_dim = d_model / n_heads = 3 is odd"),
+        (dict(n_layers=0), "n_layers=0 must be a positive integer"),
+        (dict(vocab_size=-5), "vocab_size=-5 must be a positive integer"),
+        (dict(d_mlp=2.5), "d_mlp=2.5 must be a positive integer"),
+        (dict(z_loss=-1e-4), "z_loss=-0.0001 must be a finite number >= 0"),
+        (dict(z_loss=float("nan")), "z_loss=nan"),
+        (dict(rope_base=1.0), "rope_base=1.0 must be > 1"),
+        (dict(init_std=0.0), "init_std=0.0 must be > 0"),
+        (dict(qk_norm="yes"), "qk_norm='yes' must be True or False"),
+    ],
+)
 def test_config_rejects_bad_values_naming_them(bad: dict, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         ModelConfig(**(BASE | bad))
@@ -96,11 +99,18 @@ def test_transformer_rejects_non_config() -> None:
 
 # -- counts ------------------------------------------------------------------------------------------
 
-shapes = st.fixed_dictionaries(dict(
-    vocab_size=st.integers(2, 97), seq_len=st.integers(1, 40), n_layers=st.integers(1, 3),
-    n_heads=st.integers(1, 4), head_half=st.integers(1, 6), d_mlp=st.integers(1, 50),
-    qk_norm=st.booleans(), tie_embeddings=st.booleans(),
-))
+shapes = st.fixed_dictionaries(
+    dict(
+        vocab_size=st.integers(2, 97),
+        seq_len=st.integers(1, 40),
+        n_layers=st.integers(1, 3),
+        n_heads=st.integers(1, 4),
+        head_half=st.integers(1, 6),
+        d_mlp=st.integers(1, 50),
+        qk_norm=st.booleans(),
+        tie_embeddings=st.booleans(),
+    )
+)
 
 
 def config_from(s: dict) -> ModelConfig:
@@ -264,10 +274,10 @@ def test_rotary_scores_depend_only_on_relative_position(i: int, j: int, shift: i
     q, k = torch.randn(1, 1, 1, hd, generator=g), torch.randn(1, 1, 1, hd, generator=g)
 
     def score(a: int, b: int) -> torch.Tensor:
-        return (apply_rotary(q, cos[a:a + 1], sin[a:a + 1]) * apply_rotary(k, cos[b:b + 1], sin[b:b + 1])).sum()
+        return (apply_rotary(q, cos[a : a + 1], sin[a : a + 1]) * apply_rotary(k, cos[b : b + 1], sin[b : b + 1])).sum()
 
     torch.testing.assert_close(score(i, j), score(i2, j2), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(apply_rotary(q, cos[i:i + 1], sin[i:i + 1]).norm(), q.norm())
+    torch.testing.assert_close(apply_rotary(q, cos[i : i + 1], sin[i : i + 1]).norm(), q.norm())
 
 
 def test_qk_norm_and_tied_embeddings_switch_their_parameters() -> None:

@@ -12,15 +12,32 @@ from diloco.algorithm.fragments import find_blocks, fragments_from_prefixes, spl
 from diloco.models.factory import build_model, describe_model
 from diloco.models.hf import CausalLM, build_hf_model
 
-LLAMA = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
 GPT2 = {"model_type": "gpt2", "n_embd": 32, "n_layer": 4, "n_head": 4, "n_positions": 64}
-QWEN2 = {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+QWEN2 = {
+    "model_type": "qwen2",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
 
 
-@pytest.mark.parametrize("fields, blocks", [(LLAMA, "hf.model.layers"), (GPT2, "hf.transformer.h"),
-                                            (QWEN2, "hf.model.layers")], ids=["llama", "gpt2", "qwen2"])
+@pytest.mark.parametrize(
+    "fields, blocks",
+    [(LLAMA, "hf.model.layers"), (GPT2, "hf.transformer.h"), (QWEN2, "hf.model.layers")],
+    ids=["llama", "gpt2", "qwen2"],
+)
 def test_hf_models_train_and_split_like_the_projects(fields, blocks, tmp_path):
     folder = tmp_path / "cfg"
     folder.mkdir()
@@ -39,7 +56,7 @@ def test_hf_models_train_and_split_like_the_projects(fields, blocks, tmp_path):
     for pattern, expect in (("strided", [[0, 2], [1, 3]]), ("sequential", [[0, 1], [2, 3]])):
         frags = split_fragments(model, 3, pattern=pattern)
         for frag, idx in zip(frags[1:], expect, strict=True):
-            assert {int(n[len(blocks) + 1:].split(".")[0]) for n in frag.names} == set(idx)
+            assert {int(n[len(blocks) + 1 :].split(".")[0]) for n in frag.names} == set(idx)
         assert not any(n.startswith(blocks + ".") for n in frags[0].names)  # embeddings, final norm, head
         assert sum(f.numel for f in frags) == sum(p.numel() for p in model.parameters())
 
@@ -51,15 +68,26 @@ def test_gpt2_dropout_off_unless_asked_and_tied_head(tmp_path):
     assert build_hf_model(GPT2 | {"resid_pdrop": 0.2}, vocab_size=300, seq_len=16).config.resid_pdrop == 0.2
 
 
-@pytest.mark.parametrize("fields, seq_len, message", [
-    (LLAMA | {"vocab_size": 100}, 16, r"vocab_size=100 is smaller than the data's vocabulary \(300 ids\); remove "
-                                      r"vocab_size from the config .* or set it to at least 300"),
-    (LLAMA, 128, r"max_position_embeddings=64 is shorter than seq_len=128; set max_position_embeddings >= 128"),
-    (GPT2, 100, r"n_positions=64 is shorter than seq_len=100"),
-    (LLAMA | {"model_type": "lama"}, 16, r"model_type='lama' is not a model type transformers .* knows; use one "
-                                         r"such as llama, gpt2, qwen2"),
-    ({"hidden_size": 32}, 16, r"has no model_type; add one, e.g. \"model_type\": \"llama\""),
-])
+@pytest.mark.parametrize(
+    "fields, seq_len, message",
+    [
+        (
+            LLAMA | {"vocab_size": 100},
+            16,
+            r"vocab_size=100 is smaller than the data's vocabulary \(300 ids\); remove "
+            r"vocab_size from the config .* or set it to at least 300",
+        ),
+        (LLAMA, 128, r"max_position_embeddings=64 is shorter than seq_len=128; set max_position_embeddings >= 128"),
+        (GPT2, 100, r"n_positions=64 is shorter than seq_len=100"),
+        (
+            LLAMA | {"model_type": "lama"},
+            16,
+            r"model_type='lama' is not a model type transformers .* knows; use one "
+            r"such as llama, gpt2, qwen2",
+        ),
+        ({"hidden_size": 32}, 16, r"has no model_type; add one, e.g. \"model_type\": \"llama\""),
+    ],
+)
 def test_bad_hf_configs_name_the_value_and_the_fix(fields, seq_len, message):
     with pytest.raises(ValueError, match=message):
         build_hf_model(fields, vocab_size=300, seq_len=seq_len)
@@ -73,7 +101,7 @@ def test_missing_hf_config_path(tmp_path):
         build_hf_model(tmp_path / "bad.json", vocab_size=300, seq_len=16)
 
 
-FACTORY = '''
+FACTORY = """
 import torch
 from torch import nn
 import torch.nn.functional as F
@@ -102,7 +130,7 @@ def hf_llama(*, vocab_size, seq_len):
 
 def not_a_model(*, vocab_size, seq_len):
     return "oops"
-'''
+"""
 
 
 def test_your_factory_by_file_or_module(tmp_path, monkeypatch):
@@ -131,8 +159,11 @@ def test_unknown_model_spec_names_the_forms_that_work():
 
 def test_a_model_without_blocks_says_how_to_pass_fragments():
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
-    with pytest.raises(ValueError, match=r"num_fragments=2 needs repeated blocks.*has none: pass explicit "
-                                         r"fragments=.*--set fragments='prefix\|prefix,prefix,...'"):
+    with pytest.raises(
+        ValueError,
+        match=r"num_fragments=2 needs repeated blocks.*has none: pass explicit "
+        r"fragments=.*--set fragments='prefix\|prefix,prefix,...'",
+    ):
         split_fragments(model, 2)
     groups = fragments_from_prefixes(model, ["0", "2"])
     frags = split_fragments(model, 2, fragments=groups)

@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
-
 from _tiny import make_model
+
 from diloco.algorithm.codecs import get_codec
 from diloco.decoupled.messages import Report
 from diloco.decoupled.outer_scale import AUTO, check_outer_scale, outer_step_share
@@ -18,8 +18,16 @@ from diloco.train.config import TrainConfig
 
 def _report(syncer, m, theta, *, steps=4):
     """Learner m's report of fragment 0 with values ``theta`` (against the copy the syncer gave it)."""
-    return Report(learner=m, fragment=0, payload=get_codec("fp32").encode(syncer._base[m][0] - theta), steps=steps,
-                  tokens=steps * 10.0, step_time=0.0, sent_after_step=steps, base_version=syncer._held[m][0])
+    return Report(
+        learner=m,
+        fragment=0,
+        payload=get_codec("fp32").encode(syncer._base[m][0] - theta),
+        steps=steps,
+        tokens=steps * 10.0,
+        step_time=0.0,
+        sent_after_step=steps,
+        base_version=syncer._held[m][0],
+    )
 
 
 @pytest.mark.parametrize("k, M", [(1, 2), (1, 3), (2, 4), (3, 8)])
@@ -28,8 +36,9 @@ def test_the_share_of_a_merge_of_k_of_m_learners(k, M):
     assert outer_step_share(merged=k, members=M, rule="sqrt-share", merge="mean") == pytest.approx(math.sqrt(k / M))
     assert outer_step_share(merged=k, members=M, rule="none", merge="mean") == 1.0
     for merge, rule in AUTO.items():
-        assert outer_step_share(merged=k, members=M, rule="auto", merge=merge) == \
-            outer_step_share(merged=k, members=M, rule=rule, merge=merge)
+        assert outer_step_share(merged=k, members=M, rule="auto", merge=merge) == outer_step_share(
+            merged=k, members=M, rule=rule, merge=merge
+        )
     for rule in ("auto", "share", "sqrt-share", "none"):  # a merge of every member is a whole step
         assert outer_step_share(merged=M, members=M, rule=rule, merge="mean") == 1.0
 
@@ -49,8 +58,16 @@ def test_k1_merges_of_a_round_sum_to_the_k_equal_m_mean_only_when_each_is_a_shar
     d = [torch.full_like(Syncer(make_model(seed=0), num_learners=M)._snapshot[0], 0.01 * (m + 1)) for m in range(M)]
 
     def run(quorum):
-        syncer = Syncer(make_model(seed=0), num_learners=M, quorum=quorum, grace_gamma=0.0, merge="mean",
-                        outer_gradient="own", outer_scale=rule, outer_optimizer=lambda p: torch.optim.SGD(p, lr=1.0))
+        syncer = Syncer(
+            make_model(seed=0),
+            num_learners=M,
+            quorum=quorum,
+            grace_gamma=0.0,
+            merge="mean",
+            outer_gradient="own",
+            outer_scale=rule,
+            outer_optimizer=lambda p: torch.optim.SGD(p, lr=1.0),
+        )
         for m in range(M):
             syncer.join(m)
         start = syncer._snapshot[0].clone()
@@ -67,8 +84,13 @@ def test_k1_merges_of_a_round_sum_to_the_k_equal_m_mean_only_when_each_is_a_shar
 def test_the_syncer_refuses_a_merged_outer_gradient_that_is_not_finite_and_goes_on():
     """Two finite reports whose sum overflows float32: no outer step (Theta and the momentum as they were), the
     merge recorded with both learners dropped; the next merge steps as usual."""
-    syncer = Syncer(make_model(seed=0), num_learners=2, grace_gamma=0.0, merge="mean",
-                    outer_optimizer=lambda p: torch.optim.SGD(p, lr=0.5, momentum=0.9))
+    syncer = Syncer(
+        make_model(seed=0),
+        num_learners=2,
+        grace_gamma=0.0,
+        merge="mean",
+        outer_optimizer=lambda p: torch.optim.SGD(p, lr=0.5, momentum=0.9),
+    )
     for m in (0, 1):
         syncer.join(m)
     theta = syncer._snapshot[0].clone()

@@ -44,8 +44,11 @@ def test_the_rule_is_the_studys_summary():
 def test_the_summary_is_what_the_records_give():
     """The committed summary is the report's reading of the committed records (the frontier's DP seeds included)."""
     report = _report_module()
-    fresh = report.summarize(report.load([STUDY / "results-gpu.jsonl", report.FRONTIER / "results-gpu.jsonl"]),
-                             report.dp_records(), report.inner_lr_bracket(STUDY / "results-gpu.jsonl"))
+    fresh = report.summarize(
+        report.load([STUDY / "results-gpu.jsonl", report.FRONTIER / "results-gpu.jsonl"]),
+        report.dp_records(),
+        report.inner_lr_bracket(STUDY / "results-gpu.jsonl"),
+    )
     assert json.loads(json.dumps(fresh)) == _summary()
     # the rule is the fewest outer steps of any batch's best point, and each method's best seed mean's momentum
     best = [row for m in fresh["methods"].values() for row in m["best_per_batch"].values()]
@@ -77,9 +80,17 @@ def test_a_run_with_few_outer_steps_is_warned_naming_the_settings_that_give_more
     assert out["warnings"] and out["warnings"][0] in captured.err
 
 
-@pytest.mark.parametrize("method, steps, H, P, warned", [
-    ("diloco", 480, 6, 1, False), ("diloco", 480, 7, 1, True), ("streaming", 1000, 12, 3, False),
-    ("streaming", 100, 5, 3, True), ("dp", 10, 1, 1, False), ("decoupled", 10, 5, 1, False)])
+@pytest.mark.parametrize(
+    "method, steps, H, P, warned",
+    [
+        ("diloco", 480, 6, 1, False),
+        ("diloco", 480, 7, 1, True),
+        ("streaming", 1000, 12, 3, False),
+        ("streaming", 100, 5, 3, True),
+        ("dp", 10, 1, 1, False),
+        ("decoupled", 10, 5, 1, False),
+    ],
+)
 def test_the_warning_fires_below_the_rule_only(method, steps, H, P, warned):
     w = outer_steps_warning(method=method, total_steps=steps, sync_every=H, num_fragments=P)
     assert (w is not None) == warned
@@ -95,22 +106,46 @@ def test_the_planner_recommends_only_enough_outer_steps_with_the_rules_momentum(
     for tokens in (2e10, 2e11):  # 5,000 and 50,000 steps of 4M tokens
         setup = Setup(model, "given", 2, tokens, tokens_per_step)
         h = recommended_sync_every(total_steps=int(setup.steps))
-        plan = evaluate(setup, candidates(model.num_layers, sync_every=(h, 30, 100, 300)), [1e8, 1e9, 1e10],
-                        LossModel.paper())
+        plan = evaluate(
+            setup, candidates(model.num_layers, sync_every=(h, 30, 100, 300)), [1e8, 1e9, 1e10], LossModel.paper()
+        )
         for rec in plan.recommended.values():
             c = rec.candidate
             assert c.method == "dp" or setup.steps / c.sync_every >= MIN_OUTER_STEPS
             assert c.to_dict()["outer_momentum"] == (None if c.method == "dp" else OUTER_MOMENTUM[c.method])
-        few = [e for rows in plan.rows.values() for e in rows if e.candidate.method != "dp"
-               and setup.steps / e.candidate.sync_every < MIN_OUTER_STEPS]
+        few = [
+            e
+            for rows in plan.rows.values()
+            for e in rows
+            if e.candidate.method != "dp" and setup.steps / e.candidate.sync_every < MIN_OUTER_STEPS
+        ]
         assert few or tokens == 2e11  # at 5,000 steps H = 100 and 300 are shown but never recommended
 
 
 def test_train_warns_once_it_starts(tmp_path, capsys):
     """The warning comes with the run's other notices, after every check (an error is never preceded by it)."""
     out = tmp_path / "run"
-    assert cli_main(["train", "--preset", "tiny", "--method", "streaming", "--out", str(out), "--cache-dir",
-                     str(tmp_path / "cache"), "--no-progress", "--set", "steps=4", "--set", "eval_every=4"]) == 0
+    assert (
+        cli_main(
+            [
+                "train",
+                "--preset",
+                "tiny",
+                "--method",
+                "streaming",
+                "--out",
+                str(out),
+                "--cache-dir",
+                str(tmp_path / "cache"),
+                "--no-progress",
+                "--set",
+                "steps=4",
+                "--set",
+                "eval_every=4",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "diloco: warning: sync_every=8 gives 0 outer steps over 4 inner steps" in err
     assert cli_main(["train", "--preset", "tiny", "--out", str(out), "--set", "steps=-3"]) == 2

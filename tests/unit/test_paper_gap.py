@@ -27,8 +27,14 @@ def test_the_demo_note_names_its_budget_the_laws_gaps_and_the_results_page():
     rows = []
     for name, over in preset["methods"].items():
         cfg = TrainConfig.from_dict({**preset["base"], **over})
-        rows.append({"name": name, "config": cfg.to_dict(), "steps": cfg.total_steps,
-                     "tokens": cfg.total_steps * cfg.tokens_per_step})
+        rows.append(
+            {
+                "name": name,
+                "config": cfg.to_dict(),
+                "steps": cfg.total_steps,
+                "tokens": cfg.total_steps * cfg.tokens_per_step,
+            }
+        )
     note = reading_note(rows)
     n = 2 * 128 * 128 * 4 * 5 + 4 * 128 * 128 * 5  # 5 blocks of attention (4 d^2) and MLP (2 x d x 4d) ...
     n += 2 * 128 * 5 + 128  # ... plus their two norm scales each and the final norm

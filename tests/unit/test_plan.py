@@ -6,10 +6,9 @@ from pathlib import Path
 import pytest
 
 from diloco.cli import main
-from diloco.sim import ModelSpec, PRESETS, utilization_curve
-from diloco.sim.loss import LossModel
-from diloco.sim.loss import MEASURED_CODECS, MEASURED_MARK
-from diloco.sim.planner import DEFAULT_CODECS, Candidate, Setup, candidates, codec_bits, evaluate
+from diloco.sim import PRESETS, ModelSpec, utilization_curve
+from diloco.sim.loss import MEASURED_MARK, LossModel
+from diloco.sim.planner import DEFAULT_CODECS, Setup, candidates, codec_bits, evaluate
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +102,16 @@ def test_every_predicted_number_says_where_it_comes_from(paper_loss):
 
 def test_loss_model_marks_ablations_outside_their_data(paper_loss):
     def est(**kw):
-        base = dict(method="streaming", num_params=1e9, replicas=2, sync_every=100, num_fragments=9,
-                    fragment_layers=3, overlap_steps=1, bits=4.5)
+        base = dict(
+            method="streaming",
+            num_params=1e9,
+            replicas=2,
+            sync_every=100,
+            num_fragments=9,
+            fragment_layers=3,
+            overlap_steps=1,
+            bits=4.5,
+        )
         e = paper_loss.estimate(**{**base, **kw})
         return {t.name: t for t in e.terms}, e
 
@@ -155,10 +162,17 @@ def test_codec_bits_at_the_frontier_size_agree_with_the_studys():
     # counted over their fragments' payloads (scales and tables per fragment); the planner prices one whole-model
     # payload: the two agree to within half a percent
     summary = json.loads((Path(__file__).parents[2] / "studies" / "frontier" / "frontier-summary.json").read_text())
-    runs = {r["method"]: r["bits_per_param_per_sync"] for r in summary["rows"]
-            if r["global_batch"] == 16 and r["num_params"] == 96_640}
-    for codec, run in (("fp4_e3m0", "streaming-fp4-tau1"), ("stat4", "stat4-ef0.9"), ("stat2", "stat2-ef0.9"),
-                       ("topk", "topk-sparseloco")):
+    runs = {
+        r["method"]: r["bits_per_param_per_sync"]
+        for r in summary["rows"]
+        if r["global_batch"] == 16 and r["num_params"] == 96_640
+    }
+    for codec, run in (
+        ("fp4_e3m0", "streaming-fp4-tau1"),
+        ("stat4", "stat4-ef0.9"),
+        ("stat2", "stat2-ef0.9"),
+        ("topk", "topk-sparseloco"),
+    ):
         assert codec_bits(codec, 96_640) == pytest.approx(runs[run], rel=5e-3), codec
 
 
@@ -178,17 +192,28 @@ def test_user_fit_file_and_its_errors(tmp_path):
     from diloco.scaling.synthetic import SyntheticLaw
 
     law = SyntheticLaw(noise=0.0)
-    records = [{"method": m, "replicas": r, "num_params": n, "tokens": 20 * n, "status": "ok",
-                "eval_loss": float(law.best_loss(n, r, m))}
-               for n in (1e7, 3e7, 1e8, 3e8, 1e9) for m, r in (("dp", 1), ("diloco", 2))]
+    records = [
+        {
+            "method": m,
+            "replicas": r,
+            "num_params": n,
+            "tokens": 20 * n,
+            "status": "ok",
+            "eval_loss": float(law.best_loss(n, r, m)),
+        }
+        for n in (1e7, 3e7, 1e8, 3e8, 1e9)
+        for m, r in (("dp", 1), ("diloco", 2))
+    ]
     path = tmp_path / "fit.json"
     path.write_text(json.dumps(fit_scaling(records, max_inits=8, alternatives=()).to_dict()))
     lm = LossModel.from_fit_file(path)
     assert lm.estimate(method="dp", num_params=3e8, replicas=1).loss == pytest.approx(
-        float(law.best_loss(3e8, 1, "dp")), rel=2e-3)
+        float(law.best_loss(3e8, 1, "dp")), rel=2e-3
+    )
     no_dp = tmp_path / "nodp.json"
-    no_dp.write_text(json.dumps(fit_scaling([r for r in records if r["method"] != "dp"], max_inits=8,
-                                            alternatives=()).to_dict()))
+    no_dp.write_text(
+        json.dumps(fit_scaling([r for r in records if r["method"] != "dp"], max_inits=8, alternatives=()).to_dict())
+    )
     with pytest.raises(ValueError, match="no data-parallel law"):
         LossModel.from_fit_file(no_dp)
     (tmp_path / "bad.json").write_text('{"points": 3}')
@@ -197,8 +222,21 @@ def test_user_fit_file_and_its_errors(tmp_path):
 
 
 def test_cli_plan_writes_json_markdown_plot(tmp_path, capsys):
-    argv = ["plan", "--size", "10B", "--workers", "2", "--tokens-per-step", "4e6", "--bandwidth", "10", "1", "0.1",
-            "--out", str(tmp_path)]
+    argv = [
+        "plan",
+        "--size",
+        "10B",
+        "--workers",
+        "2",
+        "--tokens-per-step",
+        "4e6",
+        "--bandwidth",
+        "10",
+        "1",
+        "0.1",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert out.count("recommended") == 3 and "where the numbers come from" in out and "arXiv:2503.09799" in out
@@ -210,21 +248,44 @@ def test_cli_plan_writes_json_markdown_plot(tmp_path, capsys):
 
 
 def test_cli_plan_one_worker_sends_nothing(tmp_path, capsys):
-    assert main(["plan", "--size", "1B", "--workers", "1", "--tokens-per-step", "1e6", "--bandwidth", "1",
-                 "--no-plot", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--size",
+                "1B",
+                "--workers",
+                "1",
+                "--tokens-per-step",
+                "1e6",
+                "--bandwidth",
+                "1",
+                "--no-plot",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     data = json.loads((tmp_path / "plan.json").read_text())
     (only,) = data["bandwidths"][0]["candidates"]
     assert only["method"] == "dp" and only["utilization"] == 1.0 and only["bytes_sent"] == 0
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--size", "10B", "--tokens-per-step", "4e6"], "give the link"),
-    (["--size", "10B", "--bandwidth", "1"], "give --tokens-per-step"),
-    (["--size", "10B", "--bandwidth", "1", "--tokens-per-step", "4e6", "--codecs", "fp5"], "unknown codec"),
-    (["--size", "10B", "--bandwidth", "1", "--tokens-per-step", "4e6", "--sync-every", "a"], "comma-separated"),
-    (["--size", "10B", "--bandwidth", "1", "--tokens-per-step", "4e6", "--tolerance", "-1"], "--tolerance"),
-    (["--size", "10B", "--bandwidth", "1", "--tokens-per-step", "4e6", "--loss-law", "nope.json"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--size", "10B", "--tokens-per-step", "4e6"], "give the link"),
+        (["--size", "10B", "--bandwidth", "1"], "give --tokens-per-step"),
+        (["--size", "10B", "--bandwidth", "1", "--tokens-per-step", "4e6", "--codecs", "fp5"], "unknown codec"),
+        (["--size", "10B", "--bandwidth", "1", "--tokens-per-step", "4e6", "--sync-every", "a"], "comma-separated"),
+        (["--size", "10B", "--bandwidth", "1", "--tokens-per-step", "4e6", "--tolerance", "-1"], "--tolerance"),
+        (
+            ["--size", "10B", "--bandwidth", "1", "--tokens-per-step", "4e6", "--loss-law", "nope.json"],
+            "does not exist",
+        ),
+    ],
+)
 def test_cli_plan_user_errors(tmp_path, capsys, argv, message):
     assert main(["plan", *argv, "--out", str(tmp_path / "o")]) == 2
     assert message in capsys.readouterr().err
@@ -237,8 +298,25 @@ def test_cli_plan_from_a_model_config(tmp_path):
     config = make_config("cpu-1m", vocab_size=4096, seq_len=128)
     path = tmp_path / "model.json"
     path.write_text(json.dumps({f: getattr(config, f) for f in config.__dataclass_fields__}))
-    assert main(["plan", "--model-config", str(path), "--step-time", "0.4", "--tokens-per-step", "2048",
-                 "--bandwidth", "0.02", "--no-plot", "--out", str(tmp_path / "o")]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model-config",
+                str(path),
+                "--step-time",
+                "0.4",
+                "--tokens-per-step",
+                "2048",
+                "--bandwidth",
+                "0.02",
+                "--no-plot",
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 0
+    )
     model = Transformer(config)
     total = sum(p.numel() for p in model.parameters())
     non_block = total - sum(p.numel() for p in model.blocks.parameters())

@@ -23,8 +23,17 @@ def paper_loss():
 
 def _utilization(c: Candidate, model: ModelSpec, latency_s: float) -> float:
     # a link so fast that only latency matters; M = 2 all-gather: one hop
-    return float(utilization_curve(model, c.spec(model.num_params), [1e18], latency_s=latency_s, num_workers=2,
-                                   exchange="all_gather", overlap_backward=False)[0])
+    return float(
+        utilization_curve(
+            model,
+            c.spec(model.num_params),
+            [1e18],
+            latency_s=latency_s,
+            num_workers=2,
+            exchange="all_gather",
+            overlap_backward=False,
+        )[0]
+    )
 
 
 @pytest.mark.parametrize("H", [10, 30])
@@ -73,9 +82,13 @@ def test_planner_candidates_include_the_newer_settings():
 
 def test_checked_in_costs_are_the_frontier_studys():
     block = json.loads((ROOT / "src" / "diloco" / "sim" / "data" / "ablations.json").read_text())["frontier"]
-    rows = {r["method"]: r for r in json.loads(SUMMARY.read_text())["rows"]
-            if r["size"] == block["size"] and r["global_batch"] == block["global_batch"] == 128
-            and r.get("device", "cpu") == block.get("device", "cpu") == "cuda"}
+    rows = {
+        r["method"]: r
+        for r in json.loads(SUMMARY.read_text())["rows"]
+        if r["size"] == block["size"]
+        and r["global_batch"] == block["global_batch"] == 128
+        and r.get("device", "cpu") == block.get("device", "cpu") == "cuda"
+    }
     measured = LossModel.paper().measured()
     assert measured["source"] == "studies/frontier/frontier-summary.json"
     assert f"{block['num_params']:,} parameters" in measured["setting"] and "128 x 128" in measured["setting"]
@@ -88,8 +101,15 @@ def test_checked_in_costs_are_the_frontier_studys():
         assert key in measured["rows"]
     # the figures the planner prints
     gaps = {k: round(r["gap_pct"], 2) for k, r in measured["rows"].items()}
-    assert gaps == {"dp": 0.0, "streaming-fp4-tau1": 3.83, "eager-fp4-mom0.5": 6.65, "stat4-ef0.9": 4.09,
-                    "stat2-ef0.9": 4.2, "topk-sparseloco": 14.93, "muon-stat4-ef0.9": -3.5}
+    assert gaps == {
+        "dp": 0.0,
+        "streaming-fp4-tau1": 3.83,
+        "eager-fp4-mom0.5": 6.65,
+        "stat4-ef0.9": 4.09,
+        "stat2-ef0.9": 4.2,
+        "topk-sparseloco": 14.93,
+        "muon-stat4-ef0.9": -3.5,
+    }
 
 
 def test_measured_costs_are_charged_against_streaming_fp4_tau1(paper_loss):
@@ -116,14 +136,29 @@ def test_measured_costs_are_charged_against_streaming_fp4_tau1(paper_loss):
 
 
 def test_plan_output_lists_the_newer_settings_measured_at_laptop_scale(tmp_path, capsys):
-    argv = ["plan", "--size", "10B", "--workers", "2", "--tokens-per-step", "4e6", "--bandwidth", "10", "0.1",
-            "--top", "3", "--no-plot", "--out", str(tmp_path)]
+    argv = [
+        "plan",
+        "--size",
+        "10B",
+        "--workers",
+        "2",
+        "--tokens-per-step",
+        "4e6",
+        "--bandwidth",
+        "10",
+        "0.1",
+        "--top",
+        "3",
+        "--no-plot",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     # each measured setting is shown at every bandwidth, even past --top, marked "m"
     for bw_block in out.split("\n== ")[1:]:
         table = bw_block.split("\n\n")[0].splitlines()
-        rows = table[table.index(next(ln for ln in table if "candidate" in ln)) + 1:]
+        rows = table[table.index(next(ln for ln in table if "candidate" in ln)) + 1 :]
         for tag in ("stat4+EF", "stat2+EF", "topk+EF", "tau=H"):
             line = next(ln for ln in rows if tag in ln)
             assert line.rstrip().endswith("m"), line
@@ -143,8 +178,26 @@ def test_plan_output_lists_the_newer_settings_measured_at_laptop_scale(tmp_path,
 
 
 def test_plan_without_the_newer_settings_is_the_papers(tmp_path, capsys, paper_loss):
-    assert main(["plan", "--size", "10B", "--tokens-per-step", "4e6", "--bandwidth", "1", "--codecs",
-                 "bf16,fp8_e4m3,fp4_e3m0", "--no-eager", "--no-plot", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--size",
+                "10B",
+                "--tokens-per-step",
+                "4e6",
+                "--bandwidth",
+                "1",
+                "--codecs",
+                "bf16,fp8_e4m3,fp4_e3m0",
+                "--no-eager",
+                "--no-plot",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert MEASURED_MARK not in out and "+EF" not in out and "tau=H" not in out
     model = PRESETS["10B"]
@@ -177,23 +230,38 @@ def test_the_frontier_report_says_when_a_verdict_rests_on_an_unbracketed_lr():
 
 def test_the_frontier_report_takes_each_methods_best_batch_and_says_where_it_sits():
     best_over_batches = _report().best_over_batches
-    rows = [{"size": "s", "method": "dp", "global_batch": b, "eval_loss": loss}
-            for b, loss in ((4, 3.0), (8, 2.0), (16, 2.5))]
-    rows += [{"size": "s", "method": "eager", "global_batch": b, "eval_loss": loss} for b, loss in ((8, 3.0), (16, 2.9))]
-    rows += [{"size": "s", "method": "topk", "global_batch": 16, "eval_loss": 4.0},
-             {"size": "other", "method": "dp", "global_batch": 32, "eval_loss": 1.0}]
+    rows = [
+        {"size": "s", "method": "dp", "global_batch": b, "eval_loss": loss}
+        for b, loss in ((4, 3.0), (8, 2.0), (16, 2.5))
+    ]
+    rows += [
+        {"size": "s", "method": "eager", "global_batch": b, "eval_loss": loss} for b, loss in ((8, 3.0), (16, 2.9))
+    ]
+    rows += [
+        {"size": "s", "method": "topk", "global_batch": 16, "eval_loss": 4.0},
+        {"size": "other", "method": "dp", "global_batch": 32, "eval_loss": 1.0},
+    ]
     best = best_over_batches(rows, "s")
-    assert {k: (r["global_batch"], r["batches_tried"], r["batch_at_edge"], r["one_batch"]) for k, r in best.items()} == {
-        "dp": (8, [4, 8, 16], False, False), "eager": (16, [8, 16], True, False), "topk": (16, [16], False, True)}
+    assert {
+        k: (r["global_batch"], r["batches_tried"], r["batch_at_edge"], r["one_batch"]) for k, r in best.items()
+    } == {"dp": (8, [4, 8, 16], False, False), "eager": (16, [8, 16], True, False), "topk": (16, [16], False, True)}
     # each against DP at DP's best batch (8), not at its own batch
     assert {k: round(r["gap_pct"], 6) for k, r in best.items()} == {"dp": 0.0, "eager": 45.0, "topk": 100.0}
     # a row with more seeds is chosen on its seed 0, as its rivals are, and reported at its seeds' mean; the two
     # devices' rows are never compared
-    seeded = [{**r, "eval_loss": 2.6, "eval_loss_seed0": 1.9, "seeds": 3, "eval_loss_sd": 0.5}
-              if r["method"] == "dp" and r["global_batch"] == 16 else r for r in rows]
+    seeded = [
+        {**r, "eval_loss": 2.6, "eval_loss_seed0": 1.9, "seeds": 3, "eval_loss_sd": 0.5}
+        if r["method"] == "dp" and r["global_batch"] == 16
+        else r
+        for r in rows
+    ]
     seeded.append({"size": "s", "method": "dp", "global_batch": 64, "eval_loss": 0.5, "device": "cuda"})
     best = best_over_batches(seeded, "s")
-    assert best["dp"]["global_batch"] == 16 and best["dp"]["eval_loss"] == 2.6 and best["dp"]["batches_tried"] == [4, 8, 16]
+    assert (
+        best["dp"]["global_batch"] == 16
+        and best["dp"]["eval_loss"] == 2.6
+        and best["dp"]["batches_tried"] == [4, 8, 16]
+    )
     assert round(best["eager"]["gap_pct"], 6) == round(100 * (2.9 / 2.6 - 1), 6)
     assert best_over_batches(seeded, "s", "cuda")["dp"]["eval_loss"] == 0.5
 
@@ -206,18 +274,28 @@ def test_the_frontier_report_writes_the_block_the_planner_reads():
     rows = json.loads(SUMMARY.read_text())["rows"]
     assert report.planner_block(rows, checked["size"], checked["global_batch"], checked.get("device", "cpu")) == checked
     device = checked.get("device", "cpu")
-    with pytest.raises(ValueError, match=f"no finished run of stat2-ef0.9 at batch {checked['global_batch']} on {device}"):
-        report.planner_block([r for r in rows if r["method"] != "stat2-ef0.9"], checked["size"],
-                             checked["global_batch"], device)
+    with pytest.raises(
+        ValueError, match=f"no finished run of stat2-ef0.9 at batch {checked['global_batch']} on {device}"
+    ):
+        report.planner_block(
+            [r for r in rows if r["method"] != "stat2-ef0.9"], checked["size"], checked["global_batch"], device
+        )
     with pytest.raises(ValueError, match="at batch 3 on cuda;"):  # no method ran at this batch
         report.planner_block(rows, checked["size"], 3, "cuda")
     # the CPU set at batch 128 lacks the codecs: the two devices' runs are never mixed into one block
-    with pytest.raises(ValueError, match="no finished run of stat4-ef0.9, stat2-ef0.9, topk-sparseloco at batch 128 on cpu"):
+    with pytest.raises(
+        ValueError, match="no finished run of stat4-ef0.9, stat2-ef0.9, topk-sparseloco at batch 128 on cpu"
+    ):
         report.planner_block(rows, "cpu-1m", 128, "cpu")
 
 
-@pytest.mark.parametrize("argv, message", [(["--batch", "64"], "--batch 64 only chooses the rows of --planner SIZE"),
-                                           (["--planner", "cpu-1m", "--batch", "0"], "--batch 0: a global batch")])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--batch", "64"], "--batch 64 only chooses the rows of --planner SIZE"),
+        (["--planner", "cpu-1m", "--batch", "0"], "--batch 0: a global batch"),
+    ],
+)
 def test_the_frontier_reports_command_line_refuses_a_bad_batch_before_writing_anything(argv, message, capsys):
     report = _report()
     before = report.PLANNER_DATA.read_bytes()

@@ -15,19 +15,24 @@ def _python(code: str) -> str:
 
 
 def test_sim_traffic_schedule_and_the_package_never_import_torch():
-    out = _python("import sys, diloco, diloco.sim, diloco.traffic, diloco.algorithm.schedule, "
-                  "diloco.methods, diloco.layout, diloco.algorithm, diloco.comm, diloco.train, diloco.scaling\n"
-                  "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = _python(
+        "import sys, diloco, diloco.sim, diloco.traffic, diloco.algorithm.schedule, "
+        "diloco.methods, diloco.layout, diloco.algorithm, diloco.comm, diloco.train, diloco.scaling\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
     assert out == "[]"
 
 
 def test_the_users_import_line_works():
-    out = _python("from diloco import StreamingDiLoCo, DataParallel, run_replicas, Schedule, "
-                  "TorchDistCommunicator, setup_communicators, TrainConfig, train_model, get_codec, CODEC_NAMES\n"
-                  "print(StreamingDiLoCo.__module__, DataParallel.__module__, run_replicas.__module__, "
-                  "setup_communicators.__module__)")
-    assert out == ("diloco.algorithm.streaming diloco.algorithm.data_parallel diloco.comm.local "
-                   "diloco.distributed.launch")
+    out = _python(
+        "from diloco import StreamingDiLoCo, DataParallel, run_replicas, Schedule, "
+        "TorchDistCommunicator, setup_communicators, TrainConfig, train_model, get_codec, CODEC_NAMES\n"
+        "print(StreamingDiLoCo.__module__, DataParallel.__module__, run_replicas.__module__, "
+        "setup_communicators.__module__)"
+    )
+    assert out == (
+        "diloco.algorithm.streaming diloco.algorithm.data_parallel diloco.comm.local diloco.distributed.launch"
+    )
 
 
 @pytest.mark.parametrize("package", ["diloco", "diloco.algorithm", "diloco.comm", "diloco.train", "diloco.decoupled"])
@@ -45,8 +50,10 @@ def test_every_exported_name_resolves_and_is_listed(package):
 
 def test_the_trainer_function_has_a_plain_name_and_the_package_is_a_plain_module():
     """``diloco.train`` is a subpackage (a plain module); the function that trains is ``train_model``."""
-    out = _python("import types, diloco\nfrom diloco import train_model\nimport diloco.train as t\n"
-                  "print(type(t) is types.ModuleType, callable(t), train_model is t.train_model, train_model.__name__)")
+    out = _python(
+        "import types, diloco\nfrom diloco import train_model\nimport diloco.train as t\n"
+        "print(type(t) is types.ModuleType, callable(t), train_model is t.train_model, train_model.__name__)"
+    )
     assert out == "True False True train_model"
 
 

@@ -12,8 +12,10 @@ SEQ = 3  # windows of 4 tokens
 
 
 def _samplers(tokens: np.ndarray, world: int, batch: int, seed: int = 7, partition: str = "interleaved"):
-    return [ShardSampler(tokens, rank=r, world_size=world, batch_size=batch, seq_len=SEQ, seed=seed,
-                         partition=partition) for r in range(world)]
+    return [
+        ShardSampler(tokens, rank=r, world_size=world, batch_size=batch, seq_len=SEQ, seed=seed, partition=partition)
+        for r in range(world)
+    ]
 
 
 def _read(samplers, steps: int) -> list[int]:
@@ -49,7 +51,7 @@ def test_an_epoch_cut_between_replica_counts_reads_every_window_once(worlds, par
     left = samplers[0].windows_per_epoch - samplers[0].index
     assert all(s.windows_per_epoch - s.index == left for s in samplers)  # equal shards: still in lockstep
     for s in samplers:
-        read += (s.tokens[s.window_starts[s._epoch_order()[s.index:]]] // (SEQ + 1)).tolist()
+        read += (s.tokens[s.window_starts[s._epoch_order()[s.index :]]] // (SEQ + 1)).tolist()
     assert len(read) == len(set(read)), "a window was read twice in the epoch"
     assert n_windows - len(read) < worlds[-1], "more windows skipped than the equal-shards leftovers"
 

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from diloco.scaling.fit import best_points, fit_scaling, quadratic_optimum
-from diloco.scaling.records import load_records, method_key, split_key
 from diloco.scaling.laws import fit_law, log_residual
+from diloco.scaling.records import load_records, method_key, split_key
 from diloco.scaling.sweep import GridSpec, expand
 from diloco.scaling.synthetic import SyntheticLaw, synthetic_run
 
@@ -23,8 +23,15 @@ def synthetic_records(law: SyntheticLaw, *, lr_steps: int = 9, batches=(16, 32, 
     for s, n in SIZES.items():
         centre = float(law.optimal_inner_lr(n, 2))
         lrs[s] = [float(f"{centre * 2 ** (k / 2):.6g}") for k in range(-(lr_steps // 2), lr_steps // 2 + 1)]
-    grid = GridSpec(sizes=tuple(SIZES), num_params=SIZES, inner_lr=lrs, global_batch=list(batches),
-                    replicas=(1, 2, 4, 8), outer_lr=(0.4, 0.6, 0.8), runner="synthetic")
+    grid = GridSpec(
+        sizes=tuple(SIZES),
+        num_params=SIZES,
+        inner_lr=lrs,
+        global_batch=list(batches),
+        replicas=(1, 2, 4, 8),
+        outer_lr=(0.4, 0.6, 0.8),
+        runner="synthetic",
+    )
     return [{**c, **synthetic_run(c, law), "status": "ok"} for c in expand(grid)]
 
 
@@ -44,7 +51,7 @@ def test_quadratic_optimum_is_the_vertex_of_an_exact_parabola():
     opt = quadratic_optimum(xs, [a * (math.log(x) - u0) ** 2 + c for x in xs])
     assert opt is not None
     assert opt[0] == pytest.approx(1.7e-3, rel=1e-9) and opt[1] == pytest.approx(c, rel=1e-12)
-    assert quadratic_optimum(xs, [-(math.log(x) - u0) ** 2 for x in xs]) is None  # opens downward
+    assert quadratic_optimum(xs, [-((math.log(x) - u0) ** 2) for x in xs]) is None  # opens downward
     assert quadratic_optimum(xs, [(math.log(x) - math.log(1.0)) ** 2 for x in xs]) is None  # vertex outside
     assert quadratic_optimum(xs[:2], [1.0, 2.0]) is None  # too few values
 
@@ -53,9 +60,20 @@ def test_quadratic_optimum_is_the_vertex_of_an_exact_parabola():
 @given(st.lists(st.floats(2.0, 5.0), min_size=3, max_size=12), st.integers(0, 2**31 - 1))
 def test_best_point_without_smoothing_is_the_minimum(losses, seed):
     rng = np.random.default_rng(seed)
-    recs = [{"method": "diloco", "replicas": 2, "num_params": 10**8, "size": "x", "eval_loss": loss,
-             "inner_lr": float(rng.choice([1e-3, 2e-3, 4e-3])), "global_batch": int(rng.choice([8, 16])),
-             "outer_lr": 0.7, "sync_every": 30} for loss in losses]
+    recs = [
+        {
+            "method": "diloco",
+            "replicas": 2,
+            "num_params": 10**8,
+            "size": "x",
+            "eval_loss": loss,
+            "inner_lr": float(rng.choice([1e-3, 2e-3, 4e-3])),
+            "global_batch": int(rng.choice([8, 16])),
+            "outer_lr": 0.7,
+            "sync_every": 30,
+        }
+        for loss in losses
+    ]
     (p,) = best_points(recs)
     assert p.loss == min(losses) and p.num_runs == len(losses) and p.key == "diloco-m2"
     best = min(recs, key=lambda r: r["eval_loss"])
@@ -174,24 +192,34 @@ def test_user_errors_are_value_errors():
 
 
 def _write(path, lines):
-    path.write_text("".join((l if isinstance(l, str) else json.dumps(l)) + "\n" for l in lines))
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
     return path
 
 
 GOOD = {"run_id": "g", "status": "ok", "eval_loss": 3.0, "method": "dp", "num_params": 1000}
 
 
-@pytest.mark.parametrize("bad, message", [
-    ("[1, 2]", "r.jsonl:2: a record must be a JSON object"),
-    ('"text"', "r.jsonl:2: a record must be a JSON object"),
-    ({"run_id": "x", "status": "ok", "eval_loss": 3.0, "num_params": 10}, "r.jsonl:2: the record has no 'method'"),
-    ({"run_id": "x", "status": "ok", "eval_loss": 3.0, "method": "dp"}, "r.jsonl:2: the record has no 'num_params'"),
-    ({"run_id": "x", "status": "ok", "eval_loss": "3.1", "method": "dp", "num_params": 10},
-     "r.jsonl:2: eval_loss='3.1' is not a number"),
-    ({"run_id": "x", "status": "ok", "eval_loss": 3.0, "method": "dp", "num_params": 10, "replicas": 1.5},
-     "r.jsonl:2: replicas=1.5"),
-    ("{not json", "r.jsonl:2 is not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("[1, 2]", "r.jsonl:2: a record must be a JSON object"),
+        ('"text"', "r.jsonl:2: a record must be a JSON object"),
+        ({"run_id": "x", "status": "ok", "eval_loss": 3.0, "num_params": 10}, "r.jsonl:2: the record has no 'method'"),
+        (
+            {"run_id": "x", "status": "ok", "eval_loss": 3.0, "method": "dp"},
+            "r.jsonl:2: the record has no 'num_params'",
+        ),
+        (
+            {"run_id": "x", "status": "ok", "eval_loss": "3.1", "method": "dp", "num_params": 10},
+            "r.jsonl:2: eval_loss='3.1' is not a number",
+        ),
+        (
+            {"run_id": "x", "status": "ok", "eval_loss": 3.0, "method": "dp", "num_params": 10, "replicas": 1.5},
+            "r.jsonl:2: replicas=1.5",
+        ),
+        ("{not json", "r.jsonl:2 is not valid JSON"),
+    ],
+)
 def test_fit_input_errors_name_the_file_and_line(tmp_path, bad, message):
     path = _write(tmp_path / "r.jsonl", [GOOD, bad, GOOD])
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
@@ -219,8 +247,11 @@ def test_an_unfinished_last_line_is_skipped_with_a_warning(tmp_path):
 
 def test_forms_with_more_parameters_in_n_than_sizes_are_not_fitted_and_say_so():
     law = SyntheticLaw(noise=0.0)
-    records = [{"method": "diloco", "replicas": m, "num_params": n, "eval_loss": float(law.best_loss(n, m)),
-                "status": "ok"} for n in (2e7, 5e7, 1.2e8) for m in (1, 2, 4)]
+    records = [
+        {"method": "diloco", "replicas": m, "num_params": n, "eval_loss": float(law.best_loss(n, m)), "status": "ok"}
+        for n in (2e7, 5e7, 1.2e8)
+        for m in (1, 2, 4)
+    ]
     fit = fit_scaling(records, max_inits=8)
     assert set(fit.loss_laws) == {"diloco-m1", "diloco-m2", "diloco-m4"} and not fit.loss_laws_c
     assert "joint" in fit.joint and not {"joint+C", "exp-M+C", "additive"} & set(fit.joint)
@@ -254,8 +285,12 @@ def test_bootstrap_intervals_cover_the_fitted_value_and_token_budget_moves_the_l
     same = fit.predict(1e10, method="dp", tokens=2e11)
     assert same.loss == pr.loss
     # the paper's extrapolations (DP 2.224 at 4B, 2.090 at 10B; M = 2: 2.218, 2.083): within ~1 % with C
-    for method, m, n, paper in (("dp", 1, 4e9, 2.224), ("dp", 1, 1e10, 2.090), ("diloco", 2, 4e9, 2.218),
-                                ("diloco", 2, 1e10, 2.083)):
+    for method, m, n, paper in (
+        ("dp", 1, 4e9, 2.224),
+        ("dp", 1, 1e10, 2.090),
+        ("diloco", 2, 4e9, 2.218),
+        ("diloco", 2, 1e10, 2.083),
+    ):
         assert fit.predict(n, method=method, replicas=m).loss == pytest.approx(paper, rel=0.012)
     assert fit.predict(1e10, method="dp", law="power").loss < 0.975 * 2.090  # a pure power law: ~3 % low at 10B
 
@@ -263,13 +298,27 @@ def test_bootstrap_intervals_cover_the_fitted_value_and_token_budget_moves_the_l
 def test_cli_fit_reports_bad_lines_and_warnings(tmp_path, capsys):
     from diloco.cli import main
 
-    good = [{"run_id": f"r{i}", "status": "ok", "method": "dp", "replicas": 1, "num_params": n, "tokens": 20 * n,
-             "eval_loss": 20 * n ** -0.1} for i, n in enumerate((1e6, 3e6, 1e7, 3e7, 1e8))]
+    good = [
+        {
+            "run_id": f"r{i}",
+            "status": "ok",
+            "method": "dp",
+            "replicas": 1,
+            "num_params": n,
+            "tokens": 20 * n,
+            "eval_loss": 20 * n**-0.1,
+        }
+        for i, n in enumerate((1e6, 3e6, 1e7, 3e7, 1e8))
+    ]
     path = tmp_path / "r.jsonl"
     nan = {"run_id": "bad", "status": "ok", "method": "dp", "replicas": 1, "num_params": 5e6, "eval_loss": float("nan")}
     path.write_text("".join(json.dumps(r) + "\n" for r in [nan, *good]))
-    assert main(["fit", "--results", str(path), "--bootstrap", "5", "--predict", "1e9", "--json",
-                 str(tmp_path / "f.json")]) == 0
+    assert (
+        main(
+            ["fit", "--results", str(path), "--bootstrap", "5", "--predict", "1e9", "--json", str(tmp_path / "f.json")]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert f"warning: {path}:1: skipped a run with eval_loss=nan" in captured.err
     assert "90 % interval" in captured.out and "outside the fitted sizes" in captured.out

@@ -17,8 +17,13 @@ def point(key_method: str, m: int, n: int, loss: float) -> BestPoint:
 
 
 def test_percent_vs_dp_is_the_relative_difference():
-    pts = [point("dp", 1, 10, 2.0), point("dp", 1, 20, 4.0), point("diloco", 2, 10, 2.02),
-           point("diloco", 2, 20, 3.96), point("diloco", 4, 30, 1.0)]
+    pts = [
+        point("dp", 1, 10, 2.0),
+        point("dp", 1, 20, 4.0),
+        point("diloco", 2, 10, 2.02),
+        point("diloco", 2, 20, 3.96),
+        point("diloco", 4, 30, 1.0),
+    ]
     diffs = percent_vs_dp(pts)
     assert diffs["diloco-m2"] == pytest.approx({10: 1.0, 20: -1.0})
     assert diffs["diloco-m4"] == {}  # no DP run at that size
@@ -41,12 +46,19 @@ def test_report_on_the_paper_table_writes_plots_and_markdown(tmp_path):
 
 
 def test_cli_end_to_end_on_the_synthetic_runner(tmp_path, capsys):
-    grid = {"sizes": ["35M", "90M", "180M", "335M"], "runner": "synthetic",
-            "inner_lr": {"35M": {"start": 2.5e-3, "stop": 1e-2, "factor": "sqrt2"},
-                         "90M": {"start": 1.25e-3, "stop": 5e-3, "factor": "sqrt2"},
-                         "180M": {"start": 6e-4, "stop": 2.5e-3, "factor": "sqrt2"},
-                         "335M": {"start": 3e-4, "stop": 1.25e-3, "factor": "sqrt2"}},
-            "global_batch": {"start": 16, "stop": 64, "factor": 2}, "replicas": [1, 2], "outer_lr": [0.6]}
+    grid = {
+        "sizes": ["35M", "90M", "180M", "335M"],
+        "runner": "synthetic",
+        "inner_lr": {
+            "35M": {"start": 2.5e-3, "stop": 1e-2, "factor": "sqrt2"},
+            "90M": {"start": 1.25e-3, "stop": 5e-3, "factor": "sqrt2"},
+            "180M": {"start": 6e-4, "stop": 2.5e-3, "factor": "sqrt2"},
+            "335M": {"start": 3e-4, "stop": 1.25e-3, "factor": "sqrt2"},
+        },
+        "global_batch": {"start": 16, "stop": 64, "factor": 2},
+        "replicas": [1, 2],
+        "outer_lr": [0.6],
+    }
     grid_path, results = tmp_path / "grid.json", tmp_path / "results.jsonl"
     grid_path.write_text(json.dumps(grid))
 
@@ -56,8 +68,26 @@ def test_cli_end_to_end_on_the_synthetic_runner(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["ran"] == 4 * 5 * 3 * 3
 
     fit_json = tmp_path / "fit.json"
-    assert main(["fit", "--results", str(results), "--smooth-by", "inner_lr", "--max-inits", "4", "--bootstrap", "5",
-                 "--json", str(fit_json), "--predict", "1e9"]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                "--results",
+                str(results),
+                "--smooth-by",
+                "inner_lr",
+                "--max-inits",
+                "4",
+                "--bootstrap",
+                "5",
+                "--json",
+                str(fit_json),
+                "--predict",
+                "1e9",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "SYNTHETIC" in out and "| loss | dp | A * N^alpha |" in out and "predictions at N = 1e+09" in out
     data = json.loads(fit_json.read_text())

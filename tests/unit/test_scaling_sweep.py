@@ -27,8 +27,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def small_grid(**kw) -> GridSpec:
-    spec = dict(sizes=("35M", "90M"), inner_lr=[1e-3, 2e-3], global_batch=[8, 16], replicas=(1, 2, 4),
-                outer_lr=(0.4, 0.8), runner="synthetic")
+    spec = dict(
+        sizes=("35M", "90M"),
+        inner_lr=[1e-3, 2e-3],
+        global_batch=[8, 16],
+        replicas=(1, 2, 4),
+        outer_lr=(0.4, 0.8),
+        runner="synthetic",
+    )
     spec.update(kw)
     return GridSpec(**spec)
 
@@ -101,9 +107,16 @@ def test_grid_validation_names_the_problem():
 
 def test_grid_from_json_accepts_ladders_and_per_size_lists(tmp_path):
     path = tmp_path / "g.json"
-    path.write_text(json.dumps({"sizes": ["35M", "90M"], "runner": "synthetic",
-                                "inner_lr": {"35M": {"start": 2e-3, "stop": 4e-3, "factor": "sqrt2"}, "90M": [1e-3]},
-                                "global_batch": {"start": 8, "stop": 32, "factor": 2}}))
+    path.write_text(
+        json.dumps(
+            {
+                "sizes": ["35M", "90M"],
+                "runner": "synthetic",
+                "inner_lr": {"35M": {"start": 2e-3, "stop": 4e-3, "factor": "sqrt2"}, "90M": [1e-3]},
+                "global_batch": {"start": 8, "stop": 32, "factor": 2},
+            }
+        )
+    )
     grid = GridSpec.from_json(path)
     assert grid.inner_lr == {"35M": (2e-3, 0.00282843, 4e-3), "90M": (1e-3,)}
     assert grid.global_batch["90M"] == (8, 16, 32)
@@ -128,8 +141,22 @@ def test_finished_runs_are_skipped(tmp_path):
     assert len(third.calls) == len(expand(wider)) - total
     records = read_results(out)
     assert sorted(r["run_id"] for r in records) == sorted(c["run_id"] for c in expand(wider))
-    fields = {"run_id", "size", "num_params", "method", "replicas", "inner_lr", "global_batch", "outer_lr",
-              "sync_every", "tokens", "eval_loss", "wall_time_s", "status", "error"}
+    fields = {
+        "run_id",
+        "size",
+        "num_params",
+        "method",
+        "replicas",
+        "inner_lr",
+        "global_batch",
+        "outer_lr",
+        "sync_every",
+        "tokens",
+        "eval_loss",
+        "wall_time_s",
+        "status",
+        "error",
+    }
     assert all(fields <= set(r) and r["status"] == "ok" for r in records)
 
 
@@ -139,8 +166,9 @@ def test_failures_are_recorded_and_retried_only_on_request(tmp_path):
     s = run_sweep(grid, results_path=out, run_fn=Counter(fail_on={2, 5}), progress=False)
     assert s.failed == 2
     failed = [r for r in read_results(out) if r["status"] == "failed"]
-    assert len(failed) == 2 and all(r["error"] == "RuntimeError: out of memory" and r["eval_loss"] is None
-                                    for r in failed)
+    assert len(failed) == 2 and all(
+        r["error"] == "RuntimeError: out of memory" and r["eval_loss"] is None for r in failed
+    )
     assert run_sweep(grid, results_path=out, run_fn=Counter(), progress=False).ran == 0
     retry = Counter()
     run_sweep(grid, results_path=out, run_fn=retry, progress=False, retry_failed=True)
@@ -150,8 +178,7 @@ def test_failures_are_recorded_and_retried_only_on_request(tmp_path):
 
 def test_a_diverged_run_is_a_failure_not_a_nan(tmp_path):
     out = tmp_path / "r.jsonl"
-    run_sweep(small_grid(sizes=("35M",)), results_path=out, run_fn=lambda c: {"eval_loss": math.nan},
-              progress=False)
+    run_sweep(small_grid(sizes=("35M",)), results_path=out, run_fn=lambda c: {"eval_loss": math.nan}, progress=False)
     text = out.read_text()
     assert "NaN" not in text
     assert all(r["status"] == "failed" and "diverged" in r["error"] for r in read_results(out))
@@ -200,8 +227,19 @@ def test_two_sweeps_cannot_write_one_file(tmp_path):
 
 
 def test_runner_registry():
-    assert get_runner("synthetic")({"num_params": 35e6, "replicas": 2, "method": "diloco", "inner_lr": 3e-3,
-                                    "global_batch": 32, "outer_lr": 0.6})["synthetic"] is True
+    assert (
+        get_runner("synthetic")(
+            {
+                "num_params": 35e6,
+                "replicas": 2,
+                "method": "diloco",
+                "inner_lr": 3e-3,
+                "global_batch": 32,
+                "outer_lr": 0.6,
+            }
+        )["synthetic"]
+        is True
+    )
     with pytest.raises(ValueError, match="unknown runner"):
         get_runner("nope")
     with pytest.raises(ValueError, match="must be a callable"):
@@ -210,20 +248,37 @@ def test_runner_registry():
 
 
 def _sweep_cmd(grid_path: Path, out: Path, delay: float) -> list[str]:
-    return [sys.executable, "-m", "diloco", "sweep", "--grid", str(grid_path), "--out", str(out),
-            "--runner", "synthetic", "--synthetic-delay", str(delay), "--no-progress"]
+    return [
+        sys.executable,
+        "-m",
+        "diloco",
+        "sweep",
+        "--grid",
+        str(grid_path),
+        "--out",
+        str(out),
+        "--runner",
+        "synthetic",
+        "--synthetic-delay",
+        str(delay),
+        "--no-progress",
+    ]
 
 
 def test_sigkill_midway_then_restart_loses_only_the_run_in_progress(tmp_path):
-    grid = {"sizes": ["35M", "90M"], "inner_lr": [1e-3, 2e-3, 4e-3], "global_batch": [8, 16],
-            "replicas": [1, 2], "outer_lr": [0.6]}
+    grid = {
+        "sizes": ["35M", "90M"],
+        "inner_lr": [1e-3, 2e-3, 4e-3],
+        "global_batch": [8, 16],
+        "replicas": [1, 2],
+        "outer_lr": [0.6],
+    }
     grid_path, out = tmp_path / "grid.json", tmp_path / "results.jsonl"
     grid_path.write_text(json.dumps(grid))
     all_ids = {c["run_id"] for c in expand(GridSpec.from_dict({**grid, "runner": "synthetic"}))}
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
 
-    proc = subprocess.Popen(_sweep_cmd(grid_path, out, 0.05), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(_sweep_cmd(grid_path, out, 0.05), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 6):
         time.sleep(0.02)
@@ -239,8 +294,7 @@ def test_sigkill_midway_then_restart_loses_only_the_run_in_progress(tmp_path):
     ids = [r["run_id"] for r in after]
     assert sorted(ids) == sorted(all_ids)  # every grid point exactly once
     assert after[: len(before)] == before  # nothing written before the kill was lost or rewritten
-    assert summary == {"total": len(all_ids), "skipped": len(before), "ran": len(all_ids) - len(before),
-                       "failed": 0}
+    assert summary == {"total": len(all_ids), "skipped": len(before), "ran": len(all_ids) - len(before), "failed": 0}
     assert all(r["synthetic"] is True and r["runner"] == "synthetic" for r in after)
 
 

@@ -79,6 +79,7 @@ def test_explicit_offsets_validated():
 
 # -- choosing the staggering: StreamingDiLoCo(schedule=...) ------------------------------------
 
+
 def test_torchft_schedule_sends_tau_before_the_window_end_and_merges_on_it():
     """torchft 0.2.0: fragment p sends after (p+1) H/P - tau and merges after (p+1) H/P, every H steps."""
     H, P, tau = 12, 3, 2
@@ -93,10 +94,13 @@ def test_torchft_schedule_sends_tau_before_the_window_end_and_merges_on_it():
     assert Schedule(H, P, tau).offsets == (4, 8, 12)
 
 
-@pytest.mark.parametrize("H, P, tau, message", [
-    (10, 3, 0, r"H=10\) to be a multiple of num_fragments \(P=3\).*H = 3 x k"),
-    (8, 2, 4, r"0 <= overlap_steps \(tau=4\) < H/P = 4.*use tau <= 3"),
-])
+@pytest.mark.parametrize(
+    "H, P, tau, message",
+    [
+        (10, 3, 0, r"H=10\) to be a multiple of num_fragments \(P=3\).*H = 3 x k"),
+        (8, 2, 4, r"0 <= overlap_steps \(tau=4\) < H/P = 4.*use tau <= 3"),
+    ],
+)
 def test_torchft_schedule_rejects_what_torchft_rejects(H, P, tau, message):
     with pytest.raises(ValueError, match=message):
         Schedule.torchft(H, P, tau)
@@ -110,8 +114,11 @@ def test_resolve_schedule_accepts_each_form_and_names_bad_ones():
     assert resolve_schedule("torchft", 8, 2, 1).offsets == (3, 7)
     assert resolve_schedule((2, 8), 8, 2, 1).offsets == (2, 8)
     assert resolve_schedule(Schedule(8, 2, 1, offsets=(1, 5)), 8, 2, 1).offsets == (1, 5)
-    with pytest.raises(ValueError, match=r"schedule has \(H, P, tau\) = \(8, 2, 0\) but the algorithm was given "
-                                         r"sync_every=8, num_fragments=2, overlap_steps=1"):
+    with pytest.raises(
+        ValueError,
+        match=r"schedule has \(H, P, tau\) = \(8, 2, 0\) but the algorithm was given "
+        r"sync_every=8, num_fragments=2, overlap_steps=1",
+    ):
         resolve_schedule(Schedule(8, 2, 0), 8, 2, 1)
     with pytest.raises(ValueError, match=r"offsets must lie in 1..H=8.*got \[9\]"):
         resolve_schedule((1, 9), 8, 2, 1)
@@ -126,15 +133,14 @@ def test_resolve_schedule_accepts_each_form_and_names_bad_ones():
 def test_streaming_diloco_runs_the_schedule_it_is_given():
     """Offsets change when fragments sync, and a bad schedule fails before any communication."""
     import torch
-
     from _tiny import TinyNet
+
     from diloco import StreamingDiLoCo, run_replicas
 
     def replica(comm, schedule):
         torch.manual_seed(0)
         model = TinyNet()
-        algo = StreamingDiLoCo(model, comm=comm, sync_every=4, num_fragments=2, overlap_steps=1,
-                               schedule=schedule)
+        algo = StreamingDiLoCo(model, comm=comm, sync_every=4, num_fragments=2, overlap_steps=1, schedule=schedule)
         done = []
         for _ in range(8):
             done += [(r.started_at, r.step, r.fragment) for r in algo.step()]

@@ -23,8 +23,8 @@ def test_compute_stream_offsets_by_hand():
     # L = 3: F0 F1 F2 | Ba2 Bp2 Ba1 Bp1 Bp0 -> 8 nodes of 1 s each.
     s = ComputeStream(3, 8.0)
     assert s.num_nodes == 8 and s.node_time_s == 1.0
-    assert [s.forward_start(l) for l in range(3)] == [0.0, 1.0, 2.0]
-    assert [s.param_backward_end(l) for l in range(3)] == [8.0, 7.0, 5.0]
+    assert [s.forward_start(layer) for layer in range(3)] == [0.0, 1.0, 2.0]
+    assert [s.param_backward_end(layer) for layer in range(3)] == [8.0, 7.0, 5.0]
 
 
 @FAST
@@ -32,21 +32,38 @@ def test_compute_stream_offsets_by_hand():
 def test_infinite_bandwidth_is_full_utilization(L, T, N):
     model = ModelSpec(L, N, T)
     for method in paper_methods(max(L, 3), sync_every=100, fragment_layers=3)[:1] + [
-        diloco(sync_every=7), streaming(sync_every=10, num_fragments=min(L + 1, 4), overlap_steps=1)
+        diloco(sync_every=7),
+        streaming(sync_every=10, num_fragments=min(L + 1, 4), overlap_steps=1),
     ]:
         assert utilization_curve(model, method, [np.inf])[0] == pytest.approx(1.0, abs=1e-12)
 
 
 @FAST
-@given(T=step_times, N=params, b=bits, gbps=st.floats(0.01, 1e4), latency=st.floats(0, 1.0),
-       M=st.integers(2, 9), exchange=st.sampled_from(EXCHANGES))
+@given(
+    T=step_times,
+    N=params,
+    b=bits,
+    gbps=st.floats(0.01, 1e4),
+    latency=st.floats(0, 1.0),
+    M=st.integers(2, 9),
+    exchange=st.sampled_from(EXCHANGES),
+)
 def test_data_parallel_one_layer_by_hand(T, N, b, gbps, latency, M, exchange):
     # One layer: its gradient is ready at the end of the step and needed at the start of the next,
     # so the whole reduction is exposed: CU = T / (T + link bits / W + hops * latency), with the
     # link bits of the shared traffic function and one latency per ring hop.
     bw = gbps * 1e9
-    cu = predict_utilization(method="dp", num_params=N, num_layers=1, step_time_s=T, bandwidth_bps=bw,
-                             latency_s=latency, bits=b, num_workers=M, exchange=exchange)
+    cu = predict_utilization(
+        method="dp",
+        num_params=N,
+        num_layers=1,
+        step_time_s=T,
+        bandwidth_bps=bw,
+        latency_s=latency,
+        bits=b,
+        num_workers=M,
+        exchange=exchange,
+    )
     link_bits = 8 * exchange_bytes(payload_bytes=N * b / 8, num_replicas=M, exchange=exchange)
     hops = 2 * (M - 1) if exchange == "reduce_scatter" else M - 1
     assert cu == pytest.approx(T / (T + link_bits / bw + hops * latency), rel=1e-12)
@@ -199,8 +216,9 @@ def test_user_errors():
     with pytest.raises(ValueError, match="method must be one of"):
         predict_utilization(method="ddp", num_params=1e6, num_layers=2, step_time_s=1.0, bandwidth_bps=1e9)
     with pytest.raises(ValueError, match="data-parallel reduces every step"):
-        predict_utilization(method="dp", num_params=1e6, num_layers=2, step_time_s=1.0, bandwidth_bps=1e9,
-                            sync_every=10)
+        predict_utilization(
+            method="dp", num_params=1e6, num_layers=2, step_time_s=1.0, bandwidth_bps=1e9, sync_every=10
+        )
     with pytest.raises(ValueError, match="non_block_params"):
         ModelSpec(2, 1e6, 1.0, non_block_params=2e6)
     with pytest.raises(ValueError, match="fragment_spacing"):
@@ -227,10 +245,12 @@ def test_overlapping_fragments_queue_on_the_link():
     # other on the FIFO link, fragments far apart do not.
     model = ModelSpec(12, 1e9, 0.3)
     bw = [2e9]  # a 3-layer fragment (4e9 bits) takes 2 s, about 7 steps
-    near = utilization_curve(model, streaming(sync_every=100, num_fragments=5, overlap_steps=1,
-                                              fragment_spacing=1), bw)[0]
-    far = utilization_curve(model, streaming(sync_every=100, num_fragments=5, overlap_steps=1,
-                                             fragment_spacing=20), bw)[0]
+    near = utilization_curve(
+        model, streaming(sync_every=100, num_fragments=5, overlap_steps=1, fragment_spacing=1), bw
+    )[0]
+    far = utilization_curve(
+        model, streaming(sync_every=100, num_fragments=5, overlap_steps=1, fragment_spacing=20), bw
+    )[0]
     assert near < far - 0.01
 
 
@@ -262,8 +282,17 @@ def test_predict_utilization_eager(mbps: float) -> None:
     # eager updates (tau = H): each round's exchange overlaps the whole next round, so in steady state a
     # round takes max(H T, the exchange's link time): utilization = min(1, H T / (bits / bandwidth))
     H, T = 8, 0.5
-    kw = dict(method="diloco", num_params=2e6, num_layers=5, step_time_s=T, bandwidth_bps=mbps * 1e6,
-              non_block_params=1e6, sync_every=H, overlap_steps=H, overlap_backward=False)
+    kw = dict(
+        method="diloco",
+        num_params=2e6,
+        num_layers=5,
+        step_time_s=T,
+        bandwidth_bps=mbps * 1e6,
+        non_block_params=1e6,
+        sync_every=H,
+        overlap_steps=H,
+        overlap_backward=False,
+    )
     bits = sum(build_plan(ModelSpec(5, 2e6, T, non_block_params=1e6), diloco(sync_every=H)).unit_bits)
     assert predict_utilization(**kw, eager=True) == pytest.approx(min(1.0, H * T / (bits / (mbps * 1e6))), rel=1e-9)
     with pytest.raises(ValueError, match="overlap_steps must equal sync_every"):

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from diloco.sim.paper import (
+    CONVENTIONS,
     PAPER_GRID_GBPS,
     PAPER_STEP_TIME_SCALE,
     TABLE4,
-    CONVENTIONS,
     TABLE6,
     format_table,
     grid_index,
@@ -23,8 +23,10 @@ def _report(name, cells):
     print(f"\n{name}: {s['exact']}/{s['cells']} cells exact, {s['within_one']}/{s['cells']} within one grid step")
     print(format_table(cells))
     for m in s["misses"]:
-        print(f"  miss: {m['method']} {m['size']} {m['target']:.0%}: paper {m['paper_gbps']} Gbit/s, "
-              f"simulated {m['sim_gbps']:.2f} ({m['offset']:+d} grid steps)")
+        print(
+            f"  miss: {m['method']} {m['size']} {m['target']:.0%}: paper {m['paper_gbps']} Gbit/s, "
+            f"simulated {m['sim_gbps']:.2f} ({m['offset']:+d} grid steps)"
+        )
     return s
 
 
@@ -79,10 +81,17 @@ def test_table6_with_table4_assumptions():
 def test_table6_rows_each_need_their_own_step_time_scale():
     scales = np.round(np.arange(1.20, 1.70, 0.01), 2)
     ranges = matching_scales(scales)
-    print("\nTable 6: step-time scales at which a row matches all five cells:",
-          {r: (v[0], v[-1]) if v else None for r, v in ranges.items()})
-    expected = {"Data-Parallel": (1.28, 1.39), "DiLoCo H=10": (1.31, 1.34), "DiLoCo H=50": (1.49, 1.61),
-                "DiLoCo H=100": (1.46, 1.50), "DiLoCo H=300": (1.38, 1.47)}
+    print(
+        "\nTable 6: step-time scales at which a row matches all five cells:",
+        {r: (v[0], v[-1]) if v else None for r, v in ranges.items()},
+    )
+    expected = {
+        "Data-Parallel": (1.28, 1.39),
+        "DiLoCo H=10": (1.31, 1.34),
+        "DiLoCo H=50": (1.49, 1.61),
+        "DiLoCo H=100": (1.46, 1.50),
+        "DiLoCo H=300": (1.38, 1.47),
+    }
     for row, (lo, hi) in expected.items():
         assert ranges[row][0] == pytest.approx(lo) and ranges[row][-1] == pytest.approx(hi), row
     assert not set.intersection(*(set(v) for v in ranges.values()))  # no one scale fits every row
@@ -97,8 +106,10 @@ def test_table6_h100_row_is_table4_1b_diloco_row():
 def test_table4_without_a_fitted_constant_by_reading_the_last_grid_point_below():
     # At the stated step times, reading "the largest grid bandwidth still below the target": 66/75 exact,
     # 75/75 within one grid step, no fitted constant.
-    s = _report("Table 4, stated step times, last grid point below", reproduce_table4(step_time_scale=1.0,
-                                                                                      convention="last_below"))
+    s = _report(
+        "Table 4, stated step times, last grid point below",
+        reproduce_table4(step_time_scale=1.0, convention="last_below"),
+    )
     assert (s["exact"], s["within_one"]) == (66, 75)
     assert CONVENTIONS == ("first_reaching", "last_below")
 

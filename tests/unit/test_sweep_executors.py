@@ -14,8 +14,15 @@ from diloco.scaling.executors import InlineExecutor, LocalExecutor, SubmititExec
 from diloco.scaling.sweep import GridSpec, expand, read_results, run_sweep
 from diloco.scaling.synthetic import synthetic_run
 
-GRID = dict(sizes=("35M", "90M"), inner_lr=(1e-3, 2e-3), global_batch=(16,), methods=("dp", "diloco"),
-            replicas=(2,), outer_lr=(0.6,), runner="synthetic")
+GRID = dict(
+    sizes=("35M", "90M"),
+    inner_lr=(1e-3, 2e-3),
+    global_batch=(16,),
+    methods=("dp", "diloco"),
+    replicas=(2,),
+    outer_lr=(0.6,),
+    runner="synthetic",
+)
 
 
 def _without_worker(records):
@@ -36,16 +43,21 @@ def inline_records(tmp_path_factory):
     return sorted(_without_worker(read_results(out)), key=lambda r: r["run_id"])
 
 
-@pytest.mark.parametrize("executor", [
-    pytest.param(lambda tmp: LocalExecutor(1), id="local-1"),
-    pytest.param(lambda tmp: LocalExecutor(3), id="local-3"),
-    pytest.param(lambda tmp: SubmititExecutor(tmp / "submitit", cluster="local", poll_s=0.05), id="submitit-local"),
-])
-def test_process_executors_give_the_inline_records_each_once_each_in_its_own_process(tmp_path, executor,
-                                                                                     inline_records):
+@pytest.mark.parametrize(
+    "executor",
+    [
+        pytest.param(lambda tmp: LocalExecutor(1), id="local-1"),
+        pytest.param(lambda tmp: LocalExecutor(3), id="local-3"),
+        pytest.param(lambda tmp: SubmititExecutor(tmp / "submitit", cluster="local", poll_s=0.05), id="submitit-local"),
+    ],
+)
+def test_process_executors_give_the_inline_records_each_once_each_in_its_own_process(
+    tmp_path, executor, inline_records
+):
     out = tmp_path / "r.jsonl"
-    summary = run_sweep(GridSpec(**GRID), results_path=out, run_fn=synthetic_run, progress=False,
-                        executor=executor(tmp_path))
+    summary = run_sweep(
+        GridSpec(**GRID), results_path=out, run_fn=synthetic_run, progress=False, executor=executor(tmp_path)
+    )
     records = read_results(out)
     ids = [r["run_id"] for r in records]
     assert len(ids) == len(set(ids)) == len(expand(GridSpec(**GRID))) == summary.ran
@@ -82,13 +94,32 @@ def test_cli_executor_options(tmp_path, capsys):
     grid = tmp_path / "grid.json"
     grid.write_text(json.dumps({**GRID, "sizes": list(GRID["sizes"])}))
     out = tmp_path / "r.jsonl"
-    assert main(["sweep", "--grid", str(grid), "--out", str(out), "--executor", "local", "--workers", "2",
-                 "--synthetic-delay", "0.01", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "--grid",
+                str(grid),
+                "--out",
+                str(out),
+                "--executor",
+                "local",
+                "--workers",
+                "2",
+                "--synthetic-delay",
+                "0.01",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["ran"] == len(expand(GridSpec(**GRID)))
     assert all("worker" in r for r in read_results(out))
-    for argv, message in ((["--workers", "2"], "--workers=2 goes with --executor local"),
-                          (["--executor", "local", "--slurm", "partition=x"], "--slurm goes with"),
-                          (["--executor", "slurm", "--slurm", "novalue"], "give KEY=VALUE")):
+    for argv, message in (
+        (["--workers", "2"], "--workers=2 goes with --executor local"),
+        (["--executor", "local", "--slurm", "partition=x"], "--slurm goes with"),
+        (["--executor", "slurm", "--slurm", "novalue"], "give KEY=VALUE"),
+    ):
         assert main(["sweep", "--grid", str(grid), "--out", str(tmp_path / "x.jsonl"), *argv]) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "x.jsonl").exists()
@@ -100,9 +131,16 @@ def test_streaming_records_train_streaming_and_base_fragments_reach_only_streami
     pytest.importorskip("torch")
     from diloco.train.sweep_runner import config_from_record
 
-    grid = GridSpec(sizes=("tiny",), inner_lr=(3e-3,), global_batch=(8,), methods=("dp", "diloco", "streaming"),
-                    replicas=(2,), sync_every=(8,), num_params={"tiny": 37184},
-                    base={"vocab_size": 512, "seq_len": 32, "num_fragments": 3, "overlap_steps": 1, "runs_dir": "x"})
+    grid = GridSpec(
+        sizes=("tiny",),
+        inner_lr=(3e-3,),
+        global_batch=(8,),
+        methods=("dp", "diloco", "streaming"),
+        replicas=(2,),
+        sync_every=(8,),
+        num_params={"tiny": 37184},
+        base={"vocab_size": 512, "seq_len": 32, "num_fragments": 3, "overlap_steps": 1, "runs_dir": "x"},
+    )
     by_method = {c["method"]: config_from_record(c)[0] for c in expand(grid)}
     assert by_method["streaming"].method == "streaming"
     assert (by_method["streaming"].num_fragments, by_method["streaming"].overlap_steps) == (3, 1)

@@ -3,7 +3,11 @@
 import pytest
 
 from diloco.traffic import (
-    all_gather_bytes, default_exchange, exchange_bytes, reduce_scatter_bytes, shard_sizes,
+    all_gather_bytes,
+    default_exchange,
+    exchange_bytes,
+    reduce_scatter_bytes,
+    shard_sizes,
 )
 
 
@@ -21,7 +25,9 @@ def test_reduce_scatter_equal_shards_is_the_bandwidth_limit(m):
     for rank in range(m):
         lb = reduce_scatter_bytes(shards, rank)
         assert lb.sent == lb.received == 2 * (m - 1) * n // m
-    assert exchange_bytes(payload_bytes=n, num_replicas=m, exchange="reduce_scatter") == pytest.approx(2 * (m - 1) * n / m)
+    assert exchange_bytes(payload_bytes=n, num_replicas=m, exchange="reduce_scatter") == pytest.approx(
+        2 * (m - 1) * n / m
+    )
 
 
 def test_reduce_scatter_unequal_shards_sums_to_total_traffic():
@@ -55,5 +61,6 @@ def test_default_exchange_switches_above_two():
 def test_traffic_does_not_import_torch():
     import subprocess
     import sys
+
     code = "import sys, diloco.traffic; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -43,8 +43,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(sys.platform != "linux", reason="re-parenting as on Linux")
 def test_a_worker_exits_soon_after_its_launcher_is_killed(tmp_path):
     log = tmp_path / "worker.err"
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, WORKER, str(log)], stdout=subprocess.PIPE,
-                                text=True)
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, WORKER, str(log)], stdout=subprocess.PIPE, text=True)
     worker = int(launcher.stdout.readline())
     assert launcher.stdout.readline().strip() == "watching"  # the worker's watchdog has started
     assert _alive(worker)

@@ -448,8 +448,8 @@ class BlockScaledCodec(Codec):
 
         def blocks(r0: int, r1: int) -> torch.Tensor:
             if r1 * B <= n:
-                return x32[r0 * B:r1 * B].view(-1, B)
-            return torch.nn.functional.pad(x32[r0 * B:], (0, r1 * B - n)).view(-1, B)  # the last, partial block
+                return x32[r0 * B : r1 * B].view(-1, B)
+            return torch.nn.functional.pad(x32[r0 * B :], (0, r1 * B - n)).view(-1, B)  # the last, partial block
 
         bounds = row_chunks(rows, rows_per)
         mag_buf = torch.empty(max(r1 - r0 for r0, r1 in bounds), B, device=x32.device)
@@ -473,7 +473,7 @@ class BlockScaledCodec(Codec):
             else:
                 lo, hi = r0 * B, min(n_code, r1 * B)
                 payload[lo:hi] = codes[: hi - lo]
-            payload[n_code + r0:n_code + r1] = scales
+            payload[n_code + r0 : n_code + r1] = scales
         payload[-1] = (k + _E8M0_BIAS).to(torch.uint8)
         return payload
 
@@ -493,10 +493,10 @@ class BlockScaledCodec(Codec):
             count = min(n, r1 * B) - r0 * B
             per_byte = 8 // self.element_bits
             lo, hi = r0 * B // per_byte, -(-(r0 * B + count) // per_byte)
-            part = out[r0 * B:r1 * B]
+            part = out[r0 * B : r1 * B]
             self._decode_elements_into(payload[lo:hi], count, part)
             part[count:].zero_()  # the reference pads the last block with zeros
-            s8 = payload[n_code + r0:n_code + r1].view(_E4M3).to(torch.float32)
+            s8 = payload[n_code + r0 : n_code + r1].view(_E4M3).to(torch.float32)
             part.view(-1, B).mul_(s8.unsqueeze(1))
             part[:count].mul_(factor).clamp_(-_F32_MAX, _F32_MAX)
         return out[:n]
@@ -691,8 +691,10 @@ def get_codec(name: str | Codec, *, topk_density: float | None = None, topk_tabl
     if name == "topk" and (topk_density is not None or topk_tables is not None):
         from diloco.algorithm.compress import TopKCodec
 
-        return TopKCodec(density=wire_sizes.TOPK_DENSITY if topk_density is None else topk_density,
-                         tables=wire_sizes.TOPK_TABLE if topk_tables is None else topk_tables)
+        return TopKCodec(
+            density=wire_sizes.TOPK_DENSITY if topk_density is None else topk_density,
+            tables=wire_sizes.TOPK_TABLE if topk_tables is None else topk_tables,
+        )
     try:
         return _REGISTRY[name]
     except (KeyError, TypeError):

@@ -59,7 +59,7 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     pad = -stream.numel() % 8
     if pad:
         stream = torch.cat([stream, stream.new_zeros(pad)])
-    weights = (1 << torch.arange(8, device=codes.device, dtype=torch.int32))
+    weights = 1 << torch.arange(8, device=codes.device, dtype=torch.int32)
     out = (stream.reshape(-1, 8).to(torch.int32) * weights).sum(1).to(torch.uint8)
     assert out.numel() == -(-n * bits // 8)
     return out
@@ -69,7 +69,7 @@ def unpack_bits(payload: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     """Inverse of :func:`pack_bits`: the first ``count`` values (int64)."""
     shifts = torch.arange(8, device=payload.device, dtype=torch.int32)
     stream = ((payload.reshape(-1, 1).to(torch.int32) >> shifts) & 1).reshape(-1)[: count * bits]
-    weights = (1 << torch.arange(bits, device=payload.device, dtype=torch.int64))
+    weights = 1 << torch.arange(bits, device=payload.device, dtype=torch.int64)
     return (stream.reshape(count, bits).to(torch.int64) * weights).sum(1)
 
 
@@ -144,8 +144,9 @@ def _stat_codes_and_table(xb: torch.Tensor, *, levels: int, range_sigmas: float,
 class StatisticalCodec(Codec):
     """``bits``-bit codes over ``mean +- r sigma`` per block, with a table of bin means per block (see module)."""
 
-    def __init__(self, *, bits: int, block_size: int = wire_sizes.STAT_BLOCK,
-                 range_sigmas: float | None = None) -> None:
+    def __init__(
+        self, *, bits: int, block_size: int = wire_sizes.STAT_BLOCK, range_sigmas: float | None = None
+    ) -> None:
         if bits not in (1, 2, 4, 8):
             raise ConfigError(f"bits must be 1, 2, 4 or 8, got {bits}")
         if block_size < 1:
@@ -206,16 +207,17 @@ class StatisticalCodec(Codec):
         top = torch.zeros((), dtype=torch.int32, device=x32.device)
         full_rows = full // B
         bounds = row_chunks(full_rows, chunk // B) if full_rows else []
-        parts = [(r0 * B, x32[r0 * B:r1 * B].view(-1, B)) for r0, r1 in bounds]
+        parts = [(r0 * B, x32[r0 * B : r1 * B].view(-1, B)) for r0, r1 in bounds]
         if full < n:
             parts.append((full, x32[full:].view(1, -1)))  # the last, partial block: its own row, as the reference
         for start, xb in parts:
-            top = torch.maximum(top, bits[start:start + xb.numel()].bitwise_and(0x7FFFFFFF).amax())
-            codes = _stat_codes_and_table(xb, levels=L, range_sigmas=self.range_sigmas,
-                                          table=table[start // B:start // B + xb.shape[0]])
+            top = torch.maximum(top, bits[start : start + xb.numel()].bitwise_and(0x7FFFFFFF).amax())
+            codes = _stat_codes_and_table(
+                xb, levels=L, range_sigmas=self.range_sigmas, table=table[start // B : start // B + xb.shape[0]]
+            )
             b0 = start * self.bits // 8
             packed = pack_small(codes, self.bits)
-            codes_out[b0:b0 + packed.numel()] = packed[: n_code - b0]
+            codes_out[b0 : b0 + packed.numel()] = packed[: n_code - b0]
         if bool(top >= 0x7F800000):  # a non-finite value: NaN tables, as the reference
             table.fill_(torch.nan)
         return torch.cat([codes_out, table.reshape(-1).view(torch.uint8)])
@@ -234,13 +236,17 @@ class StatisticalCodec(Codec):
         for r0 in range(0, table.shape[0], rows_per):
             r1 = min(table.shape[0], r0 + rows_per)
             lo, hi = r0 * B, min(n, r1 * B)
-            codes = unpack_small(payload[lo * self.bits // 8:-(-hi * self.bits // 8)], self.bits, hi - lo).long()
+            codes = unpack_small(payload[lo * self.bits // 8 : -(-hi * self.bits // 8)], self.bits, hi - lo).long()
             full_rows = (hi - lo) // B
             if full_rows:
-                torch.gather(table[r0:r0 + full_rows], 1, codes[: full_rows * B].view(-1, B),
-                             out=out[lo:lo + full_rows * B].view(-1, B))
+                torch.gather(
+                    table[r0 : r0 + full_rows],
+                    1,
+                    codes[: full_rows * B].view(-1, B),
+                    out=out[lo : lo + full_rows * B].view(-1, B),
+                )
             if lo + full_rows * B < hi:
-                out[lo + full_rows * B:hi] = table[r0 + full_rows][codes[full_rows * B:]]
+                out[lo + full_rows * B : hi] = table[r0 + full_rows][codes[full_rows * B :]]
         return out
 
 
@@ -255,12 +261,20 @@ class TopKCodec(Codec):
     name = "topk"
     reduces_in_place = False
 
-    def __init__(self, *, density: float = wire_sizes.TOPK_DENSITY, chunk_size: int = wire_sizes.TOPK_CHUNK,
-                 value_bits: int = wire_sizes.TOPK_VALUE_BITS,
-                 range_sigmas: float = 6.0, tables: str = wire_sizes.TOPK_TABLE) -> None:
+    def __init__(
+        self,
+        *,
+        density: float = wire_sizes.TOPK_DENSITY,
+        chunk_size: int = wire_sizes.TOPK_CHUNK,
+        value_bits: int = wire_sizes.TOPK_VALUE_BITS,
+        range_sigmas: float = 6.0,
+        tables: str = wire_sizes.TOPK_TABLE,
+    ) -> None:
         if not (isinstance(density, (int, float)) and 0.0 < density <= 1.0):
-            raise ConfigError(f"topk density must lie in (0, 1] (the share of each chunk's values sent), "
-                             f"got {density!r}; e.g. 1/64 = 0.015625")
+            raise ConfigError(
+                f"topk density must lie in (0, 1] (the share of each chunk's values sent), "
+                f"got {density!r}; e.g. 1/64 = 0.015625"
+            )
         if chunk_size < 2:
             raise ConfigError(f"chunk_size must be >= 2, got {chunk_size}")
         self.density, self.chunk_size = float(density), chunk_size
@@ -271,8 +285,10 @@ class TopKCodec(Codec):
         self.bits_per_value = self.density * (value_bits + self.index_bits) + table_bits
 
     def __repr__(self) -> str:
-        return (f"TopKCodec(density={self.density}, chunk_size={self.chunk_size}, value_bits={self.value_bits}, "
-                f"tables={self.tables!r})")
+        return (
+            f"TopKCodec(density={self.density}, chunk_size={self.chunk_size}, value_bits={self.value_bits}, "
+            f"tables={self.tables!r})"
+        )
 
     def k_of(self, chunk: int) -> int:
         """Values sent from a chunk of ``chunk`` values: ``ceil(density * chunk)``, at least 1, at most all."""
@@ -282,8 +298,9 @@ class TopKCodec(Codec):
         return wire_sizes.topk_selected(numel, density=self.density, chunk_size=self.chunk_size)
 
     def num_bytes(self, numel: int) -> int:
-        return wire_sizes.topk_bytes(numel, density=self.density, chunk_size=self.chunk_size,
-                                     value_bits=self.value_bits, tables=self.tables)
+        return wire_sizes.topk_bytes(
+            numel, density=self.density, chunk_size=self.chunk_size, value_bits=self.value_bits, tables=self.tables
+        )
 
     def select(self, x32: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(chunk-local indices, global positions) of the values sent, chunk by chunk, sorted within each."""
@@ -312,8 +329,11 @@ class TopKCodec(Codec):
         codes, tables = [values.new_zeros(0, dtype=torch.int64)], []
         start = 0
         for rows, width in self._table_groups(x32.numel()):
-            c, t = stat_quantize(values[start:start + rows * width].reshape(rows, width), bits=self.value_bits,
-                                 range_sigmas=self.range_sigmas)
+            c, t = stat_quantize(
+                values[start : start + rows * width].reshape(rows, width),
+                bits=self.value_bits,
+                range_sigmas=self.range_sigmas,
+            )
             codes.append(c.reshape(-1))
             tables.append(t)
             start += rows * width
@@ -321,8 +341,13 @@ class TopKCodec(Codec):
             tables.append(torch.zeros(1, 1 << self.value_bits, device=x32.device))
         table = torch.cat(tables) if tables else x32.new_zeros(0, 1 << self.value_bits)
         table = torch.where(bad, torch.nan, table).contiguous()
-        return torch.cat([pack_bits(torch.cat(codes), self.value_bits), pack_bits(local, self.index_bits),
-                          table.reshape(-1).view(torch.uint8)])
+        return torch.cat(
+            [
+                pack_bits(torch.cat(codes), self.value_bits),
+                pack_bits(local, self.index_bits),
+                table.reshape(-1).view(torch.uint8),
+            ]
+        )
 
     def _table_groups(self, numel: int) -> list[tuple[int, int]]:
         """(tables, selected values each) in payload order: one table for all, or one per chunk."""
@@ -339,17 +364,27 @@ class TopKCodec(Codec):
         vb = -(-k * self.value_bits // 8)
         ib = -(-k * self.index_bits // 8)
         codes = unpack_bits(payload[:vb], self.value_bits, k)
-        local = unpack_bits(payload[vb:vb + ib], self.index_bits, k)
-        table = payload[vb + ib:].clone().view(torch.float32).reshape(-1, 1 << self.value_bits)
+        local = unpack_bits(payload[vb : vb + ib], self.index_bits, k)
+        table = payload[vb + ib :].clone().view(torch.float32).reshape(-1, 1 << self.value_bits)
         starts = [0]
         for c in _chunk_sizes(numel, self.chunk_size)[:-1]:
             starts.append(starts[-1] + c)
         ks = [self.k_of(c) for c in _chunk_sizes(numel, self.chunk_size)]
-        offsets = torch.tensor(starts, dtype=torch.int64, device=payload.device).repeat_interleave(
-            torch.tensor(ks, dtype=torch.int64, device=payload.device)) if ks else local
+        offsets = (
+            torch.tensor(starts, dtype=torch.int64, device=payload.device).repeat_interleave(
+                torch.tensor(ks, dtype=torch.int64, device=payload.device)
+            )
+            if ks
+            else local
+        )
         widths = [width for rows, width in self._table_groups(numel) for _ in range(rows)]
-        row = torch.arange(len(widths), device=payload.device).repeat_interleave(
-            torch.tensor(widths, dtype=torch.int64, device=payload.device)) if widths else codes
+        row = (
+            torch.arange(len(widths), device=payload.device).repeat_interleave(
+                torch.tensor(widths, dtype=torch.int64, device=payload.device)
+            )
+            if widths
+            else codes
+        )
         out = torch.zeros(numel, dtype=torch.float32, device=payload.device)
         out[local + offsets] = table[row, codes]
         return out

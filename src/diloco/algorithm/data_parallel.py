@@ -49,11 +49,13 @@ class DataParallel(ReplicaAlgorithm):
         self.step_count += 1
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat = flatten(grads)
-        work = self.comm.mean_async(self.comm.encode(flat, self.codec), codec=self.codec, numel=flat.numel(),
-                                    tag="gradients")
+        work = self.comm.mean_async(
+            self.comm.encode(flat, self.codec), codec=self.codec, numel=flat.numel(), tag="gradients"
+        )
         mean, dropped = work.wait()
-        report = SyncReport(self.step_count, 0, self.step_count, flat.numel(), work.link_bytes.sent,
-                            work.link_bytes.received, dropped)
+        report = SyncReport(
+            self.step_count, 0, self.step_count, flat.numel(), work.link_bytes.sent, work.link_bytes.received, dropped
+        )
         if mean is None:  # every replica diverged: no update this step
             report.skipped = True
             mean = torch.zeros_like(flat)
@@ -78,4 +80,3 @@ class DataParallel(ReplicaAlgorithm):
     def load_state_dict(self, state: dict) -> None:
         self.step_count = int(state["step"])
         self.comm.stats.load_state_dict(state["comm_stats"])
-

@@ -33,8 +33,9 @@ def eager_share(sent: torch.Tensor, num_replicas: int) -> torch.Tensor:
     return share
 
 
-def eager_outer_gradient(share: torch.Tensor, *, landed_mean: torch.Tensor | None = None,
-                         landed_share: torch.Tensor | None = None) -> torch.Tensor:
+def eager_outer_gradient(
+    share: torch.Tensor, *, landed_mean: torch.Tensor | None = None, landed_share: torch.Tensor | None = None
+) -> torch.Tensor:
     """``(landed_mean - landed_share) + share``: the outer gradient an eager replica applies.
 
     ``landed_mean`` is the average that just arrived (None when nothing arrived, or when every

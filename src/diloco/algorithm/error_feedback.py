@@ -31,9 +31,14 @@ from diloco.algorithm.codecs import all_finite
 from diloco.errors import ConfigError
 
 
-def error_feedback_step_(accumulator: torch.Tensor, delta: torch.Tensor, *, decay: float,
-                         encode: Callable[[torch.Tensor], torch.Tensor],
-                         decode: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def error_feedback_step_(
+    accumulator: torch.Tensor,
+    delta: torch.Tensor,
+    *,
+    decay: float,
+    encode: Callable[[torch.Tensor], torch.Tensor],
+    decode: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One sync's error feedback, in place on ``accumulator``: returns ``(payload, sent)``.
 
     ``encode`` maps FP32 values to the payload; ``decode`` maps the payload back to what the peers
@@ -60,16 +65,23 @@ class ErrorFeedback:
 
     def __init__(self, sizes: Sequence[int], *, decay: float, device: torch.device | str | None = None) -> None:
         if not 0.0 < float(decay) <= 1.0:
-            raise ConfigError(f"error-feedback decay (beta) must lie in (0, 1], got {decay}; 1 keeps everything "
-                             f"not yet sent, SparseLoCo uses 0.95, MuLoCo 0.9 (0 turns error feedback off)")
+            raise ConfigError(
+                f"error-feedback decay (beta) must lie in (0, 1], got {decay}; 1 keeps everything "
+                f"not yet sent, SparseLoCo uses 0.95, MuLoCo 0.9 (0 turns error feedback off)"
+            )
         self.decay = float(decay)
         self.accumulators = [torch.zeros(int(n), dtype=torch.float32, device=device) for n in sizes]
 
-    def step_(self, fragment: int, delta: torch.Tensor, *, encode: Callable[[torch.Tensor], torch.Tensor],
-              decode: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def step_(
+        self,
+        fragment: int,
+        delta: torch.Tensor,
+        *,
+        encode: Callable[[torch.Tensor], torch.Tensor],
+        decode: Callable[[torch.Tensor], torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Fragment ``fragment``'s sync: ``(payload, sent)``; see :func:`error_feedback_step_`."""
-        return error_feedback_step_(self.accumulators[fragment], delta, decay=self.decay, encode=encode,
-                                    decode=decode)
+        return error_feedback_step_(self.accumulators[fragment], delta, decay=self.decay, encode=encode, decode=decode)
 
     def num_bytes(self) -> int:
         """Memory the accumulators take (bytes)."""
@@ -82,8 +94,10 @@ class ErrorFeedback:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state["accumulators"]
         if len(saved) != len(self.accumulators) or any(s.shape != a.shape for s, a in zip(saved, self.accumulators)):
-            raise ConfigError(f"checkpoint has error-feedback accumulators of {[s.numel() for s in saved]} values, "
-                             f"this run expects {[a.numel() for a in self.accumulators]}")
+            raise ConfigError(
+                f"checkpoint has error-feedback accumulators of {[s.numel() for s in saved]} values, "
+                f"this run expects {[a.numel() for a in self.accumulators]}"
+            )
         for a, s in zip(self.accumulators, saved, strict=True):
             a.copy_(s)
 

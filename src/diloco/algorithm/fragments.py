@@ -62,8 +62,11 @@ KNOWN_BLOCK_LISTS = ("model.layers", "transformer.h", "decoder.layers", "gpt_neo
 def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
     """The model's repeated blocks: a known block list (:data:`KNOWN_BLOCK_LISTS`) if the model has one,
     else the largest ModuleList whose children all share one type."""
-    candidates = [(name, mod) for name, mod in model.named_modules()
-                  if isinstance(mod, nn.ModuleList) and len(mod) > 0 and len({type(m) for m in mod}) == 1]
+    candidates = [
+        (name, mod)
+        for name, mod in model.named_modules()
+        if isinstance(mod, nn.ModuleList) and len(mod) > 0 and len({type(m) for m in mod}) == 1
+    ]
     for known in KNOWN_BLOCK_LISTS:
         for name, mod in candidates:
             if name == known or name.endswith("." + known):
@@ -87,15 +90,24 @@ def fragments_from_prefixes(model: nn.Module, groups: Sequence[str]) -> list[lis
     out: list[list[str]] = [[] for _ in groups]
     unmatched = []
     for name, _ in named:
-        best = max(((len(pre), i) for i, pres in enumerate(prefixes) for pre in pres
-                    if name == pre or name.startswith(pre + ".")), default=None)
+        best = max(
+            (
+                (len(pre), i)
+                for i, pres in enumerate(prefixes)
+                for pre in pres
+                if name == pre or name.startswith(pre + ".")
+            ),
+            default=None,
+        )
         if best is None:
             unmatched.append(name)
         else:
             out[best[1]].append(name)
     if unmatched:
-        raise ConfigError(f"fragments={list(groups)} leave trainable parameters in no fragment: {unmatched[:5]}"
-                         f"{' ...' if len(unmatched) > 5 else ''}; add their prefixes to a fragment")
+        raise ConfigError(
+            f"fragments={list(groups)} leave trainable parameters in no fragment: {unmatched[:5]}"
+            f"{' ...' if len(unmatched) > 5 else ''}; add their prefixes to a fragment"
+        )
     return out
 
 
@@ -137,8 +149,10 @@ def balanced_groups(sizes: Sequence[int], num_groups: int) -> list[list[int]]:
     if num_groups < 1:
         raise ConfigError(f"num_fragments must be >= 1, got {num_groups}")
     if num_groups > len(sizes):
-        raise ConfigError(f"num_fragments={num_groups} balanced fragments need at least as many tensors, the "
-                         f"model trains {len(sizes)}: use num_fragments <= {len(sizes)}")
+        raise ConfigError(
+            f"num_fragments={num_groups} balanced fragments need at least as many tensors, the "
+            f"model trains {len(sizes)}: use num_fragments <= {len(sizes)}"
+        )
     totals = [0] * num_groups
     groups: list[list[int]] = [[] for _ in range(num_groups)]
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
@@ -163,15 +177,17 @@ def _block_groups(model: nn.Module, named: list[tuple[str, nn.Parameter]], P: in
     if all(name.startswith(head) for name, _ in named):
         # only blocks train (e.g. the model is a stack of blocks): no fragment is kept for the rest
         if P > len(blocks):
-            raise ConfigError(f"num_fragments={P} needs at least as many blocks, the model has {len(blocks)} "
-                             f"and nothing outside them: use num_fragments <= {len(blocks)}")
+            raise ConfigError(
+                f"num_fragments={P} needs at least as many blocks, the model has {len(blocks)} "
+                f"and nothing outside them: use num_fragments <= {len(blocks)}"
+            )
         fragment_of_block = block_groups(len(blocks), P, pattern)
     else:
         fragment_of_block = block_fragments(len(blocks), P, pattern)  # the rest goes to NON_BLOCK_FRAGMENT
     groups: list[list[str]] = [[] for _ in range(P)]
     for name, _ in named:
         if name.startswith(head):
-            groups[fragment_of_block[int(name[len(head):].split(".", 1)[0])]].append(name)
+            groups[fragment_of_block[int(name[len(head) :].split(".", 1)[0])]].append(name)
         else:
             groups[NON_BLOCK_FRAGMENT].append(name)
     return groups
@@ -221,4 +237,13 @@ def flatten(params: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).float() for p in params]) if params else torch.zeros(0)
 
 
-__all__ = ["Fragment", "FragmentSpec", "Pattern", "balanced_groups", "block_groups", "find_blocks", "flatten", "split_fragments"]
+__all__ = [
+    "Fragment",
+    "FragmentSpec",
+    "Pattern",
+    "balanced_groups",
+    "block_groups",
+    "find_blocks",
+    "flatten",
+    "split_fragments",
+]

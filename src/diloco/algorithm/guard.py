@@ -63,11 +63,15 @@ DEFAULT_WARN_AFTER = 3
 def check_guard(action: str, max_ratio: float) -> None:
     """ValueError naming the bad value and the fix, if ``action`` / ``max_ratio`` cannot run."""
     if action not in GUARD_ACTIONS:
-        raise ConfigError(f"guard={action!r}: choose 'drop' (leave an outsized outer gradient out), 'clip' (scale it "
-                         f"down to guard_ratio x the reference norm) or 'off' (accept every finite one)")
+        raise ConfigError(
+            f"guard={action!r}: choose 'drop' (leave an outsized outer gradient out), 'clip' (scale it "
+            f"down to guard_ratio x the reference norm) or 'off' (accept every finite one)"
+        )
     if not max_ratio > 1.0:
-        raise ConfigError(f"guard_ratio={max_ratio}: the bar on norm / reference must be > 1 (default "
-                         f"{DEFAULT_GUARD_RATIO:g}); to turn the guard off use guard='off'")
+        raise ConfigError(
+            f"guard_ratio={max_ratio}: the bar on norm / reference must be > 1 (default "
+            f"{DEFAULT_GUARD_RATIO:g}); to turn the guard off use guard='off'"
+        )
 
 
 @dataclass(frozen=True)
@@ -82,8 +86,13 @@ class Verdict:
     scale: float = 1.0
 
 
-def reference_norm(history: Sequence[float], round_norms: Sequence[float] = (), *, own: Sequence[float] = (),
-                   min_history: int = DEFAULT_MIN_HISTORY) -> float | None:
+def reference_norm(
+    history: Sequence[float],
+    round_norms: Sequence[float] = (),
+    *,
+    own: Sequence[float] = (),
+    min_history: int = DEFAULT_MIN_HISTORY,
+) -> float | None:
     """The norm honest contributions have: the round's median (>= ROUND_MEDIAN_MIN norms), else the running
     median of ``history`` (>= ``min_history`` norms); the sender's own running median (``own``, its accepted
     norms) where that is larger. None when there is nothing to judge by.
@@ -131,8 +140,14 @@ class GuardEvent:
 
     def as_row(self, *, who: str = "learner") -> dict[str, Any]:
         """A JSON row; the sender under ``who`` (``"learner"`` in ``merges.jsonl``, ``"replica"`` in a sync's report)."""
-        return {who: self.sender, "fragment": self.fragment, "norm": self.norm, "reference": self.reference,
-                "ratio": self.ratio, "action": self.action}
+        return {
+            who: self.sender,
+            "fragment": self.fragment,
+            "norm": self.norm,
+            "reference": self.reference,
+            "ratio": self.ratio,
+            "action": self.action,
+        }
 
 
 class NormGuard:
@@ -147,17 +162,25 @@ class NormGuard:
             every further multiple); ``who`` names senders in it (e.g. ``"learner"``, ``"replica"``).
     """
 
-    def __init__(self, *, action: str = "drop", max_ratio: float = DEFAULT_GUARD_RATIO,
-                 history: int = DEFAULT_GUARD_HISTORY, min_history: int = DEFAULT_MIN_HISTORY,
-                 warn_after: int = DEFAULT_WARN_AFTER, who: str = "learner") -> None:
+    def __init__(
+        self,
+        *,
+        action: str = "drop",
+        max_ratio: float = DEFAULT_GUARD_RATIO,
+        history: int = DEFAULT_GUARD_HISTORY,
+        min_history: int = DEFAULT_MIN_HISTORY,
+        warn_after: int = DEFAULT_WARN_AFTER,
+        who: str = "learner",
+    ) -> None:
         check_guard(action, max_ratio)
         if history < 1 or min_history < 1 or warn_after < 1:
-            raise ConfigError(f"history={history}, min_history={min_history}, warn_after={warn_after}: each must be "
-                             f">= 1")
+            raise ConfigError(
+                f"history={history}, min_history={min_history}, warn_after={warn_after}: each must be >= 1"
+            )
         self.action, self.max_ratio, self.min_history = action, float(max_ratio), min_history
         self.warn_after, self.who, self.history = warn_after, who, history
-        self._norms: dict[int, deque[float]] = {}              # fragment -> accepted norms
-        self._own: dict[int, dict[int, deque[float]]] = {}      # sender -> fragment -> its accepted norms
+        self._norms: dict[int, deque[float]] = {}  # fragment -> accepted norms
+        self._own: dict[int, dict[int, deque[float]]] = {}  # sender -> fragment -> its accepted norms
         self.drops_in_a_row: dict[int, int] = {}
 
     @property
@@ -168,10 +191,12 @@ class NormGuard:
         own = self._own.get(sender, {}).get(fragment, ()) if sender is not None else ()
         return reference_norm(self._norms.get(fragment, ()), round_norms, own=own, min_history=self.min_history)
 
-    def judge(self, fragment: int, norm: float, round_norms: Sequence[float] = (), *,
-              sender: int | None = None) -> Verdict:
-        return judge(norm, self.reference(fragment, round_norms, sender=sender), max_ratio=self.max_ratio,
-                     action=self.action)
+    def judge(
+        self, fragment: int, norm: float, round_norms: Sequence[float] = (), *, sender: int | None = None
+    ) -> Verdict:
+        return judge(
+            norm, self.reference(fragment, round_norms, sender=sender), max_ratio=self.max_ratio, action=self.action
+        )
 
     def record(self, sender: int, fragment: int, verdict: Verdict) -> GuardEvent | None:
         """Note ``sender``'s verdict on ``fragment``: an accepted norm joins the history, a drop counts towards the
@@ -185,23 +210,29 @@ class NormGuard:
         if verdict.action == "drop":
             n = self.drops_in_a_row[sender] = self.drops_in_a_row.get(sender, 0) + 1
             if n % self.warn_after == 0:
-                warnings.warn(f"{self.who} {sender}: its outer gradient was dropped by the contribution guard {n} "
-                              f"times in a row (latest: fragment {fragment}, norm {verdict.norm:.4g} = "
-                              f"{verdict.ratio:.4g} x the reference {verdict.reference:.4g}, bar guard_ratio="
-                              f"{self.max_ratio:g}); check that {self.who} (its inner lr, the checkpoint it resumed "
-                              f"from, its hardware), or raise guard_ratio if its updates are honest",
-                              RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"{self.who} {sender}: its outer gradient was dropped by the contribution guard {n} "
+                    f"times in a row (latest: fragment {fragment}, norm {verdict.norm:.4g} = "
+                    f"{verdict.ratio:.4g} x the reference {verdict.reference:.4g}, bar guard_ratio="
+                    f"{self.max_ratio:g}); check that {self.who} (its inner lr, the checkpoint it resumed "
+                    f"from, its hardware), or raise guard_ratio if its updates are honest",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
         return GuardEvent(sender, fragment, verdict.norm, verdict.reference, verdict.ratio, verdict.action)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain numbers; each history as a NaN-padded list of ``history`` values (a checkpoint holding it stays one
         size however long the run)."""
+
         def padded(v: deque[float]) -> list[float]:
             return list(v) + [float("nan")] * (self.history - len(v))
 
-        return {"norms": {p: padded(v) for p, v in self._norms.items()},
-                "own": {m: {p: padded(v) for p, v in h.items()} for m, h in self._own.items()},
-                "drops_in_a_row": dict(self.drops_in_a_row)}
+        return {
+            "norms": {p: padded(v) for p, v in self._norms.items()},
+            "own": {m: {p: padded(v) for p, v in h.items()} for m, h in self._own.items()},
+            "drops_in_a_row": dict(self.drops_in_a_row),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         def unpadded(v: Sequence[float]) -> deque[float]:
@@ -212,5 +243,14 @@ class NormGuard:
         self.drops_in_a_row = {int(m): int(n) for m, n in state["drops_in_a_row"].items()}
 
 
-__all__ = ["DEFAULT_GUARD_RATIO", "GUARD_ACTIONS", "ROUND_MEDIAN_MIN", "GuardEvent", "NormGuard", "Verdict",
-           "check_guard", "judge", "reference_norm"]
+__all__ = [
+    "DEFAULT_GUARD_RATIO",
+    "GUARD_ACTIONS",
+    "ROUND_MEDIAN_MIN",
+    "GuardEvent",
+    "NormGuard",
+    "Verdict",
+    "check_guard",
+    "judge",
+    "reference_norm",
+]

@@ -43,8 +43,9 @@ def is_hidden_matrix(name: str, param: torch.Tensor, embedding_ids: set[int]) ->
     return param.ndim == 2 and id(param) not in embedding_ids and not (parts & set(NOT_HIDDEN_NAMES))
 
 
-def split_parameters(model: nn.Module, *, hidden: Callable[[str, torch.Tensor], bool] | None = None
-                     ) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+def split_parameters(
+    model: nn.Module, *, hidden: Callable[[str, torch.Tensor], bool] | None = None
+) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
     """(hidden matrices, everything else) among ``model``'s trainable parameters, each once, in order."""
     embedding_ids = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
     matrices, rest = [], []
@@ -86,16 +87,24 @@ class CombinedOptimizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if set(state) != set(self.optimizers):
-            raise ConfigError(f"optimizer checkpoint holds {sorted(state)} but this run has "
-                             f"{sorted(self.optimizers)}: resume with the inner optimizer it was written with")
+            raise ConfigError(
+                f"optimizer checkpoint holds {sorted(state)} but this run has "
+                f"{sorted(self.optimizers)}: resume with the inner optimizer it was written with"
+            )
         for name, opt in self.optimizers.items():
             opt.load_state_dict(state[name])
 
 
-def build_inner_optimizer(model: nn.Module, *, name: str = "adamw", lr: float, weight_decay: float = 0.1,
-                          betas: tuple[float, float] = (0.9, 0.99), muon_momentum: float = 0.95,
-                          hidden: Callable[[str, torch.Tensor], bool] | None = None
-                          ) -> torch.optim.Optimizer | CombinedOptimizer:
+def build_inner_optimizer(
+    model: nn.Module,
+    *,
+    name: str = "adamw",
+    lr: float,
+    weight_decay: float = 0.1,
+    betas: tuple[float, float] = (0.9, 0.99),
+    muon_momentum: float = 0.95,
+    hidden: Callable[[str, torch.Tensor], bool] | None = None,
+) -> torch.optim.Optimizer | CombinedOptimizer:
     """The inner optimizer called ``name`` for ``model``'s trainable parameters.
 
     ``"adamw"``: one ``torch.optim.AdamW``. ``"muon"``: ``torch.optim.Muon`` (Nesterov momentum
@@ -108,20 +117,29 @@ def build_inner_optimizer(model: nn.Module, *, name: str = "adamw", lr: float, w
         return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
     muon_cls = getattr(torch.optim, "Muon", None)
     if muon_cls is None:
-        raise ConfigError(f"inner_optimizer='muon' needs torch.optim.Muon (PyTorch >= 2.9); this is torch "
-                         f"{torch.__version__}: upgrade torch or use inner_optimizer='adamw'")
+        raise ConfigError(
+            f"inner_optimizer='muon' needs torch.optim.Muon (PyTorch >= 2.9); this is torch "
+            f"{torch.__version__}: upgrade torch or use inner_optimizer='adamw'"
+        )
     matrices, rest = split_parameters(model, hidden=hidden)
     if not matrices:
-        raise ConfigError("inner_optimizer='muon' found no 2-D hidden matrices in this model (embeddings, head, "
-                         "norms and biases stay on AdamW); use inner_optimizer='adamw' or pass hidden=")
+        raise ConfigError(
+            "inner_optimizer='muon' found no 2-D hidden matrices in this model (embeddings, head, "
+            "norms and biases stay on AdamW); use inner_optimizer='adamw' or pass hidden="
+        )
     parts: dict[str, torch.optim.Optimizer] = {
-        "muon": muon_cls(matrices, lr=lr, weight_decay=weight_decay, momentum=muon_momentum, nesterov=True,
-                         adjust_lr_fn="match_rms_adamw"),
+        "muon": muon_cls(
+            matrices,
+            lr=lr,
+            weight_decay=weight_decay,
+            momentum=muon_momentum,
+            nesterov=True,
+            adjust_lr_fn="match_rms_adamw",
+        ),
     }
     if rest:
         parts["adamw"] = torch.optim.AdamW(rest, lr=lr, betas=betas, weight_decay=weight_decay)
     return CombinedOptimizer(parts)
 
 
-__all__ = ["CombinedOptimizer", "INNER_OPTIMIZERS", "build_inner_optimizer", "is_hidden_matrix",
-           "split_parameters"]
+__all__ = ["CombinedOptimizer", "INNER_OPTIMIZERS", "build_inner_optimizer", "is_hidden_matrix", "split_parameters"]

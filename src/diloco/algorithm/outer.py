@@ -59,13 +59,16 @@ def merge_(local: Sequence[torch.Tensor], global_views: Sequence[torch.Tensor], 
 
 
 @torch.no_grad()
-def load_global_state(global_flat: Sequence[torch.Tensor], outer_optimizers: Sequence[torch.optim.Optimizer],
-                      state: dict, *, owner: str) -> None:
+def load_global_state(
+    global_flat: Sequence[torch.Tensor], outer_optimizers: Sequence[torch.optim.Optimizer], state: dict, *, owner: str
+) -> None:
     """Copy ``state["global"]`` (one flat tensor per fragment) into ``global_flat`` and load the outer
     optimizers' states; a checkpoint of another split is refused (``owner`` names the loader in the message)."""
     if len(state["global"]) != len(global_flat):
-        raise ConfigError(f"checkpoint has {len(state['global'])} fragments, this {owner} has {len(global_flat)}: "
-                         f"use the num_fragments the checkpoint was written with")
+        raise ConfigError(
+            f"checkpoint has {len(state['global'])} fragments, this {owner} has {len(global_flat)}: "
+            f"use the num_fragments the checkpoint was written with"
+        )
     for g, saved in zip(global_flat, state["global"], strict=True):
         if saved.shape != g.shape:
             raise ConfigError(f"checkpoint fragment of {saved.numel()} values, this {owner} expects {g.numel()}")

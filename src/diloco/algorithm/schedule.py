@@ -102,12 +102,15 @@ class Schedule:
         else:
             first = tuple(int(o) for o in self.offsets)
             if len(first) != P:
-                raise ConfigError(f"offsets {first} has {len(first)} entries but num_fragments is {P}: "
-                                 f"give one first-send step per fragment")
+                raise ConfigError(
+                    f"offsets {first} has {len(first)} entries but num_fragments is {P}: "
+                    f"give one first-send step per fragment"
+                )
             bad = [o for o in first if not 1 <= o <= H]
             if bad:
-                raise ConfigError(f"offsets must lie in 1..H={H} (the inner step after which each fragment first "
-                                 f"sends), got {bad}")
+                raise ConfigError(
+                    f"offsets must lie in 1..H={H} (the inner step after which each fragment first sends), got {bad}"
+                )
         object.__setattr__(self, "offsets", first)
         object.__setattr__(self, "_first", first)
 
@@ -120,12 +123,16 @@ class Schedule:
         """
         H, P, tau = sync_every, num_fragments, overlap_steps
         if not (isinstance(H, int) and isinstance(P, int) and P >= 1 and H % P == 0):
-            raise ConfigError(f"the torchft schedule needs sync_every (H={H}) to be a multiple of num_fragments "
-                             f"(P={P}), as torchft does; choose H = {P} x k")
+            raise ConfigError(
+                f"the torchft schedule needs sync_every (H={H}) to be a multiple of num_fragments "
+                f"(P={P}), as torchft does; choose H = {P} x k"
+            )
         if not (isinstance(tau, int) and 0 <= tau < H // P):
-            raise ConfigError(f"the torchft schedule needs 0 <= overlap_steps (tau={tau}) < H/P = {H // P}: torchft "
-                             f"sends fragment p at (p+1) H/P - tau, which must come after the previous merge; "
-                             f"use tau <= {H // P - 1} or the default schedule")
+            raise ConfigError(
+                f"the torchft schedule needs 0 <= overlap_steps (tau={tau}) < H/P = {H // P}: torchft "
+                f"sends fragment p at (p+1) H/P - tau, which must come after the previous merge; "
+                f"use tau <= {H // P - 1} or the default schedule"
+            )
         return cls(H, P, tau, offsets=tuple((p + 1) * (H // P) - tau for p in range(P)))
 
     # -- queries -------------------------------------------------------------
@@ -147,9 +154,9 @@ class Schedule:
         return tuple(sorted({p for s in range(step - tau + 1, step + 1) for p in self.starts(s)}))
 
 
-
-def resolve_schedule(spec: object, sync_every: int, num_fragments: int, overlap_steps: int, *,
-                     eager: bool = False) -> Schedule:
+def resolve_schedule(
+    spec: object, sync_every: int, num_fragments: int, overlap_steps: int, *, eager: bool = False
+) -> Schedule:
     """The schedule ``StreamingDiLoCo(schedule=spec)`` runs, validated against its H, P, tau and ``eager``.
 
     ``spec`` is ``None`` or ``"even"`` (this project's default), ``"torchft"`` (:meth:`Schedule.torchft`),
@@ -161,26 +168,31 @@ def resolve_schedule(spec: object, sync_every: int, num_fragments: int, overlap_
         return Schedule(H, P, tau, eager=eager)
     if spec == "torchft":
         if eager:
-            raise ConfigError("schedule='torchft' cannot run eager updates (torchft needs tau < H/P); "
-                             "use schedule='even' or offsets")
+            raise ConfigError(
+                "schedule='torchft' cannot run eager updates (torchft needs tau < H/P); use schedule='even' or offsets"
+            )
         return Schedule.torchft(H, P, tau)
     if isinstance(spec, Schedule):
         mine = (spec.sync_every, spec.num_fragments, spec.overlap_steps)
         if spec.eager != eager:
-            raise ConfigError(f"schedule has eager={spec.eager} but the algorithm was given eager={eager}; "
-                             f"pass the same to both")
+            raise ConfigError(
+                f"schedule has eager={spec.eager} but the algorithm was given eager={eager}; pass the same to both"
+            )
         if mine != (H, P, tau):
-            raise ConfigError(f"schedule has (H, P, tau) = {mine} but the algorithm was given sync_every={H}, "
-                             f"num_fragments={P}, overlap_steps={tau}; pass the same values to both, or pass "
-                             f"schedule=offsets (a tuple of {P} first-send steps)")
+            raise ConfigError(
+                f"schedule has (H, P, tau) = {mine} but the algorithm was given sync_every={H}, "
+                f"num_fragments={P}, overlap_steps={tau}; pass the same values to both, or pass "
+                f"schedule=offsets (a tuple of {P} first-send steps)"
+            )
         return spec
     if isinstance(spec, str):
         raise ConfigError(f"schedule={spec!r}: use 'even', 'torchft', a tuple of {P} offsets in 1..{H}, or a Schedule")
     try:
         offsets = tuple(spec)  # type: ignore[call-overload]
     except TypeError:
-        raise ConfigError(f"schedule={spec!r}: use 'even', 'torchft', a tuple of {P} offsets in 1..{H}, "
-                         f"or a Schedule") from None
+        raise ConfigError(
+            f"schedule={spec!r}: use 'even', 'torchft', a tuple of {P} offsets in 1..{H}, or a Schedule"
+        ) from None
     if not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets):
         raise ConfigError(f"schedule offsets {offsets!r} must be integers (inner steps 1..{H})")
     return Schedule(H, P, tau, offsets=offsets, eager=eager)

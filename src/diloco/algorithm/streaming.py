@@ -51,7 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from diloco.algorithm.base import ReplicaAlgorithm, SyncReport, local_shards, broadcast_parameters, local_shard
+from diloco.algorithm.base import ReplicaAlgorithm, SyncReport, broadcast_parameters, local_shard, local_shards
 from diloco.algorithm.codecs import Codec, get_codec
 from diloco.algorithm.eager import eager_landing, eager_outer_gradient, eager_share
 from diloco.algorithm.error_feedback import ErrorFeedback
@@ -126,8 +126,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         self.model = model
         self.comm = comm
         self.eager = bool(eager)
-        self.schedule: Schedule = resolve_schedule(schedule, sync_every, num_fragments, overlap_steps,
-                                                   eager=self.eager)
+        self.schedule: Schedule = resolve_schedule(schedule, sync_every, num_fragments, overlap_steps, eager=self.eager)
         self.merge_alpha = float(merge_alpha)
         self.codec = get_codec(codec)
         self.guard = NormGuard(action=guard, max_ratio=float(guard_ratio), who="replica")
@@ -149,8 +148,9 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         self.error_feedback: ErrorFeedback | None = None
         if error_feedback_decay:
             # Beside the model (not the offloaded global copy): the payload is encoded where Delta is.
-            self.error_feedback = ErrorFeedback([g.numel() for g in self.global_flat], decay=error_feedback_decay,
-                                                device=first.device)
+            self.error_feedback = ErrorFeedback(
+                [g.numel() for g in self.global_flat], decay=error_feedback_decay, device=first.device
+            )
         self.step_count = 0
         self._pending: dict[int, _Pending] = {}
         # Exchanges dropped by an elastic restart (fragment -> step started): finished as skipped syncs.
@@ -249,8 +249,16 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         pending = self._pending.pop(p)
         mean, dropped = pending.work.wait()
         link = pending.work.link_bytes
-        report = SyncReport(t, p, pending.started_at, g.numel(), link.sent, link.received, dropped,
-                            guard=self._guard_events.pop(p, None))
+        report = SyncReport(
+            t,
+            p,
+            pending.started_at,
+            g.numel(),
+            link.sent,
+            link.received,
+            dropped,
+            guard=self._guard_events.pop(p, None),
+        )
         report.skipped = mean is None
         assert pending.share is not None, "an eager exchange in flight without its share"
         return report, mean, pending.share
@@ -290,8 +298,16 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         mean, dropped = pending.work.wait()
         g = self.global_flat[p]
         link = pending.work.link_bytes
-        report = SyncReport(t, p, pending.started_at, g.numel(), link.sent, link.received, dropped,
-                            guard=self._guard_events.pop(p, None))
+        report = SyncReport(
+            t,
+            p,
+            pending.started_at,
+            g.numel(),
+            link.sent,
+            link.received,
+            dropped,
+            guard=self._guard_events.pop(p, None),
+        )
         if mean is None:
             report.skipped = True
         else:
@@ -331,8 +347,7 @@ class StreamingDiLoCo(ReplicaAlgorithm):
             if hasattr(ref, "device_mesh"):  # a fully_shard'ed parameter: this rank's shard of the DTensor
                 from torch.distributed.tensor import DTensor
 
-                value = DTensor.from_local(value, ref.device_mesh, ref.placements, shape=ref.shape,
-                                           stride=ref.stride())
+                value = DTensor.from_local(value, ref.device_mesh, ref.placements, shape=ref.shape, stride=ref.stride())
             state[name] = value
         return state
 
@@ -344,19 +359,23 @@ class StreamingDiLoCo(ReplicaAlgorithm):
     def state_dict(self) -> dict[str, Any]:
         """Global params, outer optimizer states, step counter, in-flight exchanges (their payloads and,
         eager, the shares already applied) and the error-feedback accumulators."""
+
         def pending(x: _Pending) -> dict[str, Any]:
             entry = {"started_at": x.started_at, "payload": x.payload.clone()}
             return entry | ({"share": x.share.clone()} if x.share is not None else {})
 
-        return {
-            "step": self.step_count,
-            "global": [g.detach().clone() for g in self.global_flat],
-            "outer_optimizers": [o.state_dict() for o in self.outer_optimizers],
-            "pending": {p: pending(x) for p, x in self._pending.items()},
-            "comm_stats": self.comm.stats.state_dict(),
-        } | ({"dropped_in_flight": dict(self._dropped_in_flight)} if self._dropped_in_flight else {}) | (
-            {"guard": self.guard.state_dict() | {"sent_at": dict(self._guard_sent_at)}} if self.guard.on else {}) | (
-            {"error_feedback": self.error_feedback.state_dict()} if self.error_feedback is not None else {})
+        return (
+            {
+                "step": self.step_count,
+                "global": [g.detach().clone() for g in self.global_flat],
+                "outer_optimizers": [o.state_dict() for o in self.outer_optimizers],
+                "pending": {p: pending(x) for p, x in self._pending.items()},
+                "comm_stats": self.comm.stats.state_dict(),
+            }
+            | ({"dropped_in_flight": dict(self._dropped_in_flight)} if self._dropped_in_flight else {})
+            | ({"guard": self.guard.state_dict() | {"sent_at": dict(self._guard_sent_at)}} if self.guard.on else {})
+            | ({"error_feedback": self.error_feedback.state_dict()} if self.error_feedback is not None else {})
+        )
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -370,8 +389,10 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         load_global_state(self.global_flat, self.outer_optimizers, state, owner="run")
         if self.error_feedback is not None:
             if "error_feedback" not in state:
-                raise ConfigError("this run uses error feedback but the checkpoint has no accumulators; resume "
-                                 "with the error-feedback decay the checkpoint was written with")
+                raise ConfigError(
+                    "this run uses error feedback but the checkpoint has no accumulators; resume "
+                    "with the error-feedback decay the checkpoint was written with"
+                )
             self.error_feedback.load_state_dict(state["error_feedback"])
         if self.guard.on and "guard" in state:  # a checkpoint without it (guard off, or older): the guard starts afresh
             self.guard.load_state_dict(state["guard"])
@@ -380,16 +401,22 @@ class StreamingDiLoCo(ReplicaAlgorithm):
         self._pending = {}
         self._dropped_in_flight = {int(p): int(v) for p, v in state.get("dropped_in_flight", {}).items()}
         # What the schedule has in flight at this step but the checkpoint does not was flushed before it was saved.
-        self._flushed = (set(self.schedule.pending_after(self.step_count)) - {int(p) for p in state["pending"]}
-                         - set(self._dropped_in_flight))
+        self._flushed = (
+            set(self.schedule.pending_after(self.step_count))
+            - {int(p) for p in state["pending"]}
+            - set(self._dropped_in_flight)
+        )
         for p in sorted(state["pending"]):
             entry = state["pending"][p]
             payload = entry["payload"]
             if self.eager and "share" not in entry:
-                raise ConfigError(f"fragment {p}'s exchange in flight has no eager share in the checkpoint: "
-                                 f"it was not written by an eager run; resume with eager=False")
-            work = self.comm.mean_async(payload, codec=self.codec, numel=self.global_flat[int(p)].numel(),
-                                        tag=f"fragment {p} (resumed)")
+                raise ConfigError(
+                    f"fragment {p}'s exchange in flight has no eager share in the checkpoint: "
+                    f"it was not written by an eager run; resume with eager=False"
+                )
+            work = self.comm.mean_async(
+                payload, codec=self.codec, numel=self.global_flat[int(p)].numel(), tag=f"fragment {p} (resumed)"
+            )
             share = entry["share"].clone() if self.eager else None
             self._pending[int(p)] = _Pending(int(entry["started_at"]), payload, work, share)
         # The re-issued exchanges were already counted before the checkpoint.
@@ -400,11 +427,17 @@ class StreamingDiLoCo(ReplicaAlgorithm):
 
     def state_bytes(self) -> dict[str, int]:
         """Memory this algorithm adds to the model and inner optimizer, by part (bytes, this replica)."""
+
         def size(t: torch.Tensor) -> int:
             return t.numel() * t.element_size()
 
-        outer = sum(size(v) for o in self.outer_optimizers for st in o.state.values() for v in st.values()
-                    if isinstance(v, torch.Tensor))
+        outer = sum(
+            size(v)
+            for o in self.outer_optimizers
+            for st in o.state.values()
+            for v in st.values()
+            if isinstance(v, torch.Tensor)
+        )
         return {
             "global": sum(size(g) for g in self.global_flat),
             "outer_optimizer": outer,

@@ -73,8 +73,10 @@ def topk_selected(numel: int, *, density: float = TOPK_DENSITY, chunk_size: int 
 
 def check_topk_tables(tables: str) -> str:
     if tables not in TOPK_TABLES:
-        raise ConfigError(f"topk tables={tables!r}: use 'payload' (one table of bin means for the whole payload) "
-                         f"or 'chunk' (one per chunk, 16 more bytes per chunk)")
+        raise ConfigError(
+            f"topk tables={tables!r}: use 'payload' (one table of bin means for the whole payload) "
+            f"or 'chunk' (one per chunk, 16 more bytes per chunk)"
+        )
     return tables
 
 
@@ -84,12 +86,20 @@ def topk_num_tables(numel: int, *, chunk_size: int = TOPK_CHUNK, tables: str = T
     return 1 if tables == "payload" else _ceil_div(check_numel(numel), chunk_size)
 
 
-def topk_bytes(numel: int, *, density: float = TOPK_DENSITY, chunk_size: int = TOPK_CHUNK,
-               value_bits: int = TOPK_VALUE_BITS, tables: str = TOPK_TABLE) -> int:
+def topk_bytes(
+    numel: int,
+    *,
+    density: float = TOPK_DENSITY,
+    chunk_size: int = TOPK_CHUNK,
+    value_bits: int = TOPK_VALUE_BITS,
+    tables: str = TOPK_TABLE,
+) -> int:
     """``[value codes][chunk-local indices][tables of 2^value_bits FP32 bin means]`` (one, or one per chunk)."""
     k = topk_selected(numel, density=density, chunk_size=chunk_size)
     n_tables = topk_num_tables(numel, chunk_size=chunk_size, tables=tables)
-    return _ceil_div(k * value_bits, 8) + _ceil_div(k * topk_index_bits(chunk_size), 8) + n_tables * (1 << value_bits) * 4
+    return (
+        _ceil_div(k * value_bits, 8) + _ceil_div(k * topk_index_bits(chunk_size), 8) + n_tables * (1 << value_bits) * 4
+    )
 
 
 def payload_bytes(name: str, numel: int, *, topk_density: float | None = None, topk_tables: str | None = None) -> int:
@@ -105,8 +115,11 @@ def payload_bytes(name: str, numel: int, *, topk_density: float | None = None, t
     if name in ("stat2", "stat4"):
         return stat_bytes(numel, bits=int(name[4:]))
     if name == "topk":
-        return topk_bytes(numel, density=TOPK_DENSITY if topk_density is None else topk_density,
-                          tables=TOPK_TABLE if topk_tables is None else topk_tables)
+        return topk_bytes(
+            numel,
+            density=TOPK_DENSITY if topk_density is None else topk_density,
+            tables=TOPK_TABLE if topk_tables is None else topk_tables,
+        )
     raise ConfigError(f"unknown codec {name!r}; valid names: {', '.join(NAMES)}")
 
 
@@ -114,14 +127,36 @@ def payload_bytes(name: str, numel: int, *, topk_density: float | None = None, t
 NAMES: tuple[str, ...] = ("fp32", "bf16", "fp8_e4m3", "int8", "fp4_e3m0", "fp4_e2m1", "stat2", "stat4", "topk")
 
 
-def bits_per_value(name: str, numel: int, *, topk_density: float | None = None,
-                   topk_tables: str | None = None) -> float:
+def bits_per_value(
+    name: str, numel: int, *, topk_density: float | None = None, topk_tables: str | None = None
+) -> float:
     """Exact bits on the wire per value for a payload of ``numel`` values: ``payload_bytes * 8 / numel``."""
     if check_numel(numel) == 0:
         raise ConfigError("numel must be >= 1 for bits per value")
     return payload_bytes(name, numel, topk_density=topk_density, topk_tables=topk_tables) * 8 / numel
 
 
-__all__ = ["BLOCK8", "FP4_BLOCK", "NAMES", "SPARSE_CODECS", "STAT_BLOCK", "TOPK_CHUNK", "TOPK_DENSITY",
-           "TOPK_TABLE", "TOPK_TABLES", "TOPK_VALUE_BITS", "bits_per_value", "check_topk_tables", "block_scaled_bytes", "check_numel", "dense_bytes", "payload_bytes",
-           "stat_bytes", "topk_bytes", "topk_index_bits", "topk_k", "topk_num_tables", "topk_selected"]
+__all__ = [
+    "BLOCK8",
+    "FP4_BLOCK",
+    "NAMES",
+    "SPARSE_CODECS",
+    "STAT_BLOCK",
+    "TOPK_CHUNK",
+    "TOPK_DENSITY",
+    "TOPK_TABLE",
+    "TOPK_TABLES",
+    "TOPK_VALUE_BITS",
+    "bits_per_value",
+    "check_topk_tables",
+    "block_scaled_bytes",
+    "check_numel",
+    "dense_bytes",
+    "payload_bytes",
+    "stat_bytes",
+    "topk_bytes",
+    "topk_index_bits",
+    "topk_k",
+    "topk_num_tables",
+    "topk_selected",
+]

@@ -32,15 +32,18 @@ COMMANDS: dict[str, str] = {
     "report": "plots and a Markdown report of the fitted scaling laws",
 }
 
-DESCRIPTION = ("Train language models with data-parallel, DiLoCo and Streaming DiLoCo; simulate compute "
-               "utilization over slow links; plan a run; fit scaling laws.")
+DESCRIPTION = (
+    "Train language models with data-parallel, DiLoCo and Streaming DiLoCo; simulate compute "
+    "utilization over slow links; plan a run; fit scaling laws."
+)
 
 
 def _top_parser() -> argparse.ArgumentParser:
     epilog = "commands:\n" + "\n".join(f"  {name:<10} {text}" for name, text in COMMANDS.items())
     epilog += "\n\nrun `diloco COMMAND --help` for a command's options"
-    parser = argparse.ArgumentParser(prog="diloco", description=DESCRIPTION, epilog=epilog,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="diloco", description=DESCRIPTION, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("command", nargs="?", choices=list(COMMANDS), metavar="COMMAND")
     return parser
 
@@ -84,8 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except Exception:  # anything else is a bug: the traceback, and where to report it
         traceback.print_exc()
-        print(f"diloco {args.command}: internal error (a bug, not a mistake of yours): please report it with the "
-              f"traceback above, the command line and `pip show diloco torch`", file=sys.stderr)
+        print(
+            f"diloco {args.command}: internal error (a bug, not a mistake of yours): please report it with the "
+            f"traceback above, the command line and `pip show diloco torch`",
+            file=sys.stderr,
+        )
         return 1
 
 

@@ -13,8 +13,7 @@ from diloco.train.config import TrainConfig, load_preset, parse_override, preset
 
 def config_keys_help() -> str:
     """Every configuration key with its type, default and meaning, by section (from :func:`reference`)."""
-    lines = ["configuration keys (--set KEY=VALUE; tuples comma-separated; see `diloco config` for a "
-             "preset's values):"]
+    lines = ["configuration keys (--set KEY=VALUE; tuples comma-separated; see `diloco config` for a preset's values):"]
     section = None
     for f in reference():
         if f.section != section:
@@ -32,14 +31,25 @@ def add_config_args(p: argparse.ArgumentParser, *, default_preset: str) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter  # keeps the key list's layout ...
     p.description = textwrap.fill(p.description or "", width=100)  # ... so the description is wrapped here
     p.epilog = config_keys_help()
-    p.add_argument("--preset", default=default_preset,
-                   help=f"named preset ({', '.join(preset_names())}) or a path to a JSON preset "
-                        f"(default: {default_preset})")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. --set sync_every=100 (repeatable; validated)")
-    p.add_argument("--cache-dir", type=Path, default=None,
-                   help="where the tokenizer and tokenized corpus are cached "
-                        "(default: $DILOCO_CACHE or ~/.cache/diloco)")
+    p.add_argument(
+        "--preset",
+        default=default_preset,
+        help=f"named preset ({', '.join(preset_names())}) or a path to a JSON preset (default: {default_preset})",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set sync_every=100 (repeatable; validated)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where the tokenizer and tokenized corpus are cached (default: $DILOCO_CACHE or ~/.cache/diloco)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -63,8 +73,10 @@ def resolve(preset: dict, method: str | None, extra: dict) -> TrainConfig:
     if method is not None:
         methods = preset["methods"]
         if method not in methods and method not in METHODS:
-            raise ConfigError(f"method {method!r} is not in this preset; its methods: {', '.join(methods)} "
-                             f"(or a method the trainer runs: {', '.join(METHODS)})")
+            raise ConfigError(
+                f"method {method!r} is not in this preset; its methods: {', '.join(methods)} "
+                f"(or a method the trainer runs: {', '.join(METHODS)})"
+            )
         base.update(methods.get(method, {"method": method}))
     return TrainConfig.from_dict({**base, **extra})
 

@@ -15,11 +15,18 @@ def add_input_args(p: argparse.ArgumentParser) -> None:
     """Where the records come from and how the best point per size is chosen (shared with `report`)."""
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--results", type=Path, help="sweep results JSONL (from `diloco sweep`)")
-    src.add_argument("--paper-table4", action="store_true",
-                     help="use the scaling-laws paper's Table 4 losses (arXiv 2503.09799), shipped with the package")
-    p.add_argument("--smooth-by", choices=("global_batch", "inner_lr"), default=None,
-                   help="best loss per size from a quadratic fit in log of this hyperparameter "
-                        "(the paper does it for the batch size); default: the best run")
+    src.add_argument(
+        "--paper-table4",
+        action="store_true",
+        help="use the scaling-laws paper's Table 4 losses (arXiv 2503.09799), shipped with the package",
+    )
+    p.add_argument(
+        "--smooth-by",
+        choices=("global_batch", "inner_lr"),
+        default=None,
+        help="best loss per size from a quadratic fit in log of this hyperparameter "
+        "(the paper does it for the batch size); default: the best run",
+    )
     p.add_argument("--max-inits", type=int, default=64, help="L-BFGS starts per law (default: 64)")
 
 
@@ -48,31 +55,60 @@ def load_fit(args: argparse.Namespace) -> tuple[Any, str]:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "fit", help="fit power laws to sweep results (loss, optimal lr and batch; held-out check)",
+        "fit",
+        help="fit power laws to sweep results (loss, optimal lr and batch; held-out check)",
         description="Best loss per method and size, then A*N^alpha per method, A*N^alpha*M^beta and the "
-                    "paper's Table 13 forms over DiLoCo's M, and power laws for the optimal inner lr and "
-                    "batch; each also refitted without the largest size to measure the extrapolation error.",
+        "paper's Table 13 forms over DiLoCo's M, and power laws for the optimal inner lr and "
+        "batch; each also refitted without the largest size to measure the extrapolation error.",
     )
     add_input_args(p)
-    p.add_argument("--bootstrap", type=int, default=100, metavar="K",
-                   help="residual-bootstrap refits of every loss law, for 90%% prediction intervals "
-                        "(default 100; 0: no intervals)")
-    p.add_argument("--json", type=Path, default=None,
-                   help="where to write the fit (default: RESULTS with suffix .fit.json, or "
-                        "paper_table4.fit.json with --paper-table4)")
-    p.add_argument("--predict", type=float, action="append", default=[], metavar="N",
-                   help="also print predictions at N parameters (repeatable)")
-    p.add_argument("--tokens", type=float, default=None, metavar="D",
-                   help="with --predict: the token budget (default: the sweep's tokens per parameter x N); "
-                        "another budget is an extrapolation by Chinchilla's data term, and says so")
-    p.add_argument("--replicas", type=int, action="append", default=[], metavar="M",
-                   help="with --predict: also predict DiLoCo at these M (repeatable; an M without its own law "
-                        "uses the joint law over M, and says so)")
+    p.add_argument(
+        "--bootstrap",
+        type=int,
+        default=100,
+        metavar="K",
+        help="residual-bootstrap refits of every loss law, for 90%% prediction intervals "
+        "(default 100; 0: no intervals)",
+    )
+    p.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="where to write the fit (default: RESULTS with suffix .fit.json, or "
+        "paper_table4.fit.json with --paper-table4)",
+    )
+    p.add_argument(
+        "--predict",
+        type=float,
+        action="append",
+        default=[],
+        metavar="N",
+        help="also print predictions at N parameters (repeatable)",
+    )
+    p.add_argument(
+        "--tokens",
+        type=float,
+        default=None,
+        metavar="D",
+        help="with --predict: the token budget (default: the sweep's tokens per parameter x N); "
+        "another budget is an extrapolation by Chinchilla's data term, and says so",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        action="append",
+        default=[],
+        metavar="M",
+        help="with --predict: also predict DiLoCo at these M (repeatable; an M without its own law "
+        "uses the joint law over M, and says so)",
+    )
     p.set_defaults(func=run)
 
 
 def _format_prediction(pr) -> str:
-    span = "" if pr.loss_interval is None else f" (90 % interval {pr.loss_interval[0]:.4f} .. {pr.loss_interval[1]:.4f})"
+    span = (
+        "" if pr.loss_interval is None else f" (90 % interval {pr.loss_interval[0]:.4f} .. {pr.loss_interval[1]:.4f})"
+    )
     label = "dp" if pr.method == "dp" else f"{pr.method} M={pr.replicas}"
     lines = [f"  {label:<14} loss {pr.loss:.4f}{span}  [{pr.loss_law}]"]
     hp = {k: getattr(pr, k) for k in ("inner_lr", "global_batch_rounded", "outer_lr", "sync_every")}

@@ -60,46 +60,81 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "plan", help="recommend a method and settings for a model, hardware, workers, link and token budget",
+        "plan",
+        help="recommend a method and settings for a model, hardware, workers, link and token budget",
         description="Predict utilization, wall-clock, bytes, peak bandwidth and eval loss of data-parallel, DiLoCo "
-                    "and Streaming DiLoCo settings at each link bandwidth, and recommend the fastest whose predicted "
-                    "loss is within --tolerance of data-parallel. Every number says where it comes from.",
+        "and Streaming DiLoCo settings at each link bandwidth, and recommend the fastest whose predicted "
+        "loss is within --tolerance of data-parallel. Every number says where it comes from.",
     )
     add_model_args(p)
-    p.add_argument("--model-config", type=Path, default=None,
-                   help="a JSON model config (diloco.models.ModelConfig fields): parameters and layers counted "
-                        "from it (imports torch)")
+    p.add_argument(
+        "--model-config",
+        type=Path,
+        default=None,
+        help="a JSON model config (diloco.models.ModelConfig fields): parameters and layers counted "
+        "from it (imports torch)",
+    )
     add_run_args(p)
     add_link_args(p, default_bandwidths=False)
     c = p.add_argument_group("candidates and the loss model")
-    c.add_argument("--sync-every", default=DEFAULT_SYNC_EVERY_ARG,
-                   help=f"H values to consider, comma-separated (default {DEFAULT_SYNC_EVERY_ARG}, and the largest H "
-                        f"that gives {MIN_OUTER_STEPS} outer steps over the run where it is smaller: studies/outer-steps)")
-    c.add_argument("--overlap", default=",".join(map(str, DEFAULT_OVERLAP)),
-                   help="tau values for Streaming DiLoCo (default 0,1,5)")
+    c.add_argument(
+        "--sync-every",
+        default=DEFAULT_SYNC_EVERY_ARG,
+        help=f"H values to consider, comma-separated (default {DEFAULT_SYNC_EVERY_ARG}, and the largest H "
+        f"that gives {MIN_OUTER_STEPS} outer steps over the run where it is smaller: studies/outer-steps)",
+    )
+    c.add_argument(
+        "--overlap", default=",".join(map(str, DEFAULT_OVERLAP)), help="tau values for Streaming DiLoCo (default 0,1,5)"
+    )
     c.add_argument("--fragment-layers", default="3", help="blocks per Streaming fragment (default 3)")
-    c.add_argument("--codecs", default=",".join(DEFAULT_CODECS),
-                   help=f"codecs (default {','.join(DEFAULT_CODECS)}; {', '.join(MEASURED_CODECS)} are sent with "
-                        f"error feedback, Streaming DiLoCo only, their loss cost {MEASURED_MARK})")
-    c.add_argument("--no-eager", action="store_true",
-                   help=f"leave out eager updates (tau = H: an exchange may take a whole outer step; loss cost "
-                        f"{MEASURED_MARK})")
-    c.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE * 100,
-                   help="loss tolerance relative to data-parallel, in %% (default 0.5)")
-    c.add_argument("--loss-law", type=Path, default=None,
-                   help="a `diloco fit` JSON to predict loss from (default: the Scaling Laws paper's Table 4, "
-                        "fitted by diloco fit and shipped with the package)")
-    c.add_argument("--ablations", choices=("paper", "project"), default="paper",
-                   help="costs of H, fragments, tau and bits: the papers' ablations (default) or this project's "
-                        "measured laptop-scale runs")
-    g = p.add_argument_group("goodput under chip failures (diloco.sim.goodput; the defaults fit Decoupled DiLoCo's "
-                             "Table 1)")
-    g.add_argument("--mtbf-hours", type=float, default=None,
-                   help="the cluster's mean time between failures, in hours: adds goodput per method (DP, elastic "
-                        "DP, synchronous and decoupled M = --workers); chips from --chips, else 1 year per chip / H")
-    g.add_argument("--chip-mtbi-years", type=float, default=None,
-                   help="mean time between interruptions of one chip, in years (the paper: 1), with --chips: "
-                        "adds goodput per method")
+    c.add_argument(
+        "--codecs",
+        default=",".join(DEFAULT_CODECS),
+        help=f"codecs (default {','.join(DEFAULT_CODECS)}; {', '.join(MEASURED_CODECS)} are sent with "
+        f"error feedback, Streaming DiLoCo only, their loss cost {MEASURED_MARK})",
+    )
+    c.add_argument(
+        "--no-eager",
+        action="store_true",
+        help=f"leave out eager updates (tau = H: an exchange may take a whole outer step; loss cost {MEASURED_MARK})",
+    )
+    c.add_argument(
+        "--tolerance",
+        type=float,
+        default=DEFAULT_TOLERANCE * 100,
+        help="loss tolerance relative to data-parallel, in %% (default 0.5)",
+    )
+    c.add_argument(
+        "--loss-law",
+        type=Path,
+        default=None,
+        help="a `diloco fit` JSON to predict loss from (default: the Scaling Laws paper's Table 4, "
+        "fitted by diloco fit and shipped with the package)",
+    )
+    c.add_argument(
+        "--ablations",
+        choices=("paper", "project"),
+        default="paper",
+        help="costs of H, fragments, tau and bits: the papers' ablations (default) or this project's "
+        "measured laptop-scale runs",
+    )
+    g = p.add_argument_group(
+        "goodput under chip failures (diloco.sim.goodput; the defaults fit Decoupled DiLoCo's Table 1)"
+    )
+    g.add_argument(
+        "--mtbf-hours",
+        type=float,
+        default=None,
+        help="the cluster's mean time between failures, in hours: adds goodput per method (DP, elastic "
+        "DP, synchronous and decoupled M = --workers); chips from --chips, else 1 year per chip / H",
+    )
+    g.add_argument(
+        "--chip-mtbi-years",
+        type=float,
+        default=None,
+        help="mean time between interruptions of one chip, in years (the paper: 1), with --chips: "
+        "adds goodput per method",
+    )
     p.add_argument("--top", type=int, default=12, help="candidates printed per bandwidth (default 12; all in files)")
     p.add_argument("--out", type=Path, default=None, help="output directory (default runs/plan-<model>)")
     p.add_argument("--no-plot", action="store_true", help="do not write plan.png")
@@ -126,16 +161,19 @@ def _model(args: argparse.Namespace) -> tuple[ModelSpec, str]:
     args.params, args.layers, args.non_block_params = float(total), config.n_layers, float(total - blocks)
     model, source = resolve_model(args)
     per_token = flops_per_token(config)
-    return ModelSpec(model.num_layers, model.num_params, model.step_time_s, model.non_block_params,
-                     name=args.model_config.stem), source + f" (model: {args.model_config}, {per_token:.3g} FLOPs/token)"
+    return ModelSpec(
+        model.num_layers, model.num_params, model.step_time_s, model.non_block_params, name=args.model_config.stem
+    ), source + f" (model: {args.model_config}, {per_token:.3g} FLOPs/token)"
 
 
 def _row(e: Evaluated, mark: str) -> str:
     flag = "x" if any(t.extrapolated for t in e.loss.terms) else " "
     flag += "m" if e.candidate.measured else ""
     bw90 = "-" if e.bandwidth_for_90_gbps is None else f"{e.bandwidth_for_90_gbps:.3g}"
-    return (f"{mark} {e.candidate.label:<40}{e.utilization:>7.1%}{format_duration(e.wall_clock_s):>11}"
-            f"{e.bytes_sent / 1e12:>10.3g}{e.peak_gbps:>9.3g}{bw90:>8}  {e.loss.loss:.4f} ({e.loss_vs_dp:+.2%}){flag}")
+    return (
+        f"{mark} {e.candidate.label:<40}{e.utilization:>7.1%}{format_duration(e.wall_clock_s):>11}"
+        f"{e.bytes_sent / 1e12:>10.3g}{e.peak_gbps:>9.3g}{bw90:>8}  {e.loss.loss:.4f} ({e.loss_vs_dp:+.2%}){flag}"
+    )
 
 
 def _kind(e: Evaluated) -> str | None:
@@ -150,18 +188,26 @@ DEFAULT_SYNC_EVERY_ARG = ",".join(map(str, DEFAULT_SYNC_EVERY))
 
 def format_plan(plan: Plan, top: int) -> str:
     lines = []
-    head = (f"  {'candidate':<40}{'util':>7}{'wall':>11}{'TB sent':>10}{'peak':>9}{'bw@90%':>8}  loss (vs DP)")
+    head = f"  {'candidate':<40}{'util':>7}{'wall':>11}{'TB sent':>10}{'peak':>9}{'bw@90%':>8}  loss (vs DP)"
     for bw, rows in plan.rows.items():
         rec = plan.recommended[bw]
         fastest = rows[0]
-        lines.append(f"\n== {format_gbps(bw)}: recommended {rec.candidate.label}: {rec.utilization:.1%} utilization, "
-                     f"{format_duration(rec.wall_clock_s)}, loss {rec.loss.loss:.4f} ({rec.loss_vs_dp:+.2%} vs DP"
-                     + (f"; its loss cost {MEASURED_MARK})" if rec.candidate.measured else ")")
-                     + (f"; outer momentum {rec.candidate.outer_momentum}, {plan.setup.steps / rec.candidate.sync_every:.0f} "
-                        f"outer steps" if rec.candidate.method != "dp" else ""))
+        lines.append(
+            f"\n== {format_gbps(bw)}: recommended {rec.candidate.label}: {rec.utilization:.1%} utilization, "
+            f"{format_duration(rec.wall_clock_s)}, loss {rec.loss.loss:.4f} ({rec.loss_vs_dp:+.2%} vs DP"
+            + (f"; its loss cost {MEASURED_MARK})" if rec.candidate.measured else ")")
+            + (
+                f"; outer momentum {rec.candidate.outer_momentum}, {plan.setup.steps / rec.candidate.sync_every:.0f} "
+                f"outer steps"
+                if rec.candidate.method != "dp"
+                else ""
+            )
+        )
         if fastest is not rec:
-            lines.append(f"   (fastest at any loss: {fastest.candidate.label}, {format_duration(fastest.wall_clock_s)}, "
-                         f"loss {fastest.loss_vs_dp:+.2%} vs DP: outside the {plan.tolerance:.2%} tolerance)")
+            lines.append(
+                f"   (fastest at any loss: {fastest.candidate.label}, {format_duration(fastest.wall_clock_s)}, "
+                f"loss {fastest.loss_vs_dp:+.2%} vs DP: outside the {plan.tolerance:.2%} tolerance)"
+            )
         lines.append(head + "   [peak, bw@90%: Gbit/s]")
         shown = rows[:top] + ([rec] if rec not in rows[:top] else [])
         dp = next(e for e in rows if e.candidate.method == "dp")
@@ -207,33 +253,48 @@ def format_measured(measured: dict) -> str:
     for key, row in rows.items():
         if key == "dp":
             continue
-        note = f"charged to '{used[key]}' candidates" if key in used else (
-            "the reference the others are charged against" if key == "streaming-fp4-tau1" else "not a candidate")
-        lines.append(f"  {row['what']:<56}{row['gap_pct']:>+7.2f} %  (tolerates {row['tolerated_steps']} step"
-                     f"{'s' if row['tolerated_steps'] != 1 else ''}; {note})")
+        note = (
+            f"charged to '{used[key]}' candidates"
+            if key in used
+            else ("the reference the others are charged against" if key == "streaming-fp4-tau1" else "not a candidate")
+        )
+        lines.append(
+            f"  {row['what']:<56}{row['gap_pct']:>+7.2f} %  (tolerates {row['tolerated_steps']} step"
+            f"{'s' if row['tolerated_steps'] != 1 else ''}; {note})"
+        )
     return "\n".join(lines)
 
 
 def markdown(plan: Plan) -> str:
     st = plan.setup
     m = st.model
-    out = [f"# Plan: {m.name}, {st.num_workers} workers", "",
-           f"{m.num_params:.4g} parameters, {m.num_layers} layers; step time {m.step_time_s:.4g} s "
-           f"({st.step_time_source}); {st.tokens:.4g} tokens at {st.tokens_per_step:.4g} per step "
-           f"({st.steps:.4g} steps); exchange {st.exchange}; latency {st.latency_s:g} s per hop; "
-           f"tolerance {plan.tolerance:.2%} of DP's loss.", ""]
+    out = [
+        f"# Plan: {m.name}, {st.num_workers} workers",
+        "",
+        f"{m.num_params:.4g} parameters, {m.num_layers} layers; step time {m.step_time_s:.4g} s "
+        f"({st.step_time_source}); {st.tokens:.4g} tokens at {st.tokens_per_step:.4g} per step "
+        f"({st.steps:.4g} steps); exchange {st.exchange}; latency {st.latency_s:g} s per hop; "
+        f"tolerance {plan.tolerance:.2%} of DP's loss.",
+        "",
+    ]
     for bw, rows in plan.rows.items():
         rec = plan.recommended[bw]
-        out += [f"## {format_gbps(bw)}: recommended **{rec.candidate.label}**", "",
-                "| candidate | utilization | wall-clock | TB sent / worker | peak Gbit/s | Gbit/s for 90 % | "
-                "eval loss | vs DP | 90 % interval |", "|---|---|---|---|---|---|---|---|---|"]
+        out += [
+            f"## {format_gbps(bw)}: recommended **{rec.candidate.label}**",
+            "",
+            "| candidate | utilization | wall-clock | TB sent / worker | peak Gbit/s | Gbit/s for 90 % | "
+            "eval loss | vs DP | 90 % interval |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for e in rows:
             iv = "-" if e.loss.interval is None else f"{e.loss.interval[0]:.4f}–{e.loss.interval[1]:.4f}"
             bw90 = "-" if e.bandwidth_for_90_gbps is None else f"{e.bandwidth_for_90_gbps:.3g}"
             name = f"**{e.candidate.label}**" if e is rec else e.candidate.label
-            out.append(f"| {name} | {e.utilization:.1%} | {format_duration(e.wall_clock_s)} | "
-                       f"{e.bytes_sent / 1e12:.3g} | {e.peak_gbps:.3g} | {bw90} | {e.loss.loss:.4f} | "
-                       f"{e.loss_vs_dp:+.2%} | {iv} |")
+            out.append(
+                f"| {name} | {e.utilization:.1%} | {format_duration(e.wall_clock_s)} | "
+                f"{e.bytes_sent / 1e12:.3g} | {e.peak_gbps:.3g} | {bw90} | {e.loss.loss:.4f} | "
+                f"{e.loss_vs_dp:+.2%} | {iv} |"
+            )
         out.append("")
     if "measured" in plan.sources:
         out += [f"## Costs {MEASURED_MARK}", "", "```", format_measured(plan.measured), "```", ""]
@@ -255,11 +316,17 @@ def plot_plan(plan: Plan, path: Path) -> Path:
         color = f"C{i}"
         for method, marker in markers.items():
             pts = [e for e in rows if e.candidate.method == method]
-            ax.scatter([e.wall_clock_s / 3600 for e in pts], [e.loss.loss for e in pts], s=14, marker=marker,
-                       color=color, alpha=0.6, label=f"{format_gbps(bw)} {method}")
+            ax.scatter(
+                [e.wall_clock_s / 3600 for e in pts],
+                [e.loss.loss for e in pts],
+                s=14,
+                marker=marker,
+                color=color,
+                alpha=0.6,
+                label=f"{format_gbps(bw)} {method}",
+            )
         rec = plan.recommended[bw]
-        ax.scatter([rec.wall_clock_s / 3600], [rec.loss.loss], s=120, marker="*", color=color, edgecolor="k",
-                   zorder=5)
+        ax.scatter([rec.wall_clock_s / 3600], [rec.loss.loss], s=120, marker="*", color=color, edgecolor="k", zorder=5)
     dp_loss = next(e.loss.loss for e in next(iter(plan.rows.values())) if e.candidate.method == "dp")
     ax.axhline(dp_loss * (1 + plan.tolerance), color="0.5", ls="--", lw=0.8, label="DP + tolerance")
     ax.set_xscale("log")
@@ -286,8 +353,9 @@ def failure_setting(args: argparse.Namespace) -> tuple[float, FailureModel] | No
         raise ConfigError(f"{name}={value}: give a positive number, e.g. {name} {0.06 if 'mtbf' in name else 1}")
     if args.chip_mtbi_years is not None:
         if args.chips is None:
-            raise ConfigError("--chip-mtbi-years needs --chips N (all chips of the run); or give the cluster's "
-                             "--mtbf-hours instead")
+            raise ConfigError(
+                "--chip-mtbi-years needs --chips N (all chips of the run); or give the cluster's --mtbf-hours instead"
+            )
         return float(args.chips), FailureModel(chip_mtbi_hours=args.chip_mtbi_years * HOURS_PER_YEAR)
     if args.chips is not None:
         return float(args.chips), FailureModel(chip_mtbi_hours=args.mtbf_hours * args.chips)
@@ -297,18 +365,26 @@ def failure_setting(args: argparse.Namespace) -> tuple[float, FailureModel] | No
 def goodput_report(chips: float, learners: int, model: FailureModel) -> dict:
     """Goodput per method for plan.json, with the assumptions it rests on."""
     values = goodput_by_method(chips=chips, learners=learners, model=model)
-    return {"chips": chips, "learners": learners, "cluster_mtbf_hours": model.chip_mtbi_hours / chips,
-            "goodput": values, "labels": METHOD_LABELS, "model": model.to_dict(),
-            "source": "diloco.sim.goodput: Poisson chip failures, renewal-reward closed forms; constants fitted to "
-                      "Decoupled DiLoCo's Table 1 (docs/explanations/goodput.md)"}
+    return {
+        "chips": chips,
+        "learners": learners,
+        "cluster_mtbf_hours": model.chip_mtbi_hours / chips,
+        "goodput": values,
+        "labels": METHOD_LABELS,
+        "model": model.to_dict(),
+        "source": "diloco.sim.goodput: Poisson chip failures, renewal-reward closed forms; constants fitted to "
+        "Decoupled DiLoCo's Table 1 (docs/explanations/goodput.md)",
+    }
 
 
 def format_goodput(report: dict) -> str:
     m = report["model"]
-    lines = [f"goodput under failures: {report['chips']:.4g} chips, cluster MTBF {report['cluster_mtbf_hours']:.3g} h "
-             f"({report['cluster_mtbf_hours'] * 3600:.3g} s), M = {report['learners']}; recovery lognormal median "
-             f"{m['recovery_median_s']:g} s (mean {m['recovery_mean_s']:.3g} s), re-scale {m['rescale_s']:g} s, "
-             f"checkpoint every {m['checkpoint_interval_s']:g} s (0: every step)"]
+    lines = [
+        f"goodput under failures: {report['chips']:.4g} chips, cluster MTBF {report['cluster_mtbf_hours']:.3g} h "
+        f"({report['cluster_mtbf_hours'] * 3600:.3g} s), M = {report['learners']}; recovery lognormal median "
+        f"{m['recovery_median_s']:g} s (mean {m['recovery_mean_s']:.3g} s), re-scale {m['rescale_s']:g} s, "
+        f"checkpoint every {m['checkpoint_interval_s']:g} s (0: every step)"
+    ]
     for method, value in report["goodput"].items():
         lines.append(f"  {report['labels'][method]:<48}{value:>7.1%}")
     lines.append("  (wall-clock above assumes no failures: divide it by the goodput of the method you run)")
@@ -342,21 +418,38 @@ def run(args: argparse.Namespace) -> int:
     if args.sync_every == DEFAULT_SYNC_EVERY_ARG:  # the defaults, and the largest H the outer-steps rule allows
         h = recommended_sync_every(total_steps=int(tokens // args.tokens_per_step))
         sync_every = tuple(sorted({*sync_every, h})) if h < max(sync_every) else sync_every
-    cands = candidates(model.num_layers, sync_every=sync_every,
-                       overlap=_ints(args.overlap, "overlap"),
-                       fragment_layers=_ints(args.fragment_layers, "fragment-layers"),
-                       codecs=tuple(c.strip() for c in args.codecs.split(",") if c.strip()),
-                       num_workers=args.workers, eager=not args.no_eager)
-    loss_model = (LossModel.paper(ablations=args.ablations) if args.loss_law is None
-                  else LossModel.from_fit_file(args.loss_law, ablations=args.ablations))
-    setup = Setup(model, step_source, args.workers, tokens, args.tokens_per_step, args.latency, exchange,
-                  args.release == "per-layer")
+    cands = candidates(
+        model.num_layers,
+        sync_every=sync_every,
+        overlap=_ints(args.overlap, "overlap"),
+        fragment_layers=_ints(args.fragment_layers, "fragment-layers"),
+        codecs=tuple(c.strip() for c in args.codecs.split(",") if c.strip()),
+        num_workers=args.workers,
+        eager=not args.no_eager,
+    )
+    loss_model = (
+        LossModel.paper(ablations=args.ablations)
+        if args.loss_law is None
+        else LossModel.from_fit_file(args.loss_law, ablations=args.ablations)
+    )
+    setup = Setup(
+        model,
+        step_source,
+        args.workers,
+        tokens,
+        args.tokens_per_step,
+        args.latency,
+        exchange,
+        args.release == "per-layer",
+    )
     plan = evaluate(setup, cands, bws, loss_model, tolerance=args.tolerance / 100)
 
-    print(f"model {model.name}: {model.num_params:.4g} params, {model.num_layers} layers; step {model.step_time_s:.4g} s "
-          f"({step_source}); M = {args.workers}; {tokens:.4g} tokens"
-          + (" (20 per parameter, the default)" if args.tokens is None else "")
-          + f", {args.tokens_per_step:.4g} per step; {len(cands)} candidates; tolerance {args.tolerance:g} % of DP")
+    print(
+        f"model {model.name}: {model.num_params:.4g} params, {model.num_layers} layers; step {model.step_time_s:.4g} s "
+        f"({step_source}); M = {args.workers}; {tokens:.4g} tokens"
+        + (" (20 per parameter, the default)" if args.tokens is None else "")
+        + f", {args.tokens_per_step:.4g} per step; {len(cands)} candidates; tolerance {args.tolerance:g} % of DP"
+    )
     print(format_plan(plan, args.top))
     if "measured" in plan.sources:
         print()

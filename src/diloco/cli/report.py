@@ -10,9 +10,10 @@ from diloco.cli.fit import add_input_args, load_fit
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "report", help="plots (loss, optimal hyperparameters, %% vs DP) and a Markdown report of the fits",
+        "report",
+        help="plots (loss, optimal hyperparameters, %% vs DP) and a Markdown report of the fits",
         description="Fit the scaling laws (as `diloco fit`) and write loss_vs_n.png, hparams_vs_n.png, "
-                    "pct_vs_dp.png and report.md to --out.",
+        "pct_vs_dp.png and report.md to --out.",
     )
     add_input_args(p)
     p.add_argument("--out", type=Path, required=True, help="output directory")

@@ -32,22 +32,36 @@ ALIASES = {"data-parallel": "dp", "fp4": "lowbit", "streaming-overlap": "overlap
 # -- arguments shared with `diloco plan` ----------------------------------------------------------
 def add_model_args(p: argparse.ArgumentParser) -> None:
     model = p.add_argument_group("model (a named size, or --params and --layers)")
-    model.add_argument("--size", choices=sorted(PRESETS, key=len), default=None,
-                       help="Streaming DiLoCo's simulator models: 1B (24 layers, stated step 0.1 s), "
-                            "10B (48, 0.8 s), 100B (108, 4.9 s)")
+    model.add_argument(
+        "--size",
+        choices=sorted(PRESETS, key=len),
+        default=None,
+        help="Streaming DiLoCo's simulator models: 1B (24 layers, stated step 0.1 s), "
+        "10B (48, 0.8 s), 100B (108, 4.9 s)",
+    )
     model.add_argument("--params", type=float, default=None, help="trainable parameters N, e.g. 1.3e9")
     model.add_argument("--layers", type=int, default=None, help="number of repeated blocks L")
-    model.add_argument("--non-block-params", type=float, default=0.0,
-                       help="parameters outside the blocks (embeddings, head); default 0")
-    hw = p.add_argument_group("step time: measured (--step-time), or from hardware (all of --chips, "
-                              "--peak-flops, --mfu, --tokens-per-step), or a named size's stated one")
+    model.add_argument(
+        "--non-block-params",
+        type=float,
+        default=0.0,
+        help="parameters outside the blocks (embeddings, head); default 0",
+    )
+    hw = p.add_argument_group(
+        "step time: measured (--step-time), or from hardware (all of --chips, "
+        "--peak-flops, --mfu, --tokens-per-step), or a named size's stated one"
+    )
     hw.add_argument("--step-time", type=float, default=None, help="seconds of compute per inner step")
     hw.add_argument("--chips", type=float, default=None, help="R, accelerators over all workers")
     hw.add_argument("--peak-flops", type=float, default=None, help="Q, peak FLOP/s of one chip, e.g. 989e12")
     hw.add_argument("--mfu", type=float, default=None, help="model FLOP utilization, e.g. 0.4")
-    hw.add_argument("--step-time-scale", type=float, default=1.0,
-                    help="multiply the step time by this (default 1; Streaming DiLoCo Table 4's fitted "
-                         "calibration is 1.2, see docs/explanations/simulator.md). Always printed")
+    hw.add_argument(
+        "--step-time-scale",
+        type=float,
+        default=1.0,
+        help="multiply the step time by this (default 1; Streaming DiLoCo Table 4's fitted "
+        "calibration is 1.2, see docs/explanations/simulator.md). Always printed",
+    )
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -59,22 +73,40 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 def add_link_args(p: argparse.ArgumentParser, *, default_bandwidths: bool) -> None:
     net = p.add_argument_group("link and workers")
-    net.add_argument("--bandwidth", type=float, nargs="+", default=None, metavar="GBPS",
-                     help="one or more cross-datacenter bandwidths per worker, Gbit/s (e.g. 10 1 0.1)"
-                          + ("; default: the papers' grid" if default_bandwidths else ""))
-    net.add_argument("--latency", type=float, default=0.0,
-                     help="seconds per hop (default 0); an exchange among M workers pays 2(M-1) hops "
-                          "(reduce_scatter) or M-1 (all_gather), pipelined")
+    net.add_argument(
+        "--bandwidth",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="GBPS",
+        help="one or more cross-datacenter bandwidths per worker, Gbit/s (e.g. 10 1 0.1)"
+        + ("; default: the papers' grid" if default_bandwidths else ""),
+    )
+    net.add_argument(
+        "--latency",
+        type=float,
+        default=0.0,
+        help="seconds per hop (default 0); an exchange among M workers pays 2(M-1) hops "
+        "(reduce_scatter) or M-1 (all_gather), pipelined",
+    )
     net.add_argument("--workers", type=int, default=2, help="M, number of workers (default 2)")
-    net.add_argument("--exchange", choices=(*EXCHANGES, "default"), default=PAPER_EXCHANGE,
-                     help="how payloads are reduced: reduce_scatter (an all-reduce at 2(M-1)/M of the payload "
-                          "per link: the papers' assumption; the default), all_gather ((M-1) payloads), or "
-                          "default (what this project's communicator runs: all_gather for M <= 2, else "
-                          "reduce_scatter). Same bytes at M = 2")
-    net.add_argument("--release", choices=("per-layer", "after-step"), default="per-layer",
-                     help="per-layer: each layer's reduction starts when its gradient is ready (the papers' "
-                          "simulator, bucketed DDP; default); after-step: whole payloads after the step, as "
-                          "this project's DataParallel and StreamingDiLoCo exchange")
+    net.add_argument(
+        "--exchange",
+        choices=(*EXCHANGES, "default"),
+        default=PAPER_EXCHANGE,
+        help="how payloads are reduced: reduce_scatter (an all-reduce at 2(M-1)/M of the payload "
+        "per link: the papers' assumption; the default), all_gather ((M-1) payloads), or "
+        "default (what this project's communicator runs: all_gather for M <= 2, else "
+        "reduce_scatter). Same bytes at M = 2",
+    )
+    net.add_argument(
+        "--release",
+        choices=("per-layer", "after-step"),
+        default="per-layer",
+        help="per-layer: each layer's reduction starts when its gradient is ready (the papers' "
+        "simulator, bucketed DDP; default); after-step: whole payloads after the step, as "
+        "this project's DataParallel and StreamingDiLoCo exchange",
+    )
 
 
 def resolve_model(args: argparse.Namespace) -> tuple[ModelSpec, str]:
@@ -98,25 +130,36 @@ def resolve_model(args: argparse.Namespace) -> tuple[ModelSpec, str]:
         if args.tokens_per_step is None:
             missing.append("--tokens-per-step")
         if missing:
-            raise ConfigError(f"a step time from hardware needs --chips, --peak-flops, --mfu and --tokens-per-step "
-                             f"(missing {', '.join(missing)})")
-        step = step_time_from_hardware(num_params=num_params, tokens_per_step=args.tokens_per_step,
-                                       num_chips=args.chips, peak_flops=args.peak_flops, mfu=args.mfu)
-        source = (f"6 N B / (R Q MFU) = 6 x {num_params:.3g} x {args.tokens_per_step:.3g} / "
-                  f"({args.chips:g} x {args.peak_flops:.3g} x {args.mfu:g}) = {step:.4g} s")
+            raise ConfigError(
+                f"a step time from hardware needs --chips, --peak-flops, --mfu and --tokens-per-step "
+                f"(missing {', '.join(missing)})"
+            )
+        step = step_time_from_hardware(
+            num_params=num_params,
+            tokens_per_step=args.tokens_per_step,
+            num_chips=args.chips,
+            peak_flops=args.peak_flops,
+            mfu=args.mfu,
+        )
+        source = (
+            f"6 N B / (R Q MFU) = 6 x {num_params:.3g} x {args.tokens_per_step:.3g} / "
+            f"({args.chips:g} x {args.peak_flops:.3g} x {args.mfu:g}) = {step:.4g} s"
+        )
     elif args.step_time is not None:
         step, source = args.step_time, f"measured/given {args.step_time:g} s"
     elif args.size is not None:
         step, source = PRESETS[args.size].step_time_s, f"Streaming DiLoCo's stated {PRESETS[args.size].step_time_s:g} s"
     else:
-        raise ConfigError("give the step time: --step-time SECONDS, or --chips, --peak-flops, --mfu and "
-                         "--tokens-per-step")
+        raise ConfigError(
+            "give the step time: --step-time SECONDS, or --chips, --peak-flops, --mfu and --tokens-per-step"
+        )
     if not (math.isfinite(args.step_time_scale) and args.step_time_scale > 0):
         raise ConfigError(f"--step-time-scale={args.step_time_scale}: must be > 0")
     if args.step_time_scale != 1.0:
         source += f", x {args.step_time_scale:g} (--step-time-scale) = {step * args.step_time_scale:.4g} s"
-    model = ModelSpec(num_layers, float(num_params), float(step) * args.step_time_scale,
-                      float(args.non_block_params), name=name)
+    model = ModelSpec(
+        num_layers, float(num_params), float(step) * args.step_time_scale, float(args.non_block_params), name=name
+    )
     return model, source
 
 
@@ -169,26 +212,39 @@ def format_gbps(bps: float) -> str:
 # -- the command ------------------------------------------------------------------------------------
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "simulate", help="compute utilization and wall-clock vs bandwidth (data-parallel, DiLoCo, Streaming DiLoCo)",
+        "simulate",
+        help="compute utilization and wall-clock vs bandwidth (data-parallel, DiLoCo, Streaming DiLoCo)",
         description="Simulate the per-layer compute/communication DAG of one worker and report compute utilization "
-                    "and wall-clock at each given bandwidth; over a grid, also the bandwidth each method needs for "
-                    "50/80/90/95/99%% utilization. Writes simulate.json (and utilization.png) to --out.",
+        "and wall-clock at each given bandwidth; over a grid, also the bandwidth each method needs for "
+        "50/80/90/95/99%% utilization. Writes simulate.json (and utilization.png) to --out.",
     )
     add_model_args(p)
     add_run_args(p)
     algo = p.add_argument_group("methods")
-    algo.add_argument("--methods", default=",".join(METHODS),
-                      help=f"comma-separated subset of {','.join(METHODS)} (default: all)")
+    algo.add_argument(
+        "--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)} (default: all)"
+    )
     algo.add_argument("--sync-every", type=int, default=100, help="H, inner steps per sync (default 100)")
-    algo.add_argument("--fragment-layers", type=int, default=3,
-                      help="blocks per Streaming fragment (default 3); plus one non-block fragment")
+    algo.add_argument(
+        "--fragment-layers",
+        type=int,
+        default=3,
+        help="blocks per Streaming fragment (default 3); plus one non-block fragment",
+    )
     algo.add_argument("--overlap", type=int, default=1, help="tau of the overlap methods (default 1)")
     algo.add_argument("--bits", type=float, default=4.0, help="bits per parameter of the lowbit method (default 4)")
-    algo.add_argument("--wire-bits", type=float, default=16.0,
-                      help="bits per parameter of the other methods (default 16)")
+    algo.add_argument(
+        "--wire-bits", type=float, default=16.0, help="bits per parameter of the other methods (default 16)"
+    )
     add_link_args(p, default_bandwidths=True)
-    p.add_argument("--grid", type=float, nargs=3, default=None, metavar=("LOW", "HIGH", "NUM"),
-                   help="a log grid of Gbit/s instead of --bandwidth (default 0.1 1000 50, the papers' grid)")
+    p.add_argument(
+        "--grid",
+        type=float,
+        nargs=3,
+        default=None,
+        metavar=("LOW", "HIGH", "NUM"),
+        help="a log grid of Gbit/s instead of --bandwidth (default 0.1 1000 50, the papers' grid)",
+    )
     p.add_argument("--out", type=Path, default=None, help="output directory (default runs/simulate-<model>)")
     p.add_argument("--no-plot", action="store_true", help="do not write utilization.png")
     p.set_defaults(func=run)
@@ -199,16 +255,25 @@ def _methods(args: argparse.Namespace, num_layers: int):
     unknown = [n for n in names if n not in METHODS]
     if unknown or not names:
         raise ConfigError(f"unknown method(s) {unknown or args.methods!r}; choose from {', '.join(METHODS)}")
-    specs = paper_methods(num_layers, sync_every=args.sync_every, fragment_layers=args.fragment_layers,
-                          overlap_steps=args.overlap, bits=args.wire_bits, low_bits=args.bits)
+    specs = paper_methods(
+        num_layers,
+        sync_every=args.sync_every,
+        fragment_layers=args.fragment_layers,
+        overlap_steps=args.overlap,
+        bits=args.wire_bits,
+        low_bits=args.bits,
+    )
     by_name = dict(zip(METHODS, specs))
     return [by_name[n] for n in dict.fromkeys(names)]
 
 
 def format_needed(result: SweepResult) -> str:
     head = f"{'method':<22}" + "".join(f"{f'{q:.0%}':>10}" for q in result.targets)
-    lines = ["bandwidth (Gbit/s) needed for each compute utilization (smallest grid point reaching it; "
-             "'>' = not reached on the grid)", head]
+    lines = [
+        "bandwidth (Gbit/s) needed for each compute utilization (smallest grid point reaching it; "
+        "'>' = not reached on the grid)",
+        head,
+    ]
     top = result.bandwidth_bps[-1] / GBIT
     for label, needed in result.needed_bps.items():
         cells = "".join(f"{'>' + format(top, '.4g'):>10}" if np.isnan(x) else f"{x / GBIT:>10.2f}" for x in needed)
@@ -246,14 +311,26 @@ def run(args: argparse.Namespace) -> int:
         bw = bandwidth_grid(low, high, int(num))
     else:
         bw = given
-    result = sweep(model, methods, bw, latency_s=args.latency, num_workers=args.workers, targets=TARGETS,
-                   overlap_backward=args.release == "per-layer", exchange=exchange)
+    result = sweep(
+        model,
+        methods,
+        bw,
+        latency_s=args.latency,
+        num_workers=args.workers,
+        targets=TARGETS,
+        overlap_backward=args.release == "per-layer",
+        exchange=exchange,
+    )
 
-    print(f"model {model.name}: {model.num_layers} layers, {model.num_params:.4g} params "
-          f"({model.non_block_params:.4g} outside blocks); step time {model.step_time_s:.4g} s ({step_source})")
-    print(f"H={args.sync_every}, {args.fragment_layers}-layer fragments, tau={args.overlap}, "
-          f"{args.wire_bits:g}/{args.bits:g} bits, M={args.workers}, exchange {exchange}, release {args.release}, "
-          f"latency {args.latency:g} s per hop")
+    print(
+        f"model {model.name}: {model.num_layers} layers, {model.num_params:.4g} params "
+        f"({model.non_block_params:.4g} outside blocks); step time {model.step_time_s:.4g} s ({step_source})"
+    )
+    print(
+        f"H={args.sync_every}, {args.fragment_layers}-layer fragments, tau={args.overlap}, "
+        f"{args.wire_bits:g}/{args.bits:g} bits, M={args.workers}, exchange {exchange}, release {args.release}, "
+        f"latency {args.latency:g} s per hop"
+    )
     if len(bw) <= 12:
         print(format_at(result, steps))
     if len(bw) >= 2 and given is None:
@@ -261,11 +338,18 @@ def run(args: argparse.Namespace) -> int:
 
     out = args.out or Path("runs") / f"simulate-{model.name.replace(' ', '_')}"
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
-    payload = {"config": config, "exchange": exchange, "step_time_source": step_source, "steps": steps,
-               "methods": [m.label for m in methods], **result.to_dict()}
+    payload = {
+        "config": config,
+        "exchange": exchange,
+        "step_time_source": step_source,
+        "steps": steps,
+        "methods": [m.label for m in methods],
+        **result.to_dict(),
+    }
     if steps:
-        payload["wall_clock_s"] = {k: [steps * model.step_time_s / float(x) for x in v]
-                                   for k, v in result.curves.items()}
+        payload["wall_clock_s"] = {
+            k: [steps * model.step_time_s / float(x) for x in v] for k, v in result.curves.items()
+        }
     write_json(out / "simulate.json", payload)
     written = [out / "simulate.json"]
     if len(bw) >= 2 and not args.no_plot:

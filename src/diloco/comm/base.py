@@ -74,8 +74,9 @@ class Communicator(abc.ABC):
         """Backend hook: start gathering a 1-D uint8 ``payload`` from every replica."""
 
     @abc.abstractmethod
-    def _start_all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str,
-                          seq: int | None = None) -> Work:
+    def _start_all_to_all(
+        self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str, seq: int | None = None
+    ) -> Work:
         """Backend hook: send 1-D uint8 ``chunks[j]`` to replica ``j``; ``wait()`` gives the chunk each
         replica ``j`` sent here (``recv_sizes[j]`` bytes), in rank order (``chunks[rank]`` for this one).
 
@@ -126,13 +127,15 @@ class Communicator(abc.ABC):
 
     def encode(self, values: torch.Tensor, codec: Codec) -> torch.Tensor:
         """This replica's encoded contribution of 1-D FP32 ``values`` to :meth:`mean_async`."""
-        return encode_contribution(values, codec, num_replicas=self.world_size,
-                                   exchange=self.exchange_for(values.numel(), codec))
+        return encode_contribution(
+            values, codec, num_replicas=self.world_size, exchange=self.exchange_for(values.numel(), codec)
+        )
 
     def decode_own(self, contribution: torch.Tensor, *, codec: Codec, numel: int) -> torch.Tensor:
         """This replica's contribution (from :meth:`encode`) decoded to FP32: what its peers receive from it."""
-        return decode_contribution(contribution, codec, numel=numel, num_replicas=self.world_size,
-                                   exchange=self.exchange_for(numel, codec))
+        return decode_contribution(
+            contribution, codec, numel=numel, num_replicas=self.world_size, exchange=self.exchange_for(numel, codec)
+        )
 
     def mean_async(self, contribution: torch.Tensor, *, codec: Codec, numel: int, tag: str = "") -> MeanWork:
         """Start averaging ``contribution`` (from :meth:`encode`, ``numel`` values) over the replicas.
@@ -144,9 +147,11 @@ class Communicator(abc.ABC):
         exchange = self.exchange_for(numel, codec)
         sizes = chunk_bytes(codec, numel=numel, num_replicas=self.world_size, exchange=exchange)
         if contribution.numel() != sum(sizes):
-            raise ConfigError(f"contribution of {contribution.numel()} bytes, but {exchange} of {numel} values "
-                             f"with {codec.name} among {self.world_size} replicas takes {sum(sizes)}: encode it "
-                             f"with this communicator's encode() (same codec, same exchange)")
+            raise ConfigError(
+                f"contribution of {contribution.numel()} bytes, but {exchange} of {numel} values "
+                f"with {codec.name} among {self.world_size} replicas takes {sum(sizes)}: encode it "
+                f"with this communicator's encode() (same codec, same exchange)"
+            )
         lb = link_bytes(codec, numel=numel, num_replicas=self.world_size, exchange=exchange, rank=self.rank)
         handle = self.stats.start(tag, sent=lb.sent, received=lb.received)
         if exchange == "all_gather":
@@ -171,8 +176,10 @@ class Communicator(abc.ABC):
 
     def _all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str) -> Work:
         assert len(chunks) == len(recv_sizes) == self.world_size
-        self.stats.wire(sent=sum(c.numel() for j, c in enumerate(chunks) if j != self.rank),
-                        received=sum(s for j, s in enumerate(recv_sizes) if j != self.rank))
+        self.stats.wire(
+            sent=sum(c.numel() for j, c in enumerate(chunks) if j != self.rank),
+            received=sum(s for j, s in enumerate(recv_sizes) if j != self.rank),
+        )
         return self._start_all_to_all(chunks, recv_sizes, tag)
 
 
@@ -194,9 +201,20 @@ class MeanWork:
     every replica issues its collectives in the same order.
     """
 
-    def __init__(self, comm: Communicator, handle: int, link: LinkBytes, codec: Codec, numel: int, tag: str, *,
-                 gather: Work | None = None, shards: Work | None = None, sizes: list[int] | None = None,
-                 means_seq: int | None = None) -> None:
+    def __init__(
+        self,
+        comm: Communicator,
+        handle: int,
+        link: LinkBytes,
+        codec: Codec,
+        numel: int,
+        tag: str,
+        *,
+        gather: Work | None = None,
+        shards: Work | None = None,
+        sizes: list[int] | None = None,
+        means_seq: int | None = None,
+    ) -> None:
         self._comm, self._handle, self._codec, self._numel, self._tag = comm, handle, codec, numel, tag
         #: Bytes this exchange moves over this replica's link (the traffic function), each way.
         self.link_bytes = link
@@ -205,14 +223,15 @@ class MeanWork:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         if means_seq is not None:
-            self._thread = threading.Thread(target=self._pipeline, args=(means_seq,), daemon=True,
-                                            name=f"diloco-mean-{means_seq}")
+            self._thread = threading.Thread(
+                target=self._pipeline, args=(means_seq,), daemon=True, name=f"diloco-mean-{means_seq}"
+            )
             self._thread.start()
 
     def _pipeline(self, means_seq: int) -> None:
         try:
             self._result = self._reduce(means_seq)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by wait() in the caller's thread
+        except BaseException as exc:
             self._error = exc
 
     @property

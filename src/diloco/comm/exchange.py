@@ -74,8 +74,9 @@ def link_bytes(codec: Codec, *, numel: int, num_replicas: int, exchange: str, ra
     return reduce_scatter_bytes(sizes, rank)
 
 
-def decode_contribution(payload: torch.Tensor, codec: Codec, *, numel: int, num_replicas: int,
-                        exchange: str) -> torch.Tensor:
+def decode_contribution(
+    payload: torch.Tensor, codec: Codec, *, numel: int, num_replicas: int, exchange: str
+) -> torch.Tensor:
     """This replica's own contribution as its peers will decode it (FP32): what it really sent."""
     if exchange == "all_gather":
         return codec.decode(payload, numel)

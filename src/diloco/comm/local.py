@@ -136,8 +136,9 @@ class LocalCommunicator(Communicator):
     def _reserve(self, what: str) -> int:
         return self._next_seq()
 
-    def _start_all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str,
-                          seq: int | None = None) -> Work:
+    def _start_all_to_all(
+        self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str, seq: int | None = None
+    ) -> Work:
         seq = self._next_seq() if seq is None else seq
         self.group._post(seq, self.rank, list(chunks))
         me = self.rank
@@ -146,8 +147,10 @@ class LocalCommunicator(Communicator):
             out = [sent[me] for sent in items]  # replica j's chunk for this replica
             got = [c.numel() for c in out]
             if got != list(recv_sizes):
-                raise CommError(f"replica {me}: all-to-all {tag!r} expected chunks of {list(recv_sizes)} bytes, "
-                                f"got {got}: the replicas disagree on the exchange")
+                raise CommError(
+                    f"replica {me}: all-to-all {tag!r} expected chunks of {list(recv_sizes)} bytes, "
+                    f"got {got}: the replicas disagree on the exchange"
+                )
             return out
 
         return _LocalWork(self.group, seq, self.rank, f"all-to-all {tag!r}", pick)
@@ -182,7 +185,7 @@ def run_replicas(fn: Callable[[LocalCommunicator], T], world_size: int, *, timeo
     def target(rank: int) -> None:
         try:
             results[rank] = fn(group.communicators[rank])
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+        except BaseException as exc:
             errors.append((rank, exc))
             group.abort(exc)
 

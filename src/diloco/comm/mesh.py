@@ -86,22 +86,32 @@ def build_layout(num_workers: int, ranks_per_worker: int, *, device_type: str | 
     from torch.distributed.device_mesh import init_device_mesh
 
     if not dist.is_initialized():
-        raise ConfigError("torch.distributed is not initialized: call init_process_group (or "
-                         "diloco.distributed.init_from_env under torchrun) before build_layout")
+        raise ConfigError(
+            "torch.distributed is not initialized: call init_process_group (or "
+            "diloco.distributed.init_from_env under torchrun) before build_layout"
+        )
     if num_workers < 1 or ranks_per_worker < 1:
         raise ConfigError(f"num_workers and ranks_per_worker must be >= 1, got {num_workers} x {ranks_per_worker}")
     world = dist.get_world_size()
     if num_workers * ranks_per_worker != world:
         hint = f"; e.g. ranks_per_worker={world // num_workers}" if world % num_workers == 0 else ""
-        raise ConfigError(f"num_workers x ranks_per_worker = {num_workers} x {ranks_per_worker} must equal "
-                         f"the world size {world}{hint}")
+        raise ConfigError(
+            f"num_workers x ranks_per_worker = {num_workers} x {ranks_per_worker} must equal "
+            f"the world size {world}{hint}"
+        )
     if device_type is None:
         device_type = "cuda" if str(dist.get_backend()).lower() == "nccl" else "cpu"
     mesh = init_device_mesh(device_type, (num_workers, ranks_per_worker), mesh_dim_names=("worker", "local"))
     rank = dist.get_rank()
-    return Layout(num_workers, ranks_per_worker, worker=rank // ranks_per_worker,
-                  local_rank=rank % ranks_per_worker, intra_group=mesh.get_group("local"),
-                  cross_group=mesh.get_group("worker"), device_mesh=mesh)
+    return Layout(
+        num_workers,
+        ranks_per_worker,
+        worker=rank // ranks_per_worker,
+        local_rank=rank % ranks_per_worker,
+        intra_group=mesh.get_group("local"),
+        cross_group=mesh.get_group("worker"),
+        device_mesh=mesh,
+    )
 
 
 class _ShardedWork(Work):
@@ -131,8 +141,9 @@ class _ShardedWork(Work):
 class _ShardedAllToAllWork(Work):
     """As :class:`_ShardedWork` for an all-to-all: byte-piece l of every chunk crosses in column l."""
 
-    def __init__(self, comm: WorkerCommunicator, cross: Work, recv_sizes: list[int], piece: list[int],
-                 tag: str) -> None:
+    def __init__(
+        self, comm: WorkerCommunicator, cross: Work, recv_sizes: list[int], piece: list[int], tag: str
+    ) -> None:
         self._comm, self._cross, self._recv, self._piece, self._tag = comm, cross, recv_sizes, piece, tag
         self._result: list[torch.Tensor] | None = None
 
@@ -145,8 +156,7 @@ class _ShardedAllToAllWork(Work):
             else:
                 rows = self._comm.intra.all_gather_async(torch.cat(mine), tag=self._tag).wait()
                 by_rank = [r.split(self._piece) for r in rows]  # [local rank][worker] -> piece
-                self._result = [torch.cat([by_rank[r][w] for r in range(R)])[:n]
-                                for w, n in enumerate(self._recv)]
+                self._result = [torch.cat([by_rank[r][w] for r in range(R)])[:n] for w, n in enumerate(self._recv)]
         return self._result
 
     def is_completed(self) -> bool:
@@ -180,8 +190,9 @@ class WorkerCommunicator(Communicator):
         cross = self.cross.all_gather_async(mine, tag=f"{tag} shard {self.layout.local_rank}/{R}")
         return _ShardedWork(self, cross, n, shard, tag)
 
-    def _start_all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str,
-                          seq: int | None = None) -> Work:
+    def _start_all_to_all(
+        self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str, seq: int | None = None
+    ) -> Work:
         assert seq is None, "workers of several ranks never pipeline (their intra stage is order-matched)"
         R, lr = self.layout.ranks_per_worker, self.layout.local_rank
         pieces = []

@@ -106,7 +106,7 @@ class _Heartbeat:
         while not self._stop.wait(self.interval_s):
             try:
                 self.store.add(self._key(self.global_rank), 1)
-            except Exception:  # noqa: BLE001 - the store is gone: nothing left to report to
+            except Exception:
                 return
 
     def counters(self, global_ranks: Sequence[int]) -> dict[int, int]:
@@ -114,8 +114,9 @@ class _Heartbeat:
         return {r: self.store.add(self._key(r), 0) for r in global_ranks}
 
 
-def name_culprits(*, seq: int, last_entered: dict[int, int], silent: Sequence[int], heartbeat: bool,
-                  label=lambda rank: "") -> list[str]:
+def name_culprits(
+    *, seq: int, last_entered: dict[int, int], silent: Sequence[int], heartbeat: bool, label=lambda rank: ""
+) -> list[str]:
     """What a failed collective #seq says about the peers: who never reached it, who went silent.
 
     Args:
@@ -140,8 +141,10 @@ def name_culprits(*, seq: int, last_entered: dict[int, int], silent: Sequence[in
     if dead:
         parts.append(f"rank(s) {dead} stopped responding (heartbeat stopped: process dead or stopped)")
     if followed:
-        parts.append(f"rank(s) {followed} entered it and then stopped responding (they failed inside it, "
-                     "probably on the same fault, and exited)")
+        parts.append(
+            f"rank(s) {followed} entered it and then stopped responding (they failed inside it, "
+            "probably on the same fault, and exited)"
+        )
     if behind and not dead and heartbeat:
         parts.append("their heartbeat is alive: hung or slower than the timeout")
     if not behind and not silent:
@@ -150,8 +153,16 @@ def name_culprits(*, seq: int, last_entered: dict[int, int], silent: Sequence[in
 
 
 class _TorchWork(Work):
-    def __init__(self, comm: TorchDistCommunicator, work, out: torch.Tensor, numel: int | list[int], seq: int,
-                 what: str, result_device: torch.device) -> None:
+    def __init__(
+        self,
+        comm: TorchDistCommunicator,
+        work,
+        out: torch.Tensor,
+        numel: int | list[int],
+        seq: int,
+        what: str,
+        result_device: torch.device,
+    ) -> None:
         self._comm, self._work, self._out, self._numel = comm, work, out, numel
         self._seq, self._what, self._device = seq, what, result_device
         self._result: list[torch.Tensor] | None = None
@@ -175,8 +186,9 @@ class _PairwiseWork(Work):
     Being matched by tag, not by issue order, these rounds may be issued from a helper thread: that is
     what lets the reduce-scatter exchange run entirely in the background."""
 
-    def __init__(self, comm: TorchDistCommunicator, chunks, recv_sizes, seq: int, what: str,
-                 result_device: torch.device) -> None:
+    def __init__(
+        self, comm: TorchDistCommunicator, chunks, recv_sizes, seq: int, what: str, result_device: torch.device
+    ) -> None:
         self._comm, self._seq, self._what, self._device = comm, seq, what, result_device
         M, me = comm.world_size, comm.rank
         src = [c.to(comm.device) for c in chunks]
@@ -196,13 +208,12 @@ class _PairwiseWork(Work):
                     # behind the whole payload, and the two directions then run one after the other
                     # (benchmarks/link_collectives.py --recv-first: partner rounds 45 % -> 96 % of the rate).
                     if self._bufs[frm].numel():
-                        works.append(dist.irecv(self._bufs[frm], src=comm.global_ranks[frm], group=comm.group,
-                                                tag=seq))
+                        works.append(dist.irecv(self._bufs[frm], src=comm.global_ranks[frm], group=comm.group, tag=seq))
                     if src[to].numel():
                         works.append(dist.isend(src[to], dst=comm.global_ranks[to], group=comm.group, tag=seq))
                     for w in works:
                         w.wait()
-            except BaseException as exc:  # noqa: BLE001 - raised as a CommError by wait()
+            except BaseException as exc:
                 self._error = exc
 
         self._thread = threading.Thread(target=run, name=f"diloco-all-to-all-{seq}", daemon=True)
@@ -216,8 +227,9 @@ class _PairwiseWork(Work):
                 exc = TimeoutError(f"{self._what} still running after {self._comm.timeout_s:g}s")
                 self._comm._fail(self._comm._diagnose(self._what, self._seq, exc, time.monotonic() - t0), exc)
             if self._error is not None:
-                self._comm._fail(self._comm._diagnose(self._what, self._seq, self._error, time.monotonic() - t0),
-                                 self._error)
+                self._comm._fail(
+                    self._comm._diagnose(self._what, self._seq, self._error, time.monotonic() - t0), self._error
+                )
             self._result = [b.to(self._device) for b in self._bufs]
         return self._result
 
@@ -291,7 +303,7 @@ class TorchDistCommunicator(Communicator):
         if store is None:
             try:
                 store = dist.distributed_c10d._get_default_store()
-            except Exception:  # noqa: BLE001 - progress tracking is a diagnostic, not a requirement
+            except Exception:
                 store = None
         self._store = store
         self._heartbeat = None
@@ -316,8 +328,9 @@ class TorchDistCommunicator(Communicator):
     def _reserve(self, what: str) -> int:
         return self._enter(what)
 
-    def _start_all_to_all(self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str,
-                          seq: int | None = None) -> Work:
+    def _start_all_to_all(
+        self, chunks: Sequence[torch.Tensor], recv_sizes: Sequence[int], tag: str, seq: int | None = None
+    ) -> Work:
         what = f"all-to-all {tag!r}" if tag else "all-to-all"
         if seq is None:
             seq = self._enter(what)
@@ -331,9 +344,18 @@ class TorchDistCommunicator(Communicator):
         src = torch.cat([c.reshape(-1) for c in chunks]).to(self.device)
         out = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=self.device)
         send_sizes = [c.numel() for c in chunks]
-        work = self._issue(what, seq, lambda: dist.all_to_all_single(
-            out, src, output_split_sizes=list(recv_sizes), input_split_sizes=send_sizes, group=self.group,
-            async_op=True))
+        work = self._issue(
+            what,
+            seq,
+            lambda: dist.all_to_all_single(
+                out,
+                src,
+                output_split_sizes=list(recv_sizes),
+                input_split_sizes=send_sizes,
+                group=self.group,
+                async_op=True,
+            ),
+        )
         return _TorchWork(self, work, out, list(recv_sizes), seq, what, device)
 
     def broadcast_(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
@@ -350,8 +372,7 @@ class TorchDistCommunicator(Communicator):
         global_src = self.global_ranks[src]
         for members in by_dtype.values():  # insertion order: the same on every rank
             flat = torch.cat([t.detach().reshape(-1).to(self.device) for t in members])
-            work = self._issue(what, seq, lambda f=flat: dist.broadcast(f, global_src, group=self.group,
-                                                                         async_op=True))
+            work = self._issue(what, seq, lambda f=flat: dist.broadcast(f, global_src, group=self.group, async_op=True))
             self._wait(work, seq, what)
             if self.rank != src:
                 offset = 0
@@ -363,8 +384,9 @@ class TorchDistCommunicator(Communicator):
     def barrier(self) -> None:
         seq = self._enter("barrier")
         if self.world_size > 1:
-            self._wait(self._issue("barrier", seq, lambda: dist.barrier(group=self.group, async_op=True)),
-                       seq, "barrier")
+            self._wait(
+                self._issue("barrier", seq, lambda: dist.barrier(group=self.group, async_op=True)), seq, "barrier"
+            )
 
     def close(self) -> None:
         """Stop this process's heartbeat thread: call before ``destroy_process_group`` and exit.
@@ -379,28 +401,33 @@ class TorchDistCommunicator(Communicator):
     def _enter(self, what: str) -> int:
         """Number the next collective and record in the store that this rank reached it."""
         if self._failed is not None:
-            raise CommError(f"rank {self.rank}: cannot start {what}: this communicator failed earlier "
-                            f"({self._failed}); restart the run (e.g. from the last checkpoint)")
+            raise CommError(
+                f"rank {self.rank}: cannot start {what}: this communicator failed earlier "
+                f"({self._failed}); restart the run (e.g. from the last checkpoint)"
+            )
         self._seq += 1
         if self._store is not None and self.world_size > 1:
             try:
                 self._store.set(self._progress_key(self.rank), str(self._seq))
-            except Exception as exc:  # noqa: BLE001
-                self._fail(f"rank {self.rank}: the rendezvous store is unreachable before {what} "
-                           f"(collective #{self._seq}); its host may have died: {exc}", exc)
+            except Exception as exc:
+                self._fail(
+                    f"rank {self.rank}: the rendezvous store is unreachable before {what} "
+                    f"(collective #{self._seq}); its host may have died: {exc}",
+                    exc,
+                )
         return self._seq
 
     def _issue(self, what: str, seq: int, start):
         try:
             return start()
-        except Exception as exc:  # noqa: BLE001 - gloo raises here when a peer is already gone
+        except Exception as exc:
             self._fail(self._diagnose(what, seq, exc, 0.0), exc)
 
     def _wait(self, work, seq: int, what: str) -> None:
         t0 = time.monotonic()
         try:
             work.wait(timeout=timedelta(seconds=self.timeout_s))
-        except Exception as exc:  # noqa: BLE001 - RuntimeError / DistBackendError from the backend
+        except Exception as exc:
             self._fail(self._diagnose(what, seq, exc, time.monotonic() - t0), exc)
 
     def _fail(self, message: str, cause: BaseException):
@@ -412,8 +439,10 @@ class TorchDistCommunicator(Communicator):
 
     def _diagnose(self, what: str, seq: int, exc: BaseException, waited_s: float) -> str:
         """Name the ranks that never entered collective #seq, and those whose heartbeat stopped."""
-        head = (f"rank {self.rank} of {self.world_size}: {what} (collective #{seq}) failed after "
-                f"{waited_s:.1f}s (timeout {self.timeout_s:g}s)")
+        head = (
+            f"rank {self.rank} of {self.world_size}: {what} (collective #{seq}) failed after "
+            f"{waited_s:.1f}s (timeout {self.timeout_s:g}s)"
+        )
         backend_msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         if self._store is None:
             return f"{head}; cannot name the missing rank(s) without a store; backend: {backend_msg}"
@@ -427,12 +456,19 @@ class TorchDistCommunicator(Communicator):
                 after = self._heartbeat.counters(globals_)
                 silent = [r for r, g in zip(peers, globals_, strict=True) if after[g] == before[g]]
             # read after the heartbeat window: a live peer that was merely a moment behind has entered by now
-            last = {r: (int(self._store.get(k)) if self._store.check([k]) else 0)
-                    for r in peers for k in [self._progress_key(r)]}
-        except Exception as store_exc:  # noqa: BLE001
+            last = {
+                r: (int(self._store.get(k)) if self._store.check([k]) else 0)
+                for r in peers
+                for k in [self._progress_key(r)]
+            }
+        except Exception as store_exc:
             return f"{head}; could not read the peers' progress from the store ({store_exc}); backend: {backend_msg}"
-        parts = [head, *name_culprits(seq=seq, last_entered=last, silent=silent,
-                                      heartbeat=self._heartbeat is not None, label=self._global)]
+        parts = [
+            head,
+            *name_culprits(
+                seq=seq, last_entered=last, silent=silent, heartbeat=self._heartbeat is not None, label=self._global
+            ),
+        ]
         parts.append(f"backend: {backend_msg}")
         return "; ".join(parts)
 

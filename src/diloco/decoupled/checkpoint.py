@@ -62,9 +62,11 @@ def load_latest_state(directory: Path | str) -> dict[str, Any] | None:
     for path in reversed(saved_states(directory)):
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - a damaged file: the previous one will do
-            print(f"diloco: syncer checkpoint {path} does not load ({type(exc).__name__}: {exc}); "
-                  f"trying the one before", file=sys.stderr)
+        except Exception as exc:
+            print(
+                f"diloco: syncer checkpoint {path} does not load ({type(exc).__name__}: {exc}); trying the one before",
+                file=sys.stderr,
+            )
     return None
 
 
@@ -94,8 +96,10 @@ def load_records(directory: Path | str, count: int) -> list[dict[str, Any]]:
             break  # the last line, cut by a crash mid-write
         rows.append(json.loads(line))
     if len(rows) < count:
-        raise RuntimeError(f"{path} holds {len(rows)} merge records but the syncer's newest state holds "
-                           f"{count}: the records and the states in {directory} do not belong together")
+        raise RuntimeError(
+            f"{path} holds {len(rows)} merge records but the syncer's newest state holds "
+            f"{count}: the records and the states in {directory} do not belong together"
+        )
     if len(rows) > count or not text.endswith("\n") and text:
         atomic_write_bytes(path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows[:count]).encode())
     return rows[:count]

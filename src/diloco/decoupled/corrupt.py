@@ -39,9 +39,17 @@ class CorruptingChannel:
         seed: for the random values.
     """
 
-    def __init__(self, channel: Any, *, windows: Sequence[tuple[float, float, float | None]], start_at: float,
-                 sizes: Sequence[int], codec: str | Codec = "fp32", seed: int = 0,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        channel: Any,
+        *,
+        windows: Sequence[tuple[float, float, float | None]],
+        start_at: float,
+        sizes: Sequence[int],
+        codec: str | Codec = "fp32",
+        seed: int = 0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.channel, self.windows, self.start_at, self.sizes = channel, tuple(windows), start_at, list(sizes)
         self.codec, self.clock = get_codec(codec), clock
         self.generator = torch.Generator().manual_seed(seed)

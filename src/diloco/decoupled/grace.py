@@ -31,8 +31,7 @@ def ema(previous: float | None, sample: float, *, decay: float) -> float:
     return sample if previous is None else decay * previous + (1.0 - decay) * sample
 
 
-def grace_seconds(*, gamma: float, overlap_steps: int, step_time: float, quorum_time: float,
-                  sync_time: float) -> float:
+def grace_seconds(*, gamma: float, overlap_steps: int, step_time: float, quorum_time: float, sync_time: float) -> float:
     """gamma * (tau * xi_step - xi_quorum - xi_sync), never below 0."""
     return max(0.0, gamma * (overlap_steps * step_time - quorum_time - sync_time))
 
@@ -40,11 +39,15 @@ def grace_seconds(*, gamma: float, overlap_steps: int, step_time: float, quorum_
 def check_grace(*, gamma: float, decay: float, overlap_steps: int) -> None:
     """ValueError for settings with which no grace window can fit."""
     if not 0.0 <= gamma < 1.0:
-        raise ConfigError(f"grace_gamma={gamma} is outside [0, 1): the window is a share of the time left within "
-                         f"tau steps; use 0 (no window) up to e.g. {DEFAULT_GRACE_GAMMA} (the default)")
+        raise ConfigError(
+            f"grace_gamma={gamma} is outside [0, 1): the window is a share of the time left within "
+            f"tau steps; use 0 (no window) up to e.g. {DEFAULT_GRACE_GAMMA} (the default)"
+        )
     if overlap_steps < 0:
-        raise ConfigError(f"overlap_steps (tau) = {overlap_steps}: the window must fit within tau steps; use tau >= 0 "
-                         f"(tau = 0 leaves no time for a window: it is then 0)")
+        raise ConfigError(
+            f"overlap_steps (tau) = {overlap_steps}: the window must fit within tau steps; use tau >= 0 "
+            f"(tau = 0 leaves no time for a window: it is then 0)"
+        )
     if not 0.0 <= decay < 1.0:
         raise ConfigError(f"grace_ema_decay={decay} is outside [0, 1): use e.g. {DEFAULT_EMA_DECAY} (the default)")
 
@@ -63,8 +66,9 @@ class GraceWindow:
     def __post_init__(self) -> None:
         check_grace(gamma=self.gamma, decay=self.decay, overlap_steps=self.overlap_steps)
 
-    def observe(self, *, step_time: float | None = None, quorum_time: float | None = None,
-                sync_time: float | None = None) -> None:
+    def observe(
+        self, *, step_time: float | None = None, quorum_time: float | None = None, sync_time: float | None = None
+    ) -> None:
         if step_time is not None:
             self.step_time = ema(self.step_time, step_time, decay=self.decay)
         if quorum_time is not None:
@@ -75,15 +79,23 @@ class GraceWindow:
     def seconds(self) -> float:
         if self.gamma == 0 or None in (self.step_time, self.quorum_time, self.sync_time):
             return 0.0
-        return grace_seconds(gamma=self.gamma, overlap_steps=self.overlap_steps, step_time=self.step_time,
-                             quorum_time=self.quorum_time, sync_time=self.sync_time)
+        return grace_seconds(
+            gamma=self.gamma,
+            overlap_steps=self.overlap_steps,
+            step_time=self.step_time,
+            quorum_time=self.quorum_time,
+            sync_time=self.sync_time,
+        )
 
     def state_dict(self) -> dict[str, float | None]:
         return {"step_time": self.step_time, "quorum_time": self.quorum_time, "sync_time": self.sync_time}
 
     def load_state_dict(self, state: dict[str, float | None]) -> None:
-        self.step_time, self.quorum_time, self.sync_time = (state["step_time"], state["quorum_time"],
-                                                            state["sync_time"])
+        self.step_time, self.quorum_time, self.sync_time = (
+            state["step_time"],
+            state["quorum_time"],
+            state["sync_time"],
+        )
 
 
 __all__ = ["DEFAULT_EMA_DECAY", "DEFAULT_GRACE_GAMMA", "GraceWindow", "check_grace", "ema", "grace_seconds"]

@@ -112,17 +112,21 @@ class Learner(ReplicaAlgorithm):
         ride_out_steps: int = 0,
     ) -> None:
         if overwrite_after not in ("send", "arrival"):
-            raise ConfigError(f"overwrite_after={overwrite_after!r}: choose 'send' (tau steps after sending, the "
-                             f"Streaming DiLoCo timing) or 'arrival' (tau steps after the reply arrives)")
+            raise ConfigError(
+                f"overwrite_after={overwrite_after!r}: choose 'send' (tau steps after sending, the "
+                f"Streaming DiLoCo timing) or 'arrival' (tau steps after the reply arrives)"
+            )
         self.overwrite_after = overwrite_after
         if not isinstance(ride_out_steps, int) or ride_out_steps < 0:
-            raise ConfigError(f"ride_out_steps={ride_out_steps!r}: give the steps a learner trains on while a reply is "
-                             f"late, >= 0 (0: wait for it at once)")
+            raise ConfigError(
+                f"ride_out_steps={ride_out_steps!r}: give the steps a learner trains on while a reply is "
+                f"late, >= 0 (0: wait for it at once)"
+            )
         self.ride_out_steps = ride_out_steps
         self._late: dict[int, int] = {}  # ride-out: fragment -> the last step before the learner waits for its reply
-        self.ride_outs = 0                # replies that were late at t + tau and ridden out
-        self.ride_out_waits = 0           # of those, the ones still missing B steps later (waited for)
-        self.skipped_reports = 0          # reports not sent because the fragment's previous reply was still late
+        self.ride_outs = 0  # replies that were late at t + tau and ridden out
+        self.ride_out_waits = 0  # of those, the ones still missing B steps later (waited for)
+        self.skipped_reports = 0  # reports not sent because the fragment's previous reply was still late
         self._arrived: dict[int, tuple[int, Reply]] = {}  # arrival mode: fragment -> (step seen, reply)
         if not 0.0 <= float(merge_alpha) <= 1.0:
             raise ConfigError(f"merge_alpha (alpha) must lie in [0, 1], got {merge_alpha}; 0 overwrites (the default)")
@@ -133,27 +137,30 @@ class Learner(ReplicaAlgorithm):
         self.stats = stats
         self._handles: dict[int, int] = {}
         self.schedule = resolve_schedule(schedule, sync_every, num_fragments, overlap_steps)
-        self.fragments: list[Fragment] = split_fragments(model, num_fragments, pattern=fragment_pattern,
-                                                         fragments=fragments)
+        self.fragments: list[Fragment] = split_fragments(
+            model, num_fragments, pattern=fragment_pattern, fragments=fragments
+        )
         welcome = channel.join()
         start = welcome.fragments
-        self.incarnation = welcome.incarnation        # 0, or how many times this learner had joined before
-        self.versions = list(welcome.versions)        # of the global fragments last received
+        self.incarnation = welcome.incarnation  # 0, or how many times this learner had joined before
+        self.versions = list(welcome.versions)  # of the global fragments last received
         sizes = [f.numel for f in self.fragments]
         if [s.numel() for s in start] != sizes:
-            raise ConfigError(f"the syncer's fragments have {[s.numel() for s in start]} values, this learner's "
-                             f"{sizes}: give both the same model, num_fragments and fragment_pattern")
+            raise ConfigError(
+                f"the syncer's fragments have {[s.numel() for s in start]} values, this learner's "
+                f"{sizes}: give both the same model, num_fragments and fragment_pattern"
+            )
         self.base = [s.detach().float().clone() for s in start]  # the global copy last received, per fragment
         for p in range(len(self.fragments)):
             merge_(self.fragments[p].params, self._views(self.base[p], p), 0.0)
-        self.step_count = welcome.step                # 0, or where the others are (a learner that joins late)
-        self.steps = [0] * len(self.fragments)        # per fragment, since it was last received
+        self.step_count = welcome.step  # 0, or where the others are (a learner that joins late)
+        self.steps = [0] * len(self.fragments)  # per fragment, since it was last received
         self.tokens = [0.0] * len(self.fragments)
-        self._in_flight: dict[int, int] = {}          # fragment -> step its report was sent after
-        self._busy = 0.0                              # seconds of work since the previous report
+        self._in_flight: dict[int, int] = {}  # fragment -> step its report was sent after
+        self._busy = 0.0  # seconds of work since the previous report
         self._busy_steps = 0
         self._last_return: float | None = None
-        self.wait_seconds = 0.0                       # time spent waiting for replies, in total
+        self.wait_seconds = 0.0  # time spent waiting for replies, in total
 
     # -- the loop hook -------------------------------------------------------
     def after_optimizer_step(self, *, tokens: float | None = None) -> list[SyncReport]:
@@ -245,9 +252,18 @@ class Learner(ReplicaAlgorithm):
         diff = self.base[p] - flatten(self.fragments[p].params)
         step_time = self._busy / self._busy_steps if self._busy_steps else 0.0
         self._busy, self._busy_steps = 0.0, 0
-        self.channel.send(Report(learner=self.learner, fragment=p, payload=self.codec.encode(diff),
-                                 steps=self.steps[p], tokens=self.tokens[p], step_time=step_time,
-                                 sent_after_step=t, base_version=self.versions[p]))
+        self.channel.send(
+            Report(
+                learner=self.learner,
+                fragment=p,
+                payload=self.codec.encode(diff),
+                steps=self.steps[p],
+                tokens=self.tokens[p],
+                step_time=step_time,
+                sent_after_step=t,
+                base_version=self.versions[p],
+            )
+        )
         self._in_flight[p] = t
         if self.stats is not None:  # the reply has the same size as the report
             n = self.codec.num_bytes(diff.numel())
@@ -277,7 +293,7 @@ class Learner(ReplicaAlgorithm):
     def _views(self, flat: torch.Tensor, p: int) -> list[torch.Tensor]:
         out, offset = [], 0
         for param in self.fragments[p].params:
-            out.append(flat[offset:offset + param.numel()].view(param.shape))
+            out.append(flat[offset : offset + param.numel()].view(param.shape))
             offset += param.numel()
         return out
 
@@ -294,9 +310,13 @@ class Learner(ReplicaAlgorithm):
     def state_dict(self) -> dict[str, Any]:
         if self._in_flight:
             raise ConfigError(f"fragments {sorted(self._in_flight)} are in flight: call flush() before state_dict()")
-        return {"step": self.step_count, "steps": list(self.steps), "tokens": list(self.tokens),
-                "global": [b.clone() for b in self.base],  # the global copy last received (as StreamingDiLoCo's)
-                "versions": list(self.versions)}
+        return {
+            "step": self.step_count,
+            "steps": list(self.steps),
+            "tokens": list(self.tokens),
+            "global": [b.clone() for b in self.base],  # the global copy last received (as StreamingDiLoCo's)
+            "versions": list(self.versions),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step_count = int(state["step"])

@@ -115,10 +115,10 @@ class LocalTransport:
                     _, fn, done = msg
                     try:
                         done.put((True, fn()))
-                    except Exception as exc:  # noqa: BLE001 - handed to the caller's thread
+                    except Exception as exc:
                         done.put((False, exc))
                 self._dispatch(self.syncer.poll())
-        except BaseException as exc:  # noqa: BLE001 - reported to every learner
+        except BaseException as exc:
             self._error = exc
 
 
@@ -168,7 +168,7 @@ def run_learners(fn: Callable[[LocalChannel, int], T], transport: LocalTransport
     def target(m: int) -> None:
         try:
             results[m] = fn(transport.channel(m), m)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=target, args=(m,), name=f"diloco-learner-{m}") for m in range(M)]

@@ -32,8 +32,10 @@ MERGE_NAMES = ("rda", "mean")
 def check_merge(name: str) -> str:
     """``name`` if it is a merge rule, else a ValueError naming the choices."""
     if name not in MERGE_NAMES:
-        raise ConfigError(f"merge={name!r} is not a merge rule: choose 'rda' (radial-directional averaging, "
-                         f"embeddings averaged) or 'mean' (token-weighted mean of every tensor)")
+        raise ConfigError(
+            f"merge={name!r} is not a merge rule: choose 'rda' (radial-directional averaging, "
+            f"embeddings averaged) or 'mean' (token-weighted mean of every tensor)"
+        )
     return name
 
 
@@ -108,11 +110,17 @@ def merge_outer_gradients(
         return weighted_mean(ds, ws)
     out, offset = [], 0
     for n, is_embedding in zip(sizes, embedding, strict=True):
-        parts = [d[offset:offset + n] for d in ds]
+        parts = [d[offset : offset + n] for d in ds]
         out.append(weighted_mean(parts, ws) if is_embedding else radial_directional_average(parts, ws))
         offset += n
     return torch.cat(out)
 
 
-__all__ = ["MERGE_NAMES", "check_merge", "merge_outer_gradients", "radial_directional_average", "token_weights",
-           "weighted_mean"]
+__all__ = [
+    "MERGE_NAMES",
+    "check_merge",
+    "merge_outer_gradients",
+    "radial_directional_average",
+    "token_weights",
+    "weighted_mean",
+]

@@ -60,15 +60,15 @@ class MergeRecord:
     version: int
     learners: tuple[int, ...]
     weights: tuple[float, ...]
-    dropped: tuple[int, ...]       # learners whose contribution was not finite
-    quorum_wait: float             # first report -> quorum
-    grace_wait: float              # quorum -> merge
-    grace_window: float            # the window that was allowed
-    sync_time: float               # merge + outer step + encoding the replies
+    dropped: tuple[int, ...]  # learners whose contribution was not finite
+    quorum_wait: float  # first report -> quorum
+    grace_wait: float  # quorum -> merge
+    grace_window: float  # the window that was allowed
+    sync_time: float  # merge + outer step + encoding the replies
     bytes_received: int
     bytes_sent: int
-    at: float = 0.0                # wall time of the merge (time.time(), comparable with the learners' logs)
-    guard: tuple[dict, ...] = ()   # contributions the guard dropped or clipped: learner, fragment, norm, ratio, action
+    at: float = 0.0  # wall time of the merge (time.time(), comparable with the learners' logs)
+    guard: tuple[dict, ...] = ()  # contributions the guard dropped or clipped: learner, fragment, norm, ratio, action
     ratios: tuple[float | None, ...] = ()  # per merged learner, its norm / the guard's reference (None: not judged)
 
     def as_row(self) -> dict[str, object]:

@@ -41,9 +41,11 @@ AUTO = {"mean": "share", "rda": "sqrt-share"}
 def check_outer_scale(name: str) -> str:
     """``name`` if it is a rule, else a ValueError naming the choices."""
     if name not in OUTER_SCALES:
-        raise ConfigError(f"outer_scale={name!r} is not a rule: choose 'auto' (the measured best per merge rule), "
-                         f"'share' (a merge of k of M learners applies k/M of an outer step), 'sqrt-share' "
-                         f"(sqrt(k/M)) or 'none' (every merge a whole outer step; diverges at small quorums)")
+        raise ConfigError(
+            f"outer_scale={name!r} is not a rule: choose 'auto' (the measured best per merge rule), "
+            f"'share' (a merge of k of M learners applies k/M of an outer step), 'sqrt-share' "
+            f"(sqrt(k/M)) or 'none' (every merge a whole outer step; diverges at small quorums)"
+        )
     return name
 
 

@@ -89,8 +89,13 @@ class LearnerSpec:
         horizon = self.schedule_steps or self.max_steps
         if not horizon:
             return self.inner_lr * min(1.0, step / self.warmup_steps) if self.warmup_steps else self.inner_lr
-        return cosine_lr(step, peak=self.inner_lr, warmup_steps=self.warmup_steps, total_steps=horizon,
-                         min_lr_ratio=self.min_lr_ratio)
+        return cosine_lr(
+            step,
+            peak=self.inner_lr,
+            warmup_steps=self.warmup_steps,
+            total_steps=horizon,
+            min_lr_ratio=self.min_lr_ratio,
+        )
 
 
 def _windows(tokens: np.ndarray, *, learner: int, num_learners: int, seed: int, batch: int, seq_len: int):
@@ -100,7 +105,7 @@ def _windows(tokens: np.ndarray, *, learner: int, num_learners: int, seed: int, 
     rng = np.random.default_rng(seed)
     while True:
         starts = lo + rng.integers(0, share - seq_len - 1, size=batch)
-        block = np.stack([tokens[s:s + seq_len + 1] for s in starts]).astype(np.int64)
+        block = np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(np.int64)
         t = torch.from_numpy(block)
         yield t[:, :-1], t[:, 1:]
 
@@ -120,8 +125,9 @@ def steps_kept(log_path: Path) -> int:
     return max((int(r["step"]) for r in read_learner_log(log_path) if r.get("synced")), default=0)
 
 
-def prepare_learner(spec: LearnerSpec, *, learner: int, num_learners: int, syncer_name: str,
-                    namespace: str, log_path: Path) -> _Prepared:
+def prepare_learner(
+    spec: LearnerSpec, *, learner: int, num_learners: int, syncer_name: str, namespace: str, log_path: Path
+) -> _Prepared:
     """Build the model (one forward/backward to warm it up), find the syncer, join it (taking its parameters)."""
     from diloco.decoupled.learner import Learner
     from diloco.models.factory import build_model
@@ -129,23 +135,53 @@ def prepare_learner(spec: LearnerSpec, *, learner: int, num_learners: int, synce
     torch.set_num_threads(spec.threads)
     model = build_model(spec.model, size=spec.size, vocab_size=spec.vocab_size, seq_len=spec.seq_len, seed=spec.seed)
     tokens = spec.tokens if isinstance(spec.tokens, np.ndarray) else ray.get(spec.tokens)  # an ObjectRef on Ray
-    warm = _windows(tokens, learner=learner, num_learners=num_learners, batch=spec.batch_size, seq_len=spec.seq_len,
-                    seed=10_000 + learner)
+    warm = _windows(
+        tokens,
+        learner=learner,
+        num_learners=num_learners,
+        batch=spec.batch_size,
+        seq_len=spec.seq_len,
+        seed=10_000 + learner,
+    )
     model(*next(warm))[1].backward()
     model.zero_grad(set_to_none=True)
     channel = connect(learner=learner, name=syncer_name, namespace=namespace)
-    algo = Learner(model, channel=channel, learner=learner, sync_every=spec.sync_every,
-                   num_fragments=spec.num_fragments, fragment_pattern=spec.fragment_pattern,
-                   overlap_steps=spec.overlap_steps, merge_alpha=spec.merge_alpha, codec=spec.codec,
-                   tokens_per_step=spec.batch_size * spec.seq_len, ride_out_steps=spec.ride_out_steps)
+    algo = Learner(
+        model,
+        channel=channel,
+        learner=learner,
+        sync_every=spec.sync_every,
+        num_fragments=spec.num_fragments,
+        fragment_pattern=spec.fragment_pattern,
+        overlap_steps=spec.overlap_steps,
+        merge_alpha=spec.merge_alpha,
+        codec=spec.codec,
+        tokens_per_step=spec.batch_size * spec.seq_len,
+        ride_out_steps=spec.ride_out_steps,
+    )
     inner = torch.optim.AdamW(model.parameters(), lr=spec.inner_lr, weight_decay=spec.weight_decay)
-    batches = _windows(tokens, learner=learner, num_learners=num_learners, batch=spec.batch_size,
-                       seq_len=spec.seq_len, seed=spec.seed * 1000 + learner * 100 + algo.incarnation)
+    batches = _windows(
+        tokens,
+        learner=learner,
+        num_learners=num_learners,
+        batch=spec.batch_size,
+        seq_len=spec.seq_len,
+        seed=spec.seed * 1000 + learner * 100 + algo.incarnation,
+    )
     return _Prepared(model, algo, inner, batches, channel, first_step=steps_kept(log_path) + 1)
 
 
-def train_until(ready: _Prepared, spec: LearnerSpec, *, learner: int, start_at: float, stop_at: float,
-                slowdown: float, log_path: Path, corrupt: tuple = ()) -> dict[str, Any]:
+def train_until(
+    ready: _Prepared,
+    spec: LearnerSpec,
+    *,
+    learner: int,
+    start_at: float,
+    stop_at: float,
+    slowdown: float,
+    log_path: Path,
+    corrupt: tuple = (),
+) -> dict[str, Any]:
     """Train from wall time ``start_at`` (at once if it has passed) until ``stop_at``, then flush and leave;
     one row per step in ``log_path`` (see :mod:`diloco.decoupled.chaos` for what the rows hold). ``corrupt``:
     this learner's corruption windows (``Chaos.corrupt_windows``): its reports then go through a
@@ -155,15 +191,30 @@ def train_until(ready: _Prepared, spec: LearnerSpec, *, learner: int, start_at: 
     if corrupt:
         from diloco.decoupled.corrupt import CorruptingChannel
 
-        algo.channel = CorruptingChannel(algo.channel, windows=corrupt, start_at=start_at,
-                                         sizes=[f.numel for f in algo.fragments], codec=algo.codec,
-                                         seed=spec.seed * 1000 + learner)
+        algo.channel = CorruptingChannel(
+            algo.channel,
+            windows=corrupt,
+            start_at=start_at,
+            sizes=[f.numel for f in algo.fragments],
+            codec=algo.codec,
+            seed=spec.seed * 1000 + learner,
+        )
     time.sleep(max(0.0, start_at - time.time()))
     with open(log_path, "a", buffering=1) as log:
         if log.tell() > 0:  # a predecessor killed mid-line leaves no newline: start on a line of our own
             log.write("\n")
-        log.write(json.dumps({"learner": learner, "incarnation": algo.incarnation, "event": "joined",
-                              "t": time.time(), "pid": os.getpid()}) + "\n")
+        log.write(
+            json.dumps(
+                {
+                    "learner": learner,
+                    "incarnation": algo.incarnation,
+                    "event": "joined",
+                    "t": time.time(),
+                    "pid": os.getpid(),
+                }
+            )
+            + "\n"
+        )
         step = ready.first_step - 1
         while time.time() < stop_at and not (spec.max_steps and step >= spec.max_steps) and not stop_file.exists():
             t0 = time.perf_counter()
@@ -179,13 +230,31 @@ def train_until(ready: _Prepared, spec: LearnerSpec, *, learner: int, start_at: 
             waited = algo.wait_seconds
             synced = [r.fragment for r in algo.after_optimizer_step(tokens=x.numel())]
             step += 1
-            log.write(json.dumps(step_row(learner=learner, incarnation=algo.incarnation, step=step,
-                                          dt=time.perf_counter() - t0, compute_s=work,
-                                          wait_s=algo.wait_seconds - waited, loss=float(loss), tokens=x.numel(),
-                                          staleness=max(algo.steps), synced=synced)) + "\n")
+            log.write(
+                json.dumps(
+                    step_row(
+                        learner=learner,
+                        incarnation=algo.incarnation,
+                        step=step,
+                        dt=time.perf_counter() - t0,
+                        compute_s=work,
+                        wait_s=algo.wait_seconds - waited,
+                        loss=float(loss),
+                        tokens=x.numel(),
+                        staleness=max(algo.steps),
+                        synced=synced,
+                    )
+                )
+                + "\n"
+            )
         algo.close()
-    return {"learner": learner, "incarnation": algo.incarnation, "steps": step,
-            "resent": getattr(ready.channel, "resent", 0), "corrupted": getattr(algo.channel, "corrupted", 0)}
+    return {
+        "learner": learner,
+        "incarnation": algo.incarnation,
+        "steps": step,
+        "resent": getattr(ready.channel, "resent", 0),
+        "corrupted": getattr(algo.channel, "corrupted", 0),
+    }
 
 
 @ray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0)
@@ -193,11 +262,20 @@ class LearnerActor:
     """One learner (a process of its own). Restarted by Ray when it dies; ``run`` is then retried on the new
     process, which waits ``downtime_s``, prepares (builds, joins) and trains at once."""
 
-    def __init__(self, spec: LearnerSpec, learner: int, num_learners: int, slowdown: float,
-                 downtime_s: float, out_dir: str, syncer_name: str, namespace: str, corrupt: tuple = ()) -> None:
+    def __init__(
+        self,
+        spec: LearnerSpec,
+        learner: int,
+        num_learners: int,
+        slowdown: float,
+        downtime_s: float,
+        out_dir: str,
+        syncer_name: str,
+        namespace: str,
+        corrupt: tuple = (),
+    ) -> None:
         self.spec, self.learner, self.slowdown, self.corrupt = spec, learner, slowdown, corrupt
-        self.join_args = dict(learner=learner, num_learners=num_learners, syncer_name=syncer_name,
-                              namespace=namespace)
+        self.join_args = dict(learner=learner, num_learners=num_learners, syncer_name=syncer_name, namespace=namespace)
         self.log_path = Path(out_dir) / f"learner-{learner}.jsonl"
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self.downtime_s = downtime_s
@@ -213,8 +291,16 @@ class LearnerActor:
     def run(self, start_at: float, stop_at: float) -> dict[str, Any]:
         if self.ready is None:  # a restarted process: Ray retries only this call
             self.prepare()
-        return train_until(self.ready, self.spec, learner=self.learner, start_at=start_at, stop_at=stop_at,
-                           slowdown=self.slowdown, log_path=self.log_path, corrupt=self.corrupt)
+        return train_until(
+            self.ready,
+            self.spec,
+            learner=self.learner,
+            start_at=start_at,
+            stop_at=stop_at,
+            slowdown=self.slowdown,
+            log_path=self.log_path,
+            corrupt=self.corrupt,
+        )
 
 
 @dataclass
@@ -241,10 +327,19 @@ def _kill(pid_file: Path) -> int:
     return pid
 
 
-def run_on_ray(spec: LearnerSpec, *, syncer: Syncer, num_learners: int, out_dir: Path | str,
-               chaos: Chaos | None = None, address: str | None = None, namespace: str = DEFAULT_NAMESPACE,
-               start_delay_s: float = 0.2, val_tokens: np.ndarray | None = None,
-               eval_batches: int = 16) -> RayRunResult:
+def run_on_ray(
+    spec: LearnerSpec,
+    *,
+    syncer: Syncer,
+    num_learners: int,
+    out_dir: Path | str,
+    chaos: Chaos | None = None,
+    address: str | None = None,
+    namespace: str = DEFAULT_NAMESPACE,
+    start_delay_s: float = 0.2,
+    val_tokens: np.ndarray | None = None,
+    eval_batches: int = 16,
+) -> RayRunResult:
     """Run ``num_learners`` learner actors and ``syncer`` (a checkpointed actor) for ``spec.duration_s``,
     carrying out ``chaos``; see the module docstring. ``out_dir`` must be new or empty (nothing is
     overwritten). ``start_delay_s``: the schedule's time 0 comes this long after the actors are created
@@ -253,8 +348,9 @@ def run_on_ray(spec: LearnerSpec, *, syncer: Syncer, num_learners: int, out_dir:
     chaos = chaos or Chaos()
     chaos.check(num_learners)
     if syncer.num_learners != num_learners:
-        raise ConfigError(f"the syncer expects {syncer.num_learners} learners, num_learners={num_learners}: give both "
-                         f"the same M")
+        raise ConfigError(
+            f"the syncer expects {syncer.num_learners} learners, num_learners={num_learners}: give both the same M"
+        )
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"out_dir {out} is not empty: give a new folder (nothing in it is overwritten)")
@@ -263,8 +359,20 @@ def run_on_ray(spec: LearnerSpec, *, syncer: Syncer, num_learners: int, out_dir:
     handle = start_syncer(syncer, name=name, namespace=namespace, address=address, checkpoint_dir=str(out / "syncer"))
     (out / "syncer.pid").write_text(str(ray.get(handle.pid.remote())))
     tokens = ray.put(spec.tokens)  # once in the object store, shared by every learner
-    actors = [LearnerActor.remote(replace(spec, tokens=tokens), m, num_learners, chaos.factor(m), chaos.downtime_s,
-                                  str(out), name, namespace, chaos.corrupt_windows(m)) for m in range(num_learners)]
+    actors = [
+        LearnerActor.remote(
+            replace(spec, tokens=tokens),
+            m,
+            num_learners,
+            chaos.factor(m),
+            chaos.downtime_s,
+            str(out),
+            name,
+            namespace,
+            chaos.corrupt_windows(m),
+        )
+        for m in range(num_learners)
+    ]
     ray.get([a.prepare.remote() for a in actors])  # built, warmed up and joined: the clock starts together
     started = time.time() + start_delay_s
     runs = [a.run.remote(started, started + spec.duration_s) for a in actors]
@@ -276,8 +384,9 @@ def run_on_ray(spec: LearnerSpec, *, syncer: Syncer, num_learners: int, out_dir:
         if spec.total_tokens and not (out / "STOP").exists() and _tokens_kept(out, num_learners) >= spec.total_tokens:
             (out / "STOP").write_text(f"{spec.total_tokens} tokens trained\n")
         nxt = started + events[0].at - time.time() if events else 1.0
-        _, pending = ray.wait(pending, num_returns=len(pending),
-                              timeout=max(0.01, min(nxt, 0.25 if spec.total_tokens else 1.0)))
+        _, pending = ray.wait(
+            pending, num_returns=len(pending), timeout=max(0.01, min(nxt, 0.25 if spec.total_tokens else 1.0))
+        )
         if time.time() > deadline:
             raise TimeoutError(f"learners still running {spec.duration_s + 300:.0f} s after the start; see {out}")
     wall = time.time() - started
@@ -289,13 +398,18 @@ def run_on_ray(spec: LearnerSpec, *, syncer: Syncer, num_learners: int, out_dir:
     ray.kill(handle, no_restart=True)
     rows = [r for m in range(num_learners) for r in read_learner_log(out / f"learner-{m}.jsonl")]
     (out / "merges.jsonl").write_text("".join(json.dumps(r) + "\n" for r in merges))
-    write_json(out / "chaos.json", {"chaos": asdict(chaos), "faults": faults, "started_at": started, "wall_s": wall,
-                                    "learners": learners})
+    write_json(
+        out / "chaos.json",
+        {"chaos": asdict(chaos), "faults": faults, "started_at": started, "wall_s": wall, "learners": learners},
+    )
     loss = None if val_tokens is None else _evaluate(spec, params, val_tokens, eval_batches)
-    summary = {"eval_loss": loss, "wall_s": wall,
-               **summarize(rows, merges, faults, num_learners=num_learners, wall_s=wall),
-               "corrupted_reports": sum(r.get("corrupted", 0) for r in learners),
-               "guard_events": [e for r in merges for e in r.get("guard", ())]}
+    summary = {
+        "eval_loss": loss,
+        "wall_s": wall,
+        **summarize(rows, merges, faults, num_learners=num_learners, wall_s=wall),
+        "corrupted_reports": sum(r.get("corrupted", 0) for r in learners),
+        "guard_events": [e for r in merges for e in r.get("guard", ())],
+    }
     write_json(out / "summary.json", summary)
     return RayRunResult(params, loss, merges, rows, faults, started, wall, learners, summary)
 
@@ -310,8 +424,7 @@ def _evaluate(spec: LearnerSpec, params: dict[str, torch.Tensor], val_tokens: np
     from diloco.decoupled.trainer import evaluate_global
     from diloco.models.factory import build_model
 
-    template = build_model(spec.model, size=spec.size, vocab_size=spec.vocab_size, seq_len=spec.seq_len,
-                           seed=spec.seed)
+    template = build_model(spec.model, size=spec.size, vocab_size=spec.vocab_size, seq_len=spec.seq_len, seed=spec.seed)
     val = list(eval_batches(val_tokens, batch_size=spec.batch_size, seq_len=spec.seq_len, max_batches=batches))
     return evaluate_global(template, params, val, bf16=False, device=torch.device("cpu"))
 

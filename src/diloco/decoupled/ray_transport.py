@@ -73,8 +73,9 @@ class SyncerActor:
             state = load_latest_state(checkpoint_dir)
             if state is not None:
                 saved = state["syncer"]
-                syncer.load_state_dict(saved, records=None if "records" in saved else
-                                       load_records(checkpoint_dir, saved["num_records"]))
+                syncer.load_state_dict(
+                    saved, records=None if "records" in saved else load_records(checkpoint_dir, saved["num_records"])
+                )
                 self._records_written = len(syncer.records)
                 self._replies = {(int(r["learner"]), int(r["fragment"])): Reply(**r) for r in state["replies"]}
                 self.restored_merges = len(syncer.records)
@@ -96,12 +97,18 @@ class SyncerActor:
         from diloco.decoupled.checkpoint import append_records, save_state
 
         # the new merge records first (appended to the record log), then the state that counts them
-        append_records(self.checkpoint_dir, [r.as_row() for r in self.syncer.records[self._records_written:]])
+        append_records(self.checkpoint_dir, [r.as_row() for r in self.syncer.records[self._records_written :]])
         self._records_written = len(self.syncer.records)
-        replies = [dict(learner=r.learner, fragment=r.fragment, payload=r.payload, version=r.version)
-                   for r in self._replies.values()]
-        save_state(self.checkpoint_dir, {"syncer": self.syncer.state_dict(records=False), "replies": replies},
-                   merges=len(self.syncer.records), keep=self.keep)
+        replies = [
+            dict(learner=r.learner, fragment=r.fragment, payload=r.payload, version=r.version)
+            for r in self._replies.values()
+        ]
+        save_state(
+            self.checkpoint_dir,
+            {"syncer": self.syncer.state_dict(records=False), "replies": replies},
+            merges=len(self.syncer.records),
+            keep=self.keep,
+        )
 
     async def _deliver(self, replies: list[Reply]) -> None:
         if replies:
@@ -144,8 +151,13 @@ class SyncerActor:
         ignored = self.syncer.ignored_reports
         self._seen.add((report.learner, report.fragment))
         replies = self.syncer.receive(report)
-        self._log("report", learner=report.learner, fragment=report.fragment, base_version=report.base_version,
-                  ignored=self.syncer.ignored_reports > ignored)
+        self._log(
+            "report",
+            learner=report.learner,
+            fragment=report.fragment,
+            base_version=report.base_version,
+            ignored=self.syncer.ignored_reports > ignored,
+        )
         await self._deliver(replies)
         async with self._condition():  # a wait_reply that came first looks again
             self._condition().notify_all()
@@ -209,8 +221,9 @@ def _warm_up() -> None:
 
     p = torch.zeros(8, requires_grad=True)
     opt = torch.optim.SGD([p], lr=0.7, momentum=0.9, nesterov=True)
-    p.grad = merge_outer_gradients([torch.ones(8), torch.ones(8)], [0.5, 0.5], sizes=[8], embedding=[False],
-                                   merge="rda")
+    p.grad = merge_outer_gradients(
+        [torch.ones(8), torch.ones(8)], [0.5, 0.5], sizes=[8], embedding=[False], merge="rda"
+    )
     opt.step()
     torch.save({"p": p.detach()}, io.BytesIO())
 
@@ -228,14 +241,18 @@ def check_address(address: str | None, *, timeout_s: float = PROBE_TIMEOUT_S) ->
     hostport = address.split("://", 1)[-1].rstrip("/")
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
-        raise ConfigError(f"ray_address={address!r}: give HOST:PORT (a head node's GCS, e.g. 10.0.0.1:6379) or "
-                         f"ray://HOST:PORT (Ray Client, port 10001), or leave it empty for a local Ray instance")
+        raise ConfigError(
+            f"ray_address={address!r}: give HOST:PORT (a head node's GCS, e.g. 10.0.0.1:6379) or "
+            f"ray://HOST:PORT (Ray Client, port 10001), or leave it empty for a local Ray instance"
+        )
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as exc:
-        raise ConfigError(f"ray_address={address!r} does not answer ({type(exc).__name__}: {exc}, within "
-                         f"{timeout_s:g} s): start the cluster there (ray start --head --port {port}), fix the "
-                         f"address, or leave it empty to start a local Ray instance") from None
+        raise ConfigError(
+            f"ray_address={address!r} does not answer ({type(exc).__name__}: {exc}, within "
+            f"{timeout_s:g} s): start the cluster there (ray start --head --port {port}), fix the "
+            f"address, or leave it empty to start a local Ray instance"
+        ) from None
 
 
 def init(*, address: str | None = None, namespace: str = DEFAULT_NAMESPACE) -> None:
@@ -246,8 +263,15 @@ def init(*, address: str | None = None, namespace: str = DEFAULT_NAMESPACE) -> N
         ray.init(address=address, namespace=namespace)
 
 
-def start_syncer(syncer: Syncer, *, name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE,
-                 address: str | None = None, checkpoint_dir: str | None = None, keep: int = 2) -> Any:
+def start_syncer(
+    syncer: Syncer,
+    *,
+    name: str = DEFAULT_NAME,
+    namespace: str = DEFAULT_NAMESPACE,
+    address: str | None = None,
+    checkpoint_dir: str | None = None,
+    keep: int = 2,
+) -> Any:
     """Start ``syncer`` as the named actor ``name`` (Ray started first if it is not); returns its handle.
 
     ``checkpoint_dir``: save every merge there and restart the actor from it if it dies (without it a
@@ -258,8 +282,10 @@ def start_syncer(syncer: Syncer, *, name: str = DEFAULT_NAME, namespace: str = D
     except ValueError:
         pass
     else:
-        raise ConfigError(f"a syncer named {name!r} already runs in namespace {namespace!r}: give another name= "
-                         f"or stop it first (ray.kill(ray.get_actor({name!r}, namespace={namespace!r})))")
+        raise ConfigError(
+            f"a syncer named {name!r} already runs in namespace {namespace!r}: give another name= "
+            f"or stop it first (ray.kill(ray.get_actor({name!r}, namespace={namespace!r})))"
+        )
     if checkpoint_dir is None:
         return SyncerActor.options(name=name, namespace=namespace).remote(syncer)
     # a restarted actor is built again from its constructor's arguments: keep the initial syncer in the object
@@ -267,7 +293,8 @@ def start_syncer(syncer: Syncer, *, name: str = DEFAULT_NAME, namespace: str = D
     initial = ray.put(syncer)
     _KEEP_ALIVE.append(initial)
     return SyncerActor.options(name=name, namespace=namespace, max_restarts=-1, max_task_retries=-1).remote(
-        initial, str(checkpoint_dir), keep)
+        initial, str(checkpoint_dir), keep
+    )
 
 
 class RayChannel:
@@ -297,10 +324,12 @@ class RayChannel:
         self.resent += 1
         self._tries += 1
         if self._tries > MAX_RESENDS:
-            raise RuntimeError(f"learner {self.learner}: the syncer answered none of {MAX_RESENDS} sendings of its "
-                               f"report of fragment {fragment} (made against version "
-                               f"{self._sent[fragment].base_version}): its state and this learner's disagree. "
-                               f"Restart this learner (it joins again with the current global parameters)")
+            raise RuntimeError(
+                f"learner {self.learner}: the syncer answered none of {MAX_RESENDS} sendings of its "
+                f"report of fragment {fragment} (made against version "
+                f"{self._sent[fragment].base_version}): its state and this learner's disagree. "
+                f"Restart this learner (it joins again with the current global parameters)"
+            )
         self.send(self._sent[fragment])
 
     def wait_reply(self, fragment: int) -> Reply:
@@ -326,17 +355,28 @@ class RayChannel:
         ray.get(self.actor.leave.remote(self.learner))
 
 
-def connect(*, learner: int, name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE,
-            address: str | None = None) -> RayChannel:
+def connect(
+    *, learner: int, name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE, address: str | None = None
+) -> RayChannel:
     """Learner ``learner``'s channel to the syncer actor ``name`` (Ray started / joined first if needed)."""
     init(address=address, namespace=namespace)
     try:
         actor = ray.get_actor(name, namespace=namespace)
     except ValueError:
-        raise ConfigError(f"no syncer named {name!r} in Ray namespace {namespace!r}: start one with "
-                         f"start_syncer(syncer, name={name!r}) first, or pass the name it was started with") from None
+        raise ConfigError(
+            f"no syncer named {name!r} in Ray namespace {namespace!r}: start one with "
+            f"start_syncer(syncer, name={name!r}) first, or pass the name it was started with"
+        ) from None
     return RayChannel(actor, learner)
 
 
-__all__ = ["DEFAULT_NAME", "DEFAULT_NAMESPACE", "RayChannel", "SyncerActor", "check_address", "connect", "init",
-           "start_syncer"]
+__all__ = [
+    "DEFAULT_NAME",
+    "DEFAULT_NAMESPACE",
+    "RayChannel",
+    "SyncerActor",
+    "check_address",
+    "connect",
+    "init",
+    "start_syncer",
+]

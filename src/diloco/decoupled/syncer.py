@@ -57,10 +57,9 @@ from diloco.algorithm.guard import DEFAULT_GUARD_RATIO, NormGuard
 from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer, load_global_state
 from diloco.decoupled.grace import DEFAULT_EMA_DECAY, DEFAULT_GRACE_GAMMA, GraceWindow
 from diloco.decoupled.merge import check_merge, merge_outer_gradients, token_weights
-from diloco.decoupled.outer_scale import check_outer_scale, outer_step_share
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
+from diloco.decoupled.outer_scale import check_outer_scale, outer_step_share
 from diloco.errors import ConfigError
-
 
 #: How the syncer forms a learner's outer gradient (see :class:`Syncer`).
 OUTER_GRADIENTS = ("global", "own")
@@ -81,8 +80,10 @@ def check_quorum(quorum: int, num_learners: int) -> None:
     if not isinstance(num_learners, int) or num_learners < 1:
         raise ConfigError(f"num_learners={num_learners!r}: give the number of learners, at least 1")
     if not isinstance(quorum, int) or not 1 <= quorum <= num_learners:
-        raise ConfigError(f"quorum={quorum!r} with {num_learners} learners: the quorum K must lie in "
-                         f"1..{num_learners} (K = {num_learners} is synchronous, K = 1 never waits for a second)")
+        raise ConfigError(
+            f"quorum={quorum!r} with {num_learners} learners: the quorum K must lie in "
+            f"1..{num_learners} (K = {num_learners} is synchronous, K = 1 never waits for a second)"
+        )
 
 
 @dataclass
@@ -156,16 +157,18 @@ class Syncer:
         self.num_learners, self.quorum = num_learners, quorum
         self.merge = check_merge(merge)
         if outer_gradient not in OUTER_GRADIENTS:
-            raise ConfigError(f"outer_gradient={outer_gradient!r}: choose 'global' (Theta - theta_m) or 'own' "
-                             f"(base_m - theta_m)")
+            raise ConfigError(
+                f"outer_gradient={outer_gradient!r}: choose 'global' (Theta - theta_m) or 'own' (base_m - theta_m)"
+            )
         self.outer_gradient = outer_gradient
         self.outer_scale = check_outer_scale(outer_scale)
         self.codec = get_codec(codec)
         self.grace = GraceWindow(gamma=float(grace_gamma), overlap_steps=overlap_steps, decay=float(grace_ema_decay))
         self.guard = NormGuard(action=guard, max_ratio=float(guard_ratio), who="learner")
         self.clock = clock
-        self.fragments: list[Fragment] = split_fragments(model, num_fragments, pattern=fragment_pattern,
-                                                         fragments=fragments)
+        self.fragments: list[Fragment] = split_fragments(
+            model, num_fragments, pattern=fragment_pattern, fragments=fragments
+        )
         embeddings = embedding_names(model)
         self.tensor_sizes = [[p.numel() for p in f.params] for f in self.fragments]
         self.is_embedding = [[n in embeddings for n in f.names] for f in self.fragments]
@@ -176,16 +179,16 @@ class Syncer:
         self._snapshot = [g.detach().clone() for g in self.global_flat]  # Theta at the current version
         self.members: set[int] = set()
         self._base: dict[int, list[torch.Tensor]] = {}  # learner -> the copy of each fragment it holds
-        self._held: dict[int, list[int]] = {}           # learner -> the version of each fragment it holds
-        self.joins: dict[int, int] = {}                 # learner -> times it has joined
-        self._last_sent: dict[int, int] = {}            # learner -> the step its latest report was sent after
-        self._left: set[int] = set()                    # learners that left (and have not joined again)
+        self._held: dict[int, list[int]] = {}  # learner -> the version of each fragment it holds
+        self.joins: dict[int, int] = {}  # learner -> times it has joined
+        self._last_sent: dict[int, int] = {}  # learner -> the step its latest report was sent after
+        self._left: set[int] = set()  # learners that left (and have not joined again)
         self._rounds: dict[int, _Round] = {}
         self.records: list[MergeRecord] = []
         self.bytes_received = 0
         self.bytes_sent = 0
-        self.ignored_reports = 0                        # stale or repeated reports (see the module docstring)
-        self.refused_merges = 0                         # merged outer gradients that were not finite: no step
+        self.ignored_reports = 0  # stale or repeated reports (see the module docstring)
+        self.refused_merges = 0  # merged outer gradients that were not finite: no step
 
     # -- membership ----------------------------------------------------------
     def join(self, learner: int) -> Welcome:
@@ -202,8 +205,12 @@ class Syncer:
         self._held[learner] = list(self.versions)
         self.joins[learner] = self.joins.get(learner, 0) + 1
         step = max(self._last_sent.values(), default=0) if again else 0
-        return Welcome(fragments=[s.clone() for s in self._snapshot], versions=list(self.versions),
-                       incarnation=self.joins[learner] - 1, step=step)
+        return Welcome(
+            fragments=[s.clone() for s in self._snapshot],
+            versions=list(self.versions),
+            incarnation=self.joins[learner] - 1,
+            step=step,
+        )
 
     def leave(self, learner: int) -> list[Reply]:
         """Learner ``learner`` stops (its unmerged reports are dropped); rounds it held up may merge now."""
@@ -231,8 +238,9 @@ class Syncer:
         """Take one learner's report; returns the replies of any merge it completes."""
         if report.learner not in self.members:
             raise ConfigError(f"a report from learner {report.learner}, which has not joined: join first")
-        if (report.base_version != self._held[report.learner][report.fragment]
-                or self.expects(report.learner, report.fragment)):
+        if report.base_version != self._held[report.learner][report.fragment] or self.expects(
+            report.learner, report.fragment
+        ):
             self.ignored_reports += 1  # merged already, or sent twice: harmless (module docstring)
             return self.poll()
         now = self.clock()
@@ -301,12 +309,14 @@ class Syncer:
             ratios.append(None if verdict is None else verdict.ratio)
         weights = token_weights(steps, tokens) if kept else []
         if any(w > 0 for w in weights):
-            g.grad = merge_outer_gradients(deltas, weights, sizes=self.tensor_sizes[p], embedding=self.is_embedding[p],
-                                           merge=self.merge)
+            g.grad = merge_outer_gradients(
+                deltas, weights, sizes=self.tensor_sizes[p], embedding=self.is_embedding[p], merge=self.merge
+            )
             # k: the learners whose work is in this merge (weight > 0), of the M the run has (members come and
             # go: at a run's end the last learner alone is a 1/M share of a round's work, not a whole one)
-            share = outer_step_share(merged=sum(w > 0 for w in weights), members=self.num_learners,
-                                     rule=self.outer_scale, merge=self.merge)
+            share = outer_step_share(
+                merged=sum(w > 0 for w in weights), members=self.num_learners, rule=self.outer_scale, merge=self.merge
+            )
             if share != 1.0:  # a share of an outer step (diloco.decoupled.outer_scale); k = M is never scaled
                 g.grad.mul_(share)
             if bool(all_finite(g.grad)):
@@ -327,11 +337,24 @@ class Syncer:
         sync_time = self.clock() - start
         self.grace.observe(sync_time=sync_time)
         assert rnd.quorum_at is not None
-        self.records.append(MergeRecord(
-            fragment=p, version=self.versions[p], learners=tuple(kept), weights=tuple(weights),
-            dropped=tuple(dropped), guard=tuple(events), ratios=tuple(ratios),
-            quorum_wait=rnd.quorum_at - rnd.opened_at, grace_wait=now - rnd.quorum_at, grace_window=rnd.window, sync_time=sync_time,
-            bytes_received=sum(rnd.reports[m].payload.numel() for m in order), bytes_sent=sent, at=time.time()))
+        self.records.append(
+            MergeRecord(
+                fragment=p,
+                version=self.versions[p],
+                learners=tuple(kept),
+                weights=tuple(weights),
+                dropped=tuple(dropped),
+                guard=tuple(events),
+                ratios=tuple(ratios),
+                quorum_wait=rnd.quorum_at - rnd.opened_at,
+                grace_wait=now - rnd.quorum_at,
+                grace_window=rnd.window,
+                sync_time=sync_time,
+                bytes_received=sum(rnd.reports[m].payload.numel() for m in order),
+                bytes_sent=sent,
+                at=time.time(),
+            )
+        )
         return replies
 
     def _judge(self, p: int, rnd: _Round, decoded: dict[int, torch.Tensor]) -> dict[int, Any]:
@@ -341,8 +364,11 @@ class Syncer:
             return {}
         # per step of work: a learner's first report of a fragment may cover fewer steps than H (the schedule's
         # offset), and was measured 7x smaller than the next one on the tiny preset
-        norms = {m: float(torch.linalg.vector_norm(d)) / rnd.reports[m].steps for m, d in decoded.items()
-                 if rnd.reports[m].steps > 0}
+        norms = {
+            m: float(torch.linalg.vector_norm(d)) / rnd.reports[m].steps
+            for m, d in decoded.items()
+            if rnd.reports[m].steps > 0
+        }
         norms = {m: n for m, n in norms.items() if math.isfinite(n)}  # non-finite: dropped as before
         round_norms = list(norms.values())
         return {m: self.guard.judge(p, n, round_norms, sender=m) for m, n in norms.items()}
@@ -366,7 +392,7 @@ class Syncer:
         for f, g in zip(self.fragments, self.global_flat, strict=True):
             offset = 0
             for n, prm in zip(f.names, f.params, strict=True):
-                out[n] = g.detach()[offset:offset + prm.numel()].view(prm.shape).clone()
+                out[n] = g.detach()[offset : offset + prm.numel()].view(prm.shape).clone()
                 offset += prm.numel()
         return out
 
@@ -378,19 +404,28 @@ class Syncer:
         ``records=False``: only the number of merge records (``num_records``), for a caller that keeps the
         records in a log of its own (:mod:`diloco.decoupled.checkpoint`): the state then stays the same size
         however long the run."""
-        return {"global": [g.detach().clone() for g in self.global_flat],
-                # copies: an optimizer's state_dict holds its live buffers, which later steps change in place
-                "outer_optimizers": [copy.deepcopy(o.state_dict()) for o in self.outer_optimizers],
-                "versions": list(self.versions), "grace": self.grace.state_dict(),
-                "members": sorted(self.members), "joins": dict(self.joins), "last_sent": dict(self._last_sent),
-                "left": sorted(self._left),
-                "held": {m: list(v) for m, v in self._held.items()},
-                # a copy per learner only where it differs from Theta (lossy codecs, or a learner behind)
-                "bases": {m: [None if b is s else b.clone() for b, s in zip(bs, self._snapshot, strict=True)]
-                          for m, bs in self._base.items()},
-                **({"records": [r.as_row() for r in self.records]} if records else {"num_records": len(self.records)}),
-                "bytes": [self.bytes_received, self.bytes_sent], "ignored_reports": self.ignored_reports,
-                "guard": self.guard.state_dict(), "refused_merges": self.refused_merges}
+        return {
+            "global": [g.detach().clone() for g in self.global_flat],
+            # copies: an optimizer's state_dict holds its live buffers, which later steps change in place
+            "outer_optimizers": [copy.deepcopy(o.state_dict()) for o in self.outer_optimizers],
+            "versions": list(self.versions),
+            "grace": self.grace.state_dict(),
+            "members": sorted(self.members),
+            "joins": dict(self.joins),
+            "last_sent": dict(self._last_sent),
+            "left": sorted(self._left),
+            "held": {m: list(v) for m, v in self._held.items()},
+            # a copy per learner only where it differs from Theta (lossy codecs, or a learner behind)
+            "bases": {
+                m: [None if b is s else b.clone() for b, s in zip(bs, self._snapshot, strict=True)]
+                for m, bs in self._base.items()
+            },
+            **({"records": [r.as_row() for r in self.records]} if records else {"num_records": len(self.records)}),
+            "bytes": [self.bytes_received, self.bytes_sent],
+            "ignored_reports": self.ignored_reports,
+            "guard": self.guard.state_dict(),
+            "refused_merges": self.refused_merges,
+        }
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any], *, records: Sequence[dict[str, Any]] | None = None) -> None:
@@ -398,8 +433,10 @@ class Syncer:
         if "records" in state:
             records = state["records"]
         elif records is None or len(records) != state["num_records"]:
-            raise ConfigError(f"this syncer state holds {state['num_records']} merge records apart from it; pass "
-                             f"them as records= (got {'none' if records is None else len(records)})")
+            raise ConfigError(
+                f"this syncer state holds {state['num_records']} merge records apart from it; pass "
+                f"them as records= (got {'none' if records is None else len(records)})"
+            )
         load_global_state(self.global_flat, self.outer_optimizers, state, owner="syncer")
         self.versions = [int(v) for v in state["versions"]]
         self.grace.load_state_dict(state["grace"])
@@ -410,8 +447,10 @@ class Syncer:
         self._last_sent = {int(m): int(n) for m, n in state["last_sent"].items()}
         self._left = {int(m) for m in state["left"]}
         self._held = {int(m): [int(v) for v in vs] for m, vs in state["held"].items()}
-        self._base = {int(m): [s if b is None else b.clone() for b, s in zip(bs, self._snapshot, strict=True)]
-                      for m, bs in state["bases"].items()}
+        self._base = {
+            int(m): [s if b is None else b.clone() for b, s in zip(bs, self._snapshot, strict=True)]
+            for m, bs in state["bases"].items()
+        }
         self.records = [MergeRecord.from_row(r) for r in records]
         self.bytes_received, self.bytes_sent = (int(b) for b in state["bytes"])
         self.ignored_reports = int(state["ignored_reports"])

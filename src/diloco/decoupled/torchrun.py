@@ -75,8 +75,9 @@ class GroupChannel:
 
 
 @contextlib.contextmanager
-def torchrun_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] | None, *, worker: int,
-                    intra: Any = None) -> Iterator[Any]:
+def torchrun_syncer(
+    cfg: Any, template: nn.Module, fragments: list[list[str]] | None, *, worker: int, intra: Any = None
+) -> Iterator[Any]:
     """The running syncer for this process of a torchrun job (``method='decoupled'``; see the module docstring).
 
     Every process of the job enters it (one broadcast over the default group). Yields
@@ -87,9 +88,11 @@ def torchrun_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] | 
     from diloco.decoupled.trainer import RunningSyncer, make_syncer
 
     if cfg.decoupled_transport != "ray":
-        raise ConfigError(f"method='decoupled' under torchrun needs decoupled_transport='ray' (got "
-                         f"{cfg.decoupled_transport!r}: a thread of one process cannot serve learners in other "
-                         f"processes): --set decoupled_transport=ray")
+        raise ConfigError(
+            f"method='decoupled' under torchrun needs decoupled_transport='ray' (got "
+            f"{cfg.decoupled_transport!r}: a thread of one process cannot serve learners in other "
+            f"processes): --set decoupled_transport=ray"
+        )
     if importlib.util.find_spec("ray") is None:
         raise ConfigError("decoupled learners under torchrun need Ray: pip install -e .[ray] (or ray>=2.9)")
     lead = intra is None or intra.rank == 0
@@ -130,8 +133,14 @@ def torchrun_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] | 
             return GroupChannel(link, group=intra.group, lead=intra.global_ranks[0])
 
         final: dict[str, Any] = {}
-        yield RunningSyncer(channel, lambda: ray.get(handle.records.remote()),
-                            lambda: ray.get(handle.global_named_parameters.remote())), final
+        yield (
+            RunningSyncer(
+                channel,
+                lambda: ray.get(handle.records.remote()),
+                lambda: ray.get(handle.global_named_parameters.remote()),
+            ),
+            final,
+        )
         dist.barrier()  # every learner has flushed: nobody asks the syncer anything after this
         if first:
             final["records"] = ray.get(handle.records.remote())

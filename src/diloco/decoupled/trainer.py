@@ -24,28 +24,48 @@ from diloco.files import atomic_write_bytes
 
 
 def _outer(cfg: Any):
-    return partial(torch.optim.SGD, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
-                   nesterov=cfg.outer_nesterov and cfg.outer_momentum > 0)
+    return partial(
+        torch.optim.SGD,
+        lr=cfg.outer_lr,
+        momentum=cfg.outer_momentum,
+        nesterov=cfg.outer_nesterov and cfg.outer_momentum > 0,
+    )
 
 
 class RunningSyncer:
     """What the trainer holds while a decoupled run is on: a channel per learner and, after, the merges."""
 
-    def __init__(self, channel: Callable[[int], Channel], records: Callable[[], list[MergeRecord]],
-                 global_parameters: Callable[[], dict[str, torch.Tensor]],
-                 abort: Callable[[str], None] = lambda reason: None) -> None:
+    def __init__(
+        self,
+        channel: Callable[[int], Channel],
+        records: Callable[[], list[MergeRecord]],
+        global_parameters: Callable[[], dict[str, torch.Tensor]],
+        abort: Callable[[str], None] = lambda reason: None,
+    ) -> None:
         self.channel, self.records, self.global_parameters = channel, records, global_parameters
         self.abort = abort  # the run stops (a learner diverged): learners waiting for replies stop too
 
 
 def make_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] | None = None) -> Syncer:
     """The config's syncer, holding ``template``'s parameters as the initial global ones."""
-    return Syncer(template, num_learners=cfg.replicas, quorum=cfg.quorum or cfg.replicas,
-                  num_fragments=cfg.num_fragments, fragment_pattern=cfg.fragment_pattern, fragments=fragments,
-                  merge=cfg.merge, outer_scale=cfg.outer_scale, outer_gradient=cfg.outer_gradient,
-                  codec=cfg.make_codec(), outer_optimizer=_outer(cfg),
-                  overlap_steps=cfg.overlap_steps, grace_gamma=cfg.grace_gamma, grace_ema_decay=cfg.grace_ema_decay,
-                  guard=cfg.guard, guard_ratio=cfg.guard_ratio)
+    return Syncer(
+        template,
+        num_learners=cfg.replicas,
+        quorum=cfg.quorum or cfg.replicas,
+        num_fragments=cfg.num_fragments,
+        fragment_pattern=cfg.fragment_pattern,
+        fragments=fragments,
+        merge=cfg.merge,
+        outer_scale=cfg.outer_scale,
+        outer_gradient=cfg.outer_gradient,
+        codec=cfg.make_codec(),
+        outer_optimizer=_outer(cfg),
+        overlap_steps=cfg.overlap_steps,
+        grace_gamma=cfg.grace_gamma,
+        grace_ema_decay=cfg.grace_ema_decay,
+        guard=cfg.guard,
+        guard_ratio=cfg.guard_ratio,
+    )
 
 
 @contextlib.contextmanager
@@ -60,34 +80,56 @@ def decoupled_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] |
 
             from diloco.decoupled.ray_transport import RayChannel, start_syncer
         except ImportError:
-            raise ConfigError("decoupled_transport='ray' needs Ray: pip install -e .[ray] (or ray>=2.9), "
-                             "or use decoupled_transport='threads'") from None
-        handle = start_syncer(syncer, name=f"diloco-syncer-{uuid.uuid4().hex[:12]}",
-                              address=cfg.ray_address or None)
+            raise ConfigError(
+                "decoupled_transport='ray' needs Ray: pip install -e .[ray] (or ray>=2.9), "
+                "or use decoupled_transport='threads'"
+            ) from None
+        handle = start_syncer(syncer, name=f"diloco-syncer-{uuid.uuid4().hex[:12]}", address=cfg.ray_address or None)
         try:
-            yield RunningSyncer(lambda m: RayChannel(handle, m), lambda: ray.get(handle.records.remote()),
-                                lambda: ray.get(handle.global_named_parameters.remote()))
+            yield RunningSyncer(
+                lambda m: RayChannel(handle, m),
+                lambda: ray.get(handle.records.remote()),
+                lambda: ray.get(handle.global_named_parameters.remote()),
+            )
         finally:
             ray.kill(handle)
         return
     with LocalTransport(syncer, timeout=600.0) as transport:
-        yield RunningSyncer(transport.channel, lambda: list(transport.syncer.records),
-                            transport.syncer.global_named_parameters, transport.abort)
+        yield RunningSyncer(
+            transport.channel,
+            lambda: list(transport.syncer.records),
+            transport.syncer.global_named_parameters,
+            transport.abort,
+        )
 
 
-def decoupled_learner(cfg: Any, model: nn.Module, channel: Channel, *, learner: int,
-                      fragments: list[list[str]] | None, stats: Any) -> Learner:
+def decoupled_learner(
+    cfg: Any, model: nn.Module, channel: Channel, *, learner: int, fragments: list[list[str]] | None, stats: Any
+) -> Learner:
     """Replica ``learner``'s side: joins the syncer (taking its parameters) and reports on the config's schedule."""
-    return Learner(model, channel=channel, learner=learner, sync_every=cfg.sync_every,
-                   num_fragments=cfg.num_fragments, fragment_pattern=cfg.fragment_pattern, fragments=fragments,
-                   overlap_steps=cfg.overlap_steps, merge_alpha=cfg.merge_alpha, codec=cfg.make_codec(),
-                   schedule=cfg.schedule_spec, tokens_per_step=cfg.batch_per_replica * cfg.seq_len, stats=stats,
-                   overwrite_after=cfg.overwrite_after, ride_out_steps=cfg.ride_out_steps)
+    return Learner(
+        model,
+        channel=channel,
+        learner=learner,
+        sync_every=cfg.sync_every,
+        num_fragments=cfg.num_fragments,
+        fragment_pattern=cfg.fragment_pattern,
+        fragments=fragments,
+        overlap_steps=cfg.overlap_steps,
+        merge_alpha=cfg.merge_alpha,
+        codec=cfg.make_codec(),
+        schedule=cfg.schedule_spec,
+        tokens_per_step=cfg.batch_per_replica * cfg.seq_len,
+        stats=stats,
+        overwrite_after=cfg.overwrite_after,
+        ride_out_steps=cfg.ride_out_steps,
+    )
 
 
 @torch.no_grad()
-def evaluate_global(template: nn.Module, named: dict[str, torch.Tensor], val: Sequence[Any], *, bf16: bool,
-                    device: torch.device) -> float:
+def evaluate_global(
+    template: nn.Module, named: dict[str, torch.Tensor], val: Sequence[Any], *, bf16: bool, device: torch.device
+) -> float:
     """Held-out loss of ``template``'s architecture with the syncer's global parameters ``named``."""
     from diloco.train.evaluation import evaluate
 
@@ -98,8 +140,15 @@ def evaluate_global(template: nn.Module, named: dict[str, torch.Tensor], val: Se
     return evaluate(model, val, bf16)
 
 
-def chaos_run(cfg: Any, out: Path | str, *, chaos: Any, cache_dir: Path | str, step_time_s: float = 0.0,
-              max_seconds: float = 3600.0) -> dict[str, Any]:
+def chaos_run(
+    cfg: Any,
+    out: Path | str,
+    *,
+    chaos: Any,
+    cache_dir: Path | str,
+    step_time_s: float = 0.0,
+    max_seconds: float = 3600.0,
+) -> dict[str, Any]:
     """``diloco chaos``: the config's learners as Ray actor processes and its syncer as a checkpointed actor
     (:func:`diloco.decoupled.ray_learners.run_on_ray`), under ``chaos``; returns the run's summary.
 
@@ -124,20 +173,43 @@ def chaos_run(cfg: Any, out: Path | str, *, chaos: Any, cache_dir: Path | str, s
         check_address(cfg.ray_address or None)  # before anything is prepared or written
     data = prepare_tokens(cfg.sources, cfg.vocab_size, cache_dir, val_fraction=cfg.val_fraction)
     template = build_model(cfg, data.vocab_size)
-    spec = LearnerSpec(tokens=data.train, vocab_size=data.vocab_size, seq_len=cfg.seq_len, size=cfg.size,
-                       model=cfg.model, batch_size=cfg.batch_per_replica, inner_lr=cfg.inner_lr,
-                       weight_decay=cfg.weight_decay, sync_every=cfg.sync_every, num_fragments=cfg.num_fragments,
-                       fragment_pattern=cfg.fragment_pattern, overlap_steps=cfg.overlap_steps,
-                       merge_alpha=cfg.merge_alpha, codec=cfg.make_codec(), seed=cfg.seed, step_time_s=step_time_s,
-                       duration_s=max_seconds, max_steps=cfg.total_steps, warmup_steps=cfg.warmup_steps,
-                       min_lr_ratio=cfg.min_lr_ratio, ride_out_steps=cfg.ride_out_steps)
+    spec = LearnerSpec(
+        tokens=data.train,
+        vocab_size=data.vocab_size,
+        seq_len=cfg.seq_len,
+        size=cfg.size,
+        model=cfg.model,
+        batch_size=cfg.batch_per_replica,
+        inner_lr=cfg.inner_lr,
+        weight_decay=cfg.weight_decay,
+        sync_every=cfg.sync_every,
+        num_fragments=cfg.num_fragments,
+        fragment_pattern=cfg.fragment_pattern,
+        overlap_steps=cfg.overlap_steps,
+        merge_alpha=cfg.merge_alpha,
+        codec=cfg.make_codec(),
+        seed=cfg.seed,
+        step_time_s=step_time_s,
+        duration_s=max_seconds,
+        max_steps=cfg.total_steps,
+        warmup_steps=cfg.warmup_steps,
+        min_lr_ratio=cfg.min_lr_ratio,
+        ride_out_steps=cfg.ride_out_steps,
+    )
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(address=cfg.ray_address or None, include_dashboard=False, log_to_driver=False)
     try:
         # the evaluation set of `diloco train`: eval_batches x global_batch windows, in batches of a learner's size
-        result = run_on_ray(spec, syncer=make_syncer(cfg, template), num_learners=cfg.replicas, out_dir=out,
-                            chaos=chaos, val_tokens=data.val, eval_batches=cfg.eval_batches * cfg.replicas)
+        result = run_on_ray(
+            spec,
+            syncer=make_syncer(cfg, template),
+            num_learners=cfg.replicas,
+            out_dir=out,
+            chaos=chaos,
+            val_tokens=data.val,
+            eval_batches=cfg.eval_batches * cfg.replicas,
+        )
     finally:
         if started_ray:
             ray.shutdown()
@@ -159,10 +231,24 @@ class LearnerLog:
         from diloco.decoupled.chaos import step_row
 
         wait, self._waited = algo.wait_seconds - self._waited, algo.wait_seconds
-        self._file.write(json.dumps(step_row(
-            learner=self.learner, incarnation=algo.incarnation, step=step, dt=out.step_time,
-            compute_s=out.compute_time, wait_s=wait, loss=out.loss, tokens=out.tokens, staleness=max(algo.steps),
-            synced=out.synced_fragments), allow_nan=False) + "\n")
+        self._file.write(
+            json.dumps(
+                step_row(
+                    learner=self.learner,
+                    incarnation=algo.incarnation,
+                    step=step,
+                    dt=out.step_time,
+                    compute_s=out.compute_time,
+                    wait_s=wait,
+                    loss=out.loss,
+                    tokens=out.tokens,
+                    staleness=max(algo.steps),
+                    synced=out.synced_fragments,
+                ),
+                allow_nan=False,
+            )
+            + "\n"
+        )
 
     def close(self) -> None:
         self._file.close()
@@ -189,5 +275,15 @@ def write_merges(path: Path, records: Sequence[MergeRecord]) -> None:
     atomic_write_bytes(Path(path), "".join(json.dumps(r.as_row()) + "\n" for r in records).encode("utf-8"))
 
 
-__all__ = ["LearnerLog", "RunningSyncer", "chaos_run", "decoupled_learner", "decoupled_syncer", "evaluate_global",
-           "learner_goodput", "learner_wait_shares", "make_syncer", "write_merges"]
+__all__ = [
+    "LearnerLog",
+    "RunningSyncer",
+    "chaos_run",
+    "decoupled_learner",
+    "decoupled_syncer",
+    "evaluate_global",
+    "learner_goodput",
+    "learner_wait_shares",
+    "make_syncer",
+    "write_merges",
+]

@@ -9,5 +9,13 @@
 from diloco.distributed.launch import Communicators, DistEnv, init_from_env, read_env, setup_communicators
 from diloco.distributed.spawn import ProcessFailure, RankFailure, run_processes
 
-__all__ = ["Communicators", "DistEnv", "ProcessFailure", "RankFailure", "init_from_env", "read_env", "run_processes",
-           "setup_communicators"]
+__all__ = [
+    "Communicators",
+    "DistEnv",
+    "ProcessFailure",
+    "RankFailure",
+    "init_from_env",
+    "read_env",
+    "run_processes",
+    "setup_communicators",
+]

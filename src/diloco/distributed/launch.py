@@ -81,8 +81,7 @@ def read_env(environ: Mapping[str, str] | None = None) -> DistEnv:
         raise ConfigError(f"RANK={rank} must lie in 0..WORLD_SIZE-1 with WORLD_SIZE={world_size} >= 1")
     if not 0 <= local_rank < local_world_size:
         raise ConfigError(f"LOCAL_RANK={local_rank} must lie in 0..LOCAL_WORLD_SIZE-1={local_world_size - 1}")
-    return DistEnv(rank, world_size, local_rank, local_world_size, environ.get("MASTER_ADDR", "127.0.0.1"),
-                   master_port)
+    return DistEnv(rank, world_size, local_rank, local_world_size, environ.get("MASTER_ADDR", "127.0.0.1"), master_port)
 
 
 def is_loopback(host: str) -> bool:
@@ -149,7 +148,6 @@ def init_from_env(*, backend: str | None = None, timeout_s: float = 1800.0) -> D
     return env
 
 
-
 @dataclass
 class Communicators:
     """What one torchrun process needs to train: its replica communicator, its worker's group, its device.
@@ -201,7 +199,7 @@ class Communicators:
         if synchronize and self.owns_process_group and dist.is_initialized() and dist.get_world_size() > 1:
             try:
                 dist.barrier(async_op=True).wait(timeout=timedelta(seconds=opened[0].timeout_s))
-            except Exception:  # noqa: BLE001 - a peer already gone: nothing left to protect
+            except Exception:
                 pass
         for comm in opened:
             comm.close()
@@ -224,15 +222,23 @@ def check_world_size(world_size: int, replicas: Any, ranks_per_worker: Any) -> N
         hint = ""
         if world_size % ranks_per_worker == 0:
             hint = f", or set replicas={world_size // ranks_per_worker} for this launch"
-        raise ConfigError(f"{world_size} processes were launched but replicas x ranks_per_worker = {replicas} x "
-                         f"{ranks_per_worker} = {replicas * ranks_per_worker}; launch "
-                         f"{replicas * ranks_per_worker} processes (torchrun --nproc-per-node ...){hint}")
+        raise ConfigError(
+            f"{world_size} processes were launched but replicas x ranks_per_worker = {replicas} x "
+            f"{ranks_per_worker} = {replicas * ranks_per_worker}; launch "
+            f"{replicas * ranks_per_worker} processes (torchrun --nproc-per-node ...){hint}"
+        )
 
 
-def setup_communicators(*, replicas: int | None = None, ranks_per_worker: int = 1, timeout_s: float = 300.0,
-                        backend: str | None = None, process_group_timeout_s: float | None = None,
-                        device: str | torch.device | None = None,
-                        worker_sharding: str = "replicate") -> Communicators:
+def setup_communicators(
+    *,
+    replicas: int | None = None,
+    ranks_per_worker: int = 1,
+    timeout_s: float = 300.0,
+    backend: str | None = None,
+    process_group_timeout_s: float | None = None,
+    device: str | torch.device | None = None,
+    worker_sharding: str = "replicate",
+) -> Communicators:
     """Join a torchrun job and build its communicators: the one call a training script needs.
 
     Args:
@@ -271,8 +277,10 @@ def setup_communicators(*, replicas: int | None = None, ranks_per_worker: int = 
         pg_timeout = process_group_timeout_s if process_group_timeout_s is not None else max(1800.0, 2 * timeout_s)
         init_from_env(backend=backend, timeout_s=pg_timeout)
     elif dist.get_world_size() != env.world_size:
-        raise ConfigError(f"torch.distributed is initialized with {dist.get_world_size()} ranks but "
-                         f"WORLD_SIZE={env.world_size}; initialise it from torchrun's environment or not at all")
+        raise ConfigError(
+            f"torch.distributed is initialized with {dist.get_world_size()} ranks but "
+            f"WORLD_SIZE={env.world_size}; initialise it from torchrun's environment or not at all"
+        )
     if device is None:
         device = f"cuda:{env.local_rank}" if torch.cuda.is_available() else "cpu"
     try:

@@ -39,8 +39,15 @@ T = TypeVar("T")
 
 # Imported once by the forkserver, inherited by every child. torch._dynamo (~2 s) is what
 # DistributedDataParallel's constructor imports; preloading it makes a DDP child start in ~0.1 s.
-_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "diloco.comm.torch_dist", "diloco.comm.mesh",
-            "diloco.algorithm.streaming", "diloco.algorithm.data_parallel"]
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "diloco.comm.torch_dist",
+    "diloco.comm.mesh",
+    "diloco.algorithm.streaming",
+    "diloco.algorithm.data_parallel",
+]
 
 
 @dataclass
@@ -65,8 +72,16 @@ class ProcessFailure(RunError):
         super().__init__("; ".join(lines) + (f"\n{detail}" if detail else ""))
 
 
-def _child(rank: int, world_size: int, host: str, port: int, fn: Callable[..., Any], args: tuple,
-           conn: Connection, options: dict[str, Any]) -> None:
+def _child(
+    rank: int,
+    world_size: int,
+    host: str,
+    port: int,
+    fn: Callable[..., Any],
+    args: tuple,
+    conn: Connection,
+    options: dict[str, Any],
+) -> None:
     from diloco.comm.torch_dist import TorchDistCommunicator
 
     torch.set_num_threads(options["threads"])
@@ -75,14 +90,19 @@ def _child(rank: int, world_size: int, host: str, port: int, fn: Callable[..., A
         torch.cuda.set_device(rank % torch.cuda.device_count())
     try:
         store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=options["pg_timeout_s"]))
-        dist.init_process_group(options["backend"], store=store, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=options["pg_timeout_s"]))
+        dist.init_process_group(
+            options["backend"],
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=options["pg_timeout_s"]),
+        )
         comm = TorchDistCommunicator(timeout_s=options["comm_timeout_s"], store=store)
         result = fn(comm, *args)
         buf = io.BytesIO()
         torch.save(result, buf)
         conn.send(("ok", buf.getvalue()))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which re-raises
+    except BaseException as exc:
         conn.send(("error", type(exc).__name__, str(exc), traceback.format_exc()))
     conn.close()
     # Skip interpreter teardown: gloo threads may still be blocked on a dead peer.
@@ -127,15 +147,23 @@ def run_processes(
     """
     if world_size < 1:
         raise ConfigError(f"world_size must be >= 1, got {world_size}")
-    options = {"backend": backend, "threads": threads, "comm_timeout_s": comm_timeout_s,
-               "pg_timeout_s": pg_timeout_s if pg_timeout_s is not None else max(comm_timeout_s, 60.0)}
+    options = {
+        "backend": backend,
+        "threads": threads,
+        "comm_timeout_s": comm_timeout_s,
+        "pg_timeout_s": pg_timeout_s if pg_timeout_s is not None else max(comm_timeout_s, 60.0),
+    }
     ctx = _context(start_method)
     store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
     procs, readers = [], {}
     for rank in range(world_size):
         reader, writer = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_child, args=(rank, world_size, host, store.port, fn, args, writer, options),
-                        name=f"diloco-rank-{rank}", daemon=True)
+        p = ctx.Process(
+            target=_child,
+            args=(rank, world_size, host, store.port, fn, args, writer, options),
+            name=f"diloco-rank-{rank}",
+            daemon=True,
+        )
         p.start()
         writer.close()
         procs.append(p)
@@ -151,10 +179,14 @@ def run_processes(
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 if not failures:
-                    raise TimeoutError(f"run_processes: ranks {sorted(pending)} still running after "
-                                       f"{timeout_s:g}s; killed them (results so far: ranks {sorted(results)})")
-                failures += [RankFailure(r, "killed", f"still running {grace_s:g}s after another rank failed")
-                             for r in sorted(pending)]
+                    raise TimeoutError(
+                        f"run_processes: ranks {sorted(pending)} still running after "
+                        f"{timeout_s:g}s; killed them (results so far: ranks {sorted(results)})"
+                    )
+                failures += [
+                    RankFailure(r, "killed", f"still running {grace_s:g}s after another rank failed")
+                    for r in sorted(pending)
+                ]
                 break
             ready = wait([readers[r] for r in pending] + [procs[r].sentinel for r in pending], timeout=remaining)
             for r in sorted(pending):
@@ -182,8 +214,11 @@ def _collect(rank: int, reader: Connection, proc, results: dict[int, Any], failu
         msg = None
     if msg is None:
         proc.join(timeout=10)
-        failures.append(RankFailure(rank, "exit", f"process exited with code {proc.exitcode} without a result",
-                                    exitcode=proc.exitcode))
+        failures.append(
+            RankFailure(
+                rank, "exit", f"process exited with code {proc.exitcode} without a result", exitcode=proc.exitcode
+            )
+        )
     elif msg[0] == "ok":
         results[rank] = torch.load(io.BytesIO(msg[1]), weights_only=False)
     else:

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from diloco.errors import ConfigError
 
 
-def exit_when_orphaned(*, interval_s: float = 1.0, what: str = "the launcher",
-                       on_orphaned: Callable[[], None] | None = None) -> threading.Thread:
+def exit_when_orphaned(
+    *, interval_s: float = 1.0, what: str = "the launcher", on_orphaned: Callable[[], None] | None = None
+) -> threading.Thread:
     """Watch the parent process every ``interval_s`` seconds; when it is gone, print why and exit (status 1).
 
     ``on_orphaned`` replaces the exit (for tests). Returns the (daemon) thread.
@@ -30,9 +31,11 @@ def exit_when_orphaned(*, interval_s: float = 1.0, what: str = "the launcher",
     parent = os.getppid()
 
     def exit_now() -> None:
-        sys.stderr.write(f"diloco: {what} (pid {parent}) is gone; stopping this worker (pid {os.getpid()}) so "
-                         f"the others notice now, not at their timeout. An elastic job goes on without this "
-                         f"node; otherwise continue the run with --resume.\n")
+        sys.stderr.write(
+            f"diloco: {what} (pid {parent}) is gone; stopping this worker (pid {os.getpid()}) so "
+            f"the others notice now, not at their timeout. An elastic job goes on without this "
+            f"node; otherwise continue the run with --resume.\n"
+        )
         sys.stderr.flush()
         os._exit(1)  # not sys.exit: the main thread may be blocked in a collective
 

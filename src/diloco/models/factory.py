@@ -37,20 +37,25 @@ _FACTORY = re.compile(r"^(?P<module>[A-Za-z_][\w.]*|.+\.py):(?P<func>[A-Za-z_]\w
 def describe_model(spec: str) -> str:
     """``"transformer"``, ``"hf"`` or ``"factory"``; a ValueError for a spec that is none of them."""
     if not isinstance(spec, str):
-        raise ConfigError(f"model={spec!r}: give a string: '' (the project's Transformer), 'hf:PATH' or "
-                         f"'module:function'")
+        raise ConfigError(
+            f"model={spec!r}: give a string: '' (the project's Transformer), 'hf:PATH' or 'module:function'"
+        )
     if spec == "":
         return "transformer"
     if spec.startswith("hf:"):
         if not spec[3:]:
-            raise ConfigError("model='hf:': name the config, e.g. model=hf:configs/llama-tiny (a folder with "
-                             "config.json) or model=hf:llama.json")
+            raise ConfigError(
+                "model='hf:': name the config, e.g. model=hf:configs/llama-tiny (a folder with "
+                "config.json) or model=hf:llama.json"
+            )
         return "hf"
     if _FACTORY.match(spec):
         return "factory"
-    raise ConfigError(f"model={spec!r} is not a model: use '' for the project's Transformer (its size from "
-                     f"size=...), 'hf:PATH' for a Hugging Face config, or 'module:function' / 'file.py:function' "
-                     f"for your own factory")
+    raise ConfigError(
+        f"model={spec!r} is not a model: use '' for the project's Transformer (its size from "
+        f"size=...), 'hf:PATH' for a Hugging Face config, or 'module:function' / 'file.py:function' "
+        f"for your own factory"
+    )
 
 
 def check_model(spec: str) -> str:
@@ -86,12 +91,15 @@ def load_factory(spec: str) -> Callable[..., Any]:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            raise ConfigError(f"model={spec!r}: cannot import module {module_name!r} ({exc}); put it on PYTHONPATH "
-                             f"or give the file: model=path/to/{module_name.rsplit('.', 1)[-1]}.py:{func}") from None
+            raise ConfigError(
+                f"model={spec!r}: cannot import module {module_name!r} ({exc}); put it on PYTHONPATH "
+                f"or give the file: model=path/to/{module_name.rsplit('.', 1)[-1]}.py:{func}"
+            ) from None
     fn = getattr(module, func, None)
     if not callable(fn):
-        raise ConfigError(f"model={spec!r}: {module_name} has no function {func!r}; name a function that returns "
-                         f"an nn.Module")
+        raise ConfigError(
+            f"model={spec!r}: {module_name} has no function {func!r}; name a function that returns an nn.Module"
+        )
     return fn
 
 
@@ -103,8 +111,9 @@ def _is_hf_pretrained(model: nn.Module) -> bool:
     return isinstance(model, PreTrainedModel)
 
 
-def build_model(spec: str, *, size: str, vocab_size: int, seq_len: int, seed: int, z_loss: float = 1e-4,
-                load_weights: bool = True) -> nn.Module:
+def build_model(
+    spec: str, *, size: str, vocab_size: int, seq_len: int, seed: int, z_loss: float = 1e-4, load_weights: bool = True
+) -> nn.Module:
     """The model ``spec`` names (see the module docstring), initialised after ``torch.manual_seed(seed)``.
 
     ``load_weights=False``: an ``hf:`` folder's architecture without reading its weights (a skeleton to
@@ -125,8 +134,10 @@ def build_model(spec: str, *, size: str, vocab_size: int, seq_len: int, seed: in
 
         model = CausalLM(model)
     if not isinstance(model, nn.Module):
-        raise ConfigError(f"model={spec!r} returned a {type(model).__name__}, not a torch.nn.Module; return the "
-                         f"model (forward(idx, targets) -> (logits, loss))")
+        raise ConfigError(
+            f"model={spec!r} returned a {type(model).__name__}, not a torch.nn.Module; return the "
+            f"model (forward(idx, targets) -> (logits, loss))"
+        )
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(f"model={spec!r} returned a module with no trainable parameters")
     return model

@@ -36,8 +36,15 @@ from torch import nn
 
 from diloco.errors import ConfigError
 
-__all__ = ["CausalLM", "WEIGHT_FILES", "build_hf_model", "check_model_type", "folder_tokenizer", "has_weights",
-           "load_hf_config_fields"]
+__all__ = [
+    "CausalLM",
+    "WEIGHT_FILES",
+    "build_hf_model",
+    "check_model_type",
+    "folder_tokenizer",
+    "has_weights",
+    "load_hf_config_fields",
+]
 
 INSTALL = 'pip install "transformers>=4.46" (or: pip install -e ".[hf]")'
 
@@ -47,16 +54,26 @@ _PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.
 
 # Context-length fields of the common configs, and dropout fields, by name.
 _CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
-_DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
-                   "summary_first_dropout", "dropout", "hidden_dropout_prob", "attention_probs_dropout_prob")
+_DROPOUT_FIELDS = (
+    "attention_dropout",
+    "hidden_dropout",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "summary_first_dropout",
+    "dropout",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+)
 
 
 def _transformers():
     try:
         import transformers
     except ImportError:
-        raise ConfigError(f"a Hugging Face model needs the transformers package, which is not installed; "
-                         f"install it with: {INSTALL}") from None
+        raise ConfigError(
+            f"a Hugging Face model needs the transformers package, which is not installed; install it with: {INSTALL}"
+        ) from None
     return transformers
 
 
@@ -75,8 +92,9 @@ class CausalLM(nn.Module):
     def config(self) -> Any:
         return self.hf.config
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         logits = self.hf(input_ids=idx, use_cache=False).logits
         loss = None
         if targets is not None:
@@ -93,9 +111,11 @@ def load_hf_config_fields(spec: str | Path | Mapping[str, Any]) -> dict[str, Any
         path = Path(spec).expanduser()
         file = path / "config.json" if path.is_dir() else path
         if not file.is_file():
-            raise ConfigError(f"Hugging Face config {str(spec)!r}: no such file{' (config.json)' if path.is_dir() else ''}; "
-                             f"give a folder holding config.json or a .json file of config fields with a "
-                             f"model_type, e.g. {{\"model_type\": \"llama\", \"hidden_size\": 256}}")
+            raise ConfigError(
+                f"Hugging Face config {str(spec)!r}: no such file{' (config.json)' if path.is_dir() else ''}; "
+                f"give a folder holding config.json or a .json file of config fields with a "
+                f'model_type, e.g. {{"model_type": "llama", "hidden_size": 256}}'
+            )
         try:
             fields = json.loads(file.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -105,7 +125,7 @@ def load_hf_config_fields(spec: str | Path | Mapping[str, Any]) -> dict[str, Any
             raise ConfigError(f"{file} holds a {type(fields).__name__}, not a JSON object of config fields")
     model_type = fields.get("model_type")
     if not isinstance(model_type, str) or not model_type:
-        raise ConfigError(f"{where} has no model_type; add one, e.g. \"model_type\": \"llama\" (or gpt2, qwen2, ...)")
+        raise ConfigError(f'{where} has no model_type; add one, e.g. "model_type": "llama" (or gpt2, qwen2, ...)')
     return fields
 
 
@@ -114,8 +134,10 @@ def check_model_type(spec: str | Path | Mapping[str, Any]) -> str:
     model_type = load_hf_config_fields(spec)["model_type"]
     transformers = _transformers()
     if model_type not in transformers.CONFIG_MAPPING:
-        raise ConfigError(f"model_type={model_type!r} is not a model type transformers "
-                         f"{transformers.__version__} knows; use one such as llama, gpt2, qwen2, mistral")
+        raise ConfigError(
+            f"model_type={model_type!r} is not a model type transformers "
+            f"{transformers.__version__} knows; use one such as llama, gpt2, qwen2, mistral"
+        )
     return model_type
 
 
@@ -135,10 +157,12 @@ def has_weights(spec: str | Path | Mapping[str, Any]) -> bool:
         return True
     pickled = [name for name in _PICKLED_WEIGHTS if (folder / name).is_file()]
     if pickled:
-        raise ConfigError(f"{folder} holds weights as {pickled[0]}, a pickle (loading it could run code); only "
-                         f"safetensors are loaded: convert it once, in a trusted environment, with "
-                         f"AutoModelForCausalLM.from_pretrained({str(folder)!r}).save_pretrained({str(folder)!r}) "
-                         f"(writes model.safetensors), or remove it to train from random weights")
+        raise ConfigError(
+            f"{folder} holds weights as {pickled[0]}, a pickle (loading it could run code); only "
+            f"safetensors are loaded: convert it once, in a trusted environment, with "
+            f"AutoModelForCausalLM.from_pretrained({str(folder)!r}).save_pretrained({str(folder)!r}) "
+            f"(writes model.safetensors), or remove it to train from random weights"
+        )
     return False
 
 
@@ -150,8 +174,9 @@ def folder_tokenizer(spec: str | Path | Mapping[str, Any]) -> Path | None:
     return folder / "tokenizer.json"
 
 
-def build_hf_model(spec: str | Path | Mapping[str, Any], *, vocab_size: int, seq_len: int,
-                   load_weights: bool = True) -> CausalLM:
+def build_hf_model(
+    spec: str | Path | Mapping[str, Any], *, vocab_size: int, seq_len: int, load_weights: bool = True
+) -> CausalLM:
     """An ``AutoModelForCausalLM`` from a local folder or config, wrapped in :class:`CausalLM`.
 
     A folder with weights (:func:`has_weights`) gives the pretrained model in FP32 (``load_weights=False``:
@@ -169,17 +194,21 @@ def build_hf_model(spec: str | Path | Mapping[str, Any], *, vocab_size: int, seq
     if given_vocab is None:
         fields["vocab_size"] = int(vocab_size)
     elif not isinstance(given_vocab, int) or given_vocab < vocab_size:
-        raise ConfigError(f"the model config's vocab_size={given_vocab!r} is smaller than the data's vocabulary "
-                         f"({vocab_size} ids); remove vocab_size from the config (it then follows the data) "
-                         f"or set it to at least {vocab_size}")
+        raise ConfigError(
+            f"the model config's vocab_size={given_vocab!r} is smaller than the data's vocabulary "
+            f"({vocab_size} ids); remove vocab_size from the config (it then follows the data) "
+            f"or set it to at least {vocab_size}"
+        )
     for name in _DROPOUT_FIELDS:
         fields.setdefault(name, 0.0)
     try:
         config = transformers.AutoConfig.for_model(model_type, **fields)
     except ValueError as exc:
         if "Unrecognized model identifier" in str(exc):
-            raise ConfigError(f"model_type={model_type!r} is not a model type transformers "
-                             f"{transformers.__version__} knows; use one such as llama, gpt2, qwen2, mistral") from None
+            raise ConfigError(
+                f"model_type={model_type!r} is not a model type transformers "
+                f"{transformers.__version__} knows; use one such as llama, gpt2, qwen2, mistral"
+            ) from None
         raise ConfigError(f"invalid {model_type} config: {exc}") from None
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
         value = getattr(config, name, None)
@@ -189,18 +218,24 @@ def build_hf_model(spec: str | Path | Mapping[str, Any], *, vocab_size: int, seq
     try:
         model = transformers.AutoModelForCausalLM.from_config(config)
     except ValueError as exc:
-        raise ConfigError(f"transformers has no causal LM for model_type={model_type!r} ({exc}); use a decoder "
-                         f"such as llama, gpt2 or qwen2") from None
+        raise ConfigError(
+            f"transformers has no causal LM for model_type={model_type!r} ({exc}); use a decoder "
+            f"such as llama, gpt2 or qwen2"
+        ) from None
     return CausalLM(model)
 
 
 def _check_context(config: Any, seq_len: int, fields: Mapping[str, Any]) -> None:
     context = next((getattr(config, f) for f in _CONTEXT_FIELDS if isinstance(getattr(config, f, None), int)), None)
     if context is not None and context < seq_len:
-        field = next((f for f in _CONTEXT_FIELDS if f in fields),  # the name the user wrote
-                     next(f for f in _CONTEXT_FIELDS if getattr(config, f, None) == context))
-        raise ConfigError(f"the model config's {field}={context} is shorter than seq_len={seq_len}; set {field} "
-                         f">= {seq_len} in the config or lower seq_len")
+        field = next(
+            (f for f in _CONTEXT_FIELDS if f in fields),  # the name the user wrote
+            next(f for f in _CONTEXT_FIELDS if getattr(config, f, None) == context),
+        )
+        raise ConfigError(
+            f"the model config's {field}={context} is shorter than seq_len={seq_len}; set {field} "
+            f">= {seq_len} in the config or lower seq_len"
+        )
 
 
 @contextlib.contextmanager
@@ -226,33 +261,48 @@ def _pretrained(folder: Path, *, vocab_size: int, seq_len: int, load_weights: bo
     try:
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"{folder}/config.json cannot be read by transformers {transformers.__version__} "
-                         f"({exc})") from None
+        raise ConfigError(
+            f"{folder}/config.json cannot be read by transformers {transformers.__version__} ({exc})"
+        ) from None
     if config.vocab_size < vocab_size:
-        raise ConfigError(f"the data's vocabulary ({vocab_size} ids) is larger than that of the pretrained model in "
-                         f"{folder} (vocab_size={config.vocab_size}): ids >= {config.vocab_size} have no embedding. "
-                         f"Use the model's own tokenizer (a tokenizer.json in {folder} is used by default; "
-                         f"tokenizer=... overrides it) or token files whose ids are < {config.vocab_size}")
+        raise ConfigError(
+            f"the data's vocabulary ({vocab_size} ids) is larger than that of the pretrained model in "
+            f"{folder} (vocab_size={config.vocab_size}): ids >= {config.vocab_size} have no embedding. "
+            f"Use the model's own tokenizer (a tokenizer.json in {folder} is used by default; "
+            f"tokenizer=... overrides it) or token files whose ids are < {config.vocab_size}"
+        )
     _check_context(config, seq_len, fields)
     if not load_weights:
         return CausalLM(transformers.AutoModelForCausalLM.from_config(config))
     try:
         with _quiet(transformers):
             model, info = transformers.AutoModelForCausalLM.from_pretrained(
-                folder, config=config, local_files_only=True, use_safetensors=True, output_loading_info=True,
-                **_fp32(transformers))
+                folder,
+                config=config,
+                local_files_only=True,
+                use_safetensors=True,
+                output_loading_info=True,
+                **_fp32(transformers),
+            )
     except RuntimeError as exc:  # size mismatch (transformers prints the details to its logger)
-        raise ConfigError(f"the weights in {folder} do not match its config.json: "
-                         f"{_mismatches(folder, config) or exc}; restore the config the weights were saved with "
-                         f"(save_pretrained writes both)") from None
+        raise ConfigError(
+            f"the weights in {folder} do not match its config.json: "
+            f"{_mismatches(folder, config) or exc}; restore the config the weights were saved with "
+            f"(save_pretrained writes both)"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"cannot read the weights in {folder} ({exc})") from None
     missing, unexpected = sorted(info.get("missing_keys", ())), sorted(info.get("unexpected_keys", ()))
     if missing or unexpected:
-        parts = [f"{len(keys)} {label} weight(s) ({', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''})"
-                 for label, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
-        raise ConfigError(f"the weights in {folder} do not match its config.json: {'; '.join(parts)}; "
-                         f"restore the config the weights were saved with (save_pretrained writes both)")
+        parts = [
+            f"{len(keys)} {label} weight(s) ({', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''})"
+            for label, keys in (("missing", missing), ("unexpected", unexpected))
+            if keys
+        ]
+        raise ConfigError(
+            f"the weights in {folder} do not match its config.json: {'; '.join(parts)}; "
+            f"restore the config the weights were saved with (save_pretrained writes both)"
+        )
     return CausalLM(model)
 
 
@@ -269,11 +319,13 @@ def _mismatches(folder: Path, config: Any) -> str:
 
     transformers = _transformers()
     with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in transformers.AutoModelForCausalLM.from_config(config)
-                    .state_dict().items()}
+        expected = {
+            k: tuple(v.shape) for k, v in transformers.AutoModelForCausalLM.from_config(config).state_dict().items()
+        }
     index = folder / "model.safetensors.index.json"
-    files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
-             else ["model.safetensors"])
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    )
     out = []
     for name in files:
         with safe_open(folder / name, framework="pt") as f:

@@ -40,8 +40,10 @@ def _safetensors_torch():
     try:
         import safetensors.torch
     except ImportError:
-        raise ConfigError('exporting needs the safetensors package, which is not installed; install it with: '
-                         'pip install safetensors (or: pip install -e ".[hf]")') from None
+        raise ConfigError(
+            "exporting needs the safetensors package, which is not installed; install it with: "
+            'pip install safetensors (or: pip install -e ".[hf]")'
+        ) from None
     return safetensors.torch
 
 
@@ -50,8 +52,14 @@ def _write_tokenizer_json(folder: Path, tokenizer_json: str | None) -> None:
         (folder / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
 
 
-def save_hf(model: nn.Module, folder: Path | str, *, tokenizer_json: str | None = None,
-            eod_token: str | None = None, set_eos: bool = False) -> None:
+def save_hf(
+    model: nn.Module,
+    folder: Path | str,
+    *,
+    tokenizer_json: str | None = None,
+    eod_token: str | None = None,
+    set_eos: bool = False,
+) -> None:
     """``model`` (a :class:`~diloco.models.hf.CausalLM`) and its tokenizer as a Hugging Face folder.
 
     ``set_eos``: make ``eod_token`` (the run's document separator) the config's ``eos_token_id``, for a
@@ -79,8 +87,9 @@ def save_hf(model: nn.Module, folder: Path | str, *, tokenizer_json: str | None 
     if tokenizer_json is not None:
         from tokenizers import Tokenizer
 
-        fast = transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tokenizer_json),
-                                                    eos_token=eod_token)
+        fast = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=Tokenizer.from_str(tokenizer_json), eos_token=eod_token
+        )
         fast.save_pretrained(folder)
 
 
@@ -92,8 +101,9 @@ def save_transformer(model: nn.Module, folder: Path | str, *, tokenizer_json: st
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     _safetensors_torch().save_model(model, str(folder / "model.safetensors"))
-    write_json(folder / "config.json", {"diloco_model": TRANSFORMER_FORMAT,
-                                        "model_config": dataclasses.asdict(model.config)})
+    write_json(
+        folder / "config.json", {"diloco_model": TRANSFORMER_FORMAT, "model_config": dataclasses.asdict(model.config)}
+    )
     _write_tokenizer_json(folder, tokenizer_json)
 
 
@@ -107,16 +117,22 @@ def load_transformer(folder: Path | str, *, device: str | torch.device = "cpu") 
         raise ConfigError(f"{folder} has no config.json: not a model folder written by `diloco export`")
     cfg: Any = read_json(path)
     if not isinstance(cfg, dict) or cfg.get("diloco_model") != TRANSFORMER_FORMAT:
-        hint = (" (it is a Hugging Face model: load it with transformers.AutoModelForCausalLM.from_pretrained)"
-                if isinstance(cfg, dict) and "model_type" in cfg else "")
+        hint = (
+            " (it is a Hugging Face model: load it with transformers.AutoModelForCausalLM.from_pretrained)"
+            if isinstance(cfg, dict) and "model_type" in cfg
+            else ""
+        )
         raise ConfigError(f"{path} does not describe the project's Transformer{hint}")
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     model = Transformer(ModelConfig(**{k: v for k, v in cfg["model_config"].items() if k in fields}))
-    missing, unexpected = _safetensors_torch().load_model(model, str(folder / "model.safetensors"), strict=False,
-                                                          device=str(device))
+    missing, unexpected = _safetensors_torch().load_model(
+        model, str(folder / "model.safetensors"), strict=False, device=str(device)
+    )
     if missing or unexpected:
-        raise ConfigError(f"{folder}/model.safetensors does not match its config.json (missing {sorted(missing)[:4]}, "
-                         f"unexpected {sorted(unexpected)[:4]})")
+        raise ConfigError(
+            f"{folder}/model.safetensors does not match its config.json (missing {sorted(missing)[:4]}, "
+            f"unexpected {sorted(unexpected)[:4]})"
+        )
     return model.to(device).eval()
 
 
@@ -132,4 +148,3 @@ def describe_folder(folder: Path | str) -> dict[str, Any]:
     """The files of an exported folder and their sizes (what ``diloco export`` prints)."""
     folder = Path(folder)
     return {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
-

@@ -36,8 +36,7 @@ class ModelShape:
 
 
 def _paper(n_layers: int, n_heads: int, d_model: int) -> ModelShape:
-    return ModelShape(n_layers, n_heads, d_model, 4 * d_model, vocab_size=32_768, seq_len=2_048,
-                      tie_embeddings=True)
+    return ModelShape(n_layers, n_heads, d_model, 4 * d_model, vocab_size=32_768, seq_len=2_048, tie_embeddings=True)
 
 
 def _cpu(n_layers: int, n_heads: int, d_model: int) -> ModelShape:
@@ -102,9 +101,16 @@ def make_config(
     seq_len = shape.seq_len if seq_len is None else seq_len
     missing = [n for n, v in (("vocab_size", vocab_size), ("seq_len", seq_len)) if v is None]
     if missing:
-        raise ConfigError(f"size {size_name!r} takes {' and '.join(missing)} from the data: pass "
-                         f"make_config({size_name!r}, vocab_size=..., seq_len=...) "
-                         f"(e.g. the tokenizer's vocab size and the training sequence length)")
-    base = dict(n_layers=shape.n_layers, n_heads=shape.n_heads, d_model=shape.d_model, d_mlp=shape.d_mlp,
-                tie_embeddings=shape.tie_embeddings)
+        raise ConfigError(
+            f"size {size_name!r} takes {' and '.join(missing)} from the data: pass "
+            f"make_config({size_name!r}, vocab_size=..., seq_len=...) "
+            f"(e.g. the tokenizer's vocab size and the training sequence length)"
+        )
+    base = dict(
+        n_layers=shape.n_layers,
+        n_heads=shape.n_heads,
+        d_model=shape.d_model,
+        d_mlp=shape.d_mlp,
+        tie_embeddings=shape.tie_embeddings,
+    )
     return ModelConfig(vocab_size=vocab_size, seq_len=seq_len, **(base | overrides))

@@ -46,17 +46,23 @@ class ModelConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
-        errors = [f"{f.name}={getattr(self, f.name)!r} must be a positive integer"
-                  for f in fields(self)
-                  if f.name in ("vocab_size", "seq_len", "n_layers", "n_heads", "d_model", "d_mlp")
-                  and not (isinstance(getattr(self, f.name), int) and getattr(self, f.name) > 0)]
+        errors = [
+            f"{f.name}={getattr(self, f.name)!r} must be a positive integer"
+            for f in fields(self)
+            if f.name in ("vocab_size", "seq_len", "n_layers", "n_heads", "d_model", "d_mlp")
+            and not (isinstance(getattr(self, f.name), int) and getattr(self, f.name) > 0)
+        ]
         if not errors:
             if self.d_model % self.n_heads:
-                errors.append(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
-                              f"choose n_heads among the divisors of d_model")
+                errors.append(
+                    f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
+                    f"choose n_heads among the divisors of d_model"
+                )
             elif self.head_dim % 2:
-                errors.append(f"head_dim = d_model / n_heads = {self.head_dim} is odd; rotary embeddings rotate "
-                              f"pairs of features: choose n_heads so that d_model / n_heads is even")
+                errors.append(
+                    f"head_dim = d_model / n_heads = {self.head_dim} is odd; rotary embeddings rotate "
+                    f"pairs of features: choose n_heads so that d_model / n_heads is even"
+                )
         if not (isinstance(self.z_loss, (int, float)) and math.isfinite(self.z_loss) and self.z_loss >= 0):
             errors.append(f"z_loss={self.z_loss!r} must be a finite number >= 0 (0 disables it)")
         if not (isinstance(self.rope_base, (int, float)) and self.rope_base > 1):
@@ -167,8 +173,10 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         if not isinstance(config, ModelConfig):
-            raise ConfigError(f"Transformer needs a ModelConfig, got {type(config).__name__}: "
-                             f"build one with diloco.models.make_config(size, vocab_size=..., seq_len=...)")
+            raise ConfigError(
+                f"Transformer needs a ModelConfig, got {type(config).__name__}: "
+                f"build one with diloco.models.make_config(size, vocab_size=..., seq_len=...)"
+            )
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
@@ -199,8 +207,10 @@ class Transformer(nn.Module):
         """Next-token logits ``(B, T, vocab_size)`` for token ids ``idx`` ``(B, T)``."""
         T = idx.shape[1]
         if T > self.config.seq_len:
-            raise ConfigError(f"sequence length {T} exceeds the model's seq_len={self.config.seq_len}: "
-                             f"build the model with a larger seq_len or feed shorter sequences")
+            raise ConfigError(
+                f"sequence length {T} exceeds the model's seq_len={self.config.seq_len}: "
+                f"build the model with a larger seq_len or feed shorter sequences"
+            )
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         x = self.embed(idx)
         for block in self.blocks:

@@ -47,8 +47,11 @@ def run_in_child(fn: RunFn, config: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     result = fn(config)
     if isinstance(result, dict):
-        result = {"wall_time_s": round(time.perf_counter() - t0, 3), **result,
-                  "worker": {"pid": os.getpid(), "host": socket.gethostname()}}
+        result = {
+            "wall_time_s": round(time.perf_counter() - t0, 3),
+            **result,
+            "worker": {"pid": os.getpid(), "host": socket.gethostname()},
+        }
     return result
 
 
@@ -97,8 +100,9 @@ class LocalExecutor:
             return
         ctx = multiprocessing.get_context("spawn")  # a clean interpreter per run (no inherited torch threads)
         before = set(multiprocessing.active_children())
-        pool = cf.ProcessPoolExecutor(max_workers=min(self.workers, len(configs)), mp_context=ctx,
-                                      max_tasks_per_child=1)
+        pool = cf.ProcessPoolExecutor(
+            max_workers=min(self.workers, len(configs)), mp_context=ctx, max_tasks_per_child=1
+        )
         futures = {pool.submit(run_in_child, fn, dict(cfg)): cfg for cfg in configs}
         completed = False
         try:
@@ -122,8 +126,14 @@ class LocalExecutor:
 class SubmititExecutor:
     """Each config a submitit job: on SLURM, or on submitit's local executor (each job its own process)."""
 
-    def __init__(self, folder: Path | str, *, cluster: str = "slurm", poll_s: float = 0.2,
-                 parameters: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path | str,
+        *,
+        cluster: str = "slurm",
+        poll_s: float = 0.2,
+        parameters: dict[str, Any] | None = None,
+    ) -> None:
         if cluster not in ("slurm", "local", "debug"):
             raise ConfigError(f"cluster={cluster!r}: choose slurm, local or debug")
         try:
@@ -171,8 +181,9 @@ class SubmititExecutor:
                     traceback.print_exc()
 
 
-def make_executor(name: str, *, workers: int = 1, folder: Path | str | None = None,
-                  parameters: dict[str, Any] | None = None) -> Any:
+def make_executor(
+    name: str, *, workers: int = 1, folder: Path | str | None = None, parameters: dict[str, Any] | None = None
+) -> Any:
     """An executor by name: inline, local (``workers`` processes), submitit-local or slurm (``folder``)."""
     if name == "inline":
         return InlineExecutor()
@@ -181,8 +192,7 @@ def make_executor(name: str, *, workers: int = 1, folder: Path | str | None = No
     if name in ("submitit-local", "slurm"):
         if folder is None:
             raise ConfigError(f"the {name} executor needs a folder for its job files (--submitit-dir)")
-        return SubmititExecutor(folder, cluster="local" if name == "submitit-local" else "slurm",
-                                parameters=parameters)
+        return SubmititExecutor(folder, cluster="local" if name == "submitit-local" else "slurm", parameters=parameters)
     raise ConfigError(f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}")
 
 

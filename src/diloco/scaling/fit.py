@@ -78,8 +78,9 @@ def quadratic_optimum(values: Iterable[float], losses: Iterable[float]) -> tuple
     return float(math.exp(u)), float(np.polyval([a, b, c], u))
 
 
-def best_points(records: Iterable[Mapping[str, Any]], *, smooth_by: str | None = None,
-                window: int = 2) -> list[BestPoint]:
+def best_points(
+    records: Iterable[Mapping[str, Any]], *, smooth_by: str | None = None, window: int = 2
+) -> list[BestPoint]:
     """The best run of every (method, M, N); with ``smooth_by`` ("global_batch" or "inner_lr"), the
     minimum of a parabola in log(hyperparameter) through the best loss at each of its values,
     using the best value and up to ``window`` neighbours on each side."""
@@ -101,12 +102,25 @@ def best_points(records: Iterable[Mapping[str, Any]], *, smooth_by: str | None =
                     per_value[v] = min(per_value.get(v, math.inf), r["eval_loss"])
             xs = sorted(per_value)
             i = xs.index(best[smooth_by])
-            near = xs[max(0, i - window): i + window + 1]
+            near = xs[max(0, i - window) : i + window + 1]
             opt = quadratic_optimum(near, [per_value[v] for v in near])
             if opt is not None:
                 hp[smooth_by], loss, smoothed = opt[0], opt[1], smooth_by
-        points.append(BestPoint(method, replicas, n, str(best.get("size", n)), loss, hp["inner_lr"],
-                                hp["global_batch"], hp["outer_lr"], hp["sync_every"], len(runs), smoothed))
+        points.append(
+            BestPoint(
+                method,
+                replicas,
+                n,
+                str(best.get("size", n)),
+                loss,
+                hp["inner_lr"],
+                hp["global_batch"],
+                hp["outer_lr"],
+                hp["sync_every"],
+                len(runs),
+                smoothed,
+            )
+        )
     return points
 
 
@@ -162,7 +176,9 @@ class ScalingFit:
     bootstrap: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # law id -> refit coefficients
     warnings: list[str] = field(default_factory=list)  # laws not fitted, and why
 
-    def loss_law(self, method: str = "diloco", replicas: int = 1, law: str = "auto") -> tuple[str, FittedLaw, list[str]]:
+    def loss_law(
+        self, method: str = "diloco", replicas: int = 1, law: str = "auto"
+    ) -> tuple[str, FittedLaw, list[str]]:
         """(law id, the law, notes) that predicts the loss of ``method`` with M = ``replicas``.
 
         ``law``: "auto" (the group's own law with an offset, "power+C", if fitted; else its pure power
@@ -179,23 +195,40 @@ class ScalingFit:
             else:
                 law = "joint+C" if "joint+C" in self.joint else "joint"
                 fitted_m = sorted({p.replicas for p in self.points if p.method == method})
-                notes.append(f"no law fitted for {key} (fitted M: {fitted_m or 'none'}): the joint law {law} "
-                             f"over M is used, "
-                             + ("an interpolation" if fitted_m and min(fitted_m) < replicas < max(fitted_m)
-                                else "an extrapolation") + f" to M = {replicas}")
+                notes.append(
+                    f"no law fitted for {key} (fitted M: {fitted_m or 'none'}): the joint law {law} "
+                    f"over M is used, "
+                    + (
+                        "an interpolation"
+                        if fitted_m and min(fitted_m) < replicas < max(fitted_m)
+                        else "an extrapolation"
+                    )
+                    + f" to M = {replicas}"
+                )
         if law in ("power", "power+C"):
             laws = self.loss_laws if law == "power" else self.loss_laws_c
             if key not in laws:
-                raise ConfigError(f"no fitted {law} law for {key}; fitted: {', '.join(laws) or 'none'} "
-                                 f"(or use a joint law: {', '.join(self.joint) or 'none fitted'})")
+                raise ConfigError(
+                    f"no fitted {law} law for {key}; fitted: {', '.join(laws) or 'none'} "
+                    f"(or use a joint law: {', '.join(self.joint) or 'none fitted'})"
+                )
             return f"{law}:{key}", laws[key], notes
         if not joint_ok or law not in self.joint:
-            raise ConfigError(f"law {law!r} is not fitted for method {method!r}; joint laws "
-                             f"({', '.join(self.joint) or 'none'}) cover method {self.settings.get('joint_method')!r}")
+            raise ConfigError(
+                f"law {law!r} is not fitted for method {method!r}; joint laws "
+                f"({', '.join(self.joint) or 'none'}) cover method {self.settings.get('joint_method')!r}"
+            )
         return law, self.joint[law], notes
 
-    def predict(self, num_params: float, *, method: str = "diloco", replicas: int = 1,
-                law: str = "auto", tokens: float | None = None) -> Prediction:
+    def predict(
+        self,
+        num_params: float,
+        *,
+        method: str = "diloco",
+        replicas: int = 1,
+        law: str = "auto",
+        tokens: float | None = None,
+    ) -> Prediction:
         """Loss (with its bootstrap interval) and recommended hyperparameters at N (and M).
 
         ``tokens``: the token budget; the laws are fitted at the sweep's tokens per parameter
@@ -214,8 +247,9 @@ class ScalingFit:
         span = interval(fitted, self.bootstrap.get(law_id, []), num_params, m)
         sizes = [p.num_params for p in self.points]
         if sizes and not min(sizes) <= num_params <= max(sizes):
-            notes.append(f"N = {num_params:.3g} is outside the fitted sizes {min(sizes):.3g}..{max(sizes):.3g}: "
-                         f"an extrapolation")
+            notes.append(
+                f"N = {num_params:.3g} is outside the fitted sizes {min(sizes):.3g}..{max(sizes):.3g}: an extrapolation"
+            )
         tpp = self.settings.get("tokens_per_param")
         if tokens is not None:
             if not (tokens > 0 and math.isfinite(tokens)):
@@ -227,8 +261,10 @@ class ScalingFit:
                 factor = token_budget_factor(num_params, tokens, ref)
                 loss *= factor
                 span = None if span is None else (span[0] * factor, span[1] * factor)
-                notes.append(f"token budget {tokens:.3g} = {tokens / num_params:.3g} tokens/param, not the fitted "
-                             f"{tpp:g}: loss x {factor:.4f} by {CHINCHILLA_SOURCE} (an extrapolation)")
+                notes.append(
+                    f"token budget {tokens:.3g} = {tokens / num_params:.3g} tokens/param, not the fitted "
+                    f"{tpp:g}: loss x {factor:.4f} by {CHINCHILLA_SOURCE} (an extrapolation)"
+                )
 
         def hparam(laws: dict[str, FittedLaw], joint: FittedLaw | None) -> float | None:
             chosen = laws.get(key) or (joint if joint_ok else None)
@@ -236,8 +272,10 @@ class ScalingFit:
 
         lr, batch = hparam(self.lr_laws, self.lr_joint), hparam(self.batch_laws, self.batch_joint)
         if lr is None or batch is None:
-            notes.append("no inner-lr / batch law: the records carry no inner_lr / global_batch "
-                         "(e.g. the paper's table of best losses)")
+            notes.append(
+                "no inner-lr / batch law: the records carry no inner_lr / global_batch "
+                "(e.g. the paper's table of best losses)"
+            )
         rounded = None
         if batch is not None:
             rounded = max(m, 2 ** round(math.log2(batch)))
@@ -248,34 +286,45 @@ class ScalingFit:
             outer, sync = self.outer_lr_by_replicas[nearest], self.sync_every_by_replicas.get(nearest)
             if nearest != m:
                 notes.append(f"outer lr and H from the nearest fitted M = {nearest}")
-        return Prediction(float(num_params), method, m, loss, law_id, span, tokens, tuple(notes),
-                          lr, batch, rounded, outer, sync)
+        return Prediction(
+            float(num_params), method, m, loss, law_id, span, tokens, tuple(notes), lr, batch, rounded, outer, sync
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        laws = lambda d: {k: v.to_dict() for k, v in d.items()}  # noqa: E731
+        laws = lambda d: {k: v.to_dict() for k, v in d.items()}
         return {
             "settings": self.settings,
             "points": [{**asdict(p), "key": p.key} for p in self.points],
-            "loss_laws": laws(self.loss_laws), "loss_laws_c": laws(self.loss_laws_c), "joint": laws(self.joint),
-            "lr_laws": laws(self.lr_laws), "lr_joint": self.lr_joint and self.lr_joint.to_dict(),
-            "batch_laws": laws(self.batch_laws), "batch_joint": self.batch_joint and self.batch_joint.to_dict(),
-            "outer_lr_by_replicas": self.outer_lr_by_replicas, "sync_every_by_replicas": self.sync_every_by_replicas,
+            "loss_laws": laws(self.loss_laws),
+            "loss_laws_c": laws(self.loss_laws_c),
+            "joint": laws(self.joint),
+            "lr_laws": laws(self.lr_laws),
+            "lr_joint": self.lr_joint and self.lr_joint.to_dict(),
+            "batch_laws": laws(self.batch_laws),
+            "batch_joint": self.batch_joint and self.batch_joint.to_dict(),
+            "outer_lr_by_replicas": self.outer_lr_by_replicas,
+            "sync_every_by_replicas": self.sync_every_by_replicas,
             "holdout": [{**asdict(h), "residual": h.residual} for h in self.holdout],
-            "bootstrap": self.bootstrap, "warnings": list(self.warnings),
+            "bootstrap": self.bootstrap,
+            "warnings": list(self.warnings),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, where: str = "the fit") -> ScalingFit:
         """The inverse of :meth:`to_dict`: read the JSON ``diloco fit`` writes (e.g. for ``diloco plan``)."""
         try:
-            laws = lambda d: {k: FittedLaw.from_dict(v) for k, v in (d or {}).items()}  # noqa: E731
-            one = lambda d: None if d is None else FittedLaw.from_dict(d)  # noqa: E731
+            laws = lambda d: {k: FittedLaw.from_dict(v) for k, v in (d or {}).items()}
+            one = lambda d: None if d is None else FittedLaw.from_dict(d)
             point_fields = {f.name for f in BestPoint.__dataclass_fields__.values()}
             return cls(
                 points=[BestPoint(**{k: v for k, v in p.items() if k in point_fields}) for p in data["points"]],
-                loss_laws=laws(data["loss_laws"]), loss_laws_c=laws(data.get("loss_laws_c")),
-                joint=laws(data["joint"]), lr_laws=laws(data["lr_laws"]), lr_joint=one(data.get("lr_joint")),
-                batch_laws=laws(data["batch_laws"]), batch_joint=one(data.get("batch_joint")),
+                loss_laws=laws(data["loss_laws"]),
+                loss_laws_c=laws(data.get("loss_laws_c")),
+                joint=laws(data["joint"]),
+                lr_laws=laws(data["lr_laws"]),
+                lr_joint=one(data.get("lr_joint")),
+                batch_laws=laws(data["batch_laws"]),
+                batch_joint=one(data.get("batch_joint")),
                 outer_lr_by_replicas={int(k): float(v) for k, v in data["outer_lr_by_replicas"].items()},
                 sync_every_by_replicas={int(k): int(v) for k, v in data["sync_every_by_replicas"].items()},
                 holdout=[HoldoutRow(**{k: v for k, v in h.items() if k != "residual"}) for h in data["holdout"]],
@@ -284,8 +333,10 @@ class ScalingFit:
                 warnings=list(data.get("warnings", [])),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ConfigError(f"{where} is not the JSON `diloco fit` writes ({type(exc).__name__}: {exc}); "
-                             f"run `diloco fit --results RESULTS.jsonl --json FIT.json`") from None
+            raise ConfigError(
+                f"{where} is not the JSON `diloco fit` writes ({type(exc).__name__}: {exc}); "
+                f"run `diloco fit --results RESULTS.jsonl --json FIT.json`"
+            ) from None
 
     def coefficient_table(self) -> str:
         """The fitted laws as a Markdown table."""
@@ -303,8 +354,10 @@ class ScalingFit:
             add("loss", key, f)
         for f in self.joint.values():
             add("loss", joint_group, f)
-        for target, laws, joint in (("inner_lr", self.lr_laws, self.lr_joint),
-                                    ("global_batch", self.batch_laws, self.batch_joint)):
+        for target, laws, joint in (
+            ("inner_lr", self.lr_laws, self.lr_joint),
+            ("global_batch", self.batch_laws, self.batch_joint),
+        ):
             for key, f in laws.items():
                 add(target, key, f)
             add(target, joint_group, joint)
@@ -314,8 +367,10 @@ class ScalingFit:
         """Leave-largest-out residuals |log y - log yhat| as a Markdown table, with the mean per law."""
         rows = ["| target | law | group | N | actual | predicted | residual |", "|---|---|---|---|---|---|---|"]
         for h in self.holdout:
-            rows.append(f"| {h.target} | {h.law} | {h.group} | {h.num_params:.3g} | {h.actual:.5g} | "
-                        f"{h.predicted:.5g} | {h.residual:.4f} |")
+            rows.append(
+                f"| {h.target} | {h.law} | {h.group} | {h.num_params:.3g} | {h.actual:.5g} | "
+                f"{h.predicted:.5g} | {h.residual:.4f} |"
+            )
         return "\n".join(rows)
 
     def mean_holdout(self) -> dict[tuple[str, str], float]:
@@ -331,8 +386,15 @@ def _n_params_of_form(form: str) -> int:
     return sum(1 for p in get_form(form).params if p not in ("beta", "B"))
 
 
-def _fit_or_none(form: str, pts: list[BestPoint], y: list[float | None], delta: float,
-                 max_inits: int, group: str, warn: list[str] | None) -> FittedLaw | None:
+def _fit_or_none(
+    form: str,
+    pts: list[BestPoint],
+    y: list[float | None],
+    delta: float,
+    max_inits: int,
+    group: str,
+    warn: list[str] | None,
+) -> FittedLaw | None:
     """A fit if the points allow it, else None (with the reason added to ``warn`` when it is not obvious).
 
     The points allow it when every value is present and there are more distinct sizes than the form
@@ -344,12 +406,15 @@ def _fit_or_none(form: str, pts: list[BestPoint], y: list[float | None], delta: 
     need = _n_params_of_form(form) + 1
     if sizes < 2 or sizes < need or len(pts) < len(get_form(form).params) + 1:
         if warn is not None and sizes >= 2:
-            warn.append(f"{form} law for {group} not fitted: it has {_n_params_of_form(form)} parameters in N but "
-                        f"the data has {sizes} model sizes (needs {need}); add sizes to fit it")
+            warn.append(
+                f"{form} law for {group} not fitted: it has {_n_params_of_form(form)} parameters in N but "
+                f"the data has {sizes} model sizes (needs {need}); add sizes to fit it"
+            )
         return None
     try:
-        return fit_law(form, [p.num_params for p in pts], [p.replicas for p in pts], y,
-                       huber_delta=delta, max_inits=max_inits)
+        return fit_law(
+            form, [p.num_params for p in pts], [p.replicas for p in pts], y, huber_delta=delta, max_inits=max_inits
+        )
     except ValueError as exc:
         if warn is not None:
             warn.append(f"{form} law for {group} not fitted: {exc}")
@@ -357,14 +422,25 @@ def _fit_or_none(form: str, pts: list[BestPoint], y: list[float | None], delta: 
 
 
 def _targets(pts: list[BestPoint]) -> dict[str, list[float | None]]:
-    return {"loss": [p.loss for p in pts], "inner_lr": [p.inner_lr for p in pts],
-            "global_batch": [p.global_batch for p in pts]}
+    return {
+        "loss": [p.loss for p in pts],
+        "inner_lr": [p.inner_lr for p in pts],
+        "global_batch": [p.global_batch for p in pts],
+    }
 
 
-def fit_scaling(records: Iterable[Mapping[str, Any]], *, smooth_by: str | None = None,
-                joint_method: str = "diloco", loss_huber_delta: float = LOSS_HUBER_DELTA,
-                hparam_huber_delta: float = HPARAM_HUBER_DELTA, max_inits: int = 64,
-                alternatives: Iterable[str] = ALTERNATIVE_FORMS, bootstrap: int = 0, seed: int = 0) -> ScalingFit:
+def fit_scaling(
+    records: Iterable[Mapping[str, Any]],
+    *,
+    smooth_by: str | None = None,
+    joint_method: str = "diloco",
+    loss_huber_delta: float = LOSS_HUBER_DELTA,
+    hparam_huber_delta: float = HPARAM_HUBER_DELTA,
+    max_inits: int = 64,
+    alternatives: Iterable[str] = ALTERNATIVE_FORMS,
+    bootstrap: int = 0,
+    seed: int = 0,
+) -> ScalingFit:
     """Every fit of the module docstring, from finished sweep records (:func:`~diloco.scaling.records.load_records`).
 
     ``bootstrap`` > 0 refits every loss law that many times on resampled residuals, so that
@@ -390,21 +466,37 @@ def fit_scaling(records: Iterable[Mapping[str, Any]], *, smooth_by: str | None =
     def fit_all(pts_by_key: dict[str, list[BestPoint]], jpts: list[BestPoint], w: list[str] | None) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for target, delta in deltas.items():
-            out[target] = {key: _fit_or_none("power", pts, _targets(pts)[target], delta, max_inits, key, w)
-                           for key, pts in pts_by_key.items()}
+            out[target] = {
+                key: _fit_or_none("power", pts, _targets(pts)[target], delta, max_inits, key, w)
+                for key, pts in pts_by_key.items()
+            }
             if target == "loss":
-                out["loss_c"] = {key: _fit_or_none("power+C", pts, _targets(pts)[target], delta, max_inits, key, w)
-                                 for key, pts in pts_by_key.items()}
+                out["loss_c"] = {
+                    key: _fit_or_none("power+C", pts, _targets(pts)[target], delta, max_inits, key, w)
+                    for key, pts in pts_by_key.items()
+                }
             forms = ("joint",) + (alternatives if target == "loss" else ())
-            out[target + "_joint"] = {f: _fit_or_none(f, jpts, _targets(jpts)[target], delta, max_inits,
-                                                      f"{joint_method} (all M)", w if target == "loss" else None)
-                                      for f in forms}
+            out[target + "_joint"] = {
+                f: _fit_or_none(
+                    f,
+                    jpts,
+                    _targets(jpts)[target],
+                    delta,
+                    max_inits,
+                    f"{joint_method} (all M)",
+                    w if target == "loss" else None,
+                )
+                for f in forms
+            }
         return out
 
     full = fit_all(by_key, joint_pts, warn)
     # Leave-largest-out: the same fits without the largest size, evaluated at it.
-    held = fit_all({k: [p for p in v if p.num_params < largest] for k, v in by_key.items()},
-                   [p for p in joint_pts if p.num_params < largest], None)
+    held = fit_all(
+        {k: [p for p in v if p.num_params < largest] for k, v in by_key.items()},
+        [p for p in joint_pts if p.num_params < largest],
+        None,
+    )
     holdout = []
     for target in deltas:
         candidates = [("power", key, law, by_key[key]) for key, law in held[target].items()]
@@ -417,8 +509,16 @@ def fit_scaling(records: Iterable[Mapping[str, Any]], *, smooth_by: str | None =
             for p in pts:
                 actual = _targets([p])[target][0]
                 if p.num_params == largest and actual is not None:
-                    holdout.append(HoldoutRow(target, law_name, key or p.key, p.num_params, float(actual),
-                                              float(law.predict(p.num_params, p.replicas))))
+                    holdout.append(
+                        HoldoutRow(
+                            target,
+                            law_name,
+                            key or p.key,
+                            p.num_params,
+                            float(actual),
+                            float(law.predict(p.num_params, p.replicas)),
+                        )
+                    )
 
     # Outer lr and H: the paper finds the best outer lr independent of N, so take the median of
     # the best values over sizes for each M (and the most common H).
@@ -429,7 +529,7 @@ def fit_scaling(records: Iterable[Mapping[str, Any]], *, smooth_by: str | None =
             outer[p.replicas].append(p.outer_lr)
         if p.sync_every is not None:
             sync[p.replicas].append(p.sync_every)
-    drop_none = lambda d: {k: v for k, v in d.items() if v is not None}  # noqa: E731
+    drop_none = lambda d: {k: v for k, v in d.items() if v is not None}
 
     # Bootstrap every loss law: ids "power:<key>", "power+C:<key>" and the joint form names.
     samples: dict[str, list[dict[str, float]]] = {}
@@ -438,19 +538,32 @@ def fit_scaling(records: Iterable[Mapping[str, Any]], *, smooth_by: str | None =
         laws += [(f"power+C:{k}", f, by_key[k]) for k, f in drop_none(full["loss_c"]).items()]
         laws += [(name, f, joint_pts) for name, f in drop_none(full["loss_joint"]).items()]
         for i, (law_id, law, pts) in enumerate(laws):
-            samples[law_id] = bootstrap_coefs(law, [p.num_params for p in pts], [p.replicas for p in pts],
-                                              [p.loss for p in pts], num_samples=bootstrap,
-                                              huber_delta=loss_huber_delta, seed=seed + i)
+            samples[law_id] = bootstrap_coefs(
+                law,
+                [p.num_params for p in pts],
+                [p.replicas for p in pts],
+                [p.loss for p in pts],
+                num_samples=bootstrap,
+                huber_delta=loss_huber_delta,
+                seed=seed + i,
+            )
             if len(samples[law_id]) < bootstrap:
-                warn.append(f"bootstrap of {law_id}: {bootstrap - len(samples[law_id])} of {bootstrap} refits "
-                            f"did not converge and were left out")
+                warn.append(
+                    f"bootstrap of {law_id}: {bootstrap - len(samples[law_id])} of {bootstrap} refits "
+                    f"did not converge and were left out"
+                )
 
-    ratios = [r["tokens"] / r["num_params"] for r in records
-              if is_number(r.get("tokens")) and is_number(r.get("num_params")) and r["num_params"] > 0]
+    ratios = [
+        r["tokens"] / r["num_params"]
+        for r in records
+        if is_number(r.get("tokens")) and is_number(r.get("num_params")) and r["num_params"] > 0
+    ]
     tokens_per_param = float(np.median(ratios)) if ratios else None
     if ratios and max(ratios) > 1.01 * min(ratios):
-        warn.append(f"the runs use {min(ratios):.3g}..{max(ratios):.3g} tokens per parameter; the laws take "
-                    f"the median, {tokens_per_param:.3g}")
+        warn.append(
+            f"the runs use {min(ratios):.3g}..{max(ratios):.3g} tokens per parameter; the laws take "
+            f"the median, {tokens_per_param:.3g}"
+        )
     return ScalingFit(
         points=points,
         loss_laws=drop_none(full["loss"]),
@@ -463,10 +576,17 @@ def fit_scaling(records: Iterable[Mapping[str, Any]], *, smooth_by: str | None =
         outer_lr_by_replicas={m: float(np.median(v)) for m, v in sorted(outer.items())},
         sync_every_by_replicas={m: max(set(v), key=v.count) for m, v in sorted(sync.items())},
         holdout=holdout,
-        settings={"smooth_by": smooth_by, "joint_method": joint_method, "loss_huber_delta": loss_huber_delta,
-                  "hparam_huber_delta": hparam_huber_delta, "max_inits": max_inits,
-                  "held_out_num_params": largest, "tokens_per_param": tokens_per_param,
-                  "bootstrap": bootstrap, "seed": seed},
+        settings={
+            "smooth_by": smooth_by,
+            "joint_method": joint_method,
+            "loss_huber_delta": loss_huber_delta,
+            "hparam_huber_delta": hparam_huber_delta,
+            "max_inits": max_inits,
+            "held_out_num_params": largest,
+            "tokens_per_param": tokens_per_param,
+            "bootstrap": bootstrap,
+            "seed": seed,
+        },
         bootstrap=samples,
         warnings=warn,
     )

@@ -111,12 +111,20 @@ FORMS: dict[str, LawForm] = {
         LawForm("power", "A * N^alpha", ("A", "alpha"), frozenset({"A"}), _power, False),
         LawForm("power+C", "A * N^alpha + C", ("A", "alpha", "C"), frozenset({"A", "C"}), _power_c, False),
         LawForm("joint", "A * N^alpha * M^beta", ("A", "alpha", "beta"), frozenset({"A"}), _joint, True),
-        LawForm("joint+C", "A * N^alpha * M^beta + C", ("A", "alpha", "beta", "C"),
-                frozenset({"A", "C"}), _joint_c, True),
-        LawForm("exp-M+C", "A * N^(alpha + beta*M) + C", ("A", "alpha", "beta", "C"),
-                frozenset({"A", "C"}), _exp_m_c, True),
-        LawForm("additive", "A * N^alpha + B * M^beta + C", ("A", "alpha", "B", "beta", "C"),
-                frozenset({"A", "B", "C"}), _additive, True),
+        LawForm(
+            "joint+C", "A * N^alpha * M^beta + C", ("A", "alpha", "beta", "C"), frozenset({"A", "C"}), _joint_c, True
+        ),
+        LawForm(
+            "exp-M+C", "A * N^(alpha + beta*M) + C", ("A", "alpha", "beta", "C"), frozenset({"A", "C"}), _exp_m_c, True
+        ),
+        LawForm(
+            "additive",
+            "A * N^alpha + B * M^beta + C",
+            ("A", "alpha", "B", "beta", "C"),
+            frozenset({"A", "B", "C"}),
+            _additive,
+            True,
+        ),
     )
 }
 ALTERNATIVE_FORMS = ("joint+C", "exp-M+C", "additive")  # the paper's Table 13
@@ -154,13 +162,11 @@ class FittedLaw:
         return text
 
     def to_dict(self) -> dict[str, Any]:
-        return {"form": self.form, "coef": dict(self.coef), "num_points": self.num_points,
-                "objective": self.objective}
+        return {"form": self.form, "coef": dict(self.coef), "num_points": self.num_points, "objective": self.objective}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FittedLaw:
-        return cls(d["form"], {k: float(v) for k, v in d["coef"].items()}, int(d["num_points"]),
-                   float(d["objective"]))
+        return cls(d["form"], {k: float(v) for k, v in d["coef"].items()}, int(d["num_points"]), float(d["objective"]))
 
 
 @contextlib.contextmanager
@@ -202,8 +208,17 @@ def _initial_points(form: LawForm, logy: np.ndarray, x0: float) -> list[np.ndarr
     return [np.array(p, float) for p in itertools.product(*grid)]
 
 
-def fit_law(form_name: str, num_params: Any, replicas: Any, y: Any, *, huber_delta: float = 2e-2,
-            max_inits: int = 200, seed: int = 0, init: dict[str, float] | None = None) -> FittedLaw:
+def fit_law(
+    form_name: str,
+    num_params: Any,
+    replicas: Any,
+    y: Any,
+    *,
+    huber_delta: float = 2e-2,
+    max_inits: int = 200,
+    seed: int = 0,
+    init: dict[str, float] | None = None,
+) -> FittedLaw:
     """Fit one law by minimising sum_i Huber_delta(log yhat_i - log y_i) with L-BFGS-B.
 
     ``huber_delta`` is in log units (2e-2: 2 %; Chinchilla used 1e-3): residuals larger than it
@@ -222,8 +237,10 @@ def fit_law(form_name: str, num_params: Any, replicas: Any, y: Any, *, huber_del
     if huber_delta <= 0:
         raise ConfigError(f"huber_delta={huber_delta}: must be > 0 (e.g. 1e-3)")
     if len(yv) < len(form.params):
-        raise ConfigError(f"form {form.name!r} has {len(form.params)} parameters but only {len(yv)} points; "
-                         f"add model sizes or use a smaller form")
+        raise ConfigError(
+            f"form {form.name!r} has {len(form.params)} parameters but only {len(yv)} points; "
+            f"add model sizes or use a smaller form"
+        )
     if len(np.unique(n)) < 2:
         raise ConfigError("a scaling law needs at least two distinct model sizes")
     x = np.log(n)
@@ -261,12 +278,28 @@ def fit_law(form_name: str, num_params: Any, replicas: Any, y: Any, *, huber_del
     log_ymin = float(logy.min())
     bounds = [(log_ymin - 20.0, log_ymin) if p == "C" else (None, None) for p in form.params]
     if init is not None:  # a warm start may sit on the C bound's far side after resampling
-        starts = [np.clip(phi, [lo if lo is not None else -np.inf for lo, _ in bounds],
-                          [hi if hi is not None else np.inf for _, hi in bounds]) for phi in starts]
+        starts = [
+            np.clip(
+                phi,
+                [lo if lo is not None else -np.inf for lo, _ in bounds],
+                [hi if hi is not None else np.inf for _, hi in bounds],
+            )
+            for phi in starts
+        ]
     best = None
     with _single_threaded_blas():
-        results = [minimize(objective, phi0, jac=True, method="L-BFGS-B", bounds=bounds,
-                            options={"maxiter": 5000, "ftol": 1e-12, "gtol": 1e-8}) for phi0 in starts]
+        results = [
+            minimize(
+                objective,
+                phi0,
+                jac=True,
+                method="L-BFGS-B",
+                bounds=bounds,
+                options={"maxiter": 5000, "ftol": 1e-12, "gtol": 1e-8},
+            )
+            for phi0 in starts
+        ]
+
     # An optimum counts if L-BFGS-B says it converged (or stopped on the relative-reduction test, which is
     # how it ends at a flat minimum) and every coefficient is finite.
     def converged(r: Any) -> bool:
@@ -278,8 +311,9 @@ def fit_law(form_name: str, num_params: Any, replicas: Any, y: Any, *, huber_del
         # projected gradient is already ~0 (the objective is O(1) near the optimum). Anything else fails.
         g = np.asarray(r.jac, float).copy()
         for i, (lo, hi) in enumerate(bounds):
-            if (lo is not None and r.x[i] <= lo + 1e-9 and g[i] > 0) or (hi is not None and r.x[i] >= hi - 1e-9
-                                                                         and g[i] < 0):
+            if (lo is not None and r.x[i] <= lo + 1e-9 and g[i] > 0) or (
+                hi is not None and r.x[i] >= hi - 1e-9 and g[i] < 0
+            ):
                 g[i] = 0.0  # pressing against a bound: not a gradient the optimizer could follow
         return r.status == 2 and float(np.max(np.abs(g))) < 1e-4
 
@@ -289,8 +323,10 @@ def fit_law(form_name: str, num_params: Any, replicas: Any, y: Any, *, huber_del
             best = res
     if best is None:
         messages = sorted({str(r.message) for r in results})
-        raise ConfigError(f"fitting {form.name!r} to {len(yv)} points failed: no start converged "
-                         f"(optimizer: {'; '.join(messages)[:300]}); try more points or a smaller form")
+        raise ConfigError(
+            f"fitting {form.name!r} to {len(yv)} points failed: no start converged "
+            f"(optimizer: {'; '.join(messages)[:300]}); try more points or a smaller form"
+        )
     return FittedLaw(form.name, form.to_natural(to_theta(best.x)), len(yv), float(best.fun / scale))
 
 
@@ -299,8 +335,16 @@ def log_residual(actual: Any, predicted: Any) -> np.ndarray:
     return np.abs(np.log(np.asarray(actual, float)) - np.log(np.asarray(predicted, float)))
 
 
-def bootstrap_coefs(law: FittedLaw, num_params: Any, replicas: Any, y: Any, *, num_samples: int = 100,
-                    huber_delta: float = 2e-2, seed: int = 0) -> list[dict[str, float]]:
+def bootstrap_coefs(
+    law: FittedLaw,
+    num_params: Any,
+    replicas: Any,
+    y: Any,
+    *,
+    num_samples: int = 100,
+    huber_delta: float = 2e-2,
+    seed: int = 0,
+) -> list[dict[str, float]]:
     """Coefficients of ``num_samples`` residual-bootstrap refits of ``law`` (for prediction intervals).
 
     Each replicate keeps the fitted values and adds residuals ``log y - log yhat`` drawn with
@@ -326,13 +370,15 @@ def bootstrap_coefs(law: FittedLaw, num_params: Any, replicas: Any, y: Any, *, n
     return out
 
 
-def interval(law: FittedLaw, samples: list[dict[str, float]], num_params: Any, replicas: Any = 1,
-             level: float = 0.9) -> tuple[float, float] | None:
+def interval(
+    law: FittedLaw, samples: list[dict[str, float]], num_params: Any, replicas: Any = 1, level: float = 0.9
+) -> tuple[float, float] | None:
     """The central ``level`` interval of a prediction over bootstrap coefficients, or None without samples."""
     if not samples:
         return None
-    preds = np.array([float(FittedLaw(law.form, c, law.num_points, 0.0).predict(num_params, replicas))
-                      for c in samples])
+    preds = np.array(
+        [float(FittedLaw(law.form, c, law.num_points, 0.0).predict(num_params, replicas)) for c in samples]
+    )
     lo, hi = np.quantile(preds, [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)
 

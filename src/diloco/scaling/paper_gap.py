@@ -52,19 +52,19 @@ def reading_note(rows: Sequence[Mapping[str, Any]]) -> str:
     cfg = rows[0]["config"]
     if cfg.get("model"):
         return ""  # the law is about the project's transformer family; a user's model has its own N
-    n = count_params(make_config(cfg["size"], vocab_size=cfg["vocab_size"], seq_len=cfg["seq_len"]),
-                     embeddings=False)
+    n = count_params(make_config(cfg["size"], vocab_size=cfg["vocab_size"], seq_len=cfg["seq_len"]), embeddings=False)
     tokens = max(int(r.get("tokens") or 0) for r in rows)
-    outer = max((r["steps"] // r["config"]["sync_every"] for r in rows if r["config"]["method"] != "dp"),
-                default=0)
+    outer = max((r["steps"] // r["config"]["sync_every"] for r in rows if r["config"]["method"] != "dp"), default=0)
     gaps = paper_law_gaps(n)
     law = ", ".join(f"M = {m} {g:+.2f} %" for m, g in gaps.items())
-    return (f"How to read the gaps: this run trains {tokens / n:.2f} tokens per parameter (N = {n / 1e6:.2f}M "
-            f"non-embedding){f', {outer} outer steps' if outer else ''}. The papers' scaling law (fitted to their "
-            f"Table 4, 35M-2.4B parameters at {PAPER_TOKENS_PER_PARAM} tokens per parameter, extrapolated to this N) "
-            f"predicts DiLoCo at {law} against data-parallel at {PAPER_TOKENS_PER_PARAM} tokens per parameter; "
-            f"at fewer tokens per parameter every gap is larger (it shrinks with each doubling of the budget). "
-            f"This project's runs at {PAPER_TOKENS_PER_PARAM} tokens per parameter: {RESULTS_PAGE}.")
+    return (
+        f"How to read the gaps: this run trains {tokens / n:.2f} tokens per parameter (N = {n / 1e6:.2f}M "
+        f"non-embedding){f', {outer} outer steps' if outer else ''}. The papers' scaling law (fitted to their "
+        f"Table 4, 35M-2.4B parameters at {PAPER_TOKENS_PER_PARAM} tokens per parameter, extrapolated to this N) "
+        f"predicts DiLoCo at {law} against data-parallel at {PAPER_TOKENS_PER_PARAM} tokens per parameter; "
+        f"at fewer tokens per parameter every gap is larger (it shrinks with each doubling of the budget). "
+        f"This project's runs at {PAPER_TOKENS_PER_PARAM} tokens per parameter: {RESULTS_PAGE}."
+    )
 
 
 __all__ = ["PAPER_TOKENS_PER_PARAM", "RESULTS_PAGE", "paper_law_gaps", "reading_note"]

@@ -66,15 +66,19 @@ def load_records(path: Path) -> list[dict[str, Any]]:
     for line, rec in zip(line_of, records):
         where = f"{path}:{line}"
         if not isinstance(rec, dict):
-            raise ConfigError(f"{where}: a record must be a JSON object, got {type(rec).__name__} "
-                             f"({json.dumps(rec)[:60]}); fix or delete that line")
+            raise ConfigError(
+                f"{where}: a record must be a JSON object, got {type(rec).__name__} "
+                f"({json.dumps(rec)[:60]}); fix or delete that line"
+            )
         if rec.get("status", "ok") != "ok":
             latest[rec.get("run_id") or f"line-{line}"] = (line, rec)
             continue
         for key in ("method", "num_params", "eval_loss"):
             if key not in rec:
-                raise ConfigError(f"{where}: the record has no {key!r} (keys: {', '.join(sorted(rec)) or 'none'}); "
-                                 f"every finished run needs method, num_params and eval_loss")
+                raise ConfigError(
+                    f"{where}: the record has no {key!r} (keys: {', '.join(sorted(rec)) or 'none'}); "
+                    f"every finished run needs method, num_params and eval_loss"
+                )
         if not isinstance(rec["method"], str) or not rec["method"]:
             raise ConfigError(f"{where}: method={rec['method']!r} must be a name such as 'dp' or 'diloco'")
         if not (is_number(rec["num_params"]) and rec["num_params"] > 0):
@@ -92,8 +96,9 @@ def load_records(path: Path) -> list[dict[str, Any]]:
             continue
         loss = float(rec["eval_loss"])
         if not (math.isfinite(loss) and loss > 0):
-            warnings.warn(f"{path}:{line}: skipped a run with eval_loss={loss!r} (not a finite positive loss)",
-                          stacklevel=2)
+            warnings.warn(
+                f"{path}:{line}: skipped a run with eval_loss={loss!r} (not a finite positive loss)", stacklevel=2
+            )
             continue
         ok.append(rec)
     if not ok:
@@ -115,7 +120,17 @@ def paper_table4_records() -> list[dict[str, Any]]:
         size, n, *losses = row
         for col, loss in zip(table["columns"][2:], losses):
             method, replicas = ("dp", 1) if col == "dp" else ("diloco", int(col.split("-m")[1]))
-            records.append({"run_id": f"paper-{size}-{col}", "size": size, "num_params": n, "method": method,
-                            "replicas": replicas, "eval_loss": loss, "tokens": 20 * n, "status": "ok",
-                            "source": "paper"})
+            records.append(
+                {
+                    "run_id": f"paper-{size}-{col}",
+                    "size": size,
+                    "num_params": n,
+                    "method": method,
+                    "replicas": replicas,
+                    "eval_loss": loss,
+                    "tokens": 20 * n,
+                    "status": "ok",
+                    "source": "paper",
+                }
+            )
     return records

@@ -8,14 +8,14 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import LogLocator, ScalarFormatter  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.ticker import LogLocator, ScalarFormatter
 
-from diloco.files import atomic_write_bytes, atomic_write_with  # noqa: E402
-from diloco.scaling.fit import BestPoint, ScalingFit  # noqa: E402
-from diloco.scaling.records import key_order, split_key  # noqa: E402
-from diloco.scaling.laws import FittedLaw  # noqa: E402
+from diloco.files import atomic_write_bytes, atomic_write_with
+from diloco.scaling.fit import BestPoint, ScalingFit
+from diloco.scaling.laws import FittedLaw
+from diloco.scaling.records import key_order, split_key
 
 PLOTS = {"loss": "loss_vs_n.png", "hparams": "hparams_vs_n.png", "vs_dp": "pct_vs_dp.png"}
 MARKDOWN = "report.md"
@@ -33,8 +33,9 @@ def _colors(keys: list[str]) -> dict[str, tuple]:
     return {k: cmap(i % 10) for i, k in enumerate(keys)}
 
 
-def _line(ax: plt.Axes, law: FittedLaw | None, n_lo: float, n_hi: float, replicas: int, color: tuple,
-          n_fit_hi: float) -> None:
+def _line(
+    ax: plt.Axes, law: FittedLaw | None, n_lo: float, n_hi: float, replicas: int, color: tuple, n_fit_hi: float
+) -> None:
     """The law over the fitted range (solid) and its extrapolation (dashed)."""
     if law is None:
         return
@@ -88,23 +89,30 @@ def plot_hparams(fit: ScalingFit, path: Path) -> Path:
     n_min = min(p.num_params for p in fit.points)
     n_max = max(p.num_params for p in fit.points)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    for ax, attr, laws, label in ((axes[0], "inner_lr", fit.lr_laws, "optimal inner learning rate"),
-                                  (axes[1], "global_batch", fit.batch_laws, "optimal global batch (sequences)")):
+    for ax, attr, laws, label in (
+        (axes[0], "inner_lr", fit.lr_laws, "optimal inner learning rate"),
+        (axes[1], "global_batch", fit.batch_laws, "optimal global batch (sequences)"),
+    ):
         plotted = False
         for key, pts in groups.items():
             have = [p for p in pts if getattr(p, attr) is not None]
             if not have:
                 continue
             plotted = True
-            ax.scatter([p.num_params for p in have], [getattr(p, attr) for p in have], color=colors[key], s=22,
-                       label=key, zorder=3)
+            ax.scatter(
+                [p.num_params for p in have],
+                [getattr(p, attr) for p in have],
+                color=colors[key],
+                s=22,
+                label=key,
+                zorder=3,
+            )
             _line(ax, laws.get(key), n_min, 4 * n_max, pts[0].replicas, colors[key], n_max)
         if plotted:
             _log_axes(ax)
             ax.legend(fontsize=8)
         else:
-            ax.text(0.5, 0.5, "no hyperparameters in these records", ha="center", va="center",
-                    transform=ax.transAxes)
+            ax.text(0.5, 0.5, "no hyperparameters in these records", ha="center", va="center", transform=ax.transAxes)
         ax.set_xlabel("parameters N (as the results record them)")
         ax.set_ylabel(label)
     fig.suptitle("Optimal hyperparameters vs model size; lines: A·N^α per method", fontsize=11)
@@ -120,8 +128,9 @@ def percent_vs_dp(points: list[BestPoint]) -> dict[str, dict[int, float]]:
     out: dict[str, dict[int, float]] = {}
     for key, pts in _by_key(points).items():
         if key != "dp":
-            out[key] = {p.num_params: 100.0 * (p.loss - dp[p.num_params]) / dp[p.num_params]
-                        for p in pts if p.num_params in dp}
+            out[key] = {
+                p.num_params: 100.0 * (p.loss - dp[p.num_params]) / dp[p.num_params] for p in pts if p.num_params in dp
+            }
     return out
 
 
@@ -164,18 +173,21 @@ def _predictions_table(fit: ScalingFit) -> str:
     largest = max(p.num_params for p in fit.points)
     keys = list(_by_key(fit.points))
     rows = ["| N | group | loss | law | inner lr | global batch | outer lr | H |", "|---|---|---|---|---|---|---|---|"]
-    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)
     for n in (4 * largest, 10 * largest):
         for key in keys:
             method, m = split_key(key)
             pr = fit.predict(n, method=method, replicas=m)
-            rows.append(f"| {n:.3g} | {key} | {pr.loss:.4f} | {pr.loss_law} | {fmt(pr.inner_lr, '.3g')} | "
-                        f"{fmt(pr.global_batch_rounded, 'd')} | {fmt(pr.outer_lr, '.2g')} | {fmt(pr.sync_every, 'd')} |")
+            rows.append(
+                f"| {n:.3g} | {key} | {pr.loss:.4f} | {pr.loss_law} | {fmt(pr.inner_lr, '.3g')} | "
+                f"{fmt(pr.global_batch_rounded, 'd')} | {fmt(pr.outer_lr, '.2g')} | {fmt(pr.sync_every, 'd')} |"
+            )
     return "\n".join(rows)
 
 
-def write_report(fit: ScalingFit, out_dir: Path, *, title: str = "Scaling-law report",
-                 source: str = "") -> dict[str, Path]:
+def write_report(
+    fit: ScalingFit, out_dir: Path, *, title: str = "Scaling-law report", source: str = ""
+) -> dict[str, Path]:
     """Write the three plots and report.md into ``out_dir``; return their paths by name."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -187,23 +199,31 @@ def write_report(fit: ScalingFit, out_dir: Path, *, title: str = "Scaling-law re
     s = fit.settings
     means = fit.mean_holdout()
     mean_rows = ["| target | law | mean residual |", "|---|---|---|"] + [
-        f"| {t} | {law} | {v:.4f} |" for (t, law), v in sorted(means.items())]
-    text = "\n\n".join([
-        f"# {title}",
-        (f"Source: {source}. " if source else "")
-        + f"Best point per method and size {'(quadratic fit in log ' + s['smooth_by'] + ')' if s.get('smooth_by') else '(best run)'}; "
-        f"laws fitted in log space with a Huber loss (delta {s['loss_huber_delta']} for losses, "
-        f"{s['hparam_huber_delta']} for hyperparameters) by L-BFGS-B from up to {s['max_inits']} starts.",
-        "## Best loss per size\n\n" + _points_table(fit),
-        f"![loss vs N]({PLOTS['loss']})",
-        "## Fitted laws\n\n" + fit.coefficient_table(),
-        f"## Held-out validation\n\nEach law refitted without the largest size (N = {s['held_out_num_params']:.3g}) "
-        "and evaluated there; residual = |log y - log ŷ| (the paper's best form reaches 0.0025 on its 2.4B model).\n\n"
-        + "\n".join(mean_rows) + "\n\n" + fit.holdout_table(),
-        f"![optimal hyperparameters]({PLOTS['hparams']})",
-        f"## Compared with data-parallel\n\n![% vs DP]({PLOTS['vs_dp']})",
-        "## Predictions (extrapolated)\n\n" + _predictions_table(fit),
-    ]) + "\n"
+        f"| {t} | {law} | {v:.4f} |" for (t, law), v in sorted(means.items())
+    ]
+    text = (
+        "\n\n".join(
+            [
+                f"# {title}",
+                (f"Source: {source}. " if source else "")
+                + f"Best point per method and size {'(quadratic fit in log ' + s['smooth_by'] + ')' if s.get('smooth_by') else '(best run)'}; "
+                f"laws fitted in log space with a Huber loss (delta {s['loss_huber_delta']} for losses, "
+                f"{s['hparam_huber_delta']} for hyperparameters) by L-BFGS-B from up to {s['max_inits']} starts.",
+                "## Best loss per size\n\n" + _points_table(fit),
+                f"![loss vs N]({PLOTS['loss']})",
+                "## Fitted laws\n\n" + fit.coefficient_table(),
+                f"## Held-out validation\n\nEach law refitted without the largest size (N = {s['held_out_num_params']:.3g}) "
+                "and evaluated there; residual = |log y - log ŷ| (the paper's best form reaches 0.0025 on its 2.4B model).\n\n"
+                + "\n".join(mean_rows)
+                + "\n\n"
+                + fit.holdout_table(),
+                f"![optimal hyperparameters]({PLOTS['hparams']})",
+                f"## Compared with data-parallel\n\n![% vs DP]({PLOTS['vs_dp']})",
+                "## Predictions (extrapolated)\n\n" + _predictions_table(fit),
+            ]
+        )
+        + "\n"
+    )
     md = out_dir / MARKDOWN
     atomic_write_bytes(md, text.encode("utf-8"))
     paths["markdown"] = md

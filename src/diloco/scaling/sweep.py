@@ -44,10 +44,18 @@ SWEEP_METHODS = METHODS  # the trainer's methods (diloco.methods)
 # tokens = 20 N reproduces its budgets (35M -> 700M tokens). Those nominal counts include the tied
 # embedding (see diloco.models.sizes); the CPU sizes are named by their non-embedding count.
 SIZE_PARAMS: dict[str, int] = {
-    "35M": 35_000_000, "90M": 90_000_000, "180M": 180_000_000, "335M": 335_000_000,
-    "330M": 330_000_000, "550M": 550_000_000, "1.3B": 1_300_000_000, "2.4B": 2_400_000_000, "4B": 4_000_000_000,
+    "35M": 35_000_000,
+    "90M": 90_000_000,
+    "180M": 180_000_000,
+    "335M": 335_000_000,
+    "330M": 330_000_000,
+    "550M": 550_000_000,
+    "1.3B": 1_300_000_000,
+    "2.4B": 2_400_000_000,
+    "4B": 4_000_000_000,
     "10B": 10_000_000_000,
 }
+
 
 def train_runner(config: dict[str, Any]) -> dict[str, Any]:
     """The real trainer (:func:`diloco.train.sweep_runner.run_config`); imported when a run starts, not
@@ -98,8 +106,10 @@ def _values(raw: Any, what: str, kind: type = float) -> tuple[Any, ...]:
     if isinstance(raw, Mapping):
         unknown = set(raw) - {"start", "stop", "factor"}
         if unknown or not {"start", "stop", "factor"} <= set(raw):
-            raise ConfigError(f"{what}: a ladder is {{'start': x, 'stop': y, 'factor': 'sqrt2' | '2' | number}}, "
-                             f"got keys {sorted(raw)}")
+            raise ConfigError(
+                f"{what}: a ladder is {{'start': x, 'stop': y, 'factor': 'sqrt2' | '2' | number}}, "
+                f"got keys {sorted(raw)}"
+            )
         raw = ladder(float(raw["start"]), float(raw["stop"]), raw["factor"])
     elif isinstance(raw, (int, float)):
         raw = (raw,)
@@ -121,8 +131,9 @@ def _per_size(raw: Any, sizes: Sequence[str], what: str, kind: type = float) -> 
         missing = [s for s in sizes if s not in raw]
         extra = [s for s in raw if s not in sizes]
         if missing or extra:
-            raise ConfigError(f"{what}: per-size values must name exactly the grid's sizes "
-                             f"(missing {missing}, not in sizes {extra})")
+            raise ConfigError(
+                f"{what}: per-size values must name exactly the grid's sizes (missing {missing}, not in sizes {extra})"
+            )
         return {s: _values(raw[s], f"{what}[{s}]", kind) for s in sizes}
     values = _values(raw, what, kind)
     return {s: values for s in sizes}
@@ -169,7 +180,7 @@ class GridSpec:
     base: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
+        set_ = lambda name, value: object.__setattr__(self, name, value)
         if isinstance(self.sizes, str) or not self.sizes or len(set(self.sizes)) != len(self.sizes):
             raise ConfigError(f"sizes={self.sizes!r}: give a non-empty list of distinct size names")
         for name in ("sizes", "methods"):
@@ -205,8 +216,10 @@ class GridSpec:
             if any(m != "dp" for m in self.methods):
                 bad = [(b, m) for b in self.global_batch[s] for m in self.replicas if b % m]
                 if bad:
-                    raise ConfigError(f"global_batch for {s}: (batch, M) pairs {bad} do not divide; each "
-                                     f"replica gets global_batch / M sequences, so use powers of 2 >= max M")
+                    raise ConfigError(
+                        f"global_batch for {s}: (batch, M) pairs {bad} do not divide; each "
+                        f"replica gets global_batch / M sequences, so use powers of 2 >= max M"
+                    )
             self.size_params(s)  # raises for unknown sizes
 
     def size_params(self, size: str) -> int:
@@ -219,9 +232,11 @@ class GridSpec:
         counted = _model_zoo_params(size, self.base)
         if counted is not None:
             return counted
-        raise ConfigError(f"unknown size {size!r}: give its non-embedding parameter count in the grid's "
-                         f"num_params (e.g. \"num_params\": {{\"{size}\": 1200000}}) or register it in "
-                         f"diloco.scaling.sweep.SIZE_PARAMS; known: {', '.join(SIZE_PARAMS)}")
+        raise ConfigError(
+            f"unknown size {size!r}: give its non-embedding parameter count in the grid's "
+            f'num_params (e.g. "num_params": {{"{size}": 1200000}}) or register it in '
+            f"diloco.scaling.sweep.SIZE_PARAMS; known: {', '.join(SIZE_PARAMS)}"
+        )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GridSpec:
@@ -261,15 +276,28 @@ def expand(grid: GridSpec) -> list[dict[str, Any]]:
         n = grid.size_params(size)
         for method in grid.methods:
             # DP has no replicas, outer optimizer or H: one run per (lr, batch) with M = 1.
-            outer = [(1, None, None)] if method == "dp" else [
-                (m, o, h) for m in grid.replicas for o in grid.outer_lr for h in grid.sync_every]
+            outer = (
+                [(1, None, None)]
+                if method == "dp"
+                else [(m, o, h) for m in grid.replicas for o in grid.outer_lr for h in grid.sync_every]
+            )
             for replicas, outer_lr, sync_every in outer:
                 for batch in grid.global_batch[size]:
                     for lr in grid.inner_lr[size]:
-                        cfg = {"size": size, "num_params": n, "method": method, "replicas": replicas,
-                               "inner_lr": lr, "global_batch": batch, "outer_lr": outer_lr,
-                               "sync_every": sync_every, "tokens": int(round(grid.tokens_per_param * n)),
-                               "seed": grid.seed, "runner": grid.runner, "base": dict(grid.base)}
+                        cfg = {
+                            "size": size,
+                            "num_params": n,
+                            "method": method,
+                            "replicas": replicas,
+                            "inner_lr": lr,
+                            "global_batch": batch,
+                            "outer_lr": outer_lr,
+                            "sync_every": sync_every,
+                            "tokens": int(round(grid.tokens_per_param * n)),
+                            "seed": grid.seed,
+                            "runner": grid.runner,
+                            "base": dict(grid.base),
+                        }
                         out.append({"run_id": run_id_of(cfg), **cfg})
     assert len({c["run_id"] for c in out}) == len(out), "GridSpec validation lets no value repeat"
     return out
@@ -284,8 +312,10 @@ def expand_grids(grids: Sequence[GridSpec]) -> list[dict[str, Any]]:
         raise ConfigError("give at least one grid")
     runners = sorted({g.runner for g in grids})
     if len(runners) > 1:
-        raise ConfigError(f"the grids name different runners {runners}; sweep them one runner at a time "
-                         f"(or pass --runner to use one for all)")
+        raise ConfigError(
+            f"the grids name different runners {runners}; sweep them one runner at a time "
+            f"(or pass --runner to use one for all)"
+        )
     out, seen = [], set()
     for grid in grids:
         for cfg in expand(grid):
@@ -354,8 +384,15 @@ def _record(config: Mapping[str, Any], result: Mapping[str, Any] | None, error: 
     return _jsonable(rec)
 
 
-def run_sweep(grid: GridSpec | Sequence[GridSpec], *, results_path: Path, run_fn: RunFn, progress: bool = True,
-              retry_failed: bool = False, executor: Any = None) -> SweepSummary:
+def run_sweep(
+    grid: GridSpec | Sequence[GridSpec],
+    *,
+    results_path: Path,
+    run_fn: RunFn,
+    progress: bool = True,
+    retry_failed: bool = False,
+    executor: Any = None,
+) -> SweepSummary:
     """Run every grid point without a finished record in ``results_path``; append one line per run.
 
     ``grid`` may be several grids, swept as one (:func:`expand_grids`: a shared point runs once).
@@ -379,12 +416,21 @@ def run_sweep(grid: GridSpec | Sequence[GridSpec], *, results_path: Path, run_fn
         except BlockingIOError:
             raise ConfigError(f"another sweep is writing {results_path}; wait for it or use another --out") from None
         _drop_partial_tail(f)
-        finished = {r.get("run_id") for r in read_results(results_path)
-                    if r.get("status") == "ok" or (r.get("status") == "failed" and not retry_failed)}
+        finished = {
+            r.get("run_id")
+            for r in read_results(results_path)
+            if r.get("status") == "ok" or (r.get("status") == "failed" and not retry_failed)
+        }
         todo = [c for c in configs if c["run_id"] not in finished]
         summary = SweepSummary(total=len(configs), skipped=len(configs) - len(todo), ran=0, failed=0)
-        bar = tqdm(total=len(configs), initial=summary.skipped, disable=not progress, unit="run",
-                   desc=f"sweep ({executor.name})", dynamic_ncols=True)
+        bar = tqdm(
+            total=len(configs),
+            initial=summary.skipped,
+            disable=not progress,
+            unit="run",
+            desc=f"sweep ({executor.name})",
+            dynamic_ncols=True,
+        )
         written: set[str] = set()
         try:
             for cfg, result, error in executor.run(run_fn, [copy.deepcopy(c) for c in todo]):
@@ -395,8 +441,10 @@ def run_sweep(grid: GridSpec | Sequence[GridSpec], *, results_path: Path, run_fn
                 written.add(cfg["run_id"])
                 summary.ran += 1
                 summary.failed += rec["status"] == "failed"
-                bar.set_postfix_str(f"{cfg['size']} {cfg['method']} M={cfg['replicas']} "
-                                    f"lr={cfg['inner_lr']:.3g} B={cfg['global_batch']}")
+                bar.set_postfix_str(
+                    f"{cfg['size']} {cfg['method']} M={cfg['replicas']} "
+                    f"lr={cfg['inner_lr']:.3g} B={cfg['global_batch']}"
+                )
                 bar.update(1)
         finally:
             bar.close()

@@ -57,11 +57,22 @@ class SyntheticLaw:
         """The paper's optimal outer lr per M (0.4, 0.6, 0.6, 0.8 for M = 1, 2, 4, 8), log-interpolated."""
         return float(np.interp(math.log2(replicas), [0, 1, 2, 3], [0.4, 0.6, 0.6, 0.8]))
 
-    def loss(self, *, num_params: float, replicas: int, method: str, inner_lr: float, global_batch: float,
-             outer_lr: float | None, rng: np.random.Generator | None = None) -> float:
+    def loss(
+        self,
+        *,
+        num_params: float,
+        replicas: int,
+        method: str,
+        inner_lr: float,
+        global_batch: float,
+        outer_lr: float | None,
+        rng: np.random.Generator | None = None,
+    ) -> float:
         m = 1 if method == "dp" else replicas
-        bowl = (self.k_lr * math.log(inner_lr / float(self.optimal_inner_lr(num_params, m))) ** 2
-                + self.k_batch * math.log(global_batch / float(self.optimal_global_batch(num_params, m))) ** 2)
+        bowl = (
+            self.k_lr * math.log(inner_lr / float(self.optimal_inner_lr(num_params, m))) ** 2
+            + self.k_batch * math.log(global_batch / float(self.optimal_global_batch(num_params, m))) ** 2
+        )
         if method != "dp" and outer_lr is not None:
             bowl += self.k_outer * math.log(outer_lr / self.optimal_outer_lr(m)) ** 2
         eps = 0.0 if rng is None else float(rng.standard_normal())
@@ -82,7 +93,13 @@ def synthetic_run(config: dict[str, Any], law: SyntheticLaw = DEFAULT_LAW) -> di
     The noise is seeded by the config itself, so a rerun of a grid point gives the same record.
     """
     rng = np.random.default_rng(_seed_of(config))
-    loss = law.loss(num_params=config["num_params"], replicas=config["replicas"], method=config["method"],
-                    inner_lr=config["inner_lr"], global_batch=config["global_batch"],
-                    outer_lr=config.get("outer_lr"), rng=rng)
+    loss = law.loss(
+        num_params=config["num_params"],
+        replicas=config["replicas"],
+        method=config["method"],
+        inner_lr=config["inner_lr"],
+        global_batch=config["global_batch"],
+        outer_lr=config.get("outer_lr"),
+        rng=rng,
+    )
     return {"eval_loss": loss, "synthetic": True}

@@ -168,8 +168,10 @@ def simulate_utilization(
     if not (latency_s >= 0 and np.isfinite(latency_s)):
         raise ConfigError(f"latency_s must be >= 0 seconds, got {latency_s!r}")
     if len(plan.unit_bits) not in (stream.num_layers, stream.num_layers + 1):
-        raise ConfigError(f"the plan has {len(plan.unit_bits)} units for {stream.num_layers} layers; "
-                         f"give one per layer, plus optionally the non-block parameters")
+        raise ConfigError(
+            f"the plan has {len(plan.unit_bits)} units for {stream.num_layers} layers; "
+            f"give one per layer, plus optionally the non-block parameters"
+        )
     sched = plan.schedule
     H, T = sched.sync_every, stream.step_time_s
 
@@ -219,7 +221,7 @@ def simulate_utilization(
     if converged:
         wall = periods[-1]
     else:
-        wall = np.mean(periods[len(periods) // 2:], axis=0)
+        wall = np.mean(periods[len(periods) // 2 :], axis=0)
     # Summing step times can leave wall a rounding error below H T when nothing stalls.
     return np.minimum(H * T / wall, 1.0)
 

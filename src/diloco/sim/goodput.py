@@ -44,9 +44,12 @@ HOURS_PER_YEAR = 8760.0
 
 #: The methods :func:`goodput` knows, in the order ``diloco plan`` prints them.
 METHODS = ("dp", "dp_elastic", "synchronous", "decoupled")
-METHOD_LABELS = {"dp": "data-parallel, not elastic", "dp_elastic": "data-parallel, elastic",
-                 "synchronous": "DiLoCo / Streaming DiLoCo (synchronous, K = M)",
-                 "decoupled": "decoupled DiLoCo (K = 1)"}
+METHOD_LABELS = {
+    "dp": "data-parallel, not elastic",
+    "dp_elastic": "data-parallel, elastic",
+    "synchronous": "DiLoCo / Streaming DiLoCo (synchronous, K = M)",
+    "decoupled": "decoupled DiLoCo (K = 1)",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,16 +84,19 @@ class FailureModel:
         for name in ("chip_mtbi_hours", "recovery_median_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise ConfigError(f"{name}={v!r}: give a positive number of "
-                                 f"{'hours' if 'hours' in name else 'seconds'}")
+                raise ConfigError(
+                    f"{name}={v!r}: give a positive number of {'hours' if 'hours' in name else 'seconds'}"
+                )
         for name in ("recovery_sigma", "checkpoint_interval_s", "downscale_s", "upscale_s", "slice_chips"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ConfigError(f"{name}={v!r}: give a finite number >= 0")
         slow = tuple(float(s) for s in self.slowdowns)
         if any(not (math.isfinite(s) and s > 0) for s in slow):
-            raise ConfigError(f"slowdowns={self.slowdowns!r}: give each group's relative step time, > 0 "
-                             "(1 = nominal, 1.18 = 18 % slower)")
+            raise ConfigError(
+                f"slowdowns={self.slowdowns!r}: give each group's relative step time, > 0 "
+                "(1 = nominal, 1.18 = 18 % slower)"
+            )
         object.__setattr__(self, "slowdowns", slow)
 
     @property
@@ -100,7 +106,7 @@ class FailureModel:
     @property
     def recovery_mean_s(self) -> float:
         """E[R] of the lognormal: median * exp(sigma^2 / 2)."""
-        return self.recovery_median_s * math.exp(self.recovery_sigma ** 2 / 2)
+        return self.recovery_median_s * math.exp(self.recovery_sigma**2 / 2)
 
     @property
     def rescale_s(self) -> float:
@@ -112,8 +118,12 @@ class FailureModel:
         return FailureModel(**{**asdict(self), **changes})
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "slowdowns": list(self.slowdowns), "recovery_mean_s": self.recovery_mean_s,
-                "rescale_s": self.rescale_s}
+        return {
+            **asdict(self),
+            "slowdowns": list(self.slowdowns),
+            "recovery_mean_s": self.recovery_mean_s,
+            "rescale_s": self.rescale_s,
+        }
 
 
 def failure_rate(chips: float, model: FailureModel) -> float:
@@ -165,8 +175,9 @@ def goodput_elastic(chips: float, model: FailureModel = FailureModel()) -> float
     return rho * (1.0 - idle)
 
 
-def goodput_decoupled(chips: float, learners: int, model: FailureModel = FailureModel(), *,
-                      elastic_learners: bool = True) -> float:
+def goodput_decoupled(
+    chips: float, learners: int, model: FailureModel = FailureModel(), *, elastic_learners: bool = True
+) -> float:
     """M learners on ``chips`` chips (N / M each) that never wait for each other (quorum K = 1)."""
     _check_chips(chips, learners)
     per_learner = chips / learners
@@ -200,16 +211,33 @@ def goodput_by_method(*, chips: float, learners: int, model: FailureModel = Fail
     return {m: goodput(m, chips=chips, learners=learners, model=model) for m in METHODS}
 
 
-def goodput_table(chips: Sequence[float], learners: Sequence[int], model: FailureModel = FailureModel()
-                  ) -> dict[str, list[float]]:
+def goodput_table(
+    chips: Sequence[float], learners: Sequence[int], model: FailureModel = FailureModel()
+) -> dict[str, list[float]]:
     """Rows like the paper's Table 1: DP, elastic DP and decoupled M for each M, over ``chips``."""
-    rows = {"dp": [goodput_non_elastic(n, model) for n in chips],
-            "dp_elastic": [goodput_elastic(n, model) for n in chips]}
+    rows = {
+        "dp": [goodput_non_elastic(n, model) for n in chips],
+        "dp_elastic": [goodput_elastic(n, model) for n in chips],
+    }
     for m in learners:
         rows[f"decoupled_M{m}"] = [goodput_decoupled(n, m, model) for n in chips]
     return rows
 
 
-__all__ = ["FailureModel", "HOURS_PER_YEAR", "METHODS", "METHOD_LABELS", "checkpoint_factor", "cluster_mtbf_hours",
-           "failure_rate", "goodput", "goodput_by_method", "goodput_decoupled", "goodput_elastic",
-           "goodput_non_elastic", "goodput_synchronous", "goodput_table", "straggler_factor"]
+__all__ = [
+    "FailureModel",
+    "HOURS_PER_YEAR",
+    "METHODS",
+    "METHOD_LABELS",
+    "checkpoint_factor",
+    "cluster_mtbf_hours",
+    "failure_rate",
+    "goodput",
+    "goodput_by_method",
+    "goodput_decoupled",
+    "goodput_elastic",
+    "goodput_non_elastic",
+    "goodput_synchronous",
+    "goodput_table",
+    "straggler_factor",
+]

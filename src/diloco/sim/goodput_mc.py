@@ -44,9 +44,17 @@ def _unit(method: str, chips: float, learners: int) -> tuple[float, int]:
     return chips, 1
 
 
-def simulate_goodput(method: str, *, chips: float, learners: int = 1, model: FailureModel = FailureModel(),
-                     elastic_learners: bool = True, failures_per_unit: float = 1000.0, num_runs: int = 32,
-                     seed: int = 0) -> MonteCarloGoodput:
+def simulate_goodput(
+    method: str,
+    *,
+    chips: float,
+    learners: int = 1,
+    model: FailureModel = FailureModel(),
+    elastic_learners: bool = True,
+    failures_per_unit: float = 1000.0,
+    num_runs: int = 32,
+    seed: int = 0,
+) -> MonteCarloGoodput:
     """Goodput of ``method`` (one of :data:`~diloco.sim.goodput.METHODS`) by simulating its timeline.
 
     The horizon is ``failures_per_unit`` mean failure cycles of one unit, so every unit sees about
@@ -55,8 +63,10 @@ def simulate_goodput(method: str, *, chips: float, learners: int = 1, model: Fai
     if method not in METHODS:
         raise ConfigError(f"method={method!r}: give one of {', '.join(METHODS)}")
     if not (failures_per_unit >= 10 and num_runs >= 2):
-        raise ConfigError(f"failures_per_unit={failures_per_unit}, num_runs={num_runs}: give >= 10 failures per "
-                         "unit and >= 2 runs (the standard error needs two)")
+        raise ConfigError(
+            f"failures_per_unit={failures_per_unit}, num_runs={num_runs}: give >= 10 failures per "
+            "unit and >= 2 runs (the standard error needs two)"
+        )
     n_unit, units = _unit(method, chips, learners)
     if not (n_unit > 0 and math.isfinite(n_unit)):
         raise ConfigError(f"chips={chips!r}, learners={learners!r}: give chips > 0 and learners >= 1")
@@ -77,8 +87,11 @@ def simulate_goodput(method: str, *, chips: float, learners: int = 1, model: Fai
     while True:
         shape = (num_runs, units, cycles)
         u = rng.exponential(1 / lam, shape)
-        r = rng.lognormal(math.log(model.recovery_median_s), model.recovery_sigma, shape) \
-            if model.recovery_sigma > 0 else np.full(shape, model.recovery_median_s)
+        r = (
+            rng.lognormal(math.log(model.recovery_median_s), model.recovery_sigma, shape)
+            if model.recovery_sigma > 0
+            else np.full(shape, model.recovery_median_s)
+        )
         length = u + stall + (r if down_r else 0.0)
         end = np.cumsum(length, axis=-1)
         if np.all(end[..., -1] >= horizon):
@@ -98,8 +111,9 @@ def simulate_goodput(method: str, *, chips: float, learners: int = 1, model: Fai
         useful = useful - min(model.slice_chips, n_unit) * share * slice_down
     per_run = useful.sum(axis=-1) / (chips * horizon)
     per_run = per_run * straggler_factor(model, waits=method != "decoupled")
-    return MonteCarloGoodput(float(per_run.mean()), float(per_run.std(ddof=1) / math.sqrt(num_runs)), num_runs,
-                             failures_per_unit)
+    return MonteCarloGoodput(
+        float(per_run.mean()), float(per_run.std(ddof=1) / math.sqrt(num_runs)), num_runs, failures_per_unit
+    )
 
 
 __all__ = ["MonteCarloGoodput", "simulate_goodput"]

@@ -33,9 +33,14 @@ TABLE1_PAPER: dict[str, tuple[int, ...]] = {
     "decoupled_M8": (98, 96, 94, 88, 80),
     "decoupled_M16": (99, 98, 96, 93, 86),
 }
-ROW_LABELS = {"dp": "data-parallel, no elasticity", "dp_elastic": "data-parallel, elastic",
-              "decoupled_M2": "Decoupled M = 2", "decoupled_M4": "Decoupled M = 4",
-              "decoupled_M8": "Decoupled M = 8", "decoupled_M16": "Decoupled M = 16"}
+ROW_LABELS = {
+    "dp": "data-parallel, no elasticity",
+    "dp_elastic": "data-parallel, elastic",
+    "decoupled_M2": "Decoupled M = 2",
+    "decoupled_M4": "Decoupled M = 4",
+    "decoupled_M8": "Decoupled M = 8",
+    "decoupled_M16": "Decoupled M = 16",
+}
 #: Every cell is within this many goodput points of the paper (the largest is 4.3: elastic DP at 1.2M
 #: and M = 16 at 2.4M, see :func:`reproduce_table1`).
 TABLE1_TOLERANCE_POINTS = 5.0
@@ -50,10 +55,16 @@ def reproduce_table1(model: FailureModel = FailureModel()) -> dict[str, Any]:
         rows.append({"row": key, "label": ROW_LABELS[key], "paper": list(paper), "ours": ours[key], "diff": diff})
     worst = max(abs(d) for r in rows for d in r["diff"])
     within = sum(abs(d) <= TABLE1_TOLERANCE_POINTS for r in rows for d in r["diff"])
-    return {"chips": list(TABLE1_CHIPS), "rows": rows, "max_abs_diff": worst,
-            "mean_abs_diff": float(np.mean([abs(d) for r in rows for d in r["diff"]])),
-            "cells_within_tolerance": within, "cells": sum(len(r["diff"]) for r in rows),
-            "tolerance_points": TABLE1_TOLERANCE_POINTS, "model": model.to_dict()}
+    return {
+        "chips": list(TABLE1_CHIPS),
+        "rows": rows,
+        "max_abs_diff": worst,
+        "mean_abs_diff": float(np.mean([abs(d) for r in rows for d in r["diff"]])),
+        "cells_within_tolerance": within,
+        "cells": sum(len(r["diff"]) for r in rows),
+        "tolerance_points": TABLE1_TOLERANCE_POINTS,
+        "model": model.to_dict(),
+    }
 
 
 def _minimax(grid: np.ndarray, error) -> tuple[float, float]:
@@ -69,7 +80,7 @@ def fit_table1(*, base: FailureModel = FailureModel(), step_s: float = 0.5) -> d
     median follows from the fitted mean: median = mean / exp(sigma^2 / 2).
     """
     grid = np.arange(step_s, 300.0 + step_s, step_s)
-    shrink = math.exp(base.recovery_sigma ** 2 / 2)
+    shrink = math.exp(base.recovery_sigma**2 / 2)
 
     def dp_error(mean_r: float) -> float:
         m = base.with_(recovery_median_s=mean_r / shrink)
@@ -85,8 +96,13 @@ def fit_table1(*, base: FailureModel = FailureModel(), step_s: float = 0.5) -> d
         return max(abs(100 * o - p) for k in rows for o, p in zip(ours[k], TABLE1_PAPER[k]))
 
     stall, el_worst = _minimax(grid[grid <= 120], elastic_error)
-    return {"recovery_mean_s": mean_r, "recovery_median_s": mean_r / shrink, "rescale_s": stall,
-            "dp_row_max_abs_diff": dp_worst, "elastic_rows_max_abs_diff": el_worst}
+    return {
+        "recovery_mean_s": mean_r,
+        "recovery_median_s": mean_r / shrink,
+        "rescale_s": stall,
+        "dp_row_max_abs_diff": dp_worst,
+        "elastic_rows_max_abs_diff": el_worst,
+    }
 
 
 def rule_of_thumb_gap(table: dict[str, tuple[float, ...] | list[float]]) -> list[dict[str, float]]:
@@ -96,10 +112,24 @@ def rule_of_thumb_gap(table: dict[str, tuple[float, ...] | list[float]]) -> list
         for j, n in enumerate(TABLE1_CHIPS):
             if n // m in TABLE1_CHIPS:
                 k = TABLE1_CHIPS.index(n // m)
-                out.append({"learners": m, "chips": n, "decoupled": float(table[f"decoupled_M{m}"][j]),
-                            "elastic_dp_on_n_over_m": float(table["dp_elastic"][k])})
+                out.append(
+                    {
+                        "learners": m,
+                        "chips": n,
+                        "decoupled": float(table[f"decoupled_M{m}"][j]),
+                        "elastic_dp_on_n_over_m": float(table["dp_elastic"][k]),
+                    }
+                )
     return out
 
 
-__all__ = ["ROW_LABELS", "TABLE1_CHIPS", "TABLE1_LEARNERS", "TABLE1_PAPER", "TABLE1_TOLERANCE_POINTS",
-           "fit_table1", "reproduce_table1", "rule_of_thumb_gap"]
+__all__ = [
+    "ROW_LABELS",
+    "TABLE1_CHIPS",
+    "TABLE1_LEARNERS",
+    "TABLE1_PAPER",
+    "TABLE1_TOLERANCE_POINTS",
+    "fit_table1",
+    "reproduce_table1",
+    "rule_of_thumb_gap",
+]

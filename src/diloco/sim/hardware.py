@@ -50,7 +50,7 @@ class ModelSpec:
     def params_per_layer(self) -> float:
         return (self.num_params - self.non_block_params) / self.num_layers
 
-    def scaled(self, step_time_scale: float) -> "ModelSpec":
+    def scaled(self, step_time_scale: float) -> ModelSpec:
         """The same model with its step time multiplied by ``step_time_scale``."""
         if not (np.isfinite(step_time_scale) and step_time_scale > 0):
             raise ConfigError(f"step_time_scale must be > 0, got {step_time_scale!r}")
@@ -80,23 +80,29 @@ def bandwidth_grid(low_gbps: float = 0.1, high_gbps: float = 1000.0, num: int = 
     if num == 1 and low_gbps == high_gbps and low_gbps > 0:
         return np.array([low_gbps * GBIT])
     if not (0 < low_gbps < high_gbps):
-        raise ConfigError(f"need 0 < low < high Gbit/s (or low == high with num 1), got low={low_gbps!r}, "
-                         f"high={high_gbps!r}")
+        raise ConfigError(
+            f"need 0 < low < high Gbit/s (or low == high with num 1), got low={low_gbps!r}, high={high_gbps!r}"
+        )
     if num < 2:
         raise ConfigError(f"a bandwidth grid from low to high needs at least 2 points, got num={num}")
     return np.logspace(np.log10(low_gbps), np.log10(high_gbps), num) * GBIT
 
 
-def step_time_from_hardware(*, num_params: float, tokens_per_step: float, num_chips: float,
-                            peak_flops: float, mfu: float) -> float:
+def step_time_from_hardware(
+    *, num_params: float, tokens_per_step: float, num_chips: float, peak_flops: float, mfu: float
+) -> float:
     """Seconds per inner step: 6 N B / (R Q u), the training FLOPs of a step over the chips' achieved FLOP/s.
 
     ``tokens_per_step`` B is the global batch in tokens (all workers together)
     and ``num_chips`` R counts every chip of every worker: each of M workers
     runs B / M tokens on R / M chips, so the step time does not depend on M.
     """
-    for name, v in (("num_params", num_params), ("tokens_per_step", tokens_per_step), ("num_chips", num_chips),
-                    ("peak_flops", peak_flops)):
+    for name, v in (
+        ("num_params", num_params),
+        ("tokens_per_step", tokens_per_step),
+        ("num_chips", num_chips),
+        ("peak_flops", peak_flops),
+    ):
         if not (np.isfinite(v) and v > 0):
             raise ConfigError(f"{name} must be a positive number, got {v!r}")
     if not (np.isfinite(mfu) and 0 < mfu <= 1):
@@ -122,5 +128,13 @@ def latency_hops(exchange: str, num_workers: int) -> int:
 PAPER_EXCHANGE = "reduce_scatter"
 
 
-__all__ = ["GBIT", "ModelSpec", "PAPER_EXCHANGE", "PRESETS", "preset", "bandwidth_grid", "latency_hops",
-           "step_time_from_hardware"]
+__all__ = [
+    "GBIT",
+    "ModelSpec",
+    "PAPER_EXCHANGE",
+    "PRESETS",
+    "preset",
+    "bandwidth_grid",
+    "latency_hops",
+    "step_time_from_hardware",
+]

@@ -64,8 +64,7 @@ class Term:
     extrapolated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "relative": self.relative, "source": self.source,
-                "extrapolated": self.extrapolated}
+        return {"name": self.name, "relative": self.relative, "source": self.source, "extrapolated": self.extrapolated}
 
 
 @dataclass(frozen=True)
@@ -82,9 +81,15 @@ class LossEstimate:
         return any(t.extrapolated for t in self.terms) or any("extrapolation" in n for n in self.notes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"loss": self.loss, "interval": None if self.interval is None else list(self.interval),
-                "law": self.law, "law_source": self.law_source, "notes": list(self.notes),
-                "terms": [t.to_dict() for t in self.terms], "extrapolated": self.extrapolated}
+        return {
+            "loss": self.loss,
+            "interval": None if self.interval is None else list(self.interval),
+            "law": self.law,
+            "law_source": self.law_source,
+            "notes": list(self.notes),
+            "terms": [t.to_dict() for t in self.terms],
+            "extrapolated": self.extrapolated,
+        }
 
 
 def _data(name: str) -> Any:
@@ -98,8 +103,10 @@ class LossModel:
         if ablations not in ABLATION_SETS:
             raise ConfigError(f"ablations={ablations!r}: choose one of {', '.join(ABLATION_SETS)}")
         if "dp" not in fit.loss_laws and "dp" not in fit.loss_laws_c:
-            raise ConfigError(f"the fit ({source}) has no data-parallel law: the planner compares every setting "
-                             f"with DP, so fit records that include method 'dp'")
+            raise ConfigError(
+                f"the fit ({source}) has no data-parallel law: the planner compares every setting "
+                f"with DP, so fit records that include method 'dp'"
+            )
         self.fit, self.source, self.ablations = fit, source, ablations
         table = _data("ablations.json")
         self._paper, self._project, self._frontier = table["paper"], table["project"], table["frontier"]
@@ -151,9 +158,13 @@ class LossModel:
         diff = sum(b - a for _, a, b in d["rows"]) / len(d["rows"])
         k = sum(math.log(b / a) for _, a, b in d["rows"]) / len(d["rows"])
         if abs(diff) <= d["resolution"] / 2 + 1e-9:  # within the table's rounding: no measurable cost either way
-            return Term("fragments", 0.0, f"{d['source']}: mean difference {diff:+.4f} ({math.expm1(k):+.2%}), "
-                                          f"within the table's {d['resolution']} rounding: taken as 0",
-                        fragment_layers != d["fragment_layers"])
+            return Term(
+                "fragments",
+                0.0,
+                f"{d['source']}: mean difference {diff:+.4f} ({math.expm1(k):+.2%}), "
+                f"within the table's {d['resolution']} rounding: taken as 0",
+                fragment_layers != d["fragment_layers"],
+            )
         return Term("fragments", math.expm1(k), d["source"], fragment_layers != d["fragment_layers"])
 
     def overlap_term(self, tau: int) -> Term:
@@ -175,9 +186,11 @@ class LossModel:
         row, ref = f["rows"][key], f["rows"][f["reference"]]
         rel = row["eval_loss"] / ref["eval_loss"] - 1
         charged = max(rel, 0.0)
-        source = (f"{MEASURED_MARK}: {f['source']}: {row['what']} {row['gap_pct']:+.2f} % vs data-parallel, "
-                  f"{ref['what']} {ref['gap_pct']:+.2f} % ({f['setting']}); charged {charged:+.2%} on top of the "
-                  f"latter's terms" + ("" if rel >= 0 else f" (the measured {rel:+.2%}, one seed, is not credited)"))
+        source = (
+            f"{MEASURED_MARK}: {f['source']}: {row['what']} {row['gap_pct']:+.2f} % vs data-parallel, "
+            f"{ref['what']} {ref['gap_pct']:+.2f} % ({f['setting']}); charged {charged:+.2%} on top of the "
+            f"latter's terms" + ("" if rel >= 0 else f" (the measured {rel:+.2%}, one seed, is not credited)")
+        )
         return Term(name, charged, source, True)
 
     def measured(self) -> dict[str, dict[str, Any]]:
@@ -186,10 +199,21 @@ class LossModel:
         return {"source": f["source"], "setting": f["setting"], "rows": dict(f["rows"])}
 
     # -- the estimate -----------------------------------------------------------------------------
-    def estimate(self, *, method: str, num_params: float, replicas: int, tokens: float | None = None,
-                 sync_every: int = 1, num_fragments: int = 1, fragment_layers: int | None = None,
-                 overlap_steps: int = 0, bits: float = 16.0, codec: str | None = None,
-                 eager: bool = False) -> LossEstimate:
+    def estimate(
+        self,
+        *,
+        method: str,
+        num_params: float,
+        replicas: int,
+        tokens: float | None = None,
+        sync_every: int = 1,
+        num_fragments: int = 1,
+        fragment_layers: int | None = None,
+        overlap_steps: int = 0,
+        bits: float = 16.0,
+        codec: str | None = None,
+        eager: bool = False,
+    ) -> LossEstimate:
         """Predicted eval loss of one setting. ``method``: "dp", "diloco" or "streaming".
 
         ``codec`` in :data:`MEASURED_CODECS` (sent with error feedback) and ``eager`` (tau = H, whatever
@@ -220,5 +244,13 @@ class LossModel:
         return LossEstimate(pr.loss * factor, span, pr.loss_law, self.source, notes, tuple(terms))
 
 
-__all__ = ["ABLATION_SETS", "LAW_SYNC_EVERY", "MEASURED_CODECS", "MEASURED_EAGER", "MEASURED_MARK", "LossEstimate",
-           "LossModel", "Term"]
+__all__ = [
+    "ABLATION_SETS",
+    "LAW_SYNC_EVERY",
+    "MEASURED_CODECS",
+    "MEASURED_EAGER",
+    "MEASURED_MARK",
+    "LossEstimate",
+    "LossModel",
+    "Term",
+]

@@ -48,16 +48,31 @@ PAPER_GRID_GBPS = np.logspace(-1, 3, 50)
 
 #: Streaming DiLoCo Table 4: Gbit/s for 50/80/90/95/99 % utilization; H = 100, fragments of 3 layers.
 TABLE4: dict[str, dict[str, tuple[float, ...]]] = {
-    "Data-Parallel": {"1B": (86.8, 152.6, 184.2, 222.3, 569.0), "10B": (104.8, 222.3, 222.3, 268.3, 471.5),
-                      "100B": (184.2, 323.8, 390.7, 390.7, 471.5)},
-    "DiLoCo": {"1B": (1.4, 6.2, 13.3, 23.3, 86.8), "10B": (1.7, 7.5, 16.0, 33.9, 104.8),
-               "100B": (3.0, 11.0, 23.3, 49.4, 184.2)},
-    "Streaming DiLoCo": {"1B": (1.4, 5.2, 9.1, 16.0, 28.1), "10B": (1.7, 5.2, 9.1, 13.3, 19.3),
-                         "100B": (2.4, 6.2, 9.1, 11.0, 19.3)},
-    "+ overlap": {"1B": (1.4, 4.3, 6.2, 9.1, 11.0), "10B": (1.7, 3.6, 5.2, 6.2, 7.5),
-                  "100B": (1.7, 3.6, 4.3, 5.2, 5.2)},
-    "+ overlap + 4-bit": {"1B": (0.4, 0.9, 1.7, 2.0, 3.0), "10B": (0.4, 0.9, 1.4, 1.4, 1.7),
-                          "100B": (0.5, 0.9, 1.1, 1.1, 1.4)},
+    "Data-Parallel": {
+        "1B": (86.8, 152.6, 184.2, 222.3, 569.0),
+        "10B": (104.8, 222.3, 222.3, 268.3, 471.5),
+        "100B": (184.2, 323.8, 390.7, 390.7, 471.5),
+    },
+    "DiLoCo": {
+        "1B": (1.4, 6.2, 13.3, 23.3, 86.8),
+        "10B": (1.7, 7.5, 16.0, 33.9, 104.8),
+        "100B": (3.0, 11.0, 23.3, 49.4, 184.2),
+    },
+    "Streaming DiLoCo": {
+        "1B": (1.4, 5.2, 9.1, 16.0, 28.1),
+        "10B": (1.7, 5.2, 9.1, 13.3, 19.3),
+        "100B": (2.4, 6.2, 9.1, 11.0, 19.3),
+    },
+    "+ overlap": {
+        "1B": (1.4, 4.3, 6.2, 9.1, 11.0),
+        "10B": (1.7, 3.6, 5.2, 6.2, 7.5),
+        "100B": (1.7, 3.6, 4.3, 5.2, 5.2),
+    },
+    "+ overlap + 4-bit": {
+        "1B": (0.4, 0.9, 1.7, 2.0, 3.0),
+        "10B": (0.4, 0.9, 1.4, 1.4, 1.7),
+        "100B": (0.5, 0.9, 1.1, 1.1, 1.4),
+    },
 }
 
 #: Scaling Laws for DiLoCo Table 6: 10B (48 layers, 0.8 s), data-parallel and DiLoCo (M = 2) at several H.
@@ -68,8 +83,7 @@ TABLE6: dict[str, tuple[float, ...]] = {
     "DiLoCo H=100": (1.4, 6.2, 13.3, 23.3, 86.8),
     "DiLoCo H=300": (0.5, 2.0, 4.3, 9.1, 41.0),
 }
-TABLE6_SYNC_EVERY = {"Data-Parallel": 1, "DiLoCo H=10": 10, "DiLoCo H=50": 50, "DiLoCo H=100": 100,
-                     "DiLoCo H=300": 300}
+TABLE6_SYNC_EVERY = {"Data-Parallel": 1, "DiLoCo H=10": 10, "DiLoCo H=50": 50, "DiLoCo H=100": 100, "DiLoCo H=300": 300}
 
 
 def grid_index(gbps: float) -> int:
@@ -134,8 +148,9 @@ def read_grid(cu: np.ndarray, target: float, convention: str = "first_reaching")
     return i - 1 if i > 0 else None
 
 
-def _cells(table: str, method: str, size: str, paper: Sequence[float], cu: np.ndarray,
-           convention: str = "first_reaching") -> list[Cell]:
+def _cells(
+    table: str, method: str, size: str, paper: Sequence[float], cu: np.ndarray, convention: str = "first_reaching"
+) -> list[Cell]:
     grid_bps = PAPER_GRID_GBPS * GBIT
     out = []
     for q, v in zip(TARGETS, paper):
@@ -145,8 +160,12 @@ def _cells(table: str, method: str, size: str, paper: Sequence[float], cu: np.nd
     return out
 
 
-def reproduce_table4(*, step_time_scale: float = PAPER_STEP_TIME_SCALE,
-                     sizes: Sequence[str] = ("1B", "10B", "100B"), convention: str = "first_reaching") -> list[Cell]:
+def reproduce_table4(
+    *,
+    step_time_scale: float = PAPER_STEP_TIME_SCALE,
+    sizes: Sequence[str] = ("1B", "10B", "100B"),
+    convention: str = "first_reaching",
+) -> list[Cell]:
     """All cells of Streaming DiLoCo Table 4 (H = 100, 3-layer strided fragments, 16 / 4 bits, M = 2)."""
     cells: list[Cell] = []
     grid_bps = PAPER_GRID_GBPS * GBIT
@@ -159,12 +178,14 @@ def reproduce_table4(*, step_time_scale: float = PAPER_STEP_TIME_SCALE,
 
 
 def table6_methods() -> dict[str, MethodSpec]:
-    return {row: (data_parallel() if H == 1 else diloco(sync_every=H, label=row))
-            for row, H in TABLE6_SYNC_EVERY.items()}
+    return {
+        row: (data_parallel() if H == 1 else diloco(sync_every=H, label=row)) for row, H in TABLE6_SYNC_EVERY.items()
+    }
 
 
-def reproduce_table6(*, step_time_scale: float | dict[str, float] = PAPER_STEP_TIME_SCALE,
-                     rows: Sequence[str] | None = None) -> list[Cell]:
+def reproduce_table6(
+    *, step_time_scale: float | dict[str, float] = PAPER_STEP_TIME_SCALE, rows: Sequence[str] | None = None
+) -> list[Cell]:
     """Cells of Scaling Laws Table 6 (10B) with one step-time scale, or one per row to show what each needs."""
     cells: list[Cell] = []
     grid_bps = PAPER_GRID_GBPS * GBIT
@@ -180,8 +201,7 @@ def reproduce_table6(*, step_time_scale: float | dict[str, float] = PAPER_STEP_T
 def matching_scales(scales: Sequence[float], rows: Sequence[str] | None = None) -> dict[str, list[float]]:
     """For each Table 6 row, those of ``scales`` at which all five of its cells match exactly."""
     return {
-        row: [float(s) for s in scales
-              if all(c.exact for c in reproduce_table6(step_time_scale=float(s), rows=[row]))]
+        row: [float(s) for s in scales if all(c.exact for c in reproduce_table6(step_time_scale=float(s), rows=[row]))]
         for row in rows or TABLE6
     }
 
@@ -215,6 +235,19 @@ def format_table(cells: Sequence[Cell]) -> str:
 
 
 __all__ = [
-    "PAPER_STEP_TIME_SCALE", "PAPER_GRID_GBPS", "CONVENTIONS", "read_grid", "TABLE4", "TABLE6", "TABLE6_SYNC_EVERY", "grid_index", "Cell",
-    "reproduce_table4", "reproduce_table6", "table6_methods", "matching_scales", "summarize", "format_table",
+    "PAPER_STEP_TIME_SCALE",
+    "PAPER_GRID_GBPS",
+    "CONVENTIONS",
+    "read_grid",
+    "TABLE4",
+    "TABLE6",
+    "TABLE6_SYNC_EVERY",
+    "grid_index",
+    "Cell",
+    "reproduce_table4",
+    "reproduce_table6",
+    "table6_methods",
+    "matching_scales",
+    "summarize",
+    "format_table",
 ]

@@ -67,6 +67,7 @@ def codec_bits(codec: str, num_params: float) -> float:
     n = max(1, round(num_params))
     return bits_per_value(codec, n)
 
+
 #: The bandwidths (Gbit/s) on which "bandwidth for 90 %" is read: the papers' grid.
 READ_GRID_GBPS = np.logspace(-2, 3, 61)
 
@@ -120,8 +121,14 @@ class Candidate:
             return data_parallel(bits=bits, label=self.label)
         if self.method == "diloco":
             return diloco(sync_every=self.sync_every, bits=bits, label=self.label, eager=self.eager)
-        return streaming(sync_every=self.sync_every, num_fragments=self.num_fragments,
-                         overlap_steps=self.overlap_steps, bits=bits, label=self.label, eager=self.eager)
+        return streaming(
+            sync_every=self.sync_every,
+            num_fragments=self.num_fragments,
+            overlap_steps=self.overlap_steps,
+            bits=bits,
+            label=self.label,
+            eager=self.eager,
+        )
 
     @property
     def outer_momentum(self) -> float | None:
@@ -133,15 +140,30 @@ class Candidate:
         return self.method == "dp" or steps / self.sync_every >= MIN_OUTER_STEPS
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "method": self.method, "sync_every": self.sync_every,
-                "num_fragments": self.num_fragments, "fragment_layers": self.fragment_layers,
-                "overlap_steps": self.overlap_steps, "codec": self.codec, "eager": self.eager,
-                "outer_momentum": self.outer_momentum, "measured_at_laptop_scale": self.measured}
+        return {
+            "label": self.label,
+            "method": self.method,
+            "sync_every": self.sync_every,
+            "num_fragments": self.num_fragments,
+            "fragment_layers": self.fragment_layers,
+            "overlap_steps": self.overlap_steps,
+            "codec": self.codec,
+            "eager": self.eager,
+            "outer_momentum": self.outer_momentum,
+            "measured_at_laptop_scale": self.measured,
+        }
 
 
-def candidates(num_layers: int, *, sync_every: Sequence[int] = DEFAULT_SYNC_EVERY,
-               overlap: Sequence[int] = DEFAULT_OVERLAP, fragment_layers: Sequence[int] = DEFAULT_FRAGMENT_LAYERS,
-               codecs: Sequence[str] = DEFAULT_CODECS, num_workers: int = 2, eager: bool = True) -> list[Candidate]:
+def candidates(
+    num_layers: int,
+    *,
+    sync_every: Sequence[int] = DEFAULT_SYNC_EVERY,
+    overlap: Sequence[int] = DEFAULT_OVERLAP,
+    fragment_layers: Sequence[int] = DEFAULT_FRAGMENT_LAYERS,
+    codecs: Sequence[str] = DEFAULT_CODECS,
+    num_workers: int = 2,
+    eager: bool = True,
+) -> list[Candidate]:
     """DP (bf16); DiLoCo over H x codec; Streaming DiLoCo over H x fragment size x tau x codec; with ``eager``,
     eager updates (Streaming DiLoCo at tau = H) over H x fragment size x codec.
 
@@ -151,8 +173,11 @@ def candidates(num_layers: int, *, sync_every: Sequence[int] = DEFAULT_SYNC_EVER
     unknown = [c for c in codecs if c not in DEFAULT_CODECS]
     if unknown:
         raise ConfigError(f"unknown codec(s) {unknown}; the planner knows {', '.join(DEFAULT_CODECS)}")
-    for name, values, low in (("sync_every", sync_every, 1), ("overlap", overlap, 0),
-                              ("fragment_layers", fragment_layers, 1)):
+    for name, values, low in (
+        ("sync_every", sync_every, 1),
+        ("overlap", overlap, 0),
+        ("fragment_layers", fragment_layers, 1),
+    ):
         if not values or any(not isinstance(v, int) or v < low for v in values):
             raise ConfigError(f"{name}={list(values)}: give whole numbers >= {low}")
     out = [Candidate("dp")]
@@ -173,12 +198,23 @@ def candidates(num_layers: int, *, sync_every: Sequence[int] = DEFAULT_SYNC_EVER
                 if tau >= H:
                     continue
                 for codec in codecs:
-                    out.append(Candidate("streaming", sync_every=H, num_fragments=P, fragment_layers=k,
-                                         overlap_steps=tau, codec=codec))
+                    out.append(
+                        Candidate(
+                            "streaming",
+                            sync_every=H,
+                            num_fragments=P,
+                            fragment_layers=k,
+                            overlap_steps=tau,
+                            codec=codec,
+                        )
+                    )
             if eager:
                 for codec in dense:
-                    out.append(Candidate("streaming", sync_every=H, num_fragments=P, fragment_layers=k,
-                                         codec=codec, eager=True))
+                    out.append(
+                        Candidate(
+                            "streaming", sync_every=H, num_fragments=P, fragment_layers=k, codec=codec, eager=True
+                        )
+                    )
     return out
 
 
@@ -201,11 +237,23 @@ class Setup:
 
     def to_dict(self) -> dict[str, Any]:
         m = self.model
-        return {"model": {"name": m.name, "num_params": m.num_params, "num_layers": m.num_layers,
-                          "non_block_params": m.non_block_params, "step_time_s": m.step_time_s},
-                "step_time_source": self.step_time_source, "num_workers": self.num_workers, "tokens": self.tokens,
-                "tokens_per_step": self.tokens_per_step, "steps": self.steps, "latency_s": self.latency_s,
-                "exchange": self.exchange, "release": "per-layer" if self.overlap_backward else "after-step"}
+        return {
+            "model": {
+                "name": m.name,
+                "num_params": m.num_params,
+                "num_layers": m.num_layers,
+                "non_block_params": m.non_block_params,
+                "step_time_s": m.step_time_s,
+            },
+            "step_time_source": self.step_time_source,
+            "num_workers": self.num_workers,
+            "tokens": self.tokens,
+            "tokens_per_step": self.tokens_per_step,
+            "steps": self.steps,
+            "latency_s": self.latency_s,
+            "exchange": self.exchange,
+            "release": "per-layer" if self.overlap_backward else "after-step",
+        }
 
 
 @dataclass(frozen=True)
@@ -224,10 +272,18 @@ class Evaluated:
     bits: float = 16.0  # exact bits per parameter on the wire at the model's N
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.candidate.to_dict(), "bits": self.bits, "bandwidth_gbps": self.bandwidth_bps / GBIT,
-                "utilization": self.utilization, "wall_clock_s": self.wall_clock_s, "bytes_sent": self.bytes_sent,
-                "peak_gbps": self.peak_gbps, "bandwidth_for_90_gbps": self.bandwidth_for_90_gbps,
-                "loss": self.loss.to_dict(), "loss_vs_dp": self.loss_vs_dp}
+        return {
+            **self.candidate.to_dict(),
+            "bits": self.bits,
+            "bandwidth_gbps": self.bandwidth_bps / GBIT,
+            "utilization": self.utilization,
+            "wall_clock_s": self.wall_clock_s,
+            "bytes_sent": self.bytes_sent,
+            "peak_gbps": self.peak_gbps,
+            "bandwidth_for_90_gbps": self.bandwidth_for_90_gbps,
+            "loss": self.loss.to_dict(),
+            "loss_vs_dp": self.loss_vs_dp,
+        }
 
 
 @dataclass
@@ -241,15 +297,26 @@ class Plan:
     measured: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"setup": self.setup.to_dict(), "tolerance": self.tolerance, "sources": self.sources,
-                **({"measured_at_laptop_scale": self.measured} if self.measured else {}),
-                "bandwidths": [{"bandwidth_gbps": bw / GBIT, "recommended": self.recommended[bw].candidate.label,
-                                "candidates": [e.to_dict() for e in rows]} for bw, rows in self.rows.items()]}
+        return {
+            "setup": self.setup.to_dict(),
+            "tolerance": self.tolerance,
+            "sources": self.sources,
+            **({"measured_at_laptop_scale": self.measured} if self.measured else {}),
+            "bandwidths": [
+                {
+                    "bandwidth_gbps": bw / GBIT,
+                    "recommended": self.recommended[bw].candidate.label,
+                    "candidates": [e.to_dict() for e in rows],
+                }
+                for bw, rows in self.rows.items()
+            ],
+        }
 
 
 def _payload_bytes(num_params: float, bits: float, setup: Setup, exchange: str | None = None) -> float:
-    return exchange_bytes(payload_bytes=num_params * bits / 8.0, num_replicas=setup.num_workers,
-                          exchange=exchange or setup.exchange)
+    return exchange_bytes(
+        payload_bytes=num_params * bits / 8.0, num_replicas=setup.num_workers, exchange=exchange or setup.exchange
+    )
 
 
 def _peak_params(model: ModelSpec, c: Candidate) -> float:
@@ -261,8 +328,14 @@ def _peak_params(model: ModelSpec, c: Candidate) -> float:
     return max(model.non_block_params, blocks * per_layer)
 
 
-def evaluate(setup: Setup, cands: Sequence[Candidate], bandwidths_bps: Sequence[float], loss_model: LossModel,
-             *, tolerance: float = DEFAULT_TOLERANCE) -> Plan:
+def evaluate(
+    setup: Setup,
+    cands: Sequence[Candidate],
+    bandwidths_bps: Sequence[float],
+    loss_model: LossModel,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> Plan:
     """Every candidate at every bandwidth, and the recommendation at each."""
     if not (math.isfinite(tolerance) and tolerance >= 0):
         raise ConfigError(f"tolerance={tolerance!r}: give a relative loss tolerance >= 0, e.g. 0.005 for 0.5 %")
@@ -274,11 +347,22 @@ def evaluate(setup: Setup, cands: Sequence[Candidate], bandwidths_bps: Sequence[
     model, M, T = setup.model, setup.num_workers, setup.model.step_time_s
     read_grid = READ_GRID_GBPS * GBIT
     bits = {c: c.bits_per_param(model.num_params) for c in cands}
-    losses = {c: loss_model.estimate(method=c.method, num_params=model.num_params, replicas=M, tokens=setup.tokens,
-                                     sync_every=c.sync_every, num_fragments=c.num_fragments,
-                                     fragment_layers=c.fragment_layers, overlap_steps=c.overlap_steps, bits=bits[c],
-                                     codec=c.codec, eager=c.eager)
-              for c in cands}
+    losses = {
+        c: loss_model.estimate(
+            method=c.method,
+            num_params=model.num_params,
+            replicas=M,
+            tokens=setup.tokens,
+            sync_every=c.sync_every,
+            num_fragments=c.num_fragments,
+            fragment_layers=c.fragment_layers,
+            overlap_steps=c.overlap_steps,
+            bits=bits[c],
+            codec=c.codec,
+            eager=c.eager,
+        )
+        for c in cands
+    }
     dp_loss = next(losses[c].loss for c in cands if c.method == "dp")
     rows: dict[float, list[Evaluated]] = {float(b): [] for b in bws}
     for c in cands:
@@ -286,18 +370,36 @@ def evaluate(setup: Setup, cands: Sequence[Candidate], bandwidths_bps: Sequence[
         if M == 1:  # one worker: nothing crosses the link
             cu = np.ones(bws.size + read_grid.size)
         else:
-            cu = utilization_curve(model, c.spec(model.num_params), np.concatenate([bws, read_grid]),
-                                   latency_s=setup.latency_s, num_workers=M, overlap_backward=setup.overlap_backward,
-                                   exchange=exchange)
-        hit = np.flatnonzero(cu[bws.size:] >= 0.9 - 1e-12)
+            cu = utilization_curve(
+                model,
+                c.spec(model.num_params),
+                np.concatenate([bws, read_grid]),
+                latency_s=setup.latency_s,
+                num_workers=M,
+                overlap_backward=setup.overlap_backward,
+                exchange=exchange,
+            )
+        hit = np.flatnonzero(cu[bws.size :] >= 0.9 - 1e-12)
         bw90 = float(READ_GRID_GBPS[hit[0]]) if hit.size else None
         syncs = setup.steps / c.sync_every
         sent = 0.0 if M == 1 else _payload_bytes(model.num_params, bits[c], setup, exchange) * syncs
         peak = 0.0 if M == 1 else 8 * _payload_bytes(_peak_params(model, c), bits[c], setup, exchange) / T / GBIT
         for i, bw in enumerate(bws):
             u = float(cu[i])
-            rows[float(bw)].append(Evaluated(c, float(bw), u, setup.steps * T / u, sent, peak, bw90, losses[c],
-                                             losses[c].loss / dp_loss - 1, bits[c]))
+            rows[float(bw)].append(
+                Evaluated(
+                    c,
+                    float(bw),
+                    u,
+                    setup.steps * T / u,
+                    sent,
+                    peak,
+                    bw90,
+                    losses[c],
+                    losses[c].loss / dp_loss - 1,
+                    bits[c],
+                )
+            )
     recommended = {}
     for bw, evs in rows.items():
         evs.sort(key=lambda e: (e.wall_clock_s, e.loss.loss, e.bytes_sent))
@@ -307,34 +409,55 @@ def evaluate(setup: Setup, cands: Sequence[Candidate], bandwidths_bps: Sequence[
         # measured at laptop scale), then fewer bytes, then the simpler method
         best = min(e.wall_clock_s for e in ok)
         near = [e for e in ok if e.wall_clock_s <= best * 1.001]
-        recommended[bw] = min(near, key=lambda e: (e.loss.loss, e.candidate.measured, e.bytes_sent,
-                                                   _SIMPLER[e.candidate.method], e.candidate.overlap_steps))
+        recommended[bw] = min(
+            near,
+            key=lambda e: (
+                e.loss.loss,
+                e.candidate.measured,
+                e.bytes_sent,
+                _SIMPLER[e.candidate.method],
+                e.candidate.overlap_steps,
+            ),
+        )
     sources = {
         "utilization": "diloco.sim per-layer simulator (Streaming DiLoCo's model: forward, backward, one FIFO link; "
-                       f"exchange {setup.exchange}, release {'per-layer' if setup.overlap_backward else 'after-step'}, "
-                       f"latency {setup.latency_s:g} s per hop, pipelined)",
+        f"exchange {setup.exchange}, release {'per-layer' if setup.overlap_backward else 'after-step'}, "
+        f"latency {setup.latency_s:g} s per hop, pipelined)",
         "step_time": setup.step_time_source,
         "wall_clock": f"steps x step time / utilization, steps = {setup.tokens:.4g} tokens / "
-                      f"{setup.tokens_per_step:.4g} tokens per step = {setup.steps:.4g}",
+        f"{setup.tokens_per_step:.4g} tokens per step = {setup.steps:.4g}",
         "bits": "each codec's exact payload for the model's N values x 8 / N (diloco.algorithm.wire_sizes, the "
-                "function the codecs' num_bytes use)",
+        "function the codecs' num_bytes use)",
         "bytes": "diloco.traffic.exchange_bytes per exchange x exchanges over the run (per worker, sent; top-k "
-                 "payloads all-gathered at every M, as the communicator does)",
+        "payloads all-gathered at every M, as the communicator does)",
         "peak": "the largest single exchange (whole model, or the largest fragment) sent within one step",
         "bandwidth_for_90": f"smallest of {READ_GRID_GBPS.size} log-spaced bandwidths "
-                            f"{READ_GRID_GBPS[0]:g}..{READ_GRID_GBPS[-1]:g} Gbit/s where the simulator gives >= 90 %",
+        f"{READ_GRID_GBPS[0]:g}..{READ_GRID_GBPS[-1]:g} Gbit/s where the simulator gives >= 90 %",
         "outer_steps": f"recommended only with >= {MIN_OUTER_STEPS} outer steps over the run, and with outer "
-                       f"momentum {OUTER_MOMENTUM} per method: {OUTER_STEPS_SOURCE}",
+        f"momentum {OUTER_MOMENTUM} per method: {OUTER_STEPS_SOURCE}",
         "loss_law": loss_model.source,
         "ablations": loss_model.ablations,
     }
     measured = loss_model.measured() if any(c.measured for c in cands) else {}
     if measured:
         m = measured
-        sources["measured"] = (f"{MEASURED_MARK}: the loss costs of eager updates (tau = H) and of stat4 / stat2 / "
-                               f"topk with error feedback come from {m['source']} ({m['setting']})")
+        sources["measured"] = (
+            f"{MEASURED_MARK}: the loss costs of eager updates (tau = H) and of stat4 / stat2 / "
+            f"topk with error feedback come from {m['source']} ({m['setting']})"
+        )
     return Plan(setup, tolerance, rows, recommended, sources, measured)
 
 
-__all__ = ["DEFAULT_CODECS", "Candidate", "DEFAULT_OVERLAP", "DEFAULT_SYNC_EVERY", "DEFAULT_TOLERANCE", "Evaluated",
-           "Plan", "Setup", "candidates", "codec_bits", "evaluate"]
+__all__ = [
+    "DEFAULT_CODECS",
+    "Candidate",
+    "DEFAULT_OVERLAP",
+    "DEFAULT_SYNC_EVERY",
+    "DEFAULT_TOLERANCE",
+    "Evaluated",
+    "Plan",
+    "Setup",
+    "candidates",
+    "codec_bits",
+    "evaluate",
+]

@@ -81,8 +81,9 @@ def data_parallel(*, bits: float = 16.0, label: str = "Data-Parallel") -> Method
     return MethodSpec(label, sync_every=1, bits=bits)
 
 
-def diloco(*, sync_every: int, bits: float = 16.0, overlap_steps: int = 0, label: str = "DiLoCo",
-           eager: bool = False) -> MethodSpec:
+def diloco(
+    *, sync_every: int, bits: float = 16.0, overlap_steps: int = 0, label: str = "DiLoCo", eager: bool = False
+) -> MethodSpec:
     """DiLoCo; ``eager=True`` runs eager updates (tau = H, whatever ``overlap_steps`` says)."""
     tau = sync_every if eager else overlap_steps
     return MethodSpec(label, sync_every=sync_every, overlap_steps=tau, bits=bits, eager=eager)
@@ -154,8 +155,14 @@ def link_bits_per_param(bits: float, num_workers: int, exchange: str = PAPER_EXC
     return 8.0 * exchange_bytes(payload_bytes=bits / 8.0, num_replicas=num_workers, exchange=exchange)
 
 
-def build_plan(model: ModelSpec, method: MethodSpec, *, num_workers: int = 2,
-               overlap_backward: bool = True, exchange: str = PAPER_EXCHANGE) -> SyncPlan:
+def build_plan(
+    model: ModelSpec,
+    method: MethodSpec,
+    *,
+    num_workers: int = 2,
+    overlap_backward: bool = True,
+    exchange: str = PAPER_EXCHANGE,
+) -> SyncPlan:
     """The transfer units and their bits on one worker's link for ``method`` on ``model``.
 
     ``overlap_backward``: see :class:`~diloco.sim.dag.SyncPlan` (True: the papers' per-layer
@@ -191,8 +198,6 @@ def utilization_curve(
     plan = build_plan(model, method, num_workers=num_workers, overlap_backward=overlap_backward, exchange=exchange)
     hops = latency_hops(exchange, num_workers)
     return simulate_utilization(stream, plan, bandwidth_bps, latency_s=latency_s * hops)
-
-
 
 
 def predict_utilization(
@@ -239,16 +244,25 @@ def predict_utilization(
             f"(got {sync_every}, {num_fragments}, {overlap_steps}); use method='diloco' or 'streaming'"
         )
     if method == "diloco" and num_fragments != 1:
-        raise ConfigError(f"DiLoCo syncs all parameters at once (num_fragments=1), got {num_fragments}; "
-                         f"use method='streaming'")
+        raise ConfigError(
+            f"DiLoCo syncs all parameters at once (num_fragments=1), got {num_fragments}; use method='streaming'"
+        )
     if eager and overlap_steps != sync_every:
-        raise ConfigError(f"eager updates overlap a whole round: overlap_steps must equal sync_every "
-                         f"({sync_every}), got {overlap_steps}")
+        raise ConfigError(
+            f"eager updates overlap a whole round: overlap_steps must equal sync_every "
+            f"({sync_every}), got {overlap_steps}"
+        )
     model = ModelSpec(num_layers, float(num_params), float(step_time_s), float(non_block_params))
-    spec = MethodSpec(method, sync_every, num_fragments, overlap_steps, float(bits), fragment_pattern,
-                      eager=eager)
-    cu = utilization_curve(model, spec, [float(bandwidth_bps)], latency_s=latency_s, num_workers=num_workers,
-                           overlap_backward=overlap_backward, exchange=exchange)
+    spec = MethodSpec(method, sync_every, num_fragments, overlap_steps, float(bits), fragment_pattern, eager=eager)
+    cu = utilization_curve(
+        model,
+        spec,
+        [float(bandwidth_bps)],
+        latency_s=latency_s,
+        num_workers=num_workers,
+        overlap_backward=overlap_backward,
+        exchange=exchange,
+    )
     return float(cu[0])
 
 
@@ -283,8 +297,11 @@ class SweepResult:
 
         return {
             "model": {
-                "name": self.model.name, "num_layers": self.model.num_layers, "num_params": self.model.num_params,
-                "non_block_params": self.model.non_block_params, "step_time_s": self.model.step_time_s,
+                "name": self.model.name,
+                "num_layers": self.model.num_layers,
+                "num_params": self.model.num_params,
+                "non_block_params": self.model.non_block_params,
+                "step_time_s": self.model.step_time_s,
             },
             "targets": list(self.targets),
             "bandwidth_gbps": gbps(self.bandwidth_bps),
@@ -309,15 +326,36 @@ def sweep(
     if len(set(labels)) != len(labels):
         raise ConfigError(f"method labels must be distinct, got {labels}")
     bw = np.asarray(bandwidth_bps, dtype=float)
-    curves = {m.label: utilization_curve(model, m, bw, latency_s=latency_s, num_workers=num_workers,
-                                         overlap_backward=overlap_backward, exchange=exchange)
-              for m in methods}
+    curves = {
+        m.label: utilization_curve(
+            model,
+            m,
+            bw,
+            latency_s=latency_s,
+            num_workers=num_workers,
+            overlap_backward=overlap_backward,
+            exchange=exchange,
+        )
+        for m in methods
+    }
     needed = {k: bandwidth_needed(bw, c, targets) for k, c in curves.items()}
     return SweepResult(model, bw, curves, needed, tuple(targets))
 
 
 __all__ = [
-    "TARGETS", "MethodSpec", "data_parallel", "diloco", "streaming", "paper_fragments", "paper_methods",
-    "fragment_units", "link_bits_per_param", "build_plan", "utilization_curve", "predict_utilization", "bandwidth_needed",
-    "SweepResult", "sweep",
+    "TARGETS",
+    "MethodSpec",
+    "data_parallel",
+    "diloco",
+    "streaming",
+    "paper_fragments",
+    "paper_methods",
+    "fragment_units",
+    "link_bits_per_param",
+    "build_plan",
+    "utilization_curve",
+    "predict_utilization",
+    "bandwidth_needed",
+    "SweepResult",
+    "sweep",
 ]

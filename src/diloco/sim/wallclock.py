@@ -105,10 +105,12 @@ def data_parallel_wallclock(
 ) -> WallClock:
     """Data-parallel across datacenters: every step all-reduces the gradients over all R chips on W1."""
     T = num_steps(num_tokens=num_tokens, batch_tokens=batch_tokens)
-    compute = compute_time_s(num_params=num_params, num_tokens=num_tokens, num_chips=num_chips,
-                             flops_per_chip=flops_per_chip)
-    per_step = allreduce_time_s(num_params=num_params, ring_size=num_chips, network=cross,
-                                bits_per_param=bits_per_param)
+    compute = compute_time_s(
+        num_params=num_params, num_tokens=num_tokens, num_chips=num_chips, flops_per_chip=flops_per_chip
+    )
+    per_step = allreduce_time_s(
+        num_params=num_params, ring_size=num_chips, network=cross, bits_per_param=bits_per_param
+    )
     return WallClock(compute, 0.0, per_step * T)
 
 
@@ -134,15 +136,22 @@ def diloco_wallclock(
     if R < M or R % M:
         raise ConfigError(f"num_chips (R={R}) must be a multiple of num_replicas (M={M}): each replica gets R/M chips")
     T = num_steps(num_tokens=num_tokens, batch_tokens=batch_tokens)
-    compute = compute_time_s(num_params=num_params, num_tokens=num_tokens, num_chips=R,
-                             flops_per_chip=flops_per_chip)
+    compute = compute_time_s(num_params=num_params, num_tokens=num_tokens, num_chips=R, flops_per_chip=flops_per_chip)
     inner = allreduce_time_s(num_params=num_params, ring_size=R / M, network=within, bits_per_param=bits_per_param)
     outer = 0.0
     if M >= 2:
-        outer = allreduce_time_s(num_params=num_params, ring_size=R, network=cross,
-                                 bits_per_param=bits_per_param) * T / H
+        outer = (
+            allreduce_time_s(num_params=num_params, ring_size=R, network=cross, bits_per_param=bits_per_param) * T / H
+        )
     return WallClock(compute, inner * T, outer)
 
 
-__all__ = ["Network", "WallClock", "num_steps", "compute_time_s", "allreduce_time_s", "data_parallel_wallclock",
-           "diloco_wallclock"]
+__all__ = [
+    "Network",
+    "WallClock",
+    "num_steps",
+    "compute_time_s",
+    "allreduce_time_s",
+    "data_parallel_wallclock",
+    "diloco_wallclock",
+]

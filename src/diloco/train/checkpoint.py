@@ -86,8 +86,12 @@ def commit(run_dir: Path, step: int, meta: dict[str, Any], *, keep: int = 2) -> 
     n = int(meta.get("num_replicas", 1))
     if meta.get("format") == "dcp":  # sharded: every file every rank wrote, by its path in the step's folder
         root = step_dir(run_dir, step)
-        files = {p.relative_to(root).as_posix(): _digest(p) for w in range(n)
-                 for p in sorted((root / f"worker-{w}").rglob("*")) if p.is_file()}
+        files = {
+            p.relative_to(root).as_posix(): _digest(p)
+            for w in range(n)
+            for p in sorted((root / f"worker-{w}").rglob("*"))
+            if p.is_file()
+        }
     else:
         files = {f"replica-{r}.pt": _digest(_replica_file(run_dir, step, r)) for r in range(n)}
     body = {"step": step, **meta, "files": files}
@@ -110,8 +114,10 @@ def verify_replica(run_dir: Path, rank: int, step: int, meta: dict[str, Any]) ->
         return
     got = _digest(path)
     if got != want:
-        raise CheckpointError(f"checkpoint {path} is damaged ({got['bytes']} bytes whose SHA-256 differs from "
-                              f"the {want['bytes']} bytes written)")
+        raise CheckpointError(
+            f"checkpoint {path} is damaged ({got['bytes']} bytes whose SHA-256 differs from "
+            f"the {want['bytes']} bytes written)"
+        )
 
 
 def discard_uncommitted(run_dir: Path, step: int) -> list[int]:
@@ -137,8 +143,10 @@ def verify_files(run_dir: Path, step: int, meta: dict[str, Any]) -> None:
             raise CheckpointError(f"checkpoint file {path} is missing")
         got = _digest(path)
         if got != want:
-            raise CheckpointError(f"checkpoint file {path} is damaged ({got['bytes']} bytes whose SHA-256 differs "
-                                  f"from the {want['bytes']} bytes written)")
+            raise CheckpointError(
+                f"checkpoint file {path} is damaged ({got['bytes']} bytes whose SHA-256 differs "
+                f"from the {want['bytes']} bytes written)"
+            )
 
 
 def saved_steps(run_dir: Path) -> list[int]:
@@ -149,7 +157,7 @@ def saved_steps(run_dir: Path) -> list[int]:
         if not d.is_dir():
             continue
         try:
-            steps.append(int(d.name[len(_PREFIX):]))
+            steps.append(int(d.name[len(_PREFIX) :]))
         except ValueError:
             continue
     return sorted(steps)
@@ -159,13 +167,15 @@ def latest_meta(run_dir: Path) -> dict[str, Any]:
     """The metadata ``latest.json`` names (the newest committed checkpoint, not checked for damage)."""
     path = checkpoint_dir(run_dir) / "latest.json"
     if not path.exists():
-        raise CheckpointError(f"no checkpoint in {run_dir} ({path} missing): nothing to resume; "
-                              f"run without --resume to start afresh")
+        raise CheckpointError(
+            f"no checkpoint in {run_dir} ({path} missing): nothing to resume; run without --resume to start afresh"
+        )
     try:
         return read_json(path)
     except ValueError as exc:
-        raise CheckpointError(f"{exc}; resume falls back to the newest readable step "
-                              f"(see {checkpoint_dir(run_dir)})") from None
+        raise CheckpointError(
+            f"{exc}; resume falls back to the newest readable step (see {checkpoint_dir(run_dir)})"
+        ) from None
 
 
 def load_replica(run_dir: Path, rank: int, step: int | None = None) -> dict[str, Any]:
@@ -176,12 +186,13 @@ def load_replica(run_dir: Path, rank: int, step: int | None = None) -> dict[str,
         raise CheckpointError(f"checkpoint {path} is missing (was the run written with fewer replicas?)")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a damaged file
+    except Exception as exc:
         # Not `from exc`: torch's message advises weights_only=False, i.e. running code from a bad file.
         raise CheckpointError(
             f"checkpoint {path} is damaged or not a checkpoint ({_reason(exc)}); to resume from the checkpoint "
             f"before it, delete {step_dir(run_dir, step)} and {_meta_file(run_dir, step)}, or start afresh "
-            f"with --overwrite") from None
+            f"with --overwrite"
+        ) from None
 
 
 def load_latest(run_dir: Path) -> dict[str, Any]:
@@ -212,8 +223,9 @@ def find_resumable(run_dir: Path) -> Resumable:
     root = checkpoint_dir(run_dir)
     latest = root / "latest.json"
     if not root.is_dir() or not (latest.exists() or saved_steps(run_dir)):
-        raise CheckpointError(f"no checkpoint in {run_dir} ({latest} missing): nothing to resume; "
-                              f"run without --resume to start afresh")
+        raise CheckpointError(
+            f"no checkpoint in {run_dir} ({latest} missing): nothing to resume; run without --resume to start afresh"
+        )
     committed = _committed_step(run_dir)
     skipped: list[str] = []
     for step in reversed(saved_steps(run_dir)):
@@ -231,9 +243,11 @@ def find_resumable(run_dir: Path) -> Resumable:
             continue
         return Resumable(meta, tuple(skipped))
     raise CheckpointError(
-        f"no readable checkpoint in {root}:\n  " + "\n  ".join(skipped or ["(no complete step)"])
+        f"no readable checkpoint in {root}:\n  "
+        + "\n  ".join(skipped or ["(no complete step)"])
         + "\nnothing can be resumed: start afresh with --overwrite (deletes this run's results) "
-          "or train into another --out")
+        "or train into another --out"
+    )
 
 
 def _committed_step(run_dir: Path) -> int | None:
@@ -267,7 +281,18 @@ def _reason(exc: BaseException) -> str:
 
 
 __all__ = [
-    "CheckpointError", "Resumable", "checkpoint_dir", "commit", "discard_uncommitted", "find_resumable",
-    "latest_meta", "load_latest", "load_replica", "save_replica", "saved_steps", "step_dir", "verify_files",
+    "CheckpointError",
+    "Resumable",
+    "checkpoint_dir",
+    "commit",
+    "discard_uncommitted",
+    "find_resumable",
+    "latest_meta",
+    "load_latest",
+    "load_replica",
+    "save_replica",
+    "saved_steps",
+    "step_dir",
+    "verify_files",
     "verify_replica",
 ]

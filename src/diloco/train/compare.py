@@ -30,8 +30,10 @@ def run_compare(
     and a directory holding a run of another config is an error naming the keys that differ.
     ``reuse=False`` retrains every method, replacing its run directory.
     """
-    trainers = {name: Trainer(cfg, Path(out_dir) / name, cache_dir=cache_dir, progress=progress, device=device)
-                for name, cfg in configs.items()}
+    trainers = {
+        name: Trainer(cfg, Path(out_dir) / name, cache_dir=cache_dir, progress=progress, device=device)
+        for name, cfg in configs.items()
+    }
     plans, errors = {}, []
     for name, trainer in trainers.items():
         try:
@@ -62,8 +64,10 @@ def describe(cfg: TrainConfig) -> str:
         return f"data-parallel, M={cfg.replicas}"
     s = f"{cfg.method}, M={cfg.replicas}, H={cfg.sync_every}, outer lr {cfg.outer_lr}"
     if cfg.method == "streaming":
-        s += (f", P={cfg.num_fragments} {cfg.fragment_pattern}, tau={cfg.overlap_steps}, "
-              f"alpha={cfg.merge_alpha}, {cfg.codec}")
+        s += (
+            f", P={cfg.num_fragments} {cfg.fragment_pattern}, tau={cfg.overlap_steps}, "
+            f"alpha={cfg.merge_alpha}, {cfg.codec}"
+        )
     return s
 
 
@@ -96,14 +100,17 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     for r in rows:
         pct = r.get("loss_vs_dp_pct")
         fewer = r.get("bytes_fewer_than_dp")
-        lines.append([
-            r["name"], "-" if r["final_eval_loss"] is None else f"{r['final_eval_loss']:.4f}",
-            "-" if pct is None else f"{pct:+.2f}%",
-            _human(r["bytes_sent_per_replica"]),
-            "-" if fewer is None else (f"{fewer:.0f}x" if fewer >= 10 else f"{fewer:.2f}x"),
-            _human(r["peak_bytes_per_sync"]),
-            f"{r['wall_time_s']:.0f}s",
-        ])
+        lines.append(
+            [
+                r["name"],
+                "-" if r["final_eval_loss"] is None else f"{r['final_eval_loss']:.4f}",
+                "-" if pct is None else f"{pct:+.2f}%",
+                _human(r["bytes_sent_per_replica"]),
+                "-" if fewer is None else (f"{fewer:.0f}x" if fewer >= 10 else f"{fewer:.2f}x"),
+                _human(r["peak_bytes_per_sync"]),
+                f"{r['wall_time_s']:.0f}s",
+            ]
+        )
     widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
     fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
     out = [fmt.format(*header), fmt.format(*["-" * w for w in widths])]
@@ -168,8 +175,14 @@ def draw_loss_vs_bytes(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
             ax.annotate(r["name"], (r["bytes_sent_per_replica"], loss), textcoords="offset points", xytext=(5, 5))
         else:
             ax.axhline(loss, color=color, linestyle="--", linewidth=1)
-            ax.annotate(f"{r['name']} (no communication)", (0.01, loss), xycoords=("axes fraction", "data"),
-                        textcoords="offset points", xytext=(0, 4), color=color)
+            ax.annotate(
+                f"{r['name']} (no communication)",
+                (0.01, loss),
+                xycoords=("axes fraction", "data"),
+                textcoords="offset points",
+                xytext=(0, 4),
+                color=color,
+            )
     if any(r["bytes_sent_per_replica"] > 0 for r in rows):
         ax.set_xscale("log")
         ax.set_xlabel("bytes sent per replica (log)")

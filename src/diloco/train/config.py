@@ -20,6 +20,7 @@ from diloco.errors import ConfigError
 from diloco.layout import PATTERNS
 from diloco.methods import METHODS, schedule_errors
 
+
 def setting(default: Any, doc: str) -> Any:
     """A :class:`TrainConfig` field with its one line of meaning.
 
@@ -40,51 +41,126 @@ WORKER_SHARDING = ("replicate", "fsdp")
 class TrainConfig:
     # what to train
     size: str = setting("cpu-1m", "named model size of the project's transformer (diloco.models.sizes; e.g. cpu-1m)")
-    model: str = setting("", "empty: the project's transformer of `size`; hf:PATH (a Hugging Face folder); module:function or file.py:function")
+    model: str = setting(
+        "",
+        "empty: the project's transformer of `size`; hf:PATH (a Hugging Face folder); module:function or file.py:function",
+    )
     vocab_size: int = setting(4096, "the BPE's vocabulary size; for token files, the vocabulary their ids index")
     seq_len: int = setting(128, "tokens per training sequence (the context length)")
-    sources: tuple[str, ...] = setting(("shakespeare", "bible"), "training data: bundled names (shakespeare, bible, large), text files, folders, globs, or .bin/.npy token files")
-    tokenizer: str = setting("", "empty: train the project's BPE on the text (cached); or a tokenizer.json (Hugging Face tokenizers)")
+    sources: tuple[str, ...] = setting(
+        ("shakespeare", "bible"),
+        "training data: bundled names (shakespeare, bible, large), text files, folders, globs, or .bin/.npy token files",
+    )
+    tokenizer: str = setting(
+        "", "empty: train the project's BPE on the text (cached); or a tokenizer.json (Hugging Face tokenizers)"
+    )
     eod_token: str = setting("", "that tokenizer's end-of-document token (default: the first known one it has)")
     token_dtype: str = setting("uint16", "id type of .bin token files")
     z_loss: float = setting(1e-4, "weight of the z-loss on the softmax normaliser (stabilises the logits; 0 = off)")
     # how workers cooperate
-    method: str = setting("diloco", "how replicas cooperate: dp (data-parallel), diloco, streaming (Streaming DiLoCo), decoupled (learners on their own clocks)")
+    method: str = setting(
+        "diloco",
+        "how replicas cooperate: dp (data-parallel), diloco, streaming (Streaming DiLoCo), decoupled (learners on their own clocks)",
+    )
     replicas: int = setting(2, "M: the number of workers (replicas); each trains on its own shard")
     ranks_per_worker: int = setting(1, "R: under torchrun, the data-parallel processes of one worker (launch M x R)")
-    worker_sharding: str = setting("replicate", "how a worker's R ranks hold its model: replicate (each a full copy) or fsdp (sharded with fully_shard)")
-    fsdp_mixed_precision: bool = setting(False, "with worker_sharding=fsdp: bf16 forward/backward, fp32 gradient reduction and master weights")
-    sync_every: int = setting(30, "H: inner steps between two outer syncs (of each fragment); measured best: >= 80 outer steps a run")
+    worker_sharding: str = setting(
+        "replicate",
+        "how a worker's R ranks hold its model: replicate (each a full copy) or fsdp (sharded with fully_shard)",
+    )
+    fsdp_mixed_precision: bool = setting(
+        False, "with worker_sharding=fsdp: bf16 forward/backward, fp32 gradient reduction and master weights"
+    )
+    sync_every: int = setting(
+        30, "H: inner steps between two outer syncs (of each fragment); measured best: >= 80 outer steps a run"
+    )
     num_fragments: int = setting(1, "P: fragments of the model that sync on a staggered schedule (streaming)")
-    fragment_pattern: str = setting("strided", "how blocks map to fragments: strided (block i -> 1 + i mod (P-1)) or sequential")
-    fragments: tuple[str, ...] = setting((), "explicit fragments: one group of parameter-name prefixes (a|b) per fragment; empty: the fragmenter's")
-    schedule: str = setting("even", "when each fragment syncs: even, torchft (torchft 0.2.0's offsets), or P comma-separated first-send steps")
+    fragment_pattern: str = setting(
+        "strided", "how blocks map to fragments: strided (block i -> 1 + i mod (P-1)) or sequential"
+    )
+    fragments: tuple[str, ...] = setting(
+        (), "explicit fragments: one group of parameter-name prefixes (a|b) per fragment; empty: the fragmenter's"
+    )
+    schedule: str = setting(
+        "even",
+        "when each fragment syncs: even, torchft (torchft 0.2.0's offsets), or P comma-separated first-send steps",
+    )
     overlap_steps: int = setting(0, "tau: inner steps an exchange overlaps before it is merged (streaming)")
     merge_alpha: float = setting(0.0, "alpha: merge as alpha * local + (1 - alpha) * global (streaming)")
-    codec: str = setting("fp32", "what outer gradients travel as (fp32, bf16, fp8 / fp4 variants, int8: diloco.CODEC_NAMES; with ef_decay: stat2, stat4, topk)")
-    eager: bool = setting(False, "eager updates (needs overlap_steps = sync_every): apply this worker's share of the outer gradient at once, the others' one outer step later")
-    ef_decay: float = setting(0.0, "beta of the error-feedback accumulator e <- beta e + Delta that keeps what the codec dropped (0 = off; SparseLoCo 0.95, MuLoCo 0.9)")
-    topk_density: float = setting(0.015625, "share of each 4096-value chunk the topk codec sends (1/64: 64 values, 12-bit indices, 2-bit values)")
-    topk_tables: str = setting("payload", "where the topk codec's 2-bit values take their bin means: payload (one table) or chunk (one per chunk, +0.03 bits)")
-    guard: str = setting("drop", "outer-gradient norm guard (each worker its own; decoupled: the syncer): drop, clip one above guard_ratio x reference, or off")
-    guard_ratio: float = setting(10.0, "guard's bar on norm / reference (round's median, else running median of accepted norms); healthy runs measured < 3")
-    quorum: int = setting(0, "K (decoupled): learners a merge needs at least; 0 = all (synchronous), 1 = whoever reports first")
-    merge: str = setting("rda", "decoupled: how the syncer merges: rda (radial-directional; measured best at outer_lr 0.7/sqrt(M)) or mean (token-weighted)")
-    outer_scale: str = setting("auto", "decoupled: outer step share of a merge of k of M learners: auto (mean: share, rda: sqrt-share), share (k/M), sqrt-share, none (1)")
-    outer_gradient: str = setting("global", "decoupled: a learner's outer gradient: global (Theta - theta_m) or own (base_m - theta_m, its own progress; kinder to stragglers)")
-    grace_gamma: float = setting(0.2, "decoupled: gamma of the wait for more learners after the quorum, gamma x (tau x step time - quorum time - sync time)")
-    grace_ema_decay: float = setting(0.9, "decoupled: decay of the grace window's moving averages of step, quorum and sync times")
-    ride_out_steps: int = setting(0, "decoupled: steps a learner trains on while a reply is late (a syncer restarting) before it waits; 0 = wait")
-    overwrite_after: str = setting("send", "decoupled: a learner overwrites a fragment tau steps after sending it (send) or after its reply arrives (arrival)")
-    decoupled_transport: str = setting("threads", "decoupled: where the syncer runs: threads (a thread of this process) or ray (a named Ray actor)")
-    ray_address: str = setting("", "decoupled_transport=ray: the Ray cluster to join; empty: start a local Ray instance")
+    codec: str = setting(
+        "fp32",
+        "what outer gradients travel as (fp32, bf16, fp8 / fp4 variants, int8: diloco.CODEC_NAMES; with ef_decay: stat2, stat4, topk)",
+    )
+    eager: bool = setting(
+        False,
+        "eager updates (needs overlap_steps = sync_every): apply this worker's share of the outer gradient at once, the others' one outer step later",
+    )
+    ef_decay: float = setting(
+        0.0,
+        "beta of the error-feedback accumulator e <- beta e + Delta that keeps what the codec dropped (0 = off; SparseLoCo 0.95, MuLoCo 0.9)",
+    )
+    topk_density: float = setting(
+        0.015625, "share of each 4096-value chunk the topk codec sends (1/64: 64 values, 12-bit indices, 2-bit values)"
+    )
+    topk_tables: str = setting(
+        "payload",
+        "where the topk codec's 2-bit values take their bin means: payload (one table) or chunk (one per chunk, +0.03 bits)",
+    )
+    guard: str = setting(
+        "drop",
+        "outer-gradient norm guard (each worker its own; decoupled: the syncer): drop, clip one above guard_ratio x reference, or off",
+    )
+    guard_ratio: float = setting(
+        10.0,
+        "guard's bar on norm / reference (round's median, else running median of accepted norms); healthy runs measured < 3",
+    )
+    quorum: int = setting(
+        0, "K (decoupled): learners a merge needs at least; 0 = all (synchronous), 1 = whoever reports first"
+    )
+    merge: str = setting(
+        "rda",
+        "decoupled: how the syncer merges: rda (radial-directional; measured best at outer_lr 0.7/sqrt(M)) or mean (token-weighted)",
+    )
+    outer_scale: str = setting(
+        "auto",
+        "decoupled: outer step share of a merge of k of M learners: auto (mean: share, rda: sqrt-share), share (k/M), sqrt-share, none (1)",
+    )
+    outer_gradient: str = setting(
+        "global",
+        "decoupled: a learner's outer gradient: global (Theta - theta_m) or own (base_m - theta_m, its own progress; kinder to stragglers)",
+    )
+    grace_gamma: float = setting(
+        0.2,
+        "decoupled: gamma of the wait for more learners after the quorum, gamma x (tau x step time - quorum time - sync time)",
+    )
+    grace_ema_decay: float = setting(
+        0.9, "decoupled: decay of the grace window's moving averages of step, quorum and sync times"
+    )
+    ride_out_steps: int = setting(
+        0, "decoupled: steps a learner trains on while a reply is late (a syncer restarting) before it waits; 0 = wait"
+    )
+    overwrite_after: str = setting(
+        "send",
+        "decoupled: a learner overwrites a fragment tau steps after sending it (send) or after its reply arrives (arrival)",
+    )
+    decoupled_transport: str = setting(
+        "threads", "decoupled: where the syncer runs: threads (a thread of this process) or ray (a named Ray actor)"
+    )
+    ray_address: str = setting(
+        "", "decoupled_transport=ray: the Ray cluster to join; empty: start a local Ray instance"
+    )
     dp_codec: str = setting("fp32", "what gradients travel as in data-parallel (same names as codec)")
     # budget (exactly one of steps and tokens)
     global_batch: int = setting(16, "sequences per step over all workers (global_batch / replicas per worker)")
     steps: int = setting(0, "training steps (set exactly one of steps and tokens)")
-    tokens: int = setting(0, "training tokens, converted to steps of global_batch x seq_len (exactly one of steps and tokens)")
+    tokens: int = setting(
+        0, "training tokens, converted to steps of global_batch x seq_len (exactly one of steps and tokens)"
+    )
     # inner optimizer (AdamW, linear warmup, cosine decay to min_lr_ratio)
-    inner_optimizer: str = setting("adamw", "adamw, or muon: torch.optim.Muon on the 2-D hidden matrices (AdamW-matched lr), AdamW on embeddings, head, norms and biases")
+    inner_optimizer: str = setting(
+        "adamw",
+        "adamw, or muon: torch.optim.Muon on the 2-D hidden matrices (AdamW-matched lr), AdamW on embeddings, head, norms and biases",
+    )
     inner_lr: float = setting(2e-3, "peak learning rate of the inner AdamW (linear warmup, cosine decay)")
     warmup_steps: int = setting(50, "steps of linear learning-rate warmup")
     min_lr_ratio: float = setting(0.05, "the cosine decays to inner_lr x this at the last step")
@@ -94,15 +170,26 @@ class TrainConfig:
     grad_clip: float = setting(1.0, "clip each worker's gradient norm to this (0 = no clipping)")
     # outer optimizer (Nesterov SGD)
     outer_lr: float = setting(0.7, "learning rate of the outer Nesterov SGD on the averaged outer gradient")
-    outer_momentum: float = setting(0.9, "momentum of the outer SGD (the papers: 0.9; studies/outer-steps: 0.5 for diloco, 0.9 for streaming)")
+    outer_momentum: float = setting(
+        0.9, "momentum of the outer SGD (the papers: 0.9; studies/outer-steps: 0.5 for diloco, 0.9 for streaming)"
+    )
     outer_nesterov: bool = setting(True, "Nesterov momentum for the outer SGD (false: heavy-ball)")
     # evaluation, checkpoints, runtime
     eval_every: int = setting(100, "steps between evaluations of the global parameters on held-out tokens")
     eval_batches: int = setting(16, "batches of global_batch sequences per evaluation")
-    diverge_factor: float = setting(3.0, "stop (exit 3, no checkpoint) on a non-finite loss or an eval above this x min(first eval, ln vocab); 0 = off")
-    checkpoint_every: int = setting(-1, "steps between checkpoints; -1 = auto (every 100, rounded up to a multiple of sync_every), 0 = only at the end")
+    diverge_factor: float = setting(
+        3.0,
+        "stop (exit 3, no checkpoint) on a non-finite loss or an eval above this x min(first eval, ln vocab); 0 = off",
+    )
+    checkpoint_every: int = setting(
+        -1,
+        "steps between checkpoints; -1 = auto (every 100, rounded up to a multiple of sync_every), 0 = only at the end",
+    )
     keep_checkpoints: int = setting(2, "K: the last K checkpoints are kept (an unreadable newest one falls back)")
-    checkpoint_async: bool = setting(False, "with worker_sharding=fsdp: write each checkpoint in the background (dcp.async_save), committed at the next step")
+    checkpoint_async: bool = setting(
+        False,
+        "with worker_sharding=fsdp: write each checkpoint in the background (dcp.async_save), committed at the next step",
+    )
     seed: int = setting(0, "seed of the model's initialisation and the data order")
     bf16: bool = setting(False, "bf16 autocast of forward and loss (weights, grads and optimizer state stay fp32)")
     compile: bool = setting(False, "torch.compile each replica's model (parameter names unchanged)")
@@ -128,16 +215,26 @@ class TrainConfig:
             blocks = None
             errors.append(f"size={self.size!r}: choose one of {', '.join(SIZES)}")
         need(self.codec in ALL_CODEC_NAMES, f"codec={self.codec!r}: choose one of {', '.join(ALL_CODEC_NAMES)}")
-        need(self.inner_optimizer in INNER_OPTIMIZERS,
-             f"inner_optimizer={self.inner_optimizer!r}: choose one of {', '.join(INNER_OPTIMIZERS)}")
-        need(0.0 <= self.ef_decay <= 1.0,
-             f"ef_decay={self.ef_decay}: need 0 <= beta <= 1 (0 = no error feedback; SparseLoCo 0.95, MuLoCo 0.9)")
-        need(0.0 < self.topk_density <= 1.0,
-             f"topk_density={self.topk_density}: need 0 < density <= 1 (the share of each chunk sent, e.g. 0.015625)")
-        need(self.topk_tables in TOPK_TABLES,
-             f"topk_tables={self.topk_tables!r}: choose one of {', '.join(TOPK_TABLES)} (chunk: a table of bin means per chunk)")
-        need(not self.eager or self.method != "dp",
-             "eager=true is for method=diloco or streaming (data-parallel has no outer step to overlap)")
+        need(
+            self.inner_optimizer in INNER_OPTIMIZERS,
+            f"inner_optimizer={self.inner_optimizer!r}: choose one of {', '.join(INNER_OPTIMIZERS)}",
+        )
+        need(
+            0.0 <= self.ef_decay <= 1.0,
+            f"ef_decay={self.ef_decay}: need 0 <= beta <= 1 (0 = no error feedback; SparseLoCo 0.95, MuLoCo 0.9)",
+        )
+        need(
+            0.0 < self.topk_density <= 1.0,
+            f"topk_density={self.topk_density}: need 0 < density <= 1 (the share of each chunk sent, e.g. 0.015625)",
+        )
+        need(
+            self.topk_tables in TOPK_TABLES,
+            f"topk_tables={self.topk_tables!r}: choose one of {', '.join(TOPK_TABLES)} (chunk: a table of bin means per chunk)",
+        )
+        need(
+            not self.eager or self.method != "dp",
+            "eager=true is for method=diloco or streaming (data-parallel has no outer step to overlap)",
+        )
         try:
             from diloco.algorithm.guard import check_guard
 
@@ -147,29 +244,44 @@ class TrainConfig:
         need(self.dp_codec in CODEC_NAMES, f"dp_codec={self.dp_codec!r}: choose one of {', '.join(CODEC_NAMES)}")
         need(self.replicas >= 1, f"replicas={self.replicas}: need at least 1")
         need(self.ranks_per_worker >= 1, f"ranks_per_worker={self.ranks_per_worker}: need at least 1")
-        need(self.worker_sharding in WORKER_SHARDING,
-             f"worker_sharding={self.worker_sharding!r}: choose one of {', '.join(WORKER_SHARDING)}")
+        need(
+            self.worker_sharding in WORKER_SHARDING,
+            f"worker_sharding={self.worker_sharding!r}: choose one of {', '.join(WORKER_SHARDING)}",
+        )
         if self.worker_sharding == "fsdp":
-            need(self.method != "dp",
-                 f"worker_sharding='fsdp' runs DiLoCo / streaming workers, not method={self.method!r}: "
-                 f"use method='diloco' or 'streaming', or worker_sharding='replicate'")
-            need(self.inner_optimizer == "adamw",
-                 f"inner_optimizer={self.inner_optimizer!r} with worker_sharding='fsdp' is not supported (Muon "
-                 f"orthogonalises whole matrices; FSDP holds shards): use inner_optimizer='adamw' or "
-                 f"worker_sharding='replicate'")
-            need(not self.compile, "compile=true with worker_sharding='fsdp' is not supported: set compile=false "
-                                   "or worker_sharding='replicate'")
-        need(not self.checkpoint_async or self.worker_sharding == "fsdp",
-             f"checkpoint_async=true needs worker_sharding='fsdp' (sharded checkpoints; got "
-             f"{self.worker_sharding!r}): set checkpoint_async=false")
-        need(not self.fsdp_mixed_precision or self.worker_sharding == "fsdp",
-             f"fsdp_mixed_precision=true needs worker_sharding='fsdp' (got {self.worker_sharding!r}); "
-             f"for replicated workers use bf16=true")
+            need(
+                self.method != "dp",
+                f"worker_sharding='fsdp' runs DiLoCo / streaming workers, not method={self.method!r}: "
+                f"use method='diloco' or 'streaming', or worker_sharding='replicate'",
+            )
+            need(
+                self.inner_optimizer == "adamw",
+                f"inner_optimizer={self.inner_optimizer!r} with worker_sharding='fsdp' is not supported (Muon "
+                f"orthogonalises whole matrices; FSDP holds shards): use inner_optimizer='adamw' or "
+                f"worker_sharding='replicate'",
+            )
+            need(
+                not self.compile,
+                "compile=true with worker_sharding='fsdp' is not supported: set compile=false "
+                "or worker_sharding='replicate'",
+            )
+        need(
+            not self.checkpoint_async or self.worker_sharding == "fsdp",
+            f"checkpoint_async=true needs worker_sharding='fsdp' (sharded checkpoints; got "
+            f"{self.worker_sharding!r}): set checkpoint_async=false",
+        )
+        need(
+            not self.fsdp_mixed_precision or self.worker_sharding == "fsdp",
+            f"fsdp_mixed_precision=true needs worker_sharding='fsdp' (got {self.worker_sharding!r}); "
+            f"for replicated workers use bf16=true",
+        )
         ranks = self.replicas * max(1, self.ranks_per_worker)
-        need(self.global_batch >= ranks and self.global_batch % ranks == 0,
-             f"global_batch={self.global_batch} must be a positive multiple of replicas={self.replicas} x "
-             f"ranks_per_worker={self.ranks_per_worker} (each replica gets global_batch / replicas sequences, "
-             f"split evenly over its ranks)")
+        need(
+            self.global_batch >= ranks and self.global_batch % ranks == 0,
+            f"global_batch={self.global_batch} must be a positive multiple of replicas={self.replicas} x "
+            f"ranks_per_worker={self.ranks_per_worker} (each replica gets global_batch / replicas sequences, "
+            f"split evenly over its ranks)",
+        )
         for f in fields(self):  # every number is finite; counts and rates are never negative
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
@@ -181,53 +293,75 @@ class TrainConfig:
             need(getattr(self, name) >= 0, f"{name}={getattr(self, name)}: must be >= 0 (0 turns it off)")
         for name in ("beta1", "beta2", "outer_momentum"):
             need(0.0 <= getattr(self, name) < 1.0, f"{name}={getattr(self, name)}: need 0 <= {name} < 1")
-        need((self.steps > 0) != (self.tokens > 0),
-             f"set exactly one of steps={self.steps} or tokens={self.tokens} to a positive value")
-        errors += schedule_errors(self.sync_every, self.num_fragments, self.overlap_steps,
-                                  eager=self.eager and self.method != "dp")
+        need(
+            (self.steps > 0) != (self.tokens > 0),
+            f"set exactly one of steps={self.steps} or tokens={self.tokens} to a positive value",
+        )
+        errors += schedule_errors(
+            self.sync_every, self.num_fragments, self.overlap_steps, eager=self.eager and self.method != "dp"
+        )
         if blocks is not None and self.num_fragments >= 2 and not self.model and not self.fragments:
-            need(self.num_fragments - 1 <= blocks,
-                 f"num_fragments={self.num_fragments} needs {self.num_fragments - 1} block fragments but "
-                 f"size={self.size!r} has {blocks} blocks (fragment 0 holds the non-block parameters); "
-                 f"use num_fragments <= {blocks + 1} or a deeper size")
+            need(
+                self.num_fragments - 1 <= blocks,
+                f"num_fragments={self.num_fragments} needs {self.num_fragments - 1} block fragments but "
+                f"size={self.size!r} has {blocks} blocks (fragment 0 holds the non-block parameters); "
+                f"use num_fragments <= {blocks + 1} or a deeper size",
+            )
         if self.method == "diloco":
-            need(self.num_fragments == 1 and (self.overlap_steps == 0 or self.eager),
-                 f"method='diloco' is P=1, tau=0 (or tau=H with eager) (got num_fragments={self.num_fragments}, "
-                 f"overlap_steps={self.overlap_steps}): use method='streaming' for fragments or overlap")
+            need(
+                self.num_fragments == 1 and (self.overlap_steps == 0 or self.eager),
+                f"method='diloco' is P=1, tau=0 (or tau=H with eager) (got num_fragments={self.num_fragments}, "
+                f"overlap_steps={self.overlap_steps}): use method='streaming' for fragments or overlap",
+            )
         if self.method == "decoupled":
             errors += _decoupled_errors(self)
         need(0.0 <= self.merge_alpha <= 1.0, f"merge_alpha={self.merge_alpha}: need 0 <= alpha <= 1")
-        need(self.fragment_pattern in PATTERNS,
-             f"fragment_pattern={self.fragment_pattern!r}: choose one of {', '.join(PATTERNS)}")
+        need(
+            self.fragment_pattern in PATTERNS,
+            f"fragment_pattern={self.fragment_pattern!r}: choose one of {', '.join(PATTERNS)}",
+        )
         need(self.inner_lr > 0, f"inner_lr={self.inner_lr}: must be > 0")
         need(self.outer_lr > 0, f"outer_lr={self.outer_lr}: must be > 0")
         need(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio={self.min_lr_ratio}: need 0..1")
         need(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps}: must be >= 0")
-        need(self.eval_every >= 1 and self.eval_batches >= 1,
-             f"eval_every={self.eval_every}, eval_batches={self.eval_batches}: both must be >= 1")
-        need(self.checkpoint_every >= -1,
-             f"checkpoint_every={self.checkpoint_every}: steps between checkpoints, 0 = only at the end, "
-             f"-1 = auto (every {AUTO_CHECKPOINT_STEPS} steps, rounded up to an outer-sync boundary)")
-        need(self.diverge_factor == 0 or self.diverge_factor > 1,
-             f"diverge_factor={self.diverge_factor}: give a factor > 1 (default 3: stop when an evaluation loss "
-             f"exceeds 3 x min(first evaluation, ln vocab_size)) or 0 to turn the divergence guard off")
+        need(
+            self.eval_every >= 1 and self.eval_batches >= 1,
+            f"eval_every={self.eval_every}, eval_batches={self.eval_batches}: both must be >= 1",
+        )
+        need(
+            self.checkpoint_every >= -1,
+            f"checkpoint_every={self.checkpoint_every}: steps between checkpoints, 0 = only at the end, "
+            f"-1 = auto (every {AUTO_CHECKPOINT_STEPS} steps, rounded up to an outer-sync boundary)",
+        )
+        need(
+            self.diverge_factor == 0 or self.diverge_factor > 1,
+            f"diverge_factor={self.diverge_factor}: give a factor > 1 (default 3: stop when an evaluation loss "
+            f"exceeds 3 x min(first evaluation, ln vocab_size)) or 0 to turn the divergence guard off",
+        )
         need(self.keep_checkpoints >= 1, f"keep_checkpoints={self.keep_checkpoints}: keep at least 1 (default 2)")
         need(self.threads >= 0, f"threads={self.threads}: must be >= 0 (0 = auto)")
-        need(self.seq_len >= 8 and self.vocab_size >= 260,
-             f"seq_len={self.seq_len}, vocab_size={self.vocab_size}: need seq_len >= 8 and vocab_size >= 260 "
-             f"(a byte-level tokenizer needs 256 byte tokens + specials)")
+        need(
+            self.seq_len >= 8 and self.vocab_size >= 260,
+            f"seq_len={self.seq_len}, vocab_size={self.vocab_size}: need seq_len >= 8 and vocab_size >= 260 "
+            f"(a byte-level tokenizer needs 256 byte tokens + specials)",
+        )
         need(0.0 < self.val_fraction < 0.5, f"val_fraction={self.val_fraction}: need 0 < v < 0.5")
-        need(self.token_dtype in ("uint16", "uint32"),
-             f"token_dtype={self.token_dtype!r}: use uint16 or uint32 (the id type of your .bin files)")
-        need(not self.fragments or len(self.fragments) == self.num_fragments,
-             f"fragments={list(self.fragments)} names {len(self.fragments)} fragments but num_fragments="
-             f"{self.num_fragments}: give one comma-separated group of parameter-name prefixes per fragment")
+        need(
+            self.token_dtype in ("uint16", "uint32"),
+            f"token_dtype={self.token_dtype!r}: use uint16 or uint32 (the id type of your .bin files)",
+        )
+        need(
+            not self.fragments or len(self.fragments) == self.num_fragments,
+            f"fragments={list(self.fragments)} names {len(self.fragments)} fragments but num_fragments="
+            f"{self.num_fragments}: give one comma-separated group of parameter-name prefixes per fragment",
+        )
         if not errors and self.method != "dp":
             from diloco.algorithm.schedule import resolve_schedule
 
             try:
-                resolve_schedule(self.schedule_spec, self.sync_every, self.num_fragments, self.overlap_steps,
-                                 eager=self.eager)
+                resolve_schedule(
+                    self.schedule_spec, self.sync_every, self.num_fragments, self.overlap_steps, eager=self.eager
+                )
             except ValueError as exc:
                 errors.append(f"schedule={self.schedule!r}: {exc}")
         if errors:
@@ -263,8 +397,13 @@ class TrainConfig:
         """Settings that run but that a study found costly (:mod:`diloco.outer_steps`); empty if none."""
         from diloco.outer_steps import outer_steps_warning
 
-        w = outer_steps_warning(method=self.method, total_steps=self.total_steps, sync_every=self.sync_every,
-                                num_fragments=self.num_fragments, eager=self.eager)
+        w = outer_steps_warning(
+            method=self.method,
+            total_steps=self.total_steps,
+            sync_every=self.sync_every,
+            num_fragments=self.num_fragments,
+            eager=self.eager,
+        )
         return [w] if w else []
 
     @property
@@ -323,9 +462,12 @@ def _decoupled_errors(cfg: TrainConfig) -> list[str]:
     from diloco.decoupled.syncer import check_quorum
 
     errors = []
-    checks = [lambda: check_quorum(cfg.quorum or cfg.replicas, cfg.replicas), lambda: check_merge(cfg.merge),
-              lambda: check_outer_scale(cfg.outer_scale),
-              lambda: check_grace(gamma=cfg.grace_gamma, decay=cfg.grace_ema_decay, overlap_steps=cfg.overlap_steps)]
+    checks = [
+        lambda: check_quorum(cfg.quorum or cfg.replicas, cfg.replicas),
+        lambda: check_merge(cfg.merge),
+        lambda: check_outer_scale(cfg.outer_scale),
+        lambda: check_grace(gamma=cfg.grace_gamma, decay=cfg.grace_ema_decay, overlap_steps=cfg.overlap_steps),
+    ]
     if cfg.quorum < 0:
         errors.append(f"quorum={cfg.quorum}: use 0 (all learners) or 1..replicas={cfg.replicas}")
         checks = checks[1:]
@@ -335,22 +477,34 @@ def _decoupled_errors(cfg: TrainConfig) -> list[str]:
         except ValueError as exc:
             errors.append(str(exc))
     if cfg.ride_out_steps < 0:
-        errors.append(f"ride_out_steps={cfg.ride_out_steps}: give the steps to train on while a reply is late, >= 0 "
-                      f"(0: wait at once)")
+        errors.append(
+            f"ride_out_steps={cfg.ride_out_steps}: give the steps to train on while a reply is late, >= 0 "
+            f"(0: wait at once)"
+        )
     if cfg.overwrite_after not in ("send", "arrival"):
         errors.append(f"overwrite_after={cfg.overwrite_after!r}: choose send or arrival")
     if cfg.outer_gradient not in ("global", "own"):
         errors.append(f"outer_gradient={cfg.outer_gradient!r}: choose global or own")
     if cfg.decoupled_transport not in ("threads", "ray"):
         errors.append(f"decoupled_transport={cfg.decoupled_transport!r}: choose threads or ray")
-    for name, bad, fix in (("eager", cfg.eager, "eager=false"), ("ef_decay", cfg.ef_decay, "ef_decay=0"),
-                           ("ranks_per_worker", cfg.ranks_per_worker != 1 and cfg.decoupled_transport != "ray",
-                            "decoupled_transport=ray (learners of several ranks, under torchrun) or ranks_per_worker=1"),
-                           ("checkpoint_every", cfg.checkpoint_every > 0,
-                            "checkpoint_every=-1 or 0 (a decoupled run is checkpointed at its end only)")):
+    for name, bad, fix in (
+        ("eager", cfg.eager, "eager=false"),
+        ("ef_decay", cfg.ef_decay, "ef_decay=0"),
+        (
+            "ranks_per_worker",
+            cfg.ranks_per_worker != 1 and cfg.decoupled_transport != "ray",
+            "decoupled_transport=ray (learners of several ranks, under torchrun) or ranks_per_worker=1",
+        ),
+        (
+            "checkpoint_every",
+            cfg.checkpoint_every > 0,
+            "checkpoint_every=-1 or 0 (a decoupled run is checkpointed at its end only)",
+        ),
+    ):
         if bad:
-            errors.append(f"method='decoupled' does not support {name}={getattr(cfg, name)} with these settings "
-                          f"yet: set {fix}")
+            errors.append(
+                f"method='decoupled' does not support {name}={getattr(cfg, name)} with these settings yet: set {fix}"
+            )
     return errors
 
 
@@ -438,8 +592,10 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
     else:
         res = resources.files("diloco") / "configs" / f"{name_or_path}.json"
         if not res.is_file():
-            raise ConfigError(f"unknown preset {name_or_path!r}; presets: {', '.join(preset_names())} "
-                             f"(or give a path to a .json file)")
+            raise ConfigError(
+                f"unknown preset {name_or_path!r}; presets: {', '.join(preset_names())} "
+                f"(or give a path to a .json file)"
+            )
         text = res.read_text()
     try:
         data = json.loads(text)

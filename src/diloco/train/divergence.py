@@ -35,9 +35,11 @@ def likely_causes(cfg: Any) -> str:
         parts.append(f"outer_lr={cfg.outer_lr:g} with outer_momentum={cfg.outer_momentum:g}")
     if cfg.method == "decoupled":
         k = cfg.quorum or cfg.replicas
-        parts.append(f"quorum K={k} of replicas M={cfg.replicas} with outer_scale={cfg.outer_scale!r} "
-                     f"(a merge of k < M learners must apply only a share of an outer step: outer_scale=auto, "
-                     f"the default)")
+        parts.append(
+            f"quorum K={k} of replicas M={cfg.replicas} with outer_scale={cfg.outer_scale!r} "
+            f"(a merge of k < M learners must apply only a share of an outer step: outer_scale=auto, "
+            f"the default)"
+        )
     return "; ".join(parts)
 
 
@@ -48,7 +50,8 @@ def check_training_loss(loss: float, *, step: int, replica: int, cfg: Any) -> No
         raise DivergenceError(
             f"the run diverged at step {step}: replica {replica}'s training loss is {loss} (not finite). "
             f"Usual causes: {likely_causes(cfg)}. No checkpoint of this state was written; the earlier ones "
-            f"are as they were. diverge_factor=0 turns this guard off.")
+            f"are as they were. diverge_factor=0 turns this guard off."
+        )
 
 
 class DivergenceGuard:
@@ -77,15 +80,18 @@ class DivergenceGuard:
             return
         if math.isfinite(loss):
             ref = self.reference()
-            what = (f"the evaluation loss is {loss:.4g}, {loss / ref:.1f} x the reference {ref:.4g} (diverge_factor="
-                    f"{self.factor:g}; the reference is the smaller of the first evaluation, {self.first:.4g} at step "
-                    f"{self.first_step}, and ln(vocab_size) = {self.uniform:.4g}, the loss before training)")
+            what = (
+                f"the evaluation loss is {loss:.4g}, {loss / ref:.1f} x the reference {ref:.4g} (diverge_factor="
+                f"{self.factor:g}; the reference is the smaller of the first evaluation, {self.first:.4g} at step "
+                f"{self.first_step}, and ln(vocab_size) = {self.uniform:.4g}, the loss before training)"
+            )
         else:
             what = f"the evaluation loss is {loss} (not finite)"
         raise DivergenceError(
             f"the run diverged at step {step}: {what}. Usual causes: {likely_causes(self.cfg)}. No checkpoint "
             f"of this state was written; the earlier ones are as they were. A larger diverge_factor (or 0: off, "
-            f"which a --resume may change) lets such a run go on.")
+            f"which a --resume may change) lets such a run go on."
+        )
 
 
 __all__ = ["DivergenceError", "DivergenceGuard", "check_training_loss", "likely_causes"]

@@ -14,8 +14,21 @@ from typing import Any
 import torch
 
 #: /proc/cpuinfo flags that decide which vector kernels run (the rest is noise for this purpose).
-_VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-                 "amx_tile", "amx_bf16", "asimd", "sve")
+_VECTOR_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "amx_bf16",
+    "asimd",
+    "sve",
+)
 
 
 @lru_cache(maxsize=1)
@@ -41,10 +54,16 @@ def environment(*, device: str) -> dict[str, Any]:
     """torch and Python versions, CPU model, its vector extensions and torch's CPU capability, intra-op
     threads, and the device (with the GPU's name where it is one)."""
     model, flags = _cpu()
-    env = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-           "cpu": model, "cpu_vector_extensions": flags,
-           "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-           "intra_op_threads": torch.get_num_threads(), "device": device}
+    env = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu": model,
+        "cpu_vector_extensions": flags,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "intra_op_threads": torch.get_num_threads(),
+        "device": device,
+    }
     if device.startswith("cuda") and torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return env

@@ -48,8 +48,13 @@ class ExportResult:
     skipped: tuple[str, ...] = ()  # newer checkpoints passed over as damaged (one line each)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"out": str(self.out), "step": self.step, "model_kind": self.model_kind, "files": self.files,
-                "skipped_damaged": list(self.skipped)}
+        return {
+            "out": str(self.out),
+            "step": self.step,
+            "model_kind": self.model_kind,
+            "files": self.files,
+            "skipped_damaged": list(self.skipped),
+        }
 
 
 def _checkpoint_meta(run_dir: Path, step: int | None) -> tuple[dict[str, Any], tuple[str, ...]]:
@@ -59,23 +64,28 @@ def _checkpoint_meta(run_dir: Path, step: int | None) -> tuple[dict[str, Any], t
         raise ConfigError(f"{run_dir} is not a folder; give the --out folder of a `diloco train` run")
     steps = ckpt.saved_steps(run_dir)
     if not steps:
-        raise ConfigError(f"{run_dir} has no checkpoint ({ckpt.checkpoint_dir(run_dir)} holds none): nothing to "
-                         f"export. Train it (a checkpoint is written at the end and every checkpoint_every steps) "
-                         f"or --resume it if it was interrupted before its first checkpoint")
+        raise ConfigError(
+            f"{run_dir} has no checkpoint ({ckpt.checkpoint_dir(run_dir)} holds none): nothing to "
+            f"export. Train it (a checkpoint is written at the end and every checkpoint_every steps) "
+            f"or --resume it if it was interrupted before its first checkpoint"
+        )
     if step is None:
         found = ckpt.find_resumable(run_dir)  # the newest readable one; raises naming every damaged one
         return found.meta, found.skipped
     if step not in steps:
-        raise ConfigError(f"{run_dir} has no checkpoint of step {step}; its checkpoints: "
-                         f"{', '.join(map(str, steps))} (leave out --step for the latest)")
+        raise ConfigError(
+            f"{run_dir} has no checkpoint of step {step}; its checkpoints: "
+            f"{', '.join(map(str, steps))} (leave out --step for the latest)"
+        )
     meta = ckpt._step_meta(run_dir, step)
     for rank in range(int(meta.get("num_replicas", 1))):
         ckpt.verify_replica(run_dir, rank, step, meta)
     return meta, ()
 
 
-def _vocab_and_tokenizer(run_dir: Path, cfg: Any, meta: dict[str, Any], cache_dir: Path | None
-                         ) -> tuple[int, str | None, str | None]:
+def _vocab_and_tokenizer(
+    run_dir: Path, cfg: Any, meta: dict[str, Any], cache_dir: Path | None
+) -> tuple[int, str | None, str | None]:
     """The run's vocabulary size, tokenizer JSON and end-of-document token.
 
     Written into the run since this version (``tokenizer.json``, the checkpoint's ``vocab_size``); for
@@ -89,9 +99,15 @@ def _vocab_and_tokenizer(run_dir: Path, cfg: Any, meta: dict[str, Any], cache_di
         from diloco.train.inputs import run_tokenizer
 
         tokenizer, _ = run_tokenizer(cfg)
-        data = prepare_data(cfg.sources, vocab_size=cfg.vocab_size, cache_dir=cache_dir or default_cache_dir(),
-                            val_fraction=cfg.val_fraction, tokenizer=tokenizer, eod_token=cfg.eod_token or None,
-                            token_dtype=cfg.token_dtype)
+        data = prepare_data(
+            cfg.sources,
+            vocab_size=cfg.vocab_size,
+            cache_dir=cache_dir or default_cache_dir(),
+            val_fraction=cfg.val_fraction,
+            tokenizer=tokenizer,
+            eod_token=cfg.eod_token or None,
+            token_dtype=cfg.token_dtype,
+        )
         vocab = data.vocab_size
         tok_json = data.tokenizer.to_json() if data.tokenizer is not None else None
     eod = None
@@ -114,8 +130,9 @@ def _token_sources(cfg: Any) -> bool:
         return False
 
 
-def global_model(run_dir: Path | str, *, step: int | None = None, cache_dir: Path | None = None
-                 ) -> tuple[nn.Module, dict[str, Any], Any]:
+def global_model(
+    run_dir: Path | str, *, step: int | None = None, cache_dir: Path | None = None
+) -> tuple[nn.Module, dict[str, Any], Any]:
     """The run's model holding the global parameters of checkpoint ``step`` (default: the latest readable).
 
     Returns ``(model, checkpoint record, TrainConfig)``; the model is on the CPU, in eval mode. The record's
@@ -132,16 +149,27 @@ def global_model(run_dir: Path | str, *, step: int | None = None, cache_dir: Pat
     meta = {**meta, "skipped_damaged": list(skipped)}
     cfg = TrainConfig.from_dict(meta["config"])
     vocab, _, _ = _vocab_and_tokenizer(run_dir, cfg, meta, cache_dir)
-    model = unwrap_compiled(build_model(cfg.model, size=cfg.size, vocab_size=vocab, seq_len=cfg.seq_len,
-                                        seed=cfg.seed, z_loss=cfg.z_loss, load_weights=False))
+    model = unwrap_compiled(
+        build_model(
+            cfg.model,
+            size=cfg.size,
+            vocab_size=vocab,
+            seq_len=cfg.seq_len,
+            seed=cfg.seed,
+            z_loss=cfg.z_loss,
+            load_weights=False,
+        )
+    )
     if meta.get("format") == "dcp":  # FSDP workers: worker 0's shards read whole
         return _load_sharded(run_dir, model, meta, cfg), meta, cfg
     state = ckpt.load_replica(run_dir, 0, int(meta["step"]))
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as exc:
-        raise ConfigError(f"the checkpoint of {run_dir} does not fit the model its config builds now "
-                         f"(model={cfg.model!r}: was its config changed since the run?): {str(exc)[:300]}") from None
+        raise ConfigError(
+            f"the checkpoint of {run_dir} does not fit the model its config builds now "
+            f"(model={cfg.model!r}: was its config changed since the run?): {str(exc)[:300]}"
+        ) from None
     if cfg.method != "dp":  # DP's parameters are the global ones; else each fragment's flat global copy
         groups = run_fragments(cfg, model)
         frags = split_fragments(model, cfg.num_fragments, pattern=cfg.fragment_pattern, fragments=groups)
@@ -152,7 +180,7 @@ def global_model(run_dir: Path | str, *, step: int | None = None, cache_dir: Pat
                 assert flat.numel() == sum(p.numel() for p in frag.params), frag.names[:2]
                 offset = 0
                 for p in frag.params:
-                    p.copy_(flat[offset:offset + p.numel()].view(p.shape))
+                    p.copy_(flat[offset : offset + p.numel()].view(p.shape))
                     offset += p.numel()
     return model.eval(), meta, cfg
 
@@ -163,10 +191,12 @@ def _load_sharded(run_dir: Path, model: torch.nn.Module, meta: dict[str, Any], c
 
     full = read_full(run_dir, int(meta["step"]), 0)
     try:
-        model.load_state_dict({k[len("model/"):]: v for k, v in full.items() if k.startswith("model/")})
+        model.load_state_dict({k[len("model/") :]: v for k, v in full.items() if k.startswith("model/")})
     except RuntimeError as exc:
-        raise ConfigError(f"the checkpoint of {run_dir} does not fit the model its config builds now "
-                         f"(model={cfg.model!r}: was its config changed since the run?): {str(exc)[:300]}") from None
+        raise ConfigError(
+            f"the checkpoint of {run_dir} does not fit the model its config builds now "
+            f"(model={cfg.model!r}: was its config changed since the run?): {str(exc)[:300]}"
+        ) from None
     with torch.no_grad():  # a tied weight is one parameter: it takes the global value under every name
         for name, p in model.named_parameters():
             p.copy_(full[f"global/{name}"])
@@ -178,16 +208,26 @@ def _check_out(out: Path, run_dir: Path, overwrite: bool) -> None:
         raise ConfigError(f"--out {out} is a file; give a folder (new or empty) for the model")
     resolved, run = out.resolve(), run_dir.resolve()
     if resolved == run or resolved in run.parents:
-        raise ConfigError(f"--out {out} holds the run {run_dir} itself; export to another folder (e.g. {run_dir}/model)")
+        raise ConfigError(
+            f"--out {out} holds the run {run_dir} itself; export to another folder (e.g. {run_dir}/model)"
+        )
     held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if held and not overwrite:
         shown = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
-        raise ConfigError(f"--out {out} already holds files ({shown}); choose a new or empty folder, or pass "
-                         f"--overwrite to replace the folder and everything in it")
+        raise ConfigError(
+            f"--out {out} already holds files ({shown}); choose a new or empty folder, or pass "
+            f"--overwrite to replace the folder and everything in it"
+        )
 
 
-def export_run(run_dir: Path | str, *, out: Path | str, step: int | None = None, overwrite: bool = False,
-               cache_dir: Path | None = None) -> ExportResult:
+def export_run(
+    run_dir: Path | str,
+    *,
+    out: Path | str,
+    step: int | None = None,
+    overwrite: bool = False,
+    cache_dir: Path | None = None,
+) -> ExportResult:
     """Write the run's global parameters (checkpoint ``step``, default the latest) as a model folder ``out``."""
     from diloco.models.factory import describe_model
     from diloco.models.hf import CausalLM, has_weights

@@ -75,21 +75,34 @@ def train_step(rep: Replica, step: int, *, cfg: TrainConfig, device: torch.devic
     rep.dropped += _dropped(reports)
     step_time = time.perf_counter() - t_start
     rep.train_time += step_time
-    return StepOutcome(loss=loss.item(), lr=lr, tokens=tokens,
-                       grad_norm=grad_norm,
-                       synced_fragments=[r.fragment for r in reports], step_time=step_time,
-                       compute_time=compute)
+    return StepOutcome(
+        loss=loss.item(),
+        lr=lr,
+        tokens=tokens,
+        grad_norm=grad_norm,
+        synced_fragments=[r.fragment for r in reports],
+        step_time=step_time,
+        compute_time=compute,
+    )
 
 
 def step_record(rep: Replica, step: int, out: StepOutcome) -> dict[str, Any]:
     """The replica's metrics row of ``step``: the step's measurements and the communicator's byte counters."""
     stats = rep.comm.stats
     return {
-        "step": step, "loss": out.loss, "lr": out.lr, "tokens": out.tokens, "grad_norm": out.grad_norm,
-        "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received,
-        "peak_in_flight": stats.peak_in_flight, "peak_bytes_per_sync": stats.peak_exchange,
-        "synced_fragments": out.synced_fragments, "dropped": rep.dropped,
-        "step_time_s": out.step_time, "compute_time_s": out.compute_time,
+        "step": step,
+        "loss": out.loss,
+        "lr": out.lr,
+        "tokens": out.tokens,
+        "grad_norm": out.grad_norm,
+        "bytes_sent": stats.bytes_sent,
+        "bytes_received": stats.bytes_received,
+        "peak_in_flight": stats.peak_in_flight,
+        "peak_bytes_per_sync": stats.peak_exchange,
+        "synced_fragments": out.synced_fragments,
+        "dropped": rep.dropped,
+        "step_time_s": out.step_time,
+        "compute_time_s": out.compute_time,
     }
 
 

@@ -42,9 +42,11 @@ def run_fragments(cfg: Any, model: nn.Module) -> list[list[str]] | None:
         return None
     groups = fragments_from_prefixes(model, list(cfg.fragments)) if cfg.fragments else None
     if groups is not None and len(groups) != cfg.num_fragments:
-        raise ConfigError(f"fragments={list(cfg.fragments)} names {len(groups)} fragments but num_fragments="
-                         f"{cfg.num_fragments}; give one comma-separated group per fragment or set "
-                         f"num_fragments={len(groups)}")
+        raise ConfigError(
+            f"fragments={list(cfg.fragments)} names {len(groups)} fragments but num_fragments="
+            f"{cfg.num_fragments}; give one comma-separated group per fragment or set "
+            f"num_fragments={len(groups)}"
+        )
     split_fragments(model, cfg.num_fragments, pattern=cfg.fragment_pattern, fragments=groups)
     return groups
 
@@ -66,10 +68,12 @@ def run_tokenizer(cfg: Any) -> tuple[str | None, Path | None]:
     if cfg.tokenizer:
         return cfg.tokenizer, own
     if own is None and spec and has_weights(spec):
-        raise ConfigError(f"model=hf:{spec} has pretrained weights but no tokenizer.json, and tokenizer is not set: "
-                         f"a tokenizer trained here would give ids that mean nothing to its embeddings. Put the "
-                         f"model's tokenizer.json in {spec} or set tokenizer=PATH (or train on token files made "
-                         f"with its tokenizer)")
+        raise ConfigError(
+            f"model=hf:{spec} has pretrained weights but no tokenizer.json, and tokenizer is not set: "
+            f"a tokenizer trained here would give ids that mean nothing to its embeddings. Put the "
+            f"model's tokenizer.json in {spec} or set tokenizer=PATH (or train on token files made "
+            f"with its tokenizer)"
+        )
     return (str(own) if own else None), own
 
 
@@ -80,9 +84,11 @@ def check_ids_fit(data: Any, tokenizer_file: Path) -> None:
     size = Tokenizer.from_file(str(tokenizer_file)).get_vocab_size()
     top = max((int(a.max()) for a in (data.train, data.val) if a.size), default=-1)
     if top >= size:
-        raise ConfigError(f"the token files hold id {top} but the model's tokenizer ({tokenizer_file}) has only "
-                         f"{size} tokens: these ids were not made by it. Tokenize the text with that tokenizer "
-                         f"(or train on the text itself: it is then tokenized with it)")
+        raise ConfigError(
+            f"the token files hold id {top} but the model's tokenizer ({tokenizer_file}) has only "
+            f"{size} tokens: these ids were not made by it. Tokenize the text with that tokenizer "
+            f"(or train on the text itself: it is then tokenized with it)"
+        )
 
 
 def prepare_inputs(cfg: Any, cache_dir: Path | str) -> Inputs:
@@ -93,15 +99,28 @@ def prepare_inputs(cfg: Any, cache_dir: Path | str) -> Inputs:
 
     check_model(cfg.model)  # a bad model string, config or factory fails before any data work
     tokenizer, model_tokenizer = run_tokenizer(cfg)
-    data = prepare_data(cfg.sources, vocab_size=cfg.vocab_size, cache_dir=cache_dir, val_fraction=cfg.val_fraction,
-                        tokenizer=tokenizer, eod_token=cfg.eod_token or None, token_dtype=cfg.token_dtype)
+    data = prepare_data(
+        cfg.sources,
+        vocab_size=cfg.vocab_size,
+        cache_dir=cache_dir,
+        val_fraction=cfg.val_fraction,
+        tokenizer=tokenizer,
+        eod_token=cfg.eod_token or None,
+        token_dtype=cfg.token_dtype,
+    )
     if model_tokenizer is not None and data.tokenizer is None:  # token files beside a model with its tokenizer
         check_ids_fit(data, model_tokenizer)
-    val = list(eval_batches(data.val, batch_size=cfg.global_batch, seq_len=cfg.seq_len,
-                            max_batches=cfg.eval_batches))
-    ShardSampler(data.train, rank=0, world_size=cfg.replicas, batch_size=cfg.batch_per_replica,
-                 seq_len=cfg.seq_len, seed=cfg.seed)  # raises when a replica's shard holds less than one batch
-    model = build_model(cfg.model, size=cfg.size, vocab_size=data.vocab_size, seq_len=cfg.seq_len, seed=cfg.seed,
-                        z_loss=cfg.z_loss)
+    val = list(eval_batches(data.val, batch_size=cfg.global_batch, seq_len=cfg.seq_len, max_batches=cfg.eval_batches))
+    ShardSampler(
+        data.train,
+        rank=0,
+        world_size=cfg.replicas,
+        batch_size=cfg.batch_per_replica,
+        seq_len=cfg.seq_len,
+        seed=cfg.seed,
+    )  # raises when a replica's shard holds less than one batch
+    model = build_model(
+        cfg.model, size=cfg.size, vocab_size=data.vocab_size, seq_len=cfg.seq_len, seed=cfg.seed, z_loss=cfg.z_loss
+    )
     model = unwrap_compiled(model)  # a torch.compile wrapper's names carry `_orig_mod.`: use the module's own
     return Inputs(data, val, model, run_fragments(cfg, model))

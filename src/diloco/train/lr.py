@@ -22,5 +22,10 @@ def cosine_lr(step: int, *, peak: float, warmup_steps: int, total_steps: int, mi
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """The config's schedule: :func:`cosine_lr` with ``inner_lr``, ``warmup_steps``, ``min_lr_ratio`` and the
     run's total steps."""
-    return cosine_lr(step, peak=cfg.inner_lr, warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps,
-                     min_lr_ratio=cfg.min_lr_ratio)
+    return cosine_lr(
+        step,
+        peak=cfg.inner_lr,
+        warmup_steps=cfg.warmup_steps,
+        total_steps=cfg.total_steps,
+        min_lr_ratio=cfg.min_lr_ratio,
+    )

@@ -64,8 +64,9 @@ class TensorBoardSink:
         try:
             import torch.utils.tensorboard  # noqa: F401
         except ImportError as exc:  # pragma: no cover - depends on an optional package
-            raise ConfigError("tensorboard=true needs the tensorboard package: pip install tensorboard, "
-                             "or set tensorboard=false") from exc
+            raise ConfigError(
+                "tensorboard=true needs the tensorboard package: pip install tensorboard, or set tensorboard=false"
+            ) from exc
 
     def log(self, record: dict[str, Any]) -> None:
         step = int(record.get("step", 0))

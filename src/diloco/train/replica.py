@@ -107,8 +107,16 @@ class Everyone:
             self.intra.barrier()
 
 
-def build_replica(cfg: TrainConfig, comm: Communicator, intra: Communicator | None, run: Run, *,
-                  device: torch.device, mesh: Any = None, transport: Any = None) -> Replica:
+def build_replica(
+    cfg: TrainConfig,
+    comm: Communicator,
+    intra: Communicator | None,
+    run: Run,
+    *,
+    device: torch.device,
+    mesh: Any = None,
+    transport: Any = None,
+) -> Replica:
     """This replica's model, inner optimizer, algorithm and data sampler (the algorithm equalises inits).
 
     ``mesh``: the worker's DeviceMesh (sharded workers); ``transport``: the running syncer of
@@ -126,24 +134,48 @@ def build_replica(cfg: TrainConfig, comm: Communicator, intra: Communicator | No
             async_group = worker_group(mesh, num_workers=cfg.replicas, ranks_per_worker=cfg.ranks_per_worker)
     if cfg.compile:  # in place: parameter names (fragments, checkpoints, global state) stay the same
         compile_in_place(model)
-    opt = build_inner_optimizer(model, name=cfg.inner_optimizer, lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2),
-                                weight_decay=cfg.weight_decay)
+    opt = build_inner_optimizer(
+        model, name=cfg.inner_optimizer, lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
+    )
     algo = build_algorithm(cfg, model, comm, fragments=run.fragments, transport=transport)
     # Inside a worker of R replicated ranks: gradients averaged every step (fp32, exact up to the summation
     # order). Sharded workers: FSDP's reduce-scatter averages them.
     in_worker = DataParallel(model, comm=intra, codec="fp32") if intra is not None and mesh is None else None
     # The replica's sampler on every rank of the worker; rank `local` computes `rows` of each batch.
-    sampler = ShardSampler(run.data.train, rank=comm.rank, world_size=cfg.replicas,
-                           batch_size=cfg.batch_per_replica, seq_len=cfg.seq_len, seed=cfg.seed)
+    sampler = ShardSampler(
+        run.data.train,
+        rank=comm.rank,
+        world_size=cfg.replicas,
+        batch_size=cfg.batch_per_replica,
+        seq_len=cfg.seq_len,
+        seed=cfg.seed,
+    )
     rows = slice(local * cfg.batch_per_rank, (local + 1) * cfg.batch_per_rank)
     params = [p for p in model.parameters() if p.requires_grad]
-    return Replica(comm=comm, intra=intra, model=model, eval_model=eval_model, opt=opt, algo=algo,
-                   in_worker=in_worker, sampler=sampler, rows=rows, params=params, mesh=mesh,
-                   async_group=async_group)
+    return Replica(
+        comm=comm,
+        intra=intra,
+        model=model,
+        eval_model=eval_model,
+        opt=opt,
+        algo=algo,
+        in_worker=in_worker,
+        sampler=sampler,
+        rows=rows,
+        params=params,
+        mesh=mesh,
+        async_group=async_group,
+    )
 
 
-def build_algorithm(cfg: TrainConfig, model: torch.nn.Module, comm: Communicator, *,
-                    fragments: list[list[str]] | None = None, transport: Any = None) -> ReplicaAlgorithm:
+def build_algorithm(
+    cfg: TrainConfig,
+    model: torch.nn.Module,
+    comm: Communicator,
+    *,
+    fragments: list[list[str]] | None = None,
+    transport: Any = None,
+) -> ReplicaAlgorithm:
     """The config's method on this replica: data parallel, (Streaming) DiLoCo, or a decoupled learner
     (``transport``: the running syncer, see :mod:`diloco.decoupled.trainer`)."""
     if cfg.method == "dp":
@@ -152,16 +184,30 @@ def build_algorithm(cfg: TrainConfig, model: torch.nn.Module, comm: Communicator
         from diloco.decoupled.trainer import decoupled_learner
 
         assert transport is not None, "method='decoupled': the syncer runs before the replicas are built"
-        return decoupled_learner(cfg, model, transport.channel(comm.rank), learner=comm.rank,
-                                 fragments=fragments, stats=comm.stats)
+        return decoupled_learner(
+            cfg, model, transport.channel(comm.rank), learner=comm.rank, fragments=fragments, stats=comm.stats
+        )
     return StreamingDiLoCo(
-        model, comm=comm, sync_every=cfg.sync_every, num_fragments=cfg.num_fragments,
-        fragment_pattern=cfg.fragment_pattern, fragments=fragments, schedule=cfg.schedule_spec,
+        model,
+        comm=comm,
+        sync_every=cfg.sync_every,
+        num_fragments=cfg.num_fragments,
+        fragment_pattern=cfg.fragment_pattern,
+        fragments=fragments,
+        schedule=cfg.schedule_spec,
         overlap_steps=cfg.overlap_steps,
-        merge_alpha=cfg.merge_alpha, codec=cfg.make_codec(),
-        eager=cfg.eager, error_feedback_decay=cfg.ef_decay, guard=cfg.guard, guard_ratio=cfg.guard_ratio,
-        outer_optimizer=partial(torch.optim.SGD, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
-                                nesterov=cfg.outer_nesterov and cfg.outer_momentum > 0),
+        merge_alpha=cfg.merge_alpha,
+        codec=cfg.make_codec(),
+        eager=cfg.eager,
+        error_feedback_decay=cfg.ef_decay,
+        guard=cfg.guard,
+        guard_ratio=cfg.guard_ratio,
+        outer_optimizer=partial(
+            torch.optim.SGD,
+            lr=cfg.outer_lr,
+            momentum=cfg.outer_momentum,
+            nesterov=cfg.outer_nesterov and cfg.outer_momentum > 0,
+        ),
     )
 
 

@@ -27,8 +27,14 @@ from diloco.train.replica import Replica, Run
 def run_record(cfg: TrainConfig, run: Run) -> dict[str, Any]:
     """What a checkpoint's record says of its run (besides its step and files): the config, the number of
     replicas, the wall time so far, the threads, the data's digest, the vocabulary size."""
-    return {"config": cfg.to_dict(), "num_replicas": cfg.replicas, "wall_time_s": run.wall_time(),
-            "threads": run.threads, "data_sha256": run.data_sha256, "vocab_size": run.vocab_size}
+    return {
+        "config": cfg.to_dict(),
+        "num_replicas": cfg.replicas,
+        "wall_time_s": run.wall_time(),
+        "threads": run.threads,
+        "data_sha256": run.data_sha256,
+        "vocab_size": run.vocab_size,
+    }
 
 
 def save(rep: Replica, step: int, *, run_dir: Path, record: dict[str, Any], keep: int, last: bool) -> None:
@@ -38,16 +44,34 @@ def save(rep: Replica, step: int, *, run_dir: Path, record: dict[str, Any], keep
     A background write (sharded, ``checkpoint_async``) that is not the ``last`` step's is committed after the
     next step instead (its writes overlap that step): it waits in ``rep.writing`` until then.
     """
-    state = {"model": rep.model.state_dict(), "optimizer": rep.opt.state_dict(),
-             "algorithm": rep.algo.state_dict(), "sampler": rep.sampler.state_dict(), "dropped": rep.dropped,
-             "train_time_s": rep.train_time} if rep.sharded or rep.local == 0 else None
+    state = (
+        {
+            "model": rep.model.state_dict(),
+            "optimizer": rep.opt.state_dict(),
+            "algorithm": rep.algo.state_dict(),
+            "sampler": rep.sampler.state_dict(),
+            "dropped": rep.dropped,
+            "train_time_s": rep.train_time,
+        }
+        if rep.sharded or rep.local == 0
+        else None
+    )
     record = dict(record)
     writing = None
     if rep.sharded:
         record["format"] = sharded_checkpoint.FORMAT
         writing = sharded_checkpoint.save_worker(
-            run_dir, step, worker=rep.rank, rank=rep.local, state=state, model=rep.model, opt=rep.opt,
-            algo=rep.algo, process_group=rep.mesh.get_group(), async_group=rep.async_group)
+            run_dir,
+            step,
+            worker=rep.rank,
+            rank=rep.local,
+            state=state,
+            model=rep.model,
+            opt=rep.opt,
+            algo=rep.algo,
+            process_group=rep.mesh.get_group(),
+            async_group=rep.async_group,
+        )
     elif state is not None:  # a worker's replicated ranks hold one state: its first rank writes it
         ckpt.save_replica(run_dir, step, rep.rank, state)
     if writing is not None and not last:
@@ -72,8 +96,16 @@ def load(rep: Replica, step: int, *, run_dir: Path, worker: int, rank: int = 0) 
     ``rank``'s non-tensor state)."""
     if not rep.sharded:
         return ckpt.load_replica(run_dir, worker, step)
-    return sharded_checkpoint.load_worker(run_dir, step, worker=worker, rank=rank, model=rep.model,
-                                          opt=rep.opt, algo=rep.algo, process_group=rep.mesh.get_group())
+    return sharded_checkpoint.load_worker(
+        run_dir,
+        step,
+        worker=worker,
+        rank=rank,
+        model=rep.model,
+        opt=rep.opt,
+        algo=rep.algo,
+        process_group=rep.mesh.get_group(),
+    )
 
 
 def restore(rep: Replica, step: int, *, run_dir: Path) -> None:

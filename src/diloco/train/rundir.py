@@ -36,15 +36,27 @@ from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig
 
 #: What a run writes into its directory; ``--overwrite`` deletes exactly these.
-RUN_FILES: tuple[str, ...] = ("config.json", "tokenizer.json", "metrics.jsonl", "summary.json", "checkpoints", "tb",
-                              "merges.jsonl")  # the last: method=decoupled
+RUN_FILES: tuple[str, ...] = (
+    "config.json",
+    "tokenizer.json",
+    "metrics.jsonl",
+    "summary.json",
+    "checkpoints",
+    "tb",
+    "merges.jsonl",
+)  # the last: method=decoupled
 
 #: Settings a resume may change: the budget (to train further).
 RESUMABLE_CHANGES: tuple[str, ...] = ("steps", "tokens")
 
 #: Settings that do not change what is trained: two runs differing only in these are the same run.
-RUNTIME_KEYS: tuple[str, ...] = ("checkpoint_every", "keep_checkpoints", "checkpoint_async", "tensorboard",
-                                 "diverge_factor")
+RUNTIME_KEYS: tuple[str, ...] = (
+    "checkpoint_every",
+    "keep_checkpoints",
+    "checkpoint_async",
+    "tensorboard",
+    "diverge_factor",
+)
 
 #: Settings a resume of FSDP workers may change: their sharded checkpoints load onto any R (resharding).
 RESHARD_KEYS: tuple[str, ...] = ("ranks_per_worker",)
@@ -92,9 +104,11 @@ class RunDirLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise ConfigError(f"--out {self.out_dir}: another process is training in this folder right now (it holds "
-                             f"the folder's lock); wait for it to finish, or stop it and continue the run with "
-                             f"--resume, or choose another --out") from None
+            raise ConfigError(
+                f"--out {self.out_dir}: another process is training in this folder right now (it holds "
+                f"the folder's lock); wait for it to finish, or stop it and continue the run with "
+                f"--resume, or choose another --out"
+            ) from None
         self._fd = fd
 
     def release(self) -> None:
@@ -138,8 +152,16 @@ def _saved_config(out_dir: Path) -> dict[str, Any] | None:
     return _with_defaults(data)
 
 
-def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
-                 reuse: bool = False, elastic: bool = False, replace_flag: str = "--overwrite") -> RunDirPlan:
+def plan_run_dir(
+    out_dir: Path,
+    cfg: TrainConfig,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    reuse: bool = False,
+    elastic: bool = False,
+    replace_flag: str = "--overwrite",
+) -> RunDirPlan:
     """Decide what to do with ``out_dir`` without writing anything; a ValueError says why not and how to fix it.
 
     ``reuse`` (for compare and sweeps, which rerun a list of configs): a run of this same config
@@ -156,8 +178,10 @@ def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overw
         raise ConfigError("an elastic launch resumes by itself: drop --resume / --overwrite (or --elastic)")
     reuse = reuse or elastic
     if sum((resume, overwrite, reuse)) > 1:
-        raise ConfigError("--resume continues the run in --out, --overwrite replaces it (and reuse takes a "
-                         "finished one as it is): choose one")
+        raise ConfigError(
+            "--resume continues the run in --out, --overwrite replaces it (and reuse takes a "
+            "finished one as it is): choose one"
+        )
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"--out {out_dir} is a file, not a folder; choose another --out")
     present = existing_run_files(out_dir)
@@ -167,29 +191,40 @@ def plan_run_dir(out_dir: Path, cfg: TrainConfig, *, resume: bool = False, overw
     if not present:
         return RunDirPlan(out_dir, "new")
     if overwrite:
-        return RunDirPlan(out_dir, "overwrite", notices=(f"{replace_flag}: replacing the run in {out_dir} "
-                                                          f"({', '.join(present)})",))
+        return RunDirPlan(
+            out_dir, "overwrite", notices=(f"{replace_flag}: replacing the run in {out_dir} ({', '.join(present)})",)
+        )
     saved = _saved_config(out_dir)
     replace = f"choose another --out, or pass {replace_flag} to replace it (deletes {', '.join(present)})"
     if saved is None:
-        raise ConfigError(f"--out {out_dir} already holds run files ({', '.join(present)}) without a config.json; "
-                         f"{replace}")
+        raise ConfigError(
+            f"--out {out_dir} already holds run files ({', '.join(present)}) without a config.json; {replace}"
+        )
     diff = config_differences(saved, new, ignore=RUNTIME_KEYS + extra)
     if diff:
-        raise ConfigError(f"--out {out_dir} holds another run; its config differs in:\n  " + "\n  ".join(diff)
-                         + f"\n{replace}")
+        raise ConfigError(
+            f"--out {out_dir} holds another run; its config differs in:\n  " + "\n  ".join(diff) + f"\n{replace}"
+        )
     if reuse:
         if (out_dir / "summary.json").exists():
             return RunDirPlan(out_dir, "finished", notices=(f"reusing the finished run in {out_dir}",))
         if _any_committed(out_dir):
             return _plan_resume(out_dir, cfg, present, extra)
-        return RunDirPlan(out_dir, "overwrite", notices=(f"{out_dir} holds this config, stopped before its first "
-                                                          f"checkpoint was committed: starting it again",))
+        return RunDirPlan(
+            out_dir,
+            "overwrite",
+            notices=(
+                f"{out_dir} holds this config, stopped before its first checkpoint was committed: starting it again",
+            ),
+        )
     if (out_dir / "summary.json").exists():
-        raise ConfigError(f"--out {out_dir} already holds this run, finished (summary.json); nothing to do. "
-                         f"To train it again, {replace}")
-    raise ConfigError(f"--out {out_dir} holds an unfinished run of this config; continue it with --resume, or "
-                     f"{replace}")
+        raise ConfigError(
+            f"--out {out_dir} already holds this run, finished (summary.json); nothing to do. "
+            f"To train it again, {replace}"
+        )
+    raise ConfigError(
+        f"--out {out_dir} holds an unfinished run of this config; continue it with --resume, or {replace}"
+    )
 
 
 def _any_committed(out_dir: Path) -> bool:
@@ -207,19 +242,30 @@ def _plan_resume(out_dir: Path, cfg: TrainConfig, present: list[str], extra: tup
         extra = (*extra, *RESHARD_KEYS)
     diff = config_differences(saved, cfg.to_dict(), ignore=RESUMABLE_CHANGES + RUNTIME_KEYS + extra)
     if diff:
-        raise ConfigError(f"--resume: the checkpoint in {out_dir} was written by a different config; it differs in:"
-                         f"\n  " + "\n  ".join(diff) + f"\nresume with the same settings (see {out_dir}/config.json)")
+        raise ConfigError(
+            f"--resume: the checkpoint in {out_dir} was written by a different config; it differs in:"
+            f"\n  " + "\n  ".join(diff) + f"\nresume with the same settings (see {out_dir}/config.json)"
+        )
     notices = tuple(f"skipped a damaged checkpoint, {line}" for line in found.skipped)
     if found.skipped:
         notices += (f"resuming from step {found.step}, the newest readable checkpoint",)
     step, total = found.step, cfg.total_steps
     if step > total:
-        raise ConfigError(f"--resume: the checkpoint in {out_dir} is at step {step}, past this config's "
-                         f"{total} steps; set steps >= {step} (or the matching tokens) to continue it")
+        raise ConfigError(
+            f"--resume: the checkpoint in {out_dir} is at step {step}, past this config's "
+            f"{total} steps; set steps >= {step} (or the matching tokens) to continue it"
+        )
     if step == total and (out_dir / "summary.json").exists() and not found.skipped:
-        return RunDirPlan(out_dir, "finished", start_step=step, meta=found.meta,
-                          notices=(f"the run in {out_dir} is already finished (step {step} of {total}); "
-                                   f"nothing to do. Its results: {out_dir}/summary.json",))
+        return RunDirPlan(
+            out_dir,
+            "finished",
+            start_step=step,
+            meta=found.meta,
+            notices=(
+                f"the run in {out_dir} is already finished (step {step} of {total}); "
+                f"nothing to do. Its results: {out_dir}/summary.json",
+            ),
+        )
     return RunDirPlan(out_dir, "resume", start_step=step, meta=found.meta, notices=notices)
 
 
@@ -231,11 +277,13 @@ def check_format(meta: dict[str, Any], cfg: TrainConfig, out_dir: Path) -> None:
         raise ConfigError(
             f"--resume: the checkpoint of step {step} in {out_dir} holds one file per worker (replicated workers, "
             f"worker_sharding='replicate'); FSDP workers resume only from sharded checkpoints. Resume it with "
-            f"--set worker_sharding=replicate (and its ranks_per_worker), or start the FSDP run in another --out")
+            f"--set worker_sharding=replicate (and its ranks_per_worker), or start the FSDP run in another --out"
+        )
     if cfg.worker_sharding != "fsdp" and sharded:
         raise ConfigError(
             f"--resume: the checkpoint of step {step} in {out_dir} is sharded (written by FSDP workers); resume it "
-            f"with --set worker_sharding=fsdp under torchrun, or start afresh in another --out")
+            f"with --set worker_sharding=fsdp under torchrun, or start afresh in another --out"
+        )
 
 
 def clear_run(out_dir: Path) -> None:
@@ -258,10 +306,20 @@ def check_same_data(plan: RunDirPlan, digest: str, out_dir: Path) -> None:
             f"--resume: the data differs from what the run in {out_dir} was trained on (token SHA-256 "
             f"{digest[:16]}... now, {saved[:16]}... in its checkpoint), so the resumed run would not continue "
             f"the same run. Restore the data it used (for the bundled corpora: the same versions of the "
-            f"packages listed in docs/guides/data.md), or train afresh in another --out (this run is left as it is)")
+            f"packages listed in docs/guides/data.md), or train afresh in another --out (this run is left as it is)"
+        )
 
 
 __all__ = [
-    "ELASTIC_KEYS", "RESHARD_KEYS", "RUNTIME_KEYS", "RUN_FILES", "RunDirPlan", "check_format", "check_same_data",
-    "clear_run", "config_differences", "existing_run_files", "plan_run_dir",
+    "ELASTIC_KEYS",
+    "RESHARD_KEYS",
+    "RUNTIME_KEYS",
+    "RUN_FILES",
+    "RunDirPlan",
+    "check_format",
+    "check_same_data",
+    "clear_run",
+    "config_differences",
+    "existing_run_files",
+    "plan_run_dir",
 ]

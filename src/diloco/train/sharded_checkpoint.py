@@ -59,8 +59,9 @@ def _like(value: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
         return value
     from torch.distributed.tensor import DTensor
 
-    return DTensor.from_local(value, ref.device_mesh, ref.placements, shape=ref.shape, stride=ref.stride(),
-                              run_check=False)
+    return DTensor.from_local(
+        value, ref.device_mesh, ref.placements, shape=ref.shape, stride=ref.stride(), run_check=False
+    )
 
 
 def _split(flat: torch.Tensor, params: list[torch.Tensor], names: list[str]) -> dict[str, torch.Tensor]:
@@ -82,8 +83,9 @@ def _param_names(model: nn.Module, opt: torch.optim.Optimizer) -> list[str]:
     return [name_of[id(p)] for group in opt.param_groups for p in group["params"]]
 
 
-def _tensors(state: dict[str, Any], model: nn.Module, opt: torch.optim.Optimizer,
-             algo: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def _tensors(
+    state: dict[str, Any], model: nn.Module, opt: torch.optim.Optimizer, algo: Any
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The trainer's state as DCP's named tensors, and the rest (for ``rank-L.pt``)."""
     names = _param_names(model, opt)
     tensors: dict[str, torch.Tensor] = {f"model/{k}": v for k, v in state["model"].items()}
@@ -130,8 +132,14 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
     if is_sharded(t):
         from torch.distributed.tensor import DTensor
 
-        return DTensor.from_local(t.to_local().detach().clone(), t.device_mesh, t.placements, shape=t.shape,
-                                  stride=t.stride(), run_check=False)
+        return DTensor.from_local(
+            t.to_local().detach().clone(),
+            t.device_mesh,
+            t.placements,
+            shape=t.shape,
+            stride=t.stride(),
+            run_check=False,
+        )
     return t.detach().clone()
 
 
@@ -151,8 +159,19 @@ class _Copied:
         pass
 
 
-def save_worker(run_dir: Path, step: int, *, worker: int, rank: int, state: dict[str, Any], model: nn.Module,
-                opt: torch.optim.Optimizer, algo: Any, process_group: Any, async_group: Any = None) -> Any:
+def save_worker(
+    run_dir: Path,
+    step: int,
+    *,
+    worker: int,
+    rank: int,
+    state: dict[str, Any],
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    algo: Any,
+    process_group: Any,
+    async_group: Any = None,
+) -> Any:
     """Every rank of worker ``worker`` (together: DCP is a collective over ``process_group``, the worker's ranks).
 
     ``state``: the trainer's replicate-format state of this rank (model and optimizer state dicts of the
@@ -170,14 +189,27 @@ def save_worker(run_dir: Path, step: int, *, worker: int, rank: int, state: dict
     where.mkdir(parents=True, exist_ok=True)
     atomic_write_with(_rank_file(run_dir, step, worker, rank), lambda f: torch.save(rest, f))
     if async_group is not None:
-        return dcp.async_save({k: _copy(v) for k, v in tensors.items()}, checkpoint_id=where,
-                              process_group=async_group, async_stager=_Copied())
+        return dcp.async_save(
+            {k: _copy(v) for k, v in tensors.items()},
+            checkpoint_id=where,
+            process_group=async_group,
+            async_stager=_Copied(),
+        )
     dcp.save(tensors, checkpoint_id=where, process_group=process_group)
     return None
 
 
-def load_worker(run_dir: Path, step: int, *, worker: int, rank: int, model: nn.Module, opt: torch.optim.Optimizer,
-                algo: Any, process_group: Any) -> dict[str, Any]:
+def load_worker(
+    run_dir: Path,
+    step: int,
+    *,
+    worker: int,
+    rank: int,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    algo: Any,
+    process_group: Any,
+) -> dict[str, Any]:
     """Worker ``worker``'s checkpoint of ``step``, resharded onto this rank's ``model`` (any R), in the trainer's
     replicate format; the non-tensor state is rank ``rank``'s of that worker (``rank-RANK.pt``).
 
@@ -188,13 +220,17 @@ def load_worker(run_dir: Path, step: int, *, worker: int, rank: int, model: nn.M
     where = worker_dir(run_dir, step, worker)
     path = _rank_file(run_dir, step, worker, rank)
     if not (where / ".metadata").exists() or not path.exists():
-        raise CheckpointError(f"sharded checkpoint {where} is incomplete ({'.metadata' if path.exists() else path.name}"
-                              f" missing); was it written with fewer workers or ranks?")
+        raise CheckpointError(
+            f"sharded checkpoint {where} is incomplete ({'.metadata' if path.exists() else path.name}"
+            f" missing); was it written with fewer workers or ranks?"
+        )
     try:
         rest = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a damaged file
-        raise CheckpointError(f"checkpoint {path} is damaged or not a checkpoint ({type(exc).__name__}); delete "
-                              f"{step_dir(run_dir, step)} and its .json record to resume from the one before") from None
+    except Exception as exc:
+        raise CheckpointError(
+            f"checkpoint {path} is damaged or not a checkpoint ({type(exc).__name__}); delete "
+            f"{step_dir(run_dir, step)} and its .json record to resume from the one before"
+        ) from None
     # Templates on this rank's current layout: DCP loads (and reshards) into them in place.
     tensors: dict[str, torch.Tensor] = {f"model/{k}": v for k, v in model.state_dict().items()}
     params = dict(model.named_parameters())
@@ -223,17 +259,22 @@ def load_worker(run_dir: Path, step: int, *, worker: int, rank: int, model: nn.M
     dcp.load(tensors, checkpoint_id=where, process_group=process_group)
 
     names = _param_names(model, opt)
-    model_state = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
-    optimizer = {"state": {names.index(n): s for n, s in optim_state.items()},
-                 "param_groups": rest["optimizer"]["param_groups"]}
+    model_state = {k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}
+    optimizer = {
+        "state": {names.index(n): s for n, s in optim_state.items()},
+        "param_groups": rest["optimizer"]["param_groups"],
+    }
     alg = {k: v for k, v in rest["algorithm"].items() if k not in ("outer", "feedback_decay")}
     alg["global"] = flats
     if feedback is not None:
         alg["error_feedback"] = {"decay": rest["algorithm"]["feedback_decay"], "accumulators": feedback}
     alg["outer_optimizers"] = [
-        {"state": {0: {**o["other"], **outer_flats[p]}} if (o["other"] or outer_flats[p]) else {},
-         "param_groups": o["param_groups"]}
-        for p, o in enumerate(rest["algorithm"]["outer"])]
+        {
+            "state": {0: {**o["other"], **outer_flats[p]}} if (o["other"] or outer_flats[p]) else {},
+            "param_groups": o["param_groups"],
+        }
+        for p, o in enumerate(rest["algorithm"]["outer"])
+    ]
     out = {k: v for k, v in rest.items() if k not in ("optimizer", "algorithm")}
     return {**out, "model": model_state, "optimizer": optimizer, "algorithm": alg}
 
@@ -248,8 +289,12 @@ def read_full(run_dir: Path, step: int, worker: int) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=FileSystemReader(worker_dir(run_dir, step, worker)),
-                     planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    _load_state_dict(
+        state,
+        storage_reader=FileSystemReader(worker_dir(run_dir, step, worker)),
+        planner=_EmptyStateDictLoadPlanner(),
+        no_dist=True,
+    )
     return state
 
 

@@ -19,8 +19,10 @@ from torch import nn
 
 __all__ = ["TCMALLOC_HINT", "compile_in_place", "tcmalloc_loaded", "tcmalloc_notice", "unwrap_compiled"]
 
-TCMALLOC_HINT = ("LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 "
-                 "(Debian/Ubuntu: apt-get install libtcmalloc-minimal4; `make` targets preload it)")
+TCMALLOC_HINT = (
+    "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 "
+    "(Debian/Ubuntu: apt-get install libtcmalloc-minimal4; `make` targets preload it)"
+)
 
 
 def unwrap_compiled(model: nn.Module) -> nn.Module:

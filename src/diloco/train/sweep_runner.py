@@ -19,7 +19,6 @@ from diloco.files import default_cache_dir
 from diloco.train.config import TrainConfig
 from diloco.train.trainer import train_model
 
-
 #: Settings of Streaming DiLoCo alone: a grid's ``base`` may hold them for its streaming runs; the
 #: data-parallel and DiLoCo runs of the same grid leave them at their defaults (P = 1, tau = 0).
 STREAMING_ONLY = ("num_fragments", "overlap_steps", "fragment_pattern", "merge_alpha")
@@ -44,9 +43,17 @@ def config_from_record(config: dict[str, Any]) -> tuple[TrainConfig, Path, Path]
     if method != "streaming":
         for key in STREAMING_ONLY:
             base.pop(key, None)
-    fields = {**base, "size": config["size"], "replicas": config["replicas"], "inner_lr": config["inner_lr"],
-              "global_batch": config["global_batch"], "tokens": config["tokens"], "steps": 0,
-              "seed": config.get("seed", 0), "method": method}
+    fields = {
+        **base,
+        "size": config["size"],
+        "replicas": config["replicas"],
+        "inner_lr": config["inner_lr"],
+        "global_batch": config["global_batch"],
+        "tokens": config["tokens"],
+        "steps": 0,
+        "seed": config.get("seed", 0),
+        "method": method,
+    }
     if method != "dp":
         fields |= {"outer_lr": config["outer_lr"], "sync_every": config["sync_every"]}
     return TrainConfig.from_dict(fields), runs_dir / config["run_id"], cache_dir
@@ -56,7 +63,7 @@ def device_of(config: dict[str, Any]) -> str:
     """The device a sweep record's run trains on: its grid's ``base["device"]``, ``cpu`` when unset."""
     device = config.get("base", {}).get("device") or "cpu"
     if not isinstance(device, str):
-        raise ConfigError(f"base.device={device!r}: a device name, e.g. \"cpu\" or \"cuda\"")
+        raise ConfigError(f'base.device={device!r}: a device name, e.g. "cpu" or "cuda"')
     return device
 
 
@@ -71,7 +78,13 @@ def run_config(config: dict[str, Any]) -> dict[str, Any]:
     # it resumes from its last checkpoint (or takes a finished one as it is) instead of failing on it.
     result = train_model(cfg, run_dir, cache_dir=cache_dir, progress=False, reuse=True, device=device_of(config))
     mc = make_config(cfg.size, vocab_size=cfg.vocab_size, seq_len=cfg.seq_len)
-    return {"eval_loss": result.final_eval_loss, "num_params": count_params(mc, embeddings=False),
-            "wall_time_s": result.wall_time_s, "run_dir": str(run_dir), "data_sha256": result.data_sha256,
-            "total_params": result.num_params, "steps": result.steps,
-            "bytes_sent_per_replica": result.bytes_sent_per_replica}
+    return {
+        "eval_loss": result.final_eval_loss,
+        "num_params": count_params(mc, embeddings=False),
+        "wall_time_s": result.wall_time_s,
+        "run_dir": str(run_dir),
+        "data_sha256": result.data_sha256,
+        "total_params": result.num_params,
+        "steps": result.steps,
+        "bytes_sent_per_replica": result.bytes_sent_per_replica,
+    }

@@ -45,19 +45,18 @@ import torch
 from diloco.comm.base import CommError, Communicator
 from diloco.comm.local import run_replicas
 from diloco.errors import ConfigError
-from diloco.train import checkpoint as ckpt
-from diloco.train import replica_checkpoint
-from diloco.train import sharded_checkpoint
 from diloco.files import atomic_write_bytes, write_json
+from diloco.train import checkpoint as ckpt
+from diloco.train import replica_checkpoint, sharded_checkpoint
 from diloco.train.config import TrainConfig
 from diloco.train.device import check_device
 from diloco.train.divergence import DivergenceError, DivergenceGuard, check_training_loss
-from diloco.train.evaluation import evaluate
 from diloco.train.environment import environment
+from diloco.train.evaluation import evaluate
 from diloco.train.inner_step import step_record, train_step
+from diloco.train.metrics import JSONLSink, MetricLogger, MultiLogger, TensorBoardSink
 from diloco.train.replica import Everyone, Replica, Run, build_replica
 from diloco.train.result import RunResult
-from diloco.train.metrics import JSONLSink, MetricLogger, MultiLogger, TensorBoardSink
 from diloco.train.rundir import RunDirLock, RunDirPlan, check_same_data, clear_run, plan_run_dir
 from diloco.train.sharding import full_tensors, worker_totals
 from diloco.train.speed import tcmalloc_notice
@@ -69,8 +68,7 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> torch.nn.Module:
     """The config's model (``cfg.model``: the project's Transformer, ``hf:PATH`` or a factory), seeded."""
     from diloco.models.factory import build_model as build
 
-    return build(cfg.model, size=cfg.size, vocab_size=vocab_size, seq_len=cfg.seq_len, seed=cfg.seed,
-                 z_loss=cfg.z_loss)
+    return build(cfg.model, size=cfg.size, vocab_size=vocab_size, seq_len=cfg.seq_len, seed=cfg.seed, z_loss=cfg.z_loss)
 
 
 class TrainerCallback:
@@ -108,15 +106,29 @@ class Trainer:
         self._lock = RunDirLock(self.out_dir)  # held while this trainer's run trains in out_dir
 
     # -- setup ---------------------------------------------------------------
-    def plan(self, *, resume: bool = False, overwrite: bool = False, reuse: bool = False,
-             elastic: bool = False, replace_flag: str = "--overwrite") -> RunDirPlan:
+    def plan(
+        self,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        reuse: bool = False,
+        elastic: bool = False,
+        replace_flag: str = "--overwrite",
+    ) -> RunDirPlan:
         """Check every setting and decide what to do with ``out_dir`` (see :func:`~diloco.train.rundir.plan_run_dir`).
 
         Reads only: a mistake found here leaves the run directory exactly as it was.
         """
         self._validate()
-        return plan_run_dir(self.out_dir, self.cfg, resume=resume, overwrite=overwrite, reuse=reuse, elastic=elastic,
-                            replace_flag=replace_flag)
+        return plan_run_dir(
+            self.out_dir,
+            self.cfg,
+            resume=resume,
+            overwrite=overwrite,
+            reuse=reuse,
+            elastic=elastic,
+            replace_flag=replace_flag,
+        )
 
     def _validate(self) -> None:
         """What the config cannot check alone (it is validated when built): that the data sources exist,
@@ -162,15 +174,24 @@ class Trainer:
         # The template was built once and seeded (threads share torch's global RNG); replica 0's copy is
         # broadcast anyway.
         meta = plan.meta or {}
-        return Run(data=inputs.data, val=inputs.val_batches, template=inputs.model, fragments=inputs.fragments,
-                   start_step=plan.start_step, vocab_size=inputs.data.vocab_size,
-                   wall_before=float(meta.get("wall_time_s", 0.0)), t0=time.perf_counter(),
-                   saved_replicas=int(meta.get("num_replicas", cfg.replicas)), data_sha256=digest,
-                   saved_ranks=int(meta.get("config", {}).get("ranks_per_worker", cfg.ranks_per_worker)))
+        return Run(
+            data=inputs.data,
+            val=inputs.val_batches,
+            template=inputs.model,
+            fragments=inputs.fragments,
+            start_step=plan.start_step,
+            vocab_size=inputs.data.vocab_size,
+            wall_before=float(meta.get("wall_time_s", 0.0)),
+            t0=time.perf_counter(),
+            saved_replicas=int(meta.get("num_replicas", cfg.replicas)),
+            data_sha256=digest,
+            saved_ranks=int(meta.get("config", {}).get("ranks_per_worker", cfg.ranks_per_worker)),
+        )
 
     def _logger(self, start_step: int, resume: bool) -> MultiLogger:
-        sinks: list[MetricLogger] = [JSONLSink(self.out_dir / "metrics.jsonl",
-                                               truncate_after_step=start_step if resume else None)]
+        sinks: list[MetricLogger] = [
+            JSONLSink(self.out_dir / "metrics.jsonl", truncate_after_step=start_step if resume else None)
+        ]
         if self.cfg.tensorboard:
             sinks.append(TensorBoardSink(self.out_dir / "tb"))
         return MultiLogger(*sinks)
@@ -193,14 +214,18 @@ class Trainer:
         cfg = self.cfg
         _check_ray_address(cfg)
         if cfg.worker_sharding == "fsdp":
-            raise ConfigError(f"worker_sharding='fsdp' shards each worker over its ranks, one process each: launch "
-                             f"replicas x ranks_per_worker = {cfg.replicas * cfg.ranks_per_worker} processes with "
-                             f"torchrun (torchrun --nproc-per-node {cfg.replicas * cfg.ranks_per_worker} -m diloco "
-                             f"train ...), or set worker_sharding=replicate to train in one process")
+            raise ConfigError(
+                f"worker_sharding='fsdp' shards each worker over its ranks, one process each: launch "
+                f"replicas x ranks_per_worker = {cfg.replicas * cfg.ranks_per_worker} processes with "
+                f"torchrun (torchrun --nproc-per-node {cfg.replicas * cfg.ranks_per_worker} -m diloco "
+                f"train ...), or set worker_sharding=replicate to train in one process"
+            )
         if cfg.ranks_per_worker != 1:
-            raise ConfigError(f"ranks_per_worker={cfg.ranks_per_worker} needs one process per rank: launch "
-                             f"{cfg.replicas * cfg.ranks_per_worker} processes with torchrun, "
-                             f"or set ranks_per_worker=1")
+            raise ConfigError(
+                f"ranks_per_worker={cfg.ranks_per_worker} needs one process per rank: launch "
+                f"{cfg.replicas * cfg.ranks_per_worker} processes with torchrun, "
+                f"or set ranks_per_worker=1"
+            )
         plan = self.plan(resume=resume, overwrite=overwrite, reuse=reuse)
         _tell([*plan.notices, *_speed_notices(self.device), *_warnings(cfg)])
         if plan.action == "finished":
@@ -244,8 +269,17 @@ class Trainer:
             write_merges(self.out_dir / "merges.jsonl", syncer.records())
             final.update(syncer.global_parameters())
 
-    def run_replica(self, comm: Communicator, *, resume: bool = False, overwrite: bool = False, reuse: bool = False,
-                    intra: Communicator | None = None, elastic: bool = False, mesh: Any = None) -> RunResult | None:
+    def run_replica(
+        self,
+        comm: Communicator,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        reuse: bool = False,
+        intra: Communicator | None = None,
+        elastic: bool = False,
+        mesh: Any = None,
+    ) -> RunResult | None:
         """This process is one replica of ``comm``'s group (torchrun). Replica 0 logs and returns the result.
 
         With ``cfg.ranks_per_worker`` = R > 1, ``comm`` connects the workers (rank = worker index, e.g.
@@ -268,30 +302,48 @@ class Trainer:
         try:
             if comm.rank == 0 and (intra is None or intra.rank == 0):
                 self._lock.acquire()
-            return self._run_replica(comm, resume=resume, overwrite=overwrite, reuse=reuse, intra=intra,
-                                     elastic=elastic, mesh=mesh)
+            return self._run_replica(
+                comm, resume=resume, overwrite=overwrite, reuse=reuse, intra=intra, elastic=elastic, mesh=mesh
+            )
         finally:
             self._lock.release()
 
-    def _run_replica(self, comm: Communicator, *, resume: bool, overwrite: bool, reuse: bool,
-                     intra: Communicator | None, elastic: bool, mesh: Any) -> RunResult | None:
+    def _run_replica(
+        self,
+        comm: Communicator,
+        *,
+        resume: bool,
+        overwrite: bool,
+        reuse: bool,
+        intra: Communicator | None,
+        elastic: bool,
+        mesh: Any,
+    ) -> RunResult | None:
         cfg = self.cfg
         R = cfg.ranks_per_worker
         if (cfg.worker_sharding == "fsdp") != (mesh is not None) or (mesh is not None and intra is None):
-            raise ConfigError(f"worker_sharding={cfg.worker_sharding!r} but this process was set up for "
-                             f"{'sharded' if mesh is not None else 'replicated'} workers: pass "
-                             f"setup_communicators(worker_sharding={cfg.worker_sharding!r}) and its mesh and intra")
+            raise ConfigError(
+                f"worker_sharding={cfg.worker_sharding!r} but this process was set up for "
+                f"{'sharded' if mesh is not None else 'replicated'} workers: pass "
+                f"setup_communicators(worker_sharding={cfg.worker_sharding!r}) and its mesh and intra"
+            )
         if comm.world_size != cfg.replicas:
-            raise ConfigError(f"config replicas={cfg.replicas} but {comm.world_size} replicas were launched; "
-                             f"pass --set replicas={comm.world_size} or launch {cfg.replicas * R} processes")
+            raise ConfigError(
+                f"config replicas={cfg.replicas} but {comm.world_size} replicas were launched; "
+                f"pass --set replicas={comm.world_size} or launch {cfg.replicas * R} processes"
+            )
         if (1 if intra is None else intra.world_size) != R:
-            raise ConfigError(f"config ranks_per_worker={R} but this worker has "
-                             f"{1 if intra is None else intra.world_size} ranks; launch replicas x ranks_per_worker "
-                             f"= {cfg.replicas * R} processes")
+            raise ConfigError(
+                f"config ranks_per_worker={R} but this worker has "
+                f"{1 if intra is None else intra.world_size} ranks; launch replicas x ranks_per_worker "
+                f"= {cfg.replicas * R} processes"
+            )
         _check_ray_address(cfg)
         if cfg.method == "decoupled" and mesh is not None:
-            raise ConfigError("method='decoupled' with worker_sharding='fsdp' is not built yet (a learner's lead "
-                             "rank would need its ranks' shards): use worker_sharding=replicate")
+            raise ConfigError(
+                "method='decoupled' with worker_sharding='fsdp' is not built yet (a learner's lead "
+                "rank would need its ranks' shards): use worker_sharding=replicate"
+            )
         lead = comm.rank == 0 and (intra is None or intra.rank == 0)
         plan = self.plan(resume=resume, overwrite=overwrite, reuse=reuse, elastic=elastic)  # every process alike
         everyone = Everyone(comm, intra if mesh is not None else None)
@@ -299,8 +351,12 @@ class Trainer:
         if lead:
             _tell([*plan.notices, *_speed_notices(self.device), *_warnings(cfg)])
             if elastic and plan.action == "resume":
-                _tell([f"elastic restart: resuming from step {plan.start_step} (written by "
-                       f"{(plan.meta or {}).get('num_replicas')} workers) with {cfg.replicas} workers"])
+                _tell(
+                    [
+                        f"elastic restart: resuming from step {plan.start_step} (written by "
+                        f"{(plan.meta or {}).get('num_replicas')} workers) with {cfg.replicas} workers"
+                    ]
+                )
         if plan.action == "finished":
             return RunResult.from_dict(plan.summary) if lead else None
         run = self._prepare(plan, everyone, lead)
@@ -326,14 +382,16 @@ class Trainer:
                 bar.close()
         return self._finish(run, out) if lead else None
 
-    def _syncer_result(self, out: dict[str, Any], run: Run, global_params: dict[str, torch.Tensor],
-                       learners: Sequence[dict[str, Any]]) -> None:
+    def _syncer_result(
+        self, out: dict[str, Any], run: Run, global_params: dict[str, torch.Tensor], learners: Sequence[dict[str, Any]]
+    ) -> None:
         """method=decoupled: the run's final loss from the syncer's global parameters, and the goodput over
         ``learners`` (each one's train and waited seconds), into the lead's result ``out``."""
         from diloco.decoupled.trainer import evaluate_global, learner_goodput, learner_wait_shares
 
-        out["final_eval_loss"] = evaluate_global(run.template, global_params, run.val, bf16=self.cfg.bf16,
-                                                 device=self.device)
+        out["final_eval_loss"] = evaluate_global(
+            run.template, global_params, run.val, bf16=self.cfg.bf16, device=self.device
+        )
         out["goodput"] = learner_goodput(learners)
         out["wait_share"] = learner_wait_shares(learners)
 
@@ -381,13 +439,22 @@ class Trainer:
         return result
 
     # -- one replica ---------------------------------------------------------
-    def _replica_loop(self, comm: Communicator, *, run: Run, table: StepTable, logger: MetricLogger,
-                      intra: Communicator | None = None, mesh: Any = None) -> dict[str, Any]:
+    def _replica_loop(
+        self,
+        comm: Communicator,
+        *,
+        run: Run,
+        table: StepTable,
+        logger: MetricLogger,
+        intra: Communicator | None = None,
+        mesh: Any = None,
+    ) -> dict[str, Any]:
         """Every replica (thread or process) runs this: build, restore, then train step by step."""
         cfg = self.cfg
         rep = build_replica(cfg, comm, intra, run, device=self.device, mesh=mesh, transport=self._transport)
-        resized = run.saved_replicas not in (None, cfg.replicas) or \
-            (rep.sharded and run.saved_ranks not in (None, cfg.ranks_per_worker))
+        resized = run.saved_replicas not in (None, cfg.replicas) or (
+            rep.sharded and run.saved_ranks not in (None, cfg.ranks_per_worker)
+        )
         rep.saved_ranks = run.saved_ranks or cfg.ranks_per_worker
         if run.start_step > 0 and resized:
             self._restore_resized(rep, run.start_step, run.saved_replicas)
@@ -427,8 +494,11 @@ class Trainer:
                 self._transport.abort(str(exc))
             raise
         except CommError as exc:
-            where = f"replica {rep.rank}" if intra is None else \
-                f"replica {rep.rank} (rank {rep.local} of its {intra.world_size})"
+            where = (
+                f"replica {rep.rank}"
+                if intra is None
+                else f"replica {rep.rank} (rank {rep.local} of its {intra.world_size})"
+            )
             raise CommError(f"{where} at step {step}: {exc}") from exc
         finally:
             if learner_log is not None:
@@ -436,23 +506,35 @@ class Trainer:
         stats = comm.stats.totals()
         if rep.sharded:  # each rank counted its own column (its shard): the worker's bytes are their sum
             stats = worker_totals(stats, rep.mesh)
-        return {"final_eval_loss": final_eval, "stats": stats, "train_time_s": rep.train_time,
-                "num_params": sum(p.numel() for p in rep.params), "dropped": rep.dropped,
-                "waited_s": getattr(rep.algo, "wait_seconds", None)}
+        return {
+            "final_eval_loss": final_eval,
+            "stats": stats,
+            "train_time_s": rep.train_time,
+            "num_params": sum(p.numel() for p in rep.params),
+            "dropped": rep.dropped,
+            "waited_s": getattr(rep.algo, "wait_seconds", None),
+        }
 
     # -- checkpoints (diloco.train.replica_checkpoint); methods, so that a subclass can wrap them ---------------
     def _checkpoint(self, rep: Replica, run: Run, step: int) -> None:
         """Write this replica's state of ``step``; it is committed now or, written in the background, after the
         next step (:func:`~diloco.train.replica_checkpoint.save`)."""
         cfg = self.cfg
-        replica_checkpoint.save(rep, step, run_dir=self.out_dir, record=replica_checkpoint.run_record(cfg, run),
-                                keep=cfg.keep_checkpoints, last=step >= cfg.total_steps)
+        replica_checkpoint.save(
+            rep,
+            step,
+            run_dir=self.out_dir,
+            record=replica_checkpoint.run_record(cfg, run),
+            keep=cfg.keep_checkpoints,
+            last=step >= cfg.total_steps,
+        )
 
     def _restore_resized(self, rep: Replica, step: int, saved_replicas: int) -> None:
         """Resume a checkpoint written by another number of workers or ranks per worker
         (:func:`~diloco.train.replica_checkpoint.restore_resized`)."""
-        replica_checkpoint.restore_resized(rep, step, run_dir=self.out_dir, saved_replicas=saved_replicas,
-                                           replicas=self.cfg.replicas)
+        replica_checkpoint.restore_resized(
+            rep, step, run_dir=self.out_dir, saved_replicas=saved_replicas, replicas=self.cfg.replicas
+        )
 
     def _evaluate(self, rep: Replica, run: Run, step: int | None, logger: MetricLogger | None) -> float:
         """Eval loss of the global parameters (replica 0; its first rank evaluates and logs an eval row).
@@ -498,9 +580,18 @@ def _speed_notices(device: torch.device) -> list[str]:
     return [notice] if notice else []
 
 
-def train_model(cfg: TrainConfig, out_dir: Path, *, cache_dir: Path, resume: bool = False,
-                overwrite: bool = False, reuse: bool = False, progress: bool = True, device: str = "cpu") -> RunResult:
+def train_model(
+    cfg: TrainConfig,
+    out_dir: Path,
+    *,
+    cache_dir: Path,
+    resume: bool = False,
+    overwrite: bool = False,
+    reuse: bool = False,
+    progress: bool = True,
+    device: str = "cpu",
+) -> RunResult:
     """Train one configuration; see :class:`Trainer` and :meth:`Trainer.run`."""
     return Trainer(cfg, out_dir, cache_dir=cache_dir, progress=progress, device=device).run(
-        resume=resume, overwrite=overwrite, reuse=reuse)
-
+        resume=resume, overwrite=overwrite, reuse=reuse
+    )
