@@ -31,7 +31,6 @@ history per fragment and the consecutive drops per sender, and is checkpointed w
 
 from __future__ import annotations
 
-import math
 import statistics
 import warnings
 from collections import deque
@@ -55,6 +54,9 @@ DEFAULT_MIN_HISTORY = 2
 
 #: A round of at least this many contributions is judged against its own median (robust to one outlier in 3).
 ROUND_MEDIAN_MIN = 3
+
+#: What pads a history in a checkpoint (a norm is never negative).
+_PAD = -1.0
 
 #: A sender dropped this many times in a row is named in a warning.
 DEFAULT_WARN_AFTER = 3
@@ -222,11 +224,12 @@ class NormGuard:
         return GuardEvent(sender, fragment, verdict.norm, verdict.reference, verdict.ratio, verdict.action)
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain numbers; each history as a NaN-padded list of ``history`` values (a checkpoint holding it stays one
-        size however long the run)."""
+        """Plain numbers; each history as a list of ``history`` values padded with -1 (norms are >= 0), so a
+        checkpoint holding it stays one size however long the run, and two equal states compare equal (NaN
+        padding would not)."""
 
         def padded(v: deque[float]) -> list[float]:
-            return list(v) + [float("nan")] * (self.history - len(v))
+            return list(v) + [_PAD] * (self.history - len(v))
 
         return {
             "norms": {p: padded(v) for p, v in self._norms.items()},
@@ -236,7 +239,7 @@ class NormGuard:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         def unpadded(v: Sequence[float]) -> deque[float]:
-            return deque((float(x) for x in v if not math.isnan(x)), maxlen=self.history)
+            return deque((float(x) for x in v if float(x) >= 0.0), maxlen=self.history)  # drops the padding
 
         self._norms = {int(p): unpadded(v) for p, v in state["norms"].items()}
         self._own = {int(m): {int(p): unpadded(v) for p, v in h.items()} for m, h in state.get("own", {}).items()}

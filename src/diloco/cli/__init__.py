@@ -82,9 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except RunError:  # a failure outside the code (a dead peer, a timeout): its traceback names what
-        traceback.print_exc()
-        return 1
+    except RunError:  # a failure outside the code (a dead peer, a timeout): raised on as before, so that
+        raise  # Python, or torchrun's error record, prints its traceback
     except Exception:  # anything else is a bug: the traceback, and where to report it
         traceback.print_exc()
         print(
