@@ -23,7 +23,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from run_study import BASE, TIMEOUT_S  # noqa: E402
+from run_study import BASE, TIMEOUT_S, train_command  # noqa: E402
 
 
 def configs() -> list[dict]:
@@ -50,20 +50,7 @@ def one(c: dict, work: Path) -> dict:
         "merge": c["merge"],
         "overlap_steps": 1,
     }
-    cmd = [
-        sys.executable,
-        "-m",
-        "diloco",
-        "train",
-        "--preset",
-        "tiny",
-        "--method",
-        "decoupled",
-        "--out",
-        str(out),
-        "--no-progress",
-        *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")],
-    ]
+    cmd = train_command(method="decoupled", out=out, sets=sets)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
     row = {"key": key(c), **c, "rc": proc.returncode}
     try:

@@ -96,12 +96,10 @@ def key(r: dict) -> str:
     return f"{r['method']}-M{r['M']}-K{r['K']}-{r['merge']}-{r['scale']}-tau{r['tau']}-seed{r['seed']}"
 
 
-def one(r: dict, work: Path) -> dict:
-    out = work / key(r)
-    sets = {**BASE, "replicas": r["M"], "seed": r["seed"]}
-    if r["method"] == "decoupled":
-        sets.update(quorum=r["K"], merge=r["merge"], outer_scale=r["scale"], overlap_steps=r["tau"])
-    cmd = [
+def train_command(*, method: str, out: Path, sets: dict) -> list[str]:
+    """`python -m diloco train --preset tiny` with the study's ``--set`` overrides."""
+    overrides = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    return [
         sys.executable,
         "-m",
         "diloco",
@@ -109,12 +107,20 @@ def one(r: dict, work: Path) -> dict:
         "--preset",
         "tiny",
         "--method",
-        r["method"],
+        method,
         "--out",
         str(out),
         "--no-progress",
-        *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")],
+        *overrides,
     ]
+
+
+def one(r: dict, work: Path) -> dict:
+    out = work / key(r)
+    sets = {**BASE, "replicas": r["M"], "seed": r["seed"]}
+    if r["method"] == "decoupled":
+        sets.update(quorum=r["K"], merge=r["merge"], outer_scale=r["scale"], overlap_steps=r["tau"])
+    cmd = train_command(method=r["method"], out=out, sets=sets)
     t0 = time.time()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)

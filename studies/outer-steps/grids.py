@@ -223,16 +223,22 @@ def stage3(records: list[dict]) -> dict[str, dict]:
 def stage4() -> dict[str, dict]:
     """Stage 4 (module docstring): the edges and seeds that stages 1-2 asked for, at batch 128."""
     out = {}
-    for seed in range(5):
-        out[f"b128-diloco-m2-H5-mom0.5-seed{seed}"] = grid(
-            "diloco-m2",
-            batch=128,
-            momentum=0.5,
-            sync_every=[5],
-            outer_lr=[OUTER_LR],
-            seed=seed,
-            why="H past the edge (stage 4).",
-        )
+    seeded = (  # (method, H, momentum, seeds, why)
+        ("diloco-m2", 5, 0.5, range(5), "H past the edge"),
+        ("streaming-fp4-tau1", 10, 0.9, SEEDS, "seeds at the runner-up H"),
+        ("streaming-fp4-tau1", 5, 0.9, range(3), "H below the best two"),
+    )
+    for name, h, momentum, seeds, why in seeded:
+        for seed in seeds:
+            out[f"b128-{name}-H{h}-mom{momentum}-seed{seed}"] = grid(
+                name,
+                batch=128,
+                momentum=momentum,
+                sync_every=[h],
+                outer_lr=[OUTER_LR],
+                seed=seed,
+                why=f"{why} (stage 4).",
+            )
     out["b128-diloco-m2-mom0.3"] = grid(
         "diloco-m2",
         batch=128,
@@ -241,26 +247,6 @@ def stage4() -> dict[str, dict]:
         outer_lr=[OUTER_LR],
         why="momentum past the edge (stage 4).",
     )
-    for seed in SEEDS:
-        out[f"b128-streaming-fp4-tau1-H10-mom0.9-seed{seed}"] = grid(
-            "streaming-fp4-tau1",
-            batch=128,
-            momentum=0.9,
-            sync_every=[10],
-            outer_lr=[OUTER_LR],
-            seed=seed,
-            why="seeds at the runner-up H (stage 4).",
-        )
-    for seed in range(3):
-        out[f"b128-streaming-fp4-tau1-H5-mom0.9-seed{seed}"] = grid(
-            "streaming-fp4-tau1",
-            batch=128,
-            momentum=0.9,
-            sync_every=[5],
-            outer_lr=[OUTER_LR],
-            seed=seed,
-            why="H below the best two (stage 4).",
-        )
     for name, h, momentum in (("diloco-m2", 10, 0.5), ("streaming-fp4-tau1", 15, 0.9)):
         g = grid(
             name,
