@@ -24,9 +24,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from grids import BATCHES, FRONTIER, INNER_LR, SIZE, load, method_of, point  # noqa: E402
 
-import diloco.scaling  # noqa: E402
 from diloco.files import atomic_write_bytes  # noqa: E402
 from diloco.scaling.paper_gap import paper_law_gaps  # noqa: E402
+from diloco.scaling.records import paper_table4  # noqa: E402
 
 LABELS = {"streaming-fp4-tau1": "Streaming FP4 (P 3, tau 1)", "diloco-m2": "DiLoCo M = 2 (fp32)"}
 DP_BATCH = 128
@@ -34,8 +34,7 @@ DP_BATCH = 128
 
 def table7_gap(num_params: float) -> float:
     """DiLoCo M = 2 over DP, minus 1, in %, from the paper's own Table 7 power laws (A N^alpha per method)."""
-    path = Path(diloco.scaling.__file__).parent / "data" / "paper_table4.json"
-    table = json.loads(path.read_text())["expected"]["table7_independent"]
+    table = paper_table4()["expected"]["table7_independent"]
     law = {m: table[m]["A"] * num_params ** table[m]["alpha"] for m in ("dp", "diloco-m2")}
     return 100.0 * (law["diloco-m2"] / law["dp"] - 1.0)
 

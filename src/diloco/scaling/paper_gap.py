@@ -16,6 +16,7 @@ from functools import lru_cache
 from typing import Any
 
 from diloco.errors import ConfigError
+from diloco.outer_steps import outer_steps
 
 #: The papers' token budget, at which every run of their Table 4 was trained.
 PAPER_TOKENS_PER_PARAM = 20
@@ -54,7 +55,14 @@ def reading_note(rows: Sequence[Mapping[str, Any]]) -> str:
         return ""  # the law is about the project's transformer family; a user's model has its own N
     n = count_params(make_config(cfg["size"], vocab_size=cfg["vocab_size"], seq_len=cfg["seq_len"]), embeddings=False)
     tokens = max(int(r.get("tokens") or 0) for r in rows)
-    outer = max((r["steps"] // r["config"]["sync_every"] for r in rows if r["config"]["method"] != "dp"), default=0)
+    outer = max(
+        (
+            outer_steps(total_steps=r["steps"], sync_every=r["config"]["sync_every"])
+            for r in rows
+            if r["config"]["method"] != "dp"
+        ),
+        default=0,
+    )
     gaps = paper_law_gaps(n)
     law = ", ".join(f"M = {m} {g:+.2f} %" for m, g in gaps.items())
     return (
