@@ -196,8 +196,8 @@ def torchft_run(*, M: int, fault: str, args: Any, data: Any, work: Path) -> dict
 
     from diloco.data.shards import eval_batches
     from diloco.decoupled.chaos import committed_steps, restart_stalls, survivor_stalls
-    from diloco.decoupled.trainer import evaluate_global
     from diloco.models.factory import build_model
+    from diloco.train.evaluation import evaluate_parameters
 
     run_dir = work / f"torchft-m{M}-{fault}"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -308,7 +308,7 @@ def torchft_run(*, M: int, fault: str, args: Any, data: Any, work: Path) -> dict
         params = torch.load(run_dir / "global.pt")
         template = build_model("", size=args.size, vocab_size=data.vocab_size, seq_len=args.seq_len, seed=0)
         val = list(eval_batches(data.val, batch_size=args.global_batch // M, seq_len=args.seq_len, max_batches=16 * M))
-        loss = evaluate_global(template, params, val, bf16=False, device=torch.device("cpu"))
+        loss = evaluate_parameters(template, params, val, bf16=False, device=torch.device("cpu"))
     typical = statistics.median(r["dt"] for r in steps) if steps else None
     return {
         "method": "torchft",

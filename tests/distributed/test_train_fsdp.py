@@ -128,12 +128,16 @@ def _evals(run: Path) -> dict[int, float]:
 def _fragment_names(run: Path) -> list[list[str]]:
     """The run's fragments, parameter names in order (how the flat global copies of replicated workers are laid out)."""
     from diloco.algorithm.fragments import split_fragments
-    from diloco.train.trainer import build_model
+    from diloco.models.factory import build_model
 
     cfg = TrainConfig.from_dict(json.loads((run / "config.json").read_text()))
     return [
         f.names
-        for f in split_fragments(build_model(cfg, cfg.vocab_size), cfg.num_fragments, pattern=cfg.fragment_pattern)
+        for f in split_fragments(
+            build_model(cfg.model, size=cfg.size, vocab_size=cfg.vocab_size, seq_len=cfg.seq_len, seed=cfg.seed),
+            cfg.num_fragments,
+            pattern=cfg.fragment_pattern,
+        )
     ]
 
 

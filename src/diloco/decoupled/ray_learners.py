@@ -421,12 +421,12 @@ def _tokens_kept(out: Path, num_learners: int) -> int:
 
 def _evaluate(spec: LearnerSpec, params: dict[str, torch.Tensor], val_tokens: np.ndarray, batches: int) -> float:
     from diloco.data.shards import eval_batches
-    from diloco.decoupled.trainer import evaluate_global
     from diloco.models.factory import build_model
+    from diloco.train.evaluation import evaluate_parameters
 
     template = build_model(spec.model, size=spec.size, vocab_size=spec.vocab_size, seq_len=spec.seq_len, seed=spec.seed)
     val = list(eval_batches(val_tokens, batch_size=spec.batch_size, seq_len=spec.seq_len, max_batches=batches))
-    return evaluate_global(template, params, val, bf16=False, device=torch.device("cpu"))
+    return evaluate_parameters(template, params, val, bf16=False, device=torch.device("cpu"))
 
 
 def _fault(ev: Event, out: Path, handle: Any) -> dict[str, Any]:

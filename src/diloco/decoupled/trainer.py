@@ -4,7 +4,6 @@ and the merge log (``merges.jsonl``, one row per merge: fragment, learners, weig
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -126,20 +125,6 @@ def decoupled_learner(
     )
 
 
-@torch.no_grad()
-def evaluate_global(
-    template: nn.Module, named: dict[str, torch.Tensor], val: Sequence[Any], *, bf16: bool, device: torch.device
-) -> float:
-    """Held-out loss of ``template``'s architecture with the syncer's global parameters ``named``."""
-    from diloco.train.evaluation import evaluate
-
-    model = copy.deepcopy(template).to(device)
-    params = dict(model.named_parameters())
-    for name, value in named.items():
-        params[name].copy_(value)
-    return evaluate(model, val, bf16)
-
-
 def chaos_run(
     cfg: Any,
     out: Path | str,
@@ -156,7 +141,7 @@ def chaos_run(
     beside what :func:`~diloco.decoupled.ray_learners.run_on_ray` writes."""
     from diloco.data import prepare_tokens
     from diloco.files import write_json
-    from diloco.train.trainer import build_model
+    from diloco.models.factory import build_model
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -172,7 +157,9 @@ def chaos_run(
     if not ray.is_initialized():
         check_address(cfg.ray_address or None)  # before anything is prepared or written
     data = prepare_tokens(cfg.sources, cfg.vocab_size, cache_dir, val_fraction=cfg.val_fraction)
-    template = build_model(cfg, data.vocab_size)
+    template = build_model(
+        cfg.model, size=cfg.size, vocab_size=data.vocab_size, seq_len=cfg.seq_len, seed=cfg.seed, z_loss=cfg.z_loss
+    )
     spec = LearnerSpec(
         tokens=data.train,
         vocab_size=data.vocab_size,
@@ -281,7 +268,6 @@ __all__ = [
     "chaos_run",
     "decoupled_learner",
     "decoupled_syncer",
-    "evaluate_global",
     "learner_goodput",
     "learner_wait_shares",
     "make_syncer",

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["autocast", "evaluate"]
+__all__ = ["autocast", "evaluate", "evaluate_parameters"]
 
 
 def autocast(enabled: bool, device: torch.device):
@@ -30,3 +31,20 @@ def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Ten
         count += y.numel()
     model.train(was_training)
     return total / count
+
+
+@torch.no_grad()
+def evaluate_parameters(
+    template: torch.nn.Module,
+    named: dict[str, torch.Tensor],
+    val: list[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    bf16: bool,
+    device: torch.device,
+) -> float:
+    """Held-out loss of ``template``'s architecture with the parameters ``named`` (e.g. a syncer's global ones)."""
+    model = copy.deepcopy(template).to(device)
+    params = dict(model.named_parameters())
+    for name, value in named.items():
+        params[name].copy_(value)
+    return evaluate(model, val, bf16)

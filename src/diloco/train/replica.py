@@ -25,6 +25,7 @@ from diloco.algorithm.data_parallel import DataParallel
 from diloco.algorithm.inner import build_inner_optimizer
 from diloco.algorithm.streaming import StreamingDiLoCo
 from diloco.comm.base import Communicator
+from diloco.methods import SYNCHRONOUS_METHODS
 from diloco.train.config import TrainConfig
 from diloco.train.sharding import shard_worker_model, worker_group
 from diloco.train.speed import compile_in_place
@@ -115,12 +116,12 @@ def build_replica(
     *,
     device: torch.device,
     mesh: Any = None,
-    transport: Any = None,
+    session: Any = None,
 ) -> Replica:
     """This replica's model, inner optimizer, algorithm and data sampler (the algorithm equalises inits).
 
-    ``mesh``: the worker's DeviceMesh (sharded workers); ``transport``: the running syncer of
-    ``method = "decoupled"`` (see :func:`build_algorithm`).
+    ``mesh``: the worker's DeviceMesh (sharded workers); ``session``: the method's running service, if it has
+    one (:class:`~diloco.train.runtime.Session`; it builds the algorithm).
     """
     from diloco.data import ShardSampler
 
@@ -137,7 +138,11 @@ def build_replica(
     opt = build_inner_optimizer(
         model, name=cfg.inner_optimizer, lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
     )
-    algo = build_algorithm(cfg, model, comm, fragments=run.fragments, transport=transport)
+    algo = (
+        session.algorithm(cfg, model, comm, fragments=run.fragments)
+        if session is not None
+        else build_algorithm(cfg, model, comm, fragments=run.fragments)
+    )
     # Inside a worker of R replicated ranks: gradients averaged every step (fp32, exact up to the summation
     # order). Sharded workers: FSDP's reduce-scatter averages them.
     in_worker = DataParallel(model, comm=intra, codec="fp32") if intra is not None and mesh is None else None
@@ -174,19 +179,12 @@ def build_algorithm(
     comm: Communicator,
     *,
     fragments: list[list[str]] | None = None,
-    transport: Any = None,
 ) -> ReplicaAlgorithm:
-    """The config's method on this replica: data parallel, (Streaming) DiLoCo, or a decoupled learner
-    (``transport``: the running syncer, see :mod:`diloco.decoupled.trainer`)."""
+    """The config's synchronous method on this replica: data parallel or (Streaming) DiLoCo. (A method with a
+    service of its own builds its replicas' algorithms through its session, :mod:`diloco.train.runtime`.)"""
+    assert cfg.method in SYNCHRONOUS_METHODS, f"method {cfg.method!r} builds its algorithm in its session"
     if cfg.method == "dp":
         return DataParallel(model, comm=comm, codec=cfg.dp_codec)
-    if cfg.method == "decoupled":
-        from diloco.decoupled.trainer import decoupled_learner
-
-        assert transport is not None, "method='decoupled': the syncer runs before the replicas are built"
-        return decoupled_learner(
-            cfg, model, transport.channel(comm.rank), learner=comm.rank, fragments=fragments, stats=comm.stats
-        )
     return StreamingDiLoCo(
         model,
         comm=comm,

@@ -52,23 +52,17 @@ from diloco.train.config import TrainConfig
 from diloco.train.device import check_device
 from diloco.train.divergence import DivergenceError, DivergenceGuard, check_training_loss
 from diloco.train.environment import environment
-from diloco.train.evaluation import evaluate
+from diloco.train.evaluation import evaluate, evaluate_parameters
 from diloco.train.inner_step import step_record, train_step
 from diloco.train.metrics import JSONLSink, MetricLogger, MultiLogger, TensorBoardSink
 from diloco.train.replica import Everyone, Replica, Run, build_replica
 from diloco.train.result import RunResult
 from diloco.train.rundir import RunDirLock, RunDirPlan, check_same_data, clear_run, plan_run_dir
+from diloco.train.runtime import Session, runtime_for
 from diloco.train.sharding import full_tensors, worker_totals
 from diloco.train.speed import tcmalloc_notice
 from diloco.train.step_log import StepTable, progress_bar, update_bar
 from diloco.train.threads import default_threads
-
-
-def build_model(cfg: TrainConfig, vocab_size: int) -> torch.nn.Module:
-    """The config's model (``cfg.model``: the project's Transformer, ``hf:PATH`` or a factory), seeded."""
-    from diloco.models.factory import build_model as build
-
-    return build(cfg.model, size=cfg.size, vocab_size=vocab_size, seq_len=cfg.seq_len, seed=cfg.seed, z_loss=cfg.z_loss)
 
 
 class TrainerCallback:
@@ -102,7 +96,8 @@ class Trainer:
         self.progress = progress
         self.device = check_device(device)  # a ValueError now, before the run directory is touched
         self.callbacks = tuple(callbacks)
-        self._transport: Any = None  # method=decoupled: the running syncer (see diloco.decoupled.trainer)
+        self.runtime = runtime_for(cfg.method)  # what the method runs beside the replicas (diloco.train.runtime)
+        self._session: Session | None = None  # the runtime's service while the replicas run (None: it has none)
         self._lock = RunDirLock(self.out_dir)  # held while this trainer's run trains in out_dir
 
     # -- setup ---------------------------------------------------------------
@@ -212,7 +207,8 @@ class Trainer:
 
     def _run(self, *, resume: bool, overwrite: bool, reuse: bool) -> RunResult:
         cfg = self.cfg
-        _check_ray_address(cfg)
+        self.runtime.check_reachable(cfg)
+        self.runtime.check_launch(cfg, torchrun=False, sharded=False)
         if cfg.worker_sharding == "fsdp":
             raise ConfigError(
                 f"worker_sharding='fsdp' shards each worker over its ranks, one process each: launch "
@@ -238,10 +234,11 @@ class Trainer:
         run.threads = cfg.threads or int((plan.meta or {}).get("threads") or default_threads(cfg.replicas))
         torch.set_num_threads(run.threads)
         try:
-            with self._decoupled(run) as syncer_global:  # method=decoupled: the syncer (else nothing)
+            with self._open_session(run) as session:  # the method's service (decoupled: the syncer), if it has one
                 results = run_replicas(partial(self._replica_loop, run=run, table=table, logger=logger), cfg.replicas)
-            if syncer_global:  # the final loss is the syncer's global parameters', not a learner's copy of them
-                self._syncer_result(results[0], run, syncer_global, results)
+            final = session.final_parameters() if session is not None else None
+            if final:  # the final loss is those global parameters', not a replica's copy of them
+                self._service_result(results[0], run, session, final, results)
         finally:
             logger.close()
             if bar is not None:
@@ -249,25 +246,17 @@ class Trainer:
         return self._finish(run, results[0])
 
     @contextlib.contextmanager
-    def _decoupled(self, run: Run):
-        """method=decoupled: run a syncer for the learners (a thread, or a Ray actor); then write ``merges.jsonl``.
-
-        Yields a dict that holds the syncer's final global parameters once the block has ended (empty otherwise).
-        """
-        final: dict[str, torch.Tensor] = {}
-        if self.cfg.method != "decoupled":
-            yield final
-            return
-        from diloco.decoupled.trainer import decoupled_syncer, write_merges
-
-        with decoupled_syncer(self.cfg, run.template, run.fragments) as syncer:
-            self._transport = syncer
+    def _open_session(self, run: Run, comm: Communicator | None = None, intra: Communicator | None = None):
+        """The runtime's session for the ``with`` block (:meth:`~diloco.train.runtime.MethodRuntime.session`),
+        kept where the replicas' loops find it."""
+        with self.runtime.session(
+            self.cfg, template=run.template, fragments=run.fragments, out_dir=self.out_dir, comm=comm, intra=intra
+        ) as session:
+            self._session = session
             try:
-                yield final
+                yield session
             finally:
-                self._transport = None
-            write_merges(self.out_dir / "merges.jsonl", syncer.records())
-            final.update(syncer.global_parameters())
+                self._session = None
 
     def run_replica(
         self,
@@ -338,12 +327,8 @@ class Trainer:
                 f"{1 if intra is None else intra.world_size} ranks; launch replicas x ranks_per_worker "
                 f"= {cfg.replicas * R} processes"
             )
-        _check_ray_address(cfg)
-        if cfg.method == "decoupled" and mesh is not None:
-            raise ConfigError(
-                "method='decoupled' with worker_sharding='fsdp' is not built yet (a learner's lead "
-                "rank would need its ranks' shards): use worker_sharding=replicate"
-            )
+        self.runtime.check_reachable(cfg)
+        self.runtime.check_launch(cfg, torchrun=True, sharded=mesh is not None)
         lead = comm.rank == 0 and (intra is None or intra.rank == 0)
         plan = self.plan(resume=resume, overwrite=overwrite, reuse=reuse, elastic=elastic)  # every process alike
         everyone = Everyone(comm, intra if mesh is not None else None)
@@ -366,54 +351,32 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         try:
-            with self._decoupled_torchrun(run, comm, intra) as final:  # method=decoupled: the syncer (else nothing)
+            with self._open_session(run, comm, intra) as session:  # the method's service, if it has one
                 out = self._replica_loop(comm, run=run, table=table, logger=logger, intra=intra, mesh=mesh)
-            if cfg.method == "decoupled":  # goodput over every learner (their lead ranks' times): one gather
-                import torch.distributed as dist
-
-                times = [None] * dist.get_world_size()
-                mine = {k: out[k] for k in ("train_time_s", "waited_s")} if intra is None or intra.rank == 0 else None
-                dist.all_gather_object(times, mine)
-            if lead and final:  # the final loss is the syncer's global parameters', not a learner's copy of them
-                self._syncer_result(out, run, final["global"], [t for t in times if t is not None])
+            times = session.learner_times(out) if session is not None else None  # a collective of every process
+            final = session.final_parameters() if session is not None else None
+            if lead and final:  # the final loss is those global parameters', not a replica's copy of them
+                self._service_result(out, run, session, final, times or [])
         finally:
             logger.close()
             if bar is not None:
                 bar.close()
         return self._finish(run, out) if lead else None
 
-    def _syncer_result(
-        self, out: dict[str, Any], run: Run, global_params: dict[str, torch.Tensor], learners: Sequence[dict[str, Any]]
+    def _service_result(
+        self,
+        out: dict[str, Any],
+        run: Run,
+        session: Session,
+        global_params: dict[str, torch.Tensor],
+        replicas: Sequence[dict[str, Any]],
     ) -> None:
-        """method=decoupled: the run's final loss from the syncer's global parameters, and the goodput over
-        ``learners`` (each one's train and waited seconds), into the lead's result ``out``."""
-        from diloco.decoupled.trainer import evaluate_global, learner_goodput, learner_wait_shares
-
-        out["final_eval_loss"] = evaluate_global(
+        """The run's final loss from the session's global parameters, and the session's summary fields from the
+        ``replicas``' loop results (decoupled: goodput, waiting shares), into the lead's result ``out``."""
+        out["final_eval_loss"] = evaluate_parameters(
             run.template, global_params, run.val, bf16=self.cfg.bf16, device=self.device
         )
-        out["goodput"] = learner_goodput(learners)
-        out["wait_share"] = learner_wait_shares(learners)
-
-    @contextlib.contextmanager
-    def _decoupled_torchrun(self, run: Run, comm: Communicator, intra: Communicator | None):
-        """method=decoupled under torchrun (:func:`diloco.decoupled.torchrun.torchrun_syncer`); then, on the lead
-        process, write ``merges.jsonl``. Yields a dict holding the syncer's final global parameters on the lead
-        once the block has ended (empty otherwise)."""
-        if self.cfg.method != "decoupled":
-            yield {}
-            return
-        from diloco.decoupled.torchrun import torchrun_syncer
-        from diloco.decoupled.trainer import write_merges
-
-        with torchrun_syncer(self.cfg, run.template, run.fragments, worker=comm.rank, intra=intra) as (syncer, final):
-            self._transport = syncer
-            try:
-                yield final
-            finally:
-                self._transport = None
-        if "records" in final:
-            write_merges(self.out_dir / "merges.jsonl", final["records"])
+        out.update(session.result_fields(replicas))
 
     def _finish(self, run: Run, rank0: dict[str, Any]) -> RunResult:
         cfg = self.cfg
@@ -451,7 +414,7 @@ class Trainer:
     ) -> dict[str, Any]:
         """Every replica (thread or process) runs this: build, restore, then train step by step."""
         cfg = self.cfg
-        rep = build_replica(cfg, comm, intra, run, device=self.device, mesh=mesh, transport=self._transport)
+        rep = build_replica(cfg, comm, intra, run, device=self.device, mesh=mesh, session=self._session)
         resized = run.saved_replicas not in (None, cfg.replicas) or (
             rep.sharded and run.saved_ranks not in (None, cfg.ranks_per_worker)
         )
@@ -460,11 +423,9 @@ class Trainer:
             self._restore_resized(rep, run.start_step, run.saved_replicas)
         elif run.start_step > 0:
             replica_checkpoint.restore(rep, run.start_step, run_dir=self.out_dir)
-        learner_log = None
-        if cfg.method == "decoupled" and rep.local == 0:  # each learner's own rows, from its lead rank
-            from diloco.decoupled.trainer import LearnerLog
-
-            learner_log = LearnerLog(self.out_dir, rep.rank, append=run.start_step > 0)
+        learner_log = None  # the replica's own rows (decoupled: learner-<m>.jsonl), from its lead rank
+        if self._session is not None and rep.local == 0:
+            learner_log = self._session.replica_log(self.out_dir, rep.rank, append=run.start_step > 0)
         final_eval = float("nan")
         guard = DivergenceGuard(cfg, vocab_size=run.vocab_size)  # replica 0's evaluations (diloco.train.divergence)
         if rep.rank == 0 and run.start_step == cfg.total_steps:  # resumed at the end, before the summary
@@ -490,8 +451,8 @@ class Trainer:
                 for callback in self.callbacks:
                     callback.on_step_end(step, rank=rep.rank)
         except DivergenceError as exc:
-            if self._transport is not None:  # decoupled: learners waiting for the syncer stop too
-                self._transport.abort(str(exc))
+            if self._session is not None:  # replicas waiting on the method's service (a syncer) stop too
+                self._session.abort(str(exc))
             raise
         except CommError as exc:
             where = (
@@ -554,14 +515,6 @@ class Trainer:
         if logger is not None and step is not None:
             logger.log({"step": step, "eval_loss": loss, "tokens_seen": step * self.cfg.tokens_per_step})
         return loss
-
-
-def _check_ray_address(cfg: TrainConfig) -> None:
-    """A decoupled run's Ray cluster answers, before the run directory is touched."""
-    if cfg.method == "decoupled" and cfg.decoupled_transport == "ray" and cfg.ray_address:
-        from diloco.decoupled.ray_transport import check_address
-
-        check_address(cfg.ray_address)
 
 
 def _tell(notices: Sequence[str]) -> None:

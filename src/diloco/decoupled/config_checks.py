@@ -1,0 +1,63 @@
+"""What ``method='decoupled'`` cannot run with: the checks :class:`~diloco.train.config.TrainConfig` collects
+through the method's runtime (:meth:`diloco.decoupled.runtime.DecoupledRuntime.config_errors`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def decoupled_errors(cfg: Any) -> list[str]:
+    """What ``method='decoupled'`` cannot run with (each message names the value and the fix)."""
+    from diloco.decoupled.grace import check_grace
+    from diloco.decoupled.merge import check_merge
+    from diloco.decoupled.outer_scale import check_outer_scale
+    from diloco.decoupled.syncer import check_quorum
+
+    errors = []
+    checks = [
+        lambda: check_quorum(cfg.quorum or cfg.replicas, cfg.replicas),
+        lambda: check_merge(cfg.merge),
+        lambda: check_outer_scale(cfg.outer_scale),
+        lambda: check_grace(gamma=cfg.grace_gamma, decay=cfg.grace_ema_decay, overlap_steps=cfg.overlap_steps),
+    ]
+    if cfg.quorum < 0:
+        errors.append(f"quorum={cfg.quorum}: use 0 (all learners) or 1..replicas={cfg.replicas}")
+        checks = checks[1:]
+    for check in checks:
+        try:
+            check()
+        except ValueError as exc:
+            errors.append(str(exc))
+    if cfg.ride_out_steps < 0:
+        errors.append(
+            f"ride_out_steps={cfg.ride_out_steps}: give the steps to train on while a reply is late, >= 0 "
+            f"(0: wait at once)"
+        )
+    if cfg.overwrite_after not in ("send", "arrival"):
+        errors.append(f"overwrite_after={cfg.overwrite_after!r}: choose send or arrival")
+    if cfg.outer_gradient not in ("global", "own"):
+        errors.append(f"outer_gradient={cfg.outer_gradient!r}: choose global or own")
+    if cfg.decoupled_transport not in ("threads", "ray"):
+        errors.append(f"decoupled_transport={cfg.decoupled_transport!r}: choose threads or ray")
+    for name, bad, fix in (
+        ("eager", cfg.eager, "eager=false"),
+        ("ef_decay", cfg.ef_decay, "ef_decay=0"),
+        (
+            "ranks_per_worker",
+            cfg.ranks_per_worker != 1 and cfg.decoupled_transport != "ray",
+            "decoupled_transport=ray (learners of several ranks, under torchrun) or ranks_per_worker=1",
+        ),
+        (
+            "checkpoint_every",
+            cfg.checkpoint_every > 0,
+            "checkpoint_every=-1 or 0 (a decoupled run is checkpointed at its end only)",
+        ),
+    ):
+        if bad:
+            errors.append(
+                f"method='decoupled' does not support {name}={getattr(cfg, name)} with these settings yet: set {fix}"
+            )
+    return errors
+
+
+__all__ = ["decoupled_errors"]

@@ -1,0 +1,117 @@
+"""Decoupled DiLoCo in the trainer: its :class:`~diloco.train.runtime.MethodRuntime` (the trainer's plug-in).
+
+The trainer runs the learners as its replicas, with its one loop; this runtime adds the syncer beside them
+(:func:`~diloco.decoupled.trainer.decoupled_syncer` on a thread or a Ray actor; under torchrun,
+:func:`~diloco.decoupled.torchrun.torchrun_syncer`), builds each learner's
+:class:`~diloco.decoupled.learner.Learner` on a channel to it, keeps each learner's rows
+(``learner-<m>.jsonl``), writes ``merges.jsonl`` at the end and hands the trainer the syncer's final global
+parameters (the run's final loss is theirs) with the learners' goodput and waiting shares.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from diloco.decoupled.trainer import (
+    LearnerLog,
+    decoupled_learner,
+    decoupled_syncer,
+    learner_goodput,
+    learner_wait_shares,
+    write_merges,
+)
+from diloco.errors import ConfigError
+from diloco.train.runtime import MethodRuntime, ReplicaLog, Session
+
+
+class _Learners(Session):
+    """The learners' side of a running syncer (``running``: a :class:`~diloco.decoupled.trainer.RunningSyncer`)."""
+
+    def __init__(self, running: Any, *, torchrun: bool = False, lead: bool = True) -> None:
+        self.running, self.torchrun, self.lead = running, torchrun, lead
+        self.final: dict[str, Any] = {}
+
+    def algorithm(self, cfg: Any, model: torch.nn.Module, comm: Any, *, fragments: list[list[str]] | None) -> Any:
+        return decoupled_learner(
+            cfg, model, self.running.channel(comm.rank), learner=comm.rank, fragments=fragments, stats=comm.stats
+        )
+
+    def replica_log(self, out_dir: Path, replica: int, *, append: bool) -> ReplicaLog:
+        return LearnerLog(out_dir, replica, append=append)
+
+    def abort(self, reason: str) -> None:
+        self.running.abort(reason)
+
+    def final_parameters(self) -> dict[str, torch.Tensor] | None:
+        return self.final.get("global")
+
+    def learner_times(self, mine: dict[str, Any]) -> list[dict[str, Any]] | None:
+        import torch.distributed as dist
+
+        times: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(times, {k: mine[k] for k in ("train_time_s", "waited_s")} if self.lead else None)
+        return [t for t in times if t is not None]
+
+    def result_fields(self, learners: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        return {"goodput": learner_goodput(learners), "wait_share": learner_wait_shares(learners)}
+
+
+class DecoupledRuntime(MethodRuntime):
+    """``method='decoupled'``: a syncer beside the learners (module docstring)."""
+
+    def config_errors(self, cfg: Any) -> list[str]:
+        from diloco.decoupled.config_checks import decoupled_errors
+
+        return decoupled_errors(cfg)
+
+    def check_reachable(self, cfg: Any) -> None:
+        if cfg.decoupled_transport == "ray" and cfg.ray_address:
+            from diloco.decoupled.ray_transport import check_address
+
+            check_address(cfg.ray_address)
+
+    def check_launch(self, cfg: Any, *, torchrun: bool, sharded: bool) -> None:
+        if torchrun and sharded:
+            raise ConfigError(
+                "method='decoupled' with worker_sharding='fsdp' is not built yet (a learner's lead "
+                "rank would need its ranks' shards): use worker_sharding=replicate"
+            )
+
+    @contextlib.contextmanager
+    def session(
+        self,
+        cfg: Any,
+        *,
+        template: torch.nn.Module,
+        fragments: list[list[str]] | None,
+        out_dir: Path,
+        comm: Any = None,
+        intra: Any = None,
+    ) -> Iterator[Session]:
+        if comm is None:  # threads: the syncer on a thread of this process, or a Ray actor
+            with decoupled_syncer(cfg, template, fragments) as running:
+                learners = _Learners(running)
+                yield learners
+                write_merges(Path(out_dir) / "merges.jsonl", running.records())
+                learners.final["global"] = running.global_parameters()
+            return
+        from diloco.decoupled.torchrun import torchrun_syncer
+
+        lead = intra is None or intra.rank == 0
+        with torchrun_syncer(cfg, template, fragments, worker=comm.rank, intra=intra) as (running, final):
+            learners = _Learners(running, torchrun=True, lead=lead)
+            yield learners
+        if "records" in final:  # worker 0's lead, once every process has finished
+            write_merges(Path(out_dir) / "merges.jsonl", final["records"])
+            learners.final["global"] = final["global"]
+
+
+#: What :func:`diloco.train.runtime.runtime_for` loads for ``method='decoupled'``.
+RUNTIME = DecoupledRuntime()
+
+__all__ = ["RUNTIME", "DecoupledRuntime"]
