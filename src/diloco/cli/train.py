@@ -136,8 +136,13 @@ def run(args: argparse.Namespace) -> int:
 
     # The world size is checked against replicas x ranks_per_worker before joining; workers x ranks layout;
     # timeouts; every communicator and the process group closed on the way out.
+    if args.elastic and cfg.learner >= 0:
+        raise ConfigError(
+            f"--elastic resizes a job of several workers; a site job (learner={cfg.learner}) is one learner: "
+            f"drop --elastic (torchrun --max-restarts restarts the site's job, which resumes from its checkpoint)"
+        )
     with setup_communicators(
-        replicas=cfg.replicas,
+        replicas=1 if cfg.learner >= 0 else cfg.replicas,  # a decoupled site job runs one learner
         ranks_per_worker=cfg.ranks_per_worker,
         timeout_s=args.timeout,
         device=args.device,

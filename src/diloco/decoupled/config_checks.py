@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from diloco.errors import ConfigError
+
 
 def decoupled_errors(cfg: Any) -> list[str]:
     """What ``method='decoupled'`` cannot run with (each message names the value and the fix)."""
@@ -37,6 +39,7 @@ def decoupled_errors(cfg: Any) -> list[str]:
         errors.append(f"overwrite_after={cfg.overwrite_after!r}: choose send or arrival")
     if cfg.outer_gradient not in ("global", "own"):
         errors.append(f"outer_gradient={cfg.outer_gradient!r}: choose global or own")
+    errors += site_errors(cfg)
     if cfg.decoupled_transport not in ("threads", "ray"):
         errors.append(f"decoupled_transport={cfg.decoupled_transport!r}: choose threads or ray")
     for name, bad, fix in (
@@ -44,8 +47,8 @@ def decoupled_errors(cfg: Any) -> list[str]:
         ("ef_decay", cfg.ef_decay, "ef_decay=0"),
         (
             "ranks_per_worker",
-            cfg.ranks_per_worker != 1 and cfg.decoupled_transport != "ray",
-            "decoupled_transport=ray (learners of several ranks, under torchrun) or ranks_per_worker=1",
+            cfg.ranks_per_worker != 1 and cfg.decoupled_transport != "ray" and not cfg.syncer,
+            "decoupled_transport=ray (learners of several ranks, under torchrun), a syncer= to join, or ranks_per_worker=1",
         ),
         (
             "checkpoint_every",
@@ -60,4 +63,35 @@ def decoupled_errors(cfg: Any) -> list[str]:
     return errors
 
 
-__all__ = ["decoupled_errors"]
+def parse_syncer(value: str) -> tuple[str, str]:
+    """``NAME@ADDRESS`` -> (name, address): a running ``diloco syncer``'s actor name and its Ray cluster's address."""
+    name, at, address = value.rpartition("@")
+    if not at or not name or not address:
+        raise ConfigError(
+            f"syncer={value!r}: give NAME@ADDRESS as `diloco syncer` prints it (e.g. diloco-syncer-1a2b@10.0.0.1:6379)"
+        )
+    return name, address
+
+
+def site_errors(cfg: Any) -> list[str]:
+    """A site job's ``learner`` and ``syncer``: both set (one learner joining a running syncer) or neither."""
+    errors = []
+    if cfg.learner != -1 and not 0 <= cfg.learner < cfg.replicas:
+        errors.append(
+            f"learner={cfg.learner}: a site job runs one learner of 0..{cfg.replicas - 1} (replicas={cfg.replicas}), "
+            f"or -1 for every learner in this job"
+        )
+    if (cfg.learner >= 0) != bool(cfg.syncer):
+        errors.append(
+            f"learner={cfg.learner}, syncer={cfg.syncer!r}: a site job gives both (the learner it runs and the "
+            f"NAME@ADDRESS `diloco syncer` printed); a run with its own syncer gives neither"
+        )
+    if cfg.syncer:
+        try:
+            parse_syncer(cfg.syncer)
+        except ConfigError as exc:
+            errors.append(str(exc))
+    return errors
+
+
+__all__ = ["decoupled_errors", "parse_syncer", "site_errors"]

@@ -36,9 +36,11 @@ class _Learners(Session):
         self.running, self.torchrun, self.lead = running, torchrun, lead
         self.final: dict[str, Any] = {}
 
-    def algorithm(self, cfg: Any, model: torch.nn.Module, comm: Any, *, fragments: list[list[str]] | None) -> Any:
+    def algorithm(
+        self, cfg: Any, model: torch.nn.Module, comm: Any, *, learner: int, fragments: list[list[str]] | None
+    ) -> Any:
         return decoupled_learner(
-            cfg, model, self.running.channel(comm.rank), learner=comm.rank, fragments=fragments, stats=comm.stats
+            cfg, model, self.running.channel(learner), learner=learner, fragments=fragments, stats=comm.stats
         )
 
     def replica_log(self, out_dir: Path, replica: int, *, append: bool) -> ReplicaLog:
@@ -61,6 +63,34 @@ class _Learners(Session):
         return {"goodput": learner_goodput(learners), "wait_share": learner_wait_shares(learners)}
 
 
+class _Site:
+    """A site job's link to a running ``diloco syncer`` (``cfg.syncer`` = NAME@ADDRESS): its lead rank holds the
+    Ray channel; under torchrun with R ranks the others share what the lead receives
+    (:class:`~diloco.decoupled.torchrun.GroupChannel`)."""
+
+    def __init__(self, cfg: Any, *, intra: Any = None) -> None:
+        from diloco.decoupled.config_checks import parse_syncer
+
+        self.name, self.address = parse_syncer(cfg.syncer)
+        self.intra = intra
+        self.lead = intra is None or intra.rank == 0
+
+    def channel(self, m: int) -> Any:
+        link = None
+        if self.lead:
+            from diloco.decoupled.ray_transport import connect
+
+            link = connect(learner=m, name=self.name, address=self.address)
+        if self.intra is None or self.intra.world_size == 1:
+            return link
+        from diloco.decoupled.torchrun import GroupChannel
+
+        return GroupChannel(link, group=self.intra.group, lead=self.intra.global_ranks[0])
+
+    def abort(self, reason: str) -> None:
+        """A site job's learner stops alone: the syncer and the other sites go on."""
+
+
 class DecoupledRuntime(MethodRuntime):
     """``method='decoupled'``: a syncer beside the learners (module docstring)."""
 
@@ -70,10 +100,19 @@ class DecoupledRuntime(MethodRuntime):
         return decoupled_errors(cfg)
 
     def check_reachable(self, cfg: Any) -> None:
-        if cfg.decoupled_transport == "ray" and cfg.ray_address:
-            from diloco.decoupled.ray_transport import check_address
+        address = cfg.ray_address if cfg.decoupled_transport == "ray" else ""
+        if cfg.syncer:
+            from diloco.decoupled.config_checks import parse_syncer
 
-            check_address(cfg.ray_address)
+            address = parse_syncer(cfg.syncer)[1]
+        if address:
+            try:
+                from diloco.decoupled.ray_transport import check_address
+            except ImportError:
+                raise ConfigError(
+                    "method='decoupled' with a Ray syncer needs Ray: pip install -e .[ray] (or ray>=2.9)"
+                ) from None
+            check_address(address)
 
     def check_launch(self, cfg: Any, *, torchrun: bool, sharded: bool) -> None:
         if torchrun and sharded:
@@ -93,6 +132,9 @@ class DecoupledRuntime(MethodRuntime):
         comm: Any = None,
         intra: Any = None,
     ) -> Iterator[Session]:
+        if cfg.syncer:  # a site job: one learner joining a running syncer, which keeps the merges and the result
+            yield _Learners(_Site(cfg, intra=intra), torchrun=comm is not None, lead=intra is None or intra.rank == 0)
+            return
         if comm is None:  # threads: the syncer on a thread of this process, or a Ray actor
             with decoupled_syncer(cfg, template, fragments) as running:
                 learners = _Learners(running)

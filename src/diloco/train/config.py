@@ -149,6 +149,12 @@ class TrainConfig:
     ray_address: str = setting(
         "", "decoupled_transport=ray: the Ray cluster to join; empty: start a local Ray instance"
     )
+    learner: int = setting(
+        -1, "decoupled site job: the one learner (0..replicas-1) this job runs, joining syncer; -1 = every learner here"
+    )
+    syncer: str = setting(
+        "", "decoupled site job: NAME@ADDRESS of the running diloco syncer to join (it prints it); empty: start one"
+    )
     dp_codec: str = setting("fp32", "what gradients travel as in data-parallel (same names as codec)")
     # budget (exactly one of steps and tokens)
     global_batch: int = setting(16, "sequences per step over all workers (global_batch / replicas per worker)")
@@ -314,6 +320,11 @@ class TrainConfig:
                 f"overlap_steps={self.overlap_steps}): use method='streaming' for fragments or overlap",
             )
         errors += _method_errors(self)
+        need(
+            self.method == "decoupled" or (self.learner == -1 and not self.syncer),
+            f"learner={self.learner}, syncer={self.syncer!r} are for method=decoupled site jobs: leave them unset "
+            f"(learner=-1, syncer='') or set method=decoupled",
+        )
         need(0.0 <= self.merge_alpha <= 1.0, f"merge_alpha={self.merge_alpha}: need 0 <= alpha <= 1")
         need(
             self.fragment_pattern in PATTERNS,
@@ -404,6 +415,12 @@ class TrainConfig:
             eager=self.eager,
         )
         return [w] if w else []
+
+    @property
+    def job_replicas(self) -> int:
+        """The replicas one job of this run holds (its checkpoints' files): every one, or one for a decoupled site
+        job (``learner`` >= 0)."""
+        return 1 if self.learner >= 0 else self.replicas
 
     @property
     def batch_per_replica(self) -> int:

@@ -47,6 +47,7 @@ class Run:
     saved_replicas: int | None = None  # M of the checkpoint resumed from (differs after an elastic restart)
     saved_ranks: int | None = None  # R of the checkpoint resumed from (an FSDP run may resume with another)
     vocab_size: int | None = None  # the data's: the model's embedding rows (kept in checkpoints, for diloco export)
+    offset: int = 0  # the run's number of this job's first replica (a decoupled site job runs learner `offset` alone)
 
     def wall_time(self) -> float:
         return time.perf_counter() - self.t0 + self.wall_before
@@ -77,6 +78,8 @@ class Replica:
     @property
     def rank(self) -> int:
         return self.comm.rank
+
+    index: int = 0  # this replica's number in the run (its data shard; a decoupled learner's number)
 
     @property
     def local(self) -> int:
@@ -138,8 +141,9 @@ def build_replica(
     opt = build_inner_optimizer(
         model, name=cfg.inner_optimizer, lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
     )
+    index = run.offset + comm.rank  # this replica's number in the run: its shard of the data
     algo = (
-        session.algorithm(cfg, model, comm, fragments=run.fragments)
+        session.algorithm(cfg, model, comm, learner=index, fragments=run.fragments)
         if session is not None
         else build_algorithm(cfg, model, comm, fragments=run.fragments)
     )
@@ -149,7 +153,7 @@ def build_replica(
     # The replica's sampler on every rank of the worker; rank `local` computes `rows` of each batch.
     sampler = ShardSampler(
         run.data.train,
-        rank=comm.rank,
+        rank=index,
         world_size=cfg.replicas,
         batch_size=cfg.batch_per_replica,
         seq_len=cfg.seq_len,
@@ -170,6 +174,7 @@ def build_replica(
         params=params,
         mesh=mesh,
         async_group=async_group,
+        index=index,
     )
 
 

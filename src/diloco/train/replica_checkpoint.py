@@ -29,7 +29,7 @@ def run_record(cfg: TrainConfig, run: Run) -> dict[str, Any]:
     replicas, the wall time so far, the threads, the data's digest, the vocabulary size."""
     return {
         "config": cfg.to_dict(),
-        "num_replicas": cfg.replicas,
+        "num_replicas": cfg.job_replicas,
         "wall_time_s": run.wall_time(),
         "threads": run.threads,
         "data_sha256": run.data_sha256,

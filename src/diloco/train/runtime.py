@@ -47,9 +47,10 @@ class Session:
     """A method's running service for one run (opened by :meth:`MethodRuntime.session`)."""
 
     def algorithm(
-        self, cfg: Any, model: torch.nn.Module, comm: Any, *, fragments: list[list[str]] | None
+        self, cfg: Any, model: torch.nn.Module, comm: Any, *, learner: int, fragments: list[list[str]] | None
     ) -> ReplicaAlgorithm:
-        """Replica ``comm.rank``'s algorithm, connected to the service."""
+        """Replica ``learner``'s algorithm (its number in the run; ``comm``: this job's replicas), connected to the
+        service."""
         raise NotImplementedError
 
     def replica_log(self, out_dir: Path, replica: int, *, append: bool) -> ReplicaLog | None:

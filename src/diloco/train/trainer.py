@@ -96,6 +96,8 @@ class Trainer:
         self.progress = progress
         self.device = check_device(device)  # a ValueError now, before the run directory is touched
         self.callbacks = tuple(callbacks)
+        # the replicas this job runs: every one, or (a decoupled site job, learner=m) learner m alone
+        self.here = cfg.job_replicas
         self.runtime = runtime_for(cfg.method)  # what the method runs beside the replicas (diloco.train.runtime)
         self._session: Session | None = None  # the runtime's service while the replicas run (None: it has none)
         self._lock = RunDirLock(self.out_dir)  # held while this trainer's run trains in out_dir
@@ -178,9 +180,10 @@ class Trainer:
             vocab_size=inputs.data.vocab_size,
             wall_before=float(meta.get("wall_time_s", 0.0)),
             t0=time.perf_counter(),
-            saved_replicas=int(meta.get("num_replicas", cfg.replicas)),
+            saved_replicas=int(meta.get("num_replicas", cfg.job_replicas)),
             data_sha256=digest,
             saved_ranks=int(meta.get("config", {}).get("ranks_per_worker", cfg.ranks_per_worker)),
+            offset=max(cfg.learner, 0),
         )
 
     def _logger(self, start_step: int, resume: bool) -> MultiLogger:
@@ -229,16 +232,15 @@ class Trainer:
         run = self._prepare(plan)
         logger = self._logger(run.start_step, plan.action == "resume")
         bar = progress_bar(self.progress, cfg.total_steps, run.start_step, cfg.method)
-        table = StepTable(cfg.replicas, logger, lambda row: update_bar(bar, row))
+        table = StepTable(self.here, logger, lambda row: update_bar(bar, row))
         # Chosen once per run and kept on resume: the thread count can change float reduction order.
-        run.threads = cfg.threads or int((plan.meta or {}).get("threads") or default_threads(cfg.replicas))
+        run.threads = cfg.threads or int((plan.meta or {}).get("threads") or default_threads(self.here))
         torch.set_num_threads(run.threads)
         try:
             with self._open_session(run) as session:  # the method's service (decoupled: the syncer), if it has one
-                results = run_replicas(partial(self._replica_loop, run=run, table=table, logger=logger), cfg.replicas)
-            final = session.final_parameters() if session is not None else None
-            if final:  # the final loss is those global parameters', not a replica's copy of them
-                self._service_result(results[0], run, session, final, results)
+                results = run_replicas(partial(self._replica_loop, run=run, table=table, logger=logger), self.here)
+            if session is not None:
+                self._service_result(results[0], run, session, results)
         finally:
             logger.close()
             if bar is not None:
@@ -316,10 +318,13 @@ class Trainer:
                 f"{'sharded' if mesh is not None else 'replicated'} workers: pass "
                 f"setup_communicators(worker_sharding={cfg.worker_sharding!r}) and its mesh and intra"
             )
-        if comm.world_size != cfg.replicas:
+        if comm.world_size != self.here:
             raise ConfigError(
                 f"config replicas={cfg.replicas} but {comm.world_size} replicas were launched; "
                 f"pass --set replicas={comm.world_size} or launch {cfg.replicas * R} processes"
+                if self.here == cfg.replicas
+                else f"a site job (learner={cfg.learner}) runs one learner but {comm.world_size} were launched: "
+                f"launch ranks_per_worker = {R} processes (torchrun --nproc-per-node {R})"
             )
         if (1 if intra is None else intra.world_size) != R:
             raise ConfigError(
@@ -354,9 +359,8 @@ class Trainer:
             with self._open_session(run, comm, intra) as session:  # the method's service, if it has one
                 out = self._replica_loop(comm, run=run, table=table, logger=logger, intra=intra, mesh=mesh)
             times = session.learner_times(out) if session is not None else None  # a collective of every process
-            final = session.final_parameters() if session is not None else None
-            if lead and final:  # the final loss is those global parameters', not a replica's copy of them
-                self._service_result(out, run, session, final, times or [])
+            if lead and session is not None:
+                self._service_result(out, run, session, times or [])
         finally:
             logger.close()
             if bar is not None:
@@ -368,14 +372,16 @@ class Trainer:
         out: dict[str, Any],
         run: Run,
         session: Session,
-        global_params: dict[str, torch.Tensor],
         replicas: Sequence[dict[str, Any]],
     ) -> None:
-        """The run's final loss from the session's global parameters, and the session's summary fields from the
-        ``replicas``' loop results (decoupled: goodput, waiting shares), into the lead's result ``out``."""
-        out["final_eval_loss"] = evaluate_parameters(
-            run.template, global_params, run.val, bf16=self.cfg.bf16, device=self.device
-        )
+        """Into the lead's result ``out``: the run's final loss from the session's global parameters where it holds
+        them (not a replica's copy of them), and the session's summary fields from the ``replicas``' loop results
+        (decoupled: goodput, waiting shares)."""
+        final = session.final_parameters()
+        if final:
+            out["final_eval_loss"] = evaluate_parameters(
+                run.template, final, run.val, bf16=self.cfg.bf16, device=self.device
+            )
         out.update(session.result_fields(replicas))
 
     def _finish(self, run: Run, rank0: dict[str, Any]) -> RunResult:
@@ -415,7 +421,7 @@ class Trainer:
         """Every replica (thread or process) runs this: build, restore, then train step by step."""
         cfg = self.cfg
         rep = build_replica(cfg, comm, intra, run, device=self.device, mesh=mesh, session=self._session)
-        resized = run.saved_replicas not in (None, cfg.replicas) or (
+        resized = run.saved_replicas not in (None, cfg.job_replicas) or (
             rep.sharded and run.saved_ranks not in (None, cfg.ranks_per_worker)
         )
         rep.saved_ranks = run.saved_ranks or cfg.ranks_per_worker
@@ -425,7 +431,7 @@ class Trainer:
             replica_checkpoint.restore(rep, run.start_step, run_dir=self.out_dir)
         learner_log = None  # the replica's own rows (decoupled: learner-<m>.jsonl), from its lead rank
         if self._session is not None and rep.local == 0:
-            learner_log = self._session.replica_log(self.out_dir, rep.rank, append=run.start_step > 0)
+            learner_log = self._session.replica_log(self.out_dir, rep.index, append=run.start_step > 0)
         final_eval = float("nan")
         guard = DivergenceGuard(cfg, vocab_size=run.vocab_size)  # replica 0's evaluations (diloco.train.divergence)
         if rep.rank == 0 and run.start_step == cfg.total_steps:  # resumed at the end, before the summary

@@ -1,0 +1,108 @@
+"""Decoupled DiLoCo deployed as site jobs: each learner a ``diloco train`` run of its own (``learner=m``,
+``syncer=NAME@ADDRESS``) joining a syncer that runs as a named Ray actor, against the same run with every learner
+a thread of one job. Skipped without Ray (the optional ``ray`` extra)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from diloco.train.config import TrainConfig, load_preset  # noqa: E402
+from diloco.train.trainer import Trainer, train_model  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+M, STEPS = 2, 16
+
+
+def tiny(**kw) -> TrainConfig:
+    base = {
+        **load_preset("tiny")["base"],
+        "method": "decoupled",
+        "replicas": M,
+        "global_batch": 8,
+        "sync_every": 4,
+        "num_fragments": 2,
+        "overlap_steps": 1,
+        "quorum": 0,
+        "merge": "mean",
+        "grace_gamma": 0.0,
+        "steps": STEPS,
+        "eval_every": STEPS,
+    }
+    return TrainConfig.from_dict({**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        namespace="diloco",
+        log_to_driver=False,
+        _temp_dir=str(tmp_path_factory.mktemp("ray")),
+    )
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def _start_syncer(cfg: TrainConfig, cache, name: str):
+    from diloco.decoupled.ray_transport import start_syncer
+    from diloco.decoupled.trainer import make_syncer
+    from diloco.train.inputs import prepare_inputs
+
+    inputs = prepare_inputs(cfg, cache)
+    return start_syncer(make_syncer(cfg, inputs.model, inputs.fragments), name=name), inputs
+
+
+def test_site_jobs_of_one_rank_give_the_threads_run(local_ray, tmp_path, token_cache):
+    """K = M, mean, no grace window, equal work: every round merges the same reports in learner order, so two
+    site jobs (each its own trainer, its own folder) and one job of two learner threads end with the same
+    syncer parameters, hence the same final loss, to the bit."""
+    from diloco.train.evaluation import evaluate_parameters
+
+    threads_run = train_model(tiny(), tmp_path / "threads", cache_dir=token_cache, progress=False)
+
+    handle, inputs = _start_syncer(tiny(), token_cache, "site-eq")
+    results, errors = {}, []
+
+    def site(m: int) -> None:
+        try:
+            cfg = tiny(learner=m, syncer=f"site-eq@{local_ray}")
+            results[m] = Trainer(cfg, tmp_path / f"site-{m}", cache_dir=token_cache, progress=False).run()
+        except BaseException as exc:  # reported below with the learner named
+            errors.append((m, exc))
+
+    jobs = [threading.Thread(target=site, args=(m,)) for m in range(M)]
+    for job in jobs:
+        job.start()
+    for job in jobs:
+        job.join()
+    assert not errors, errors
+    final = ray.get(handle.global_named_parameters.remote())
+    records = ray.get(handle.records.remote())
+    ray.kill(handle)
+    loss = evaluate_parameters(inputs.model, final, inputs.val_batches, bf16=False, device=torch.device("cpu"))
+    assert loss == threads_run.final_eval_loss
+    threads_merges = (tmp_path / "threads" / "merges.jsonl").read_text().splitlines()
+    assert len(records) == len(threads_merges)
+    for m in range(M):  # each site's folder holds its own learner's rows, a row per step
+        rows = [json.loads(line) for line in (tmp_path / f"site-{m}" / f"learner-{m}.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+        assert results[m].wait_share is not None and len(results[m].wait_share) == 1
+
+
+def test_a_site_job_needs_both_learner_and_syncer():
+    with pytest.raises(ValueError, match="gives both"):
+        tiny(learner=0)
+    with pytest.raises(ValueError, match="NAME@ADDRESS"):
+        tiny(learner=0, syncer="no-address")
+    with pytest.raises(ValueError, match="one learner of 0..1"):
+        tiny(learner=2, syncer="s@127.0.0.1:6379")
+    with pytest.raises(ValueError, match="method=decoupled site jobs"):
+        tiny(method="streaming", learner=0, syncer="s@127.0.0.1:6379")
