@@ -106,3 +106,102 @@ def test_a_site_job_needs_both_learner_and_syncer():
         tiny(learner=2, syncer="s@127.0.0.1:6379")
     with pytest.raises(ValueError, match="method=decoupled site jobs"):
         tiny(method="streaming", learner=0, syncer="s@127.0.0.1:6379")
+
+
+def _sites(local_ray: str, tmp_path, token_cache, name: str, *, ranks: dict[int, int] | None = None, **kw) -> dict:
+    """Run the M learners as site jobs against a fresh syncer actor named ``name``: learner m in a thread of this
+    process, or (``ranks[m]`` = R > 1) as a torchrun job of R gloo ranks; the syncer's final parameters, its
+    merges and the final loss of those parameters."""
+    import os
+    import subprocess
+    import sys
+
+    from diloco.train.evaluation import evaluate_parameters
+
+    handle, inputs = _start_syncer(tiny(**kw), token_cache, name)
+    procs, errors = [], []
+    for m, r in (ranks or {}).items():
+        sets = [
+            f"{k}={v}" for k, v in {**kw, "learner": m, "syncer": f"{name}@{local_ray}", "ranks_per_worker": r}.items()
+        ]
+        args = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(r),
+            "-m",
+            "diloco",
+            "train",
+            "--preset",
+            "tiny",
+            "--no-progress",
+            "--out",
+            str(tmp_path / f"{name}-{m}"),
+            "--cache-dir",
+            str(token_cache),
+            "--method",
+            "decoupled",
+            "--set",
+            "threads=1",
+        ]
+        for k, v in tiny(**kw).to_dict().items():
+            if k in (
+                "replicas",
+                "global_batch",
+                "sync_every",
+                "num_fragments",
+                "overlap_steps",
+                "quorum",
+                "merge",
+                "grace_gamma",
+                "steps",
+                "eval_every",
+            ):
+                args += ["--set", f"{k}={v}"]
+        for s in sets:
+            args += ["--set", s]
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+        log = open(tmp_path / f"{name}-{m}.log", "wb")
+        procs.append((m, subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+
+    def site(m: int) -> None:
+        try:
+            cfg = tiny(**kw, learner=m, syncer=f"{name}@{local_ray}")
+            Trainer(cfg, tmp_path / f"{name}-{m}", cache_dir=token_cache, progress=False).run()
+        except BaseException as exc:  # reported below with the learner named
+            errors.append((m, exc))
+
+    jobs = [threading.Thread(target=site, args=(m,)) for m in range(M) if m not in (ranks or {})]
+    for job in jobs:
+        job.start()
+    for job in jobs:
+        job.join()
+    for m, proc, log in procs:
+        rc = proc.wait(timeout=150)
+        log.close()
+        assert rc == 0, (tmp_path / f"{name}-{m}.log").read_text()[-3000:]
+    assert not errors, errors
+    final = ray.get(handle.global_named_parameters.remote())
+    records = ray.get(handle.records.remote())
+    ray.kill(handle)
+    loss = evaluate_parameters(inputs.model, final, inputs.val_batches, bf16=False, device=torch.device("cpu"))
+    return {"global": final, "merges": records, "loss": loss}
+
+
+def test_a_site_job_of_two_ranks_and_muon_are_honoured(local_ray, tmp_path, token_cache):
+    """Learner 1 as a torchrun job of 2 gloo ranks (its lead rank holds the link, the other shares its replies)
+    and learner 0 a site job of one rank: the threads run's syncer parameters to the tolerance the torchrun
+    tests derive (a learner's two half-batch gradients are summed in another order). The same run with
+    inner_optimizer=muon ends elsewhere, so each runtime honours the inner optimizer."""
+    threads_run = train_model(tiny(), tmp_path / "threads", cache_dir=token_cache, progress=False)
+    two = _sites(local_ray, tmp_path, token_cache, "site-r2", ranks={1: 2})
+    assert len(two["merges"]) == len((tmp_path / "threads" / "merges.jsonl").read_text().splitlines())
+    assert two["loss"] == pytest.approx(threads_run.final_eval_loss, rel=1e-5)
+    muon = _sites(local_ray, tmp_path, token_cache, "site-muon", inner_optimizer="muon")
+    muon_threads = train_model(
+        tiny(inner_optimizer="muon"), tmp_path / "threads-muon", cache_dir=token_cache, progress=False
+    )
+    assert muon["loss"] == muon_threads.final_eval_loss  # one rank per site: the threads run's bits
+    assert abs(muon["loss"] - threads_run.final_eval_loss) > 1e-3
