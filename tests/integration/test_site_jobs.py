@@ -108,7 +108,16 @@ def test_a_site_job_needs_both_learner_and_syncer():
         tiny(method="streaming", learner=0, syncer="s@127.0.0.1:6379")
 
 
-def _sites(local_ray: str, tmp_path, token_cache, name: str, *, ranks: dict[int, int] | None = None, **kw) -> dict:
+def _sites(
+    local_ray: str,
+    tmp_path,
+    token_cache,
+    name: str,
+    *,
+    ranks: dict[int, int] | None = None,
+    sharded: tuple[int, ...] = (),
+    **kw,
+) -> dict:
     """Run the M learners as site jobs against a fresh syncer actor named ``name``: learner m in a thread of this
     process, or (``ranks[m]`` = R > 1) as a torchrun job of R gloo ranks; the syncer's final parameters, its
     merges and the final loss of those parameters."""
@@ -124,6 +133,8 @@ def _sites(local_ray: str, tmp_path, token_cache, name: str, *, ranks: dict[int,
         sets = [
             f"{k}={v}" for k, v in {**kw, "learner": m, "syncer": f"{name}@{local_ray}", "ranks_per_worker": r}.items()
         ]
+        if m in sharded:  # this site's ranks hold one model fully_shard'ed between them
+            sets.append("worker_sharding=fsdp")
         args = [
             sys.executable,
             "-m",
@@ -205,3 +216,15 @@ def test_a_site_job_of_two_ranks_and_muon_are_honoured(local_ray, tmp_path, toke
     )
     assert muon["loss"] == muon_threads.final_eval_loss  # one rank per site: the threads run's bits
     assert abs(muon["loss"] - threads_run.final_eval_loss) > 1e-3
+
+
+def test_a_site_job_of_fsdp_ranks_gives_the_threads_run(local_ray, tmp_path, token_cache):
+    """Learner 0 as a torchrun job of 2 ranks holding one model fully_shard'ed between them (each rank its shard of
+    the parameters and of the global copy; reports gathered whole, replies cut into shards) and learner 1 a site
+    job of one rank: the threads run's final loss to the torchrun tests' tolerance."""
+    threads_run = train_model(tiny(), tmp_path / "threads", cache_dir=token_cache, progress=False)
+    fsdp = _sites(local_ray, tmp_path, token_cache, "site-fsdp", ranks={0: 2}, sharded=(0,))
+    assert len(fsdp["merges"]) == len((tmp_path / "threads" / "merges.jsonl").read_text().splitlines())
+    assert fsdp["loss"] == pytest.approx(threads_run.final_eval_loss, rel=1e-5)
+    latest = json.loads((tmp_path / "site-fsdp-0" / "checkpoints" / "latest.json").read_text())
+    assert latest["format"] == "dcp" and latest["config"]["worker_sharding"] == "fsdp"  # sharded, each rank its shard

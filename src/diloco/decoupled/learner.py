@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from diloco.algorithm.base import ReplicaAlgorithm, SyncReport
+from diloco.algorithm.base import ReplicaAlgorithm, SyncReport, local_shards
 from diloco.algorithm.codecs import Codec, get_codec
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
 from diloco.algorithm.outer import merge_
@@ -150,9 +150,13 @@ class Learner(ReplicaAlgorithm):
                 f"the syncer's fragments have {[s.numel() for s in start]} values, this learner's "
                 f"{sizes}: give both the same model, num_fragments and fragment_pattern"
             )
-        self.base = [s.detach().float().clone() for s in start]  # the global copy last received, per fragment
+        # A model fully_shard'ed over a learner's ranks (worker_sharding=fsdp): each rank keeps its shard of the
+        # global copy and of the parameters; reports are gathered whole, replies cut into each rank's shard.
+        self.sharded = any(_is_sharded(q) for q in model.parameters())
+        # the global copy last received, per fragment (this rank's shards of it when sharded)
+        self.base = [self._mine(p, s.detach().float()).clone() for p, s in enumerate(start)]
         for p in range(len(self.fragments)):
-            merge_(self.fragments[p].params, self._views(self.base[p], p), 0.0)
+            merge_(self._targets(p), self._views(self.base[p], p), 0.0)
         self.step_count = welcome.step  # 0, or where the others are (a learner that joins late)
         self.steps = [0] * len(self.fragments)  # per fragment, since it was last received
         self.tokens = [0.0] * len(self.fragments)
@@ -249,7 +253,7 @@ class Learner(ReplicaAlgorithm):
     @torch.no_grad()
     def _send(self, p: int, t: int) -> None:
         assert p not in self._in_flight, "a fragment due again before its reply was applied (needs tau < H)"
-        diff = self.base[p] - flatten(self.fragments[p].params)
+        diff = self._whole(p, self.base[p] - flatten(self._targets(p)))
         step_time = self._busy / self._busy_steps if self._busy_steps else 0.0
         self._busy, self._busy_steps = 0.0, 0
         self.channel.send(
@@ -282,29 +286,63 @@ class Learner(ReplicaAlgorithm):
             self.wait_seconds += time.monotonic() - before
         if p in self._handles:
             self.stats.finish(self._handles.pop(p))
-        numel = self.base[p].numel()
-        decoded = self.codec.decode(reply.payload, numel)
+        numel = self.fragments[p].numel
+        decoded = self._mine(p, self.codec.decode(reply.payload, numel))
         self.base[p] = decoded if is_lossless(self.codec) else self.base[p] + decoded
         self.versions[p] = reply.version
-        merge_(self.fragments[p].params, self._views(self.base[p], p), self.merge_alpha)
+        merge_(self._targets(p), self._views(self.base[p], p), self.merge_alpha)
         self.steps[p], self.tokens[p] = 0, 0.0
         return SyncReport(t, p, started, numel, self.codec.num_bytes(numel), reply.payload.numel())
 
+    def _targets(self, p: int) -> list[torch.Tensor]:
+        """Fragment p's parameters as this rank holds them (its shards when sharded; views, taken afresh)."""
+        return local_shards(self.fragments[p].params)
+
     def _views(self, flat: torch.Tensor, p: int) -> list[torch.Tensor]:
         out, offset = [], 0
-        for param in self.fragments[p].params:
+        for param in self._targets(p):
             out.append(flat[offset : offset + param.numel()].view(param.shape))
             offset += param.numel()
         return out
+
+    def _whole(self, p: int, mine: torch.Tensor) -> torch.Tensor:
+        """Fragment p's flat values from this rank's shards of them (a gather over the learner's ranks, which all
+        call it together), laid out as the syncer's; ``mine`` itself when the model is not sharded."""
+        if not self.sharded:
+            return mine
+        return flatten(
+            [_as_dtensor(v, q).full_tensor() for v, q in zip(self._views(mine, p), self.fragments[p].params)]
+        )
+
+    def _mine(self, p: int, whole: torch.Tensor) -> torch.Tensor:
+        """This rank's shards of fragment p's flat values ``whole`` (every rank holds the same), flat; ``whole``
+        itself when the model is not sharded."""
+        if not self.sharded:
+            return whole
+        from torch.distributed.tensor import distribute_tensor
+
+        pieces, offset = [], 0
+        for q in self.fragments[p].params:
+            value = whole[offset : offset + q.numel()].view(q.shape)
+            offset += q.numel()
+            if _is_sharded(q):  # cut locally: every rank holds the same whole values, nothing is sent
+                value = distribute_tensor(value, q.device_mesh, q.placements, src_data_rank=None).to_local()
+            pieces.append(value.reshape(-1))
+        return torch.cat(pieces) if pieces else whole
+
+    @property
+    def global_flat(self) -> list[torch.Tensor]:
+        """The global copy per fragment as this rank holds it (sharded checkpoints read it)."""
+        return self.base
 
     # -- global parameters and checkpoints -----------------------------------
     def global_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's state dict with the global values this learner last received."""
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         for p, frag in enumerate(self.fragments):
-            for name, view in zip(frag.names, self._views(self.base[p], p), strict=True):
+            for name, view, q in zip(frag.names, self._views(self.base[p], p), frag.params, strict=True):
                 if name in state:
-                    state[name] = view.to(dtype=state[name].dtype).clone()
+                    state[name] = _as_dtensor(view.to(dtype=state[name].dtype).clone(), q)
         return state
 
     def state_dict(self) -> dict[str, Any]:
@@ -324,6 +362,21 @@ class Learner(ReplicaAlgorithm):
         self.tokens = [float(c) for c in state["tokens"]]
         self.base = [b.clone() for b in state["global"]]
         self.versions = [int(v) for v in state.get("versions", self.versions)]
+
+
+def _is_sharded(t: torch.Tensor) -> bool:
+    return hasattr(t, "device_mesh") and hasattr(t, "full_tensor")
+
+
+def _as_dtensor(local: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``local`` (this rank's shard) as a DTensor shaped like parameter ``like``; a plain tensor stays one."""
+    if not _is_sharded(like):
+        return local
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(
+        local, like.device_mesh, like.placements, shape=like.shape, stride=like.stride(), run_check=False
+    )
 
 
 __all__ = ["Channel", "Learner"]

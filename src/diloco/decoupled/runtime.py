@@ -114,13 +114,6 @@ class DecoupledRuntime(MethodRuntime):
                 ) from None
             check_address(address)
 
-    def check_launch(self, cfg: Any, *, torchrun: bool, sharded: bool) -> None:
-        if torchrun and sharded:
-            raise ConfigError(
-                "method='decoupled' with worker_sharding='fsdp' is not built yet (a learner's lead "
-                "rank would need its ranks' shards): use worker_sharding=replicate"
-            )
-
     @contextlib.contextmanager
     def session(
         self,

@@ -103,6 +103,8 @@ def _tensors(
     for p, frag in enumerate(algo.fragments):
         for name, value in _split(alg["global"][p], frag.params, frag.names).items():
             tensors[f"global/{name}"] = value
+        if "outer_optimizers" not in alg:  # a decoupled learner: its global copy, no outer optimizer
+            continue
         saved = alg["outer_optimizers"][p]
         per_element, other = [], {}
         for key, value in saved["state"].get(0, {}).items():
@@ -121,7 +123,8 @@ def _tensors(
     rest = {k: v for k, v in state.items() if k not in ("model", "optimizer", "algorithm")}
     rest["optimizer"] = {"param_groups": opt_state["param_groups"], "kinds": optim_kinds}
     rest["algorithm"] = {k: v for k, v in alg.items() if k not in ("global", "outer_optimizers", "error_feedback")}
-    rest["algorithm"]["outer"] = outer_rest
+    if "outer_optimizers" in alg:
+        rest["algorithm"]["outer"] = outer_rest
     if feedback is not None:
         rest["algorithm"]["feedback_decay"] = feedback["decay"]
     return tensors, rest
@@ -245,6 +248,8 @@ def load_worker(
     for p, frag in enumerate(algo.fragments):
         for name, value in _split(flats[p], frag.params, frag.names).items():
             tensors[f"global/{name}"] = value
+        if "outer" not in rest["algorithm"]:  # a decoupled learner: no outer optimizer
+            continue
         bufs = {key: torch.zeros_like(flats[p]) for key in rest["algorithm"]["outer"][p]["per_element"]}
         for key, buf in bufs.items():
             for name, value in _split(buf, frag.params, frag.names).items():
@@ -268,13 +273,14 @@ def load_worker(
     alg["global"] = flats
     if feedback is not None:
         alg["error_feedback"] = {"decay": rest["algorithm"]["feedback_decay"], "accumulators": feedback}
-    alg["outer_optimizers"] = [
-        {
-            "state": {0: {**o["other"], **outer_flats[p]}} if (o["other"] or outer_flats[p]) else {},
-            "param_groups": o["param_groups"],
-        }
-        for p, o in enumerate(rest["algorithm"]["outer"])
-    ]
+    if "outer" in rest["algorithm"]:
+        alg["outer_optimizers"] = [
+            {
+                "state": {0: {**o["other"], **outer_flats[p]}} if (o["other"] or outer_flats[p]) else {},
+                "param_groups": o["param_groups"],
+            }
+            for p, o in enumerate(rest["algorithm"]["outer"])
+        ]
     out = {k: v for k, v in rest.items() if k not in ("optimizer", "algorithm")}
     return {**out, "model": model_state, "optimizer": optimizer, "algorithm": alg}
 
