@@ -147,3 +147,20 @@ def test_a_ray_address_that_does_not_answer_is_refused_before_the_run_folder_is_
     with pytest.raises(ValueError, match=f"ray_address='127.0.0.1:{port}' does not answer"):
         train_model(cfg, tmp_path / "run", cache_dir=cache, progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_error_feedback_is_honoured_by_decoupled_learners(tmp_path, cache):
+    """ef_decay on a decoupled run: each learner keeps what the 4-bit codec dropped (its accumulators are in its
+    checkpoint) and the run ends elsewhere than without it."""
+    import torch
+
+    from diloco.train import checkpoint as ckpt
+
+    kw = dict(method="decoupled", replicas=2, codec="fp4_e2m1", sync_every=4, steps=16, eval_every=16)
+    plain = train_model(tiny(**kw), tmp_path / "plain", cache_dir=cache, progress=False)
+    ef = train_model(tiny(**kw, ef_decay=0.9), tmp_path / "ef", cache_dir=cache, progress=False)
+    assert math.isfinite(ef.final_eval_loss) and ef.final_eval_loss != plain.final_eval_loss
+    saved = ckpt.load_latest(tmp_path / "ef")["replicas"][0]["algorithm"]["error_feedback"]
+    assert saved["decay"] == 0.9 and any(float(a.abs().max()) > 0 for a in saved["accumulators"])
+    assert "error_feedback" not in ckpt.load_latest(tmp_path / "plain")["replicas"][0]["algorithm"]
+    assert torch.is_tensor(saved["accumulators"][0])

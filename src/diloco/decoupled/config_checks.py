@@ -42,9 +42,20 @@ def decoupled_errors(cfg: Any) -> list[str]:
     errors += site_errors(cfg)
     if cfg.decoupled_transport not in ("threads", "ray"):
         errors.append(f"decoupled_transport={cfg.decoupled_transport!r}: choose threads or ray")
+    if cfg.eager:
+        errors.append(
+            "method='decoupled' cannot take eager=true: eager updates stand a worker's own outer gradient in for "
+            "the synchronous average while it travels, and a decoupled learner waits for no average (the syncer "
+            "merges whoever reported). Set eager=false; to keep learners from waiting use overwrite_after=arrival "
+            "or ride_out_steps"
+        )
+    if cfg.ef_decay and cfg.worker_sharding == "fsdp":
+        errors.append(
+            f"ef_decay={cfg.ef_decay} with worker_sharding=fsdp is not built for decoupled learners: their error-"
+            f"feedback accumulators are whole fragments on every rank, which sharded checkpoints do not hold. "
+            f"Set ef_decay=0 or worker_sharding=replicate"
+        )
     for name, bad, fix in (
-        ("eager", cfg.eager, "eager=false"),
-        ("ef_decay", cfg.ef_decay, "ef_decay=0"),
         (
             "ranks_per_worker",
             cfg.ranks_per_worker != 1 and cfg.decoupled_transport != "ray" and not cfg.syncer,

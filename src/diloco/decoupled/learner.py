@@ -39,6 +39,7 @@ from torch import nn
 
 from diloco.algorithm.base import ReplicaAlgorithm, SyncReport, local_shards
 from diloco.algorithm.codecs import Codec, get_codec
+from diloco.algorithm.error_feedback import ErrorFeedback
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
 from diloco.algorithm.outer import merge_
 from diloco.algorithm.schedule import Schedule, resolve_schedule
@@ -90,6 +91,9 @@ class Learner(ReplicaAlgorithm):
             reports meanwhile, for up to B steps past t + tau; only then does it wait (counted in
             ``ride_out_waits``). For a syncer that is down or slow (a restart takes seconds); 0 (default): wait
             at t + tau, the Streaming DiLoCo timing (runs are reproducible only then).
+        error_feedback_decay: beta > 0: what the codec dropped from a report is kept in a per-fragment accumulator
+            and sent later (:mod:`diloco.algorithm.error_feedback`: e <- beta e + Delta, send Q(e), e <- e - Q(e));
+            0 (default): off.
     """
 
     def __init__(
@@ -110,6 +114,7 @@ class Learner(ReplicaAlgorithm):
         stats: CommStats | None = None,
         overwrite_after: str = "send",
         ride_out_steps: int = 0,
+        error_feedback_decay: float = 0.0,
     ) -> None:
         if overwrite_after not in ("send", "arrival"):
             raise ConfigError(
@@ -155,6 +160,11 @@ class Learner(ReplicaAlgorithm):
         self.sharded = any(_is_sharded(q) for q in model.parameters())
         # the global copy last received, per fragment (this rank's shards of it when sharded)
         self.base = [self._mine(p, s.detach().float()).clone() for p, s in enumerate(start)]
+        self.error_feedback = (
+            ErrorFeedback(sizes, decay=error_feedback_decay, device=self.base[0].device if self.base else None)
+            if error_feedback_decay
+            else None
+        )
         for p in range(len(self.fragments)):
             merge_(self._targets(p), self._views(self.base[p], p), 0.0)
         self.step_count = welcome.step  # 0, or where the others are (a learner that joins late)
@@ -254,13 +264,17 @@ class Learner(ReplicaAlgorithm):
     def _send(self, p: int, t: int) -> None:
         assert p not in self._in_flight, "a fragment due again before its reply was applied (needs tau < H)"
         diff = self._whole(p, self.base[p] - flatten(self._targets(p)))
+        if self.error_feedback is not None:  # the report is Q(e) of the fragment's accumulator; e keeps the rest
+            payload, _ = self.error_feedback.step_(p, diff, encode=self.codec.encode, decode=self._decoder(p))
+        else:
+            payload = self.codec.encode(diff)
         step_time = self._busy / self._busy_steps if self._busy_steps else 0.0
         self._busy, self._busy_steps = 0.0, 0
         self.channel.send(
             Report(
                 learner=self.learner,
                 fragment=p,
-                payload=self.codec.encode(diff),
+                payload=payload,
                 steps=self.steps[p],
                 tokens=self.tokens[p],
                 step_time=step_time,
@@ -293,6 +307,10 @@ class Learner(ReplicaAlgorithm):
         merge_(self._targets(p), self._views(self.base[p], p), self.merge_alpha)
         self.steps[p], self.tokens[p] = 0, 0.0
         return SyncReport(t, p, started, numel, self.codec.num_bytes(numel), reply.payload.numel())
+
+    def _decoder(self, p: int):
+        numel = self.fragments[p].numel
+        return lambda payload: self.codec.decode(payload, numel)
 
     def _targets(self, p: int) -> list[torch.Tensor]:
         """Fragment p's parameters as this rank holds them (its shards when sharded; views, taken afresh)."""
@@ -354,7 +372,7 @@ class Learner(ReplicaAlgorithm):
             "tokens": list(self.tokens),
             "global": [b.clone() for b in self.base],  # the global copy last received (as StreamingDiLoCo's)
             "versions": list(self.versions),
-        }
+        } | ({"error_feedback": self.error_feedback.state_dict()} if self.error_feedback is not None else {})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step_count = int(state["step"])
@@ -362,6 +380,8 @@ class Learner(ReplicaAlgorithm):
         self.tokens = [float(c) for c in state["tokens"]]
         self.base = [b.clone() for b in state["global"]]
         self.versions = [int(v) for v in state.get("versions", self.versions)]
+        if self.error_feedback is not None and "error_feedback" in state:
+            self.error_feedback.load_state_dict(state["error_feedback"])
 
 
 def _is_sharded(t: torch.Tensor) -> bool:

@@ -122,6 +122,7 @@ def decoupled_learner(
         stats=stats,
         overwrite_after=cfg.overwrite_after,
         ride_out_steps=cfg.ride_out_steps,
+        error_feedback_decay=cfg.ef_decay,
     )
 
 
