@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--node-ip-address",
         default=None,
-        help="the address a new local Ray instance advertises to the sites (default: Ray's choice)",
+        help="the address a new local Ray instance advertises to the sites, on a machine with several "
+        "(default: Ray's choice; Ray replaces a loopback address with the machine's own)",
     )
     p.set_defaults(func=run)
 

@@ -403,10 +403,22 @@ def _http2_settings(sock: socket.socket, deadline: float) -> str | None:
 
 def init(*, address: str | None = None, namespace: str = DEFAULT_NAMESPACE) -> None:
     """``ray.init`` once: a local instance (``address=None``) or the cluster at ``address`` (probed first:
-    :func:`check_address`)."""
+    :func:`check_address`). Joining a cluster with token authentication needs ``RAY_AUTH_MODE=token`` in the
+    environment and the cluster's token where Ray reads it (Ray never sends a token to an address given
+    explicitly otherwise); a refused connection is a ConfigError saying so."""
     if not ray.is_initialized():
         check_address(address)
-        ray.init(address=address, namespace=namespace)
+        try:
+            ray.init(address=address, namespace=namespace)
+        except ConnectionError as exc:
+            if not address:
+                raise
+            raise ConfigError(
+                f"the Ray cluster at {address} did not let this process in ({exc}): with token authentication "
+                f"(on by default for a new Ray instance) run this process with RAY_AUTH_MODE=token in its "
+                f"environment and the cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN (currently "
+                f"RAY_AUTH_MODE={os.environ.get('RAY_AUTH_MODE', '(unset)')})"
+            ) from None
 
 
 def start_syncer(

@@ -202,9 +202,20 @@ def service_config(preset: dict[str, Any], extra: dict[str, Any]) -> Any:
     return resolve(preset, "decoupled", {**extra, "decoupled_transport": "ray"})
 
 
-def learner_command(*, preset: str, overrides: Sequence[str], ranks: int, learner: int, syncer: str, out: str) -> str:
-    """The command a site runs for learner ``learner`` (``overrides``: the syncer's ``--set`` items)."""
-    words = ["torchrun", "--nproc-per-node", str(ranks), "-m", "diloco", "train", "--preset", preset]
+def learner_command(
+    *,
+    preset: str,
+    overrides: Sequence[str],
+    ranks: int,
+    learner: int,
+    syncer: str,
+    out: str,
+    token_auth: bool = False,
+) -> str:
+    """The command a site runs for learner ``learner`` (``overrides``: the syncer's ``--set`` items;
+    ``token_auth``: the cluster uses Ray's token authentication, which a process joining it must turn on)."""
+    words = ["RAY_AUTH_MODE=token"] if token_auth else []
+    words += ["torchrun", "--nproc-per-node", str(ranks), "-m", "diloco", "train", "--preset", preset]
     words += ["--method", "decoupled"]
     for item in overrides:
         if item.partition("=")[0].strip() not in SYNCER_ONLY_KEYS + ("method", "learner", "syncer"):
@@ -305,7 +316,8 @@ def _auth() -> dict[str, Any]:
     return {
         "auth_mode": mode,
         "token": token if mode == "token" else None,
-        "note": "each site's learners need the cluster's token there (the same file or RAY_AUTH_TOKEN)"
+        "note": "each site's learners need RAY_AUTH_MODE=token and the cluster's token (the same file's content, "
+        "or RAY_AUTH_TOKEN)"
         if mode == "token"
         else "token authentication is off (RAY_AUTH_MODE); learners connect without a token",
     }
@@ -356,6 +368,7 @@ def run_service(
         name = previous["name"] if previous else f"diloco-syncer-{uuid.uuid4().hex[:12]}"
         spec = f"{name}@{address}"
         prints = fingerprint(cfg, vocab_size=vocab, data_digest=digest)
+        auth = _auth()
         commands = [
             learner_command(
                 preset=preset,
@@ -364,6 +377,7 @@ def run_service(
                 learner=m,
                 syncer=spec,
                 out=f"{out.name}-learner-{m}",
+                token_auth=auth["auth_mode"] == "token",
             )
             for m in range(cfg.replicas)
         ]
@@ -372,7 +386,7 @@ def run_service(
             "namespace": namespace,
             "address": address,
             "syncer": spec,
-            "ray": _auth(),
+            "ray": auth,
             "learners": commands,
             "fingerprint": prints,
         }
@@ -401,7 +415,6 @@ def run_service(
             + (f", resumed from {status['restored_merges']} merges" if status["restored_merges"] is not None else "")
             + f"); Ray address {address}, namespace {namespace}"
         )
-        auth = info["ray"]
         echo(f"Ray token authentication: {auth['auth_mode']}" + (f"; token: {auth['token']}" if auth["token"] else ""))
         echo(f"learner commands, one per site (also in {out / 'syncer.json'}):")
         for line in commands:
