@@ -81,6 +81,9 @@ def test_an_out_folder_holding_other_files_is_refused_and_left_as_it_was(tmp_pat
     with pytest.raises(ConfigError, match="sync_every: 8 there, 4 now"):
         plan_out(tmp_path, _cfg())
     assert plan_out(tmp_path / "new", _cfg()) is None
+    (tmp_path / "config.json").write_text(json.dumps(_cfg().to_dict()))  # the same config: resumed
+    (tmp_path / "syncer.json").write_text(json.dumps({"name": "diloco-syncer-x"}))
+    assert plan_out(tmp_path, _cfg()) == {"name": "diloco-syncer-x"}
 
 
 def test_ray_not_installed_is_a_config_error_naming_the_extra(monkeypatch):

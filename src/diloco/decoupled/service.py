@@ -339,16 +339,50 @@ def run_service(
 
     ``cfg``: the run's config (:func:`service_config`); ``preset`` and ``overrides`` (the ``--set`` items) are
     what the printed learner commands repeat. ``node_ip_address``: the address a new local Ray instance
-    advertises (e.g. ``127.0.0.1``). A Ray instance this process already joined is used as it is."""
+    advertises. A Ray instance this process already joined is used as it is."""
+    out = Path(out)
+    if cfg.method != "decoupled":
+        raise ConfigError(f"method={cfg.method!r}: the syncer service runs method=decoupled")
+    previous = plan_out(out, cfg)
+    from diloco.train.rundir import RunDirLock
+
+    lock = RunDirLock(out)  # one monitor per folder: a second would start a second actor on the same checkpoints
+    lock.acquire()  # (nothing to lock yet for a new folder: taken once it is created, below)
+    try:
+        return _run(
+            cfg,
+            out,
+            previous,
+            preset=preset,
+            overrides=overrides,
+            cache_dir=cache_dir,
+            poll_s=poll_s,
+            node_ip_address=node_ip_address,
+            echo=echo,
+            lock=lock,
+        )
+    finally:
+        lock.release()
+
+
+def _run(
+    cfg: Any,
+    out: Path,
+    previous: dict[str, Any] | None,
+    *,
+    preset: str,
+    overrides: Sequence[str],
+    cache_dir: Path | str,
+    poll_s: float,
+    node_ip_address: str | None,
+    echo: Callable[[str], None],
+    lock: Any,
+) -> dict[str, Any]:
     from diloco.data.sources import check_sources
     from diloco.decoupled.trainer import write_merges
     from diloco.files import write_json
     from diloco.train.inputs import prepare_inputs
 
-    out = Path(out)
-    if cfg.method != "decoupled":
-        raise ConfigError(f"method={cfg.method!r}: the syncer service runs method=decoupled")
-    previous = plan_out(out, cfg)
     ray = _import_ray()
     from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, check_address, start_syncer
 
@@ -391,6 +425,7 @@ def run_service(
             "fingerprint": prints,
         }
         out.mkdir(parents=True, exist_ok=True)  # everything is checked: only now is `out` written
+        lock.acquire()
         write_json(out / "config.json", cfg.to_dict())
         if inputs.data.tokenizer is not None:
             (out / "tokenizer.json").write_text(inputs.data.tokenizer.to_json(), encoding="utf-8")
