@@ -243,23 +243,32 @@ class SyncerActor:
                     f"{differences}. Start the learner with the syncer's settings (the command `diloco syncer` "
                     f"printed, also in its syncer.json)"
                 )
-        if learner in self._finished:
-            return (
-                f"learner {learner} has finished this run (it left after its last step) and cannot join again: "
-                f"start a new run (a new `diloco syncer --out`) to train more"
-            )
-        deadline = time.monotonic() + LEASE_S
+        # a claim lapses when its session has not been heard from for LEASE_S, seen twice HEARTBEAT_S apart:
+        # heartbeats queued while this actor was busy (a merge, a checkpoint) are taken in between
+        deadline, lapsed_at = time.monotonic() + LEASE_S, None
         while True:
-            claim = self._claims.get(learner)
-            if claim is None or claim[0] == session or time.monotonic() - claim[1] >= LEASE_S:
-                break
-            if time.monotonic() >= deadline:
-                self._log("refused", learner=learner, why="claimed")
+            if learner in self._finished:  # (also when it finished while this call waited for its claim)
                 return (
-                    f"learner {learner} is taken: another job holding that index was heard from "
-                    f"{time.monotonic() - claim[1]:.1f} s ago (its claim lapses {LEASE_S:g} s after it stops): "
-                    f"give this job another --set learner=0..{num - 1}, or stop the other job first"
+                    f"learner {learner} has finished this run (it left after its last step) and cannot join "
+                    f"again: start a new run (a new `diloco syncer --out`) to train more"
                 )
+            claim = self._claims.get(learner)
+            now = time.monotonic()
+            if claim is None or claim[0] == session:
+                break
+            if now - claim[1] >= LEASE_S:
+                lapsed_at = now if lapsed_at is None else lapsed_at
+                if now - lapsed_at >= 2 * HEARTBEAT_S:
+                    break
+            else:
+                lapsed_at = None
+                if now >= deadline:
+                    self._log("refused", learner=learner, why="claimed")
+                    return (
+                        f"learner {learner} is taken: another job holding that index was heard from "
+                        f"{now - claim[1]:.1f} s ago (its claim lapses {LEASE_S:g} s after it stops): "
+                        f"give this job another --set learner=0..{num - 1}, or stop the other job first"
+                    )
             await asyncio.sleep(0.1)
         self._claims[learner] = (session, time.monotonic())
         self._log("hello", learner=learner, session=session)
@@ -537,7 +546,7 @@ class RayChannel:
             self._beating.start()
 
     def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
+        while not self._stop.wait(HEARTBEAT_S) and ray.is_initialized():  # (a call after shutdown would start Ray)
             try:
                 ray.get(self.actor.heartbeat.remote(self.learner, self.session), timeout=10 * HEARTBEAT_S)
             except Exception:  # the syncer restarting, or Ray going down: the next beat tries again
