@@ -178,7 +178,7 @@ def _wait_for(what, check, *, timeout, proc=None):
     pytest.fail(f"timed out waiting for {what}")
 
 
-@pytest.mark.slow  # ~60-90 s on 2 cores: two Ray instances' worth of processes start, and a syncer restart
+@pytest.mark.slow  # ~35 s on 2 cores: a Ray instance in a subprocess, a learner of ~15 s and a syncer restart
 @pytest.mark.timeout(300)
 def test_the_service_runs_two_learners_survives_a_sigkill_refuses_intruders_and_exports(
     tmp_path, token_cache, monkeypatch
