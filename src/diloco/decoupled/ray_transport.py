@@ -25,7 +25,10 @@ import asyncio
 import json
 import os
 import socket
+import threading
 import time
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -43,6 +46,11 @@ _KEEP_ALIVE: list[Any] = []  # object refs restartable actors are rebuilt from
 RESEND_AFTER_S = 30.0
 #: How many times a learner sends one report again before it gives up with an error.
 MAX_RESENDS = 5
+#: Seconds a learner's claim on its index lasts after it was last heard from (a join or a heartbeat): a second
+#: job claiming a live learner's index waits this long for the claim to lapse, then is refused.
+LEASE_S = 5.0
+#: Seconds between the heartbeats of a learner connected with a session (:func:`connect` with ``session=``).
+HEARTBEAT_S = 1.0
 
 
 @ray.remote
@@ -55,8 +63,20 @@ class SyncerActor:
     only the time it was down (reports still in open rounds are sent again by their learners).
     """
 
-    def __init__(self, syncer: Syncer, checkpoint_dir: str | None = None, keep: int = 2) -> None:
+    def __init__(
+        self,
+        syncer: Syncer | Callable[[], Syncer],
+        checkpoint_dir: str | None = None,
+        keep: int = 2,
+        fingerprint: dict[str, Any] | None = None,
+    ) -> None:
+        if callable(syncer):  # built here (a detached actor must not depend on its starter's object store)
+            syncer = syncer()
         self.syncer = syncer
+        # membership of learners that connect with a session (see hello): who holds each index, who finished
+        self.fingerprint = fingerprint
+        self._claims: dict[int, tuple[str, float]] = {}  # learner -> (session, monotonic time last heard from)
+        self._finished: set[int] = set()
         self.checkpoint_dir, self.keep = checkpoint_dir, keep
         self._replies: dict[tuple[int, int], Reply] = {}
         self._cond: asyncio.Condition | None = None
@@ -78,6 +98,7 @@ class SyncerActor:
                 )
                 self._records_written = len(syncer.records)
                 self._replies = {(int(r["learner"]), int(r["fragment"])): Reply(**r) for r in state["replies"]}
+                self._finished = {int(m) for m in state.get("finished", [])}
                 self.restored_merges = len(syncer.records)
             self._log("started", restored_merges=self.restored_merges, pid=os.getpid())
         _warm_up()
@@ -105,7 +126,11 @@ class SyncerActor:
         ]
         save_state(
             self.checkpoint_dir,
-            {"syncer": self.syncer.state_dict(records=False), "replies": replies},
+            {
+                "syncer": self.syncer.state_dict(records=False),
+                "replies": replies,
+                "finished": sorted(self._finished),
+            },
             merges=len(self.syncer.records),
             keep=self.keep,
         )
@@ -195,7 +220,96 @@ class SyncerActor:
     async def restored(self) -> int | None:
         return self.restored_merges
 
-    async def leave(self, learner: int) -> None:
+    async def hello(self, learner: int, session: str, fingerprint: dict[str, Any] | None = None) -> str | None:
+        """A learner job's claim on index ``learner`` before it joins: None when granted, else why it is refused
+        (the caller raises it as a ConfigError). Refused: an index out of range, a ``fingerprint`` that differs
+        from this syncer's (each key named with both values), a learner that has finished, and an index another
+        session holds and was heard from within ``LEASE_S`` (waited for up to ``LEASE_S`` first: the job of a
+        killed learner that restarts at once gets in once its predecessor's claim lapses)."""
+        num = self.syncer.num_learners
+        if not isinstance(learner, int) or isinstance(learner, bool) or not 0 <= learner < num:
+            return (
+                f"learner={learner!r} is out of range: this syncer serves {num} learners, numbered 0..{num - 1} "
+                f"(replicas={num}); give --set learner=0..{num - 1}"
+            )
+        if self.fingerprint is not None:
+            from diloco.decoupled.service import describe_differences
+
+            differences = describe_differences(syncer=self.fingerprint, learner=fingerprint or {})
+            if differences:
+                self._log("refused", learner=learner, why="config")
+                return (
+                    f"learner {learner}'s config differs from the syncer's in what the merge depends on: "
+                    f"{differences}. Start the learner with the syncer's settings (the command `diloco syncer` "
+                    f"printed, also in its syncer.json)"
+                )
+        # a claim lapses when its session has not been heard from for LEASE_S, seen twice HEARTBEAT_S apart:
+        # heartbeats queued while this actor was busy (a merge, a checkpoint) are taken in between
+        deadline, lapsed_at = time.monotonic() + LEASE_S, None
+        while True:
+            if learner in self._finished:  # (also when it finished while this call waited for its claim)
+                return (
+                    f"learner {learner} has finished this run (it left after its last step) and cannot join "
+                    f"again: start a new run (a new `diloco syncer --out`) to train more"
+                )
+            claim = self._claims.get(learner)
+            now = time.monotonic()
+            if claim is None or claim[0] == session:
+                break
+            if now - claim[1] >= LEASE_S:
+                lapsed_at = now if lapsed_at is None else lapsed_at
+                if now - lapsed_at >= 2 * HEARTBEAT_S:
+                    break
+            else:
+                lapsed_at = None
+                if now >= deadline:
+                    self._log("refused", learner=learner, why="claimed")
+                    return (
+                        f"learner {learner} is taken: another job holding that index was heard from "
+                        f"{now - claim[1]:.1f} s ago (its claim lapses {LEASE_S:g} s after it stops): "
+                        f"give this job another --set learner=0..{num - 1}, or stop the other job first"
+                    )
+            await asyncio.sleep(0.1)
+        self._claims[learner] = (session, time.monotonic())
+        self._log("hello", learner=learner, session=session)
+        return None
+
+    async def heartbeat(self, learner: int, session: str) -> bool:
+        """``session`` is alive; True while it holds ``learner``'s index (a restarted syncer, which has lost
+        the claims, gives the index back to the session that beats for it)."""
+        claim = self._claims.get(learner)
+        if claim is None and learner not in self._finished:
+            claim = (session, 0.0)
+        if claim is None or claim[0] != session:
+            return False
+        self._claims[learner] = (session, time.monotonic())
+        return True
+
+    async def status(self) -> dict[str, Any]:
+        """What the service's monitor prints: merges so far, members, learners heard from within the lease,
+        finished learners, this process's pid and the merges it was restored from."""
+        now = time.monotonic()
+        return {
+            "num_learners": self.syncer.num_learners,
+            "merges": len(self.syncer.records),
+            "members": sorted(self.syncer.members),
+            "live": sorted(m for m, (_, t) in self._claims.items() if now - t < LEASE_S),
+            "finished": sorted(self._finished),
+            "pid": os.getpid(),
+            "restored_merges": self.restored_merges,
+        }
+
+    async def leave(self, learner: int, finished: bool = False, session: str | None = None) -> None:
+        """``learner`` stops; ``finished``: after its last step (it cannot join again and no longer counts).
+        A leave from a ``session`` that no longer holds the index (a job that was replaced) changes nothing."""
+        if session is not None:
+            claim = self._claims.get(learner)
+            if claim is not None and claim[0] != session:
+                return
+            self._claims.pop(learner, None)
+        if finished:
+            self._finished.add(learner)
+        self._log("left", learner=learner, finished=finished)
         replies = self.syncer.leave(learner)
         if self.checkpoint_dir is not None and not replies:
             self._save()
@@ -233,9 +347,11 @@ PROBE_TIMEOUT_S = 5.0
 
 
 def check_address(address: str | None, *, timeout_s: float = PROBE_TIMEOUT_S) -> None:
-    """ValueError naming ``address`` (``host:port`` or ``ray://host:port``) if nothing accepts a connection
-    there within ``timeout_s``: ``ray.init`` itself would wait for minutes without a word. ``None``, ``""``,
-    ``"auto"`` and ``"local"`` are Ray's own lookups and are not probed."""
+    """ConfigError naming ``address`` (``host:port`` or ``ray://host:port``) unless a gRPC server (what Ray's
+    GCS and Ray Client are) answers there within ``timeout_s``: ``ray.init`` itself would wait for minutes
+    without a word, both where nothing listens and where another service does (a web server, say). ``None``,
+    ``""``, ``"auto"`` and ``"local"`` are Ray's own lookups and are not probed; with ``RAY_USE_TLS`` set only
+    the connection is tried (the handshake is TLS's)."""
     if not address or address in ("auto", "local"):
         return
     hostport = address.split("://", 1)[-1].rstrip("/")
@@ -245,37 +361,99 @@ def check_address(address: str | None, *, timeout_s: float = PROBE_TIMEOUT_S) ->
             f"ray_address={address!r}: give HOST:PORT (a head node's GCS, e.g. 10.0.0.1:6379) or "
             f"ray://HOST:PORT (Ray Client, port 10001), or leave it empty for a local Ray instance"
         )
+    deadline = time.monotonic() + timeout_s
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
     except OSError as exc:
         raise ConfigError(
             f"ray_address={address!r} does not answer ({type(exc).__name__}: {exc}, within "
             f"{timeout_s:g} s): start the cluster there (ray start --head --port {port}), fix the "
             f"address, or leave it empty to start a local Ray instance"
         ) from None
+    if os.environ.get("RAY_USE_TLS", "0").lower() not in ("", "0", "false"):
+        sock.close()
+        return
+    with sock:
+        answer = _http2_settings(sock, deadline)
+    if answer is not None:
+        raise ConfigError(
+            f"ray_address={address!r} is not a Ray cluster: something answers there but not as Ray's GCS "
+            f"(a gRPC server) does ({answer}): give the head node's GCS address (`ray start --head` prints it, "
+            f"port 6379 by default) or ray://HOST:10001 for Ray Client, or leave it empty to start a local Ray "
+            f"instance"
+        )
+
+
+#: The HTTP/2 client preface and an empty SETTINGS frame: a gRPC server answers with a SETTINGS frame.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def _http2_settings(sock: socket.socket, deadline: float) -> str | None:
+    """None if the server on ``sock`` speaks HTTP/2 (its first frame is SETTINGS), else what it did instead."""
+    try:
+        sock.settimeout(max(0.1, deadline - time.monotonic()))
+        sock.sendall(_H2_PREFACE)
+        head = b""
+        while len(head) < 9:
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            chunk = sock.recv(9 - len(head))
+            if not chunk:
+                break
+            head += chunk
+    except TimeoutError:
+        return "no answer to an HTTP/2 greeting in time"
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if len(head) == 9 and head[3] == 4:  # frame type 4: SETTINGS
+        return None
+    shown = head.split(b"\r\n", 1)[0].decode("latin-1") if head else "the connection was closed"
+    return f"it answered {shown!r}"
 
 
 def init(*, address: str | None = None, namespace: str = DEFAULT_NAMESPACE) -> None:
     """``ray.init`` once: a local instance (``address=None``) or the cluster at ``address`` (probed first:
-    :func:`check_address`)."""
+    :func:`check_address`). Joining a cluster with token authentication needs ``RAY_AUTH_MODE=token`` in the
+    environment and the cluster's token where Ray reads it (Ray never sends a token to an address given
+    explicitly otherwise); a refused connection is a ConfigError saying so."""
     if not ray.is_initialized():
         check_address(address)
-        ray.init(address=address, namespace=namespace)
+        try:
+            ray.init(address=address, namespace=namespace)
+        except ConnectionError as exc:
+            if not address:
+                raise
+            raise ConfigError(
+                f"the Ray cluster at {address} did not let this process in ({exc}): with token authentication "
+                f"(on by default for a new Ray instance) run this process with RAY_AUTH_MODE=token in its "
+                f"environment and the cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN (currently "
+                f"RAY_AUTH_MODE={os.environ.get('RAY_AUTH_MODE', '(unset)')})"
+            ) from None
 
 
 def start_syncer(
-    syncer: Syncer,
+    syncer: Syncer | Callable[[], Syncer],
     *,
     name: str = DEFAULT_NAME,
     namespace: str = DEFAULT_NAMESPACE,
     address: str | None = None,
     checkpoint_dir: str | None = None,
     keep: int = 2,
+    detached: bool = False,
+    fingerprint: dict[str, Any] | None = None,
 ) -> Any:
     """Start ``syncer`` as the named actor ``name`` (Ray started first if it is not); returns its handle.
 
     ``checkpoint_dir``: save every merge there and restart the actor from it if it dies (without it a
-    dead syncer is not restarted: its state would be lost)."""
+    dead syncer is not restarted: its state would be lost). ``syncer`` may be a picklable function that builds
+    it (in the actor's process). ``detached``: the actor outlives this process (Ray's ``lifetime="detached"``:
+    stop it with ``ray.kill``); needs ``checkpoint_dir`` and a function for ``syncer``, so that a restart
+    depends on nothing this process holds. ``fingerprint``: the config keys learners must match
+    (:meth:`SyncerActor.hello`)."""
+    if detached and (checkpoint_dir is None or not callable(syncer)):
+        raise ConfigError(
+            "detached=True needs checkpoint_dir= and a function that builds the syncer (syncer=partial(...)): "
+            "a detached actor is restarted without the process that started it"
+        )
     init(address=address, namespace=namespace)
     try:
         ray.get_actor(name, namespace=namespace)
@@ -287,24 +465,33 @@ def start_syncer(
             f"or stop it first (ray.kill(ray.get_actor({name!r}, namespace={namespace!r})))"
         )
     if checkpoint_dir is None:
-        return SyncerActor.options(name=name, namespace=namespace).remote(syncer)
+        return SyncerActor.options(name=name, namespace=namespace).remote(syncer, None, keep, fingerprint)
+    options: dict[str, Any] = dict(name=name, namespace=namespace, max_restarts=-1, max_task_retries=-1)
+    if detached:
+        return SyncerActor.options(lifetime="detached", **options).remote(
+            syncer, str(checkpoint_dir), keep, fingerprint
+        )
     # a restarted actor is built again from its constructor's arguments: keep the initial syncer in the object
     # store for as long as this process runs (Ray frees an argument it passed inline once the actor is up)
     initial = ray.put(syncer)
     _KEEP_ALIVE.append(initial)
-    return SyncerActor.options(name=name, namespace=namespace, max_restarts=-1, max_task_retries=-1).remote(
-        initial, str(checkpoint_dir), keep
-    )
+    return SyncerActor.options(**options).remote(initial, str(checkpoint_dir), keep, fingerprint)
 
 
 class RayChannel:
     """One learner's :class:`diloco.decoupled.learner.Channel` to the named syncer actor.
 
     It keeps its last report of each fragment until the reply comes, and sends it again if a restarted
-    syncer says it holds no such report (a repeat of a report it has merged is ignored by the syncer)."""
+    syncer says it holds no such report (a repeat of a report it has merged is ignored by the syncer).
 
-    def __init__(self, actor: Any, learner: int) -> None:
-        self.actor, self.learner = actor, learner
+    With a ``session`` (:func:`connect` with ``fingerprint=`` makes one) the learner holds its index: a daemon
+    thread beats every ``HEARTBEAT_S``, and :meth:`leave` says the learner finished unless ``finished=False``
+    (the learner's own ``leave`` comes after its last step)."""
+
+    def __init__(self, actor: Any, learner: int, *, session: str | None = None) -> None:
+        self.actor, self.learner, self.session = actor, learner, session
+        self._stop = threading.Event()
+        self._beating: threading.Thread | None = None
         self._replies: dict[int, Any] = {}  # fragment -> the reply's ObjectRef, asked for when the report is sent
         self._sent: dict[int, Report] = {}
         self.resent = 0
@@ -351,27 +538,65 @@ class RayChannel:
         self._tries = 0
         return reply
 
-    def leave(self) -> None:
-        ray.get(self.actor.leave.remote(self.learner))
+    def start_heartbeat(self) -> None:
+        """Beat for this channel's session every ``HEARTBEAT_S`` from a daemon thread, until :meth:`leave`."""
+        assert self.session is not None, "a heartbeat needs a session"
+        if self._beating is None:
+            self._beating = threading.Thread(target=self._beat, name=f"syncer-heartbeat-{self.learner}", daemon=True)
+            self._beating.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S) and ray.is_initialized():  # (a call after shutdown would start Ray)
+            try:
+                ray.get(self.actor.heartbeat.remote(self.learner, self.session), timeout=10 * HEARTBEAT_S)
+            except Exception:  # the syncer restarting, or Ray going down: the next beat tries again
+                continue
+
+    def leave(self, *, finished: bool | None = None) -> None:
+        """Stop: the syncer no longer counts this learner. With a session, ``finished`` defaults to True."""
+        self._stop.set()
+        if self.session is None:
+            ray.get(self.actor.leave.remote(self.learner))
+            return
+        done = True if finished is None else finished
+        ray.get(self.actor.leave.remote(self.learner, done, self.session))
 
 
 def connect(
-    *, learner: int, name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE, address: str | None = None
+    *,
+    learner: int,
+    name: str = DEFAULT_NAME,
+    namespace: str = DEFAULT_NAMESPACE,
+    address: str | None = None,
+    fingerprint: dict[str, Any] | None = None,
 ) -> RayChannel:
-    """Learner ``learner``'s channel to the syncer actor ``name`` (Ray started / joined first if needed)."""
+    """Learner ``learner``'s channel to the syncer actor ``name`` (Ray started / joined first if needed).
+
+    ``fingerprint``: claim the index first (:meth:`SyncerActor.hello`, with a new session; a refusal is a
+    ConfigError saying why) and hold it with a heartbeat until the channel leaves."""
     init(address=address, namespace=namespace)
     try:
         actor = ray.get_actor(name, namespace=namespace)
     except ValueError:
+        where = f" at {address}" if address else ""
         raise ConfigError(
-            f"no syncer named {name!r} in Ray namespace {namespace!r}: start one with "
-            f"start_syncer(syncer, name={name!r}) first, or pass the name it was started with"
+            f"no syncer named {name!r} in Ray namespace {namespace!r}{where}: start one with "
+            f"`diloco syncer` (or start_syncer(syncer, name={name!r})) first, or pass the name it printed"
         ) from None
-    return RayChannel(actor, learner)
+    if fingerprint is None:
+        return RayChannel(actor, learner)
+    channel = RayChannel(actor, learner, session=uuid.uuid4().hex)
+    refused = ray.get(actor.hello.remote(learner, channel.session, fingerprint))
+    if refused is not None:
+        raise ConfigError(refused)
+    channel.start_heartbeat()
+    return channel
 
 
 __all__ = [
     "DEFAULT_NAME",
+    "HEARTBEAT_S",
+    "LEASE_S",
     "DEFAULT_NAMESPACE",
     "RayChannel",
     "SyncerActor",

@@ -1,0 +1,52 @@
+"""`diloco syncer`: a Decoupled DiLoCo run's syncer as a service that learner jobs at each site join."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from diloco.cli._common import add_config_args, cache_dir, load_preset, overrides
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "syncer",
+        help="run a Decoupled DiLoCo syncer as a service; learner jobs at each site join it",
+        description="Start the syncer of a Decoupled DiLoCo run (method=decoupled) as a named, checkpointed Ray "
+        "actor (a new local Ray instance, or the cluster at --set ray_address=HOST:PORT), print the command "
+        "each site runs for its learner (torchrun ... diloco train ... --set learner=m --set "
+        "syncer=NAME@ADDRESS; also in --out's syncer.json) and monitor the run until every learner has "
+        "finished. Writes config.json, syncer.json, syncer/ (checkpoints: a killed syncer restarts from "
+        "them), merges.jsonl, summary.json and a checkpoint of the final global parameters that `diloco "
+        "export` reads. An --out that holds a syncer run of the same config is resumed; any other non-empty "
+        "--out is refused.",
+    )
+    add_config_args(p, default_preset="demo")
+    p.add_argument("--out", type=Path, required=True, help="the run's folder (new, empty, or this syncer's to resume)")
+    p.add_argument("--poll", type=float, default=5.0, help="seconds between progress lines (default: 5)")
+    p.add_argument(
+        "--node-ip-address",
+        default=None,
+        help="the address a new local Ray instance advertises to the sites, on a machine with several "
+        "(default: Ray's choice; Ray replaces a loopback address with the machine's own)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from diloco.decoupled.service import run_service, service_config
+
+    cfg = service_config(load_preset(args.preset), overrides(args))
+    summary = run_service(
+        cfg,
+        out=args.out,
+        preset=args.preset,
+        overrides=args.overrides,
+        cache_dir=cache_dir(args),
+        poll_s=args.poll,
+        node_ip_address=args.node_ip_address,
+        echo=lambda line: print(line, flush=True),
+    )
+    print(json.dumps(summary, indent=2), flush=True)
+    return 0

@@ -1,0 +1,518 @@
+"""The syncer as a service: one ``diloco syncer`` per run, one learner job per site.
+
+::
+
+    diloco syncer --preset P [--set k=v ...] --out DIR          # on the machine that holds the syncer
+    # then, on each site m = 0..M-1 (the exact lines are printed, and kept in DIR/syncer.json):
+    torchrun --nproc-per-node R -m diloco train --preset P --method decoupled [--set k=v ...] \\
+        --set learner=m --set syncer=NAME@ADDRESS --out SITE_DIR
+
+:func:`run_service` resolves the run's config (``method=decoupled``, ``decoupled_transport=ray``), prepares
+its data and initial model exactly as ``diloco train`` does (:func:`diloco.train.inputs.prepare_inputs`), and
+starts the syncer as a named, detached Ray actor (:class:`~diloco.decoupled.ray_transport.SyncerActor`) that
+saves every merge to ``DIR/syncer`` and is restarted from there by Ray, as often as it dies (a SIGKILL of its
+process included). It runs on a new local Ray instance, or on the cluster at ``ray_address``. Everything (the
+config, the data, the model, ``DIR``, the Ray address) is checked before anything is written into ``DIR``,
+which must be new or empty, or a previous ``diloco syncer`` run of the same config (it is then resumed from
+its newest syncer checkpoint; nothing a user wrote is overwritten).
+
+It then stays in the foreground as the run's monitor, printing the merges so far and the learners live and
+finished every ``poll_s`` seconds, until each of the M learners has *finished* (left after its last step).
+At the end it writes ``DIR/merges.jsonl`` (one row per merge) and the final global parameters as a
+committed checkpoint of one replica (``DIR/checkpoints``, with ``DIR/config.json`` and ``DIR/tokenizer.json``,
+so ``diloco export DIR --out MODEL`` reads it), then stops the actor.
+
+Files in ``DIR``: ``config.json`` (the resolved config), ``syncer.json`` (what each site needs: the actor's
+name and namespace, the Ray address, where Ray's token lives, the learner command of each site, the config
+fingerprint), ``tokenizer.json``, ``syncer/`` (the actor's checkpoints, merge log and events), and at the end
+``merges.jsonl``, ``checkpoints/`` and ``summary.json``.
+
+Learners (:func:`connect_learner`, which the trainer calls for ``--set syncer=NAME@ADDRESS``): a learner job
+claims its index with a *session* (a random id) and the config's :func:`fingerprint`, and holds the claim
+with a heartbeat every ``HEARTBEAT_S`` from a daemon thread. The syncer refuses, as a ConfigError in the
+learner:
+
+* a fingerprint that differs from its own (each differing key named, with both values);
+* an index outside 0..M-1;
+* an index another session holds and was heard from within ``LEASE_S`` (it waits up to ``LEASE_S`` for the
+  claim to lapse first, so the restarted job of a killed learner gets in);
+* a learner that has finished (its last ``leave`` said so): it cannot join again.
+
+A learner that leaves without finishing (``channel.leave(finished=False)``) or dies may come back; one that
+finished or left no longer counts toward the quorum (:meth:`~diloco.decoupled.syncer.Syncer.leave`). A
+channel's plain ``leave()`` (what :meth:`Learner.finish` and :meth:`Learner.close` call after the last step)
+says *finished*.
+
+Ray's token authentication stays as Ray sets it (on by default): each site needs the cluster's token where
+Ray reads it (``RAY_AUTH_TOKEN``, or the file ``~/.ray/auth_token``); ``syncer.json`` names which. An address
+where nothing, or something other than Ray, answers is refused within
+:data:`~diloco.decoupled.ray_transport.PROBE_TIMEOUT_S` seconds; Ray not installed is a ConfigError naming
+``pip install -e .[ray]``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from diloco.errors import ConfigError
+
+#: The config keys the merge depends on (a learner whose values differ from the syncer's is refused), besides
+#: the data the learner loaded (``data_vocab_size`` and ``data_digest``, compared where the learner gives them):
+#: the model and its initial parameters' shapes, M and the quorum, the fragments and their schedule, the wire
+#: format, and the outer optimizer, merge, grace window and guard the syncer applies.
+FINGERPRINT_KEYS = (
+    "model",
+    "size",
+    "vocab_size",
+    "seq_len",
+    "z_loss",
+    "sources",
+    "tokenizer",
+    "val_fraction",
+    "replicas",
+    "num_fragments",
+    "fragment_pattern",
+    "fragments",
+    "schedule",
+    "sync_every",
+    "overlap_steps",
+    "codec",
+    "topk_density",
+    "topk_tables",
+    "merge",
+    "quorum",
+    "outer_scale",
+    "outer_gradient",
+    "outer_lr",
+    "outer_momentum",
+    "outer_nesterov",
+    "grace_gamma",
+    "grace_ema_decay",
+    "guard",
+    "guard_ratio",
+)
+#: Fingerprint entries of the data a process loaded: compared only when both sides give them.
+DATA_KEYS = ("data_vocab_size", "data_digest")
+#: The keys a site's learner command must not repeat from the syncer's overrides (the syncer's address goes in
+#: ``syncer=NAME@ADDRESS``).
+SYNCER_ONLY_KEYS = ("ray_address", "decoupled_transport")
+RAY_MISSING = "the syncer service needs Ray: pip install -e .[ray] (or ray>=2.9)"
+
+
+# -- the fingerprint ---------------------------------------------------------
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def fingerprint(cfg: Any, *, vocab_size: int | None = None, data_digest: str | None = None) -> dict[str, Any]:
+    """The values of :data:`FINGERPRINT_KEYS` in ``cfg`` (a TrainConfig), plus the data's vocabulary size and
+    digest (``TokenData.vocab_size`` / ``digest()``) where given. Plain JSON values."""
+    out = {key: _plain(getattr(cfg, key)) for key in FINGERPRINT_KEYS}
+    out["data_vocab_size"] = None if vocab_size is None else int(vocab_size)
+    out["data_digest"] = data_digest
+    return out
+
+
+def describe_differences(*, syncer: dict[str, Any], learner: dict[str, Any]) -> str:
+    """Each key whose value differs between the two fingerprints, with both values ("" if none differs).
+    A key one side lacks differs; a data key (:data:`DATA_KEYS`) is compared only when both give it."""
+    keys = [k for k in FINGERPRINT_KEYS + DATA_KEYS if k in syncer or k in learner]
+    keys += sorted((set(syncer) | set(learner)) - set(keys))
+    missing = object()
+    parts = []
+    for key in keys:
+        mine, theirs = learner.get(key, missing), syncer.get(key, missing)
+        if key in DATA_KEYS and (mine in (None, missing) or theirs in (None, missing)):
+            continue
+        if mine != theirs:
+            show = lambda v: "(not given)" if v is missing else repr(v)
+            parts.append(f"{key}: the learner has {show(mine)}, the syncer {show(theirs)}")
+    return "; ".join(parts)
+
+
+# -- the learner's side ------------------------------------------------------
+def parse_syncer(spec: str) -> tuple[str, str]:
+    """``NAME@ADDRESS`` (as ``diloco syncer`` prints it) -> (name, address)."""
+    name, sep, address = str(spec).partition("@")
+    if not sep or not name or not address:
+        raise ConfigError(
+            f"syncer={spec!r}: give NAME@ADDRESS as `diloco syncer` printed it (e.g. "
+            f"diloco-syncer-1a2b3c@10.0.0.1:6379; also in its --out folder's syncer.json)"
+        )
+    return name, address
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(RAY_MISSING) from None
+    return ray
+
+
+def connect_learner(
+    cfg: Any,
+    *,
+    learner: int,
+    syncer: str,
+    vocab_size: int | None = None,
+    data_digest: str | None = None,
+    namespace: str | None = None,
+) -> Any:
+    """Learner ``learner``'s :class:`~diloco.decoupled.ray_transport.RayChannel` to the service ``syncer``
+    (``NAME@ADDRESS``), its index claimed and held by a heartbeat (module docstring).
+
+    Joins the Ray cluster at ADDRESS first if this process has not (refused within a few seconds if no Ray
+    cluster answers there). ``vocab_size``, ``data_digest``: the learner's data (``TokenData.vocab_size``,
+    ``TokenData.digest()``), checked against the syncer's. A refusal is a ConfigError saying why; the
+    channel's ``leave()`` says the learner finished (``leave(finished=False)`` if it stops before its end)."""
+    _import_ray()
+    from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, connect
+
+    name, address = parse_syncer(syncer)
+    return connect(
+        learner=learner,
+        name=name,
+        namespace=namespace or DEFAULT_NAMESPACE,
+        address=address,
+        fingerprint=fingerprint(cfg, vocab_size=vocab_size, data_digest=data_digest),
+    )
+
+
+# -- the service's side ------------------------------------------------------
+def service_config(preset: dict[str, Any], extra: dict[str, Any]) -> Any:
+    """The run's config: the preset's base with ``method=decoupled``, then ``extra`` (``--set``), with the
+    syncer on Ray (``decoupled_transport=ray``)."""
+    from diloco.cli._common import resolve
+
+    method = extra.get("method", "decoupled")
+    if method != "decoupled":
+        raise ConfigError(f"method={method!r}: the syncer service runs method=decoupled; drop --set method")
+    transport = extra.get("decoupled_transport", "ray")
+    if transport != "ray":
+        raise ConfigError(
+            f"decoupled_transport={transport!r}: the syncer service is a Ray actor; drop --set decoupled_transport"
+        )
+    return resolve(preset, "decoupled", {**extra, "decoupled_transport": "ray"})
+
+
+def learner_command(
+    *,
+    preset: str,
+    overrides: Sequence[str],
+    ranks: int,
+    learner: int,
+    syncer: str,
+    out: str,
+    token_auth: bool = False,
+) -> str:
+    """The command a site runs for learner ``learner`` (``overrides``: the syncer's ``--set`` items;
+    ``token_auth``: the cluster uses Ray's token authentication, which a process joining it must turn on)."""
+    words = ["RAY_AUTH_MODE=token"] if token_auth else []
+    words += ["torchrun", "--nproc-per-node", str(ranks), "-m", "diloco", "train", "--preset", preset]
+    words += ["--method", "decoupled"]
+    for item in overrides:
+        if item.partition("=")[0].strip() not in SYNCER_ONLY_KEYS + ("method", "learner", "syncer"):
+            words += ["--set", item]
+    words += ["--set", f"learner={learner}", "--set", f"syncer={syncer}", "--out", out]
+    return shlex.join(words)
+
+
+def _config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    return [
+        f"{k}: {old.get(k)!r} there, {new.get(k)!r} now"
+        for k in sorted(set(old) | set(new))
+        if old.get(k) != new.get(k)
+    ]
+
+
+def plan_out(out: Path, cfg: Any) -> dict[str, Any] | None:
+    """Reads only: None for a new or empty ``out``; the previous ``syncer.json`` when ``out`` holds a
+    ``diloco syncer`` run of this same config (resumed); else a ConfigError (nothing is overwritten)."""
+    from diloco.files import read_json
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file: give a new or empty folder")
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if not held:
+        return None
+    if not (out / "syncer.json").is_file() or not (out / "config.json").is_file():
+        shown = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
+        raise ConfigError(
+            f"--out {out} holds files ({shown}) but no `diloco syncer` run: give a new or empty folder "
+            f"(nothing is overwritten)"
+        )
+    differences = _config_differences(read_json(out / "config.json"), cfg.to_dict())
+    if differences:
+        raise ConfigError(
+            f"--out {out} holds a syncer run of another config ({'; '.join(differences)}): resume it with "
+            f"its own settings, or give a new --out"
+        )
+    return read_json(out / "syncer.json")
+
+
+def build_syncer(config: dict[str, Any], vocab_size: int) -> Any:
+    """The run's syncer, from its config (a dict) and the data's vocabulary: what the actor runs (built in the
+    actor's process, so that Ray can restart it without the process that started it)."""
+    from diloco.decoupled.trainer import make_syncer
+    from diloco.models.factory import build_model
+    from diloco.train.config import TrainConfig
+    from diloco.train.inputs import run_fragments
+    from diloco.train.speed import unwrap_compiled
+
+    cfg = TrainConfig.from_dict(config)
+    model = unwrap_compiled(
+        build_model(
+            cfg.model, size=cfg.size, vocab_size=vocab_size, seq_len=cfg.seq_len, seed=cfg.seed, z_loss=cfg.z_loss
+        )
+    )
+    return make_syncer(cfg, model, run_fragments(cfg, model))
+
+
+def write_final_checkpoint(
+    out: Path, cfg: Any, template: Any, named: dict[str, Any], *, vocab_size: int, data_digest: str, step: int
+) -> None:
+    """The syncer's global parameters ``named`` as replica 0's committed checkpoint of ``step`` in ``out``
+    (what ``diloco export`` reads: the model's state with the global values, and each fragment's flat copy)."""
+    import copy
+
+    import torch
+
+    from diloco.algorithm.fragments import flatten, split_fragments
+    from diloco.train import checkpoint as ckpt
+    from diloco.train.inputs import run_fragments
+
+    model = copy.deepcopy(template)
+    params = dict(model.named_parameters())
+    assert set(named) == set(params), sorted(set(named) ^ set(params))[:4]
+    with torch.no_grad():
+        for name, value in named.items():
+            params[name].copy_(value)
+    frags = split_fragments(model, cfg.num_fragments, pattern=cfg.fragment_pattern, fragments=run_fragments(cfg, model))
+    state = {"model": model.state_dict(), "algorithm": {"global": [flatten(f.params) for f in frags]}}
+    ckpt.save_replica(out, step, 0, state)
+    meta = {"config": cfg.to_dict(), "num_replicas": 1, "vocab_size": int(vocab_size), "data_digest": data_digest}
+    ckpt.commit(out, step, meta, keep=1)
+
+
+def _auth() -> dict[str, Any]:
+    """Ray's token authentication as this process sees it, and where a site's learners read the token."""
+    mode = None
+    try:
+        from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+        mode = "token" if is_token_auth_enabled() else "disabled"
+    except Exception:  # an older Ray without token authentication
+        mode = os.environ.get("RAY_AUTH_MODE") or "disabled"
+    token = (
+        "RAY_AUTH_TOKEN (environment)" if os.environ.get("RAY_AUTH_TOKEN") else str(Path.home() / ".ray" / "auth_token")
+    )
+    return {
+        "auth_mode": mode,
+        "token": token if mode == "token" else None,
+        "note": "each site's learners need RAY_AUTH_MODE=token and the cluster's token (the same file's content, "
+        "or RAY_AUTH_TOKEN)"
+        if mode == "token"
+        else "token authentication is off (RAY_AUTH_MODE); learners connect without a token",
+    }
+
+
+def run_service(
+    cfg: Any,
+    *,
+    out: Path | str,
+    preset: str,
+    overrides: Sequence[str] = (),
+    cache_dir: Path | str,
+    poll_s: float = 5.0,
+    node_ip_address: str | None = None,
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """``diloco syncer`` (module docstring): start (or resume) the run's syncer service in ``out``, monitor it
+    until every learner has finished, write the run's results; returns the summary (also ``summary.json``).
+
+    ``cfg``: the run's config (:func:`service_config`); ``preset`` and ``overrides`` (the ``--set`` items) are
+    what the printed learner commands repeat. ``node_ip_address``: the address a new local Ray instance
+    advertises. A Ray instance this process already joined is used as it is."""
+    out = Path(out)
+    if cfg.method != "decoupled":
+        raise ConfigError(f"method={cfg.method!r}: the syncer service runs method=decoupled")
+    previous = plan_out(out, cfg)
+    from diloco.train.rundir import RunDirLock
+
+    lock = RunDirLock(out)  # one monitor per folder: a second would start a second actor on the same checkpoints
+    lock.acquire()  # (nothing to lock yet for a new folder: taken once it is created, below)
+    try:
+        return _run(
+            cfg,
+            out,
+            previous,
+            preset=preset,
+            overrides=overrides,
+            cache_dir=cache_dir,
+            poll_s=poll_s,
+            node_ip_address=node_ip_address,
+            echo=echo,
+            lock=lock,
+        )
+    finally:
+        lock.release()
+
+
+def _run(
+    cfg: Any,
+    out: Path,
+    previous: dict[str, Any] | None,
+    *,
+    preset: str,
+    overrides: Sequence[str],
+    cache_dir: Path | str,
+    poll_s: float,
+    node_ip_address: str | None,
+    echo: Callable[[str], None],
+    lock: Any,
+) -> dict[str, Any]:
+    from diloco.data.sources import check_sources
+    from diloco.decoupled.trainer import write_merges
+    from diloco.files import write_json
+    from diloco.train.inputs import prepare_inputs
+
+    ray = _import_ray()
+    from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, check_address, start_syncer
+
+    check_sources(cfg.sources)
+    inputs = prepare_inputs(cfg, cache_dir)  # the data and the seeded model, as `diloco train` builds them
+    vocab, digest = inputs.data.vocab_size, inputs.data.digest()
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        check_address(cfg.ray_address or None)  # fails fast where no Ray cluster answers
+        kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "namespace": DEFAULT_NAMESPACE}
+        if node_ip_address and not cfg.ray_address:
+            kw["_node_ip_address"] = node_ip_address
+        ray.init(address=cfg.ray_address or None, **kw)
+    try:
+        namespace = ray.get_runtime_context().namespace or DEFAULT_NAMESPACE
+        address = cfg.ray_address or ray.get_runtime_context().gcs_address
+        name = previous["name"] if previous else f"diloco-syncer-{uuid.uuid4().hex[:12]}"
+        spec = f"{name}@{address}"
+        prints = fingerprint(cfg, vocab_size=vocab, data_digest=digest)
+        auth = _auth()
+        commands = [
+            learner_command(
+                preset=preset,
+                overrides=overrides,
+                ranks=cfg.ranks_per_worker,
+                learner=m,
+                syncer=spec,
+                out=f"{out.name}-learner-{m}",
+                token_auth=auth["auth_mode"] == "token",
+            )
+            for m in range(cfg.replicas)
+        ]
+        info = {
+            "name": name,
+            "namespace": namespace,
+            "address": address,
+            "syncer": spec,
+            "ray": auth,
+            "learners": commands,
+            "fingerprint": prints,
+        }
+        out.mkdir(parents=True, exist_ok=True)  # everything is checked: only now is `out` written
+        lock.acquire()
+        write_json(out / "config.json", cfg.to_dict())
+        if inputs.data.tokenizer is not None:
+            (out / "tokenizer.json").write_text(inputs.data.tokenizer.to_json(), encoding="utf-8")
+        write_json(out / "syncer.json", info)
+        try:
+            handle = ray.get_actor(name, namespace=namespace)  # a resumed run whose detached actor still runs
+            echo(f"diloco syncer: {name} still runs; monitoring it")
+        except ValueError:
+            from functools import partial
+
+            handle = start_syncer(
+                partial(build_syncer, cfg.to_dict(), vocab),
+                name=name,
+                namespace=namespace,
+                checkpoint_dir=str((out / "syncer").resolve()),
+                detached=True,
+                fingerprint=prints,
+            )
+        status = ray.get(handle.status.remote())
+        echo(
+            f"diloco syncer: {name} runs (pid {status['pid']}"
+            + (f", resumed from {status['restored_merges']} merges" if status["restored_merges"] is not None else "")
+            + f"); Ray address {address}, namespace {namespace}"
+        )
+        echo(f"Ray token authentication: {auth['auth_mode']}" + (f"; token: {auth['token']}" if auth["token"] else ""))
+        echo(f"learner commands, one per site (also in {out / 'syncer.json'}):")
+        for line in commands:
+            echo(f"  {line}")
+        summary = _monitor(ray, handle, num_learners=cfg.replicas, poll_s=poll_s, echo=echo)
+        records = ray.get(handle.records.remote())
+        named = ray.get(handle.global_named_parameters.remote())
+        write_merges(out / "merges.jsonl", records)
+        write_final_checkpoint(
+            out, cfg, inputs.model, named, vocab_size=vocab, data_digest=digest, step=cfg.total_steps
+        )
+        ray.kill(handle, no_restart=True)
+        summary = {**summary, "merges": len(records), "name": name, "address": address}
+        write_json(out / "summary.json", summary)
+        echo(f"diloco syncer: every learner finished; {len(records)} merges; results in {out}")
+        return summary
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def _monitor(ray: Any, handle: Any, *, num_learners: int, poll_s: float, echo: Callable[[str], None]) -> dict[str, Any]:
+    """Print the run's progress until every learner has finished; the restarts seen."""
+    from ray.exceptions import GetTimeoutError
+
+    start = time.monotonic()
+    pid, restarts, last, last_at = None, 0, "", 0.0
+    while True:
+        try:
+            status = ray.get(handle.status.remote(), timeout=max(30.0, 3 * poll_s))
+        except GetTimeoutError:
+            echo("diloco syncer: the syncer does not answer (restarting?); waiting")
+            continue
+        if pid is not None and status["pid"] != pid:
+            restarts += 1
+            echo(
+                f"diloco syncer: the syncer restarted (pid {pid} -> {status['pid']}) from its checkpoint of "
+                f"{status['restored_merges']} merges"
+            )
+        pid = status["pid"]
+        line = (
+            f"merges {status['merges']}; learners live {status['live']}, joined {status['members']}, "
+            f"finished {len(status['finished'])}/{num_learners} {status['finished']}"
+        )
+        if line != last or time.monotonic() - last_at >= 60:
+            echo(f"[{time.monotonic() - start:7.1f} s] {line}")
+            last, last_at = line, time.monotonic()
+        if len(status["finished"]) >= num_learners:
+            return {"learners": num_learners, "syncer_restarts": restarts, "seconds": time.monotonic() - start}
+        time.sleep(poll_s)
+
+
+__all__ = [
+    "DATA_KEYS",
+    "FINGERPRINT_KEYS",
+    "build_syncer",
+    "connect_learner",
+    "describe_differences",
+    "fingerprint",
+    "learner_command",
+    "parse_syncer",
+    "plan_out",
+    "run_service",
+    "service_config",
+    "write_final_checkpoint",
+]
