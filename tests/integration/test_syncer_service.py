@@ -20,6 +20,7 @@ import torch
 ray = pytest.importorskip("ray")
 
 from diloco.cli._common import load_preset  # noqa: E402
+from diloco.cli.syncer import service_config  # noqa: E402
 from diloco.decoupled.service import (  # noqa: E402
     connect_learner,
     describe_differences,
@@ -27,7 +28,6 @@ from diloco.decoupled.service import (  # noqa: E402
     learner_command,
     parse_syncer,
     plan_out,
-    service_config,
 )
 from diloco.errors import ConfigError  # noqa: E402
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
-from diloco.cli._common import add_config_args, cache_dir, load_preset, overrides
+from diloco.cli._common import add_config_args, cache_dir, load_preset, overrides, resolve
+from diloco.errors import ConfigError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from diloco.decoupled.service import run_service, service_config
+    from diloco.decoupled.service import run_service
 
     cfg = service_config(load_preset(args.preset), overrides(args))
     summary = run_service(
@@ -50,3 +52,17 @@ def run(args: argparse.Namespace) -> int:
     )
     print(json.dumps(summary, indent=2), flush=True)
     return 0
+
+
+def service_config(preset: dict[str, Any], extra: dict[str, Any]) -> Any:
+    """The run's config: the preset's base with ``method=decoupled``, then ``extra`` (``--set``), with the
+    syncer on Ray (``decoupled_transport=ray``)."""
+    method = extra.get("method", "decoupled")
+    if method != "decoupled":
+        raise ConfigError(f"method={method!r}: the syncer service runs method=decoupled; drop --set method")
+    transport = extra.get("decoupled_transport", "ray")
+    if transport != "ray":
+        raise ConfigError(
+            f"decoupled_transport={transport!r}: the syncer service is a Ray actor; drop --set decoupled_transport"
+        )
+    return resolve(preset, "decoupled", {**extra, "decoupled_transport": "ray"})

@@ -74,16 +74,6 @@ def decoupled_errors(cfg: Any) -> list[str]:
     return errors
 
 
-def parse_syncer(value: str) -> tuple[str, str]:
-    """``NAME@ADDRESS`` -> (name, address): a running ``diloco syncer``'s actor name and its Ray cluster's address."""
-    name, at, address = value.rpartition("@")
-    if not at or not name or not address:
-        raise ConfigError(
-            f"syncer={value!r}: give NAME@ADDRESS as `diloco syncer` prints it (e.g. diloco-syncer-1a2b@10.0.0.1:6379)"
-        )
-    return name, address
-
-
 def site_errors(cfg: Any) -> list[str]:
     """A site job's ``learner`` and ``syncer``: both set (one learner joining a running syncer) or neither."""
     errors = []
@@ -98,6 +88,8 @@ def site_errors(cfg: Any) -> list[str]:
             f"NAME@ADDRESS `diloco syncer` printed); a run with its own syncer gives neither"
         )
     if cfg.syncer:
+        from diloco.decoupled.service import parse_syncer
+
         try:
             parse_syncer(cfg.syncer)
         except ConfigError as exc:
@@ -105,4 +97,4 @@ def site_errors(cfg: Any) -> list[str]:
     return errors
 
 
-__all__ = ["decoupled_errors", "parse_syncer", "site_errors"]
+__all__ = ["decoupled_errors", "site_errors"]

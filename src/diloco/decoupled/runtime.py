@@ -68,19 +68,22 @@ class _Site:
     Ray channel; under torchrun with R ranks the others share what the lead receives
     (:class:`~diloco.decoupled.torchrun.GroupChannel`)."""
 
-    def __init__(self, cfg: Any, *, intra: Any = None) -> None:
-        from diloco.decoupled.config_checks import parse_syncer
-
-        self.name, self.address = parse_syncer(cfg.syncer)
-        self.intra = intra
+    def __init__(self, cfg: Any, *, data: Any = None, intra: Any = None) -> None:
+        self.cfg, self.data, self.intra = cfg, data, intra
         self.lead = intra is None or intra.rank == 0
 
     def channel(self, m: int) -> Any:
         link = None
-        if self.lead:
-            from diloco.decoupled.ray_transport import connect
+        if self.lead:  # claims learner m at the syncer, its config and data checked against the syncer's
+            from diloco.decoupled.service import connect_learner
 
-            link = connect(learner=m, name=self.name, address=self.address)
+            link = connect_learner(
+                self.cfg,
+                learner=m,
+                syncer=self.cfg.syncer,
+                vocab_size=None if self.data is None else self.data.vocab_size,
+                data_digest=None if self.data is None else self.data.digest(),
+            )
         if self.intra is None or self.intra.world_size == 1:
             return link
         from diloco.decoupled.torchrun import GroupChannel
@@ -102,7 +105,7 @@ class DecoupledRuntime(MethodRuntime):
     def check_reachable(self, cfg: Any) -> None:
         address = cfg.ray_address if cfg.decoupled_transport == "ray" else ""
         if cfg.syncer:
-            from diloco.decoupled.config_checks import parse_syncer
+            from diloco.decoupled.service import parse_syncer
 
             address = parse_syncer(cfg.syncer)[1]
         if address:
@@ -122,11 +125,13 @@ class DecoupledRuntime(MethodRuntime):
         template: torch.nn.Module,
         fragments: list[list[str]] | None,
         out_dir: Path,
+        data: Any = None,
         comm: Any = None,
         intra: Any = None,
     ) -> Iterator[Session]:
         if cfg.syncer:  # a site job: one learner joining a running syncer, which keeps the merges and the result
-            yield _Learners(_Site(cfg, intra=intra), torchrun=comm is not None, lead=intra is None or intra.rank == 0)
+            site = _Site(cfg, data=data, intra=intra)
+            yield _Learners(site, torchrun=comm is not None, lead=intra is None or intra.rank == 0)
             return
         if comm is None:  # threads: the syncer on a thread of this process, or a Ray actor
             with decoupled_syncer(cfg, template, fragments) as running:

@@ -186,22 +186,6 @@ def connect_learner(
 
 
 # -- the service's side ------------------------------------------------------
-def service_config(preset: dict[str, Any], extra: dict[str, Any]) -> Any:
-    """The run's config: the preset's base with ``method=decoupled``, then ``extra`` (``--set``), with the
-    syncer on Ray (``decoupled_transport=ray``)."""
-    from diloco.cli._common import resolve
-
-    method = extra.get("method", "decoupled")
-    if method != "decoupled":
-        raise ConfigError(f"method={method!r}: the syncer service runs method=decoupled; drop --set method")
-    transport = extra.get("decoupled_transport", "ray")
-    if transport != "ray":
-        raise ConfigError(
-            f"decoupled_transport={transport!r}: the syncer service is a Ray actor; drop --set decoupled_transport"
-        )
-    return resolve(preset, "decoupled", {**extra, "decoupled_transport": "ray"})
-
-
 def learner_command(
     *,
     preset: str,
@@ -337,7 +321,7 @@ def run_service(
     """``diloco syncer`` (module docstring): start (or resume) the run's syncer service in ``out``, monitor it
     until every learner has finished, write the run's results; returns the summary (also ``summary.json``).
 
-    ``cfg``: the run's config (:func:`service_config`); ``preset`` and ``overrides`` (the ``--set`` items) are
+    ``cfg``: the run's config (:func:`diloco.cli.syncer.service_config`); ``preset`` and ``overrides`` (the ``--set`` items) are
     what the printed learner commands repeat. ``node_ip_address``: the address a new local Ray instance
     advertises. A Ray instance this process already joined is used as it is."""
     out = Path(out)
@@ -513,6 +497,5 @@ __all__ = [
     "parse_syncer",
     "plan_out",
     "run_service",
-    "service_config",
     "write_final_checkpoint",
 ]

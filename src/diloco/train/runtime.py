@@ -97,11 +97,13 @@ class MethodRuntime:
         template: torch.nn.Module,
         fragments: list[list[str]] | None,
         out_dir: Path,
+        data: Any = None,
         comm: Any = None,
         intra: Any = None,
     ) -> Iterator[Session | None]:
         """The method's service for the ``with`` block: threads (``comm`` None) or this process of a torchrun job
-        (``comm``: the workers', ``intra``: this worker's ranks). None: the method has none."""
+        (``comm``: the workers', ``intra``: this worker's ranks); ``data``: the run's
+        :class:`~diloco.data.TokenData` (a service may check it). None: the method has none."""
         yield None
 
 

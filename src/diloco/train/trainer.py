@@ -252,7 +252,13 @@ class Trainer:
         """The runtime's session for the ``with`` block (:meth:`~diloco.train.runtime.MethodRuntime.session`),
         kept where the replicas' loops find it."""
         with self.runtime.session(
-            self.cfg, template=run.template, fragments=run.fragments, out_dir=self.out_dir, comm=comm, intra=intra
+            self.cfg,
+            template=run.template,
+            fragments=run.fragments,
+            out_dir=self.out_dir,
+            data=run.data,
+            comm=comm,
+            intra=intra,
         ) as session:
             self._session = session
             try:
