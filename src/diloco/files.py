@@ -39,7 +39,7 @@ def _read_umask() -> int:
 
 
 #: Read once at import: os.umask can only be read by setting it, which would race with other threads.
-_FILE_MODE = 0o666 & ~_read_umask()
+FILE_MODE = 0o666 & ~_read_umask()
 
 
 def default_cache_dir() -> Path:
@@ -58,7 +58,7 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, _FILE_MODE)  # mkstemp makes 0600; give the file the usual mode
+        os.chmod(tmp, FILE_MODE)  # mkstemp makes 0600; give the file the usual mode
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -75,7 +75,7 @@ def atomic_write_with(path: Path | str, write: Callable[[Any], None]) -> None:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, _FILE_MODE)
+        os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -3,6 +3,7 @@
 #
 #   OUT=DIR BUDGET=530 WORKERS=14 bash studies/frontier/gpu_sweep.sh
 #   GRID_LIST=FILE OUT=DIR ... bash studies/frontier/gpu_sweep.sh   # the grids named in FILE (one path a line), in order
+#                                                                    (e.g. studies/frontier/gpu-stage3-order.txt)
 #
 # Unpacks the corpus's token files (token_files.py wrote runs/frontier-tokens; train.bin travels as .xz), resumes
 # from studies/frontier/results-gpu.jsonl (copied to DIR), sweeps every GPU grid in order of need with WORKERS
@@ -24,6 +25,8 @@ elif [ -f studies/frontier/results-gpu.jsonl ]; then cp studies/frontier/results
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv 2>&1 | tail -n 2
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 (nvidia-smi dmon -s um -d 15 > "$OUT/gpu-util.log" 2>&1 &)
+# the grid files are not in git: write every GPU grid that ran (grids.jsonl) to grids/gpu/ first
+$PY studies/frontier/write_grids.py --files gpu/ > /dev/null || exit 1
 if [ -n "${GRID_LIST:-}" ]; then grids=$(sed 's/^/--grid /' "$GRID_LIST"); else
     grids=$($PY studies/frontier/gpu_grids.py | sed 's/^/--grid /'); fi
 start=$(date +%s)

@@ -13,16 +13,12 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from diloco.files import read_jsonl, write_json
+from diloco.studies.frontier import HERE, method_name
+
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(HERE))
 
-from report import method_name  # noqa: E402
-
-from diloco.files import read_jsonl, write_json  # noqa: E402
 
 CURVES = HERE / "eval-curves-gpu.json"
 SHOWN = {

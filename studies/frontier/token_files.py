@@ -18,12 +18,11 @@ import lzma
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "src"))
+from diloco.data.shards import TokenData
+from diloco.data.sources import load_token_files, prepare_data
+from diloco.files import atomic_write_bytes, default_cache_dir
 
-from diloco.data.shards import TokenData  # noqa: E402
-from diloco.data.sources import load_token_files, prepare_data  # noqa: E402
-from diloco.files import atomic_write_bytes, default_cache_dir  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 VOCAB = 4096
 

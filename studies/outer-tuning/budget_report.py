@@ -2,16 +2,16 @@
 its own budget, so its final gap is what a user training for that many tokens gets (the gap read off a long
 run's curve mid-way is not: its lr is still high there).
 
-    .venv/bin/python studies/outer-tuning/budget_report.py write      # budget-*.json grids (never rewritten)
+    .venv/bin/python studies/outer-tuning/budget_report.py write      # budget-* grids into grids.jsonl
     TC=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
-    LD_PRELOAD=$TC .venv/bin/python -m diloco sweep $(for g in studies/outer-tuning/budget-*.json; do \
-        echo --grid $g; done) --out studies/outer-tuning/results-budget.jsonl --workers 2
+    LD_PRELOAD=$TC .venv/bin/python -m diloco sweep $(.venv/bin/python studies/outer-tuning/stages.py grids \
+        budget- | sed 's/^/--grid /') --out studies/outer-tuning/results-cpu.jsonl --workers 2
     .venv/bin/python studies/outer-tuning/budget_report.py            # table, budget-summary.json, budget.png
 
 The settings are the cpu-0.25m long runs' at inner lr 8e-3, DP and Streaming alike, and DP also at 1.6e-2 (its best
-at 20 tokens per parameter; `budget-*-dp-lr0.016-*.json`): each Streaming run is reported against DP at
+at 20 tokens per parameter; grids `budget-*-dp-lr0.016-*`): each Streaming run is reported against DP at
 the same lr and against DP at its best lr at that budget;
-the 20 tokens-per-parameter point is those long runs (results-long*.jsonl / long-summary.json).
+the 20 tokens-per-parameter point is those long runs (their records in results-cpu.jsonl / long-summary.json).
 """
 
 from __future__ import annotations
@@ -20,36 +20,33 @@ import json
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).parent
+from diloco.studies.grid_files import append_grids, read_grids
+from diloco.studies.outer_tuning import GRIDS, HERE, records
+
 SIZE = "cpu-0.25m"
 BUDGETS = (5.0, 10.0, 40.0)  # tokens per parameter, beside the long runs' 20
 SOURCES = {  # method key -> the long run's grid whose settings every budget takes
-    "dp": f"long-{SIZE}-dp-lr0.008-seed0.json",
-    "streaming-m2-h30-fp4_e3m0": f"long-{SIZE}-streaming-m2-h30-fp4_e3m0-paper-lr0.008-seed0.json",
-    "streaming-m2-h100-fp4_e3m0": f"long-{SIZE}-streaming-m2-h100-fp4_e3m0-lr0.008-seed0.json",
+    "dp": f"long-{SIZE}-dp-lr0.008-seed0",
+    "streaming-m2-h30-fp4_e3m0": f"long-{SIZE}-streaming-m2-h30-fp4_e3m0-paper-lr0.008-seed0",
+    "streaming-m2-h100-fp4_e3m0": f"long-{SIZE}-streaming-m2-h100-fp4_e3m0-lr0.008-seed0",
 }
 SUMMARY = HERE / "budget-summary.json"
 TARGETS = {"streaming-m2-h30-fp4_e3m0": 1.0, "streaming-m2-h100-fp4_e3m0": 1.5}  # issue 15's loss targets, % vs DP
 
 
 def write() -> list[str]:
-    written = []
+    have, todo = read_grids(GRIDS), {}
     for key, src in SOURCES.items():
-        grid = json.loads((HERE / src).read_text())
+        grid = have[src]
         for tpp in BUDGETS:
-            path = HERE / f"budget-{SIZE}-{key}-tpp{tpp:g}.json"
-            if path.exists():  # a grid a sweep ran is a record: never rewritten
-                continue
-            g = {
+            todo[f"budget-{SIZE}-{key}-tpp{tpp:g}"] = {
                 **grid,
                 "_comment": f"Gap against the token budget: {src}'s settings at {tpp:g} tokens per "
                 "parameter (the cosine schedule completes at this budget).",
                 "tokens_per_param": tpp,
                 "base": {**grid["base"], "runs_dir": f"runs/outer-tuning/budget-{SIZE}"},
             }
-            path.write_text(json.dumps(g, indent=1) + "\n")
-            written.append(path.name)
-    return written
+    return append_grids(GRIDS, todo)  # a grid a sweep ran is a record: never rewritten
 
 
 def _key(rec: dict) -> str | None:
@@ -70,19 +67,15 @@ def _key(rec: dict) -> str | None:
 
 
 def collect() -> dict[str, dict[float, list[float]]]:
-    """{method key: {tokens per parameter: final eval losses (one per run)}} from every results file here."""
+    """{method key: {tokens per parameter: final eval losses (one per run)}} from the budget runs, the long runs
+    and the corpus check (every run but the staged search's)."""
     out: dict[str, dict[float, list[float]]] = {}
-    for path in sorted(HERE.glob("results-*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a line being written
-                continue
-            key = _key(rec)
-            if key is None or rec.get("eval_loss") is None:
-                continue
-            tpp = round(rec["tokens"] / rec["num_params"], 1)
-            out.setdefault(key, {}).setdefault(tpp, []).append(rec["eval_loss"])
+    for rec in records("budget", "corpus-check", "long"):
+        key = _key(rec)
+        if key is None or rec.get("eval_loss") is None:
+            continue
+        tpp = round(rec["tokens"] / rec["num_params"], 1)
+        out.setdefault(key, {}).setdefault(tpp, []).append(rec["eval_loss"])
     return out
 
 

@@ -1,6 +1,6 @@
 """Point 4 of issue 15: the long runs against DP, beside the targets; curves and gaps as JSON and a plot.
 
-    .venv/bin/python studies/outer-tuning/long_report.py      # reads results-long*.jsonl and the run folders
+    .venv/bin/python studies/outer-tuning/long_report.py      # reads the long runs of results-cpu.jsonl and the run folders
     .venv/bin/python studies/outer-tuning/long_report.py --markdown     # every setting's table (docs/results/tuning.md)
     .venv/bin/python studies/outer-tuning/long_report.py --best         # each method at its best (the README)
 
@@ -16,16 +16,14 @@ import json
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).parent
+from diloco.scaling.records import paper_table4
+from diloco.scaling.sweep import model_zoo_params  # N as the sweep counts it
+from diloco.studies.outer_tuning import HERE, method_key, records
+from diloco.traffic import exchange_bytes
+from diloco.train.compare import human_bytes  # the byte counts as the demo's table prints them
+
 ROOT = HERE.parents[1]
 SUMMARY = HERE / "long-summary.json"
-sys.path.insert(0, str(HERE))
-from stages import method_key  # noqa: E402
-
-from diloco.scaling.records import paper_table4  # noqa: E402
-from diloco.scaling.sweep import _model_zoo_params  # noqa: E402 - N as the sweep counts it
-from diloco.traffic import exchange_bytes  # noqa: E402
-from diloco.train.compare import _human  # noqa: E402 - the byte counts as the demo's table prints them
 
 
 def dp_bytes_at_m2(summary: dict) -> float | None:
@@ -58,12 +56,11 @@ def _rows(path: Path) -> list[dict]:
 
 
 def collect() -> list[dict]:
-    """One entry per long run: finished ones from results-long*.jsonl (one file per sweep that ran at the same
-    time as another: a sweep locks its output), unfinished ones from runs/."""
+    """One entry per long run: finished ones from results-cpu.jsonl (the records of runs folders
+    runs/outer-tuning/long-*), unfinished ones from runs/."""
     runs = {}
-    for path in sorted(HERE.glob("results-long*.jsonl")):
-        for rec in _rows(path):
-            runs[rec["run_id"]] = rec
+    for rec in records("long"):
+        runs[rec["run_id"]] = rec
     for cfg in sorted((ROOT / "runs" / "outer-tuning").glob("long-*/*/config.json")):
         run_id = cfg.parent.name
         if run_id not in runs:
@@ -95,7 +92,7 @@ def collect() -> list[dict]:
             }
             key = method_key(pseudo) if pseudo["method"] else "?"
             seed, size = config.get("seed"), config.get("size")
-            n = _model_zoo_params(size, config) if size else None
+            n = model_zoo_params(size, config) if size else None
         out.append(
             {
                 "run_id": run_id,
@@ -247,7 +244,7 @@ def markdown(runs: list[dict]) -> None:
             each = "" if len(rs) == 1 else " (" + " / ".join(f"{r['final_eval_loss']:.4f}" for r in rs) + ")"
             print(
                 f"| {NAMES.get(key, key)} | {lr:g} | {'–' if not outer else f'{outer[0]:g} / {outer[1]:g}'} | {warm} | "
-                f"{len(rs)} | {loss:.4f}{each} | {gap} | {_human(sent) if sent else '0'} | {fewer} |"
+                f"{len(rs)} | {loss:.4f}{each} | {gap} | {human_bytes(sent) if sent else '0'} | {fewer} |"
             )
 
 
@@ -420,7 +417,9 @@ def plot_gap_against_n(rows: list[dict], path: Path) -> None:
 def main() -> int:
     runs = collect()
     if not runs:
-        print("no long runs yet (studies/outer-tuning/stages.py write long; then run the long-*.json grids)")
+        print(
+            "no long runs yet (studies/outer-tuning/stages.py write long; then run the long-* grids: stages.py grids long-)"
+        )
         return 1
     if sys.argv[1:] == ["--markdown"]:
         markdown(runs)

@@ -4,7 +4,7 @@ A full factorial (inner lr x outer lr x outer momentum x warmup, per method) is 
 machine; this search goes one coordinate at a time, each stage at the previous stage's best, and
 brackets every optimum (a best value at the edge of what was tried gets the next value out):
 
-    stage 1  inner lr per method at outer lr 0.7 / Nesterov 0.5          (s1-*.json, written by hand)
+    stage 1  inner lr per method at outer lr 0.7 / Nesterov 0.5          (grids s1-*, written by hand)
     stage 2  outer lr {0.5, 0.7, 1.0} x outer momentum {0, 0.5, 0.9} at the stage-1 inner lr
     stage 3  warmup {15, 60} (30 so far) and inner lr x 1/2, x 2 at the best outer settings; an outer lr at
              the edge of stage 2's grid gets one more (x 1.4 or / 1.4)
@@ -20,36 +20,30 @@ brackets every optimum (a best value at the edge of what was tried gets the next
 
     .venv/bin/python studies/outer-tuning/stages.py table            # best per method so far
     .venv/bin/python studies/outer-tuning/stages.py plot             # search.png
-    .venv/bin/python studies/outer-tuning/stages.py write stage2     # -> s2-*.json (then run them)
-    .venv/bin/python studies/outer-tuning/stages.py write long       # point 4: long-*.json, 20 tokens/param
+    .venv/bin/python studies/outer-tuning/stages.py write stage2     # -> grids s2-* (then run them)
+    .venv/bin/python studies/outer-tuning/stages.py write long       # point 4: grids long-*, 20 tokens/param
+    .venv/bin/python studies/outer-tuning/stages.py grids s2-        # writes grids/s2-*.json for diloco sweep
 
-Every run is recorded in results.jsonl by ``diloco sweep`` (resumable); this script only reads it and
-writes grid files that do not exist yet (it never overwrites one).
+Every run is recorded in results-cpu.jsonl by ``diloco sweep`` (resumable; the search's runs are those of the
+runs folders runs/outer-tuning/s1- to s9-); this script only reads it and adds grids that do not exist yet to
+grids.jsonl (it never rewrites one).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-HERE = Path(__file__).parent
-RESULTS = HERE / "results.jsonl"
+from diloco.studies.grid_files import append_grids, read_grids, write_grid_files
+from diloco.studies.outer_tuning import GRIDS, HERE, method_key, records
+
 OUTER_LRS = (0.5, 0.7, 1.0)
 MOMENTA = (0.0, 0.5, 0.9)
 WARMUPS = (15, 60)
 BRACKET_STAGES = tuple(f"stage{i}" for i in range(4, 10))  # each one step past the edges left (write_bracket)
-
-
-def method_key(rec: dict) -> str:
-    """One name per method of the search: dp, diloco-m1-h30, diloco-m2-h10, streaming-m2-h30-fp4_e3m0, ..."""
-    if rec["method"] == "dp":
-        return "dp"
-    key = f"{rec['method']}-m{rec['replicas']}-h{rec['sync_every']}"
-    return key + (f"-{rec['base']['codec']}" if rec["method"] == "streaming" else "")
 
 
 def settings(rec: dict) -> tuple:
@@ -58,27 +52,22 @@ def settings(rec: dict) -> tuple:
     return (rec["inner_lr"], rec["outer_lr"], base.get("outer_momentum"), base.get("warmup_steps"))
 
 
-def load(path: Path = RESULTS) -> dict[str, dict[tuple, float]]:
+def load() -> dict[str, dict[tuple, float]]:
     """method key -> settings -> eval loss (diverged: inf). A setting run more than once (a later stage's grid
     may hold an earlier stage's best point; compiled bf16 runs are not bit-reproducible) gets the mean."""
     runs: dict[str, dict[tuple, list[float]]] = defaultdict(lambda: defaultdict(list))
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                rec = json.loads(line)
-                loss = rec.get("eval_loss")
-                runs[method_key(rec)][settings(rec)].append(math.inf if loss is None else float(loss))
+    for rec in records("search"):
+        loss = rec.get("eval_loss")
+        runs[method_key(rec)][settings(rec)].append(math.inf if loss is None else float(loss))
     return {k: {s: sum(v) / len(v) for s, v in by.items()} for k, by in runs.items()}
 
 
-def repeats(path: Path = RESULTS) -> list[tuple[str, tuple, list[float]]]:
+def repeats() -> list[tuple[str, tuple, list[float]]]:
     """Every setting run more than once, with its losses: the run-to-run noise of the search."""
     runs: dict[tuple, list[float]] = defaultdict(list)
-    for line in path.read_text().splitlines() if path.exists() else []:
-        if line.strip():
-            rec = json.loads(line)
-            if rec.get("eval_loss") is not None:
-                runs[(method_key(rec), settings(rec))].append(rec["eval_loss"])
+    for rec in records("search"):
+        if rec.get("eval_loss") is not None:
+            runs[(method_key(rec), settings(rec))].append(rec["eval_loss"])
     return [(k, s, v) for (k, s), v in runs.items() if len(v) > 1]
 
 
@@ -126,8 +115,9 @@ def table(results: dict[str, dict[tuple, float]]) -> None:
 
 def _template(key: str) -> dict:
     """The stage-1 grid a method key came from (its base settings and axes)."""
-    for path in sorted(HERE.glob("s1-*.json")):
-        grid = json.loads(path.read_text())
+    for name, grid in sorted(read_grids(GRIDS).items()):
+        if not name.startswith("s1-"):
+            continue
         for m in grid.get("replicas", [1]):
             for h in grid.get("sync_every", [None]):
                 rec = {"method": grid["methods"][0], "replicas": m, "sync_every": h, "base": grid["base"]}
@@ -137,12 +127,10 @@ def _template(key: str) -> dict:
 
 
 def _write(name: str, grid: dict, written: list[str]) -> None:
-    path = HERE / f"{name}.json"
-    if path.exists():
-        print(f"kept {path.name} (exists)")
+    if not append_grids(GRIDS, {name: grid}):
+        print(f"kept {name} (exists)")
         return
-    path.write_text(json.dumps(grid, indent=1) + "\n")
-    written.append(path.stem)
+    written.append(name)
 
 
 def write_stage2(results: dict[str, dict[tuple, float]]) -> list[str]:
@@ -413,7 +401,14 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("stage", choices=("stage2", "stage3", *BRACKET_STAGES, "long"))
     w.add_argument("--size", default="cpu-1m", help="long: the model size")
     w.add_argument("--tokens-per-param", type=float, default=20.0, help="long: tokens per parameter")
+    g = sub.add_parser("grids", help="write grids/NAME.json (for diloco sweep --grid) of the grids named PREFIX*")
+    g.add_argument("prefix", nargs="?", default="")
     args = ap.parse_args(argv)
+    if args.cmd == "grids":
+        names = [n for n in read_grids(GRIDS) if n.startswith(args.prefix)]
+        for path in write_grid_files(GRIDS, HERE / "grids", names):
+            print(path.relative_to(HERE.parents[1]))
+        return 0
     results = load()
     if args.cmd == "table":
         table(results)

@@ -68,8 +68,8 @@ def test_cache_dir_honours_env(monkeypatch, tmp_path):
 
 
 def test_atomic_writes_get_the_usual_mode(tmp_path):
-    from diloco.files import _FILE_MODE
+    from diloco.files import FILE_MODE
 
     p = tmp_path / "m.json"
     write_json(p, {"a": 1})
-    assert (p.stat().st_mode & 0o777) == _FILE_MODE
+    assert (p.stat().st_mode & 0o777) == FILE_MODE

@@ -1,22 +1,21 @@
-"""The frontier study's grid writer (studies/frontier/write_grids.py): the grids that probe another batch and
-that bracket each method's best inner lr, written from the report's rows."""
+"""The frontier study's grids (diloco.studies.frontier, written by studies/frontier/write_grids.py and
+gpu_grids.py): the grids that probe another batch and that bracket each method's best inner lr, written from the
+report's rows; and grids.jsonl, every grid the study's sweeps ran."""
 
-import importlib.util
+import json
 from pathlib import Path
 
 import pytest
+
+from diloco.studies import frontier
+from diloco.studies.grid_files import grid_text, read_grids, write_grid_files
 
 ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture(scope="module")
 def wg():
-    spec = importlib.util.spec_from_file_location(
-        "frontier_write_grids", ROOT / "studies" / "frontier" / "write_grids.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return frontier
 
 
 def _row(method, best, tried, batch=8, size="cpu-0.1m"):
@@ -60,31 +59,45 @@ def test_another_batch_at_each_methods_best_lr(wg):
 
 
 @pytest.fixture(scope="module")
-def gg(wg):
-    import sys
+def gg():
+    return frontier
 
-    sys.path.insert(0, str(ROOT / "studies" / "frontier"))
-    spec = importlib.util.spec_from_file_location("frontier_gpu_grids", ROOT / "studies" / "frontier" / "gpu_grids.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+
+def test_the_grids_file_holds_what_the_grid_writers_write():
+    """Every grid that write_grids.py (16 and 32 at each size) and gpu_grids.py (the first stage) write today is in
+    grids.jsonl as it ran, byte for byte; the others there were written by hand or from an earlier summary."""
+    committed = read_grids(frontier.GRIDS)
+    written = {name: g for size in frontier.INNER_LRS for name, g in frontier.grids(size, (16, 32)).items()}
+    written |= {f"gpu/{name}": g for name, g in frontier.gpu_grids("cpu-1m").items()}
+    by_hand = {"cpu-0.1m-b16-dp-muon"}  # widened by hand to a third lr (0.064) before it ran
+    ran = {name: g for name, g in written.items() if name in committed and name not in by_hand}
+    assert len(ran) >= 45 and len(committed) >= 300
+    assert {name: grid_text(g) for name, g in ran.items()} == {name: grid_text(committed[name]) for name in ran}
+
+
+def test_grid_files_are_written_back_as_they_ran_and_never_rewritten(tmp_path):
+    names = ["cpu-0.1m-b16-dp", "gpu/cpu-1m-b128-dp"]
+    paths = write_grid_files(frontier.GRIDS, tmp_path, names)
+    assert [p.relative_to(tmp_path).as_posix() for p in paths] == [f"{n}.json" for n in names]
+    assert json.loads(paths[1].read_text()) == read_grids(frontier.GRIDS)["gpu/cpu-1m-b128-dp"]
+    paths[0].write_text("{}\n")
+    write_grid_files(frontier.GRIDS, tmp_path, names)
+    assert paths[0].read_text() == "{}\n"
 
 
 def test_every_gpu_grid_is_its_cpu_grid_but_for_device_data_files_and_folder(wg, gg):
     """The GPU runs are the CPU study's runs: a grid of studies/frontier/grids/gpu differs from write_grids.py's grid
     of its method and batch only in the device, the corpus's token files, the runs folder, the lrs and the seed."""
-    import json
     import re
 
-    folder = ROOT / "studies" / "frontier" / "grids" / "gpu"
-    paths = sorted(folder.glob("*.json"))
-    assert len(paths) >= 60
+    committed = read_grids(frontier.GRIDS)
+    gpu = {name.removeprefix("gpu/"): g for name, g in committed.items() if name.startswith("gpu/")}
+    assert len(gpu) >= 60
     methods = sorted(wg.METHODS, key=len, reverse=True)
-    for path in paths:
-        grid = json.loads(path.read_text())
-        m = re.fullmatch(r"(cpu-[0-9.]+m)-b(\d+)-(.+?)(-lr[0-9.e-]+|-seed\d+)?", path.stem)
+    for stem, grid in sorted(gpu.items()):
+        m = re.fullmatch(r"(cpu-[0-9.]+m)-b(\d+)-(.+?)(-lr[0-9.e-]+|-seed\d+)?", stem)
         size, batch, method = m.group(1), int(m.group(2)), m.group(3)
-        assert method in methods, path.name
+        assert method in methods, stem
         cpu = wg.grids(size, (batch,))[f"{size}-b{batch}-{method}"]
         base = dict(grid["base"])
         assert base.pop("device") == "cuda"
@@ -92,15 +105,19 @@ def test_every_gpu_grid_is_its_cpu_grid_but_for_device_data_files_and_folder(wg,
         assert base.pop("runs_dir") == f"runs/frontier-gpu/{size}"
         cpu_base = dict(cpu["base"])
         assert cpu_base.pop("sources") == ["large"] and cpu_base.pop("runs_dir") == f"runs/frontier/{size}"
-        assert base == cpu_base, path.name
+        assert base == cpu_base, stem
         same = ("sizes", "global_batch", "tokens_per_param", "methods", "replicas", "sync_every", "outer_lr", "runner")
-        assert {k: grid[k] for k in same} == {k: cpu[k] for k in same}, path.name
+        assert {k: grid[k] for k in same} == {k: cpu[k] for k in same}, stem
         if m.group(4) and m.group(4).startswith("-seed"):
             assert grid["seed"] == int(m.group(4)[5:]) and len(grid["inner_lr"]) == 1
         else:
             assert grid["seed"] == 0
-    for order in folder.glob("order-*.txt"):
-        assert all((ROOT / line).exists() for line in order.read_text().split()), order.name
+    orders = sorted((ROOT / "studies" / "frontier").glob("gpu-stage*-order.txt"))
+    assert len(orders) == 2
+    for order in orders:
+        for line in order.read_text().split():
+            assert line.startswith("studies/frontier/grids/gpu/") and line.endswith(".json"), order.name
+            assert "gpu/" + line.removeprefix("studies/frontier/grids/gpu/").removesuffix(".json") in committed
 
 
 def _rec(method, batch, lr, loss, seed=0):

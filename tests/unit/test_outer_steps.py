@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,14 +23,9 @@ def _summary() -> dict:
 
 
 def _report_module():
-    sys.path.insert(0, str(STUDY))
-    try:
-        spec = importlib.util.spec_from_file_location("outer_steps_report", STUDY / "report.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(STUDY))
+    from diloco.studies import outer_steps_report
+
+    return outer_steps_report
 
 
 def test_the_rule_is_the_studys_summary():

@@ -207,18 +207,15 @@ def test_plan_without_the_newer_settings_is_the_papers(tmp_path, capsys, paper_l
 
 
 def _report():
-    import importlib.util
+    from diloco.studies import frontier_report
 
-    spec = importlib.util.spec_from_file_location("frontier_report", ROOT / "studies" / "frontier" / "report.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
-    return report
+    return frontier_report
 
 
 def test_the_frontier_report_says_when_a_verdict_rests_on_an_unbracketed_lr():
     """A target judged on rows whose inner lr was tried once, or whose best lr is at the edge of what was tried,
     names them: such a verdict is provisional."""
-    target = _report()._target
+    target = _report().target_verdict
     row = {"gap_pct": 2.0, "eval_loss": 4.0, "at_edge": False, "one_lr": False, "method": "eager"}
     ref = {"gap_pct": 1.8, "eval_loss": 3.99, "at_edge": False, "one_lr": False, "method": "streaming"}
     assert target(row, ref, 0.5).endswith("+0.20 points -> met (target <= +0.5)")

@@ -139,7 +139,7 @@ def _per_size(raw: Any, sizes: Sequence[str], what: str, kind: type = float) -> 
     return {s: values for s in sizes}
 
 
-def _model_zoo_params(size: str, base: Mapping[str, Any]) -> int | None:
+def model_zoo_params(size: str, base: Mapping[str, Any]) -> int | None:
     """Non-embedding parameters of a named size of ``diloco.models.sizes`` (e.g. "cpu-1m"), or None.
 
     Imported only when needed: it pulls in torch. The count does not depend on the vocabulary or
@@ -229,7 +229,7 @@ class GridSpec:
             return self.num_params[size]
         if size in SIZE_PARAMS:
             return SIZE_PARAMS[size]
-        counted = _model_zoo_params(size, self.base)
+        counted = model_zoo_params(size, self.base)
         if counted is not None:
             return counted
         raise ConfigError(

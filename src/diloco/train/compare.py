@@ -84,7 +84,7 @@ def add_relative_columns(rows: list[dict[str, Any]]) -> None:
         r["bytes_fewer_than_dp"] = (dp["bytes_sent_per_replica"] / sent) if sent else None
 
 
-def _human(n: float | None) -> str:
+def human_bytes(n: float | None) -> str:
     if n is None:
         return "-"
     for unit in ("B", "KB", "MB", "GB", "TB"):
@@ -105,9 +105,9 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
                 r["name"],
                 "-" if r["final_eval_loss"] is None else f"{r['final_eval_loss']:.4f}",
                 "-" if pct is None else f"{pct:+.2f}%",
-                _human(r["bytes_sent_per_replica"]),
+                human_bytes(r["bytes_sent_per_replica"]),
                 "-" if fewer is None else (f"{fewer:.0f}x" if fewer >= 10 else f"{fewer:.2f}x"),
-                _human(r["peak_bytes_per_sync"]),
+                human_bytes(r["peak_bytes_per_sync"]),
                 f"{r['wall_time_s']:.0f}s",
             ]
         )
