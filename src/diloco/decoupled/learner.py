@@ -318,12 +318,23 @@ class Learner(ReplicaAlgorithm):
             "versions": list(self.versions),
         }
 
+    @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` onto this learner, which has joined the syncer (its model's state loaded
+        first). The syncer's fragments, given on joining, replace the saved copy: a fragment of the same version
+        keeps the model's values and counters (the work done on it since, still on top of the global copy); a
+        fragment the syncer has merged since (without this learner: K < M) is overwritten as a reply would be,
+        its counters from zero. With K = M, saved right after a flush, every version matches: the learner goes
+        on exactly as it was (with a lossless codec the copies are the same values)."""
         self.step_count = int(state["step"])
         self.steps = [int(s) for s in state["steps"]]
         self.tokens = [float(c) for c in state["tokens"]]
-        self.base = [b.clone() for b in state["global"]]
-        self.versions = [int(v) for v in state.get("versions", self.versions)]
+        saved = [int(v) for v in state.get("versions", self.versions)]
+        assert len(saved) == len(self.fragments) == len(state["global"])
+        for p, version in enumerate(saved):
+            if version != self.versions[p]:  # stale: the syncer's values, as a reply would give them
+                merge_(self.fragments[p].params, self._views(self.base[p], p), self.merge_alpha)
+                self.steps[p], self.tokens[p] = 0, 0.0
 
 
 __all__ = ["Channel", "Learner"]

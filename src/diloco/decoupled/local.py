@@ -69,6 +69,11 @@ class LocalTransport:
         if self._aborted is not None:
             raise CommError(f"the run stopped on another learner: {self._aborted}")
 
+    def state_dict(self) -> dict[str, Any]:
+        """The syncer's :meth:`~diloco.decoupled.syncer.Syncer.state_dict`, read on its thread (between two of the
+        messages it serves)."""
+        return self._call(self.syncer.state_dict)
+
     def channel(self, learner: int) -> LocalChannel:
         return LocalChannel(self, learner)
 

@@ -183,6 +183,7 @@ class Syncer:
         self.joins: dict[int, int] = {}  # learner -> times it has joined
         self._last_sent: dict[int, int] = {}  # learner -> the step its latest report was sent after
         self._left: set[int] = set()  # learners that left (and have not joined again)
+        self._rejoining: set[int] = set()  # members of a restored run, to join again as at a first join
         self._rounds: dict[int, _Round] = {}
         self.records: list[MergeRecord] = []
         self.bytes_received = 0
@@ -198,6 +199,7 @@ class Syncer:
             raise ConfigError(f"learner={learner!r}: learners are numbered 0..{self.num_learners - 1}")
         again = learner in self.joins
         self._drop_reports(learner)
+        self._rejoining.discard(learner)
         self._last_sent.pop(learner, None)
         self._left.discard(learner)
         self.members.add(learner)
@@ -225,8 +227,14 @@ class Syncer:
     def _drop_reports(self, learner: int) -> None:
         """Its reports in open rounds go, and those rounds no longer wait for it (it is gone or starts afresh)."""
         for rnd in self._rounds.values():
-            if rnd.reports.pop(learner, None) is not None or learner in self.joins:
+            if rnd.reports.pop(learner, None) is not None or (learner in self.joins and learner not in self._rejoining):
                 rnd.excused.add(learner)
+
+    def expect_rejoins(self) -> None:
+        """The whole run restarts from this (restored) state: every member joins again, and the rounds opened
+        before one has are waited for as at a first join (:meth:`join`), so that the learners of a resumed run
+        stay in step however their threads or processes happen to start."""
+        self._rejoining = set(self.members)
 
     def expects(self, learner: int, fragment: int) -> bool:
         """Whether a report of ``fragment`` from ``learner`` waits in an open round (its reply is to come)."""
@@ -442,6 +450,7 @@ class Syncer:
         self.grace.load_state_dict(state["grace"])
         self._snapshot = [g.detach().clone() for g in self.global_flat]
         self._rounds = {}
+        self._rejoining = set()
         self.members = {int(m) for m in state["members"]}
         self.joins = {int(m): int(n) for m, n in state["joins"].items()}
         self._last_sent = {int(m): int(n) for m, n in state["last_sent"].items()}

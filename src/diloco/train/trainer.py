@@ -250,7 +250,13 @@ class Trainer:
         """The runtime's session for the ``with`` block (:meth:`~diloco.train.runtime.MethodRuntime.session`),
         kept where the replicas' loops find it."""
         with self.runtime.session(
-            self.cfg, template=run.template, fragments=run.fragments, out_dir=self.out_dir, comm=comm, intra=intra
+            self.cfg,
+            template=run.template,
+            fragments=run.fragments,
+            out_dir=self.out_dir,
+            comm=comm,
+            intra=intra,
+            start_step=run.start_step,
         ) as session:
             self._session = session
             try:
@@ -479,8 +485,12 @@ class Trainer:
     # -- checkpoints (diloco.train.replica_checkpoint); methods, so that a subclass can wrap them ---------------
     def _checkpoint(self, rep: Replica, run: Run, step: int) -> None:
         """Write this replica's state of ``step``; it is committed now or, written in the background, after the
-        next step (:func:`~diloco.train.replica_checkpoint.save`)."""
+        next step (:func:`~diloco.train.replica_checkpoint.save`). A method's session finishes what it must first
+        and writes its own state beside the replicas' (:meth:`~diloco.train.runtime.Session.save`)."""
         cfg = self.cfg
+        session = self._session
+        if session is not None:
+            rep.dropped += sum(len(r.dropped_replicas) for r in session.prepare_checkpoint(rep.algo))
         replica_checkpoint.save(
             rep,
             step,
@@ -488,6 +498,7 @@ class Trainer:
             record=replica_checkpoint.run_record(cfg, run),
             keep=cfg.keep_checkpoints,
             last=step >= cfg.total_steps,
+            extra=partial(session.save, self.out_dir, step) if session is not None else None,
         )
 
     def _restore_resized(self, rep: Replica, step: int, saved_replicas: int) -> None:
