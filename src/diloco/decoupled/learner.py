@@ -66,6 +66,10 @@ class Channel(Protocol):
     def leave(self) -> None:
         """Stop: the syncer no longer counts this learner."""
 
+    def hold(self, step: int) -> None:
+        """At a checkpoint after ``step``, every report up to it sent (and received by the syncer when this
+        returns): rounds of those steps do not wait for this learner (:meth:`~diloco.decoupled.syncer.Syncer.hold`)."""
+
 
 class Learner(ReplicaAlgorithm):
     """One learner of Decoupled DiLoCo (module docstring).
@@ -232,6 +236,12 @@ class Learner(ReplicaAlgorithm):
         """Wait for every reply still in flight and apply it now."""
         self._late.clear()
         return [self._overwrite(p, self.step_count) for p in sorted(self._in_flight)]
+
+    def settle(self) -> list[SyncReport]:
+        """At a checkpoint step, before :meth:`state_dict`: tell the syncer this learner holds here
+        (:meth:`Channel.hold`), then :meth:`flush`. A run without interruption settles at the same steps."""
+        self.channel.hold(self.step_count)
+        return self.flush()
 
     def close(self) -> list[SyncReport]:
         """Flush, then leave the syncer."""

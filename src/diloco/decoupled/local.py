@@ -160,6 +160,9 @@ class LocalChannel:
     def leave(self) -> None:
         self.transport._call(lambda: self.transport._dispatch(self.transport.syncer.leave(self.learner)))
 
+    def hold(self, step: int) -> None:  # after this learner's reports: the inbox keeps their order
+        self.transport._call(lambda: self.transport._dispatch(self.transport.syncer.hold(self.learner, step)))
+
 
 def run_learners(fn: Callable[[LocalChannel, int], T], transport: LocalTransport) -> list[T]:
     """Run ``fn(channel, learner)`` for every learner 0..M-1, one thread each; results in learner order.

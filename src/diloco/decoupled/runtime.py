@@ -77,7 +77,7 @@ class _Learners(Session):
         self.running.abort(reason)
 
     def prepare_checkpoint(self, algo: Any) -> list[Any]:
-        return algo.flush()  # every reply in flight applied: nothing of the learner's lives only in the syncer
+        return algo.settle()  # every reply in flight applied: nothing of the learner's lives only in the syncer
 
     def save(self, run_dir: Path, step: int) -> list[str]:
         # after the commit's barrier: every learner has flushed, no report is in flight

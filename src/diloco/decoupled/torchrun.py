@@ -73,6 +73,10 @@ class GroupChannel:
         if self.channel is not None:
             self.channel.leave()
 
+    def hold(self, step: int) -> None:
+        if self.channel is not None:
+            self.channel.hold(step)
+
 
 @contextlib.contextmanager
 def torchrun_syncer(
