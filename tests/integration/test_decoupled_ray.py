@@ -261,3 +261,27 @@ def test_diloco_chaos_on_the_command_line(local_ray, tmp_path, token_cache, caps
 
     kept, _ = kept_steps(read_learner_log(out / "learner-1.jsonl"))
     assert sorted(r["step"] for r in kept) == list(range(1, 31))
+
+
+def test_diloco_train_decoupled_on_ray_resumes_from_a_checkpoint_bit_identical(local_ray, tmp_path, token_cache):
+    """The syncer's state of a checkpoint is read from the actor (``state_dict``) and a resume restores it before
+    the learners join: with K = M the resumed run ends where the uninterrupted one does."""
+    import json
+
+    from _hooks import CrashAfter, SimulatedCrash
+
+    from diloco.train.config import TrainConfig, load_preset
+    from diloco.train.trainer import Trainer, train_model
+
+    base = {**load_preset("tiny")["base"], "method": "decoupled", "decoupled_transport": "ray", "merge": "mean"}
+    cfg = TrainConfig.from_dict({**base, "overlap_steps": 1, "num_fragments": 2, "steps": 16, "checkpoint_every": 8})
+    full = train_model(cfg, tmp_path / "full", cache_dir=token_cache, progress=False)
+    with pytest.raises(SimulatedCrash):
+        Trainer(
+            cfg, tmp_path / "cut", cache_dir=token_cache, progress=False, callbacks=[CrashAfter(12, replicas=2)]
+        ).run()
+    resumed = Trainer(cfg, tmp_path / "cut", cache_dir=token_cache, progress=False).run(resume=True)
+    assert math.isfinite(full.final_eval_loss) and resumed.final_eval_loss == full.final_eval_loss
+    rows = [(tmp_path / run / "merges.jsonl").read_text().splitlines() for run in ("full", "cut")]
+    assert len(rows[0]) == len(rows[1]) > 0
+    assert [json.loads(r)["learners"] for r in rows[0]] == [json.loads(r)["learners"] for r in rows[1]]

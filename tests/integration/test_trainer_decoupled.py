@@ -70,7 +70,6 @@ def test_decoupled_trains_the_tiny_model_and_logs_every_merge(tmp_path, cache):
         (dict(quorum=3), "quorum=3 with 2 learners"),
         (dict(merge="median"), "merge='median'"),
         (dict(grace_gamma=-0.5), "grace_gamma=-0.5"),
-        (dict(checkpoint_every=8), "checkpoint_every=8"),
         (dict(ranks_per_worker=2), "ranks_per_worker=2 with these settings yet: set decoupled_transport=ray"),
         (dict(overwrite_after="later"), "overwrite_after='later'"),
     ],
@@ -78,6 +77,15 @@ def test_decoupled_trains_the_tiny_model_and_logs_every_merge(tmp_path, cache):
 def test_decoupled_settings_are_checked_with_the_fix(kw, match):
     with pytest.raises(ValueError, match=match):
         tiny(method="decoupled", replicas=2, **kw)
+
+
+def test_decoupled_checkpoint_cadence_is_streamings():
+    """Checkpoints during a decoupled run (tests/integration/test_decoupled_resume.py): auto falls on sync
+    boundaries, as for streaming; an explicit cadence is taken as it is."""
+    for kw in (dict(sync_every=30), dict(sync_every=8, checkpoint_every=12), dict(checkpoint_every=0)):
+        streaming = tiny(method="streaming", **kw).checkpoint_interval
+        assert tiny(method="decoupled", **kw).checkpoint_interval == streaming
+    assert tiny(method="decoupled", sync_every=30).checkpoint_interval == 120
 
 
 def test_cli_train_method_decoupled(tmp_path, cache):

@@ -179,6 +179,9 @@ class _ScriptedChannel:
     def leave(self):
         pass
 
+    def hold(self, step):
+        pass
+
 
 @pytest.mark.parametrize("mode, overwritten_after", [("send", 10), ("arrival", 13)])
 def test_overwrite_tau_steps_after_sending_or_after_the_reply_arrives(mode, overwritten_after):

@@ -351,3 +351,27 @@ def test_outer_scale_share_makes_a_merge_of_k_of_m_learners_a_k_over_m_share_of_
     b = syncer._snapshot[0].clone()
     syncer.receive(_report(syncer, 0, 0, b + 0.5))  # one of two members merged: half an outer step
     assert torch.allclose(syncer._snapshot[0], b + 0.25)
+
+
+def test_learners_holding_at_a_checkpoint_release_a_round_of_earlier_steps_only():
+    """K = 2 of 3: learner 0's report after step 8 waits alone for a second one. Learners 1 and 2 holding at a
+    checkpoint after step 8 (they sent theirs already) release it; a report after step 12 (past their
+    checkpoint) waits for them again, and a restored syncer expects every member to join again as at first."""
+    syncer = _syncer(M=3, quorum=2)
+    for m in range(3):
+        syncer.join(m)
+    assert syncer.receive(_report(syncer, 0, 0, syncer._snapshot[0] + 0.5, steps=8)) == []
+    assert syncer.hold(1, 8) == [] and syncer.expects(0, 0)  # learner 2 may still report after step 8
+    replies = syncer.hold(2, 8)
+    assert [r.learner for r in replies] == [0] and syncer.records[-1].learners == (0,)
+    assert syncer.receive(_report(syncer, 0, 0, syncer._snapshot[0] + 0.5, steps=12)) == []
+    assert syncer.expects(0, 0)  # after step 12: learners 1 and 2 hold at 8 and will report again
+
+    restored = _syncer(M=3, quorum=2)
+    restored.load_state_dict(syncer.state_dict())
+    restored.expect_rejoins()
+    restored.join(0)
+    restored.receive(_report(restored, 0, 0, restored._snapshot[0] + 0.5, steps=16))
+    restored.join(1)  # joins again after the round opened: still waited for (a resumed run's learners start together)
+    assert restored._rounds[0].excused == set()  # (a learner's join again mid-run excuses it: see the test above)
+    assert restored.join(2).incarnation == 1 and restored._rounds[0].excused == set()

@@ -61,11 +61,6 @@ def decoupled_errors(cfg: Any) -> list[str]:
             cfg.ranks_per_worker != 1 and cfg.decoupled_transport != "ray" and not cfg.syncer,
             "decoupled_transport=ray (learners of several ranks, under torchrun), a syncer= to join, or ranks_per_worker=1",
         ),
-        (
-            "checkpoint_every",
-            cfg.checkpoint_every > 0,
-            "checkpoint_every=-1 or 0 (a decoupled run is checkpointed at its end only)",
-        ),
     ):
         if bad:
             errors.append(

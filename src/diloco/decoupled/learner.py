@@ -67,6 +67,10 @@ class Channel(Protocol):
     def leave(self) -> None:
         """Stop: the syncer no longer counts this learner."""
 
+    def hold(self, step: int) -> None:
+        """At a checkpoint after ``step``, every report up to it sent (and received by the syncer when this
+        returns): rounds of those steps do not wait for this learner (:meth:`~diloco.decoupled.syncer.Syncer.hold`)."""
+
 
 class Learner(ReplicaAlgorithm):
     """One learner of Decoupled DiLoCo (module docstring).
@@ -247,6 +251,12 @@ class Learner(ReplicaAlgorithm):
         self._late.clear()
         return [self._overwrite(p, self.step_count) for p in sorted(self._in_flight)]
 
+    def settle(self) -> list[SyncReport]:
+        """At a checkpoint step, before :meth:`state_dict`: tell the syncer this learner holds here
+        (:meth:`Channel.hold`), then :meth:`flush`. A run without interruption settles at the same steps."""
+        self.channel.hold(self.step_count)
+        return self.flush()
+
     def close(self) -> list[SyncReport]:
         """Flush, then leave the syncer."""
         reports = self.flush()
@@ -374,12 +384,23 @@ class Learner(ReplicaAlgorithm):
             "versions": list(self.versions),
         } | ({"error_feedback": self.error_feedback.state_dict()} if self.error_feedback is not None else {})
 
+    @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` onto this learner, which has joined the syncer (its model's state loaded
+        first). The syncer's fragments, given on joining, replace the saved copy: a fragment of the same version
+        keeps the model's values and counters (the work done on it since, still on top of the global copy); a
+        fragment the syncer has merged since (without this learner: K < M) is overwritten as a reply would be,
+        its counters from zero. With K = M, saved right after a flush, every version matches: the learner goes
+        on exactly as it was (with a lossless codec the copies are the same values)."""
         self.step_count = int(state["step"])
         self.steps = [int(s) for s in state["steps"]]
         self.tokens = [float(c) for c in state["tokens"]]
-        self.base = [b.clone() for b in state["global"]]
-        self.versions = [int(v) for v in state.get("versions", self.versions)]
+        saved = [int(v) for v in state.get("versions", self.versions)]
+        assert len(saved) == len(self.fragments) == len(state["global"])
+        for p, version in enumerate(saved):
+            if version != self.versions[p]:  # stale: the syncer's values, as a reply would give them
+                merge_(self._targets(p), self._views(self.base[p], p), self.merge_alpha)
+                self.steps[p], self.tokens[p] = 0, 0.0
         if self.error_feedback is not None and "error_feedback" in state:
             self.error_feedback.load_state_dict(state["error_feedback"])
 

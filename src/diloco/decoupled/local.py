@@ -69,6 +69,11 @@ class LocalTransport:
         if self._aborted is not None:
             raise CommError(f"the run stopped on another learner: {self._aborted}")
 
+    def state_dict(self) -> dict[str, Any]:
+        """The syncer's :meth:`~diloco.decoupled.syncer.Syncer.state_dict`, read on its thread (between two of the
+        messages it serves)."""
+        return self._call(self.syncer.state_dict)
+
     def channel(self, learner: int) -> LocalChannel:
         return LocalChannel(self, learner)
 
@@ -154,6 +159,9 @@ class LocalChannel:
 
     def leave(self) -> None:
         self.transport._call(lambda: self.transport._dispatch(self.transport.syncer.leave(self.learner)))
+
+    def hold(self, step: int) -> None:  # after this learner's reports: the inbox keeps their order
+        self.transport._call(lambda: self.transport._dispatch(self.transport.syncer.hold(self.learner, step)))
 
 
 def run_learners(fn: Callable[[LocalChannel, int], T], transport: LocalTransport) -> list[T]:

@@ -315,6 +315,9 @@ class SyncerActor:
             self._save()
         await self._deliver(replies)
 
+    async def hold(self, learner: int, step: int) -> None:
+        await self._deliver(self.syncer.hold(learner, step))
+
     async def records(self) -> list[MergeRecord]:
         return list(self.syncer.records)
 
@@ -494,6 +497,7 @@ class RayChannel:
         self._beating: threading.Thread | None = None
         self._replies: dict[int, Any] = {}  # fragment -> the reply's ObjectRef, asked for when the report is sent
         self._sent: dict[int, Report] = {}
+        self._delivered: dict[int, Any] = {}  # fragment -> the ObjectRef of its report call
         self.resent = 0
         self._tries = 0
 
@@ -504,7 +508,7 @@ class RayChannel:
 
     def send(self, report: Report) -> None:
         self._sent[report.fragment] = report
-        self.actor.report.remote(report)  # not waited on: the learner trains on
+        self._delivered[report.fragment] = self.actor.report.remote(report)  # not waited on: the learner trains on
         self._replies[report.fragment] = self.actor.wait_reply.remote(self.learner, report.fragment, time.time())
 
     def _resend(self, fragment: int) -> None:
@@ -560,6 +564,12 @@ class RayChannel:
             return
         done = True if finished is None else finished
         ray.get(self.actor.leave.remote(self.learner, done, self.session))
+
+    def hold(self, step: int) -> None:
+        # Ray does not keep the order of calls to an async actor: the reports first
+        ray.get(list(self._delivered.values()))
+        self._delivered.clear()
+        ray.get(self.actor.hold.remote(self.learner, step))
 
 
 def connect(

@@ -6,6 +6,13 @@ The trainer runs the learners as its replicas, with its one loop; this runtime a
 :class:`~diloco.decoupled.learner.Learner` on a channel to it, keeps each learner's rows
 (``learner-<m>.jsonl``), writes ``merges.jsonl`` at the end and hands the trainer the syncer's final global
 parameters (the run's final loss is theirs) with the learners' goodput and waiting shares.
+
+Checkpoints: at a checkpoint step each learner applies every reply in flight (:meth:`Learner.flush
+<diloco.decoupled.learner.Learner.flush>`; a run without interruption does so too) before the trainer saves its
+state; once every learner's file is written the lead saves the syncer's state as ``syncer.pt`` in the step's
+folder (:data:`SYNCER_FILE`, listed in the step's record). A resumed run rebuilds the syncer from that file
+before any learner joins; each learner then joins again and restores its own state
+(:meth:`~diloco.decoupled.learner.Learner.load_state_dict`).
 """
 
 from __future__ import annotations
@@ -26,14 +33,36 @@ from diloco.decoupled.trainer import (
     write_merges,
 )
 from diloco.errors import ConfigError
+from diloco.files import atomic_write_with
+from diloco.train import checkpoint as ckpt
 from diloco.train.runtime import MethodRuntime, ReplicaLog, Session
+
+#: The syncer's state in a step's checkpoint folder.
+SYNCER_FILE = "syncer.pt"
+
+
+def load_syncer_state(out_dir: Path, step: int) -> dict[str, Any]:
+    """The syncer's state saved with checkpoint ``step`` of the run in ``out_dir`` (``weights_only=True``)."""
+    path = ckpt.step_dir(out_dir, step) / SYNCER_FILE
+    if not path.is_file():
+        raise ckpt.CheckpointError(
+            f"checkpoint {ckpt.step_dir(out_dir, step)} holds no syncer state ({path.name} missing): this decoupled "
+            f"run cannot resume from it; start afresh with --overwrite or train into another --out"
+        )
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ckpt.CheckpointError(
+            f"the syncer state {path} does not load ({type(exc).__name__}); delete {ckpt.step_dir(out_dir, step)} "
+            f"and its record to resume from the checkpoint before it, or start afresh with --overwrite"
+        ) from None
 
 
 class _Learners(Session):
     """The learners' side of a running syncer (``running``: a :class:`~diloco.decoupled.trainer.RunningSyncer`)."""
 
-    def __init__(self, running: Any, *, torchrun: bool = False, lead: bool = True) -> None:
-        self.running, self.torchrun, self.lead = running, torchrun, lead
+    def __init__(self, running: Any, *, torchrun: bool = False, lead: bool = True, start_step: int = 0) -> None:
+        self.running, self.torchrun, self.lead, self.start_step = running, torchrun, lead, start_step
         self.final: dict[str, Any] = {}
 
     def algorithm(
@@ -44,10 +73,20 @@ class _Learners(Session):
         )
 
     def replica_log(self, out_dir: Path, replica: int, *, append: bool) -> ReplicaLog:
-        return LearnerLog(out_dir, replica, append=append)
+        return LearnerLog(out_dir, replica, append=append, after_step=self.start_step)
 
     def abort(self, reason: str) -> None:
         self.running.abort(reason)
+
+    def prepare_checkpoint(self, algo: Any) -> list[Any]:
+        return algo.settle()  # every reply in flight applied: nothing of the learner's lives only in the syncer
+
+    def save(self, run_dir: Path, step: int) -> list[str]:
+        # after the commit's barrier: every learner has flushed, no report is in flight
+        assert self.running.state is not None, "this transport cannot read the syncer's state"
+        state = self.running.state()
+        atomic_write_with(ckpt.step_dir(run_dir, step) / SYNCER_FILE, lambda f: torch.save(state, f))
+        return [SYNCER_FILE]
 
     def final_parameters(self) -> dict[str, torch.Tensor] | None:
         return self.final.get("global")
@@ -61,6 +100,14 @@ class _Learners(Session):
 
     def result_fields(self, learners: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return {"goodput": learner_goodput(learners), "wait_share": learner_wait_shares(learners)}
+
+
+class _SiteLearner(_Learners):
+    """A site job's learner: the syncer is a service of its own that checkpoints itself, so a checkpoint of the
+    site holds the learner alone (and a resume takes the service's current fragments on joining again)."""
+
+    def save(self, run_dir: Path, step: int) -> list[str]:
+        return []
 
 
 class _Site:
@@ -128,14 +175,18 @@ class DecoupledRuntime(MethodRuntime):
         data: Any = None,
         comm: Any = None,
         intra: Any = None,
+        start_step: int = 0,
     ) -> Iterator[Session]:
         if cfg.syncer:  # a site job: one learner joining a running syncer, which keeps the merges and the result
             site = _Site(cfg, data=data, intra=intra)
-            yield _Learners(site, torchrun=comm is not None, lead=intra is None or intra.rank == 0)
+            yield _SiteLearner(
+                site, torchrun=comm is not None, lead=intra is None or intra.rank == 0, start_step=start_step
+            )
             return
         if comm is None:  # threads: the syncer on a thread of this process, or a Ray actor
-            with decoupled_syncer(cfg, template, fragments) as running:
-                learners = _Learners(running)
+            state = load_syncer_state(out_dir, start_step) if start_step > 0 else None
+            with decoupled_syncer(cfg, template, fragments, state=state) as running:
+                learners = _Learners(running, start_step=start_step)
                 yield learners
                 write_merges(Path(out_dir) / "merges.jsonl", running.records())
                 learners.final["global"] = running.global_parameters()
@@ -143,8 +194,9 @@ class DecoupledRuntime(MethodRuntime):
         from diloco.decoupled.torchrun import torchrun_syncer
 
         lead = intra is None or intra.rank == 0
-        with torchrun_syncer(cfg, template, fragments, worker=comm.rank, intra=intra) as (running, final):
-            learners = _Learners(running, torchrun=True, lead=lead)
+        state = load_syncer_state(out_dir, start_step) if start_step > 0 and comm.rank == 0 and lead else None
+        with torchrun_syncer(cfg, template, fragments, worker=comm.rank, intra=intra, state=state) as (running, final):
+            learners = _Learners(running, torchrun=True, lead=lead, start_step=start_step)
             yield learners
         if "records" in final:  # worker 0's lead, once every process has finished
             write_merges(Path(out_dir) / "merges.jsonl", final["records"])
@@ -154,4 +206,4 @@ class DecoupledRuntime(MethodRuntime):
 #: What :func:`diloco.train.runtime.runtime_for` loads for ``method='decoupled'``.
 RUNTIME = DecoupledRuntime()
 
-__all__ = ["RUNTIME", "DecoupledRuntime"]
+__all__ = ["RUNTIME", "SYNCER_FILE", "DecoupledRuntime", "load_syncer_state"]

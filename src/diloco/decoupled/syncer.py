@@ -183,6 +183,8 @@ class Syncer:
         self.joins: dict[int, int] = {}  # learner -> times it has joined
         self._last_sent: dict[int, int] = {}  # learner -> the step its latest report was sent after
         self._left: set[int] = set()  # learners that left (and have not joined again)
+        self._rejoining: set[int] = set()  # members of a restored run, to join again as at a first join
+        self._holding: dict[int, int] = {}  # learner -> the step of the checkpoint it holds at (see hold)
         self._rounds: dict[int, _Round] = {}
         self.records: list[MergeRecord] = []
         self.bytes_received = 0
@@ -198,6 +200,8 @@ class Syncer:
             raise ConfigError(f"learner={learner!r}: learners are numbered 0..{self.num_learners - 1}")
         again = learner in self.joins
         self._drop_reports(learner)
+        self._rejoining.discard(learner)
+        self._holding.pop(learner, None)
         self._last_sent.pop(learner, None)
         self._left.discard(learner)
         self.members.add(learner)
@@ -218,15 +222,36 @@ class Syncer:
         self._base.pop(learner, None)
         self._held.pop(learner, None)
         self._last_sent.pop(learner, None)
+        self._holding.pop(learner, None)
         self._drop_reports(learner)
         self._left.add(learner)
         return self.poll()
 
+    def hold(self, learner: int, step: int) -> list[Reply]:
+        """Learner ``learner`` is at a checkpoint after its step ``step``: it has sent every report of its steps up
+        to ``step`` and sends no more until every learner has saved. A round whose reports were all sent after
+        steps up to ``step`` no longer waits for it (it could not report there before the others' checkpoint ends:
+        with K < M a learner behind would wait for it, and it for them). With K = M no such round is open (the
+        learner applied every reply of those steps first), so no merge changes."""
+        self._holding[learner] = int(step)
+        return self.poll()
+
+    def _held_off(self, rnd: _Round) -> set[int]:
+        """The learners holding at a checkpoint that this round's reports came before (:meth:`hold`)."""
+        latest = max(r.sent_after_step for r in rnd.reports.values())
+        return {m for m, step in self._holding.items() if latest <= step and m not in rnd.reports}
+
     def _drop_reports(self, learner: int) -> None:
         """Its reports in open rounds go, and those rounds no longer wait for it (it is gone or starts afresh)."""
         for rnd in self._rounds.values():
-            if rnd.reports.pop(learner, None) is not None or learner in self.joins:
+            if rnd.reports.pop(learner, None) is not None or (learner in self.joins and learner not in self._rejoining):
                 rnd.excused.add(learner)
+
+    def expect_rejoins(self) -> None:
+        """The whole run restarts from this (restored) state: every member joins again, and the rounds opened
+        before one has are waited for as at a first join (:meth:`join`), so that the learners of a resumed run
+        stay in step however their threads or processes happen to start."""
+        self._rejoining = set(self.members)
 
     def expects(self, learner: int, fragment: int) -> bool:
         """Whether a report of ``fragment`` from ``learner`` waits in an open round (its reply is to come)."""
@@ -260,7 +285,7 @@ class Syncer:
             rnd = self._rounds[p]
             if not rnd.reports:
                 continue
-            expected = set(range(self.num_learners)) - self._left - rnd.excused
+            expected = set(range(self.num_learners)) - self._left - rnd.excused - self._held_off(rnd)
             if rnd.quorum_at is None and len(rnd.reports) >= min(self.quorum, max(len(expected), 1)):
                 rnd.quorum_at = now
                 self.grace.observe(quorum_time=now - rnd.opened_at)
@@ -442,6 +467,7 @@ class Syncer:
         self.grace.load_state_dict(state["grace"])
         self._snapshot = [g.detach().clone() for g in self.global_flat]
         self._rounds = {}
+        self._rejoining, self._holding = set(), {}
         self.members = {int(m) for m in state["members"]}
         self.joins = {int(m): int(n) for m, n in state["joins"].items()}
         self._last_sent = {int(m): int(n) for m, n in state["last_sent"].items()}

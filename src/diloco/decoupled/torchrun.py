@@ -73,10 +73,20 @@ class GroupChannel:
         if self.channel is not None:
             self.channel.leave()
 
+    def hold(self, step: int) -> None:
+        if self.channel is not None:
+            self.channel.hold(step)
+
 
 @contextlib.contextmanager
 def torchrun_syncer(
-    cfg: Any, template: nn.Module, fragments: list[list[str]] | None, *, worker: int, intra: Any = None
+    cfg: Any,
+    template: nn.Module,
+    fragments: list[list[str]] | None,
+    *,
+    worker: int,
+    intra: Any = None,
+    state: dict[str, Any] | None = None,
 ) -> Iterator[Any]:
     """The running syncer for this process of a torchrun job (``method='decoupled'``; see the module docstring).
 
@@ -84,7 +94,8 @@ def torchrun_syncer(
     ``(running, final)``: a :class:`~diloco.decoupled.trainer.RunningSyncer` whose ``channel(m)`` is this
     rank's channel for learner ``m``, and a dict that, once the block has ended without an error and every
     process has reached its end (a barrier: no learner still talks to the syncer), holds on worker 0's lead
-    rank the syncer's merge ``records`` and final ``global`` parameters; the actor is stopped then."""
+    rank the syncer's merge ``records`` and final ``global`` parameters; the actor is stopped then. ``state``
+    (worker 0's lead, a resumed run): the syncer's saved state, restored before the actor starts."""
     from diloco.decoupled.trainer import RunningSyncer, make_syncer
 
     if cfg.decoupled_transport != "ray":
@@ -106,7 +117,8 @@ def torchrun_syncer(
             from diloco.decoupled.ray_transport import start_syncer
 
             name = f"diloco-syncer-{uuid.uuid4().hex[:12]}"
-            handle = start_syncer(make_syncer(cfg, template, fragments), name=name, address=cfg.ray_address or None)
+            syncer = make_syncer(cfg, template, fragments, state=state)
+            handle = start_syncer(syncer, name=name, address=cfg.ray_address or None)
             # Ray's token authentication (on for a new local instance) is read from the environment when Ray is
             # imported: the other leads take this process's setting before they import it (the token itself they
             # read where Ray keeps it: ~/.ray/auth_token, or RAY_AUTH_TOKEN)
@@ -138,6 +150,7 @@ def torchrun_syncer(
                 channel,
                 lambda: ray.get(handle.records.remote()),
                 lambda: ray.get(handle.global_named_parameters.remote()),
+                state=lambda: ray.get(handle.state_dict.remote()),
             ),
             final,
         )

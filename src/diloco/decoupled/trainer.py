@@ -32,7 +32,9 @@ def _outer(cfg: Any):
 
 
 class RunningSyncer:
-    """What the trainer holds while a decoupled run is on: a channel per learner and, after, the merges."""
+    """What the trainer holds while a decoupled run is on: a channel per learner, the syncer's state (for a
+    checkpoint: :meth:`~diloco.decoupled.syncer.Syncer.state_dict`, read safely while it runs) and, after, the
+    merges."""
 
     def __init__(
         self,
@@ -40,14 +42,20 @@ class RunningSyncer:
         records: Callable[[], list[MergeRecord]],
         global_parameters: Callable[[], dict[str, torch.Tensor]],
         abort: Callable[[str], None] = lambda reason: None,
+        state: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.channel, self.records, self.global_parameters = channel, records, global_parameters
         self.abort = abort  # the run stops (a learner diverged): learners waiting for replies stop too
+        self.state = state
 
 
-def make_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] | None = None) -> Syncer:
-    """The config's syncer, holding ``template``'s parameters as the initial global ones."""
-    return Syncer(
+def make_syncer(
+    cfg: Any, template: nn.Module, fragments: list[list[str]] | None = None, *, state: dict[str, Any] | None = None
+) -> Syncer:
+    """The config's syncer, holding ``template``'s parameters as the initial global ones; ``state``: a resumed
+    run's (:meth:`~diloco.decoupled.syncer.Syncer.state_dict` of a checkpoint), restored, every learner expected
+    to join again (:meth:`~diloco.decoupled.syncer.Syncer.expect_rejoins`)."""
+    syncer = Syncer(
         template,
         num_learners=cfg.replicas,
         quorum=cfg.quorum or cfg.replicas,
@@ -65,14 +73,26 @@ def make_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] | None
         guard=cfg.guard,
         guard_ratio=cfg.guard_ratio,
     )
+    if state is not None:
+        learners = sorted(int(m) for m in state["joins"])
+        if learners != list(range(cfg.replicas)):
+            raise ConfigError(
+                f"the syncer's saved state is of learners {learners}, this run has replicas={cfg.replicas}: "
+                f"resume a decoupled run with the replicas it was written with"
+            )
+        syncer.load_state_dict(state)
+        syncer.expect_rejoins()
+    return syncer
 
 
 @contextlib.contextmanager
-def decoupled_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] | None) -> Iterator[RunningSyncer]:
-    """The config's syncer (from the run's initial model) for the ``with`` block: on a thread of this process
-    (``decoupled_transport='threads'``) or as a named Ray actor (``'ray'``, on the cluster at ``ray_address``,
-    else a local Ray instance), which is stopped at the end."""
-    syncer = make_syncer(cfg, template, fragments)
+def decoupled_syncer(
+    cfg: Any, template: nn.Module, fragments: list[list[str]] | None, *, state: dict[str, Any] | None = None
+) -> Iterator[RunningSyncer]:
+    """The config's syncer (from the run's initial model, or restored from ``state``: :func:`make_syncer`) for the
+    ``with`` block: on a thread of this process (``decoupled_transport='threads'``) or as a named Ray actor
+    (``'ray'``, on the cluster at ``ray_address``, else a local Ray instance), which is stopped at the end."""
+    syncer = make_syncer(cfg, template, fragments, state=state)
     if cfg.decoupled_transport == "ray":
         try:
             import ray
@@ -89,6 +109,7 @@ def decoupled_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] |
                 lambda m: RayChannel(handle, m),
                 lambda: ray.get(handle.records.remote()),
                 lambda: ray.get(handle.global_named_parameters.remote()),
+                state=lambda: ray.get(handle.state_dict.remote()),
             )
         finally:
             ray.kill(handle)
@@ -99,6 +120,7 @@ def decoupled_syncer(cfg: Any, template: nn.Module, fragments: list[list[str]] |
             lambda: list(transport.syncer.records),
             transport.syncer.global_named_parameters,
             transport.abort,
+            state=transport.state_dict,
         )
 
 
@@ -208,11 +230,15 @@ def chaos_run(
 class LearnerLog:
     """``learner-<m>.jsonl`` of a ``diloco train`` run: one row per step of learner ``m``
     (:func:`diloco.decoupled.chaos.step_row`: tokens, loss, staleness, seconds waited, fragments received),
-    written by its lead rank; the weight each merge gave it is in ``merges.jsonl``."""
+    written by its lead rank; the weight each merge gave it is in ``merges.jsonl``. ``append`` (a resumed run,
+    from step ``after_step``): the rows of later steps, written before the run was stopped, are dropped first."""
 
-    def __init__(self, out_dir: Path, learner: int, *, append: bool) -> None:
+    def __init__(self, out_dir: Path, learner: int, *, append: bool, after_step: int = 0) -> None:
         self.learner = learner
-        self._file = open(Path(out_dir) / f"learner-{learner}.jsonl", "a" if append else "w", buffering=1)
+        path = Path(out_dir) / f"learner-{learner}.jsonl"
+        if append and path.exists():
+            _keep_rows_through(path, after_step)
+        self._file = open(path, "a" if append else "w", buffering=1)
         self._waited = 0.0
 
     def add(self, algo: Learner, step: int, out: Any) -> None:
@@ -240,6 +266,17 @@ class LearnerLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _keep_rows_through(path: Path, step: int) -> None:
+    """Rewrite the JSONL file ``path`` (atomically) keeping its whole rows of steps up to ``step``."""
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break  # cut by the kill mid-write
+        if int(json.loads(line)["step"]) <= step:
+            rows.append(line)
+    atomic_write_bytes(path, "".join(rows).encode("utf-8"))
 
 
 def learner_goodput(results: Sequence[dict[str, Any]]) -> float | None:

@@ -4,6 +4,7 @@ Layout in a run directory::
 
     checkpoints/step-00000480/replica-0.pt   # one file per replica, each written atomically
     checkpoints/step-00000480/replica-1.pt
+    checkpoints/step-00000480/syncer.pt       # a method's own state beside the replicas' (decoupled: the syncer)
     checkpoints/step-00000480.json           # {"step": 480, "config": ..., "files": {name: {bytes, sha256}}}
     checkpoints/step-00000360/...            # the one before (the last K = keep_checkpoints are kept)
     checkpoints/step-00000360.json
@@ -12,7 +13,9 @@ Layout in a run directory::
 Every replica writes its own file (temporary file, fsync, rename); after a
 barrier, replica 0 records the step (with each file's size and SHA-256),
 points ``latest.json`` at it, and only then deletes steps older than the last
-K. A crash at any moment leaves ``latest.json`` naming a complete checkpoint.
+K. A crash at any moment leaves ``latest.json`` naming a complete checkpoint. A method with a service of its
+own (:mod:`diloco.train.runtime`) writes its state into the step's folder after the barrier, before the record:
+the record lists those files too, so they are checked, kept and deleted with the step.
 
 Resuming (:func:`find_resumable`) takes the newest recorded step whose files
 all match their records; a damaged newest one (a disk error, a truncated copy)
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,9 +82,9 @@ def _digest(path: Path) -> dict[str, Any]:
     return {"bytes": size, "sha256": h.hexdigest()}
 
 
-def commit(run_dir: Path, step: int, meta: dict[str, Any], *, keep: int = 2) -> None:
+def commit(run_dir: Path, step: int, meta: dict[str, Any], *, keep: int = 2, extra: Sequence[str] = ()) -> None:
     """Replica 0, after every replica saved ``step``: record the files' digests, make ``step`` the latest,
-    and keep only the last ``keep`` steps."""
+    and keep only the last ``keep`` steps. ``extra``: more files of the step's folder to record (by name)."""
     if keep < 1:
         raise ConfigError(f"keep={keep}: keep at least the checkpoint just written")
     n = int(meta.get("num_replicas", 1))
@@ -94,6 +98,9 @@ def commit(run_dir: Path, step: int, meta: dict[str, Any], *, keep: int = 2) -> 
         }
     else:
         files = {f"replica-{r}.pt": _digest(_replica_file(run_dir, step, r)) for r in range(n)}
+    for name in extra:
+        assert name not in files, f"{name} is a replica's file"
+        files[name] = _digest(step_dir(run_dir, step) / name)
     body = {"step": step, **meta, "files": files}
     write_json(_meta_file(run_dir, step), body)
     write_json(checkpoint_dir(run_dir) / "latest.json", body)
@@ -131,13 +138,16 @@ def discard_uncommitted(run_dir: Path, step: int) -> list[int]:
     return gone
 
 
-def verify_files(run_dir: Path, step: int, meta: dict[str, Any]) -> None:
-    """Check every file of a sharded (DCP) checkpoint against the size and SHA-256 in its record."""
+def verify_files(run_dir: Path, step: int, meta: dict[str, Any], *, names: Sequence[str] | None = None) -> None:
+    """Check every file of a sharded (DCP) checkpoint against the size and SHA-256 in its record (``names``: only
+    those files)."""
     root = step_dir(run_dir, step)
     files = meta.get("files") or {}
     if not files:
         raise CheckpointError(f"the record of {root} lists no files")
     for name, want in files.items():
+        if names is not None and name not in names:
+            continue
         path = root / name
         if not path.is_file():
             raise CheckpointError(f"checkpoint file {path} is missing")
@@ -236,8 +246,11 @@ def find_resumable(run_dir: Path) -> Resumable:
             if meta.get("format") == "dcp":
                 verify_files(run_dir, step, meta)
             else:
-                for rank in range(int(meta.get("num_replicas", 1))):
+                n = int(meta.get("num_replicas", 1))
+                for rank in range(n):
                     verify_replica(run_dir, rank, step, meta)
+                replicas = {f"replica-{r}.pt" for r in range(n)}
+                verify_files(run_dir, step, meta, names=[f for f in meta.get("files", {}) if f not in replicas])
         except (CheckpointError, ValueError, KeyError, TypeError) as exc:
             skipped.append(f"step {step}: {exc}")
             continue

@@ -391,11 +391,9 @@ class TrainConfig:
         """Steps between checkpoints (0: only at the end).
 
         ``checkpoint_every = -1`` (auto): every :data:`AUTO_CHECKPOINT_STEPS` steps for data-parallel;
-        for DiLoCo and streaming the first multiple of ``sync_every`` at or above it, so checkpoints
+        for DiLoCo, streaming and decoupled the first multiple of ``sync_every`` at or above it, so checkpoints
         fall on outer-sync boundaries. A kill -9 then loses at most that many steps.
         """
-        if self.method == "decoupled":  # the syncer's state is not checkpointed yet: only the end
-            return 0
         if self.checkpoint_every >= 0:
             return self.checkpoint_every
         if self.method == "dp":

@@ -15,6 +15,7 @@ module is the trainer's side of them, for one :class:`~diloco.train.replica.Repl
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,19 @@ def run_record(cfg: TrainConfig, run: Run) -> dict[str, Any]:
     }
 
 
-def save(rep: Replica, step: int, *, run_dir: Path, record: dict[str, Any], keep: int, last: bool) -> None:
+def save(
+    rep: Replica,
+    step: int,
+    *,
+    run_dir: Path,
+    record: dict[str, Any],
+    keep: int,
+    last: bool,
+    extra: Callable[[], Sequence[str]] | None = None,
+) -> None:
     """Every replica writes its file (sharded workers: every rank its shards); after a barrier replica 0
-    makes ``step`` the latest (:func:`commit`), keeping the last ``keep`` steps.
+    makes ``step`` the latest (:func:`commit`), keeping the last ``keep`` steps. ``extra`` (replica 0, after
+    the barrier): writes more files into the step's folder and names them, for the record.
 
     A background write (sharded, ``checkpoint_async``) that is not the ``last`` step's is committed after the
     next step instead (its writes overlap that step): it waits in ``rep.writing`` until then.
@@ -75,20 +86,31 @@ def save(rep: Replica, step: int, *, run_dir: Path, record: dict[str, Any], keep
     elif state is not None:  # a worker's replicated ranks hold one state: its first rank writes it
         ckpt.save_replica(run_dir, step, rep.rank, state)
     if writing is not None and not last:
+        assert extra is None, "a background checkpoint with files of the method's own is not built"
         rep.writing = (step, writing, record)  # committed after the next step (the writes overlap it)
     else:
-        commit(rep, step, writing, record, run_dir=run_dir, keep=keep)
+        commit(rep, step, writing, record, run_dir=run_dir, keep=keep, extra=extra)
 
 
-def commit(rep: Replica, step: int, writing: Any, record: dict[str, Any], *, run_dir: Path, keep: int) -> None:
+def commit(
+    rep: Replica,
+    step: int,
+    writing: Any,
+    record: dict[str, Any],
+    *,
+    run_dir: Path,
+    keep: int,
+    extra: Callable[[], Sequence[str]] | None = None,
+) -> None:
     """Once every rank's files of ``step`` are written (a background write: its Future, ``writing``), replica 0
-    records the step and makes it the latest, keeping the last ``keep`` steps."""
+    writes the ``extra`` files (the method's own state, e.g. the decoupled syncer's), records the step with them
+    and makes it the latest, keeping the last ``keep`` steps."""
     if writing is not None:
         writing.result()
     rep.writing = None
     rep.barrier()  # every replica's file is on disk before the step becomes "latest"
     if rep.evaluates:
-        ckpt.commit(run_dir, step, record, keep=keep)
+        ckpt.commit(run_dir, step, record, keep=keep, extra=extra() if extra is not None else ())
 
 
 def load(rep: Replica, step: int, *, run_dir: Path, worker: int, rank: int = 0) -> dict[str, Any]:

@@ -9,7 +9,13 @@ talk to a service of their own (Decoupled DiLoCo's learners and their syncer) pl
 * :meth:`MethodRuntime.check_reachable`: the services the run needs answer, before any file is written;
 * :meth:`MethodRuntime.check_launch`: the launch suits the method (threads, torchrun ranks, sharding);
 * :meth:`MethodRuntime.session`: the method's service for the run's ``with`` block, a :class:`Session` that
-  builds each replica's algorithm, keeps each replica's own log, and gives the run's final parameters.
+  builds each replica's algorithm, keeps each replica's own log, and gives the run's final parameters; it is
+  opened at the run's ``start_step`` (> 0: a resume, its own state read back from that step's checkpoint).
+
+Checkpoints: at a checkpoint step every replica calls :meth:`Session.prepare_checkpoint` before its state is
+saved (decoupled: the learner applies every reply in flight), and once every replica's file is written the lead
+calls :meth:`Session.save`, which writes the service's own state into the step's folder (decoupled: the syncer's);
+the step's record then covers those files too (their SHA-256, keep-K, the fallback to the step before).
 
 Which runtime a method has is :data:`PLUGINS`: a method's name and the module that provides its runtime,
 loaded when a run of that method starts (the way an entry point is). The trainer never imports a method's
@@ -27,7 +33,7 @@ from typing import Any
 
 import torch
 
-from diloco.algorithm.base import ReplicaAlgorithm
+from diloco.algorithm.base import ReplicaAlgorithm, SyncReport
 
 #: method -> the module whose ``RUNTIME`` is its :class:`MethodRuntime` (methods not named: :class:`MethodRuntime`).
 PLUGINS: dict[str, str] = {"decoupled": "diloco.decoupled.runtime"}
@@ -59,6 +65,17 @@ class Session:
 
     def abort(self, reason: str) -> None:
         """The run stops (a replica diverged): replicas waiting on the service stop too."""
+
+    def prepare_checkpoint(self, algo: ReplicaAlgorithm) -> list[SyncReport]:
+        """At a checkpoint step, on every rank, before the replica's state is saved: what must be finished first
+        (its reports). A run without interruption does the same at that step, so a resumed run follows it."""
+        return []
+
+    def save(self, run_dir: Path, step: int) -> list[str]:
+        """On the lead, once every replica's file of ``step`` is written and before the step is recorded: write
+        the service's own state into the step's folder (:func:`diloco.train.checkpoint.step_dir`); the names of
+        the files written there (the step's record lists them with their digests)."""
+        return []
 
     def final_parameters(self) -> dict[str, torch.Tensor] | None:
         """Once the session has ended: the run's final global parameters (evaluated for the run's final loss)
@@ -100,10 +117,13 @@ class MethodRuntime:
         data: Any = None,
         comm: Any = None,
         intra: Any = None,
+        start_step: int = 0,
     ) -> Iterator[Session | None]:
         """The method's service for the ``with`` block: threads (``comm`` None) or this process of a torchrun job
         (``comm``: the workers', ``intra``: this worker's ranks); ``data``: the run's
-        :class:`~diloco.data.TokenData` (a service may check it). None: the method has none."""
+        :class:`~diloco.data.TokenData` (a service may check it). ``start_step`` > 0: the run resumes from that
+        step's checkpoint in ``out_dir`` (the service's state is read back from it, before any replica joins).
+        None: the method has none."""
         yield None
 
 

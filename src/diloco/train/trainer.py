@@ -259,6 +259,7 @@ class Trainer:
             data=run.data,
             comm=comm,
             intra=intra,
+            start_step=run.start_step,
         ) as session:
             self._session = session
             try:
@@ -446,6 +447,10 @@ class Trainer:
         try:
             for step in range(run.start_step + 1, cfg.total_steps + 1):
                 out = train_step(rep, step, cfg=cfg, device=self.device)
+                checkpoint_due = bool(cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)
+                checkpoint_due = checkpoint_due or step == cfg.total_steps
+                if checkpoint_due and self._session is not None:  # what the method finishes first is the step's
+                    self._prepare_checkpoint(rep, out)
                 table.add(rep.rank, step, step_record(rep, step, out))
                 check_training_loss(out.loss, step=step, replica=rep.rank, cfg=cfg)  # before a log that refuses NaN
                 if learner_log is not None:
@@ -456,7 +461,7 @@ class Trainer:
                         guard.check_eval(final_eval, step=step)
                 if rep.writing is not None:  # the checkpoint written in the background since the last step
                     replica_checkpoint.commit(rep, *rep.writing, run_dir=self.out_dir, keep=cfg.keep_checkpoints)
-                if (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0) or step == cfg.total_steps:
+                if checkpoint_due:
                     if cfg.diverge_factor:  # every replica past the divergence checks before any writes this step
                         rep.barrier()
                     self._checkpoint(rep, run, step)
@@ -491,8 +496,10 @@ class Trainer:
     # -- checkpoints (diloco.train.replica_checkpoint); methods, so that a subclass can wrap them ---------------
     def _checkpoint(self, rep: Replica, run: Run, step: int) -> None:
         """Write this replica's state of ``step``; it is committed now or, written in the background, after the
-        next step (:func:`~diloco.train.replica_checkpoint.save`)."""
+        next step (:func:`~diloco.train.replica_checkpoint.save`). A method's session writes its own state beside
+        the replicas' (:meth:`~diloco.train.runtime.Session.save`)."""
         cfg = self.cfg
+        session = self._session
         replica_checkpoint.save(
             rep,
             step,
@@ -500,7 +507,17 @@ class Trainer:
             record=replica_checkpoint.run_record(cfg, run),
             keep=cfg.keep_checkpoints,
             last=step >= cfg.total_steps,
+            extra=partial(session.save, self.out_dir, step) if session is not None else None,
         )
+
+    def _prepare_checkpoint(self, rep: Replica, out: Any) -> None:
+        """At a checkpoint step, before the step is logged: what the method's session finishes before the replica's
+        state is saved (:meth:`~diloco.train.runtime.Session.prepare_checkpoint`; decoupled: the replies in
+        flight, applied now), counted in the step's row as the step's own syncs."""
+        assert self._session is not None
+        reports = self._session.prepare_checkpoint(rep.algo)
+        out.synced_fragments += [r.fragment for r in reports]
+        rep.dropped += sum(len(r.dropped_replicas) for r in reports)
 
     def _restore_resized(self, rep: Replica, step: int, saved_replicas: int) -> None:
         """Resume a checkpoint written by another number of workers or ranks per worker
