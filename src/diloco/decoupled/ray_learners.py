@@ -105,7 +105,9 @@ class LearnerActor:
         if self.restarted and self.downtime_s > 0:
             time.sleep(self.downtime_s)
         cfg = TrainConfig.from_dict(self.cfg)
-        trainer = Trainer(cfg, Path(self.out_dir), cache_dir=Path(self.cache_dir), progress=False, callbacks=[self.hooks])
+        trainer = Trainer(
+            cfg, Path(self.out_dir), cache_dir=Path(self.cache_dir), progress=False, callbacks=[self.hooks]
+        )
         result = trainer.run(reuse=True)  # `--resume auto`: the newest checkpoint, else from the start
         algo = self.hooks.algo
         return {
