@@ -90,8 +90,9 @@ class TrainerCallback:
     def should_stop(self, step: int, *, replica: int) -> bool:
         """After :meth:`on_step_end`: True ends this replica's training after step ``step``, before ``steps``, as
         cleanly as at the end (a decoupled learner flushes and leaves its syncer, the summary records the step
-        reached; no checkpoint is written for the stop). For a decoupled learner (site job) a stop of its own
-        is fine; replicas of a synchronous method must all stop after the same step."""
+        reached; no checkpoint is written for the stop). A decoupled site job's learner stops alone (its syncer
+        and the other sites go on); the replicas of one job (threads, or the ranks of a torchrun job) must all
+        stop after the same step: the job's collectives span them all."""
         return False
 
 
