@@ -202,13 +202,11 @@ class TrainConfig:
     threads: int = setting(0, "torch intra-op threads per replica; 0 = auto (the cores other work leaves free)")
     step_time: float = setting(
         0.0,
-        "pad each inner step to at least this many seconds with a sleep (an accelerator's step emulated on a CPU "
-        "machine: the padded time is idle); 0 = off",
+        "pad each inner step to at least this many seconds with a sleep (an accelerator's step on a CPU); 0 = off",
     )
     slowdown: str = setting(
         "",
-        "per replica, its step time (padded) multiplied by F: stragglers, e.g. 1,1,3 (one factor >= 1 per replica); "
-        "empty = all 1",
+        "stragglers: per replica, its (padded) step time multiplied by F >= 1, e.g. 1,1,3; empty = all 1",
     )
     val_fraction: float = setting(0.02, "share of the tokens held out for evaluation")
     tensorboard: bool = setting(False, "also write TensorBoard event files to OUT/tb")
