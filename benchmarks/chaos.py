@@ -1,10 +1,14 @@
 """Decoupled DiLoCo under faults, against synchronous Streaming DiLoCo on the same engine and the peers.
 
 Every run trains the project's transformer on the bundled text with M learner processes (Ray actors on a
-local Ray instance) and one syncer actor (:mod:`diloco.decoupled.ray_learners`), at equal tokens: the
-learners stop together once they have trained ``--steps x --global-batch x --seq-len`` tokens that reached
-the syncer (lost work is redone; a fast learner makes more steps than a straggler), batch
-``--global-batch / M`` each, the inner lr's cosine over ``--steps``. Steps are padded to ``--step-time`` seconds (an
+local Ray instance, each running the trainer as a site job) and one syncer actor
+(:mod:`diloco.decoupled.ray_learners`), at equal tokens: the learners stop together once they have trained
+``--steps x --global-batch x --seq-len`` tokens that reached the syncer (lost work is redone), batch
+``--global-batch / M`` each, the inner lr's cosine over ``--steps``. Since the learners run the trainer, a
+learner ends at ``--steps`` steps (the schedule's end): a fast one no longer makes more steps than a straggler
+past it, and a restarted one starts its schedule again (no checkpoint before the end). The rows in
+``benchmarks/results/chaos*.json`` were measured with the learners' earlier plain loop (their own sampler and
+lr, whose horizon a fast learner could run past): rerun with ``--fresh`` to measure these. Steps are padded to ``--step-time`` seconds (an
 accelerator's step: the CPU is idle meanwhile, so 4 learners share 2 cores without slowing each other);
 wall-clock and goodput are in that emulated time. Methods:
 
@@ -71,10 +75,8 @@ from chaos_torchft import torchft_run
 
 from diloco.data import prepare_tokens
 from diloco.decoupled.chaos import Chaos
-from diloco.decoupled.ray_learners import LearnerSpec, run_on_ray
-from diloco.decoupled.syncer import Syncer
+from diloco.decoupled.ray_learners import run_on_ray
 from diloco.files import default_cache_dir, read_jsonl, write_json
-from diloco.models.factory import build_model
 from diloco.train.config import TrainConfig, load_preset
 
 RESULTS = Path(__file__).parent / "results"
@@ -115,47 +117,43 @@ def faults(name: str, M: int) -> Chaos:
 
 
 def one_run(*, method: str, M: int, fault: str, args, data, work: Path) -> dict:
-    spec = LearnerSpec(
-        tokens=data.train,
-        vocab_size=data.vocab_size,
-        size=args.size,
-        seq_len=args.seq_len,
-        batch_size=args.global_batch // M,
-        inner_lr=args.inner_lr,
-        sync_every=args.sync_every,
-        num_fragments=args.fragments,
-        overlap_steps=args.overlap,
-        step_time_s=args.step_time,
-        duration_s=args.steps * args.step_time * 6 + 120,
-        total_tokens=args.steps * args.global_batch * args.seq_len,
-        schedule_steps=args.steps,
-        warmup_steps=args.steps // 10,
-        seed=0,
-    )
-    model = build_model("", size=args.size, vocab_size=data.vocab_size, seq_len=args.seq_len, seed=0)
+    """One decoupled run on Ray: each learner a trainer site job (the trainer's loop, AdamW, its lr schedule over
+    ``--steps``), at equal tokens through the driver's STOP file."""
     kw = dict(METHODS[method])
-    kw["quorum"] = kw["quorum"] or M
     outer_lr = 0.7 / math.sqrt(M) if kw.pop("outer_lr_over_sqrt_m", False) else 0.7
-    syncer = Syncer(
-        model,
-        num_learners=M,
-        num_fragments=args.fragments,
-        overlap_steps=args.overlap,
-        outer_optimizer=lambda p: torch.optim.SGD(p, lr=outer_lr, momentum=0.9, nesterov=True),
-        **kw,
+    cfg = TrainConfig.from_dict(
+        {
+            **load_preset("tiny")["base"],
+            "method": "decoupled",
+            "replicas": M,
+            "quorum": kw.pop("quorum") or 0,
+            **kw,
+            "size": args.size,
+            "seq_len": args.seq_len,
+            "global_batch": args.global_batch,
+            "inner_lr": args.inner_lr,
+            "steps": args.steps,
+            "warmup_steps": args.steps // 10,
+            "min_lr_ratio": 0.1,
+            "sync_every": args.sync_every,
+            "num_fragments": args.fragments,
+            "overlap_steps": args.overlap,
+            "outer_lr": outer_lr,
+            "step_time": args.step_time,
+            "eval_every": args.steps,
+            "eval_batches": 16,
+            "threads": 1,
+        }
     )
     out = work / f"{method}-m{M}-{fault}"
     shutil.rmtree(out, ignore_errors=True)
-    # the trainer's evaluation set: its first 16 x global_batch windows (here in batches of global_batch / M)
     res = run_on_ray(
-        spec,
-        syncer=syncer,
-        num_learners=M,
+        cfg,
         out_dir=out,
+        cache_dir=default_cache_dir(),
         chaos=faults(fault, M),
-        val_tokens=data.val,
-        eval_batches=16 * M,
-        namespace="diloco-chaos",
+        max_seconds=args.steps * args.step_time * 6 + 120,
+        total_tokens=args.steps * args.global_batch * args.seq_len,
     )
     s = res.summary
     return {

@@ -148,45 +148,49 @@ def test_diloco_train_decoupled_on_ray(local_ray, tmp_path, token_cache):
     assert result.final_eval_loss == result.final_eval_loss  # a number, not NaN
 
 
-def test_chaos_a_learner_killed_rejoins_and_a_killed_syncer_loses_nothing(local_ray, tmp_path, token_cache):
-    """Three learner processes (Ray actors) on real text, quorum 1, steps padded to 0.2 s (an accelerator's
-    step: the CPU is free meanwhile). SIGKILL learner 1 at 3 s: the other two never stop (no step more than
-    twice their typical step), Ray restarts it and it contributes again (weight > 0) within 5 s of
-    rejoining. SIGKILL the syncer at 7 s: it restarts from its checkpoint with every merge it had made, and
-    the merges go on with no version skipped or repeated. The run lasts 13 s, 6 s past the syncer's kill: a
-    10 s run left no merge after the restart once, on a machine loaded with two training jobs."""
-    from diloco.data import prepare_tokens
-    from diloco.decoupled.chaos import Chaos, goodput, rejoin_seconds, survivor_stalls
-    from diloco.decoupled.ray_learners import LearnerSpec, run_on_ray
-    from diloco.models.factory import build_model
+def _chaos_cfg(**kw):
     from diloco.train.config import TrainConfig, load_preset
 
-    base = TrainConfig.from_dict(load_preset("tiny")["base"])
-    data = prepare_tokens(base.sources, base.vocab_size, token_cache, val_fraction=base.val_fraction)
-    spec = LearnerSpec(
-        tokens=data.train,
-        vocab_size=data.vocab_size,
-        seq_len=32,
-        batch_size=4,
+    base = {**load_preset("tiny")["base"], "method": "decoupled", "threads": 1}
+    return TrainConfig.from_dict({**base, **kw})
+
+
+@pytest.mark.slow  # ~30 s on 2 cores: a 13 s schedule, three learner processes started and one restarted
+def test_chaos_a_learner_killed_rejoins_and_a_killed_syncer_loses_nothing(local_ray, tmp_path, token_cache):
+    """Three learner processes (Ray actors, each running the trainer as a site job) on real text, quorum 1, steps
+    padded to 0.2 s (an accelerator's step: the CPU is free meanwhile). SIGKILL learner 1 at 3 s: the other two
+    never stop (no step more than twice their typical step), Ray restarts it and it contributes again (weight > 0)
+    within 5 s of rejoining. SIGKILL the syncer at 7 s: it restarts from its checkpoint with every merge it had
+    made, and the merges go on with no version skipped or repeated. The run lasts 13 s, 6 s past the syncer's
+    kill: a 10 s run left no merge after the restart once, on a machine loaded with two training jobs."""
+    from diloco.decoupled.chaos import Chaos, goodput, rejoin_seconds, survivor_stalls
+    from diloco.decoupled.ray_learners import run_on_ray
+
+    cfg = _chaos_cfg(
+        replicas=3,
+        global_batch=12,
         sync_every=8,
         num_fragments=2,
         overlap_steps=2,
-        step_time_s=0.2,
-        duration_s=13.0,
+        quorum=1,
+        step_time=0.2,
+        steps=1000,  # the run ends at 13 s
+        eval_every=1000,
     )
-    model = build_model("", size="tiny", vocab_size=data.vocab_size, seq_len=32, seed=0)
-    syncer = Syncer(model, num_learners=3, quorum=1, num_fragments=2, overlap_steps=2)
     chaos = Chaos(kills=((3.0, 1),), syncer_kills=(7.0,))
-    result = run_on_ray(
-        spec, syncer=syncer, num_learners=3, out_dir=tmp_path / "run", chaos=chaos, namespace="diloco-test"
-    )
+    result = run_on_ray(cfg, out_dir=tmp_path / "run", cache_dir=token_cache, chaos=chaos, max_seconds=13.0)
     learner_kill, syncer_kill = result.faults
     assert {r["learner"]: r["incarnation"] for r in result.learners} == {0: 0, 1: 1, 2: 0}
+    assert all(0 < r["steps"] < 1000 for r in result.learners)  # stopped by the clock, each flushed and left
 
     stalls = survivor_stalls(result.rows, kill_at=learner_kill["at"], killed=1, window_s=3.0, until=syncer_kill["at"])
     assert {s.learner for s in stalls} == {0, 2}
     assert all(s.worst_step_ratio <= 2.0 for s in stalls), stalls
     assert rejoin_seconds(result.rows, result.merges, learner=1, incarnation=1) <= 5.0
+    # the restart took no checkpoint (a decoupled learner writes one at its end only): it started again at step 1
+    joined = [r for r in result.rows if r.get("event") == "joined" and r["learner"] == 1]
+    assert [(r["incarnation"], r["start_step"]) for r in joined] == [(0, 0), (1, 0)]
+    assert joined[1]["pid"] != joined[0]["pid"] == learner_kill["pid"]
 
     assert syncer_kill["restored_merges"] >= syncer_kill["merges_before"] > 0
     for p in (0, 1):
@@ -196,7 +200,42 @@ def test_chaos_a_learner_killed_rejoins_and_a_killed_syncer_loses_nothing(local_
     assert all(torch.isfinite(v).all() for v in result.global_parameters.values())
     g = goodput(result.rows, num_learners=3, wall_s=result.wall_s)
     assert 0.3 < g.value <= 1.0, g
-    assert (tmp_path / "run" / "merges.jsonl").exists() and (tmp_path / "run" / "chaos.json").exists()
+    for name in ("merges.jsonl", "chaos.json", "summary.json", "learner-1/learner-1.jsonl", "learner-1/metrics.jsonl"):
+        assert (tmp_path / "run" / name).exists(), name
+
+
+@pytest.mark.slow  # 19-30 s on 2 cores: two threads runs and two chaos runs of 12 steps (learner processes start)
+def test_chaos_without_faults_gives_the_threads_runs_bits_and_honours_the_inner_optimizer(
+    local_ray, tmp_path, token_cache
+):
+    """K = M, mean merge, no grace window, equal speeds, no faults: every round merges the same reports in
+    learner order, so chaos's learners (Ray processes running the trainer) end with the syncer parameters of
+    `diloco train --method decoupled` on the same config, hence its final loss to the bit, for AdamW and for
+    Muon; and Muon's loss is another than AdamW's (the setting reaches the learners)."""
+    from diloco.decoupled.ray_learners import run_on_ray
+    from diloco.train.trainer import train_model
+
+    losses = {}
+    for opt in ("adamw", "muon"):
+        cfg = _chaos_cfg(
+            replicas=2,
+            sync_every=4,
+            num_fragments=2,
+            overlap_steps=1,
+            quorum=0,
+            merge="mean",
+            grace_gamma=0.0,
+            steps=12,
+            eval_every=12,
+            inner_optimizer=opt,
+        )
+        threads = train_model(cfg, tmp_path / f"threads-{opt}", cache_dir=token_cache, progress=False)
+        result = run_on_ray(cfg, out_dir=tmp_path / f"chaos-{opt}", cache_dir=token_cache)
+        assert result.eval_loss == threads.final_eval_loss, (opt, result.eval_loss, threads.final_eval_loss)
+        assert len(result.merges) == len((tmp_path / f"threads-{opt}" / "merges.jsonl").read_text().splitlines())
+        assert [r["steps"] for r in result.learners] == [12, 12]
+        losses[opt] = result.eval_loss
+    assert losses["muon"] != losses["adamw"]
 
 
 def test_diloco_chaos_on_the_command_line(local_ray, tmp_path, token_cache, capsys):
@@ -250,17 +289,24 @@ def test_diloco_chaos_on_the_command_line(local_ray, tmp_path, token_cache, caps
         "config.json",
         "merges.jsonl",
         "chaos.json",
-        "learner-0.jsonl",
-        "learner-1.jsonl",
+        "learner-0/learner-0.jsonl",
+        "learner-1/learner-1.jsonl",
+        "learner-1/summary.json",
         "syncer/events.jsonl",
     ):
         assert (out / name).exists(), name
     assert json.loads((out / "config.json").read_text())["method"] == "decoupled"
-    # learner 1's steps that reached the syncer, over both its lives: exactly `steps` (lost ones redone)
-    from diloco.decoupled.chaos import kept_steps, read_learner_log
+    site = json.loads((out / "learner-1" / "config.json").read_text())
+    assert site["learner"] == 1 and site["syncer"].startswith("diloco-syncer-") and site["step_time"] == 0.05
+    # learner 1's last process trained the config's 30 steps (from step 1: no checkpoint to resume before the end),
+    # and the steps of its killed process that reached the syncer are kept
+    from diloco.decoupled.chaos import kept_steps, learner_log_path, read_learner_log
 
-    kept, _ = kept_steps(read_learner_log(out / "learner-1.jsonl"))
-    assert sorted(r["step"] for r in kept) == list(range(1, 31))
+    rows = read_learner_log(learner_log_path(out, 1))
+    last = max(r["incarnation"] for r in rows)
+    assert last >= 1 and [r["step"] for r in rows if "step" in r and r["incarnation"] == last] == list(range(1, 31))
+    kept, lost = kept_steps(rows)
+    assert len(kept) >= 30 and len(kept) + lost == sum(1 for r in rows if "step" in r)
 
 
 def test_diloco_train_decoupled_on_ray_resumes_from_a_checkpoint_bit_identical(local_ray, tmp_path, token_cache):

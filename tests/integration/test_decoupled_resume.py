@@ -71,8 +71,16 @@ def merges(run: Path) -> list[dict]:
     return read_jsonl(run / "merges.jsonl")
 
 
+def learner_rows(run: Path, m: int) -> list[dict]:
+    """Learner m's step rows as the run ended: the last execution of each step (a resumed learner's log keeps
+    the rows of its earlier life, after a ``joined`` row; diloco.decoupled.chaos.final_steps)."""
+    from diloco.decoupled.chaos import final_steps
+
+    return final_steps(read_jsonl(run / f"learner-{m}.jsonl"))[0]
+
+
 def learner_steps(run: Path, m: int) -> list[int]:
-    return [r["step"] for r in read_jsonl(run / f"learner-{m}.jsonl")]
+    return [r["step"] for r in learner_rows(run, m)]
 
 
 def syncer_state(run: Path) -> dict:
@@ -185,7 +193,7 @@ def test_k_below_m_resumes_with_the_schedules_lr_and_sane_merges(tmp_path, token
     reports = P * cfg.total_steps // cfg.sync_every  # each learner's, one per fragment every H steps
     assert reports <= len(found) <= reports * M  # a merge takes 1..M reports
     for m in range(M):
-        own = read_jsonl(run / f"learner-{m}.jsonl")
+        own = learner_rows(run, m)
         assert [r["step"] for r in own] == list(range(1, 33))
         # a reply for each report (the flushes at checkpoints included): every merge it was kept in, at least
         assert sum(m in r["learners"] for r in found) <= sum(len(r["synced"]) for r in own) == reports

@@ -92,7 +92,10 @@ def test_site_jobs_of_one_rank_give_the_threads_run(local_ray, tmp_path, token_c
     threads_merges = (tmp_path / "threads" / "merges.jsonl").read_text().splitlines()
     assert len(records) == len(threads_merges)
     for m in range(M):  # each site's folder holds its own learner's rows, a row per step
-        rows = [json.loads(line) for line in (tmp_path / f"site-{m}" / f"learner-{m}.jsonl").read_text().splitlines()]
+        joined, *rows = [
+            json.loads(line) for line in (tmp_path / f"site-{m}" / f"learner-{m}.jsonl").read_text().splitlines()
+        ]
+        assert joined["event"] == "joined" and joined["learner"] == m
         assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
         assert results[m].wait_share is not None and len(results[m].wait_share) == 1
 

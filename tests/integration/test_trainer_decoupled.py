@@ -50,7 +50,9 @@ def test_decoupled_trains_the_tiny_model_and_logs_every_merge(tmp_path, cache):
     assert {m for r in merges for m in r["learners"]} == {0, 1, 2}
     # one log per learner, a row per step; every reply it applied is one merge it took part in
     for m in range(3):
-        own = [json.loads(line) for line in (tmp_path / f"learner-{m}.jsonl").read_text().splitlines()]
+        joined, *own = [json.loads(line) for line in (tmp_path / f"learner-{m}.jsonl").read_text().splitlines()]
+        assert joined["event"] == "joined" and joined["incarnation"] == 0 and joined["start_step"] == 0
+        assert joined["t"] <= own[0]["t"] <= own[-1]["t"]  # wall times, in order
         assert [r["step"] for r in own] == list(range(1, 49)) and {r["tokens"] for r in own} == {3 * 32}
         assert sum(len(r["synced"]) for r in own) == sum(m in r["learners"] for r in merges) > 0
         assert all(r["staleness"] >= 0 and r["wait_s"] >= 0 for r in own) and min(r["staleness"] for r in own) <= 8

@@ -17,11 +17,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Train method=decoupled with each learner a process of its own (a Ray actor that Ray restarts "
         "when it dies) and the syncer a checkpointed Ray actor, on a local Ray instance (or the cluster "
         "at --set ray_address=...), while killing learners and the syncer with SIGKILL at the times "
-        "given. Writes into --out (new or empty): learner-<m>.jsonl (a row per step), merges.jsonl, "
+        "given. Each learner runs the trainer's loop of `diloco train` as a site job (--set learner=m "
+        "syncer=NAME@ADDRESS), so every trainer setting holds (inner_optimizer, bf16, compile, z_loss, "
+        "grad_clip, the lr schedule, evaluation); a restarted learner waits --downtime, then resumes its "
+        "newest checkpoint if it has one, else starts again, taking the syncer's current parameters. "
+        "Writes into --out (new or empty): learner-<m>/ (each learner's run folder: config, metrics, "
+        "summary, learner-<m>.jsonl with a row per step and a joined row per process), merges.jsonl, "
         "syncer/ (checkpoints, events.jsonl), chaos.json (the faults as carried out) and summary.json "
-        "(eval loss of the syncer's parameters, goodput, per fault what it cost). The learners' loop is "
-        "plain (fp32 AdamW, warmup-cosine lr over `steps`, no bf16, compile or evaluation during the "
-        "run): use `diloco train --method decoupled` for the trainer's full loop without faults.",
+        "(eval loss of the syncer's parameters, goodput, per fault what it cost). Learners use one torch "
+        "thread each unless --set threads=N.",
     )
     add_config_args(p, default_preset="tiny")
     p.add_argument("--out", type=Path, required=True, help="output folder (new or empty)")
@@ -48,7 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--slowdown",
         default="",
         metavar="F,F,...",
-        help="per learner, its step time multiplied by F (stragglers), e.g. 1,1,3",
+        help="per learner, its step time multiplied by F (stragglers), e.g. 1,1,3 (the config's slowdown: "
+        "`diloco train --set slowdown=1,1,3` gives a threads run the same stragglers)",
     )
     p.add_argument(
         "--syncer-kill",
@@ -69,13 +74,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--step-time",
         type=float,
         default=0.0,
-        help="pad each step to this many seconds (an accelerator's step on a CPU machine; default 0: off)",
+        help="pad each step to this many seconds (an accelerator's step on a CPU machine; default 0: off; "
+        "the config's step_time)",
     )
     p.add_argument(
         "--max-seconds",
         type=float,
         default=3600.0,
-        help="learners stop after this many seconds even before `steps` (default 3600)",
+        help="learners stop this many seconds after the start even before `steps`: each flushes and leaves the "
+        "syncer (default 3600)",
     )
     p.set_defaults(func=run)
 

@@ -4,11 +4,14 @@
 killed learner stays down, per-learner slow-downs (stragglers), syncer kills and corrupted learners (for
 a while, a learner's reports carry a scaled or random outer gradient: finite and wrong).
 :meth:`Chaos.events` turns the kills into a schedule; :mod:`diloco.decoupled.ray_learners` carries it out
-with SIGKILL, and has each corrupted learner send through :class:`diloco.decoupled.corrupt.CorruptingChannel`.
+with SIGKILL on learners that run the trainer (site jobs), and has each corrupted learner send through
+:class:`diloco.decoupled.corrupt.CorruptingChannel`.
 
 The analysis reads the learners' step rows (one dict per step: ``learner``, ``incarnation``, ``step``,
-``t`` wall time at the end of the step, ``dt`` its wall seconds, ``compute_s``) and the syncer's merge
-records (``at`` wall time, ``learners``, ``weights``):
+``t`` wall time at the end of the step, ``dt`` its wall seconds, ``compute_s``), their ``joined`` rows (one per
+process of a learner: ``t``, ``incarnation``, ``pid``, ``start_step``; :class:`diloco.decoupled.trainer.LearnerLog`
+writes both, :func:`run_rows` reads a run's) and the syncer's merge records (``at`` wall time, ``learners``,
+``weights``):
 
 * :func:`survivor_stalls`: for each kill, each other learner's longest step in the window after it,
   as a multiple of its median step before the kill, and the share of its steps it kept;
@@ -189,8 +192,8 @@ def step_row(
     staleness: int,
     synced: Sequence[int],
 ) -> dict[str, Any]:
-    """One learner step as its log holds it (``learner-<m>.jsonl``, written by :mod:`.ray_learners` and by
-    ``diloco train --method decoupled``): ``t`` wall time at its end, ``dt`` its wall seconds, ``compute_s``,
+    """One learner step as its log holds it (``learner-<m>.jsonl``, written by the trainer's
+    :class:`~diloco.decoupled.trainer.LearnerLog` for ``diloco train --method decoupled`` and ``diloco chaos``): ``t`` wall time at its end, ``dt`` its wall seconds, ``compute_s``,
     ``wait_s`` seconds waited for replies in it, the loss, tokens, ``staleness`` (the most steps since the learner
     last received any of its fragments) and the fragments whose reply it applied after it (``synced``)."""
     return {
@@ -220,6 +223,19 @@ def read_learner_log(path: Path | str) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return rows
+
+
+def learner_log_path(run_dir: Path | str, learner: int) -> Path:
+    """Where learner ``learner``'s rows are: ``learner-<m>/learner-<m>.jsonl`` in a ``diloco chaos`` run (each
+    learner a site job with its own folder), ``learner-<m>.jsonl`` in a ``diloco train`` run."""
+    run_dir = Path(run_dir)
+    site = run_dir / f"learner-{learner}" / f"learner-{learner}.jsonl"
+    return site if site.exists() or (run_dir / f"learner-{learner}").is_dir() else run_dir / f"learner-{learner}.jsonl"
+
+
+def run_rows(run_dir: Path | str, num_learners: int) -> list[dict[str, Any]]:
+    """Every learner's rows of the run in ``run_dir`` (:func:`learner_log_path`), learner by learner."""
+    return [r for m in range(num_learners) for r in read_learner_log(learner_log_path(run_dir, m))]
 
 
 def _by_learner(rows: Sequence[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
@@ -565,10 +581,12 @@ __all__ = [
     "parse_corrupt",
     "parse_floats",
     "parse_kills",
+    "learner_log_path",
     "read_learner_log",
     "rejoin_seconds",
     "restart_kill",
     "restart_stalls",
+    "run_rows",
     "summarize",
     "summarize_restarts",
     "survivor_stalls",

@@ -73,7 +73,7 @@ class _Learners(Session):
         )
 
     def replica_log(self, out_dir: Path, replica: int, *, append: bool) -> ReplicaLog:
-        return LearnerLog(out_dir, replica, append=append, after_step=self.start_step)
+        return LearnerLog(out_dir, replica, append=append)
 
     def abort(self, reason: str) -> None:
         self.running.abort(reason)

@@ -157,69 +157,46 @@ def chaos_run(
     step_time_s: float = 0.0,
     max_seconds: float = 3600.0,
 ) -> dict[str, Any]:
-    """``diloco chaos``: the config's learners as Ray actor processes and its syncer as a checkpointed actor
-    (:func:`diloco.decoupled.ray_learners.run_on_ray`), under ``chaos``; returns the run's summary.
+    """``diloco chaos``: the config's learners as Ray actor processes, each running the trainer as a site job,
+    and its syncer as a checkpointed actor (:func:`diloco.decoupled.ray_learners.run_on_ray`), under ``chaos``;
+    returns the run's summary. ``step_time_s`` > 0 sets the config's ``step_time`` (it must not set another).
 
     Everything is checked before ``out`` is touched; ``out`` must be new or empty. Writes ``config.json``
     beside what :func:`~diloco.decoupled.ray_learners.run_on_ray` writes."""
-    from diloco.data import prepare_tokens
+    from dataclasses import replace
+
     from diloco.files import write_json
-    from diloco.models.factory import build_model
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out} is not a new or empty folder: give a new one (nothing is overwritten)")
     chaos.check(cfg.replicas)
+    if cfg.learner >= 0 or cfg.syncer:
+        raise ConfigError(
+            f"learner={cfg.learner}, syncer={cfg.syncer!r}: diloco chaos runs every learner against a syncer of its "
+            f"own; leave both unset"
+        )
+    if step_time_s > 0:
+        if cfg.step_time not in (0, step_time_s):
+            raise ConfigError(
+                f"--step-time {step_time_s} and step_time={cfg.step_time}: give the step time once (either one)"
+            )
+        cfg = replace(cfg, step_time=step_time_s)
     try:
         import ray
 
-        from diloco.decoupled.ray_learners import LearnerSpec, run_on_ray
+        from diloco.decoupled.ray_learners import learner_configs, run_on_ray
         from diloco.decoupled.ray_transport import check_address
     except ImportError:
         raise ConfigError("diloco chaos needs Ray: pip install -e .[ray] (or ray>=2.9)") from None
+    learner_configs(cfg, chaos=chaos, name="check", address="check")  # the slow-downs, before anything starts
     if not ray.is_initialized():
         check_address(cfg.ray_address or None)  # before anything is prepared or written
-    data = prepare_tokens(cfg.sources, cfg.vocab_size, cache_dir, val_fraction=cfg.val_fraction)
-    template = build_model(
-        cfg.model, size=cfg.size, vocab_size=data.vocab_size, seq_len=cfg.seq_len, seed=cfg.seed, z_loss=cfg.z_loss
-    )
-    spec = LearnerSpec(
-        tokens=data.train,
-        vocab_size=data.vocab_size,
-        seq_len=cfg.seq_len,
-        size=cfg.size,
-        model=cfg.model,
-        batch_size=cfg.batch_per_replica,
-        inner_lr=cfg.inner_lr,
-        weight_decay=cfg.weight_decay,
-        sync_every=cfg.sync_every,
-        num_fragments=cfg.num_fragments,
-        fragment_pattern=cfg.fragment_pattern,
-        overlap_steps=cfg.overlap_steps,
-        merge_alpha=cfg.merge_alpha,
-        codec=cfg.make_codec(),
-        seed=cfg.seed,
-        step_time_s=step_time_s,
-        duration_s=max_seconds,
-        max_steps=cfg.total_steps,
-        warmup_steps=cfg.warmup_steps,
-        min_lr_ratio=cfg.min_lr_ratio,
-        ride_out_steps=cfg.ride_out_steps,
-    )
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(address=cfg.ray_address or None, include_dashboard=False, log_to_driver=False)
     try:
-        # the evaluation set of `diloco train`: eval_batches x global_batch windows, in batches of a learner's size
-        result = run_on_ray(
-            spec,
-            syncer=make_syncer(cfg, template),
-            num_learners=cfg.replicas,
-            out_dir=out,
-            chaos=chaos,
-            val_tokens=data.val,
-            eval_batches=cfg.eval_batches * cfg.replicas,
-        )
+        result = run_on_ray(cfg, out_dir=out, cache_dir=cache_dir, chaos=chaos, max_seconds=max_seconds)
     finally:
         if started_ray:
             ray.shutdown()
@@ -229,54 +206,68 @@ def chaos_run(
 
 class LearnerLog:
     """``learner-<m>.jsonl`` of a ``diloco train`` run: one row per step of learner ``m``
-    (:func:`diloco.decoupled.chaos.step_row`: tokens, loss, staleness, seconds waited, fragments received),
-    written by its lead rank; the weight each merge gave it is in ``merges.jsonl``. ``append`` (a resumed run,
-    from step ``after_step``): the rows of later steps, written before the run was stopped, are dropped first."""
+    (:func:`diloco.decoupled.chaos.step_row`: wall time ``t``, tokens, loss, staleness, seconds waited, fragments
+    received) and a ``joined`` row each time a process of the learner starts training (:meth:`start`: wall time,
+    incarnation, pid, the step it starts after), written by its lead rank; the weight each merge gave it is in
+    ``merges.jsonl``. A learner that joins its syncer again (a restarted process: incarnation > 0) or resumes a
+    checkpoint appends to the rows of its earlier lives; a new run starts the file afresh."""
 
-    def __init__(self, out_dir: Path, learner: int, *, append: bool, after_step: int = 0) -> None:
-        self.learner = learner
-        path = Path(out_dir) / f"learner-{learner}.jsonl"
-        if append and path.exists():
-            _keep_rows_through(path, after_step)
-        self._file = open(path, "a" if append else "w", buffering=1)
+    def __init__(self, out_dir: Path, learner: int, *, append: bool) -> None:
+        self.learner, self.append = learner, append
+        self.path = Path(out_dir) / f"learner-{learner}.jsonl"
+        self._file: Any = None
         self._waited = 0.0
+
+    def start(self, algo: Learner, step: int) -> None:
+        import os
+        import time
+
+        append = self.append or algo.incarnation > 0
+        if append and self.path.exists() and self.path.stat().st_size > 0:
+            with open(self.path, "rb") as fh:  # a predecessor killed mid-line left no newline: end its line
+                fh.seek(-1, os.SEEK_END)
+                cut = fh.read(1) != b"\n"
+        else:
+            cut = False
+        self._file = open(self.path, "a" if append else "w", buffering=1)
+        self._write(
+            {
+                "learner": self.learner,
+                "incarnation": algo.incarnation,
+                "event": "joined",
+                "t": time.time(),
+                "pid": os.getpid(),
+                "start_step": step,
+            },
+            cut=cut,
+        )
+
+    def _write(self, row: dict[str, Any], *, cut: bool = False) -> None:
+        assert self._file is not None, "LearnerLog.start comes before the first row"
+        self._file.write(("\n" if cut else "") + json.dumps(row, allow_nan=False) + "\n")
 
     def add(self, algo: Learner, step: int, out: Any) -> None:
         from diloco.decoupled.chaos import step_row
 
         wait, self._waited = algo.wait_seconds - self._waited, algo.wait_seconds
-        self._file.write(
-            json.dumps(
-                step_row(
-                    learner=self.learner,
-                    incarnation=algo.incarnation,
-                    step=step,
-                    dt=out.step_time,
-                    compute_s=out.compute_time,
-                    wait_s=wait,
-                    loss=out.loss,
-                    tokens=out.tokens,
-                    staleness=max(algo.steps),
-                    synced=out.synced_fragments,
-                ),
-                allow_nan=False,
+        self._write(
+            step_row(
+                learner=self.learner,
+                incarnation=algo.incarnation,
+                step=step,
+                dt=out.step_time,
+                compute_s=out.compute_time,
+                wait_s=wait,
+                loss=out.loss,
+                tokens=out.tokens,
+                staleness=max(algo.steps),
+                synced=out.synced_fragments,
             )
-            + "\n"
         )
 
     def close(self) -> None:
-        self._file.close()
-
-
-def _keep_rows_through(path: Path, step: int) -> None:
-    """Rewrite the JSONL file ``path`` (atomically) keeping its whole rows of steps up to ``step``."""
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
-        if not line.endswith("\n"):
-            break  # cut by the kill mid-write
-        if int(json.loads(line)["step"]) <= step:
-            rows.append(line)
-    atomic_write_bytes(path, "".join(rows).encode("utf-8"))
+        if self._file is not None:
+            self._file.close()
 
 
 def learner_goodput(results: Sequence[dict[str, Any]]) -> float | None:

@@ -200,6 +200,14 @@ class TrainConfig:
     bf16: bool = setting(False, "bf16 autocast of forward and loss (weights, grads and optimizer state stay fp32)")
     compile: bool = setting(False, "torch.compile each replica's model (parameter names unchanged)")
     threads: int = setting(0, "torch intra-op threads per replica; 0 = auto (the cores other work leaves free)")
+    step_time: float = setting(
+        0.0,
+        "pad each inner step to at least this many seconds with a sleep (an accelerator's step on a CPU); 0 = off",
+    )
+    slowdown: str = setting(
+        "",
+        "stragglers: per replica, its (padded) step time multiplied by F >= 1, e.g. 1,1,3; empty = all 1",
+    )
     val_fraction: float = setting(0.02, "share of the tokens held out for evaluation")
     tensorboard: bool = setting(False, "also write TensorBoard event files to OUT/tb")
 
@@ -339,6 +347,11 @@ class TrainConfig:
             f"eval_every={self.eval_every}, eval_batches={self.eval_batches}: both must be >= 1",
         )
         need(
+            self.step_time >= 0 and math.isfinite(self.step_time),
+            f"step_time={self.step_time}: give seconds >= 0 (0: no padding)",
+        )
+        errors += _slowdown_errors(self)
+        need(
             self.checkpoint_every >= -1,
             f"checkpoint_every={self.checkpoint_every}: steps between checkpoints, 0 = only at the end, "
             f"-1 = auto (every {AUTO_CHECKPOINT_STEPS} steps, rounded up to an outer-sync boundary)",
@@ -430,6 +443,11 @@ class TrainConfig:
         return self.batch_per_replica // self.ranks_per_worker
 
     @property
+    def slowdown_factors(self) -> tuple[float, ...]:
+        """``slowdown`` as numbers, one per replica (empty: none slowed); a ValueError if it does not parse."""
+        return tuple(float(v) for v in self.slowdown.split(",") if v.strip())
+
+    @property
     def schedule_spec(self) -> str | tuple[int, ...]:
         """``schedule`` as ``StreamingDiLoCo(schedule=...)`` takes it: a name, or a tuple of offsets."""
         if self.schedule in ("even", "torchft"):
@@ -466,6 +484,19 @@ class TrainConfig:
 
     def with_overrides(self, overrides: dict[str, Any]) -> TrainConfig:
         return TrainConfig.from_dict({**self.to_dict(), **overrides})
+
+
+def _slowdown_errors(cfg: TrainConfig) -> list[str]:
+    try:
+        factors = cfg.slowdown_factors
+    except ValueError:
+        return [f"slowdown={cfg.slowdown!r}: give numbers separated by commas, e.g. 1,1,3 (one per replica)"]
+    if factors and (len(factors) != cfg.replicas or min(factors) < 1 or not all(map(math.isfinite, factors))):
+        example = ",".join(["1"] * (cfg.replicas - 1) + ["3"])
+        return [
+            f"slowdown={cfg.slowdown!r}: give one factor >= 1 per replica ({cfg.replicas} replicas), e.g. {example}"
+        ]
+    return []
 
 
 def _method_errors(cfg: TrainConfig) -> list[str]:

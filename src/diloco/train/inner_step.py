@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +45,18 @@ class StepOutcome:
     compute_time: float
 
 
-def train_step(rep: Replica, step: int, *, cfg: TrainConfig, device: torch.device) -> StepOutcome:
-    """One inner step: batch, forward/backward, gradient syncs, optimizer step, then the algorithm's syncs."""
+def train_step(
+    rep: Replica,
+    step: int,
+    *,
+    cfg: TrainConfig,
+    device: torch.device,
+    after_compute: Callable[..., float] | None = None,
+) -> StepOutcome:
+    """One inner step: batch, forward/backward, gradient syncs, optimizer step, then the algorithm's syncs.
+
+    ``after_compute(compute_s, step=, replica=)``: called between the optimizer step and the algorithm's syncs;
+    returns the step's compute seconds (:meth:`~diloco.train.trainer.TrainerCallback.after_compute`)."""
     dev = device
     t_start = time.perf_counter()
     lr = lr_at(step, cfg)
@@ -69,6 +80,8 @@ def train_step(rep: Replica, step: int, *, cfg: TrainConfig, device: torch.devic
     rep.opt.step()
     rep.opt.zero_grad(set_to_none=True)
     compute += time.perf_counter() - t1
+    if after_compute is not None:
+        compute = after_compute(compute, step=step)
     reports = rep.algo.after_optimizer_step()
     if step == cfg.total_steps:
         reports += rep.algo.finish()

@@ -42,6 +42,10 @@ PLUGINS: dict[str, str] = {"decoupled": "diloco.decoupled.runtime"}
 class ReplicaLog:
     """A replica's own rows (e.g. ``learner-<m>.jsonl``), written by its lead rank after every step."""
 
+    def start(self, algo: ReplicaAlgorithm, step: int) -> None:
+        """Before the replica's first step of this run: its algorithm is built (a decoupled learner has joined),
+        its checkpoint of step ``step`` (0: none) restored."""
+
     def add(self, algo: ReplicaAlgorithm, step: int, out: Any) -> None:
         """After step ``step`` (``out``: its :class:`~diloco.train.inner_step.StepOutcome`)."""
 

@@ -70,11 +70,30 @@ class TrainerCallback:
 
     Called in every replica (thread or process), in order; an exception raised
     here stops that replica as any training error would (tests use this to
-    simulate a crash after a given step).
+    simulate a crash after a given step). ``replica`` is the replica's number in
+    the run (a decoupled site job's: its learner), ``rank`` its rank in this job.
     """
+
+    def on_replica_start(self, algo: Any, *, replica: int, step: int) -> None:
+        """The replica's algorithm is built (a decoupled learner: it has joined its syncer) and its checkpoint, if
+        any, restored; its first step is ``step`` + 1. E.g. wrap ``algo.channel`` (a fault harness), or wait."""
+
+    def after_compute(self, step: int, *, replica: int, compute_s: float) -> float:
+        """Step ``step``'s compute (forward, backward, optimizer step) took ``compute_s`` seconds; the method's syncs
+        come next. Returns the step's compute seconds, as recorded: :class:`~diloco.train.pace.Pace` sleeps to pad
+        them (an emulated accelerator's step, a straggler)."""
+        return compute_s
 
     def on_step_end(self, step: int, *, rank: int) -> None:
         """After step ``step`` is complete: trained, logged, evaluated and checkpointed as due."""
+
+    def should_stop(self, step: int, *, replica: int) -> bool:
+        """After :meth:`on_step_end`: True ends this replica's training after step ``step``, before ``steps``, as
+        cleanly as at the end (a decoupled learner flushes and leaves its syncer, the summary records the step
+        reached; no checkpoint is written for the stop). A decoupled site job's learner stops alone (its syncer
+        and the other sites go on); the replicas of one job (threads, or the ranks of a torchrun job) must all
+        stop after the same step: the job's collectives span them all."""
+        return False
 
 
 class Trainer:
@@ -95,7 +114,10 @@ class Trainer:
         self.cache_dir = Path(cache_dir)
         self.progress = progress
         self.device = check_device(device)  # a ValueError now, before the run directory is touched
-        self.callbacks = tuple(callbacks)
+        from diloco.train.pace import pace_for
+
+        pace = pace_for(cfg)  # the config's step padding and stragglers (step_time, slowdown)
+        self.callbacks = (*(() if pace is None else (pace,)), *callbacks)
         # the replicas this job runs: every one, or (a decoupled site job, learner=m) learner m alone
         self.here = cfg.job_replicas
         self.runtime = runtime_for(cfg.method)  # what the method runs beside the replicas (diloco.train.runtime)
@@ -396,8 +418,8 @@ class Trainer:
         result = RunResult(
             out_dir=self.out_dir,
             final_eval_loss=rank0["final_eval_loss"],
-            steps=cfg.total_steps,
-            tokens=cfg.total_steps * cfg.tokens_per_step,
+            steps=rank0.get("steps", cfg.total_steps),
+            tokens=rank0.get("steps", cfg.total_steps) * cfg.tokens_per_step,
             bytes_sent_per_replica=rank0["stats"]["bytes_sent"],
             bytes_received_per_replica=rank0["stats"]["bytes_received"],
             peak_bytes_per_sync=rank0["stats"]["peak_exchange"],
@@ -439,14 +461,22 @@ class Trainer:
         learner_log = None  # the replica's own rows (decoupled: learner-<m>.jsonl), from its lead rank
         if self._session is not None and rep.local == 0:
             learner_log = self._session.replica_log(self.out_dir, rep.index, append=run.start_step > 0)
+            if learner_log is not None:
+                learner_log.start(rep.algo, run.start_step)
+        for callback in self.callbacks:
+            callback.on_replica_start(rep.algo, replica=rep.index, step=run.start_step)
+        # the callbacks that change a step's compute time (Pace): none, and train_step is as it was
+        paced = [c for c in self.callbacks if type(c).after_compute is not TrainerCallback.after_compute]
+        after_compute = partial(_after_compute, paced, replica=rep.index) if paced else None
         final_eval = float("nan")
         guard = DivergenceGuard(cfg, vocab_size=run.vocab_size)  # replica 0's evaluations (diloco.train.divergence)
         if rep.rank == 0 and run.start_step == cfg.total_steps:  # resumed at the end, before the summary
             final_eval = self._evaluate(rep, run, None, None)
         step = run.start_step
+        stopped = False
         try:
             for step in range(run.start_step + 1, cfg.total_steps + 1):
-                out = train_step(rep, step, cfg=cfg, device=self.device)
+                out = train_step(rep, step, cfg=cfg, device=self.device, after_compute=after_compute)
                 checkpoint_due = bool(cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)
                 checkpoint_due = checkpoint_due or step == cfg.total_steps
                 if checkpoint_due and self._session is not None:  # what the method finishes first is the step's
@@ -467,6 +497,12 @@ class Trainer:
                     self._checkpoint(rep, run, step)
                 for callback in self.callbacks:
                     callback.on_step_end(step, rank=rep.rank)
+                if step < cfg.total_steps and any(c.should_stop(step, replica=rep.index) for c in self.callbacks):
+                    stopped = True
+                    rep.dropped += sum(len(r.dropped_replicas) for r in rep.algo.finish())  # leave, as at the end
+                    if rep.rank == 0:
+                        final_eval = self._evaluate(rep, run, step, logger)
+                    break
         except DivergenceError as exc:
             if self._session is not None:  # replicas waiting on the method's service (a syncer) stop too
                 self._session.abort(str(exc))
@@ -491,6 +527,7 @@ class Trainer:
             "num_params": sum(p.numel() for p in rep.params),
             "dropped": rep.dropped,
             "waited_s": getattr(rep.algo, "wait_seconds", None),
+            "steps": step if stopped else cfg.total_steps,
         }
 
     # -- checkpoints (diloco.train.replica_checkpoint); methods, so that a subclass can wrap them ---------------
@@ -544,6 +581,12 @@ class Trainer:
         if logger is not None and step is not None:
             logger.log({"step": step, "eval_loss": loss, "tokens_seen": step * self.cfg.tokens_per_step})
         return loss
+
+
+def _after_compute(callbacks: Sequence[TrainerCallback], compute_s: float, *, step: int, replica: int) -> float:
+    for callback in callbacks:
+        compute_s = callback.after_compute(step, replica=replica, compute_s=compute_s)
+    return compute_s
 
 
 def _tell(notices: Sequence[str]) -> None:
