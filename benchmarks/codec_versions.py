@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from pathlib import Path
 import torch
 
 from diloco.algorithm import codecs as current
+from diloco.bench import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -156,22 +156,18 @@ def main() -> None:
             f"{r['codec']:<10} {e['baseline']:>11.1f} -> {e['current']:>8.1f} {r['encode_speedup']:>6.2f} "
             f"{d['baseline']:>11.1f} -> {d['current']:>8.1f} {r['decode_speedup']:>6.2f}"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "baseline": args.baseline,
-                "numel": args.numel,
-                "repeats": args.repeats,
-                "identical": not mismatches,
-                "mismatches": mismatches,
-                "rows": rows,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_result(
+        "codec_versions",
+        {
+            "baseline": args.baseline,
+            "numel": args.numel,
+            "repeats": args.repeats,
+            "identical": not mismatches,
+            "mismatches": mismatches,
+            "rows": rows,
+        },
+        out=args.out,
     )
-    print(f"\nwritten: {args.out}")
     if mismatches:
         sys.exit(1)
 

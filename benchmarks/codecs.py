@@ -20,7 +20,6 @@ Prints the tables and writes benchmarks/results/codecs.json.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 import torch
 
 from diloco.algorithm.codecs import CODEC_NAMES, FP4Codec, FP4E2M1Codec, FP4E3M0Codec, get_codec
+from diloco.bench import write_result
 
 
 def rel_error(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -190,8 +190,7 @@ def main() -> None:
         "machine": platform.processor() or platform.machine(),
         "quick": args.quick,
     }
-    args.out.write_text(json.dumps({"meta": meta, "codecs": codec_rows, "fp4_ablation": ablation}, indent=2) + "\n")
-    print(f"\nwritten: {args.out}")
+    write_result("codecs", {"meta": meta, "codecs": codec_rows, "fp4_ablation": ablation}, out=args.out)
 
 
 if __name__ == "__main__":

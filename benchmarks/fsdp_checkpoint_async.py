@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from diloco.bench import write_result
+
 HERE = Path(__file__).resolve().parent
 MODES = {
     "none": ["checkpoint_every=0"],
@@ -95,25 +97,21 @@ def main(argv: list[str] | None = None) -> int:
             f"{statistics.median(r['train_time_s'] for r in rows):>8.2f}   "
             + ", ".join(f"{r['wall_time_s']:.2f}" for r in rows)
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "config": {
-                    "steps": args.steps,
-                    "repeats": args.repeats,
-                    "checkpoint_every": 2,
-                    "workers": 2,
-                    "ranks_per_worker": 2,
-                    "size": "cpu-1m",
-                },
-                "results": results,
+    write_result(
+        "fsdp_checkpoint_async",
+        {
+            "config": {
+                "steps": args.steps,
+                "repeats": args.repeats,
+                "checkpoint_every": 2,
+                "workers": 2,
+                "ranks_per_worker": 2,
+                "size": "cpu-1m",
             },
-            indent=2,
-        )
-        + "\n"
+            "results": results,
+        },
+        out=args.out,
     )
-    print(f"wrote {args.out}")
     return 0
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import statistics
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from diloco.bench import write_result
 from diloco.models import Transformer, count_params, flops_per_token, make_config
 
 VARIANTS = {
@@ -130,10 +130,7 @@ def main() -> None:
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
     }
-    args.out.write_text(
-        json.dumps({"args": vars(args) | {"out": str(args.out)}, "meta": meta, "rows": rows}, indent=2) + "\n"
-    )
-    print(f"\nwritten: {args.out}")
+    write_result("model_speed", {"args": vars(args) | {"out": str(args.out)}, "meta": meta, "rows": rows}, out=args.out)
 
 
 if __name__ == "__main__":

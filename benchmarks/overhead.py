@@ -16,7 +16,6 @@ Prints a table and writes benchmarks/results/overhead.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 
 from diloco.algorithm.codecs import get_codec
 from diloco.algorithm.streaming import StreamingDiLoCo
+from diloco.bench import write_result
 from diloco.comm.local import LocalGroup
 from diloco.models import Transformer, make_config
 
@@ -199,11 +199,9 @@ def main() -> None:
             f"{'' if added is None else f'{added / 1e6:9.2f}'} "
             f"{'' if added is None else format(row['analytic_bytes'] / 1e6, '12.2f')}"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps({"args": vars(args) | {"out": str(args.out)}, "num_params": n_params, "rows": rows}, indent=2) + "\n"
+    write_result(
+        "overhead", {"args": vars(args) | {"out": str(args.out)}, "num_params": n_params, "rows": rows}, out=args.out
     )
-    print(f"\nwritten: {args.out}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ Prints a table and writes benchmarks/results/throughput.json (``--part levers``:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from diloco.bench import write_result
 from diloco.data import ShardSampler, prepare_tokens
 from diloco.files import default_cache_dir, read_jsonl
 from diloco.train.config import TrainConfig, load_preset
@@ -157,9 +157,7 @@ def levers(args: argparse.Namespace) -> None:
             print(f"noise: fp32's final eval loss spread over seeds {noise:.4f}")
     print(f"LD_PRELOAD={out['ld_preload']!r}; tcmalloc loaded: {out['tcmalloc_loaded']}")
     path = args.out.with_name("throughput_levers.json") if args.out.name == "throughput.json" else args.out
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2, allow_nan=False) + "\n")
-    print(f"written: {path}")
+    write_result("throughput_levers", out, out=path)
 
 
 def main() -> None:
@@ -207,22 +205,18 @@ def main() -> None:
     print(f"\ntrainer (DiLoCo M=1) / bare loop tokens/s: {ratio_m1:.3f}  (goal >= 0.95)")
     print(f"DiLoCo M=2 time / DP M=2 time, same tokens: {time_ratio:.3f}  (goal <= 1.05)")
     print(f"LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "rows": rows,
-                "trainer_vs_bare": ratio_m1,
-                "diloco_vs_dp_time": time_ratio,
-                "steps": args.steps,
-                "rounds": args.rounds,
-                "ld_preload": os.environ.get("LD_PRELOAD", ""),
-            },
-            indent=2,
-        )
-        + "\n"
+    write_result(
+        "throughput",
+        {
+            "rows": rows,
+            "trainer_vs_bare": ratio_m1,
+            "diloco_vs_dp_time": time_ratio,
+            "steps": args.steps,
+            "rounds": args.rounds,
+            "ld_preload": os.environ.get("LD_PRELOAD", ""),
+        },
+        out=args.out,
     )
-    print(f"written: {args.out}")
 
 
 if __name__ == "__main__":
