@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from diloco.algorithm.codecs import CODEC_NAMES, FP4Codec, FP4E2M1Codec, FP4E3M0Codec, get_codec
-from diloco.bench import write_result
+from diloco.bench import time_it, write_result
 
 
 def rel_error(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -116,13 +114,7 @@ def ablation_rows(data: dict[str, torch.Tensor]) -> list[dict]:
 
 
 def timed(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return time_it(fn, repeats=repeats, warmup=1).median
 
 
 def main() -> None:
