@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from diloco.bench import write_result
+from diloco.bench import summarize, write_result
 
 HERE = Path(__file__).resolve().parent
 MODES = {
@@ -93,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'checkpoints':>12} {'wall s':>8} {'train s':>8}   runs (wall s)")
     for mode, rows in results.items():
         print(
-            f"{mode:>12} {statistics.median(r['wall_time_s'] for r in rows):>8.2f} "
-            f"{statistics.median(r['train_time_s'] for r in rows):>8.2f}   "
+            f"{mode:>12} {summarize(r['wall_time_s'] for r in rows).median:>8.2f} "
+            f"{summarize(r['train_time_s'] for r in rows).median:>8.2f}   "
             + ", ".join(f"{r['wall_time_s']:.2f}" for r in rows)
         )
     write_result(

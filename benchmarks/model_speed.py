@@ -23,13 +23,12 @@ import argparse
 import contextlib
 import os
 import platform
-import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from diloco.bench import write_result
+from diloco.bench import summarize, write_result
 from diloco.models import Transformer, count_params, flops_per_token, make_config
 
 VARIANTS = {
@@ -92,7 +91,8 @@ def main() -> None:
     tokens = args.batch * args.seq
     rows = []
     for su in setups:
-        med, best = statistics.median(su.times), min(su.times)
+        timing = summarize(su.times)
+        med, best = timing.median, timing.min
         fpt = flops_per_token(su.cfg)
         rows.append(
             {

@@ -16,7 +16,6 @@ Prints a table and writes benchmarks/results/overhead.json.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 
 from diloco.algorithm.codecs import get_codec
 from diloco.algorithm.streaming import StreamingDiLoCo
-from diloco.bench import write_result
+from diloco.bench import summarize, write_result
 from diloco.comm.local import LocalGroup
 from diloco.models import Transformer, make_config
 
@@ -138,15 +137,15 @@ def main() -> None:
             if r > 0:  # round 0 warms up allocators and caches
                 times[name].append(dt)
         print(f"round {r + 1}/{args.rounds} done", flush=True)
-    base = statistics.median(times[setups[0][0]])
+    base = summarize(times[setups[0][0]]).median
     n_params = sum(p.numel() for p in setups[0][1].parameters())
     rows = []
     for name, _model, _opt, algo in setups:
-        med = statistics.median(times[name])
+        med = summarize(times[name]).median
         wrapper_s = in_wrapper[name] / ((args.rounds - 1) * args.steps)  # per inner step
         penalty_s, share = 0.0, 0.0
         if after_sync[name]:
-            penalty_s = statistics.median(after_sync[name])
+            penalty_s = summarize(after_sync[name]).median
             share = len(after_sync[name]) / n_inner[name]
         total_s = wrapper_s + max(penalty_s, 0.0) * share  # a negative median (noise) counts as no penalty
         row = {
