@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from diloco.files import default_cache_dir, read_jsonl, write_json
+from diloco.bench import summarize, write_result
+from diloco.files import default_cache_dir, read_jsonl
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig, load_preset
 from diloco.train.trainer import Trainer
@@ -54,9 +55,9 @@ def measure(cfg: TrainConfig, cache: Path) -> dict:
         out = Path(d) / "run"
         trainer = TimedTrainer(cfg, out, cache_dir=cache, progress=False)
         result = trainer.run()
-        step_s = statistics.median(
+        step_s = summarize(
             r["step_time_s"] for r in read_jsonl(out / "metrics.jsonl") if "step_time_s" in r and r["step"] > 5
-        )
+        ).median
         step_dir = ckpt.checkpoint_dir(out) / f"step-{cfg.total_steps:08d}"
         ckpt_bytes = sum(p.stat().st_size for p in step_dir.glob("replica-*.pt"))
     default = cfg.with_overrides({"checkpoint_every": -1}).checkpoint_interval
@@ -110,8 +111,11 @@ def main() -> None:
         )
     worst = max(r["default_cadence_cost_pct"] for r in rows)
     print(f"\nworst cost of the default cadence: {worst:.2f}% of training time (goal <= 2%)")
-    write_json(args.out, {"steps": args.steps, "every": args.every, "rows": rows, "worst_cost_pct": worst})
-    print(f"written: {args.out}")
+    write_result(
+        "checkpoint_cost",
+        {"steps": args.steps, "every": args.every, "rows": rows, "worst_cost_pct": worst},
+        out=args.out,
+    )
 
 
 if __name__ == "__main__":

@@ -11,14 +11,12 @@ Writes benchmarks/results/cli_start.json.
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from diloco.files import write_json
+from diloco.bench import time_it, write_result
 
 PROBE = (
     "import sys, runpy; sys.argv = ['diloco', *sys.argv[1:]]\n"
@@ -28,21 +26,16 @@ PROBE = (
 
 
 def timed(argv: list[str], repeats: int) -> dict:
-    times, torch = [], set()
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+    torch = set()
+
+    def once() -> None:
         proc = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=300)
-        times.append(time.perf_counter() - t0)
         if proc.returncode != 0:
             raise SystemExit(f"{argv} failed: {proc.stderr[-500:]}")
         torch.add(proc.stdout.strip().splitlines()[-1])
-    return {
-        "argv": argv,
-        "median_s": statistics.median(times),
-        "min_s": min(times),
-        "max_s": max(times),
-        "imports_torch": "TORCH" in torch,
-    }
+
+    t = time_it(once, repeats=repeats)
+    return {"argv": argv, "median_s": t.median, "min_s": t.min, "max_s": t.max, "imports_torch": "TORCH" in torch}
 
 
 def main() -> None:
@@ -73,18 +66,15 @@ def main() -> None:
     results = {}
     for name, argv in cases.items():
         if argv is None:
-            t = []
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                subprocess.run([sys.executable, "-c", "pass"], check=True)
-                t.append(time.perf_counter() - t0)
-            results[name] = {"median_s": statistics.median(t), "imports_torch": False}
+            t = time_it(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), repeats=args.repeats)
+            results[name] = {"median_s": t.median, "imports_torch": False}
         else:
             results[name] = timed(argv, args.repeats)
         r = results[name]
         print(f"{name:<44} {r['median_s']:6.2f} s   torch imported: {r['imports_torch']}")
-    write_json(args.out, {"repeats": args.repeats, "python": sys.version.split()[0], "results": results})
-    print(f"wrote {args.out}")
+    write_result(
+        "cli_start", {"repeats": args.repeats, "python": sys.version.split()[0], "results": results}, out=args.out
+    )
 
 
 if __name__ == "__main__":

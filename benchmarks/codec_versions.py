@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 from diloco.algorithm import codecs as current
+from diloco.bench import time_rounds, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,14 +77,8 @@ def inputs(seed: int = 0) -> list[torch.Tensor]:
 
 
 def timed_pair(f_old, f_new, repeats: int) -> tuple[float, float]:
-    f_old(), f_new()
-    old, new = [], []
-    for _ in range(repeats):  # interleaved: machine noise hits both alike
-        for fn, acc in ((f_old, old), (f_new, new)):
-            t0 = time.perf_counter()
-            fn()
-            acc.append(time.perf_counter() - t0)
-    return statistics.median(old), statistics.median(new)
+    t = time_rounds({"old": f_old, "new": f_new}, repeats=repeats, warmup=1)  # interleaved: noise hits both alike
+    return t["old"].median, t["new"].median
 
 
 def main() -> None:
@@ -156,22 +148,18 @@ def main() -> None:
             f"{r['codec']:<10} {e['baseline']:>11.1f} -> {e['current']:>8.1f} {r['encode_speedup']:>6.2f} "
             f"{d['baseline']:>11.1f} -> {d['current']:>8.1f} {r['decode_speedup']:>6.2f}"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "baseline": args.baseline,
-                "numel": args.numel,
-                "repeats": args.repeats,
-                "identical": not mismatches,
-                "mismatches": mismatches,
-                "rows": rows,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_result(
+        "codec_versions",
+        {
+            "baseline": args.baseline,
+            "numel": args.numel,
+            "repeats": args.repeats,
+            "identical": not mismatches,
+            "mismatches": mismatches,
+            "rows": rows,
+        },
+        out=args.out,
     )
-    print(f"\nwritten: {args.out}")
     if mismatches:
         sys.exit(1)
 

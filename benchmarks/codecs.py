@@ -20,16 +20,14 @@ Prints the tables and writes benchmarks/results/codecs.json.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from diloco.algorithm.codecs import CODEC_NAMES, FP4Codec, FP4E2M1Codec, FP4E3M0Codec, get_codec
+from diloco.bench import time_it, write_result
 
 
 def rel_error(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -116,13 +114,7 @@ def ablation_rows(data: dict[str, torch.Tensor]) -> list[dict]:
 
 
 def timed(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return time_it(fn, repeats=repeats, warmup=1).median
 
 
 def main() -> None:
@@ -190,8 +182,7 @@ def main() -> None:
         "machine": platform.processor() or platform.machine(),
         "quick": args.quick,
     }
-    args.out.write_text(json.dumps({"meta": meta, "codecs": codec_rows, "fp4_ablation": ablation}, indent=2) + "\n")
-    print(f"\nwritten: {args.out}")
+    write_result("codecs", {"meta": meta, "codecs": codec_rows, "fp4_ablation": ablation}, out=args.out)
 
 
 if __name__ == "__main__":

@@ -19,13 +19,13 @@ Prints tables and writes benchmarks/results/compress_codecs.json.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
 from diloco.algorithm.codecs import get_codec
 from diloco.algorithm.compress import StatisticalCodec
+from diloco.bench import write_result
 from diloco.comm.exchange import link_bytes, resolve_exchange
 from diloco.models.factory import build_model
 from diloco.traffic import default_exchange
@@ -82,11 +82,11 @@ def main() -> None:
             r: relative_error(StatisticalCodec(bits=bits, range_sigmas=r), x) for r in (1.5, 2.0, 2.5, 3.0, 4.0, 6.0)
         }
         print(f"  {bits}-bit: " + "  ".join(f"r={r:g}: {e:.4f}" for r, e in ranges[bits].items()))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps({"size": args.size, "num_params": n, "codecs": rows, "stat_range_error": ranges}, indent=2) + "\n"
+    write_result(
+        "compress_codecs",
+        {"size": args.size, "num_params": n, "codecs": rows, "stat_range_error": ranges},
+        out=args.out,
     )
-    print(f"\nwrote {args.out}")
 
 
 if __name__ == "__main__":

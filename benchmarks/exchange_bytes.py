@@ -21,11 +21,12 @@ Prints a table and writes benchmarks/results/exchange_bytes.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
+
+from diloco.bench import write_result
 
 
 def replica(comm, cfg: dict) -> dict:
@@ -96,16 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         "bytes each way per replica per sync (sent = received; max over ranks: uneven shards differ by a few "
         "bytes).\nanalytic: diloco.traffic.exchange_bytes, (M-1)·n and 2(M-1)/M·n."
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {"config": {"replicas": args.replicas, "codecs": args.codecs, "numel": args.numel}, "rows": rows},
-            indent=2,
-            allow_nan=False,
-        )
-        + "\n"
+    write_result(
+        "exchange_bytes",
+        {"config": {"replicas": args.replicas, "codecs": args.codecs, "numel": args.numel}, "rows": rows},
+        out=args.out,
     )
-    print(f"wrote {args.out}")
     return 0
 
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from diloco.bench import summarize, write_result
 
 HERE = Path(__file__).resolve().parent
 MODES = {
@@ -91,29 +92,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'checkpoints':>12} {'wall s':>8} {'train s':>8}   runs (wall s)")
     for mode, rows in results.items():
         print(
-            f"{mode:>12} {statistics.median(r['wall_time_s'] for r in rows):>8.2f} "
-            f"{statistics.median(r['train_time_s'] for r in rows):>8.2f}   "
+            f"{mode:>12} {summarize(r['wall_time_s'] for r in rows).median:>8.2f} "
+            f"{summarize(r['train_time_s'] for r in rows).median:>8.2f}   "
             + ", ".join(f"{r['wall_time_s']:.2f}" for r in rows)
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "config": {
-                    "steps": args.steps,
-                    "repeats": args.repeats,
-                    "checkpoint_every": 2,
-                    "workers": 2,
-                    "ranks_per_worker": 2,
-                    "size": "cpu-1m",
-                },
-                "results": results,
+    write_result(
+        "fsdp_checkpoint_async",
+        {
+            "config": {
+                "steps": args.steps,
+                "repeats": args.repeats,
+                "checkpoint_every": 2,
+                "workers": 2,
+                "ranks_per_worker": 2,
+                "size": "cpu-1m",
             },
-            indent=2,
-        )
-        + "\n"
+            "results": results,
+        },
+        out=args.out,
     )
-    print(f"wrote {args.out}")
     return 0
 
 

@@ -17,11 +17,12 @@ Prints a table and writes benchmarks/results/fsdp_memory.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
+
+from diloco.bench import write_result
 
 
 def rank_fn(comm, cfg: dict) -> dict:
@@ -131,16 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         "R = 1: today's replicated worker (no FSDP); R >= 2: fully_shard over the worker's R ranks. Bytes are "
         "the tensors' storage sizes."
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "rows": rows},
-            indent=2,
-            allow_nan=False,
-        )
-        + "\n"
+    write_result(
+        "fsdp_memory",
+        {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "rows": rows},
+        out=args.out,
     )
-    print(f"wrote {args.out}")
     return 0
 
 

@@ -31,6 +31,8 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from diloco.bench import write_result
+
 HERE = Path(__file__).resolve().parent
 CATEGORIES = {"model": "params", "optim": "AdamW state", "global": "global copy", "outer": "outer state"}
 
@@ -151,25 +153,21 @@ def main(argv: list[str] | None = None) -> int:
             f"{'-' if lib is None else f'{lib / 1e6:.2f}':>8} {total / 1e6:>8.2f} {total / base:>9.3f}"
         )
     print("library: global copy + outer state per rank from benchmarks/fsdp_memory.py (the algorithm alone).")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "config": {
-                    "ranks": args.ranks,
-                    "size": "cpu-1m",
-                    "vocab": 4096,
-                    "seq_len": 32,
-                    "workers": 2,
-                    "fragments": 3,
-                },
-                "rows": rows,
+    write_result(
+        "fsdp_trainer_memory",
+        {
+            "config": {
+                "ranks": args.ranks,
+                "size": "cpu-1m",
+                "vocab": 4096,
+                "seq_len": 32,
+                "workers": 2,
+                "fragments": 3,
             },
-            indent=2,
-        )
-        + "\n"
+            "rows": rows,
+        },
+        out=args.out,
     )
-    print(f"wrote {args.out}")
     return 0
 
 

@@ -16,6 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
+from diloco.bench import write_result
 from diloco.files import default_cache_dir
 from diloco.train.compare import run_compare
 from diloco.train.config import TrainConfig, load_preset
@@ -96,9 +97,7 @@ def main() -> None:
             f"  {r['variant']:<42} {r['diloco_eval_loss']:8.4f} {r['dp_eval_loss']:8.4f} {r['gap_pct']:+7.2f}% "
             f"{r['outer_steps']:>12}"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"tokens": args.tokens, "inner_lr": best, "rows": rows}, indent=2) + "\n")
-    print(f"written: {args.out}")
+    write_result("gap_ablation", {"tokens": args.tokens, "inner_lr": best, "rows": rows}, out=args.out)
 
 
 if __name__ == "__main__":

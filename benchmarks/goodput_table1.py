@@ -15,7 +15,8 @@ import argparse
 import time
 from pathlib import Path
 
-from diloco.files import atomic_write_with, write_json
+from diloco.bench import write_result
+from diloco.files import atomic_write_with
 from diloco.sim.goodput import FailureModel, cluster_mtbf_hours, goodput_table
 from diloco.sim.goodput_mc import simulate_goodput
 from diloco.sim.goodput_paper import (
@@ -171,7 +172,7 @@ def main() -> int:
             "command": "python benchmarks/goodput_table1.py",
         }
     )
-    write_json(RESULTS / "goodput_table1.json", result)
+    write_result("goodput_table1", result, out=RESULTS / "goodput_table1.json", quiet=True)
     written = [RESULTS / "goodput_table1.json"]
     if not args.no_plot:
         written.append(plot(result, model, RESULTS / "goodput_table1.png"))

@@ -26,11 +26,10 @@ import time
 from pathlib import Path
 
 from diloco.algorithm.guard import NormGuard
-from diloco.files import default_cache_dir, write_json
+from diloco.bench import result_path, write_result
+from diloco.files import default_cache_dir
 from diloco.train.config import TrainConfig, load_preset
 from diloco.train.trainer import train_model
-
-RESULTS = Path(__file__).parent / "results"
 
 RUNS = {
     "diloco M=2": dict(method="diloco", replicas=2),
@@ -152,13 +151,13 @@ def main() -> None:
             f"max {row['max']:.2f}  >10: {row['over_10']}  loss {row['eval_loss']:.3f}  ({row['seconds']:.0f} s)",
             flush=True,
         )
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / "guard_ratios.json"
+    path = result_path("guard_ratios")
     if args.runs and path.exists():  # a subset: keep the other runs' rows of the same length
         old = json.loads(path.read_text())
         rows = [r for r in old["runs"] if r["run"] not in names and r["steps"] == args.steps] + rows
-    write_json(
-        path, {"settings": {"steps": args.steps}, "runs": sorted(rows, key=lambda r: list(RUNS).index(r["run"]))}
+    write_result(
+        "guard_ratios",
+        {"settings": {"steps": args.steps}, "runs": sorted(rows, key=lambda r: list(RUNS).index(r["run"]))},
     )
 
 

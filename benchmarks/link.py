@@ -56,7 +56,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,9 +63,9 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from link_emulation import SHAPERS, Link, addr
-from link_report import report, repredict, with_predictions
+from diloco.bench import time_it
+from diloco.bench.link_emulation import SHAPERS, Link, addr
+from diloco.bench.link_report import report, repredict, with_predictions
 
 PORT = 29517
 METHODS = {  # name -> (algorithm, num_fragments, overlap_steps, codec)
@@ -138,13 +137,7 @@ def probe_overlap(comm, mbps: float) -> dict:
             a @ a
 
     def timed(fn) -> float:  # median of three, each started together on both ranks
-        times = []
-        for _ in range(3):
-            comm.barrier()
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return time_it(fn, repeats=3, before=comm.barrier).median
 
     def both() -> None:
         work = comm.all_gather_async(payload, tag="probe")
@@ -180,15 +173,15 @@ def probe_exchanges(comm, numel: int, codec_name: str, mbps: float) -> dict:
         comm.exchange = exchange
         payload = comm.encode(values, codec)
         comm.mean_async(payload, codec=codec, numel=numel, tag="probe").wait()  # warm every connection
-        times, sent = [], 0
-        for _ in range(3):
-            comm.barrier()
-            t0 = time.perf_counter()
-            work = comm.mean_async(payload, codec=codec, numel=numel, tag="probe")
-            work.wait()
-            times.append(time.perf_counter() - t0)
-            sent = max(work.link_bytes.sent, work.link_bytes.received)
-        out[exchange] = {"s": statistics.median(times), "bytes_each_way": sent, "link_s": sent * 8 / (mbps * 1e6)}
+        works = []
+
+        def exchange_once() -> None:
+            works.append(comm.mean_async(payload, codec=codec, numel=numel, tag="probe"))
+            works[-1].wait()
+
+        seconds = time_it(exchange_once, repeats=3, before=comm.barrier).median
+        sent = max(works[-1].link_bytes.sent, works[-1].link_bytes.received)
+        out[exchange] = {"s": seconds, "bytes_each_way": sent, "link_s": sent * 8 / (mbps * 1e6)}
     comm.exchange = None
     return out
 

@@ -58,12 +58,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from datetime import timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from link_emulation import SHAPERS, Link, SsSampler, addr
+from diloco.bench import time_it, write_result
+from diloco.bench.link_emulation import SHAPERS, Link, SsSampler, addr
 
 PATTERNS = (
     "one_round",
@@ -181,15 +180,9 @@ def worker(
     res = {}
     for name in patterns:
         fns[name]()  # warm the connections this pattern uses
-        times = []
         retrans0 = _retransmitted_segments()
         with SsSampler(ss_s, port) if ss_s > 0 else contextlib.nullcontext() as sampler:
-            for _ in range(3):
-                dist.barrier()
-                t0 = time.perf_counter()
-                fns[name]()
-                times.append(time.perf_counter() - t0)
-        res[name] = statistics.median(times)
+            res[name] = time_it(fns[name], repeats=3, before=dist.barrier).median
         res[f"{name}_retransmits"] = (_retransmitted_segments() - retrans0) / 3
         if sampler is not None:
             res[f"{name}_tcp"] = sampler.summary()
@@ -350,33 +343,27 @@ def main(argv: list[str] | None = None) -> int:
                 f"{sum(x['sndbuf_limited_ms'] for x in t) / busy:>10.0%}"
             )
         print(line)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "config": {
-                    "workers": m,
-                    "mbps": args.mbps,
-                    "shard_bytes": nbytes,
-                    "queue_ms": args.queue_ms,
-                    "offload": not args.no_offload,
-                    "shaper": args.shaper,
-                    "recv_first": args.recv_first,
-                    "ack_priority": args.ack_priority,
-                    "sysctls": sysctls,
-                    "congestion": args.congestion
-                    or Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip(),
-                },
-                "rows": rows,
-                "per_rank": per_rank,
-                "qdiscs": qdiscs,
+    write_result(
+        "link_collectives",
+        {
+            "config": {
+                "workers": m,
+                "mbps": args.mbps,
+                "shard_bytes": nbytes,
+                "queue_ms": args.queue_ms,
+                "offload": not args.no_offload,
+                "shaper": args.shaper,
+                "recv_first": args.recv_first,
+                "ack_priority": args.ack_priority,
+                "sysctls": sysctls,
+                "congestion": args.congestion or Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip(),
             },
-            indent=2,
-            allow_nan=False,
-        )
-        + "\n"
+            "rows": rows,
+            "per_rank": per_rank,
+            "qdiscs": qdiscs,
+        },
+        out=args.out,
     )
-    print(f"wrote {args.out}")
     return 0
 
 

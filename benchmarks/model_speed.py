@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
-import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from diloco.bench import summarize, write_result
 from diloco.models import Transformer, count_params, flops_per_token, make_config
 
 VARIANTS = {
@@ -92,7 +91,8 @@ def main() -> None:
     tokens = args.batch * args.seq
     rows = []
     for su in setups:
-        med, best = statistics.median(su.times), min(su.times)
+        timing = summarize(su.times)
+        med, best = timing.median, timing.min
         fpt = flops_per_token(su.cfg)
         rows.append(
             {
@@ -130,10 +130,7 @@ def main() -> None:
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
     }
-    args.out.write_text(
-        json.dumps({"args": vars(args) | {"out": str(args.out)}, "meta": meta, "rows": rows}, indent=2) + "\n"
-    )
-    print(f"\nwritten: {args.out}")
+    write_result("model_speed", {"args": vars(args) | {"out": str(args.out)}, "meta": meta, "rows": rows}, out=args.out)
 
 
 if __name__ == "__main__":

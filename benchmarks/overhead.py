@@ -16,8 +16,6 @@ Prints a table and writes benchmarks/results/overhead.json.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import time
 from pathlib import Path
 
@@ -25,6 +23,7 @@ import torch
 
 from diloco.algorithm.codecs import get_codec
 from diloco.algorithm.streaming import StreamingDiLoCo
+from diloco.bench import summarize, write_result
 from diloco.comm.local import LocalGroup
 from diloco.models import Transformer, make_config
 
@@ -138,15 +137,15 @@ def main() -> None:
             if r > 0:  # round 0 warms up allocators and caches
                 times[name].append(dt)
         print(f"round {r + 1}/{args.rounds} done", flush=True)
-    base = statistics.median(times[setups[0][0]])
+    base = summarize(times[setups[0][0]]).median
     n_params = sum(p.numel() for p in setups[0][1].parameters())
     rows = []
     for name, _model, _opt, algo in setups:
-        med = statistics.median(times[name])
+        med = summarize(times[name]).median
         wrapper_s = in_wrapper[name] / ((args.rounds - 1) * args.steps)  # per inner step
         penalty_s, share = 0.0, 0.0
         if after_sync[name]:
-            penalty_s = statistics.median(after_sync[name])
+            penalty_s = summarize(after_sync[name]).median
             share = len(after_sync[name]) / n_inner[name]
         total_s = wrapper_s + max(penalty_s, 0.0) * share  # a negative median (noise) counts as no penalty
         row = {
@@ -199,11 +198,9 @@ def main() -> None:
             f"{'' if added is None else f'{added / 1e6:9.2f}'} "
             f"{'' if added is None else format(row['analytic_bytes'] / 1e6, '12.2f')}"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps({"args": vars(args) | {"out": str(args.out)}, "num_params": n_params, "rows": rows}, indent=2) + "\n"
+    write_result(
+        "overhead", {"args": vars(args) | {"out": str(args.out)}, "num_params": n_params, "rows": rows}, out=args.out
     )
-    print(f"\nwritten: {args.out}")
 
 
 if __name__ == "__main__":

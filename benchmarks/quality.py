@@ -18,9 +18,9 @@ held. Writes benchmarks/results/quality.json and quality.png.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from diloco.bench import write_result
 from diloco.files import default_cache_dir, read_jsonl
 from diloco.train.compare import add_relative_columns, format_table, run_compare
 from diloco.train.config import TrainConfig, load_preset
@@ -105,20 +105,18 @@ def main() -> None:
             + ", ".join(f"{t / 1e6:.1f}M {g:+.1f}%" for t, g in r["gap_vs_tokens"][::3])
         )
     budget_gaps = gap_vs_budget(args, base, best, [m for m in args.budget_methods.split(",") if m in best])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "tokens": args.tokens,
-                "lrs": lrs,
-                "outer_lr": args.outer_lr,
-                "best": chosen,
-                "all": rows,
-                "gap_vs_budget": budget_gaps,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_result(
+        "quality",
+        {
+            "tokens": args.tokens,
+            "lrs": lrs,
+            "outer_lr": args.outer_lr,
+            "best": chosen,
+            "all": rows,
+            "gap_vs_budget": budget_gaps,
+        },
+        out=args.out,
+        quiet=True,
     )
     plot(chosen, args.out.with_suffix(".png"), budget_gaps)
     print(f"written: {args.out}, {args.out.with_suffix('.png')}")

@@ -11,12 +11,11 @@ long sweeps take. Writes benchmarks/results/simulate_tables.json.
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import numpy as np
 
-from diloco.files import write_json
+from diloco.bench import time_it, write_result
 from diloco.sim.hardware import PRESETS, bandwidth_grid
 from diloco.sim.paper import (
     PAPER_STEP_TIME_SCALE,
@@ -47,12 +46,7 @@ def _time_sweep(num_points: int, repeats: int = 5) -> float:
     model = PRESETS["100B"].scaled(PAPER_STEP_TIME_SCALE)
     methods = paper_methods(model.num_layers)
     grid = bandwidth_grid(0.1, 1000, num_points)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        sweep(model, methods, grid)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return time_it(lambda: sweep(model, methods, grid), repeats=repeats).median
 
 
 def main() -> None:
@@ -109,7 +103,7 @@ def main() -> None:
         "table6_per_row_exact": None if t6_row is None else t6_row["exact"],
         "sweep_seconds_100b_five_methods": {str(k): v for k, v in timing.items()},
     }
-    write_json(args.out, results)
+    write_result("simulate_tables", results, out=args.out, quiet=True)
     print(f"wrote {args.out}")
 
 

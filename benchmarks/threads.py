@@ -20,14 +20,14 @@ Prints a table and writes benchmarks/results/threads.json.
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from diloco.files import default_cache_dir, read_jsonl, write_json
+from diloco.bench import summarize, write_result
+from diloco.files import default_cache_dir, read_jsonl
 from diloco.train.config import TrainConfig, load_preset
 from diloco.train.threads import busy_cores, usable_cores
 from diloco.train.trainer import Trainer
@@ -41,7 +41,7 @@ def step_time(cfg: TrainConfig, cache: Path) -> tuple[float, int]:
         out = Path(d) / "run"
         Trainer(cfg, out, cache_dir=cache, progress=False).run()
         times = [r["step_time_s"] for r in read_jsonl(out / "metrics.jsonl") if "step_time_s" in r and r["step"] > 2]
-    return statistics.median(times), torch.get_num_threads()
+    return summarize(times).median, torch.get_num_threads()
 
 
 def main() -> None:
@@ -99,8 +99,7 @@ def main() -> None:
             f"{r['replicas']:>2} {'one busy loop' if r['competitor'] else 'none':>18} {r['setting']:<26} "
             f"{r['threads']:>7} {r['median_step_s']:7.3f}"
         )
-    write_json(args.out, {"steps": args.steps, "cores": cores, "rows": rows})
-    print(f"written: {args.out}")
+    write_result("threads", {"steps": args.steps, "cores": cores, "rows": rows}, out=args.out)
 
 
 if __name__ == "__main__":

@@ -24,15 +24,14 @@ Prints a table and writes benchmarks/results/throughput.json (``--part levers``:
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from diloco.bench import summarize, write_result
 from diloco.data import ShardSampler, prepare_tokens
 from diloco.files import default_cache_dir, read_jsonl
 from diloco.train.config import TrainConfig, load_preset
@@ -118,7 +117,7 @@ def levers(args: argparse.Namespace) -> None:
                 + ", ".join(f"{k}: {tps[k][-1]:.0f} tok/s, loss {loss[k][-1]:.4f}" for k in LEVERS),
                 flush=True,
             )
-        fp32 = statistics.median(tps["fp32"])
+        fp32 = summarize(tps["fp32"]).median
         rows = []
         for name in LEVERS:
             # the loss against fp32's of the same seed: the lever's effect; fp32's spread over seeds: the noise
@@ -126,9 +125,9 @@ def levers(args: argparse.Namespace) -> None:
             rows.append(
                 {
                     "config": name,
-                    "tokens_per_s": statistics.median(tps[name]),
+                    "tokens_per_s": summarize(tps[name]).median,
                     "tokens_per_s_rounds": tps[name],
-                    "speedup": statistics.median(tps[name]) / fp32,
+                    "speedup": summarize(tps[name]).median / fp32,
                     "final_eval_loss": loss[name],
                     "loss_minus_fp32_same_seed": dl,
                 }
@@ -157,9 +156,7 @@ def levers(args: argparse.Namespace) -> None:
             print(f"noise: fp32's final eval loss spread over seeds {noise:.4f}")
     print(f"LD_PRELOAD={out['ld_preload']!r}; tcmalloc loaded: {out['tcmalloc_loaded']}")
     path = args.out.with_name("throughput_levers.json") if args.out.name == "throughput.json" else args.out
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2, allow_nan=False) + "\n")
-    print(f"written: {path}")
+    write_result("throughput_levers", out, out=path)
 
 
 def main() -> None:
@@ -196,7 +193,7 @@ def main() -> None:
         for name, fn in runs.items():
             tps[name].append(fn())
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k}: {v[-1]:.0f}" for k, v in tps.items()), flush=True)
-    med = {k: statistics.median(v) for k, v in tps.items()}
+    med = {k: summarize(v).median for k, v in tps.items()}
     bare = med["bare loop (1 model, batch 16)"]
     rows = [{"run": k, "tokens_per_s": v, "vs_bare": v / bare} for k, v in med.items()]
     ratio_m1 = med["trainer DiLoCo M=1"] / bare
@@ -207,22 +204,18 @@ def main() -> None:
     print(f"\ntrainer (DiLoCo M=1) / bare loop tokens/s: {ratio_m1:.3f}  (goal >= 0.95)")
     print(f"DiLoCo M=2 time / DP M=2 time, same tokens: {time_ratio:.3f}  (goal <= 1.05)")
     print(f"LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "rows": rows,
-                "trainer_vs_bare": ratio_m1,
-                "diloco_vs_dp_time": time_ratio,
-                "steps": args.steps,
-                "rounds": args.rounds,
-                "ld_preload": os.environ.get("LD_PRELOAD", ""),
-            },
-            indent=2,
-        )
-        + "\n"
+    write_result(
+        "throughput",
+        {
+            "rows": rows,
+            "trainer_vs_bare": ratio_m1,
+            "diloco_vs_dp_time": time_ratio,
+            "steps": args.steps,
+            "rounds": args.rounds,
+            "ld_preload": os.environ.get("LD_PRELOAD", ""),
+        },
+        out=args.out,
     )
-    print(f"written: {args.out}")
 
 
 if __name__ == "__main__":

@@ -74,6 +74,8 @@ from typing import Any
 
 from torchft_cluster import ROOT, Cluster, instrumented_manager, versions
 
+from diloco.bench import write_result
+
 RESULTS = ROOT / "benchmarks" / "results"
 
 
@@ -415,9 +417,7 @@ def main(argv: list[str] | None = None) -> None:
         "repeats": results,
         "median": _median(results),
     }
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
-    print(f"wrote {a.out}")
+    write_result("torchft_healing", doc, out=a.out)
 
 
 if __name__ == "__main__":

@@ -8,14 +8,13 @@ fails here. The runs themselves need root and network namespaces (``sudo benchma
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from diloco.bench.link_report import with_predictions
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-from link_report import with_predictions  # noqa: E402
 
 
 def _rows(name: str) -> list[dict]:

@@ -326,13 +326,10 @@ def test_cli_plan_from_a_model_config(tmp_path):
 
 def test_validation_against_the_emulated_link_is_within_five_points_at_the_delivered_bandwidth(paper_loss):
     # benchmarks/validate_planner.py's first table, recomputed from the stored measurements (link.json)
-    import importlib.util
+    from diloco.bench import RESULTS_DIR
+    from diloco.bench.planner_check import validate_link
 
-    root = Path(__file__).parents[2]
-    spec = importlib.util.spec_from_file_location("validate_planner", root / "benchmarks" / "validate_planner.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    result = module.validate_link(root / "benchmarks" / "results" / "link.json", paper_loss)
+    result = validate_link(RESULTS_DIR / "link.json", paper_loss)
     delivered = result["summary"]["delivered"]
     assert delivered["cells"] == 15 and delivered["within_5_points"] == 15
     assert result["summary"]["configured"]["within_5_points"] == 11

@@ -4,8 +4,8 @@
 namespace (M > 2), shapes both ends of every worker's veth (``tbf`` FIFO, or one ``htb`` class per peer,
 optionally with small packets first) and always tears everything down. ``ss_snapshot`` /
 ``SsSampler`` read the connections' TCP state (``ss -tinm``: queues, cwnd, rtt, windows, buffers)
-during a run. Used by ``link.py`` (training over the link) and ``link_collectives.py`` (bare
-collectives). Needs root and iproute2.
+during a run. Used by ``benchmarks/link.py`` (training over the link) and ``benchmarks/link_collectives.py``
+(bare collectives). Needs root and iproute2.
 """
 
 from __future__ import annotations

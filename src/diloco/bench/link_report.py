@@ -11,6 +11,8 @@ import json
 import os
 from pathlib import Path
 
+from diloco.bench import write_result
+
 
 def predict(run: dict, mbps: float, latency_ms: float) -> float | None:
     """``diloco.sim.predict_utilization`` for the run. The simulator charges each worker's link the
@@ -160,22 +162,17 @@ def report(rows: list[dict], probes: dict, notes: list[str], args) -> None:
         )
     elif any(r["method"] == "DP" for r in rows):
         print("\ntarget: no bandwidth in the sweep brings DP to <= 20%; add a lower one")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(
-        json.dumps(
-            {
-                "config": {
-                    k: v
-                    for k, v in vars(args).items()
-                    if k not in ("rank", "mbps", "json_out", "addr", "ifname", "port", "worker", "throttle")
-                },
-                "notes": notes,
-                "overlap_probe": {str(k): v for k, v in probes.items()},
-                "rows": rows,
+    write_result(
+        "link",
+        {
+            "config": {
+                k: v
+                for k, v in vars(args).items()
+                if k not in ("rank", "mbps", "json_out", "addr", "ifname", "port", "worker", "throttle")
             },
-            indent=2,
-            allow_nan=False,
-        )
-        + "\n"
+            "notes": notes,
+            "overlap_probe": {str(k): v for k, v in probes.items()},
+            "rows": rows,
+        },
+        out=args.out,
     )
-    print(f"wrote {args.out}")
