@@ -34,9 +34,10 @@ import torch
 from diloco.bench import summarize, write_result
 from diloco.data import ShardSampler, prepare_tokens
 from diloco.files import default_cache_dir, read_jsonl
+from diloco.models.factory import build_model
 from diloco.train.config import TrainConfig, load_preset
 from diloco.train.speed import tcmalloc_loaded
-from diloco.train.trainer import Trainer, build_model
+from diloco.train.trainer import Trainer
 
 LEVERS = {
     "fp32": {},
@@ -48,7 +49,14 @@ LEVERS = {
 
 def bare_loop(cfg: TrainConfig, data, steps: int) -> float:
     torch.set_num_threads(os.cpu_count() or 1)
-    model = build_model(cfg, data.tokenizer.vocab_size)
+    model = build_model(
+        cfg.model,
+        size=cfg.size,
+        vocab_size=data.tokenizer.vocab_size,
+        seq_len=cfg.seq_len,
+        seed=cfg.seed,
+        z_loss=cfg.z_loss,
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2))
     sampler = ShardSampler(
         data.train, rank=0, world_size=1, batch_size=cfg.global_batch, seq_len=cfg.seq_len, seed=cfg.seed
