@@ -446,7 +446,12 @@ def _run(
             out, cfg, inputs.model, named, vocab_size=vocab, data_digest=digest, step=cfg.total_steps
         )
         ray.kill(handle, no_restart=True)
-        summary = {**summary, "merges": len(records), "name": name, "address": address}
+        import torch
+
+        from diloco.train.evaluation import evaluate_parameters
+
+        loss = evaluate_parameters(inputs.model, named, inputs.val_batches, bf16=cfg.bf16, device=torch.device("cpu"))
+        summary = {**summary, "merges": len(records), "name": name, "address": address, "final_eval_loss": loss}
         write_json(out / "summary.json", summary)
         echo(f"diloco syncer: every learner finished; {len(records)} merges; results in {out}")
         return summary

@@ -1,0 +1,235 @@
+"""A Decoupled DiLoCo run deployed as site jobs, under faults: the syncer service and one torchrun job per site,
+as a team runs them (the commands ``diloco syncer`` prints), with a rank of one site and the syncer SIGKILLed
+mid-run. What the test of site jobs under faults and ``benchmarks/site_faults.py`` run.
+
+::
+
+    result = run_sites(preset="tiny", sets={"replicas": 2, ...}, out=Path("runs/sites"), cache_dir=...,
+                       sites=[Site(0, ranks=2, sharding="fsdp"), Site(1, ranks=2)],
+                       kill_learner=(1, 20), kill_syncer=True)
+
+Every process is a real one on this machine (loopback): ``python -m diloco syncer`` (a local Ray instance, the
+syncer a detached checkpointed actor), and per site ``torchrun --nproc-per-node R --max-restarts 2 -m diloco
+train ... --set learner=m --set syncer=NAME@ADDRESS --resume auto`` (gloo ranks; ``sharding="fsdp"``: the
+site's ranks shard one model). ``kill_learner=(m, step)``: once learner m has logged ``step``, its lead rank
+(the pid in its newest ``joined`` row) is SIGKILLed; torchrun's agent restarts the site's job, which resumes
+from its newest checkpoint. ``kill_syncer``: once the restarted learner has contributed again (or, without a
+learner kill, after a few merges), the syncer actor's process (the pid of its newest ``started`` event) is
+SIGKILLed; Ray restarts it from its checkpoint. The run ends when the service does (every learner finished).
+
+:func:`analyse` reads what the run left: per learner its step rows, the faults and when each was felt, and the
+checks the test makes (the survivor's worst step over its typical step, seconds from the restart to the
+restarted learner's first merge with weight > 0, the merge versions, the restarted learner's lr against its
+schedule, the final loss of the syncer's parameters).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from diloco.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Site:
+    """One site's job: learner ``learner`` on ``ranks`` processes (``sharding``: replicate or fsdp)."""
+
+    learner: int
+    ranks: int = 1
+    sharding: str = "replicate"
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """The whole JSON rows of a log another process is writing (a line cut mid-write is left for later)."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        if line.endswith("\n") and line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a killed writer's partial line, ended by its successor's newline
+                continue
+    return out
+
+
+def _learner_log(out: Path, m: int) -> Path:
+    return out / f"site-{m}" / f"learner-{m}.jsonl"
+
+
+def _wait(what: str, check, *, timeout: float, procs: list[subprocess.Popen]) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = check()
+        if got:
+            return got
+        for p in procs:
+            if p.poll() not in (None, 0):
+                raise RuntimeError(f"a process exited with {p.returncode} while waiting for {what}: {p.args}")
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def run_sites(
+    *,
+    preset: str,
+    sets: dict[str, Any],
+    out: Path,
+    cache_dir: Path,
+    sites: list[Site],
+    kill_learner: tuple[int, int] | None = None,
+    kill_syncer: bool = False,
+    timeout_s: float = 600.0,
+) -> dict[str, Any]:
+    """Run the service and the sites (module docstring); returns :func:`analyse`'s result. ``out`` must be new."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"out={out} is not empty: give a new folder (nothing in it is overwritten)")
+    out.mkdir(parents=True, exist_ok=True)
+    python = sys.executable
+    items = [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
+    common = ["--preset", preset, *items, "--cache-dir", str(cache_dir)]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    logs = []
+
+    def start(args: list[str], log_name: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = open(out / log_name, "wb")
+        logs.append(log)
+        return subprocess.Popen(args, env={**env, **(extra_env or {})}, stdout=log, stderr=subprocess.STDOUT)
+
+    service = start([python, "-m", "diloco", "syncer", *common, "--out", str(out / "syncer"), "--poll", "1"], "syncer.log")
+    procs = [service]
+    faults: dict[str, Any] = {}
+    try:
+        info_path = out / "syncer" / "syncer.json"
+        _wait("the syncer's syncer.json", info_path.is_file, timeout=180, procs=procs)
+        info = json.loads(info_path.read_text())
+        auth = {"RAY_AUTH_MODE": "token"} if info["ray"]["auth_mode"] == "token" else {}
+        for site in sites:
+            args = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(site.ranks)]
+            args += ["--max-restarts", "2", "-m", "diloco", "train", "--method", "decoupled", *common, "--no-progress"]
+            args += ["--set", f"learner={site.learner}", "--set", f"syncer={info['syncer']}"]
+            args += ["--set", f"ranks_per_worker={site.ranks}", "--set", f"worker_sharding={site.sharding}"]
+            args += ["--out", str(out / f"site-{site.learner}"), "--resume", "auto"]
+            procs.append(start(args, f"site-{site.learner}.log", auth))
+        if kill_learner is not None:
+            m, at_step = kill_learner
+            log = _learner_log(out, m)
+            _wait(
+                f"learner {m} at step {at_step}",
+                lambda: any(r.get("step", 0) >= at_step for r in _rows(log)),
+                timeout=timeout_s,
+                procs=procs,
+            )
+            joined = [r for r in _rows(log) if r.get("event") == "joined"][-1]
+            faults["learner_kill"] = {"learner": m, "pid": joined["pid"], "at": time.time()}
+            os.kill(int(joined["pid"]), signal.SIGKILL)
+            restart = _wait(
+                f"learner {m}'s restart",
+                lambda: next(
+                    (r for r in _rows(log) if r.get("event") == "joined" and r["pid"] != joined["pid"]), None
+                ),
+                timeout=timeout_s,
+                procs=procs,
+            )
+            faults["learner_kill"] |= {"restarted_at": restart["t"], "start_step": restart["start_step"]}
+            records = out / "syncer" / "syncer" / "records.jsonl"
+
+            def contributed() -> bool:
+                return any(
+                    r["at"] > restart["t"] and m in r["learners"] and r["weights"][r["learners"].index(m)] > 0
+                    for r in _rows(records)
+                )
+
+            _wait(f"learner {m}'s first merge after its restart", contributed, timeout=timeout_s, procs=procs)
+        if kill_syncer:
+            events = out / "syncer" / "syncer" / "events.jsonl"
+            _wait("a few merges", lambda: sum(r["event"] == "merged" for r in _rows(events)) >= 4, timeout=timeout_s,
+                  procs=procs)
+            started = [r for r in _rows(events) if r["event"] == "started"][-1]
+            faults["syncer_kill"] = {"pid": started["pid"], "at": time.time()}
+            os.kill(int(started["pid"]), signal.SIGKILL)
+            back = _wait(
+                "the syncer's restart",
+                lambda: next((r for r in _rows(events) if r["event"] == "started" and r["pid"] != started["pid"]),
+                             None),
+                timeout=timeout_s,
+                procs=procs,
+            )
+            faults["syncer_kill"] |= {"back_at": back["t"], "restored_merges": back.get("restored_merges")}
+        end = time.monotonic() + timeout_s
+        for p in procs:
+            p.wait(timeout=max(1.0, end - time.monotonic()))
+        codes = [p.returncode for p in procs]
+        if any(codes):
+            tails = {f.name: Path(f.name).read_text(errors="replace")[-2000:] for f in logs}
+            raise RuntimeError(f"exit codes {codes}; logs: {tails}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for f in logs:
+            f.close()
+    return analyse(out, sites=sites, faults=faults)
+
+
+def analyse(out: Path, *, sites: list[Site], faults: dict[str, Any]) -> dict[str, Any]:
+    """What the run left, checked (module docstring)."""
+    from diloco.decoupled.chaos import final_steps
+    from diloco.train.config import TrainConfig
+    from diloco.train.lr import lr_at
+
+    summary = json.loads((out / "syncer" / "summary.json").read_text())
+    merges = _rows(out / "syncer" / "merges.jsonl")
+    result: dict[str, Any] = {"faults": faults, "final_eval_loss": summary["final_eval_loss"]}
+    result["merges"] = len(merges)
+    result["versions_contiguous"] = all(
+        [r["version"] for r in merges if r["fragment"] == p] == list(range(1, 1 + sum(r["fragment"] == p for r in merges)))
+        for p in {r["fragment"] for r in merges}
+    )
+    learners: dict[int, Any] = {}
+    for site in sites:
+        m = site.learner
+        rows = _rows(_learner_log(out, m))
+        steps, superseded = final_steps(rows)
+        dts = [r["dt"] for r in steps]
+        typical = median(dts) if dts else 0.0
+        learners[m] = {"steps": len(steps), "superseded": superseded, "typical_step_s": typical}
+        for name, fault in faults.items():
+            if name == "learner_kill" and fault["learner"] == m:
+                continue
+            after = [r["dt"] for r in steps if r["t"] > fault["at"]]
+            learners[m][f"worst_step_after_{name}"] = max(after) / typical if after and typical else None
+    kill = faults.get("learner_kill")
+    if kill is not None:
+        m = kill["learner"]
+        first = min(
+            (
+                r["at"]
+                for r in merges
+                if r["at"] > kill["restarted_at"] and m in r["learners"] and r["weights"][r["learners"].index(m)] > 0
+            ),
+            default=None,
+        )
+        kill["first_merge_s"] = None if first is None else first - kill["restarted_at"]
+        cfg = TrainConfig.from_dict(json.loads((out / f"site-{m}" / "config.json").read_text()))
+        rows = [r for r in _rows(out / f"site-{m}" / "metrics.jsonl") if "lr" in r]
+        resumed = [r for r in rows if r["step"] > kill["start_step"]][:5]
+        kill["lr_matches_schedule"] = bool(resumed) and all(
+            abs(r["lr"] - lr_at(r["step"], cfg)) <= 1e-12 * max(1.0, abs(r["lr"])) for r in resumed
+        )
+    result["learners"] = learners
+    return result
+
+
+__all__ = ["Site", "analyse", "run_sites"]
