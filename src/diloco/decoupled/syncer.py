@@ -110,6 +110,11 @@ def _copy_bases(
     return {m: [one(b, t) for b, t in zip(bs, snapshot, strict=True)] for m, bs in bases.items()}
 
 
+def _all_finite(x: torch.Tensor, *, chunk: int = 1 << 18) -> bool:
+    """Every value of ``x`` is finite, a chunk at a time (``all_finite`` of the whole needs a temporary its size)."""
+    return all(bool(all_finite(x[i : i + chunk])) for i in range(0, x.numel(), chunk))
+
+
 @dataclass
 class _Round:
     reports: dict[int, Report] = field(default_factory=dict)
@@ -427,7 +432,7 @@ class Syncer:
                 base = self._base[m][p]
                 if base is not self._snapshot[p] and self.outer_gradient == "global":  # against Theta, not its copy
                     _add_difference_(d, theta, base)
-                finite = bool(all_finite(d))
+                finite = _all_finite(d)
                 if not finite:
                     seen_bad.add(m)
                 if finite == (m in bad):
