@@ -177,13 +177,15 @@ def _reset_hwm() -> bool:
         return False
 
 
-def run_one(*, values: int, learners: int, codec: str, merge: str, repeats: int) -> dict:
+def run_one(*, values: int, learners: int, codec: str, merge: str, repeats: int, threads: int = 0) -> dict:
     """One config in this process (called in a fresh subprocess by :func:`main`)."""
     from diloco.algorithm.codecs import get_codec
     from diloco.decoupled.messages import Report
     from diloco.decoupled.syncer import Syncer
 
     torch.set_grad_enabled(False)
+    if threads > 0:
+        torch.set_num_threads(threads)
     model, d, num_blocks = build(values)
     n = sum(p.numel() for p in model.parameters())
     syncer = Syncer(model, num_learners=learners, merge=merge, codec=codec, grace_gamma=0.0)
@@ -253,6 +255,7 @@ def run_one(*, values: int, learners: int, codec: str, merge: str, repeats: int)
         "peak_growth_over_model": growth / (4 * n) if growth is not None else None,
         "hwm_reset": reset,
         "malloc_trim": trimmed,
+        "threads": torch.get_num_threads(),
         "memcpys_per_learner": median / copy_s / learners,
         "memcpys_per_learner_cpu": cpu_median / copy_cpu / learners,
         # passes over a round's reports beyond the first (a syncer that streams decodes again when the guard acts)
@@ -310,6 +313,13 @@ def main() -> None:
         default=None,
         help="the diloco source tree the configs import (PYTHONPATH), e.g. an earlier commit's src from git archive",
     )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads per config (default: torch's; 1 is steadier on a shared box, where a parallel region "
+        "waits for a preempted thread)",
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one JSON config, print its row
     args = ap.parse_args()
     if args.one:
@@ -350,7 +360,7 @@ def main() -> None:
     )
     print(header)
     for cfg in configs(args):
-        one = json.dumps({**cfg, "repeats": args.repeats})
+        one = json.dumps({**cfg, "repeats": args.repeats, "threads": args.threads})
         try:
             proc = subprocess.run(
                 [sys.executable, __file__, "--one", one],
