@@ -36,7 +36,12 @@ was merged, e.g. a retry after a syncer restart) is ignored, so sending a report
 :meth:`Syncer.state_dict` holds everything but the open rounds (their learners send again), so a syncer
 restored from it loses only the time it was down. Memory: besides Theta and the
 outer-optimizer state, the syncer keeps the copy of each fragment each learner holds (to form
-Delta_m against its own Theta_p); with the lossless ``fp32`` codec those copies are shared.
+Delta_m against its own Theta_p); learners that hold the same copy (the same version, received in the
+same merge; with the lossless ``fp32`` codec, Theta itself) share one tensor and one reply payload, so in
+the steady state of K = M there is one copy whatever M. A merge streams (:meth:`Syncer._fold`): it decodes
+one report at a time and folds it into running per-tensor sums, holding one fragment-sized accumulator and
+one Delta_m however many learners report; the sums are the stacked merge's, in the same order, bit for bit
+(``tests/unit/test_syncer_streaming.py`` keeps the stacked merge as the reference).
 """
 
 from __future__ import annotations
@@ -417,12 +422,15 @@ class Syncer:
             )
             norms: dict[int, float] = {}
             seen_bad: set[int] = set()
+            buffer: torch.Tensor | None = None  # one decode buffer for the pass (a fresh one costs page faults)
             for m in order:
                 verdict = vs.get(m)
                 if verdict is not None and verdict.action == "drop":
                     continue
                 r = rnd.reports[m]
-                d = self.codec.decode(r.payload, numel)  # base_m - theta_m
+                if buffer is None:
+                    buffer = torch.empty(numel, dtype=torch.float32, device=theta.device)
+                d = self.codec.decode_into(r.payload, numel, buffer)  # base_m - theta_m
                 if not known and r.steps > 0:
                     # per step of work: a learner's first report of a fragment may cover fewer steps than H (the
                     # schedule's offset), and was measured 7x smaller than the next one on the tiny preset
@@ -439,6 +447,8 @@ class Syncer:
                     fold = None  # the weights of this pass counted it wrongly: its fold is void
                 elif finite and fold is not None:
                     fold.add(d)
+                if fold is not None and fold.acc is buffer:
+                    buffer = None  # the fold keeps it as its accumulator (an equal-weight mean starts from it)
                 del d
             if not known:
                 verdicts = self._judge(p, norms)
