@@ -1,6 +1,6 @@
 """The decoupled syncer's merge: time per fragment and peak memory, by size, learners M, codec and merge rule.
 
-Issue 35, point 1: the row to compare a streaming / sharded syncer against. The syncer
+The row to compare a streaming / sharded syncer against. The syncer
 (:class:`diloco.decoupled.syncer.Syncer`) is driven through its public API only: ``join`` each of the
 M learners, then per round ``receive`` M reports prepared beforehand; the ``receive`` of the M-th
 report runs the merge (decode M payloads, form each Delta_m against Theta, merge, outer step, encode
@@ -51,7 +51,8 @@ measured by this version of the script in the same session.
 
 Memory after the streaming merge (one report decoded and folded at a time, learners at one version sharing one
 copy): the growth does not depend on M. ``cpu/M`` is the merge's CPU time per learner in memcpys (CPU time);
-FP4's decode alone is about 15 of them on this CPU.
+with FP4 replies and RDA, about 11 per added learner and a fixed part of about 125 a merge on this CPU
+(``docs/results/performance.md``). ``--threads 1`` gives the steadier times on a shared machine.
 """
 
 from __future__ import annotations

@@ -384,3 +384,8 @@ def test_merge_fold_equals_merge_outer_gradients_bit_for_bit():
                 expected,
                 merge_outer_gradients(deltas, weights, sizes=sizes, embedding=embedding, merge=merge),
             )
+
+
+@pytest.mark.parametrize("codec", ["stat2", "topk", "int8"])
+def test_streaming_merge_is_bit_identical_with_the_other_codecs(codec):
+    _drive(M=4, K=2, codec=codec, merge="rda", guard="drop")
