@@ -91,11 +91,16 @@ def check_quorum(quorum: int, num_learners: int) -> None:
         )
 
 
-def _add_difference_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, chunk: int = 1 << 18) -> None:
-    """``out += a - b`` a chunk at a time (no temporary of the full size); the same values as
-    ``out.add_(a - b)``: each is one rounded subtraction and one rounded addition per element."""
+def _add_difference_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, chunk: int = 1 << 18) -> bool:
+    """``out += a - b`` a chunk at a time (no temporary of the full size), and whether every value of ``out`` is then
+    finite (each chunk checked while it is in cache); the same values as ``out.add_(a - b)``: each is one rounded
+    subtraction and one rounded addition per element."""
+    finite = torch.ones((), dtype=torch.bool, device=out.device)
     for i in range(0, out.numel(), chunk):
-        out[i : i + chunk].add_(a[i : i + chunk] - b[i : i + chunk])
+        part = out[i : i + chunk]
+        part.add_(a[i : i + chunk] - b[i : i + chunk])
+        finite &= all_finite(part)
+    return bool(finite)
 
 
 def _copy_bases(
@@ -439,8 +444,9 @@ class Syncer:
                     d.mul_(verdict.scale)  # clip: down to the bar, before the drift of Theta is added
                 base = self._base[m][p]
                 if base is not self._snapshot[p] and self.outer_gradient == "global":  # against Theta, not its copy
-                    _add_difference_(d, theta, base)
-                finite = _all_finite(d)
+                    finite = _add_difference_(d, theta, base)
+                else:
+                    finite = _all_finite(d)
                 if not finite:
                     seen_bad.add(m)
                 if finite == (m in bad):
