@@ -69,9 +69,9 @@ class SyncerCost:
 SYNCER_COSTS: dict[str, SyncerCost] = {
     c.codec: c
     for c in (
-        SyncerCost("fp4_e3m0", "rda", "after-16m-1t", 13_631_488, (2, 4, 8, 16), 23.47, 2.071, 4.330, True),
-        SyncerCost("bf16", "rda", "after-16m-bf16-1t", 13_631_488, (2, 16), 14.69, 1.347, 4.527, True),
-        SyncerCost("fp32", "rda", "after-16m-fp32-1t", 13_631_488, (2, 16), 13.48, 1.003, 3.041, False),
+        SyncerCost("fp4_e3m0", "rda", "after-16m-1t", 13_631_488, (2, 4, 8, 16), 23.63, 1.750, 4.354, True),
+        SyncerCost("bf16", "rda", "after-16m-bf16-1t", 13_631_488, (2, 16), 14.10, 1.202, 4.609, True),
+        SyncerCost("fp32", "rda", "after-16m-fp32-1t", 13_631_488, (2, 16), 12.78, 0.9592, 3.118, False),
     )
 }
 
