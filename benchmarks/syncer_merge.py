@@ -1,6 +1,6 @@
 """The decoupled syncer's merge: time per fragment and peak memory, by size, learners M, codec and merge rule.
 
-Issue 35, point 1: the row to compare a streaming / sharded syncer against. The syncer
+The row to compare a streaming / sharded syncer against. The syncer
 (:class:`diloco.decoupled.syncer.Syncer`) is driven through its public API only: ``join`` each of the
 M learners, then per round ``receive`` M reports prepared beforehand; the ``receive`` of the M-th
 report runs the merge (decode M payloads, form each Delta_m against Theta, merge, outer step, encode
@@ -42,7 +42,17 @@ the high-water mark is that of the whole process and the column says ``hwm_reset
 
 Default grid: ``--sizes`` x ``--learners`` at ``--codec`` / ``--merge`` (fp4_e3m0, rda), plus every
 ``--codecs`` x ``--merges`` at ``--grid-size`` and ``--grid-learners`` (skipped with ``--no-grid``).
-Prints a table and writes ``benchmarks/results/syncer_merge.json`` (``--out``).
+Prints a table and writes ``benchmarks/results/syncer_merge.json`` (``--out``). ``--label after`` keeps
+what that file holds and writes the run under ``runs["after"]``; ``--src DIR`` measures another source tree,
+e.g. the syncer before the streaming merge: ``git archive 286f9e9 src | tar -x -C /tmp/before`` and
+``--src /tmp/before/src --label before``. The committed file holds the first rows (top level, measured before
+any syncer change, without ``malloc_trim``) and, under ``runs``, the syncer before and after the streaming merge
+measured by this version of the script in the same session.
+
+Memory after the streaming merge (one report decoded and folded at a time, learners at one version sharing one
+copy): the growth does not depend on M. ``cpu/M`` is the merge's CPU time per learner in memcpys (CPU time);
+with FP4 replies and RDA, about 11 per added learner and a fixed part of about 125 a merge on this CPU
+(``docs/results/performance.md``). ``--threads 1`` gives the steadier times on a shared machine.
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import statistics
 import subprocess
@@ -147,6 +158,18 @@ def _status_kb(field: str) -> int | None:
     return None
 
 
+def _malloc_trim() -> bool:
+    """Give the C heap's free memory back to the OS (glibc ``malloc_trim(0)``), so the growth measured after it
+    is memory the merges touch, not the reuse of what building the model and the payloads left free."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
 def _reset_hwm() -> bool:
     try:
         Path("/proc/self/clear_refs").write_text("5")
@@ -155,13 +178,15 @@ def _reset_hwm() -> bool:
         return False
 
 
-def run_one(*, values: int, learners: int, codec: str, merge: str, repeats: int) -> dict:
+def run_one(*, values: int, learners: int, codec: str, merge: str, repeats: int, threads: int = 0) -> dict:
     """One config in this process (called in a fresh subprocess by :func:`main`)."""
     from diloco.algorithm.codecs import get_codec
     from diloco.decoupled.messages import Report
     from diloco.decoupled.syncer import Syncer
 
     torch.set_grad_enabled(False)
+    if threads > 0:
+        torch.set_num_threads(threads)
     model, d, num_blocks = build(values)
     n = sum(p.numel() for p in model.parameters())
     syncer = Syncer(model, num_learners=learners, merge=merge, codec=codec, grace_gamma=0.0)
@@ -172,6 +197,7 @@ def run_one(*, values: int, learners: int, codec: str, merge: str, repeats: int)
     gen = torch.Generator().manual_seed(1)
     payloads = [c.encode(torch.randn(n, generator=gen).mul_(1e-3)) for _ in range(min(2, learners))]
     copy_s, copy_cpu = memcpy_seconds(n)
+    trimmed = _malloc_trim()
     reset = _reset_hwm()
     rss_before = _status_kb("VmRSS")
     times, cpu_times, sync_times = [], [], []
@@ -229,6 +255,12 @@ def run_one(*, values: int, learners: int, codec: str, merge: str, repeats: int)
         "model_fp32_bytes": 4 * n,
         "peak_growth_over_model": growth / (4 * n) if growth is not None else None,
         "hwm_reset": reset,
+        "malloc_trim": trimmed,
+        "threads": torch.get_num_threads(),
+        "memcpys_per_learner": median / copy_s / learners,
+        "memcpys_per_learner_cpu": cpu_median / copy_cpu / learners,
+        # passes over a round's reports beyond the first (a syncer that streams decodes again when the guard acts)
+        "extra_merge_passes": int(getattr(syncer, "extra_merge_passes", 0)),
     }
 
 
@@ -254,7 +286,7 @@ def _csv(text: str) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1M,4M,16M", help="fragment sizes, e.g. 1M,4M,16M,64M,256M")
-    ap.add_argument("--learners", default="2,8", help="M values for the size sweep (2,4,8,16 for all)")
+    ap.add_argument("--learners", default="2,8,16", help="M values for the size sweep (2,4,8,16 for all)")
     ap.add_argument("--codec", default="fp4_e3m0", help="codec of the size sweep")
     ap.add_argument("--merge", default="rda", help="merge rule of the size sweep")
     ap.add_argument("--codecs", default=",".join(CODECS), help="codecs of the codec x merge grid")
@@ -271,13 +303,31 @@ def main() -> None:
         default=None,
         help="JSON path (default benchmarks/results/syncer_merge.json, syncer_merge_quick.json with --quick)",
     )
+    ap.add_argument(
+        "--label",
+        default=None,
+        help="keep what --out holds and write this run under runs[LABEL] in it (e.g. 'after' beside the rows before)",
+    )
+    ap.add_argument(
+        "--src",
+        type=Path,
+        default=None,
+        help="the diloco source tree the configs import (PYTHONPATH), e.g. an earlier commit's src from git archive",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads per config (default: torch's; 1 is steadier on a shared box, where a parallel region "
+        "waits for a preempted thread)",
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one JSON config, print its row
     args = ap.parse_args()
     if args.one:
         print(json.dumps(run_one(**json.loads(args.one))))
         return
     if args.quick:
-        args.sizes, args.learners, args.codecs, args.merges = "1M", "2,4", "fp32,fp4_e3m0", "mean,rda"
+        args.sizes, args.learners, args.codecs, args.merges = "1M", "2,4,16", "fp32,fp4_e3m0", "mean,rda"
         args.grid_size, args.grid_learners, args.repeats = "1M", 2, 2
     if args.out is None:
         args.out = (
@@ -298,14 +348,20 @@ def main() -> None:
     if args.repeats < 1 or any(m < 1 for m in [*args.learners, args.grid_learners]):
         raise ValueError("--repeats and every M must be at least 1")
 
+    env = None
+    if args.src is not None:
+        if not (args.src / "diloco" / "decoupled" / "syncer.py").is_file():
+            raise ValueError(f"--src {args.src}: give a directory holding diloco/ (a checkout's src)")
+        env = {**os.environ, "PYTHONPATH": str(args.src.resolve())}
     rows, skipped = [], []
     header = (
         f"{'values':>11} {'d':>5} {'L':>3} {'M':>3} {'codec':<9} {'merge':<5} {'merge s':>8} "
-        f"{'first s':>8} {'cpu s':>7} {'memcpy ms':>9} {'x memcpy':>9} {'x cpu':>6} {'ns/(M*val)':>10} {'peak/model':>10}"
+        f"{'first s':>8} {'cpu s':>7} {'memcpy ms':>9} {'x memcpy':>9} {'x cpu':>6} {'cpu/M':>6} {'ns/(M*val)':>10} "
+        f"{'peak/model':>10}"
     )
     print(header)
     for cfg in configs(args):
-        one = json.dumps({**cfg, "repeats": args.repeats})
+        one = json.dumps({**cfg, "repeats": args.repeats, "threads": args.threads})
         try:
             proc = subprocess.run(
                 [sys.executable, __file__, "--one", one],
@@ -313,6 +369,7 @@ def main() -> None:
                 text=True,
                 timeout=args.timeout,
                 check=False,
+                env=env,
             )
         except subprocess.TimeoutExpired:
             skipped.append({**cfg, "why": f"over {args.timeout:g} s"})
@@ -329,6 +386,7 @@ def main() -> None:
             f"{r['values']:>11,} {r['width']:>5} {r['blocks']:>3} {r['learners']:>3} {r['codec']:<9} "
             f"{r['merge']:<5} {r['merge_s_median']:>8.3f} {r['merge_s_first']:>8.3f} {r['merge_cpu_s_median']:>7.3f} "
             f"{1e3 * r['memcpy_s']:>9.2f} {r['merge_over_memcpy']:>9.0f} {r['merge_over_memcpy_cpu']:>6.0f} "
+            f"{r['memcpys_per_learner_cpu']:>6.1f} "
             f"{r['ns_per_learner_value']:>10.1f} {peak:>10}",
             flush=True,
         )
@@ -341,10 +399,16 @@ def main() -> None:
         "python": platform.python_version(),
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "timing": "median of rounds 2..repeats of Syncer.receive of the round's last report (the merge)",
-        "memory": "VmHWM - VmRSS before the rounds (HWM reset via /proc/self/clear_refs), over 4 * values",
+        "memory": "VmHWM - VmRSS before the rounds (malloc_trim(0), then HWM reset via /proc/self/clear_refs), "
+        "over 4 * values",
+        "src": str(args.src) if args.src is not None else "this checkout",
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"meta": meta, "rows": rows, "skipped": skipped}
+    if args.label is not None:
+        kept = json.loads(args.out.read_text()) if args.out.exists() else {}
+        kept.setdefault("runs", {})[args.label] = doc
+        doc = kept
     args.out.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
     print(f"\nwritten: {args.out}")
     if not math.isfinite(sum(r["merge_s_median"] for r in rows)):

@@ -95,3 +95,21 @@ def test_every_codec_still_round_trips_through_encode_and_decode(name):
     x = torch.randn(CHUNK + 100, generator=torch.Generator().manual_seed(1))
     y = codec.decode(codec.encode(x), x.numel())
     assert y.shape == x.shape and y.dtype == torch.float32 and bool(torch.isfinite(y).all())
+
+
+@pytest.mark.parametrize("name", [*CODEC_NAMES, "stat2", "topk"])
+@pytest.mark.parametrize("numel", [2 * CHUNK + 16 * 37, 2 * CHUNK + 5, 1000])
+def test_decode_into_a_buffer_gives_the_bits_of_decode(name, numel):
+    codec = get_codec(name)
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(numel)).mul_(1e-2)
+    x[7] = 40.0  # a large value: the block scales are not all equal
+    payload = codec.encode(x)
+    buffer = torch.full((numel,), 123.0)
+    got = codec.decode_into(payload, numel, buffer)
+    assert torch.equal(got.view(torch.int32), codec.decode(payload, numel).view(torch.int32))
+    # the codecs with an in-place path write into the buffer (the 4-bit ones: whole blocks, on their chunked path)
+    in_place = name in ("fp32", "bf16") or (name.startswith("fp4") and numel % 16 == 0 and use_chunks(payload, None))
+    assert (got is buffer) == in_place, name
+    # a payload at an odd offset of a larger buffer decodes the same
+    shifted = torch.cat([torch.zeros(1, dtype=torch.uint8), payload])[1:]
+    assert torch.equal(codec.decode_into(shifted, numel, torch.empty(numel)).view(torch.int32), got.view(torch.int32))

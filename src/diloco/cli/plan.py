@@ -46,6 +46,7 @@ from diloco.sim.planner import (
     candidates,
     evaluate,
 )
+from diloco.sim.syncer_cost import SYNCER_COSTS, SyncerPlan, plan_syncer
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
@@ -117,6 +118,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="paper",
         help="costs of H, fragments, tau and bits: the papers' ablations (default) or this project's "
         "measured laptop-scale runs",
+    )
+    d = p.add_argument_group("Decoupled DiLoCo's syncer (diloco.sim.syncer_cost)")
+    d.add_argument(
+        "--method",
+        choices=("decoupled",),
+        default=None,
+        help="decoupled: also charge the syncer (M = --workers learners, fragments of --fragment-layers blocks, "
+        "tau = the largest --overlap): its merge time per fragment, memory and the shards it needs",
+    )
+    d.add_argument(
+        "--syncer-codec",
+        choices=tuple(SYNCER_COSTS),
+        default="fp4_e3m0",
+        help="the syncer's reply codec (default fp4_e3m0; the figures measured for each by benchmarks/syncer_merge.py)",
     )
     g = p.add_argument_group(
         "goodput under chip failures (diloco.sim.goodput; the defaults fit Decoupled DiLoCo's Table 1)"
@@ -239,6 +254,9 @@ def format_sources(plan: Plan) -> str:
             seen.setdefault(("loss note", n))
     for name, src in seen:
         lines.append(f"  {name}: {src}")
+    for key in ("syncer_merge_time", "syncer_memory", "syncer_shards"):
+        if key in s:
+            lines.append(f"  {key}: {s[key]}")
     lines.append("  'x' after a loss: an ablation cost used outside its data (an extrapolation)")
     if "measured" in s:
         lines.append(f"  'm' after a loss: {s['measured']}")
@@ -339,6 +357,45 @@ def plot_plan(plan: Plan, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_with(path, lambda fh: fig.savefig(fh, format="png"))
     return path
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.3g} B"
+
+
+def syncer_setting(args: argparse.Namespace, model: ModelSpec, step_source: str) -> SyncerPlan:
+    """The syncer of a decoupled run with this plan's model and settings (diloco.sim.syncer_cost)."""
+    return plan_syncer(
+        num_params=model.num_params,
+        non_block_params=model.non_block_params,
+        num_layers=model.num_layers,
+        fragment_layers=_ints(args.fragment_layers, "fragment-layers")[0],
+        learners=args.workers,
+        tau=max(_ints(args.overlap, "overlap")),
+        step_time_s=model.step_time_s,
+        step_time_source=step_source,
+        codec=args.syncer_codec,
+    )
+
+
+def format_syncer(sp: SyncerPlan) -> str:
+    """The syncer's costs beside the learners' step time."""
+    budget = sp.tau * sp.step_time_s
+    return "\n".join(
+        [
+            f"syncer (method=decoupled): M = {sp.learners} learners, RDA, {sp.codec} replies; {sp.fragments} fragments, "
+            f"the largest {sp.fragment_values:.4g} values",
+            f"  learners' step time           {format_duration(sp.step_time_s):>10}  ({sp.step_time_source}; "
+            f"tau = {sp.tau}: {format_duration(budget)} for a merge)",
+            f"  syncer merge per fragment     {format_duration(sp.merge_s):>10}  ({sp.merge_s / budget:.3g} x tau steps, "
+            "one host)",
+            f"  syncer memory                 {_bytes(sp.memory_bytes):>10}",
+            f"  syncer shards needed          {sp.shards:>10}  (for a merge within tau = {sp.tau} steps)",
+        ]
+    )
 
 
 def failure_setting(args: argparse.Namespace) -> tuple[float, FailureModel] | None:
@@ -443,6 +500,9 @@ def run(args: argparse.Namespace) -> int:
         args.release == "per-layer",
     )
     plan = evaluate(setup, cands, bws, loss_model, tolerance=args.tolerance / 100)
+    syncer = syncer_setting(args, model, step_source) if args.method == "decoupled" else None
+    if syncer is not None:
+        plan.sources.update({k: v for k, v in syncer.sources.items() if k.startswith("syncer_")})
 
     print(
         f"model {model.name}: {model.num_params:.4g} params, {model.num_layers} layers; step {model.step_time_s:.4g} s "
@@ -454,9 +514,15 @@ def run(args: argparse.Namespace) -> int:
     if "measured" in plan.sources:
         print()
         print(format_measured(plan.measured))
+    if syncer is not None:
+        print()
+        print(format_syncer(syncer))
     print()
     print(format_sources(plan))
     data, md = plan.to_dict(), markdown(plan)
+    if syncer is not None:
+        data["syncer"] = syncer.to_dict()
+        md += "\n## Decoupled DiLoCo's syncer\n\n```\n" + format_syncer(syncer) + "\n```\n"
     if failures is not None:
         report = goodput_report(failures[0], args.workers, failures[1])
         print()

@@ -15,6 +15,10 @@ against the syncer's own global copy) and its counters since it last received th
   every tensor under ``mean``. With equal weights it is computed as the plain sum in learner order
   divided by the count, the same operations (hence the same bits) as synchronous Streaming DiLoCo's
   average.
+
+:class:`MergeFold` computes :func:`merge_outer_gradients` with one learner's outer gradient at a time
+(the syncer's streaming merge: memory of one fragment's accumulator whatever the number of learners),
+with the same floating-point operations in the same order, hence the same bits.
 """
 
 from __future__ import annotations
@@ -116,8 +120,106 @@ def merge_outer_gradients(
     return torch.cat(out)
 
 
+class MergeFold:
+    """:func:`merge_outer_gradients` folded one learner at a time, bit for bit the same.
+
+    Give the weights of the learners that will be folded (in the order they will be folded; those of weight 0
+    are skipped by :meth:`add`), then :meth:`add` each one's flat FP32 outer gradient in that order and take
+    :meth:`result`. Memory: one flat FP32 accumulator (the first outer gradient itself under an equal-weight
+    mean, which it then changes in place), per-tensor running sums of w |Delta| as Python floats.
+
+    The same operations as the stacked functions: an equal-weight mean is the first outer gradient plus the
+    others in order, divided by the count; a weighted mean adds ``alpha = w / sum w`` times each to zeros; RDA
+    adds ``w * (Delta / |Delta|)`` to zeros per tensor, sums ``w * |Delta|`` in a float from 0, and at the end
+    takes the unit of the sum times ``sum w |Delta| / sum w``. :meth:`add` divides the outer gradient it is
+    given in place (RDA): pass one the caller no longer needs.
+    """
+
+    def __init__(
+        self,
+        *,
+        weights: Sequence[float],
+        sizes: Sequence[int],
+        embedding: Sequence[bool],
+        merge: str = "rda",
+    ) -> None:
+        check_merge(merge)
+        assert len(sizes) == len(embedding)
+        self.weights = [float(w) for w in weights]
+        self.ws = [w for w in self.weights if w > 0]
+        assert self.ws, "a merge with no learner of positive weight"
+        self.numel = sum(sizes)
+        self.equal = _equal(self.ws)
+        self.total_w = sum(self.ws)
+        assert self.total_w > 0, "a merge of learners that all have weight 0"
+        whole = merge == "mean" or not any(not e for e in embedding)
+        # (offset, size, rda?) per part: one part for the whole fragment when every tensor is averaged
+        self.parts: list[tuple[int, int, bool]] = []
+        if whole:
+            self.parts.append((0, self.numel, False))
+        else:
+            offset = 0
+            for n, is_embedding in zip(sizes, embedding, strict=True):
+                self.parts.append((offset, n, not is_embedding))
+                offset += n
+        self.radius = [0 for _ in self.parts]  # sum w |Delta| per RDA tensor, from 0 as Python's sum()
+        self.acc: torch.Tensor | None = None
+        self.seen = 0  # learners given to add(), weight 0 included
+        self.folded = 0  # learners folded in (weight > 0)
+
+    def add(self, delta: torch.Tensor) -> None:
+        """Fold the next learner's flat FP32 outer gradient (skipped if its weight is 0); may change it in place."""
+        assert self.seen < len(self.weights), "more outer gradients than weights"
+        w = self.weights[self.seen]
+        self.seen += 1
+        if not w > 0:
+            return
+        assert delta.dtype == torch.float32 and delta.numel() == self.numel
+        first = self.folded == 0
+        self.folded += 1
+        if first and self.equal and len(self.parts) == 1 and not self.parts[0][2]:
+            self.acc = delta  # the equal-weight mean of the whole fragment: the first, then the others added to it
+            return
+        if self.acc is None:
+            self.acc = torch.zeros(self.numel, dtype=torch.float32, device=delta.device)
+        for i, (offset, n, rda) in enumerate(self.parts):
+            acc, d = self.acc[offset : offset + n], delta[offset : offset + n]
+            if rda:
+                norm = torch.linalg.vector_norm(d)
+                self.radius[i] = self.radius[i] + w * float(norm)
+                if norm > 0:
+                    d.div_(norm)
+                else:
+                    d.zero_()
+                acc.add_(d, alpha=w)
+            elif self.equal:
+                if first:
+                    acc.copy_(d)
+                else:
+                    acc.add_(d)
+            else:
+                acc.add_(d, alpha=w / self.total_w)
+
+    def result(self) -> torch.Tensor:
+        """The merged flat FP32 outer gradient (the accumulator itself: no copy)."""
+        assert self.seen == len(self.weights) and self.acc is not None, "fold every learner before the result"
+        for i, (offset, n, rda) in enumerate(self.parts):
+            acc = self.acc[offset : offset + n]
+            if rda:
+                norm = torch.linalg.vector_norm(acc)
+                if norm > 0:
+                    acc.div_(norm)
+                else:
+                    acc.zero_()
+                acc.mul_(self.radius[i] / self.total_w)
+            elif self.equal:
+                acc.div_(len(self.ws))
+        return self.acc
+
+
 __all__ = [
     "MERGE_NAMES",
+    "MergeFold",
     "check_merge",
     "merge_outer_gradients",
     "radial_directional_average",

@@ -1,0 +1,218 @@
+"""What Decoupled DiLoCo's syncer costs at a model's size: merge time per fragment, memory, shards. Torch-free.
+
+The figures are the streaming syncer's, measured by ``benchmarks/syncer_merge.py`` on this project's 2-core CPU
+(``benchmarks/results/syncer_merge.json``, the runs named in :data:`SYNCER_COSTS`; a test recomputes every
+figure here from that file). A merge of one fragment of n values from M learners takes
+
+    t(n, M) = n * (fixed_ns + per_learner_ns * M) * 1e-9 seconds,
+
+the least-squares fit of the measured merge times (CPU seconds at one thread) over M at one size (``fixed_ns``: the reply's encode, the
+outer step and the new Theta, once a merge; ``per_learner_ns``: decoding and folding one learner's report).
+
+Memory. At rest the syncer holds, for the whole model of N values in FP32: Theta, its copy at the current
+version, the outer optimizer's momentum and, with a lossy reply codec, the one copy that learners at the
+same version share (:mod:`diloco.decoupled.syncer`): ``4 N (3 + lossy)`` bytes. A merge adds, for its fragment,
+``transient`` x its FP32 size: the benchmark's peak growth over the fragment (the largest over M) less the
+momentum and the shared copy that its first merge allocates, which are counted at rest.
+
+Shards. A merge is due ``tau`` learner steps after its reports are sent; S shards that divide each fragment's
+values among S hosts (:func:`shards_needed`) merge one in ``t(n / S, M)``, so S is the smallest with
+``t(n / S, M) <= tau * step_time`` (the fixed and per-learner parts both scale with n). Shards do not exist yet:
+the number is what a model would need.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from diloco.errors import ConfigError
+
+#: Where the figures come from.
+BENCHMARK = "benchmarks/results/syncer_merge.json"
+COMMAND = (
+    "PYTHONPATH=src python benchmarks/syncer_merge.py --sizes 16M --learners 2,4,8,16 --no-grid --threads 1 "
+    "--label after-16m-1t"
+)
+MACHINE = "this project's x86 CPU, one thread, CPU seconds; torch 2.13 CPU"
+
+
+@dataclass(frozen=True)
+class SyncerCost:
+    """One reply codec's measured merge cost (RDA) and memory, and where they come from."""
+
+    codec: str
+    merge: str
+    run: str  # the run of BENCHMARK they are fitted to (its "runs" key)
+    values: int  # the fragment size measured
+    learners: tuple[int, ...]  # the M measured
+    fixed_ns: float  # ns per value, once a merge
+    per_learner_ns: float  # ns per value per learner
+    peak_growth: float  # the largest measured peak memory growth over the fragment's FP32 size
+    lossy: bool
+
+    @property
+    def transient(self) -> float:
+        """A merge's working set over its fragment's FP32 size (the momentum and shared copy counted at rest)."""
+        return max(self.peak_growth - 1.0 - float(self.lossy), 0.0)
+
+    def source(self) -> str:
+        return (
+            f"{BENCHMARK} runs[{self.run!r}] ({self.codec}, {self.merge}, {self.values:,} values, "
+            f"M = {', '.join(map(str, self.learners))}; {MACHINE})"
+        )
+
+
+#: The streaming syncer's figures per reply codec (RDA), fitted to BENCHMARK (tests/unit/test_syncer_cost.py
+#: refits them from the file and fails if they differ).
+SYNCER_COSTS: dict[str, SyncerCost] = {
+    c.codec: c
+    for c in (
+        SyncerCost("fp4_e3m0", "rda", "after-16m-1t", 13_631_488, (2, 4, 8, 16), 23.63, 1.750, 4.354, True),
+        SyncerCost("bf16", "rda", "after-16m-bf16-1t", 13_631_488, (2, 16), 14.10, 1.202, 4.609, True),
+        SyncerCost("fp32", "rda", "after-16m-fp32-1t", 13_631_488, (2, 16), 12.78, 0.9592, 3.118, False),
+    )
+}
+
+
+#: The benchmark column the figures are fitted to: the merge's CPU seconds at one thread (a dedicated core's time; on
+#: the shared box the wall time also holds the waits for other jobs).
+TIME_KEY = "merge_cpu_s_median"
+
+
+def fit_merge_times(rows: list[dict[str, Any]], *, key: str = TIME_KEY) -> tuple[float, float]:
+    """(fixed_ns, per_learner_ns): least squares of ``row[key] / values * 1e9`` against M (>= 2 distinct M)."""
+    xs = [float(r["learners"]) for r in rows]
+    ys = [r[key] / r["values"] * 1e9 for r in rows]
+    assert len(set(xs)) >= 2, "a fit over M needs two values of M"
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
+def merge_seconds(cost: SyncerCost, *, values: float, learners: int) -> float:
+    """t(n, M): seconds to merge one fragment of ``values`` from ``learners`` reports (module docstring)."""
+    return values * (cost.fixed_ns + cost.per_learner_ns * learners) * 1e-9
+
+
+def shards_needed(cost: SyncerCost, *, values: float, learners: int, budget_s: float) -> int:
+    """The fewest S with t(values / S, M) <= budget_s (t is linear in the values: S = ceil(t / budget))."""
+    if not budget_s > 0:
+        raise ConfigError(f"budget_s={budget_s}: a merge needs time; give tau >= 1 and a step time > 0")
+    return max(1, math.ceil(merge_seconds(cost, values=values, learners=learners) / budget_s - 1e-12))
+
+
+def memory_bytes(cost: SyncerCost, *, num_params: float, fragment_values: float) -> float:
+    """The syncer's peak memory: the model's FP32 state at rest plus one merge's working set (module docstring)."""
+    return 4.0 * num_params * (3.0 + float(cost.lossy)) + 4.0 * fragment_values * cost.transient
+
+
+@dataclass(frozen=True)
+class SyncerPlan:
+    """The syncer's costs for one plan (``diloco plan --method decoupled``)."""
+
+    codec: str
+    learners: int
+    fragments: int
+    fragment_values: float
+    tau: int
+    step_time_s: float
+    step_time_source: str
+    merge_s: float
+    memory_bytes: float
+    shards: int
+    sources: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "codec": self.codec,
+            "merge": "rda",
+            "learners": self.learners,
+            "fragments": self.fragments,
+            "fragment_values": self.fragment_values,
+            "tau": self.tau,
+            "step_time_s": self.step_time_s,
+            "merge_s_per_fragment": self.merge_s,
+            "merge_over_tau_steps": self.merge_s / (self.tau * self.step_time_s),
+            "memory_bytes": self.memory_bytes,
+            "shards_needed": self.shards,
+            "sources": dict(self.sources),
+        }
+
+
+def plan_syncer(
+    *,
+    num_params: float,
+    non_block_params: float,
+    num_layers: int,
+    fragment_layers: int,
+    learners: int,
+    tau: int,
+    step_time_s: float,
+    step_time_source: str,
+    codec: str = "fp4_e3m0",
+) -> SyncerPlan:
+    """The syncer of a decoupled run: fragments of ``fragment_layers`` blocks (and one of the non-block values), the
+    largest of them merged from ``learners`` reports within ``tau`` steps of ``step_time_s``."""
+    if codec not in SYNCER_COSTS:
+        raise ConfigError(
+            f"syncer codec {codec!r}: its merge has not been measured; choose one of {', '.join(SYNCER_COSTS)}"
+        )
+    if tau < 1:
+        raise ConfigError(
+            f"tau={tau}: a decoupled syncer needs tau >= 1 steps to merge in; give --overlap with a value >= 1"
+        )
+    if learners < 1 or num_layers < 1 or fragment_layers < 1:
+        raise ConfigError(
+            f"learners={learners}, layers={num_layers}, fragment layers={fragment_layers}: each must be >= 1"
+        )
+    cost = SYNCER_COSTS[codec]
+    blocks = math.ceil(num_layers / fragment_layers)
+    per_layer = (num_params - non_block_params) / num_layers
+    fragment_values = max(non_block_params, min(fragment_layers, num_layers) * per_layer)
+    merge_s = merge_seconds(cost, values=fragment_values, learners=learners)
+    budget = tau * step_time_s
+    src = cost.source()
+    return SyncerPlan(
+        codec=codec,
+        learners=learners,
+        fragments=blocks + (1 if non_block_params > 0 else 0),
+        fragment_values=fragment_values,
+        tau=tau,
+        step_time_s=step_time_s,
+        step_time_source=step_time_source,
+        merge_s=merge_s,
+        memory_bytes=memory_bytes(cost, num_params=num_params, fragment_values=fragment_values),
+        shards=shards_needed(cost, values=fragment_values, learners=learners, budget_s=budget),
+        sources={
+            "syncer_merge_time": (
+                f"n x ({cost.fixed_ns:.3g} + {cost.per_learner_ns:.3g} x M) ns for the largest fragment (n values), "
+                f"the least-squares fit over M of {src}"
+            ),
+            "syncer_memory": (
+                f"4 N x {3 + int(cost.lossy)} bytes at rest (Theta, its copy, the outer momentum"
+                + (", one copy shared by learners at a version" if cost.lossy else "")
+                + f": diloco.decoupled.syncer) + {cost.transient:.3g} x the fragment's FP32 size during a merge "
+                f"(peak growth {cost.peak_growth:.3g} measured: {src})"
+            ),
+            "syncer_shards": (
+                "the fewest S with t(n / S, M) <= tau x the learners' step time (S shards dividing each fragment; "
+                "not built yet)"
+            ),
+            "learner_step_time": step_time_source,
+        },
+    )
+
+
+__all__ = [
+    "BENCHMARK",
+    "SYNCER_COSTS",
+    "SyncerCost",
+    "SyncerPlan",
+    "fit_merge_times",
+    "memory_bytes",
+    "merge_seconds",
+    "plan_syncer",
+    "shards_needed",
+]
