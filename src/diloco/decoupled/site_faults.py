@@ -106,7 +106,9 @@ def run_sites(
         logs.append(log)
         return subprocess.Popen(args, env={**env, **(extra_env or {})}, stdout=log, stderr=subprocess.STDOUT)
 
-    service = start([python, "-m", "diloco", "syncer", *common, "--out", str(out / "syncer"), "--poll", "1"], "syncer.log")
+    service = start(
+        [python, "-m", "diloco", "syncer", *common, "--out", str(out / "syncer"), "--poll", "1"], "syncer.log"
+    )
     procs = [service]
     faults: dict[str, Any] = {}
     try:
@@ -135,9 +137,7 @@ def run_sites(
             os.kill(int(joined["pid"]), signal.SIGKILL)
             restart = _wait(
                 f"learner {m}'s restart",
-                lambda: next(
-                    (r for r in _rows(log) if r.get("event") == "joined" and r["pid"] != joined["pid"]), None
-                ),
+                lambda: next((r for r in _rows(log) if r.get("event") == "joined" and r["pid"] != joined["pid"]), None),
                 timeout=timeout_s,
                 procs=procs,
             )
@@ -153,15 +153,20 @@ def run_sites(
             _wait(f"learner {m}'s first merge after its restart", contributed, timeout=timeout_s, procs=procs)
         if kill_syncer:
             events = out / "syncer" / "syncer" / "events.jsonl"
-            _wait("a few merges", lambda: sum(r["event"] == "merged" for r in _rows(events)) >= 4, timeout=timeout_s,
-                  procs=procs)
+            _wait(
+                "a few merges",
+                lambda: sum(r["event"] == "merged" for r in _rows(events)) >= 4,
+                timeout=timeout_s,
+                procs=procs,
+            )
             started = [r for r in _rows(events) if r["event"] == "started"][-1]
             faults["syncer_kill"] = {"pid": started["pid"], "at": time.time()}
             os.kill(int(started["pid"]), signal.SIGKILL)
             back = _wait(
                 "the syncer's restart",
-                lambda: next((r for r in _rows(events) if r["event"] == "started" and r["pid"] != started["pid"]),
-                             None),
+                lambda: next(
+                    (r for r in _rows(events) if r["event"] == "started" and r["pid"] != started["pid"]), None
+                ),
                 timeout=timeout_s,
                 procs=procs,
             )
@@ -194,7 +199,8 @@ def analyse(out: Path, *, sites: list[Site], faults: dict[str, Any]) -> dict[str
     result: dict[str, Any] = {"faults": faults, "final_eval_loss": summary["final_eval_loss"]}
     result["merges"] = len(merges)
     result["versions_contiguous"] = all(
-        [r["version"] for r in merges if r["fragment"] == p] == list(range(1, 1 + sum(r["fragment"] == p for r in merges)))
+        [r["version"] for r in merges if r["fragment"] == p]
+        == list(range(1, 1 + sum(r["fragment"] == p for r in merges)))
         for p in {r["fragment"] for r in merges}
     )
     learners: dict[int, Any] = {}
