@@ -147,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         device=args.device,
         worker_sharding=cfg.worker_sharding,
+        keys_per_attempt=not args.elastic,  # an elastic job's agents count their restarts apart
     ) as comms:
         trainer = Trainer(cfg, out, cache_dir=cache_dir(args), progress=not args.no_progress, device=str(comms.device))
         result = trainer.run_replica(

@@ -253,7 +253,19 @@ class Learner(ReplicaAlgorithm):
 
     def settle(self) -> list[SyncReport]:
         """At a checkpoint step, before :meth:`state_dict`: tell the syncer this learner holds here
-        (:meth:`Channel.hold`), then :meth:`flush`. A run without interruption settles at the same steps."""
+        (:meth:`Channel.hold`), then :meth:`flush`. A run without interruption settles at the same steps.
+
+        With ``ride_out_steps`` > 0 a checkpoint never waits (the syncer may be down, restarting): late replies that
+        have arrived are applied, and the reports still out are left out of the checkpoint (their work is in the
+        counters and the model; a learner restored from it reports it again, or takes the syncer's newer values)."""
+        if self.ride_out_steps:
+            reports = []
+            for p in sorted(self._late):  # past due: apply one that has come (a reply not yet due waits its step)
+                reply = self.channel.poll_reply(p)
+                if reply is not None:
+                    del self._late[p]
+                    reports.append(self._overwrite(p, self.step_count, reply))
+            return reports
         self.channel.hold(self.step_count)
         return self.flush()
 
@@ -374,7 +386,7 @@ class Learner(ReplicaAlgorithm):
         return state
 
     def state_dict(self) -> dict[str, Any]:
-        if self._in_flight:
+        if self._in_flight and not self.ride_out_steps:  # ride-out: those reports are left out (see settle)
             raise ConfigError(f"fragments {sorted(self._in_flight)} are in flight: call flush() before state_dict()")
         return {
             "step": self.step_count,

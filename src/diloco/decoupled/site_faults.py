@@ -38,6 +38,23 @@ from typing import Any
 
 from diloco.errors import ConfigError
 
+#: The run the test and the benchmark deploy: K = 1, two fragments, steps padded to an accelerator's 0.15 s (four
+#: learner processes share two cores), a checkpoint every 8 steps, and ride-out through a syncer restart.
+DEFAULT_SETS: dict[str, Any] = {
+    "replicas": 2,
+    "global_batch": 8,
+    "quorum": 1,
+    "sync_every": 8,
+    "num_fragments": 2,
+    "overlap_steps": 1,
+    "steps": 120,
+    "eval_every": 120,
+    "checkpoint_every": 8,
+    "step_time": 0.15,
+    "ride_out_steps": 16,
+    "threads": 1,
+}
+
 
 @dataclass(frozen=True)
 class Site:
@@ -79,6 +96,11 @@ def _wait(what: str, check, *, timeout: float, procs: list[subprocess.Popen]) ->
     raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
 
 
+def _tails(out: Path) -> str:
+    """The last lines of every process's log, for an error message."""
+    return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-1500:] for p in sorted(out.glob("*.log")))
+
+
 def run_sites(
     *,
     preset: str,
@@ -95,6 +117,7 @@ def run_sites(
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"out={out} is not empty: give a new folder (nothing in it is overwritten)")
     out.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
     python = sys.executable
     items = [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
     common = ["--preset", preset, *items, "--cache-dir", str(cache_dir)]
@@ -176,8 +199,9 @@ def run_sites(
             p.wait(timeout=max(1.0, end - time.monotonic()))
         codes = [p.returncode for p in procs]
         if any(codes):
-            tails = {f.name: Path(f.name).read_text(errors="replace")[-2000:] for f in logs}
-            raise RuntimeError(f"exit codes {codes}; logs: {tails}")
+            raise RuntimeError(f"exit codes {codes}")
+    except (RuntimeError, TimeoutError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeError(f"{exc}\n{_tails(out)}") from exc
     finally:
         for p in procs:
             if p.poll() is None:
@@ -185,7 +209,7 @@ def run_sites(
                 p.wait()
         for f in logs:
             f.close()
-    return analyse(out, sites=sites, faults=faults)
+    return {**analyse(out, sites=sites, faults=faults), "wall_s": time.monotonic() - began}
 
 
 def analyse(out: Path, *, sites: list[Site], faults: dict[str, Any]) -> dict[str, Any]:
@@ -210,7 +234,13 @@ def analyse(out: Path, *, sites: list[Site], faults: dict[str, Any]) -> dict[str
         steps, superseded = final_steps(rows)
         dts = [r["dt"] for r in steps]
         typical = median(dts) if dts else 0.0
-        learners[m] = {"steps": len(steps), "superseded": superseded, "typical_step_s": typical}
+        site_summary = json.loads((out / f"site-{m}" / "summary.json").read_text())
+        learners[m] = {
+            "steps": len(steps),
+            "superseded": superseded,
+            "typical_step_s": typical,
+            "wait_share": (site_summary.get("wait_share") or [None])[0],
+        }
         for name, fault in faults.items():
             if name == "learner_kill" and fault["learner"] == m:
                 continue
@@ -238,4 +268,4 @@ def analyse(out: Path, *, sites: list[Site], faults: dict[str, Any]) -> dict[str
     return result
 
 
-__all__ = ["Site", "analyse", "run_sites"]
+__all__ = ["DEFAULT_SETS", "Site", "analyse", "run_sites"]

@@ -115,7 +115,7 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_from_env(*, backend: str | None = None, timeout_s: float = 1800.0) -> DistEnv:
+def init_from_env(*, backend: str | None = None, timeout_s: float = 1800.0, keys_per_attempt: bool = True) -> DistEnv:
     """Initialise the default process group from torchrun's environment; return what it said.
 
     Args:
@@ -123,6 +123,10 @@ def init_from_env(*, backend: str | None = None, timeout_s: float = 1800.0) -> D
         timeout_s: the process group's timeout: the longest one collective may take in the backend
             (a fragment crossing a slow link must fit). :class:`~diloco.comm.torch_dist.TorchDistCommunicator`
             has its own, usually shorter, wait timeout.
+        keys_per_attempt: under torchrun, keep each restart's keys in the store apart (a prefix of the restart
+            count), so a restarted rank never reads a dead predecessor's address. Every agent of a job must
+            agree on the count: true for a job of fixed nodes, not for an elastic one a node may join
+            (``--elastic``: False; there, start the agents with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``).
 
     Uses the ``env://`` rendezvous, so under torchrun the ranks join the store its agent already
     hosts (``TORCHELASTIC_USE_AGENT_STORE``), which outlives any one rank: a survivor can still
@@ -138,13 +142,21 @@ def init_from_env(*, backend: str | None = None, timeout_s: float = 1800.0) -> D
         torch.cuda.set_device(env.local_rank)
     else:
         bind_gloo_to_loopback_if_local(env.master_addr)
-    dist.init_process_group(
-        backend,
-        init_method="env://",
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=timedelta(seconds=timeout_s),
-    )
+    timeout = timedelta(seconds=timeout_s)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or not keys_per_attempt:
+        dist.init_process_group(
+            backend, init_method="env://", rank=env.rank, world_size=env.world_size, timeout=timeout
+        )
+        return env
+    # Under torchrun the store can outlive a restart of the workers (the agent's, shared with its rendezvous): the
+    # keys each attempt's ranks publish (their gloo addresses) are kept apart by the restart count, so a restarted
+    # rank never reads a dead predecessor's address (seen here: connection refused in about half the restarts).
+    from torch.distributed.rendezvous import rendezvous
+
+    store, rank, world_size = next(rendezvous("env://", env.rank, env.world_size, timeout=timeout))
+    store = dist.PrefixStore(f"diloco/attempt-{attempt}", store)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     return env
 
 
@@ -238,6 +250,7 @@ def setup_communicators(
     process_group_timeout_s: float | None = None,
     device: str | torch.device | None = None,
     worker_sharding: str = "replicate",
+    keys_per_attempt: bool = True,
 ) -> Communicators:
     """Join a torchrun job and build its communicators: the one call a training script needs.
 
@@ -254,6 +267,7 @@ def setup_communicators(
         worker_sharding: ``"replicate"`` (each rank of a worker a full copy) or ``"fsdp"`` (the worker's model
             to be ``fully_shard``'ed over its R ranks on ``Communicators.mesh``; ``replica`` is then this
             rank's column across workers, see :meth:`~diloco.comm.mesh.Layout.shard_communicator`).
+        keys_per_attempt: as :func:`init_from_env`'s (False for an elastic job that nodes may join).
 
     The world size is checked against M x R from torchrun's environment *before* any process group
     is created, so a wrong launch fails at once with a message saying what to launch. If the
@@ -275,7 +289,7 @@ def setup_communicators(
     owns = not dist.is_initialized()
     if owns:
         pg_timeout = process_group_timeout_s if process_group_timeout_s is not None else max(1800.0, 2 * timeout_s)
-        init_from_env(backend=backend, timeout_s=pg_timeout)
+        init_from_env(backend=backend, timeout_s=pg_timeout, keys_per_attempt=keys_per_attempt)
     elif dist.get_world_size() != env.world_size:
         raise ConfigError(
             f"torch.distributed is initialized with {dist.get_world_size()} ranks but "

@@ -1,0 +1,83 @@
+"""Decoupled DiLoCo deployed as site jobs, with and without faults: the syncer service and two site jobs of 2 gloo
+ranks each (site 0's ranks shard one model with FSDP), on this machine's loopback
+(:mod:`diloco.decoupled.site_faults`). The faulted run SIGKILLs learner 1's lead rank after step 12 (torchrun
+restarts its job, which resumes from its checkpoint) and then the syncer's process (Ray restarts it from its
+checkpoint). One row per run: the final loss of the syncer's parameters, each learner's waiting share and worst
+step after each fault over its typical step, the restarted learner's seconds to its first merge, wall time.
+
+    python benchmarks/site_faults.py            # both runs, about 80 s on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from diloco.bench import add_out, machine, print_table, write_result
+from diloco.decoupled.site_faults import DEFAULT_SETS, Site, run_sites
+from diloco.files import default_cache_dir
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cache-dir", type=Path, default=None, help="token cache (default: the CLI's)")
+    add_out(ap, "site_faults")
+    args = ap.parse_args()
+    sites = [Site(0, ranks=2, sharding="fsdp"), Site(1, ranks=2)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, faults in (
+            ("no faults", {}),
+            ("rank and syncer killed", {"kill_learner": (1, 12), "kill_syncer": True}),
+        ):
+            got = run_sites(
+                preset="tiny",
+                sets=DEFAULT_SETS,
+                out=Path(tmp) / name.replace(" ", "-"),
+                cache_dir=args.cache_dir or default_cache_dir(),
+                sites=sites,
+                **faults,
+            )
+            kill = got["faults"].get("learner_kill", {})
+            rows.append(
+                {
+                    "run": name,
+                    "final_eval_loss": got["final_eval_loss"],
+                    "merges": got["merges"],
+                    "versions_contiguous": got["versions_contiguous"],
+                    "wait_share_0": got["learners"][0]["wait_share"],
+                    "wait_share_1": got["learners"][1]["wait_share"],
+                    "learner0_worst_after_rank_kill": got["learners"][0].get("worst_step_after_learner_kill"),
+                    "learner0_worst_after_syncer_kill": got["learners"][0].get("worst_step_after_syncer_kill"),
+                    "learner1_worst_after_syncer_kill": got["learners"][1].get("worst_step_after_syncer_kill"),
+                    "restarted_from_step": kill.get("start_step"),
+                    "first_merge_after_restart_s": kill.get("first_merge_s"),
+                    "lr_matches_schedule": kill.get("lr_matches_schedule"),
+                    "superseded_steps": got["learners"][1]["superseded"],
+                    "wall_s": got["wall_s"],
+                    "faults": got["faults"],
+                }
+            )
+    print_table(
+        rows,
+        [
+            ("run", "run", ""),
+            ("final loss", "final_eval_loss", ".4f"),
+            ("merges", "merges", "d"),
+            ("wait 0", "wait_share_0", ".3f"),
+            ("wait 1", "wait_share_1", ".3f"),
+            ("L0 worst/typ (rank kill)", "learner0_worst_after_rank_kill", ".2f"),
+            ("L0 worst/typ (syncer kill)", "learner0_worst_after_syncer_kill", ".2f"),
+            ("L1 worst/typ (syncer kill)", "learner1_worst_after_syncer_kill", ".2f"),
+            ("restart: from step", "restarted_from_step", ""),
+            ("first merge s", "first_merge_after_restart_s", ".1f"),
+            ("wall s", "wall_s", ".1f"),
+        ],
+        title="site jobs (2 sites x 2 gloo ranks, site 0 FSDP), K = 1, steps padded to 0.15 s",
+    )
+    write_result("site_faults", {"machine": machine(), "settings": DEFAULT_SETS, "rows": rows}, out=args.out)
+
+
+if __name__ == "__main__":
+    main()
