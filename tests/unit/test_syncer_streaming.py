@@ -24,7 +24,7 @@ from diloco.algorithm.codecs import all_finite, get_codec
 from diloco.decoupled.merge import MergeFold, merge_outer_gradients, token_weights
 from diloco.decoupled.messages import MergeRecord, Reply, Report
 from diloco.decoupled.outer_scale import outer_step_share
-from diloco.decoupled.syncer import Syncer, _Round, is_lossless
+from diloco.decoupled.syncer import Syncer, Round, is_lossless
 
 
 # -- the reference: the merge rules and the syncer's merge as they were before the streaming merge ----------
@@ -83,7 +83,7 @@ class ReferenceSyncer(Syncer):
     """The syncer with its merge, guard and replies as they were before the streaming merge (verbatim)."""
 
     @torch.no_grad()
-    def _merge(self, p: int, rnd: _Round, now: float) -> list[Reply]:
+    def _merge(self, p: int, rnd: Round, now: float) -> list[Reply]:
         start = self.clock()
         g = self.global_flat[p]
         theta = g.detach()
@@ -161,7 +161,7 @@ class ReferenceSyncer(Syncer):
         )
         return replies
 
-    def _judge(self, p: int, rnd: _Round, decoded: dict[int, torch.Tensor]) -> dict[int, Any]:
+    def _judge(self, p: int, rnd: Round, decoded: dict[int, torch.Tensor]) -> dict[int, Any]:
         """The guard's verdict on each report of the round that did work (steps > 0) and is finite, by its norm per
         step of work since the learner last received the fragment (``Report.steps``)."""
         if not self.guard.on:

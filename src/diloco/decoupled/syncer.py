@@ -126,7 +126,7 @@ def _all_finite(x: torch.Tensor, *, chunk: int = 1 << 18) -> bool:
 
 
 @dataclass
-class _Round:
+class Round:
     reports: dict[int, Report] = field(default_factory=dict)
     excused: set[int] = field(default_factory=set)  # learners that joined again while it was open: not waited for
     opened_at: float = 0.0
@@ -224,7 +224,7 @@ class Syncer:
         self._left: set[int] = set()  # learners that left (and have not joined again)
         self._rejoining: set[int] = set()  # members of a restored run, to join again as at a first join
         self._holding: dict[int, int] = {}  # learner -> the step of the checkpoint it holds at (see hold)
-        self._rounds: dict[int, _Round] = {}
+        self._rounds: dict[int, Round] = {}
         self.records: list[MergeRecord] = []
         self.bytes_received = 0
         self.bytes_sent = 0
@@ -275,7 +275,7 @@ class Syncer:
         self._holding[learner] = int(step)
         return self.poll()
 
-    def _held_off(self, rnd: _Round) -> set[int]:
+    def _held_off(self, rnd: Round) -> set[int]:
         """The learners holding at a checkpoint that this round's reports came before (:meth:`hold`)."""
         latest = max(r.sent_after_step for r in rnd.reports.values())
         return {m for m, step in self._holding.items() if latest <= step and m not in rnd.reports}
@@ -308,7 +308,7 @@ class Syncer:
             self.ignored_reports += 1  # merged already, or sent twice: harmless (module docstring)
             return self.poll()
         now = self.clock()
-        rnd = self._rounds.setdefault(report.fragment, _Round(opened_at=now))
+        rnd = self._rounds.setdefault(report.fragment, Round(opened_at=now))
         rnd.reports[report.learner] = report
         self._last_sent[report.learner] = max(self._last_sent.get(report.learner, 0), report.sent_after_step)
         self.bytes_received += report.payload.numel()
@@ -343,7 +343,7 @@ class Syncer:
 
     # -- the merge -----------------------------------------------------------
     @torch.no_grad()
-    def _merge(self, p: int, rnd: _Round, now: float) -> list[Reply]:
+    def _merge(self, p: int, rnd: Round, now: float) -> list[Reply]:
         start = self.clock()
         g = self.global_flat[p]
         order = sorted(rnd.reports)  # learner order: the same sums whatever the arrival order
@@ -416,7 +416,7 @@ class Syncer:
     extra_merge_passes: int = 0
 
     def _fold(
-        self, p: int, rnd: _Round, order: Sequence[int]
+        self, p: int, rnd: Round, order: Sequence[int]
     ) -> tuple[torch.Tensor | None, dict[int, Verdict], set[int], list[float]]:
         """The merged outer gradient of fragment ``p`` (None if no report has weight), the guard's verdicts, the
         reports that were not finite and the token weights of the rest, in learner order.
