@@ -13,7 +13,7 @@ def decoupled_errors(cfg: Any) -> list[str]:
     from diloco.decoupled.grace import check_grace
     from diloco.decoupled.merge import check_merge
     from diloco.decoupled.outer_scale import check_outer_scale
-    from diloco.decoupled.syncer import check_quorum
+    from diloco.decoupled.syncer import check_late_reports, check_quorum
 
     errors = []
     checks = [
@@ -35,6 +35,10 @@ def decoupled_errors(cfg: Any) -> list[str]:
             f"ride_out_steps={cfg.ride_out_steps}: give the steps to train on while a reply is late, >= 0 "
             f"(0: wait at once)"
         )
+    try:
+        check_late_reports(cfg.late_reports)
+    except ValueError as exc:
+        errors.append(str(exc))
     if cfg.overwrite_after not in ("send", "arrival"):
         errors.append(f"overwrite_after={cfg.overwrite_after!r}: choose send or arrival")
     if cfg.outer_gradient not in ("global", "own"):

@@ -96,6 +96,7 @@ FINGERPRINT_KEYS = (
     "grace_ema_decay",
     "guard",
     "guard_ratio",
+    "late_reports",
 )
 #: Fingerprint entries of the data a process loaded: compared only when both sides give them.
 DATA_KEYS = ("data_vocab_size", "data_digest")

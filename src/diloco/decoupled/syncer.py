@@ -81,6 +81,19 @@ def embedding_names(model: nn.Module) -> set[str]:
     return {n for n, p in model.named_parameters() if id(p) in ids}
 
 
+#: What the syncer does with a report that misses the merge of its slot (K < M; see :class:`Syncer`).
+LATE_REPORTS = ("next", "alone")
+
+
+def check_late_reports(value: str) -> str:
+    if value not in LATE_REPORTS:
+        raise ConfigError(
+            f"late_reports={value!r}: choose 'next' (it waits for the next round's quorum) or 'alone' (merged at "
+            f"once, by itself)"
+        )
+    return value
+
+
 def check_quorum(quorum: int, num_learners: int) -> None:
     if not isinstance(num_learners, int) or num_learners < 1:
         raise ConfigError(f"num_learners={num_learners!r}: give the number of learners, at least 1")
@@ -167,6 +180,11 @@ class Syncer:
             report (the behaviour before the guard existed). Each event is in the merge's record (``guard``); a learner dropped 3 times in a
             row is named in a ``RuntimeWarning``.
         guard_ratio: the guard's bar on norm / reference (default 10: see the decoupled guide for why).
+        late_reports: a report that comes after its slot's merge (with K < M the first K reports of a slot merge and
+            the others arrive a moment later): ``"alone"`` (default) merges it at once, by itself (a merge of 1 of M,
+            scaled by ``outer_scale``), so no learner waits a round for a partner; ``"next"`` opens the next round
+            and waits for its quorum, about H steps when the learners run in phase (measured: a quarter of the
+            learners' time at M = 3, K = 2; the decoupled guide).
         clock: seconds, monotonic (default ``time.monotonic``).
     """
 
@@ -189,6 +207,7 @@ class Syncer:
         grace_ema_decay: float = DEFAULT_EMA_DECAY,
         guard: str = "drop",
         guard_ratio: float = DEFAULT_GUARD_RATIO,
+        late_reports: str = "alone",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         quorum = num_learners if quorum is None else quorum
@@ -201,6 +220,8 @@ class Syncer:
             )
         self.outer_gradient = outer_gradient
         self.outer_scale = check_outer_scale(outer_scale)
+        self.late_reports = check_late_reports(late_reports)
+        self._slot: dict[int, tuple[int, frozenset[int]]] = {}  # fragment -> (last merge's step, its learners)
         self.codec = get_codec(codec)
         self.grace = GraceWindow(gamma=float(grace_gamma), overlap_steps=overlap_steps, decay=float(grace_ema_decay))
         self.guard = NormGuard(action=guard, max_ratio=float(guard_ratio), who="learner")
@@ -308,6 +329,19 @@ class Syncer:
             self.ignored_reports += 1  # merged already, or sent twice: harmless (module docstring)
             return self.poll()
         now = self.clock()
+        slot = self._slot.get(report.fragment)
+        if (
+            self.late_reports == "alone"
+            and self.quorum < self.num_learners
+            and slot is not None
+            and report.sent_after_step <= slot[0]
+            and report.learner not in slot[1]
+        ):  # it missed its slot's merge (K < M): merged at once, by itself, rather than waiting for a new quorum
+            late = Round(opened_at=now, quorum_at=now)
+            late.reports[report.learner] = report
+            self._last_sent[report.learner] = max(self._last_sent.get(report.learner, 0), report.sent_after_step)
+            self.bytes_received += report.payload.numel()
+            return self._merge(report.fragment, late, now) + self.poll()
         rnd = self._rounds.setdefault(report.fragment, Round(opened_at=now))
         rnd.reports[report.learner] = report
         self._last_sent[report.learner] = max(self._last_sent.get(report.learner, 0), report.sent_after_step)
@@ -345,6 +379,10 @@ class Syncer:
     @torch.no_grad()
     def _merge(self, p: int, rnd: Round, now: float) -> list[Reply]:
         start = self.clock()
+        slot = max(r.sent_after_step for r in rnd.reports.values())
+        previous = self._slot.get(p)
+        same = previous is not None and previous[0] == slot
+        self._slot[p] = (slot, (previous[1] if same else frozenset()) | frozenset(rnd.reports))
         g = self.global_flat[p]
         order = sorted(rnd.reports)  # learner order: the same sums whatever the arrival order
         merged, verdicts, bad, weights = self._fold(p, rnd, order)

@@ -72,6 +72,7 @@ def make_syncer(
         grace_ema_decay=cfg.grace_ema_decay,
         guard=cfg.guard,
         guard_ratio=cfg.guard_ratio,
+        late_reports=cfg.late_reports,
     )
     if state is not None:
         learners = sorted(int(m) for m in state["joins"])

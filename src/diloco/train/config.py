@@ -139,6 +139,10 @@ class TrainConfig:
     ride_out_steps: int = setting(
         0, "decoupled: steps a learner trains on while a reply is late (a syncer restarting) before it waits; 0 = wait"
     )
+    late_reports: str = setting(
+        "alone",
+        "decoupled, K < M: a report after its slot's merge merges alone at once (alone) or waits for the next quorum (next)",
+    )
     overwrite_after: str = setting(
         "send",
         "decoupled: a learner overwrites a fragment tau steps after sending it (send) or after its reply arrives (arrival)",
