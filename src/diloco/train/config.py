@@ -15,26 +15,33 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from diloco.algorithm.choices import INNER_OPTIMIZERS, InnerOptimizer
+from diloco.algorithm.guard import GUARD_ACTIONS, GuardAction
+from diloco.algorithm.schedule import SCHEDULE_NAMES
 from diloco.algorithm.wire_sizes import TOPK_TABLES
+from diloco.decoupled import choices as dc
+from diloco.decoupled.outer_scale import OUTER_SCALES, OuterScale
 from diloco.errors import ConfigError
-from diloco.layout import PATTERNS
-from diloco.methods import METHODS, schedule_errors
+from diloco.layout import PATTERNS, FragmentPattern
+from diloco.methods import METHODS, WORKER_SHARDING, Method, WorkerSharding, schedule_errors
 
 
-def setting(default: Any, doc: str) -> Any:
-    """A :class:`TrainConfig` field with its one line of meaning.
+def setting(default: Any, doc: str, *, choices: tuple[str, ...] = ()) -> Any:
+    """A :class:`TrainConfig` field with its one line of meaning (and, for a choice, its values).
 
     The meaning lives here and nowhere else: ``diloco train --help``, ``diloco config`` and the
-    documentation's reference page all read it (:func:`reference`).
+    documentation's reference page all read it (:func:`reference`). ``choices``: the tuple defined beside
+    the component that takes the value (its ``Literal`` type is the field's annotation).
     """
-    return field(default=default, metadata={"doc": doc})
+    return field(default=default, metadata={"doc": doc, "choices": tuple(choices)})
 
+
+#: The choice fields whose values the config checks itself; the guard and the decoupled ones are checked by
+#: their components' check functions (:func:`~diloco.algorithm.guard.check_guard`, the decoupled runtime's).
+_CHECKED_CHOICES = ("method", "worker_sharding", "fragment_pattern", "topk_tables", "inner_optimizer")
 
 #: ``checkpoint_every = -1`` (the default): at the first outer-sync boundary after every this many steps.
 AUTO_CHECKPOINT_STEPS = 100
-
-#: How a worker's R ranks hold its model: each a full copy (gradients averaged), or a shard (FSDP2).
-WORKER_SHARDING = ("replicate", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -58,15 +65,17 @@ class TrainConfig:
     token_dtype: str = setting("uint16", "id type of .bin token files")
     z_loss: float = setting(1e-4, "weight of the z-loss on the softmax normaliser (stabilises the logits; 0 = off)")
     # how workers cooperate
-    method: str = setting(
+    method: Method = setting(
         "diloco",
         "how replicas cooperate: dp (data-parallel), diloco, streaming (Streaming DiLoCo), decoupled (learners on their own clocks)",
+        choices=METHODS,
     )
     replicas: int = setting(2, "M: the number of workers (replicas); each trains on its own shard")
     ranks_per_worker: int = setting(1, "R: under torchrun, the data-parallel processes of one worker (launch M x R)")
-    worker_sharding: str = setting(
+    worker_sharding: WorkerSharding = setting(
         "replicate",
         "how a worker's R ranks hold its model: replicate (each a full copy) or fsdp (sharded with fully_shard)",
+        choices=WORKER_SHARDING,
     )
     fsdp_mixed_precision: bool = setting(
         False, "with worker_sharding=fsdp: bf16 forward/backward, fp32 gradient reduction and master weights"
@@ -75,8 +84,8 @@ class TrainConfig:
         30, "H: inner steps between two outer syncs (of each fragment); measured best: >= 80 outer steps a run"
     )
     num_fragments: int = setting(1, "P: fragments of the model that sync on a staggered schedule (streaming)")
-    fragment_pattern: str = setting(
-        "strided", "how blocks map to fragments: strided (block i -> 1 + i mod (P-1)) or sequential"
+    fragment_pattern: FragmentPattern = setting(
+        "strided", "how blocks map to fragments: strided (block i -> 1 + i mod (P-1)) or sequential", choices=PATTERNS
     )
     fragments: tuple[str, ...] = setting(
         (), "explicit fragments: one group of parameter-name prefixes (a|b) per fragment; empty: the fragmenter's"
@@ -105,10 +114,12 @@ class TrainConfig:
     topk_tables: str = setting(
         "payload",
         "where the topk codec's 2-bit values take their bin means: payload (one table) or chunk (one per chunk, +0.03 bits)",
+        choices=TOPK_TABLES,
     )
-    guard: str = setting(
+    guard: GuardAction = setting(
         "drop",
         "outer-gradient norm guard (each worker its own; decoupled: the syncer): drop, clip one above guard_ratio x reference, or off",
+        choices=GUARD_ACTIONS,
     )
     guard_ratio: float = setting(
         10.0,
@@ -117,17 +128,20 @@ class TrainConfig:
     quorum: int = setting(
         0, "K (decoupled): learners a merge needs at least; 0 = all (synchronous), 1 = whoever reports first"
     )
-    merge: str = setting(
+    merge: dc.MergeName = setting(
         "rda",
         "decoupled: how the syncer merges: rda (radial-directional; measured best at outer_lr 0.7/sqrt(M)) or mean (token-weighted)",
+        choices=dc.MERGE_NAMES,
     )
-    outer_scale: str = setting(
+    outer_scale: OuterScale = setting(
         "auto",
         "decoupled: outer step share of a merge of k of M learners: auto (mean: share, rda: sqrt-share), share (k/M), sqrt-share, none (1)",
+        choices=OUTER_SCALES,
     )
-    outer_gradient: str = setting(
+    outer_gradient: dc.OuterGradient = setting(
         "global",
         "decoupled: a learner's outer gradient: global (Theta - theta_m) or own (base_m - theta_m, its own progress; kinder to stragglers)",
+        choices=dc.OUTER_GRADIENTS,
     )
     grace_gamma: float = setting(
         0.2,
@@ -139,16 +153,20 @@ class TrainConfig:
     ride_out_steps: int = setting(
         0, "decoupled: steps a learner trains on while a reply is late (a syncer restarting) before it waits; 0 = wait"
     )
-    late_reports: str = setting(
+    late_reports: dc.LateReports = setting(
         "alone",
         "decoupled, K < M: a report after its slot's merge merges alone at once (alone) or waits for the next quorum (next)",
+        choices=dc.LATE_REPORTS,
     )
-    overwrite_after: str = setting(
+    overwrite_after: dc.OverwriteAfter = setting(
         "send",
         "decoupled: a learner overwrites a fragment tau steps after sending it (send) or after its reply arrives (arrival)",
+        choices=dc.OVERWRITE_AFTER,
     )
-    decoupled_transport: str = setting(
-        "threads", "decoupled: where the syncer runs: threads (a thread of this process) or ray (a named Ray actor)"
+    decoupled_transport: dc.Transport = setting(
+        "threads",
+        "decoupled: where the syncer runs: threads (a thread of this process) or ray (a named Ray actor)",
+        choices=dc.TRANSPORTS,
     )
     ray_address: str = setting(
         "", "decoupled_transport=ray: the Ray cluster to join; empty: start a local Ray instance"
@@ -167,9 +185,10 @@ class TrainConfig:
         0, "training tokens, converted to steps of global_batch x seq_len (exactly one of steps and tokens)"
     )
     # inner optimizer (AdamW, linear warmup, cosine decay to min_lr_ratio)
-    inner_optimizer: str = setting(
+    inner_optimizer: InnerOptimizer = setting(
         "adamw",
         "adamw, or muon: torch.optim.Muon on the 2-D hidden matrices (AdamW-matched lr), AdamW on embeddings, head, norms and biases",
+        choices=INNER_OPTIMIZERS,
     )
     inner_lr: float = setting(2e-3, "peak learning rate of the inner AdamW (linear warmup, cosine decay)")
     warmup_steps: int = setting(50, "steps of linear learning-rate warmup")
@@ -223,10 +242,12 @@ class TrainConfig:
                 errors.append(msg)
 
         from diloco.algorithm.codecs import ALL_CODEC_NAMES, CODEC_NAMES  # torch: only when a config is built
-        from diloco.algorithm.inner import INNER_OPTIMIZERS
+        from diloco.data.sources import TOKEN_DTYPES
         from diloco.models.sizes import SIZES, get_size
 
-        need(self.method in METHODS, f"method={self.method!r}: choose one of {', '.join(METHODS)}")
+        for f in fields(self):  # the choices the config checks itself (the decoupled ones: their runtime's checks)
+            if f.name in _CHECKED_CHOICES and getattr(self, f.name) not in f.metadata["choices"]:
+                errors.append(f"{f.name}={getattr(self, f.name)!r}: choose one of {', '.join(f.metadata['choices'])}")
         try:
             blocks = get_size(self.size).n_layers
         except ValueError:
@@ -234,20 +255,12 @@ class TrainConfig:
             errors.append(f"size={self.size!r}: choose one of {', '.join(SIZES)}")
         need(self.codec in ALL_CODEC_NAMES, f"codec={self.codec!r}: choose one of {', '.join(ALL_CODEC_NAMES)}")
         need(
-            self.inner_optimizer in INNER_OPTIMIZERS,
-            f"inner_optimizer={self.inner_optimizer!r}: choose one of {', '.join(INNER_OPTIMIZERS)}",
-        )
-        need(
             0.0 <= self.ef_decay <= 1.0,
             f"ef_decay={self.ef_decay}: need 0 <= beta <= 1 (0 = no error feedback; SparseLoCo 0.95, MuLoCo 0.9)",
         )
         need(
             0.0 < self.topk_density <= 1.0,
             f"topk_density={self.topk_density}: need 0 < density <= 1 (the share of each chunk sent, e.g. 0.015625)",
-        )
-        need(
-            self.topk_tables in TOPK_TABLES,
-            f"topk_tables={self.topk_tables!r}: choose one of {', '.join(TOPK_TABLES)} (chunk: a table of bin means per chunk)",
         )
         need(
             not self.eager or self.method != "dp",
@@ -262,10 +275,6 @@ class TrainConfig:
         need(self.dp_codec in CODEC_NAMES, f"dp_codec={self.dp_codec!r}: choose one of {', '.join(CODEC_NAMES)}")
         need(self.replicas >= 1, f"replicas={self.replicas}: need at least 1")
         need(self.ranks_per_worker >= 1, f"ranks_per_worker={self.ranks_per_worker}: need at least 1")
-        need(
-            self.worker_sharding in WORKER_SHARDING,
-            f"worker_sharding={self.worker_sharding!r}: choose one of {', '.join(WORKER_SHARDING)}",
-        )
         if self.worker_sharding == "fsdp":
             need(
                 self.method != "dp",
@@ -338,10 +347,6 @@ class TrainConfig:
             f"(learner=-1, syncer='') or set method=decoupled",
         )
         need(0.0 <= self.merge_alpha <= 1.0, f"merge_alpha={self.merge_alpha}: need 0 <= alpha <= 1")
-        need(
-            self.fragment_pattern in PATTERNS,
-            f"fragment_pattern={self.fragment_pattern!r}: choose one of {', '.join(PATTERNS)}",
-        )
         need(self.inner_lr > 0, f"inner_lr={self.inner_lr}: must be > 0")
         need(self.outer_lr > 0, f"outer_lr={self.outer_lr}: must be > 0")
         need(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio={self.min_lr_ratio}: need 0..1")
@@ -374,8 +379,8 @@ class TrainConfig:
         )
         need(0.0 < self.val_fraction < 0.5, f"val_fraction={self.val_fraction}: need 0 < v < 0.5")
         need(
-            self.token_dtype in ("uint16", "uint32"),
-            f"token_dtype={self.token_dtype!r}: use uint16 or uint32 (the id type of your .bin files)",
+            self.token_dtype in TOKEN_DTYPES,
+            f"token_dtype={self.token_dtype!r}: use {' or '.join(TOKEN_DTYPES)} (the id type of your .bin files)",
         )
         need(
             not self.fragments or len(self.fragments) == self.num_fragments,
@@ -454,7 +459,7 @@ class TrainConfig:
     @property
     def schedule_spec(self) -> str | tuple[int, ...]:
         """``schedule`` as ``StreamingDiLoCo(schedule=...)`` takes it: a name, or a tuple of offsets."""
-        if self.schedule in ("even", "torchft"):
+        if self.schedule in SCHEDULE_NAMES:
             return self.schedule
         try:
             return tuple(int(v) for v in self.schedule.split(",") if v.strip())
@@ -519,6 +524,7 @@ class FieldDoc:
     default: Any
     doc: str
     section: str
+    choices: tuple[str, ...] = ()
 
 
 def reference() -> list[FieldDoc]:
@@ -531,7 +537,9 @@ def reference() -> list[FieldDoc]:
     for f in fields(TrainConfig):
         assert "doc" in f.metadata, f"TrainConfig.{f.name} has no documentation: declare it with setting()"
         default = list(f.default) if isinstance(f.default, tuple) else f.default
-        out.append(FieldDoc(f.name, str(f.type), default, f.metadata["doc"], sections[f.name]))
+        choices = f.metadata["choices"]
+        typ = "str" if choices else str(f.type)  # a choice's annotation is its Literal type
+        out.append(FieldDoc(f.name, typ, default, f.metadata["doc"], sections[f.name], choices))
     return out
 
 
