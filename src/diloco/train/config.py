@@ -8,6 +8,7 @@ the run's results (``config.json``), so every number can be traced to its settin
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass, field, fields
@@ -26,14 +27,27 @@ from diloco.layout import PATTERNS, FragmentPattern
 from diloco.methods import METHODS, WORKER_SHARDING, Method, WorkerSharding, schedule_errors
 
 
-def setting(default: Any, doc: str, *, choices: tuple[str, ...] = ()) -> Any:
+def setting(default: Any, doc: str, *, section: str, choices: tuple[str, ...] = ()) -> Any:
     """A :class:`TrainConfig` field with its one line of meaning (and, for a choice, its values).
 
     The meaning lives here and nowhere else: ``diloco train --help``, ``diloco config`` and the
     documentation's reference page all read it (:func:`reference`). ``choices``: the tuple defined beside
     the component that takes the value (its ``Literal`` type is the field's annotation).
     """
-    return field(default=default, metadata={"doc": doc, "choices": tuple(choices)})
+    return field(default=default, metadata={"doc": doc, "section": section, "choices": tuple(choices)})
+
+
+def _section(title: str) -> Any:
+    """:func:`setting` for the fields of one section of the help and the reference (declared, in this order)."""
+    return functools.partial(setting, section=title)
+
+
+_train = _section("what to train")
+_cooperate = _section("how workers cooperate")
+_budget = _section("budget (exactly one of steps and tokens)")
+_inner = _section("inner optimizer (AdamW, linear warmup, cosine decay to min_lr_ratio)")
+_outer = _section("outer optimizer (Nesterov SGD)")
+_runtime = _section("evaluation, checkpoints, runtime")
 
 
 #: The choice fields whose values the config checks itself; the guard and the decoupled ones are checked by
@@ -46,193 +60,187 @@ AUTO_CHECKPOINT_STEPS = 100
 
 @dataclass(frozen=True)
 class TrainConfig:
-    # what to train
-    size: str = setting("cpu-1m", "named model size of the project's transformer (diloco.models.sizes; e.g. cpu-1m)")
-    model: str = setting(
+    size: str = _train("cpu-1m", "named model size of the project's transformer (diloco.models.sizes; e.g. cpu-1m)")
+    model: str = _train(
         "",
         "empty: the project's transformer of `size`; hf:PATH (a Hugging Face folder); module:function or file.py:function",
     )
-    vocab_size: int = setting(4096, "the BPE's vocabulary size; for token files, the vocabulary their ids index")
-    seq_len: int = setting(128, "tokens per training sequence (the context length)")
-    sources: tuple[str, ...] = setting(
+    vocab_size: int = _train(4096, "the BPE's vocabulary size; for token files, the vocabulary their ids index")
+    seq_len: int = _train(128, "tokens per training sequence (the context length)")
+    sources: tuple[str, ...] = _train(
         ("shakespeare", "bible"),
         "training data: bundled names (shakespeare, bible, large), text files, folders, globs, or .bin/.npy token files",
     )
-    tokenizer: str = setting(
+    tokenizer: str = _train(
         "", "empty: train the project's BPE on the text (cached); or a tokenizer.json (Hugging Face tokenizers)"
     )
-    eod_token: str = setting("", "that tokenizer's end-of-document token (default: the first known one it has)")
-    token_dtype: str = setting("uint16", "id type of .bin token files")
-    z_loss: float = setting(1e-4, "weight of the z-loss on the softmax normaliser (stabilises the logits; 0 = off)")
-    # how workers cooperate
-    method: Method = setting(
+    eod_token: str = _train("", "that tokenizer's end-of-document token (default: the first known one it has)")
+    token_dtype: str = _train("uint16", "id type of .bin token files")
+    z_loss: float = _train(1e-4, "weight of the z-loss on the softmax normaliser (stabilises the logits; 0 = off)")
+    method: Method = _cooperate(
         "diloco",
         "how replicas cooperate: dp (data-parallel), diloco, streaming (Streaming DiLoCo), decoupled (learners on their own clocks)",
         choices=METHODS,
     )
-    replicas: int = setting(2, "M: the number of workers (replicas); each trains on its own shard")
-    ranks_per_worker: int = setting(1, "R: under torchrun, the data-parallel processes of one worker (launch M x R)")
-    worker_sharding: WorkerSharding = setting(
+    replicas: int = _cooperate(2, "M: the number of workers (replicas); each trains on its own shard")
+    ranks_per_worker: int = _cooperate(1, "R: under torchrun, the data-parallel processes of one worker (launch M x R)")
+    worker_sharding: WorkerSharding = _cooperate(
         "replicate",
         "how a worker's R ranks hold its model: replicate (each a full copy) or fsdp (sharded with fully_shard)",
         choices=WORKER_SHARDING,
     )
-    fsdp_mixed_precision: bool = setting(
+    fsdp_mixed_precision: bool = _cooperate(
         False, "with worker_sharding=fsdp: bf16 forward/backward, fp32 gradient reduction and master weights"
     )
-    sync_every: int = setting(
+    sync_every: int = _cooperate(
         30, "H: inner steps between two outer syncs (of each fragment); measured best: >= 80 outer steps a run"
     )
-    num_fragments: int = setting(1, "P: fragments of the model that sync on a staggered schedule (streaming)")
-    fragment_pattern: FragmentPattern = setting(
+    num_fragments: int = _cooperate(1, "P: fragments of the model that sync on a staggered schedule (streaming)")
+    fragment_pattern: FragmentPattern = _cooperate(
         "strided", "how blocks map to fragments: strided (block i -> 1 + i mod (P-1)) or sequential", choices=PATTERNS
     )
-    fragments: tuple[str, ...] = setting(
+    fragments: tuple[str, ...] = _cooperate(
         (), "explicit fragments: one group of parameter-name prefixes (a|b) per fragment; empty: the fragmenter's"
     )
-    schedule: str = setting(
+    schedule: str = _cooperate(
         "even",
         "when each fragment syncs: even, torchft (torchft 0.2.0's offsets), or P comma-separated first-send steps",
     )
-    overlap_steps: int = setting(0, "tau: inner steps an exchange overlaps before it is merged (streaming)")
-    merge_alpha: float = setting(0.0, "alpha: merge as alpha * local + (1 - alpha) * global (streaming)")
-    codec: str = setting(
+    overlap_steps: int = _cooperate(0, "tau: inner steps an exchange overlaps before it is merged (streaming)")
+    merge_alpha: float = _cooperate(0.0, "alpha: merge as alpha * local + (1 - alpha) * global (streaming)")
+    codec: str = _cooperate(
         "fp32",
         "what outer gradients travel as (fp32, bf16, fp8 / fp4 variants, int8: diloco.CODEC_NAMES; with ef_decay: stat2, stat4, topk)",
     )
-    eager: bool = setting(
+    eager: bool = _cooperate(
         False,
         "eager updates (needs overlap_steps = sync_every): apply this worker's share of the outer gradient at once, the others' one outer step later",
     )
-    ef_decay: float = setting(
+    ef_decay: float = _cooperate(
         0.0,
         "beta of the error-feedback accumulator e <- beta e + Delta that keeps what the codec dropped (0 = off; SparseLoCo 0.95, MuLoCo 0.9)",
     )
-    topk_density: float = setting(
+    topk_density: float = _cooperate(
         0.015625, "share of each 4096-value chunk the topk codec sends (1/64: 64 values, 12-bit indices, 2-bit values)"
     )
-    topk_tables: str = setting(
+    topk_tables: str = _cooperate(
         "payload",
         "where the topk codec's 2-bit values take their bin means: payload (one table) or chunk (one per chunk, +0.03 bits)",
         choices=TOPK_TABLES,
     )
-    guard: GuardAction = setting(
+    guard: GuardAction = _cooperate(
         "drop",
         "outer-gradient norm guard (each worker its own; decoupled: the syncer): drop, clip one above guard_ratio x reference, or off",
         choices=GUARD_ACTIONS,
     )
-    guard_ratio: float = setting(
+    guard_ratio: float = _cooperate(
         10.0,
         "guard's bar on norm / reference (round's median, else running median of accepted norms); healthy runs measured < 3",
     )
-    quorum: int = setting(
+    quorum: int = _cooperate(
         0, "K (decoupled): learners a merge needs at least; 0 = all (synchronous), 1 = whoever reports first"
     )
-    merge: dc.MergeName = setting(
+    merge: dc.MergeName = _cooperate(
         "rda",
         "decoupled: how the syncer merges: rda (radial-directional; measured best at outer_lr 0.7/sqrt(M)) or mean (token-weighted)",
         choices=dc.MERGE_NAMES,
     )
-    outer_scale: OuterScale = setting(
+    outer_scale: OuterScale = _cooperate(
         "auto",
         "decoupled: outer step share of a merge of k of M learners: auto (mean: share, rda: sqrt-share), share (k/M), sqrt-share, none (1)",
         choices=OUTER_SCALES,
     )
-    outer_gradient: dc.OuterGradient = setting(
+    outer_gradient: dc.OuterGradient = _cooperate(
         "global",
         "decoupled: a learner's outer gradient: global (Theta - theta_m) or own (base_m - theta_m, its own progress; kinder to stragglers)",
         choices=dc.OUTER_GRADIENTS,
     )
-    grace_gamma: float = setting(
+    grace_gamma: float = _cooperate(
         0.2,
         "decoupled: gamma of the wait for more learners after the quorum, gamma x (tau x step time - quorum time - sync time)",
     )
-    grace_ema_decay: float = setting(
+    grace_ema_decay: float = _cooperate(
         0.9, "decoupled: decay of the grace window's moving averages of step, quorum and sync times"
     )
-    ride_out_steps: int = setting(
+    ride_out_steps: int = _cooperate(
         0, "decoupled: steps a learner trains on while a reply is late (a syncer restarting) before it waits; 0 = wait"
     )
-    late_reports: dc.LateReports = setting(
+    late_reports: dc.LateReports = _cooperate(
         "alone",
         "decoupled, K < M: a report after its slot's merge merges alone at once (alone) or waits for the next quorum (next)",
         choices=dc.LATE_REPORTS,
     )
-    overwrite_after: dc.OverwriteAfter = setting(
+    overwrite_after: dc.OverwriteAfter = _cooperate(
         "send",
         "decoupled: a learner overwrites a fragment tau steps after sending it (send) or after its reply arrives (arrival)",
         choices=dc.OVERWRITE_AFTER,
     )
-    decoupled_transport: dc.Transport = setting(
+    decoupled_transport: dc.Transport = _cooperate(
         "threads",
         "decoupled: where the syncer runs: threads (a thread of this process) or ray (a named Ray actor)",
         choices=dc.TRANSPORTS,
     )
-    ray_address: str = setting(
+    ray_address: str = _cooperate(
         "", "decoupled_transport=ray: the Ray cluster to join; empty: start a local Ray instance"
     )
-    learner: int = setting(
+    learner: int = _cooperate(
         -1, "decoupled site job: the one learner (0..replicas-1) this job runs, joining syncer; -1 = every learner here"
     )
-    syncer: str = setting(
+    syncer: str = _cooperate(
         "", "decoupled site job: NAME@ADDRESS of the running diloco syncer to join (it prints it); empty: start one"
     )
-    dp_codec: str = setting("fp32", "what gradients travel as in data-parallel (same names as codec)")
-    # budget (exactly one of steps and tokens)
-    global_batch: int = setting(16, "sequences per step over all workers (global_batch / replicas per worker)")
-    steps: int = setting(0, "training steps (set exactly one of steps and tokens)")
-    tokens: int = setting(
+    dp_codec: str = _cooperate("fp32", "what gradients travel as in data-parallel (same names as codec)")
+    global_batch: int = _budget(16, "sequences per step over all workers (global_batch / replicas per worker)")
+    steps: int = _budget(0, "training steps (set exactly one of steps and tokens)")
+    tokens: int = _budget(
         0, "training tokens, converted to steps of global_batch x seq_len (exactly one of steps and tokens)"
     )
-    # inner optimizer (AdamW, linear warmup, cosine decay to min_lr_ratio)
-    inner_optimizer: InnerOptimizer = setting(
+    inner_optimizer: InnerOptimizer = _inner(
         "adamw",
         "adamw, or muon: torch.optim.Muon on the 2-D hidden matrices (AdamW-matched lr), AdamW on embeddings, head, norms and biases",
         choices=INNER_OPTIMIZERS,
     )
-    inner_lr: float = setting(2e-3, "peak learning rate of the inner AdamW (linear warmup, cosine decay)")
-    warmup_steps: int = setting(50, "steps of linear learning-rate warmup")
-    min_lr_ratio: float = setting(0.05, "the cosine decays to inner_lr x this at the last step")
-    weight_decay: float = setting(0.1, "AdamW weight decay (inner optimizer)")
-    beta1: float = setting(0.9, "AdamW beta1 (inner optimizer)")
-    beta2: float = setting(0.99, "AdamW beta2 (inner optimizer)")
-    grad_clip: float = setting(1.0, "clip each worker's gradient norm to this (0 = no clipping)")
-    # outer optimizer (Nesterov SGD)
-    outer_lr: float = setting(0.7, "learning rate of the outer Nesterov SGD on the averaged outer gradient")
-    outer_momentum: float = setting(
+    inner_lr: float = _inner(2e-3, "peak learning rate of the inner AdamW (linear warmup, cosine decay)")
+    warmup_steps: int = _inner(50, "steps of linear learning-rate warmup")
+    min_lr_ratio: float = _inner(0.05, "the cosine decays to inner_lr x this at the last step")
+    weight_decay: float = _inner(0.1, "AdamW weight decay (inner optimizer)")
+    beta1: float = _inner(0.9, "AdamW beta1 (inner optimizer)")
+    beta2: float = _inner(0.99, "AdamW beta2 (inner optimizer)")
+    grad_clip: float = _inner(1.0, "clip each worker's gradient norm to this (0 = no clipping)")
+    outer_lr: float = _outer(0.7, "learning rate of the outer Nesterov SGD on the averaged outer gradient")
+    outer_momentum: float = _outer(
         0.9, "momentum of the outer SGD (the papers: 0.9; studies/outer-steps: 0.5 for diloco, 0.9 for streaming)"
     )
-    outer_nesterov: bool = setting(True, "Nesterov momentum for the outer SGD (false: heavy-ball)")
-    # evaluation, checkpoints, runtime
-    eval_every: int = setting(100, "steps between evaluations of the global parameters on held-out tokens")
-    eval_batches: int = setting(16, "batches of global_batch sequences per evaluation")
-    diverge_factor: float = setting(
+    outer_nesterov: bool = _outer(True, "Nesterov momentum for the outer SGD (false: heavy-ball)")
+    eval_every: int = _runtime(100, "steps between evaluations of the global parameters on held-out tokens")
+    eval_batches: int = _runtime(16, "batches of global_batch sequences per evaluation")
+    diverge_factor: float = _runtime(
         3.0,
         "stop (exit 3, no checkpoint) on a non-finite loss or an eval above this x min(first eval, ln vocab); 0 = off",
     )
-    checkpoint_every: int = setting(
+    checkpoint_every: int = _runtime(
         -1,
         "steps between checkpoints; -1 = auto (every 100, rounded up to a multiple of sync_every), 0 = only at the end",
     )
-    keep_checkpoints: int = setting(2, "K: the last K checkpoints are kept (an unreadable newest one falls back)")
-    checkpoint_async: bool = setting(
+    keep_checkpoints: int = _runtime(2, "K: the last K checkpoints are kept (an unreadable newest one falls back)")
+    checkpoint_async: bool = _runtime(
         False,
         "with worker_sharding=fsdp: write each checkpoint in the background (dcp.async_save), committed at the next step",
     )
-    seed: int = setting(0, "seed of the model's initialisation and the data order")
-    bf16: bool = setting(False, "bf16 autocast of forward and loss (weights, grads and optimizer state stay fp32)")
-    compile: bool = setting(False, "torch.compile each replica's model (parameter names unchanged)")
-    threads: int = setting(0, "torch intra-op threads per replica; 0 = auto (the cores other work leaves free)")
-    step_time: float = setting(
+    seed: int = _runtime(0, "seed of the model's initialisation and the data order")
+    bf16: bool = _runtime(False, "bf16 autocast of forward and loss (weights, grads and optimizer state stay fp32)")
+    compile: bool = _runtime(False, "torch.compile each replica's model (parameter names unchanged)")
+    threads: int = _runtime(0, "torch intra-op threads per replica; 0 = auto (the cores other work leaves free)")
+    step_time: float = _runtime(
         0.0,
         "pad each inner step to at least this many seconds with a sleep (an accelerator's step on a CPU); 0 = off",
     )
-    slowdown: str = setting(
+    slowdown: str = _runtime(
         "",
         "stragglers: per replica, its (padded) step time multiplied by F >= 1, e.g. 1,1,3; empty = all 1",
     )
-    val_fraction: float = setting(0.02, "share of the tokens held out for evaluation")
-    tensorboard: bool = setting(False, "also write TensorBoard event files to OUT/tb")
+    val_fraction: float = _runtime(0.02, "share of the tokens held out for evaluation")
+    tensorboard: bool = _runtime(False, "also write TensorBoard event files to OUT/tb")
 
     def __post_init__(self) -> None:
         errors: list[str] = []
@@ -532,28 +540,13 @@ def reference() -> list[FieldDoc]:
 
     The single source of ``diloco train --help``'s key list and the documentation's reference page.
     """
-    sections = _sections()
     out = []
     for f in fields(TrainConfig):
         assert "doc" in f.metadata, f"TrainConfig.{f.name} has no documentation: declare it with setting()"
         default = list(f.default) if isinstance(f.default, tuple) else f.default
         choices = f.metadata["choices"]
         typ = "str" if choices else str(f.type)  # a choice's annotation is its Literal type
-        out.append(FieldDoc(f.name, typ, default, f.metadata["doc"], sections[f.name], choices))
-    return out
-
-
-def _sections() -> dict[str, str]:
-    """Each field's section: the ``# comment`` line above it in the class body."""
-    import inspect
-
-    section, out = "", {}
-    for line in inspect.getsource(TrainConfig).splitlines():
-        text = line.strip()
-        if text.startswith("# ") and line.startswith("    #"):
-            section = text[2:]
-        elif ":" in text and "setting(" in text:
-            out[text.split(":", 1)[0]] = section
+        out.append(FieldDoc(f.name, typ, default, f.metadata["doc"], f.metadata["section"], choices))
     return out
 
 
