@@ -283,33 +283,9 @@ class TrainConfig:
         need(self.dp_codec in CODEC_NAMES, f"dp_codec={self.dp_codec!r}: choose one of {', '.join(CODEC_NAMES)}")
         need(self.replicas >= 1, f"replicas={self.replicas}: need at least 1")
         need(self.ranks_per_worker >= 1, f"ranks_per_worker={self.ranks_per_worker}: need at least 1")
-        if self.worker_sharding == "fsdp":
-            need(
-                self.method != "dp",
-                f"worker_sharding='fsdp' runs DiLoCo / streaming workers, not method={self.method!r}: "
-                f"use method='diloco' or 'streaming', or worker_sharding='replicate'",
-            )
-            need(
-                self.inner_optimizer == "adamw",
-                f"inner_optimizer={self.inner_optimizer!r} with worker_sharding='fsdp' is not supported (Muon "
-                f"orthogonalises whole matrices; FSDP holds shards): use inner_optimizer='adamw' or "
-                f"worker_sharding='replicate'",
-            )
-            need(
-                not self.compile,
-                "compile=true with worker_sharding='fsdp' is not supported: set compile=false "
-                "or worker_sharding='replicate'",
-            )
-        need(
-            not self.checkpoint_async or self.worker_sharding == "fsdp",
-            f"checkpoint_async=true needs worker_sharding='fsdp' (sharded checkpoints; got "
-            f"{self.worker_sharding!r}): set checkpoint_async=false",
-        )
-        need(
-            not self.fsdp_mixed_precision or self.worker_sharding == "fsdp",
-            f"fsdp_mixed_precision=true needs worker_sharding='fsdp' (got {self.worker_sharding!r}); "
-            f"for replicated workers use bf16=true",
-        )
+        from diloco.train.sharding import sharding_errors
+
+        errors += sharding_errors(self)
         ranks = self.replicas * max(1, self.ranks_per_worker)
         need(
             self.global_batch >= ranks and self.global_batch % ranks == 0,
