@@ -32,6 +32,8 @@ def config_keys_markdown() -> str:
         default = "(empty)" if default == "" else str(default).lower() if isinstance(default, bool) else default
         doc = f.doc.replace("|", "\\|")
         typ = f.type.replace("tuple[str, ...]", "list of str")
+        if f.choices:
+            typ = "one of " + ", ".join(f"`{c}`" for c in f.choices)
         out.append(f"| `{f.name}` | {typ} | `{default}` | {doc} |")
     return "\n".join(out)
 

@@ -14,10 +14,13 @@ default) or in contiguous runs differing in length by at most one
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from diloco.errors import ConfigError
 
 #: Ways of assigning blocks to block groups.
-PATTERNS = ("strided", "sequential")
+FragmentPattern = Literal["strided", "sequential"]
+PATTERNS: tuple[FragmentPattern, ...] = get_args(FragmentPattern)
 
 #: The fragment that holds the parameters outside the blocks (embeddings, final norm, head).
 NON_BLOCK_FRAGMENT = 0
@@ -26,7 +29,7 @@ NON_BLOCK_FRAGMENT = 0
 def check_pattern(pattern: str) -> str:
     """``pattern`` if it is one of :data:`PATTERNS`, else a ValueError naming the choices."""
     if pattern not in PATTERNS:
-        raise ConfigError(f"fragment_pattern must be 'strided' or 'sequential', got {pattern!r}")
+        raise ConfigError(f"fragment_pattern must be one of {', '.join(PATTERNS)}, got {pattern!r}")
     return pattern
 
 
@@ -60,4 +63,4 @@ def block_fragments(num_blocks: int, num_fragments: int, pattern: str = "strided
     return [1 + g for g in block_groups(L, P - 1, pattern)]
 
 
-__all__ = ["NON_BLOCK_FRAGMENT", "PATTERNS", "block_fragments", "block_groups", "check_pattern"]
+__all__ = ["NON_BLOCK_FRAGMENT", "PATTERNS", "FragmentPattern", "block_fragments", "block_groups", "check_pattern"]

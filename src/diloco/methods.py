@@ -16,13 +16,21 @@ blocks) is :mod:`diloco.layout`.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from diloco.errors import ConfigError
 
 #: The synchronous ones (one communicator, one schedule for every replica): what the simulator models.
-SYNCHRONOUS_METHODS: tuple[str, ...] = ("dp", "diloco", "streaming")
+SynchronousMethod = Literal["dp", "diloco", "streaming"]
+SYNCHRONOUS_METHODS: tuple[SynchronousMethod, ...] = get_args(SynchronousMethod)
 
 #: The methods the trainer runs.
-METHODS: tuple[str, ...] = (*SYNCHRONOUS_METHODS, "decoupled")
+Method = Literal[SynchronousMethod, "decoupled"]
+METHODS: tuple[Method, ...] = get_args(Method)
+
+#: How a worker's R ranks hold its model: each a full copy (gradients averaged), or a shard (FSDP2).
+WorkerSharding = Literal["replicate", "fsdp"]
+WORKER_SHARDING: tuple[WorkerSharding, ...] = get_args(WorkerSharding)
 
 
 def check_method(method: str) -> str:
@@ -70,4 +78,13 @@ def schedule_errors(sync_every: int, num_fragments: int, overlap_steps: int, *, 
     return errors
 
 
-__all__ = ["METHODS", "SYNCHRONOUS_METHODS", "check_method", "schedule_errors"]
+__all__ = [
+    "METHODS",
+    "SYNCHRONOUS_METHODS",
+    "WORKER_SHARDING",
+    "Method",
+    "SynchronousMethod",
+    "WorkerSharding",
+    "check_method",
+    "schedule_errors",
+]

@@ -26,7 +26,7 @@ _EXPORTS = {
     "COMPRESSING_CODECS": ".codecs",
     "ErrorFeedback": ".error_feedback",
     "build_inner_optimizer": ".inner",
-    "INNER_OPTIMIZERS": ".inner",
+    "INNER_OPTIMIZERS": ".choices",
     "default_outer_optimizer": ".outer",
 }
 

@@ -36,9 +36,9 @@ import torch
 from torch import nn
 
 from diloco.errors import ConfigError
-from diloco.layout import NON_BLOCK_FRAGMENT, block_fragments, block_groups, check_pattern
+from diloco.layout import NON_BLOCK_FRAGMENT, FragmentPattern, block_fragments, block_groups, check_pattern
 
-Pattern = Literal["strided", "sequential", "balanced"]  # diloco.layout.PATTERNS, plus "balanced" (tensors)
+Pattern = Literal[FragmentPattern, "balanced"]  # diloco.layout.PATTERNS, plus "balanced" (tensors)
 FragmentSpec = Sequence[Sequence[str | nn.Parameter | nn.Module]]
 
 

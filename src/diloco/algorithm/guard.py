@@ -36,12 +36,13 @@ import warnings
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from diloco.errors import ConfigError
 
 #: What a guard does with an outer gradient whose norm ratio exceeds the bar.
-GUARD_ACTIONS = ("drop", "clip", "off")
+GuardAction = Literal["drop", "clip", "off"]
+GUARD_ACTIONS: tuple[GuardAction, ...] = get_args(GuardAction)
 
 #: The bar: norm / reference above this fires (see the module docstring and the decoupled guide for why 10).
 DEFAULT_GUARD_RATIO = 10.0
@@ -249,6 +250,7 @@ class NormGuard:
 __all__ = [
     "DEFAULT_GUARD_RATIO",
     "GUARD_ACTIONS",
+    "GuardAction",
     "ROUND_MEDIAN_MIN",
     "GuardEvent",
     "NormGuard",

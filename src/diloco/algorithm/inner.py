@@ -28,10 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from diloco.algorithm.choices import INNER_OPTIMIZERS
 from diloco.errors import ConfigError
-
-#: Inner optimizers by name (``TrainConfig.inner_optimizer``).
-INNER_OPTIMIZERS: tuple[str, ...] = ("adamw", "muon")
 
 #: Name parts that mark an embedding or output head (kept on AdamW).
 NOT_HIDDEN_NAMES: tuple[str, ...] = ("embed", "embedding", "embeddings", "wte", "wpe", "head", "lm_head", "output")

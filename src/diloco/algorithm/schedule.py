@@ -59,9 +59,14 @@ Any other timing is ``schedule=(o_0, ..., o_{P-1})``, each offset in 1..H.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from diloco.errors import ConfigError
 from diloco.methods import schedule_errors
+
+#: The named schedules ``schedule=`` takes (otherwise P comma-separated first-send steps).
+ScheduleName = Literal["even", "torchft"]
+SCHEDULE_NAMES: tuple[ScheduleName, ...] = get_args(ScheduleName)
 
 
 @dataclass(frozen=True)

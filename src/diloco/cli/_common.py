@@ -21,7 +21,8 @@ def config_keys_help() -> str:
             lines.append(f"\n  {section}:")
         default = ",".join(f.default) if isinstance(f.default, list) else f.default
         default = '""' if default == "" else str(default).lower() if isinstance(default, bool) else default
-        lines.append(f"    {f.name} ({f.type.replace('tuple[str, ...]', 'list')}, default {default})")
+        typ = "|".join(f.choices) if f.choices else f.type.replace("tuple[str, ...]", "list")
+        lines.append(f"    {f.name} ({typ}, default {default})")
         lines.append(f"        {f.doc}")
     return "\n".join(lines)
 

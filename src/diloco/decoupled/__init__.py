@@ -18,7 +18,7 @@ _EXPORTS = {
     "LocalTransport": ".local",
     "run_learners": ".local",
     "GraceWindow": ".grace",
-    "MERGE_NAMES": ".merge",
+    "MERGE_NAMES": ".choices",
     "token_weights": ".merge",
     "radial_directional_average": ".merge",
     "weighted_mean": ".merge",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from diloco.decoupled.choices import check_outer_gradient, check_overwrite_after, check_transport
 from diloco.errors import ConfigError
 
 
@@ -39,13 +40,16 @@ def decoupled_errors(cfg: Any) -> list[str]:
         check_late_reports(cfg.late_reports)
     except ValueError as exc:
         errors.append(str(exc))
-    if cfg.overwrite_after not in ("send", "arrival"):
-        errors.append(f"overwrite_after={cfg.overwrite_after!r}: choose send or arrival")
-    if cfg.outer_gradient not in ("global", "own"):
-        errors.append(f"outer_gradient={cfg.outer_gradient!r}: choose global or own")
+    for check, value in (
+        (check_overwrite_after, cfg.overwrite_after),
+        (check_outer_gradient, cfg.outer_gradient),
+        (check_transport, cfg.decoupled_transport),
+    ):
+        try:
+            check(value)
+        except ValueError as exc:
+            errors.append(str(exc))
     errors += site_errors(cfg)
-    if cfg.decoupled_transport not in ("threads", "ray"):
-        errors.append(f"decoupled_transport={cfg.decoupled_transport!r}: choose threads or ray")
     if cfg.eager:
         errors.append(
             "method='decoupled' cannot take eager=true: eager updates stand a worker's own outer gradient in for "

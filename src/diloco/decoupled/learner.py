@@ -44,6 +44,7 @@ from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten,
 from diloco.algorithm.outer import merge_
 from diloco.algorithm.schedule import Schedule, resolve_schedule
 from diloco.comm.accounting import CommStats
+from diloco.decoupled.choices import check_overwrite_after
 from diloco.decoupled.messages import Reply, Report, Welcome
 from diloco.decoupled.syncer import is_lossless
 from diloco.errors import ConfigError
@@ -120,12 +121,7 @@ class Learner(ReplicaAlgorithm):
         ride_out_steps: int = 0,
         error_feedback_decay: float = 0.0,
     ) -> None:
-        if overwrite_after not in ("send", "arrival"):
-            raise ConfigError(
-                f"overwrite_after={overwrite_after!r}: choose 'send' (tau steps after sending, the "
-                f"Streaming DiLoCo timing) or 'arrival' (tau steps after the reply arrives)"
-            )
-        self.overwrite_after = overwrite_after
+        self.overwrite_after = check_overwrite_after(overwrite_after)
         if not isinstance(ride_out_steps, int) or ride_out_steps < 0:
             raise ConfigError(
                 f"ride_out_steps={ride_out_steps!r}: give the steps a learner trains on while a reply is "

@@ -27,10 +27,8 @@ from collections.abc import Sequence
 
 import torch
 
+from diloco.decoupled.choices import MERGE_NAMES
 from diloco.errors import ConfigError
-
-#: The merge rules ``merge=`` accepts.
-MERGE_NAMES = ("rda", "mean")
 
 
 def check_merge(name: str) -> str:

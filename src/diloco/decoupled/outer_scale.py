@@ -28,11 +28,13 @@ bit-identical to synchronous Streaming DiLoCo).
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 from diloco.errors import ConfigError
 
 #: The rules ``outer_scale=`` accepts.
-OUTER_SCALES = ("auto", "share", "sqrt-share", "none")
+OuterScale = Literal["auto", "share", "sqrt-share", "none"]
+OUTER_SCALES: tuple[OuterScale, ...] = get_args(OuterScale)
 
 #: ``outer_scale="auto"``: merge rule -> the rule used (see studies/decoupled-quorum/README.md).
 AUTO = {"mean": "share", "rda": "sqrt-share"}
@@ -64,4 +66,4 @@ def outer_step_share(*, merged: int, members: int, rule: str, merge: str) -> flo
     return 1.0
 
 
-__all__ = ["AUTO", "OUTER_SCALES", "check_outer_scale", "outer_step_share"]
+__all__ = ["AUTO", "OUTER_SCALES", "OuterScale", "check_outer_scale", "outer_step_share"]

@@ -60,14 +60,12 @@ from diloco.algorithm.codecs import Codec, all_finite, get_codec
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
 from diloco.algorithm.guard import DEFAULT_GUARD_RATIO, NormGuard, Verdict
 from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer, load_global_state
+from diloco.decoupled.choices import LATE_REPORTS, check_outer_gradient
 from diloco.decoupled.grace import DEFAULT_EMA_DECAY, DEFAULT_GRACE_GAMMA, GraceWindow
 from diloco.decoupled.merge import MergeFold, check_merge, token_weights
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
 from diloco.decoupled.outer_scale import check_outer_scale, outer_step_share
 from diloco.errors import ConfigError
-
-#: How the syncer forms a learner's outer gradient (see :class:`Syncer`).
-OUTER_GRADIENTS = ("global", "own")
 
 
 def is_lossless(codec: Codec) -> bool:
@@ -79,10 +77,6 @@ def embedding_names(model: nn.Module) -> set[str]:
     """Names of the trainable parameters that belong to an ``nn.Embedding`` (tied aliases included)."""
     ids = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
     return {n for n, p in model.named_parameters() if id(p) in ids}
-
-
-#: What the syncer does with a report that misses the merge of its slot (K < M; see :class:`Syncer`).
-LATE_REPORTS = ("next", "alone")
 
 
 def check_late_reports(value: str) -> str:
@@ -214,11 +208,7 @@ class Syncer:
         check_quorum(quorum, num_learners)
         self.num_learners, self.quorum = num_learners, quorum
         self.merge = check_merge(merge)
-        if outer_gradient not in OUTER_GRADIENTS:
-            raise ConfigError(
-                f"outer_gradient={outer_gradient!r}: choose 'global' (Theta - theta_m) or 'own' (base_m - theta_m)"
-            )
-        self.outer_gradient = outer_gradient
+        self.outer_gradient = check_outer_gradient(outer_gradient)
         self.outer_scale = check_outer_scale(outer_scale)
         self.late_reports = check_late_reports(late_reports)
         self._slot: dict[int, tuple[int, frozenset[int]]] = {}  # fragment -> (last merge's step, its learners)

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from diloco.errors import ConfigError
+from diloco.methods import WORKER_SHARDING
 
 
 @dataclass(frozen=True)
@@ -280,8 +281,8 @@ def setup_communicators(
     R = ranks_per_worker
     if isinstance(R, bool) or not isinstance(R, int) or R < 1:
         raise ConfigError(f"ranks_per_worker={R!r}: need an integer >= 1")
-    if worker_sharding not in ("replicate", "fsdp"):
-        raise ConfigError(f"worker_sharding={worker_sharding!r}: choose 'replicate' or 'fsdp'")
+    if worker_sharding not in WORKER_SHARDING:
+        raise ConfigError(f"worker_sharding={worker_sharding!r}: choose one of {', '.join(WORKER_SHARDING)}")
     M = replicas if replicas is not None else env.world_size // R
     check_world_size(env.world_size, M, R)
     if not timeout_s > 0:

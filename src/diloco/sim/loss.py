@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from diloco.errors import ConfigError
+from diloco.methods import SYNCHRONOUS_METHODS
 from diloco.scaling.fit import ScalingFit
 
 #: The reference H of the DiLoCo laws (the paper sweeps at H = 30).
@@ -219,8 +220,8 @@ class LossModel:
         ``codec`` in :data:`MEASURED_CODECS` (sent with error feedback) and ``eager`` (tau = H, whatever
         ``overlap_steps`` says) are charged the laptop-scale measurements (:meth:`measured_term`).
         """
-        if method not in ("dp", "diloco", "streaming"):
-            raise ConfigError(f"method={method!r}: choose dp, diloco or streaming")
+        if method not in SYNCHRONOUS_METHODS:
+            raise ConfigError(f"method={method!r}: choose one of {', '.join(SYNCHRONOUS_METHODS)}")
         law_method = "dp" if method == "dp" else "diloco"
         m = 1 if method == "dp" else replicas
         pr = self.fit.predict(num_params, method=law_method, replicas=m, tokens=tokens)

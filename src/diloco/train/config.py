@@ -8,6 +8,7 @@ the run's results (``config.json``), so every number can be traced to its settin
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass, field, fields
@@ -15,205 +16,231 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from diloco.algorithm.choices import INNER_OPTIMIZERS, InnerOptimizer
+from diloco.algorithm.guard import GUARD_ACTIONS, GuardAction
+from diloco.algorithm.schedule import SCHEDULE_NAMES
 from diloco.algorithm.wire_sizes import TOPK_TABLES
+from diloco.decoupled import choices as dc
+from diloco.decoupled.outer_scale import OUTER_SCALES, OuterScale
 from diloco.errors import ConfigError
-from diloco.layout import PATTERNS
-from diloco.methods import METHODS, schedule_errors
+from diloco.layout import PATTERNS, FragmentPattern
+from diloco.methods import METHODS, WORKER_SHARDING, Method, WorkerSharding, schedule_errors
 
 
-def setting(default: Any, doc: str) -> Any:
-    """A :class:`TrainConfig` field with its one line of meaning.
+def setting(default: Any, doc: str, *, section: str, choices: tuple[str, ...] = ()) -> Any:
+    """A :class:`TrainConfig` field with its one line of meaning (and, for a choice, its values).
 
     The meaning lives here and nowhere else: ``diloco train --help``, ``diloco config`` and the
-    documentation's reference page all read it (:func:`reference`).
+    documentation's reference page all read it (:func:`reference`). ``choices``: the tuple defined beside
+    the component that takes the value (its ``Literal`` type is the field's annotation).
     """
-    return field(default=default, metadata={"doc": doc})
+    return field(default=default, metadata={"doc": doc, "section": section, "choices": tuple(choices)})
 
+
+def _section(title: str) -> Any:
+    """:func:`setting` for the fields of one section of the help and the reference (declared, in this order)."""
+    return functools.partial(setting, section=title)
+
+
+_train = _section("what to train")
+_cooperate = _section("how workers cooperate")
+_budget = _section("budget (exactly one of steps and tokens)")
+_inner = _section("inner optimizer (AdamW, linear warmup, cosine decay to min_lr_ratio)")
+_outer = _section("outer optimizer (Nesterov SGD)")
+_runtime = _section("evaluation, checkpoints, runtime")
+
+
+#: The choice fields whose values the config checks itself; the guard and the decoupled ones are checked by
+#: their components' check functions (:func:`~diloco.algorithm.guard.check_guard`, the decoupled runtime's).
+_CHECKED_CHOICES = ("method", "worker_sharding", "fragment_pattern", "topk_tables", "inner_optimizer")
 
 #: ``checkpoint_every = -1`` (the default): at the first outer-sync boundary after every this many steps.
 AUTO_CHECKPOINT_STEPS = 100
 
-#: How a worker's R ranks hold its model: each a full copy (gradients averaged), or a shard (FSDP2).
-WORKER_SHARDING = ("replicate", "fsdp")
-
 
 @dataclass(frozen=True)
 class TrainConfig:
-    # what to train
-    size: str = setting("cpu-1m", "named model size of the project's transformer (diloco.models.sizes; e.g. cpu-1m)")
-    model: str = setting(
+    size: str = _train("cpu-1m", "named model size of the project's transformer (diloco.models.sizes; e.g. cpu-1m)")
+    model: str = _train(
         "",
         "empty: the project's transformer of `size`; hf:PATH (a Hugging Face folder); module:function or file.py:function",
     )
-    vocab_size: int = setting(4096, "the BPE's vocabulary size; for token files, the vocabulary their ids index")
-    seq_len: int = setting(128, "tokens per training sequence (the context length)")
-    sources: tuple[str, ...] = setting(
+    vocab_size: int = _train(4096, "the BPE's vocabulary size; for token files, the vocabulary their ids index")
+    seq_len: int = _train(128, "tokens per training sequence (the context length)")
+    sources: tuple[str, ...] = _train(
         ("shakespeare", "bible"),
         "training data: bundled names (shakespeare, bible, large), text files, folders, globs, or .bin/.npy token files",
     )
-    tokenizer: str = setting(
+    tokenizer: str = _train(
         "", "empty: train the project's BPE on the text (cached); or a tokenizer.json (Hugging Face tokenizers)"
     )
-    eod_token: str = setting("", "that tokenizer's end-of-document token (default: the first known one it has)")
-    token_dtype: str = setting("uint16", "id type of .bin token files")
-    z_loss: float = setting(1e-4, "weight of the z-loss on the softmax normaliser (stabilises the logits; 0 = off)")
-    # how workers cooperate
-    method: str = setting(
+    eod_token: str = _train("", "that tokenizer's end-of-document token (default: the first known one it has)")
+    token_dtype: str = _train("uint16", "id type of .bin token files")
+    z_loss: float = _train(1e-4, "weight of the z-loss on the softmax normaliser (stabilises the logits; 0 = off)")
+    method: Method = _cooperate(
         "diloco",
         "how replicas cooperate: dp (data-parallel), diloco, streaming (Streaming DiLoCo), decoupled (learners on their own clocks)",
+        choices=METHODS,
     )
-    replicas: int = setting(2, "M: the number of workers (replicas); each trains on its own shard")
-    ranks_per_worker: int = setting(1, "R: under torchrun, the data-parallel processes of one worker (launch M x R)")
-    worker_sharding: str = setting(
+    replicas: int = _cooperate(2, "M: the number of workers (replicas); each trains on its own shard")
+    ranks_per_worker: int = _cooperate(1, "R: under torchrun, the data-parallel processes of one worker (launch M x R)")
+    worker_sharding: WorkerSharding = _cooperate(
         "replicate",
         "how a worker's R ranks hold its model: replicate (each a full copy) or fsdp (sharded with fully_shard)",
+        choices=WORKER_SHARDING,
     )
-    fsdp_mixed_precision: bool = setting(
+    fsdp_mixed_precision: bool = _cooperate(
         False, "with worker_sharding=fsdp: bf16 forward/backward, fp32 gradient reduction and master weights"
     )
-    sync_every: int = setting(
+    sync_every: int = _cooperate(
         30, "H: inner steps between two outer syncs (of each fragment); measured best: >= 80 outer steps a run"
     )
-    num_fragments: int = setting(1, "P: fragments of the model that sync on a staggered schedule (streaming)")
-    fragment_pattern: str = setting(
-        "strided", "how blocks map to fragments: strided (block i -> 1 + i mod (P-1)) or sequential"
+    num_fragments: int = _cooperate(1, "P: fragments of the model that sync on a staggered schedule (streaming)")
+    fragment_pattern: FragmentPattern = _cooperate(
+        "strided", "how blocks map to fragments: strided (block i -> 1 + i mod (P-1)) or sequential", choices=PATTERNS
     )
-    fragments: tuple[str, ...] = setting(
+    fragments: tuple[str, ...] = _cooperate(
         (), "explicit fragments: one group of parameter-name prefixes (a|b) per fragment; empty: the fragmenter's"
     )
-    schedule: str = setting(
+    schedule: str = _cooperate(
         "even",
         "when each fragment syncs: even, torchft (torchft 0.2.0's offsets), or P comma-separated first-send steps",
     )
-    overlap_steps: int = setting(0, "tau: inner steps an exchange overlaps before it is merged (streaming)")
-    merge_alpha: float = setting(0.0, "alpha: merge as alpha * local + (1 - alpha) * global (streaming)")
-    codec: str = setting(
+    overlap_steps: int = _cooperate(0, "tau: inner steps an exchange overlaps before it is merged (streaming)")
+    merge_alpha: float = _cooperate(0.0, "alpha: merge as alpha * local + (1 - alpha) * global (streaming)")
+    codec: str = _cooperate(
         "fp32",
         "what outer gradients travel as (fp32, bf16, fp8 / fp4 variants, int8: diloco.CODEC_NAMES; with ef_decay: stat2, stat4, topk)",
     )
-    eager: bool = setting(
+    eager: bool = _cooperate(
         False,
         "eager updates (needs overlap_steps = sync_every): apply this worker's share of the outer gradient at once, the others' one outer step later",
     )
-    ef_decay: float = setting(
+    ef_decay: float = _cooperate(
         0.0,
         "beta of the error-feedback accumulator e <- beta e + Delta that keeps what the codec dropped (0 = off; SparseLoCo 0.95, MuLoCo 0.9)",
     )
-    topk_density: float = setting(
+    topk_density: float = _cooperate(
         0.015625, "share of each 4096-value chunk the topk codec sends (1/64: 64 values, 12-bit indices, 2-bit values)"
     )
-    topk_tables: str = setting(
+    topk_tables: str = _cooperate(
         "payload",
         "where the topk codec's 2-bit values take their bin means: payload (one table) or chunk (one per chunk, +0.03 bits)",
+        choices=TOPK_TABLES,
     )
-    guard: str = setting(
+    guard: GuardAction = _cooperate(
         "drop",
         "outer-gradient norm guard (each worker its own; decoupled: the syncer): drop, clip one above guard_ratio x reference, or off",
+        choices=GUARD_ACTIONS,
     )
-    guard_ratio: float = setting(
+    guard_ratio: float = _cooperate(
         10.0,
         "guard's bar on norm / reference (round's median, else running median of accepted norms); healthy runs measured < 3",
     )
-    quorum: int = setting(
+    quorum: int = _cooperate(
         0, "K (decoupled): learners a merge needs at least; 0 = all (synchronous), 1 = whoever reports first"
     )
-    merge: str = setting(
+    merge: dc.MergeName = _cooperate(
         "rda",
         "decoupled: how the syncer merges: rda (radial-directional; measured best at outer_lr 0.7/sqrt(M)) or mean (token-weighted)",
+        choices=dc.MERGE_NAMES,
     )
-    outer_scale: str = setting(
+    outer_scale: OuterScale = _cooperate(
         "auto",
         "decoupled: outer step share of a merge of k of M learners: auto (mean: share, rda: sqrt-share), share (k/M), sqrt-share, none (1)",
+        choices=OUTER_SCALES,
     )
-    outer_gradient: str = setting(
+    outer_gradient: dc.OuterGradient = _cooperate(
         "global",
         "decoupled: a learner's outer gradient: global (Theta - theta_m) or own (base_m - theta_m, its own progress; kinder to stragglers)",
+        choices=dc.OUTER_GRADIENTS,
     )
-    grace_gamma: float = setting(
+    grace_gamma: float = _cooperate(
         0.2,
         "decoupled: gamma of the wait for more learners after the quorum, gamma x (tau x step time - quorum time - sync time)",
     )
-    grace_ema_decay: float = setting(
+    grace_ema_decay: float = _cooperate(
         0.9, "decoupled: decay of the grace window's moving averages of step, quorum and sync times"
     )
-    ride_out_steps: int = setting(
+    ride_out_steps: int = _cooperate(
         0, "decoupled: steps a learner trains on while a reply is late (a syncer restarting) before it waits; 0 = wait"
     )
-    late_reports: str = setting(
+    late_reports: dc.LateReports = _cooperate(
         "alone",
         "decoupled, K < M: a report after its slot's merge merges alone at once (alone) or waits for the next quorum (next)",
+        choices=dc.LATE_REPORTS,
     )
-    overwrite_after: str = setting(
+    overwrite_after: dc.OverwriteAfter = _cooperate(
         "send",
         "decoupled: a learner overwrites a fragment tau steps after sending it (send) or after its reply arrives (arrival)",
+        choices=dc.OVERWRITE_AFTER,
     )
-    decoupled_transport: str = setting(
-        "threads", "decoupled: where the syncer runs: threads (a thread of this process) or ray (a named Ray actor)"
+    decoupled_transport: dc.Transport = _cooperate(
+        "threads",
+        "decoupled: where the syncer runs: threads (a thread of this process) or ray (a named Ray actor)",
+        choices=dc.TRANSPORTS,
     )
-    ray_address: str = setting(
+    ray_address: str = _cooperate(
         "", "decoupled_transport=ray: the Ray cluster to join; empty: start a local Ray instance"
     )
-    learner: int = setting(
+    learner: int = _cooperate(
         -1, "decoupled site job: the one learner (0..replicas-1) this job runs, joining syncer; -1 = every learner here"
     )
-    syncer: str = setting(
+    syncer: str = _cooperate(
         "", "decoupled site job: NAME@ADDRESS of the running diloco syncer to join (it prints it); empty: start one"
     )
-    dp_codec: str = setting("fp32", "what gradients travel as in data-parallel (same names as codec)")
-    # budget (exactly one of steps and tokens)
-    global_batch: int = setting(16, "sequences per step over all workers (global_batch / replicas per worker)")
-    steps: int = setting(0, "training steps (set exactly one of steps and tokens)")
-    tokens: int = setting(
+    dp_codec: str = _cooperate("fp32", "what gradients travel as in data-parallel (same names as codec)")
+    global_batch: int = _budget(16, "sequences per step over all workers (global_batch / replicas per worker)")
+    steps: int = _budget(0, "training steps (set exactly one of steps and tokens)")
+    tokens: int = _budget(
         0, "training tokens, converted to steps of global_batch x seq_len (exactly one of steps and tokens)"
     )
-    # inner optimizer (AdamW, linear warmup, cosine decay to min_lr_ratio)
-    inner_optimizer: str = setting(
+    inner_optimizer: InnerOptimizer = _inner(
         "adamw",
         "adamw, or muon: torch.optim.Muon on the 2-D hidden matrices (AdamW-matched lr), AdamW on embeddings, head, norms and biases",
+        choices=INNER_OPTIMIZERS,
     )
-    inner_lr: float = setting(2e-3, "peak learning rate of the inner AdamW (linear warmup, cosine decay)")
-    warmup_steps: int = setting(50, "steps of linear learning-rate warmup")
-    min_lr_ratio: float = setting(0.05, "the cosine decays to inner_lr x this at the last step")
-    weight_decay: float = setting(0.1, "AdamW weight decay (inner optimizer)")
-    beta1: float = setting(0.9, "AdamW beta1 (inner optimizer)")
-    beta2: float = setting(0.99, "AdamW beta2 (inner optimizer)")
-    grad_clip: float = setting(1.0, "clip each worker's gradient norm to this (0 = no clipping)")
-    # outer optimizer (Nesterov SGD)
-    outer_lr: float = setting(0.7, "learning rate of the outer Nesterov SGD on the averaged outer gradient")
-    outer_momentum: float = setting(
+    inner_lr: float = _inner(2e-3, "peak learning rate of the inner AdamW (linear warmup, cosine decay)")
+    warmup_steps: int = _inner(50, "steps of linear learning-rate warmup")
+    min_lr_ratio: float = _inner(0.05, "the cosine decays to inner_lr x this at the last step")
+    weight_decay: float = _inner(0.1, "AdamW weight decay (inner optimizer)")
+    beta1: float = _inner(0.9, "AdamW beta1 (inner optimizer)")
+    beta2: float = _inner(0.99, "AdamW beta2 (inner optimizer)")
+    grad_clip: float = _inner(1.0, "clip each worker's gradient norm to this (0 = no clipping)")
+    outer_lr: float = _outer(0.7, "learning rate of the outer Nesterov SGD on the averaged outer gradient")
+    outer_momentum: float = _outer(
         0.9, "momentum of the outer SGD (the papers: 0.9; studies/outer-steps: 0.5 for diloco, 0.9 for streaming)"
     )
-    outer_nesterov: bool = setting(True, "Nesterov momentum for the outer SGD (false: heavy-ball)")
-    # evaluation, checkpoints, runtime
-    eval_every: int = setting(100, "steps between evaluations of the global parameters on held-out tokens")
-    eval_batches: int = setting(16, "batches of global_batch sequences per evaluation")
-    diverge_factor: float = setting(
+    outer_nesterov: bool = _outer(True, "Nesterov momentum for the outer SGD (false: heavy-ball)")
+    eval_every: int = _runtime(100, "steps between evaluations of the global parameters on held-out tokens")
+    eval_batches: int = _runtime(16, "batches of global_batch sequences per evaluation")
+    diverge_factor: float = _runtime(
         3.0,
         "stop (exit 3, no checkpoint) on a non-finite loss or an eval above this x min(first eval, ln vocab); 0 = off",
     )
-    checkpoint_every: int = setting(
+    checkpoint_every: int = _runtime(
         -1,
         "steps between checkpoints; -1 = auto (every 100, rounded up to a multiple of sync_every), 0 = only at the end",
     )
-    keep_checkpoints: int = setting(2, "K: the last K checkpoints are kept (an unreadable newest one falls back)")
-    checkpoint_async: bool = setting(
+    keep_checkpoints: int = _runtime(2, "K: the last K checkpoints are kept (an unreadable newest one falls back)")
+    checkpoint_async: bool = _runtime(
         False,
         "with worker_sharding=fsdp: write each checkpoint in the background (dcp.async_save), committed at the next step",
     )
-    seed: int = setting(0, "seed of the model's initialisation and the data order")
-    bf16: bool = setting(False, "bf16 autocast of forward and loss (weights, grads and optimizer state stay fp32)")
-    compile: bool = setting(False, "torch.compile each replica's model (parameter names unchanged)")
-    threads: int = setting(0, "torch intra-op threads per replica; 0 = auto (the cores other work leaves free)")
-    step_time: float = setting(
+    seed: int = _runtime(0, "seed of the model's initialisation and the data order")
+    bf16: bool = _runtime(False, "bf16 autocast of forward and loss (weights, grads and optimizer state stay fp32)")
+    compile: bool = _runtime(False, "torch.compile each replica's model (parameter names unchanged)")
+    threads: int = _runtime(0, "torch intra-op threads per replica; 0 = auto (the cores other work leaves free)")
+    step_time: float = _runtime(
         0.0,
         "pad each inner step to at least this many seconds with a sleep (an accelerator's step on a CPU); 0 = off",
     )
-    slowdown: str = setting(
+    slowdown: str = _runtime(
         "",
         "stragglers: per replica, its (padded) step time multiplied by F >= 1, e.g. 1,1,3; empty = all 1",
     )
-    val_fraction: float = setting(0.02, "share of the tokens held out for evaluation")
-    tensorboard: bool = setting(False, "also write TensorBoard event files to OUT/tb")
+    val_fraction: float = _runtime(0.02, "share of the tokens held out for evaluation")
+    tensorboard: bool = _runtime(False, "also write TensorBoard event files to OUT/tb")
 
     def __post_init__(self) -> None:
         errors: list[str] = []
@@ -223,10 +250,12 @@ class TrainConfig:
                 errors.append(msg)
 
         from diloco.algorithm.codecs import ALL_CODEC_NAMES, CODEC_NAMES  # torch: only when a config is built
-        from diloco.algorithm.inner import INNER_OPTIMIZERS
+        from diloco.data.sources import TOKEN_DTYPES
         from diloco.models.sizes import SIZES, get_size
 
-        need(self.method in METHODS, f"method={self.method!r}: choose one of {', '.join(METHODS)}")
+        for f in fields(self):  # the choices the config checks itself (the decoupled ones: their runtime's checks)
+            if f.name in _CHECKED_CHOICES and getattr(self, f.name) not in f.metadata["choices"]:
+                errors.append(f"{f.name}={getattr(self, f.name)!r}: choose one of {', '.join(f.metadata['choices'])}")
         try:
             blocks = get_size(self.size).n_layers
         except ValueError:
@@ -234,20 +263,12 @@ class TrainConfig:
             errors.append(f"size={self.size!r}: choose one of {', '.join(SIZES)}")
         need(self.codec in ALL_CODEC_NAMES, f"codec={self.codec!r}: choose one of {', '.join(ALL_CODEC_NAMES)}")
         need(
-            self.inner_optimizer in INNER_OPTIMIZERS,
-            f"inner_optimizer={self.inner_optimizer!r}: choose one of {', '.join(INNER_OPTIMIZERS)}",
-        )
-        need(
             0.0 <= self.ef_decay <= 1.0,
             f"ef_decay={self.ef_decay}: need 0 <= beta <= 1 (0 = no error feedback; SparseLoCo 0.95, MuLoCo 0.9)",
         )
         need(
             0.0 < self.topk_density <= 1.0,
             f"topk_density={self.topk_density}: need 0 < density <= 1 (the share of each chunk sent, e.g. 0.015625)",
-        )
-        need(
-            self.topk_tables in TOPK_TABLES,
-            f"topk_tables={self.topk_tables!r}: choose one of {', '.join(TOPK_TABLES)} (chunk: a table of bin means per chunk)",
         )
         need(
             not self.eager or self.method != "dp",
@@ -262,37 +283,9 @@ class TrainConfig:
         need(self.dp_codec in CODEC_NAMES, f"dp_codec={self.dp_codec!r}: choose one of {', '.join(CODEC_NAMES)}")
         need(self.replicas >= 1, f"replicas={self.replicas}: need at least 1")
         need(self.ranks_per_worker >= 1, f"ranks_per_worker={self.ranks_per_worker}: need at least 1")
-        need(
-            self.worker_sharding in WORKER_SHARDING,
-            f"worker_sharding={self.worker_sharding!r}: choose one of {', '.join(WORKER_SHARDING)}",
-        )
-        if self.worker_sharding == "fsdp":
-            need(
-                self.method != "dp",
-                f"worker_sharding='fsdp' runs DiLoCo / streaming workers, not method={self.method!r}: "
-                f"use method='diloco' or 'streaming', or worker_sharding='replicate'",
-            )
-            need(
-                self.inner_optimizer == "adamw",
-                f"inner_optimizer={self.inner_optimizer!r} with worker_sharding='fsdp' is not supported (Muon "
-                f"orthogonalises whole matrices; FSDP holds shards): use inner_optimizer='adamw' or "
-                f"worker_sharding='replicate'",
-            )
-            need(
-                not self.compile,
-                "compile=true with worker_sharding='fsdp' is not supported: set compile=false "
-                "or worker_sharding='replicate'",
-            )
-        need(
-            not self.checkpoint_async or self.worker_sharding == "fsdp",
-            f"checkpoint_async=true needs worker_sharding='fsdp' (sharded checkpoints; got "
-            f"{self.worker_sharding!r}): set checkpoint_async=false",
-        )
-        need(
-            not self.fsdp_mixed_precision or self.worker_sharding == "fsdp",
-            f"fsdp_mixed_precision=true needs worker_sharding='fsdp' (got {self.worker_sharding!r}); "
-            f"for replicated workers use bf16=true",
-        )
+        from diloco.train.sharding import sharding_errors
+
+        errors += sharding_errors(self)
         ranks = self.replicas * max(1, self.ranks_per_worker)
         need(
             self.global_batch >= ranks and self.global_batch % ranks == 0,
@@ -338,10 +331,6 @@ class TrainConfig:
             f"(learner=-1, syncer='') or set method=decoupled",
         )
         need(0.0 <= self.merge_alpha <= 1.0, f"merge_alpha={self.merge_alpha}: need 0 <= alpha <= 1")
-        need(
-            self.fragment_pattern in PATTERNS,
-            f"fragment_pattern={self.fragment_pattern!r}: choose one of {', '.join(PATTERNS)}",
-        )
         need(self.inner_lr > 0, f"inner_lr={self.inner_lr}: must be > 0")
         need(self.outer_lr > 0, f"outer_lr={self.outer_lr}: must be > 0")
         need(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio={self.min_lr_ratio}: need 0..1")
@@ -374,8 +363,8 @@ class TrainConfig:
         )
         need(0.0 < self.val_fraction < 0.5, f"val_fraction={self.val_fraction}: need 0 < v < 0.5")
         need(
-            self.token_dtype in ("uint16", "uint32"),
-            f"token_dtype={self.token_dtype!r}: use uint16 or uint32 (the id type of your .bin files)",
+            self.token_dtype in TOKEN_DTYPES,
+            f"token_dtype={self.token_dtype!r}: use {' or '.join(TOKEN_DTYPES)} (the id type of your .bin files)",
         )
         need(
             not self.fragments or len(self.fragments) == self.num_fragments,
@@ -454,7 +443,7 @@ class TrainConfig:
     @property
     def schedule_spec(self) -> str | tuple[int, ...]:
         """``schedule`` as ``StreamingDiLoCo(schedule=...)`` takes it: a name, or a tuple of offsets."""
-        if self.schedule in ("even", "torchft"):
+        if self.schedule in SCHEDULE_NAMES:
             return self.schedule
         try:
             return tuple(int(v) for v in self.schedule.split(",") if v.strip())
@@ -519,6 +508,7 @@ class FieldDoc:
     default: Any
     doc: str
     section: str
+    choices: tuple[str, ...] = ()
 
 
 def reference() -> list[FieldDoc]:
@@ -526,26 +516,13 @@ def reference() -> list[FieldDoc]:
 
     The single source of ``diloco train --help``'s key list and the documentation's reference page.
     """
-    sections = _sections()
     out = []
     for f in fields(TrainConfig):
         assert "doc" in f.metadata, f"TrainConfig.{f.name} has no documentation: declare it with setting()"
         default = list(f.default) if isinstance(f.default, tuple) else f.default
-        out.append(FieldDoc(f.name, str(f.type), default, f.metadata["doc"], sections[f.name]))
-    return out
-
-
-def _sections() -> dict[str, str]:
-    """Each field's section: the ``# comment`` line above it in the class body."""
-    import inspect
-
-    section, out = "", {}
-    for line in inspect.getsource(TrainConfig).splitlines():
-        text = line.strip()
-        if text.startswith("# ") and line.startswith("    #"):
-            section = text[2:]
-        elif ":" in text and "setting(" in text:
-            out[text.split(":", 1)[0]] = section
+        choices = f.metadata["choices"]
+        typ = "str" if choices else str(f.type)  # a choice's annotation is its Literal type
+        out.append(FieldDoc(f.name, typ, default, f.metadata["doc"], f.metadata["section"], choices))
     return out
 
 

@@ -90,4 +90,50 @@ def worker_totals(stats: dict[str, int], mesh: Any) -> dict[str, int]:
     return {**stats, **dict(zip(keys, summed.tolist(), strict=True))}
 
 
-__all__ = ["full_tensors", "is_sharded", "scalar", "shard_worker_model", "worker_group", "worker_totals"]
+def sharding_errors(cfg: Any) -> list[str]:
+    """What ``worker_sharding`` cannot run with (each message names the value and the fix)."""
+    errors: list[str] = []
+
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            errors.append(msg)
+
+    if cfg.worker_sharding == "fsdp":
+        need(
+            cfg.method != "dp",
+            f"worker_sharding='fsdp' runs DiLoCo / streaming workers, not method={cfg.method!r}: "
+            f"use method='diloco' or 'streaming', or worker_sharding='replicate'",
+        )
+        need(
+            cfg.inner_optimizer == "adamw",
+            f"inner_optimizer={cfg.inner_optimizer!r} with worker_sharding='fsdp' is not supported (Muon "
+            f"orthogonalises whole matrices; FSDP holds shards): use inner_optimizer='adamw' or "
+            f"worker_sharding='replicate'",
+        )
+        need(
+            not cfg.compile,
+            "compile=true with worker_sharding='fsdp' is not supported: set compile=false "
+            "or worker_sharding='replicate'",
+        )
+    need(
+        not cfg.checkpoint_async or cfg.worker_sharding == "fsdp",
+        f"checkpoint_async=true needs worker_sharding='fsdp' (sharded checkpoints; got "
+        f"{cfg.worker_sharding!r}): set checkpoint_async=false",
+    )
+    need(
+        not cfg.fsdp_mixed_precision or cfg.worker_sharding == "fsdp",
+        f"fsdp_mixed_precision=true needs worker_sharding='fsdp' (got {cfg.worker_sharding!r}); "
+        f"for replicated workers use bf16=true",
+    )
+    return errors
+
+
+__all__ = [
+    "full_tensors",
+    "is_sharded",
+    "scalar",
+    "shard_worker_model",
+    "sharding_errors",
+    "worker_group",
+    "worker_totals",
+]

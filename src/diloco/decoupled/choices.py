@@ -1,0 +1,72 @@
+"""The decoupled settings' choices, each spelled once: a ``Literal`` type and its tuple of values.
+
+Torch-free (the syncer and the learner that use them import torch), so the training config, its
+checks, ``diloco train --help`` and the documentation's reference read the same values.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from diloco.errors import ConfigError
+
+#: How the syncer merges the reports it holds (:mod:`diloco.decoupled.merge`).
+MergeName = Literal["rda", "mean"]
+MERGE_NAMES: tuple[MergeName, ...] = get_args(MergeName)
+
+#: How the syncer forms a learner's outer gradient (:class:`~diloco.decoupled.syncer.Syncer`).
+OuterGradient = Literal["global", "own"]
+OUTER_GRADIENTS: tuple[OuterGradient, ...] = get_args(OuterGradient)
+
+#: What the syncer does with a report that misses the merge of its slot (K < M).
+LateReports = Literal["next", "alone"]
+LATE_REPORTS: tuple[LateReports, ...] = get_args(LateReports)
+
+#: When a learner overwrites a fragment (:class:`~diloco.decoupled.learner.Learner`).
+OverwriteAfter = Literal["send", "arrival"]
+OVERWRITE_AFTER: tuple[OverwriteAfter, ...] = get_args(OverwriteAfter)
+
+#: Where the syncer runs: a thread of this process, or a named Ray actor.
+Transport = Literal["threads", "ray"]
+TRANSPORTS: tuple[Transport, ...] = get_args(Transport)
+
+
+def check_outer_gradient(value: str) -> str:
+    """``value`` if it is one of :data:`OUTER_GRADIENTS`, else a ValueError naming the choices."""
+    if value not in OUTER_GRADIENTS:
+        raise ConfigError(f"outer_gradient={value!r}: choose 'global' (Theta - theta_m) or 'own' (base_m - theta_m)")
+    return value
+
+
+def check_overwrite_after(value: str) -> str:
+    """``value`` if it is one of :data:`OVERWRITE_AFTER`, else a ValueError naming the choices."""
+    if value not in OVERWRITE_AFTER:
+        raise ConfigError(
+            f"overwrite_after={value!r}: choose 'send' (tau steps after sending, the "
+            f"Streaming DiLoCo timing) or 'arrival' (tau steps after the reply arrives)"
+        )
+    return value
+
+
+def check_transport(value: str) -> str:
+    """``value`` if it is one of :data:`TRANSPORTS`, else a ValueError naming the choices."""
+    if value not in TRANSPORTS:
+        raise ConfigError(f"decoupled_transport={value!r}: choose threads or ray")
+    return value
+
+
+__all__ = [
+    "LATE_REPORTS",
+    "MERGE_NAMES",
+    "OUTER_GRADIENTS",
+    "OVERWRITE_AFTER",
+    "TRANSPORTS",
+    "LateReports",
+    "MergeName",
+    "OuterGradient",
+    "OverwriteAfter",
+    "Transport",
+    "check_outer_gradient",
+    "check_overwrite_after",
+    "check_transport",
+]
