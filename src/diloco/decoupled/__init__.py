@@ -18,7 +18,7 @@ _EXPORTS = {
     "LocalTransport": ".local",
     "run_learners": ".local",
     "GraceWindow": ".grace",
-    "MERGE_NAMES": ".choices",
+    "MERGE_NAMES": ".merge",
     "token_weights": ".merge",
     "radial_directional_average": ".merge",
     "weighted_mean": ".merge",

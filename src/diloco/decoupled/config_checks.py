@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diloco.decoupled.choices import check_outer_gradient, check_overwrite_after, check_transport
+from diloco.decoupled_choices import check_outer_gradient, check_overwrite_after, check_transport
 from diloco.errors import ConfigError
 
 

@@ -44,9 +44,9 @@ from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten,
 from diloco.algorithm.outer import merge_
 from diloco.algorithm.schedule import Schedule, resolve_schedule
 from diloco.comm.accounting import CommStats
-from diloco.decoupled.choices import check_overwrite_after
 from diloco.decoupled.messages import Reply, Report, Welcome
 from diloco.decoupled.syncer import is_lossless
+from diloco.decoupled_choices import check_overwrite_after
 from diloco.errors import ConfigError
 
 

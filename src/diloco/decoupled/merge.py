@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
-from diloco.decoupled.choices import MERGE_NAMES
+from diloco.decoupled_choices import MERGE_NAMES
 from diloco.errors import ConfigError
 
 

@@ -28,13 +28,11 @@ bit-identical to synchronous Streaming DiLoCo).
 from __future__ import annotations
 
 import math
-from typing import Literal, get_args
 
+from diloco.decoupled_choices import OUTER_SCALES, OuterScale
 from diloco.errors import ConfigError
 
 #: The rules ``outer_scale=`` accepts.
-OuterScale = Literal["auto", "share", "sqrt-share", "none"]
-OUTER_SCALES: tuple[OuterScale, ...] = get_args(OuterScale)
 
 #: ``outer_scale="auto"``: merge rule -> the rule used (see studies/decoupled-quorum/README.md).
 AUTO = {"mean": "share", "rda": "sqrt-share"}

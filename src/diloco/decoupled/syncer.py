@@ -60,11 +60,11 @@ from diloco.algorithm.codecs import Codec, all_finite, get_codec
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
 from diloco.algorithm.guard import DEFAULT_GUARD_RATIO, NormGuard, Verdict
 from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer, load_global_state
-from diloco.decoupled.choices import LATE_REPORTS, check_outer_gradient
 from diloco.decoupled.grace import DEFAULT_EMA_DECAY, DEFAULT_GRACE_GAMMA, GraceWindow
 from diloco.decoupled.merge import MergeFold, check_merge, token_weights
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
 from diloco.decoupled.outer_scale import check_outer_scale, outer_step_share
+from diloco.decoupled_choices import LATE_REPORTS, check_outer_gradient
 from diloco.errors import ConfigError
 
 

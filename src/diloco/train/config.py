@@ -16,12 +16,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import diloco.decoupled_choices as dc
 from diloco.algorithm.choices import INNER_OPTIMIZERS, InnerOptimizer
 from diloco.algorithm.guard import GUARD_ACTIONS, GuardAction
 from diloco.algorithm.schedule import SCHEDULE_NAMES
 from diloco.algorithm.wire_sizes import TOPK_TABLES
-from diloco.decoupled import choices as dc
-from diloco.decoupled.outer_scale import OUTER_SCALES, OuterScale
+from diloco.decoupled_choices import OUTER_SCALES, OuterScale
 from diloco.errors import ConfigError
 from diloco.layout import PATTERNS, FragmentPattern
 from diloco.methods import METHODS, WORKER_SHARDING, Method, WorkerSharding, schedule_errors

@@ -1,7 +1,8 @@
-"""The decoupled settings' choices, each spelled once: a ``Literal`` type and its tuple of values.
+"""Decoupled DiLoCo's settings' choices, each spelled once: a ``Literal`` type and its tuple of values.
 
-Torch-free (the syncer and the learner that use them import torch), so the training config, its
-checks, ``diloco train --help`` and the documentation's reference read the same values.
+Torch-free and outside both packages that read them: the training config (:mod:`diloco.train.config`, its
+checks, ``diloco train --help`` and the documentation's reference) and :mod:`diloco.decoupled` (the syncer, the
+learner), which plugs into the trainer and is never imported by it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from diloco.errors import ConfigError
 #: How the syncer merges the reports it holds (:mod:`diloco.decoupled.merge`).
 MergeName = Literal["rda", "mean"]
 MERGE_NAMES: tuple[MergeName, ...] = get_args(MergeName)
+
+#: The share of an outer step a merge of k of M learners applies (:mod:`diloco.decoupled.outer_scale`).
+OuterScale = Literal["auto", "share", "sqrt-share", "none"]
+OUTER_SCALES: tuple[OuterScale, ...] = get_args(OuterScale)
 
 #: How the syncer forms a learner's outer gradient (:class:`~diloco.decoupled.syncer.Syncer`).
 OuterGradient = Literal["global", "own"]
