@@ -42,6 +42,8 @@ def load_baseline(rev: str):
             f"({shown.stderr.strip()}); pass a commit of this repository, e.g. a6c008f"
         )
     source = shown.stdout
+    # a baseline from before diloco.wire imports the byte counts from their old path: serve it the current ones
+    sys.modules.setdefault("diloco.algorithm.wire_sizes", importlib.import_module("diloco.wire.sizes"))
     path = Path(tempfile.mkdtemp()) / "baseline_codecs.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("baseline_codecs", path)

@@ -149,7 +149,7 @@ def test_codec_bits_are_the_codecs_exact_bytes(n):
     for name in DEFAULT_CODECS:
         assert codec_bits(name, n) == get_codec(name).num_bytes(n) * 8 / n, (name, n)
     # and every codec the library has is one the byte function knows
-    from diloco.algorithm.wire_sizes import NAMES, SPARSE_CODECS, bits_per_value
+    from diloco.wire.sizes import NAMES, SPARSE_CODECS, bits_per_value
 
     assert set(NAMES) == set(ALL_CODEC_NAMES)
     for name in NAMES:

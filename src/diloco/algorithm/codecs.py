@@ -97,8 +97,8 @@ import math
 
 import torch
 
-from diloco.algorithm import wire_sizes
 from diloco.errors import ConfigError
+from diloco.wire import sizes
 
 _F32_MAX = torch.finfo(torch.float32).max
 _BF16_MAX = torch.finfo(torch.bfloat16).max
@@ -234,7 +234,7 @@ class FP32Codec(Codec):
     bits_per_value = 32.0
 
     def num_bytes(self, numel: int) -> int:
-        return wire_sizes.dense_bytes(numel, 4)
+        return sizes.dense_bytes(numel, 4)
 
     def encode_reference(self, x: torch.Tensor) -> torch.Tensor:
         x32, bad = self._prepare(x)
@@ -258,7 +258,7 @@ class BF16Codec(Codec):
     bits_per_value = 16.0
 
     def num_bytes(self, numel: int) -> int:
-        return wire_sizes.dense_bytes(numel, 2)
+        return sizes.dense_bytes(numel, 2)
 
     def encode_reference(self, x: torch.Tensor) -> torch.Tensor:
         x32, bad = self._prepare(x)
@@ -346,7 +346,7 @@ class BlockScaledCodec(Codec):
         """uint8 codes -> their fp32 element values."""
 
     def num_bytes(self, numel: int) -> int:
-        return wire_sizes.block_scaled_bytes(numel, element_bits=self.element_bits, block_size=self.block_size)
+        return sizes.block_scaled_bytes(numel, element_bits=self.element_bits, block_size=self.block_size)
 
     def _tensor_exponent(self, amax: torch.Tensor) -> torch.Tensor:
         """Smallest k with amax <= 448 * m * 2^k, clamped to [-126, 126]; exact (no log2 rounding).
@@ -550,7 +550,7 @@ class FP8E4M3Codec(BlockScaledCodec):
     element_bits = 8
     element_max = _E4M3_MAX
 
-    def __init__(self, *, block_size: int = wire_sizes.BLOCK8, scale_candidates: int = 2) -> None:
+    def __init__(self, *, block_size: int = sizes.BLOCK8, scale_candidates: int = 2) -> None:
         super().__init__(block_size=block_size, scale_candidates=scale_candidates)
 
     def dequantize_elements(self, codes: torch.Tensor) -> torch.Tensor:
@@ -571,7 +571,7 @@ class Int8Codec(BlockScaledCodec):
     element_bits = 8
     element_max = 127.0
 
-    def __init__(self, *, block_size: int = wire_sizes.BLOCK8, scale_candidates: int = 1) -> None:
+    def __init__(self, *, block_size: int = sizes.BLOCK8, scale_candidates: int = 1) -> None:
         super().__init__(block_size=block_size, scale_candidates=scale_candidates)
 
     def dequantize_elements(self, codes: torch.Tensor) -> torch.Tensor:
@@ -597,7 +597,7 @@ class FP4Codec(BlockScaledCodec):
     element_bits = 4
     magnitudes: tuple[float, ...]
 
-    def __init__(self, *, block_size: int = wire_sizes.FP4_BLOCK, scale_candidates: int = 4) -> None:
+    def __init__(self, *, block_size: int = sizes.FP4_BLOCK, scale_candidates: int = 4) -> None:
         assert len(self.magnitudes) == 8 and list(self.magnitudes) == sorted(self.magnitudes)
         self.element_max = self.magnitudes[-1]
         super().__init__(block_size=block_size, scale_candidates=scale_candidates)
@@ -725,8 +725,8 @@ def get_codec(name: str | Codec, *, topk_density: float | None = None, topk_tabl
         from diloco.algorithm.compress import TopKCodec
 
         return TopKCodec(
-            density=wire_sizes.TOPK_DENSITY if topk_density is None else topk_density,
-            tables=wire_sizes.TOPK_TABLE if topk_tables is None else topk_tables,
+            density=sizes.TOPK_DENSITY if topk_density is None else topk_density,
+            tables=sizes.TOPK_TABLE if topk_tables is None else topk_tables,
         )
     try:
         return _REGISTRY[name]

@@ -15,10 +15,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from diloco.algorithm.wire_sizes import TOPK_TABLES
 from diloco.errors import ConfigError
 from diloco.layout import PATTERNS
 from diloco.methods import METHODS, schedule_errors
+from diloco.wire.sizes import TOPK_TABLES
 
 
 def setting(default: Any, doc: str) -> Any:
