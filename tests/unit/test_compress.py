@@ -10,14 +10,14 @@ import torch
 from _tiny import batches, make_model
 from torch.testing import assert_close
 
-from diloco.algorithm.codecs import ALL_CODEC_NAMES, COMPRESSING_CODECS, get_codec
-from diloco.algorithm.compress import StatisticalCodec, TopKCodec, pack_bits, unpack_bits
-from diloco.algorithm.error_feedback import ErrorFeedback, error_feedback_step_
 from diloco.algorithm.streaming import StreamingDiLoCo
 from diloco.comm.exchange import decode_contribution, encode_contribution, link_bytes
 from diloco.comm.local import run_replicas
 from diloco.traffic import all_gather_bytes
 from diloco.wire import sizes
+from diloco.wire.compress import StatisticalCodec, TopKCodec, pack_bits, unpack_bits
+from diloco.wire.error_feedback import ErrorFeedback, error_feedback_step_
+from diloco.wire.registry import ALL_CODEC_NAMES, COMPRESSING_CODECS, get_codec
 
 
 # -- references, written as plain loops ------------------------------------------------------------------

@@ -11,8 +11,8 @@ from functools import partial
 
 import torch
 
-from diloco.algorithm.codecs import Codec, all_finite
 from diloco.errors import ConfigError
+from diloco.wire.codec import Codec, all_finite
 
 OuterOptimizerFactory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 

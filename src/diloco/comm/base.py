@@ -38,11 +38,11 @@ from collections.abc import Sequence
 
 import torch
 
-from diloco.algorithm.codecs import Codec
 from diloco.comm.accounting import CommStats
 from diloco.comm.exchange import chunk_bytes, decode_contribution, encode_contribution, link_bytes, resolve_exchange
 from diloco.errors import ConfigError, RunError
 from diloco.traffic import LinkBytes, all_gather_bytes, check_exchange, default_exchange, shard_sizes
+from diloco.wire.codec import Codec
 
 
 class CommError(RunError):

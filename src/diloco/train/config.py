@@ -222,9 +222,9 @@ class TrainConfig:
             if not ok:
                 errors.append(msg)
 
-        from diloco.algorithm.codecs import ALL_CODEC_NAMES, CODEC_NAMES  # torch: only when a config is built
         from diloco.algorithm.inner import INNER_OPTIMIZERS
         from diloco.models.sizes import SIZES, get_size
+        from diloco.wire.registry import ALL_CODEC_NAMES, CODEC_NAMES  # torch: only when a config is built
 
         need(self.method in METHODS, f"method={self.method!r}: choose one of {', '.join(METHODS)}")
         try:
@@ -463,7 +463,7 @@ class TrainConfig:
 
     def make_codec(self) -> Any:
         """The codec outer gradients travel as: ``codec`` with its top-k settings (imports torch)."""
-        from diloco.algorithm.codecs import get_codec
+        from diloco.wire.registry import get_codec
 
         return get_codec(self.codec, topk_density=self.topk_density, topk_tables=self.topk_tables)
 

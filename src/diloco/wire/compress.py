@@ -1,7 +1,7 @@
 """Compressing codecs for outer gradients sent with error feedback: a statistical quantizer and chunked top-k.
 
 Both are meant to run with an error-feedback accumulator
-(:mod:`diloco.algorithm.error_feedback`): what they drop is kept by the replica
+(:mod:`diloco.wire.error_feedback`): what they drop is kept by the replica
 and sent later, so their loss is delayed rather than lost (MuLoCo, arXiv
 2505.23725; SparseLoCo, arXiv 2508.15706). Like every codec they are stateless,
 deterministic and map ``numel`` values to a payload whose size depends on
@@ -39,16 +39,16 @@ replica instead of the reduce-scatter's ``2 (M - 1) / M * n``.
 Non-finite input decodes to NaN (the tables are NaN), so the exchange drops
 that replica, as with the other codecs. The statistics are FP32: values beyond
 about 1e37 overflow them and that contribution decodes to NaN too (dropped),
-where the wire formats of :mod:`diloco.algorithm.codecs` would scale them.
+where the wire formats of :mod:`diloco.wire.scaled` would scale them.
 """
 
 from __future__ import annotations
 
 import torch
 
-from diloco.algorithm.codecs import Codec, row_chunks
 from diloco.errors import ConfigError
 from diloco.wire import sizes
+from diloco.wire.codec import Codec, row_chunks
 
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -188,7 +188,7 @@ class StatisticalCodec(Codec):
 
     def _encode_chunked(self, x: torch.Tensor, chunk: int) -> torch.Tensor:
         """:meth:`encode_reference`'s arithmetic on whole blocks, ``chunk`` values at a time (module docstring of
-        :mod:`diloco.algorithm.codecs`, "Speed"): per block the same mean, std, codes and one masked sum per
+        :mod:`diloco.wire.codec`, "Speed"): per block the same mean, std, codes and one masked sum per
         bin (every bin's masked rows summed by one call, each row as the reference sums it); the counts, which
         are integers, in one pass. Codes are packed a byte at a time."""
         x32 = self._as_float32(x)
