@@ -2,7 +2,8 @@
 
 :mod:`.codec` is the interface (and its rounding, non-finite and speed rules), :mod:`.floats` and
 :mod:`.scaled` the wire formats, :mod:`.compress` the compressing codecs sent with error feedback
-(:mod:`.error_feedback`), :mod:`.registry` the names (:func:`get_codec`), :mod:`.sizes` the byte counts.
+(:mod:`.error_feedback`), :mod:`.registry` the names (:func:`get_codec`), :mod:`.sizes` the byte counts,
+:mod:`.average` the FP32 average of the replicas' payloads.
 
 A leaf package: it imports no other ``diloco`` package (only top-level modules such as
 :mod:`diloco.errors`), so the communicators (:mod:`diloco.comm`) and the algorithms
@@ -32,6 +33,7 @@ _EXPORTS = {
     "ALL_CODEC_NAMES": ".registry",
     "get_codec": ".registry",
     "ErrorFeedback": ".error_feedback",
+    "average_payloads": ".average",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, globals())
