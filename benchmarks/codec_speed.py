@@ -3,7 +3,7 @@
 For each codec, on N(0, 1) FP32 values: encode and decode throughput in GB/s of FP32 values
 (``4 * numel`` bytes over the time), of the reference (``encode_reference`` / ``decode_reference``, the
 whole tensor at once, what the codecs ran before) and of ``encode`` / ``decode`` (on CPU, chunks of
-``diloco.algorithm.codecs.CHUNK`` values), each also as a share of a memcpy's bandwidth
+``diloco.wire.codec.CHUNK`` values), each also as a share of a memcpy's bandwidth
 (``dst.copy_(src)`` of the same FP32 tensor, ``4 * numel`` bytes over its time) measured in the same
 run; the same shares from process CPU time (``time.process_time``, all threads: steadier than wall time
 on a shared machine, where a preempted thread stretches the wall clock). Targets (issue 35): >= 25 % of a memcpy for FP4, int8 and bf16 encode, >= 10 % for the
@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from diloco.algorithm.codecs import CHUNK, get_codec
+from diloco.wire.codec import CHUNK
+from diloco.wire.registry import get_codec
 
 CODECS = ("fp4_e3m0", "fp4_e2m1", "int8", "fp8_e4m3", "bf16", "stat4", "stat2")
 TARGET = {"fp4_e3m0": 0.25, "fp4_e2m1": 0.25, "int8": 0.25, "bf16": 0.25, "stat4": 0.10, "stat2": 0.10}

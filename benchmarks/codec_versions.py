@@ -1,7 +1,8 @@
 """Compare this tree's codecs with those of an earlier commit: same payloads, and how much faster.
 
-Loads ``src/diloco/algorithm/codecs.py`` as it was at ``--baseline`` (via ``git show``) next to
-the current one, then, in one run:
+Loads ``src/diloco/algorithm/codecs.py`` as it was at ``--baseline`` (via ``git show``; the codecs' one
+file before they moved to :mod:`diloco.wire`, so the baseline is a commit from before that) next to
+the current ones, then, in one run:
 
 1. checks that both encoders produce byte-identical payloads and both decoders identical values
    on a set of inputs (Gaussian, heavy-tailed over 78 decades, many exact ties, zero blocks,
@@ -26,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from diloco.algorithm import codecs as current
 from diloco.bench import time_rounds, write_result
+from diloco.wire import registry as current
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,6 +43,8 @@ def load_baseline(rev: str):
             f"({shown.stderr.strip()}); pass a commit of this repository, e.g. a6c008f"
         )
     source = shown.stdout
+    # a baseline from before diloco.wire imports the byte counts from their old path: serve it the current ones
+    sys.modules.setdefault("diloco.algorithm.wire_sizes", importlib.import_module("diloco.wire.sizes"))
     path = Path(tempfile.mkdtemp()) / "baseline_codecs.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("baseline_codecs", path)

@@ -26,8 +26,9 @@ from pathlib import Path
 
 import torch
 
-from diloco.algorithm.codecs import CODEC_NAMES, FP4Codec, FP4E2M1Codec, FP4E3M0Codec, get_codec
 from diloco.bench import time_it, write_result
+from diloco.wire.registry import CODEC_NAMES, get_codec
+from diloco.wire.scaled import FP4Codec, FP4E2M1Codec, FP4E3M0Codec
 
 
 def rel_error(x: torch.Tensor, y: torch.Tensor) -> float:

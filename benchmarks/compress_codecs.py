@@ -23,12 +23,12 @@ from pathlib import Path
 
 import torch
 
-from diloco.algorithm.codecs import get_codec
-from diloco.algorithm.compress import StatisticalCodec
 from diloco.bench import write_result
 from diloco.comm.exchange import link_bytes, resolve_exchange
 from diloco.models.factory import build_model
 from diloco.traffic import default_exchange
+from diloco.wire.compress import StatisticalCodec
+from diloco.wire.registry import get_codec
 
 CODECS = ("fp32", "bf16", "fp4_e3m0", "stat4", "stat2", "topk")
 WORKERS = (2, 4, 8)

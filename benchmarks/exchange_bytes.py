@@ -30,7 +30,7 @@ from diloco.bench import write_result
 
 
 def replica(comm, cfg: dict) -> dict:
-    from diloco.algorithm.codecs import get_codec
+    from diloco.wire.registry import get_codec
 
     codec = get_codec(cfg["codec"])
     comm.exchange = cfg["exchange"]
@@ -49,9 +49,9 @@ def replica(comm, cfg: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from diloco.algorithm.codecs import get_codec
     from diloco.distributed import run_processes
     from diloco.traffic import exchange_bytes
+    from diloco.wire.registry import get_codec
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--replicas", default="2,4,8")

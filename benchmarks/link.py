@@ -164,7 +164,7 @@ def probe_exchanges(comm, numel: int, codec_name: str, mbps: float) -> dict:
     beside the link time of the bytes the traffic function says cross each worker's link."""
     import torch
 
-    from diloco.algorithm.codecs import get_codec
+    from diloco.wire.registry import get_codec
 
     codec = get_codec(codec_name)
     values = torch.randn(numel, generator=torch.Generator().manual_seed(comm.rank))

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from diloco.algorithm.codecs import get_codec
 from diloco.algorithm.streaming import StreamingDiLoCo
 from diloco.bench import summarize, write_result
 from diloco.comm.local import LocalGroup
 from diloco.models import Transformer, make_config
+from diloco.wire.registry import get_codec
 
 #: The bare loop, then every (P, tau, codec) of {1, 4} x {0, 1} x {fp32, fp4_e3m0}.
 #: Last, a second bare loop on its own model instance: the noise control. Its distance from the first

@@ -180,9 +180,9 @@ def _reset_hwm() -> bool:
 
 def run_one(*, values: int, learners: int, codec: str, merge: str, repeats: int, threads: int = 0) -> dict:
     """One config in this process (called in a fresh subprocess by :func:`main`)."""
-    from diloco.algorithm.codecs import get_codec
     from diloco.decoupled.messages import Report
     from diloco.decoupled.syncer import Syncer
+    from diloco.wire.registry import get_codec
 
     torch.set_grad_enabled(False)
     if threads > 0:
@@ -333,8 +333,8 @@ def main() -> None:
         args.out = (
             Path(__file__).parent / "results" / ("syncer_merge_quick.json" if args.quick else "syncer_merge.json")
         )
-    from diloco.algorithm.codecs import ALL_CODEC_NAMES
     from diloco.decoupled.merge import check_merge
+    from diloco.wire.registry import ALL_CODEC_NAMES
 
     args.sizes = [parse_size(s) for s in _csv(args.sizes)]
     args.grid_size = parse_size(args.grid_size)

@@ -28,12 +28,12 @@ _EXPORTS = {
     "find_blocks": "diloco.algorithm.fragments",
     "Fragment": "diloco.algorithm.fragments",
     # codecs: the registry
-    "Codec": "diloco.algorithm.codecs",
-    "CODEC_NAMES": "diloco.algorithm.codecs",
-    "get_codec": "diloco.algorithm.codecs",
-    "ALL_CODEC_NAMES": "diloco.algorithm.codecs",
+    "Codec": "diloco.wire.codec",
+    "CODEC_NAMES": "diloco.wire.registry",
+    "get_codec": "diloco.wire.registry",
+    "ALL_CODEC_NAMES": "diloco.wire.registry",
     # bandwidth: error feedback, the inner optimizer (AdamW or Muon)
-    "ErrorFeedback": "diloco.algorithm.error_feedback",
+    "ErrorFeedback": "diloco.wire.error_feedback",
     "build_inner_optimizer": "diloco.algorithm.inner",
     # communicators
     "Communicator": "diloco.comm.base",

@@ -205,7 +205,7 @@ def exchange_values(rank: int, numel: int, case: dict) -> torch.Tensor:
 
 def exchange_cases(comm, cases: list[dict]) -> list[dict]:
     """Average one vector per case through ``comm.mean_async``; what every rank saw and counted."""
-    from diloco.algorithm.codecs import get_codec
+    from diloco.wire.registry import get_codec
 
     out = []
     for case in cases:

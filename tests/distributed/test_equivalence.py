@@ -14,11 +14,11 @@ import pytest
 import torch
 from _replicas import data_parallel_replica, single_thread, streaming_replica
 
-from diloco.algorithm.codecs import get_codec
 from diloco.algorithm.schedule import Schedule
 from diloco.comm.local import run_replicas
 from diloco.distributed import run_processes
 from diloco.traffic import shard_sizes
+from diloco.wire.registry import get_codec
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -25,10 +25,11 @@ import pytest
 import torch
 from _replicas import exchange_cases, exchange_values, single_thread
 
-from diloco.algorithm.codecs import BlockScaledCodec, get_codec
 from diloco.comm.local import run_replicas
 from diloco.distributed import run_processes
 from diloco.traffic import all_gather_bytes, reduce_scatter_bytes, shard_sizes
+from diloco.wire.registry import get_codec
+from diloco.wire.scaled import BlockScaledCodec
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -85,7 +85,7 @@ def nccl_fsdp_rank(comm, cfg: dict) -> dict:
 
 def nccl_exchange_rank(comm, cfg: dict) -> dict:
     """Every codec's mean through nccl, a broadcast and a barrier, on this rank's GPU."""
-    from diloco.algorithm.codecs import CODEC_NAMES, get_codec
+    from diloco.wire.registry import CODEC_NAMES, get_codec
 
     out = {}
     for name in CODEC_NAMES:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from _gpu import requires_cuda
 
-from diloco.algorithm.codecs import CODEC_NAMES, get_codec
+from diloco.wire.registry import CODEC_NAMES, get_codec
 
 pytestmark = [requires_cuda, pytest.mark.timeout(120)]
 

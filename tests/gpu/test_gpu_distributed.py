@@ -19,9 +19,9 @@ import torch
 from _gpu import nccl_exchange_rank, nccl_fsdp_rank, nccl_streaming_rank, requires_cuda, requires_gpus, train_streaming
 from torch.testing import assert_close
 
-from diloco.algorithm.codecs import CODEC_NAMES
 from diloco.comm.local import run_replicas
 from diloco.distributed import run_processes
+from diloco.wire.registry import CODEC_NAMES
 
 pytestmark = [
     requires_cuda,

@@ -8,13 +8,13 @@ import pytest
 import torch
 from _hooks import CrashAfter, SimulatedCrash
 
-from diloco.algorithm.codecs import get_codec
 from diloco.cli import main as cli_main
 from diloco.train import checkpoint as ckpt
 from diloco.train.config import TrainConfig, load_preset
 from diloco.train.lr import lr_at
 from diloco.train.metrics import read_jsonl
 from diloco.train.trainer import Trainer, train_model
+from diloco.wire.registry import get_codec
 
 
 @pytest.fixture(scope="module")

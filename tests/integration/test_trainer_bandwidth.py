@@ -77,8 +77,8 @@ def test_eager_with_one_replica_trains_exactly_like_diloco(tmp_path, cache):
 
 
 def test_topk_with_chunk_tables_sends_what_the_traffic_function_counts(tmp_path, cache):
-    from diloco.algorithm.codecs import get_codec
     from diloco.algorithm.schedule import Schedule
+    from diloco.wire.registry import get_codec
 
     kw = dict(
         method="streaming",

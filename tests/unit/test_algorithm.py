@@ -173,7 +173,7 @@ def test_replicas_bit_identical_global_after_every_sync(codec):
 
 
 def test_byte_counts_equal_codec_sizes_on_schedule():
-    from diloco.algorithm.codecs import get_codec
+    from diloco.wire.registry import get_codec
 
     H, P, steps = 6, 3, 30
     out = train_replicas(
@@ -267,8 +267,8 @@ def test_offload_keeps_global_copy_on_requested_device():
 
 @pytest.mark.parametrize("M", [1, 3])
 def test_every_sync_report_quotes_the_bytes_the_communicator_counted(M):
-    from diloco.algorithm.codecs import get_codec
     from diloco.traffic import reduce_scatter_bytes, shard_sizes
+    from diloco.wire.registry import get_codec
 
     H, P, steps = 6, 3, 18
     out = train_replicas(
@@ -299,7 +299,7 @@ def test_every_sync_report_quotes_the_bytes_the_communicator_counted(M):
 
 
 def test_data_parallel_reports_the_gradient_payload_each_step():
-    from diloco.algorithm.codecs import get_codec
+    from diloco.wire.registry import get_codec
 
     out = train_replicas(2, 3, lambda m, o, c: DataParallel(m, comm=c, codec="bf16"))
     model, algo, _ = out[0]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diloco.algorithm.codecs import CHUNK, CODEC_NAMES, Codec, get_codec, use_chunks
+from diloco.wire.codec import CHUNK, Codec, use_chunks
+from diloco.wire.registry import CODEC_NAMES, get_codec
 
 CHUNKED = ("bf16", "fp8_e4m3", "int8", "fp4_e3m0", "fp4_e2m1", "stat2", "stat4")
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -10,16 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diloco.algorithm.codecs import (
-    CODEC_NAMES,
-    BlockScaledCodec,
-    Codec,
-    FP4E2M1Codec,
-    FP4E3M0Codec,
-    Int8Codec,
-    all_finite,
-    get_codec,
-)
+from diloco.wire.codec import Codec, all_finite
+from diloco.wire.registry import CODEC_NAMES, get_codec
+from diloco.wire.scaled import BlockScaledCodec, FP4E2M1Codec, FP4E3M0Codec, Int8Codec
 
 SCALED = ("fp8_e4m3", "int8", "fp4_e3m0", "fp4_e2m1")
 FP4 = ("fp4_e3m0", "fp4_e2m1")

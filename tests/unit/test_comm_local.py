@@ -66,7 +66,7 @@ def test_payload_type_is_checked():
 
 
 def test_mean_async_in_process_matches_the_rank_order_mean_for_both_exchanges():
-    from diloco.algorithm.codecs import get_codec
+    from diloco.wire.registry import get_codec
 
     codec = get_codec("fp32")
 
@@ -83,7 +83,7 @@ def test_mean_async_in_process_matches_the_rank_order_mean_for_both_exchanges():
 
 
 def test_exchange_and_contribution_mistakes_are_value_errors_that_say_what_to_do():
-    from diloco.algorithm.codecs import get_codec
+    from diloco.wire.registry import get_codec
 
     comm = LocalGroup(1).communicators[0]
     with pytest.raises(ValueError, match="unknown exchange 'ring'; choose one of all_gather, reduce_scatter"):

@@ -10,14 +10,14 @@ import torch
 from _tiny import batches, make_model
 from torch.testing import assert_close
 
-from diloco.algorithm import wire_sizes
-from diloco.algorithm.codecs import ALL_CODEC_NAMES, COMPRESSING_CODECS, get_codec
-from diloco.algorithm.compress import StatisticalCodec, TopKCodec, pack_bits, unpack_bits
-from diloco.algorithm.error_feedback import ErrorFeedback, error_feedback_step_
 from diloco.algorithm.streaming import StreamingDiLoCo
 from diloco.comm.exchange import decode_contribution, encode_contribution, link_bytes
 from diloco.comm.local import run_replicas
 from diloco.traffic import all_gather_bytes
+from diloco.wire import sizes
+from diloco.wire.compress import StatisticalCodec, TopKCodec, pack_bits, unpack_bits
+from diloco.wire.error_feedback import ErrorFeedback, error_feedback_step_
+from diloco.wire.registry import ALL_CODEC_NAMES, COMPRESSING_CODECS, get_codec
 
 
 # -- references, written as plain loops ------------------------------------------------------------------
@@ -122,7 +122,7 @@ def test_topk_with_a_table_per_chunk_matches_the_reference():
     k = len(positions)
     payload = codec.encode(x)
     assert payload.numel() == codec.num_bytes(n) == math.ceil(2 * k / 8) + k + 4 * 16
-    assert wire_sizes.topk_num_tables(n, chunk_size=256, tables="chunk") == 4
+    assert sizes.topk_num_tables(n, chunk_size=256, tables="chunk") == 4
     vb = math.ceil(2 * k / 8)
     np.testing.assert_array_equal(payload[:vb].numpy(), ref_pack(codes, 2))
     np.testing.assert_array_equal(payload[vb : vb + k].numpy(), ref_pack(local, 8))
@@ -147,7 +147,7 @@ def test_default_topk_is_sparselocos_budget():
     chunked = get_codec("topk", topk_tables="chunk")
     assert (chunked.tables, chunked.k_of(4096)) == ("chunk", 64)
     assert abs(8 * chunked.num_bytes(n) / n - (0.21875 + 4 * 32 / 4096)) < 1e-4  # + 4 FP32 bin means per chunk
-    assert chunked.num_bytes(n) == wire_sizes.payload_bytes("topk", n, topk_tables="chunk")
+    assert chunked.num_bytes(n) == sizes.payload_bytes("topk", n, topk_tables="chunk")
     assert abs(chunked.bits_per_value - 8 * chunked.num_bytes(n) / n) < 1e-4
     with pytest.raises(ValueError, match="tables='tile'.*payload.*chunk"):
         TopKCodec(tables="tile")
@@ -175,7 +175,7 @@ def test_topk_with_chunk_tables_keeps_its_size_and_drops_nan(n):
     codec = get_codec("topk", topk_tables="chunk")
     x = torch.randn(n, generator=torch.Generator().manual_seed(n))
     payload = codec.encode(x)
-    assert payload.shape == (codec.num_bytes(n),) == (wire_sizes.payload_bytes("topk", n, topk_tables="chunk"),)
+    assert payload.shape == (codec.num_bytes(n),) == (sizes.payload_bytes("topk", n, topk_tables="chunk"),)
     assert torch.equal(codec.decode(codec.encode(torch.zeros(n)), n), torch.zeros(n))
     if n:
         x[n - 1] = float("inf")

@@ -163,8 +163,8 @@ class _ScriptedChannel:
         self.sent.append(report.sent_after_step)
 
     def _reply(self, fragment):
-        from diloco.algorithm.codecs import get_codec
         from diloco.decoupled.messages import Reply
+        from diloco.wire.registry import get_codec
 
         return Reply(
             learner=0, fragment=fragment, payload=get_codec("fp32").encode(torch.zeros_like(self.start[0])), version=1

@@ -6,10 +6,10 @@ import pytest
 import torch
 from _tiny import make_model
 
-from diloco.algorithm.codecs import get_codec
 from diloco.algorithm.fragments import flatten
 from diloco.decoupled.learner import Learner
 from diloco.decoupled.messages import Reply, Welcome
+from diloco.wire.registry import get_codec
 
 
 class _Recorder:
@@ -36,7 +36,7 @@ class _Recorder:
 
 def test_a_learner_keeps_what_the_codec_dropped_and_sends_it_later():
     """Each report sends Q(beta e + Delta) and keeps the rest: e_new + sent = beta e_old + Delta at every report
-    (the invariant of diloco.algorithm.error_feedback), with a 4-bit codec whose error is far from zero."""
+    (the invariant of diloco.wire.error_feedback), with a 4-bit codec whose error is far from zero."""
     torch.manual_seed(0)
     model = make_model()
     start = flatten(list(model.parameters()))

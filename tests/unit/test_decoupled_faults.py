@@ -7,7 +7,6 @@ import pytest
 import torch
 from _tiny import make_model
 
-from diloco.algorithm.codecs import get_codec
 from diloco.decoupled.chaos import Chaos, goodput, parse_kills, rejoin_seconds, survivor_stalls
 from diloco.decoupled.checkpoint import (
     RECORDS,
@@ -19,6 +18,7 @@ from diloco.decoupled.checkpoint import (
 )
 from diloco.decoupled.messages import Report
 from diloco.decoupled.syncer import Syncer
+from diloco.wire.registry import get_codec
 
 
 def _report(syncer, m, p, theta, *, steps=4, base_version=None, codec="fp32"):

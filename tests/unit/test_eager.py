@@ -10,12 +10,12 @@ import pytest
 import torch
 from _tiny import ConstantStep, Scalar, batches, make_model
 
-from diloco.algorithm.codecs import get_codec
 from diloco.algorithm.schedule import Schedule
 from diloco.algorithm.streaming import StreamingDiLoCo
 from diloco.comm.local import run_replicas
 from diloco.sim.dag import ComputeStream, SyncPlan, simulate_utilization
 from diloco.traffic import all_gather_bytes
+from diloco.wire.registry import get_codec
 
 SGD_LR1 = partial(torch.optim.SGD, lr=1.0)
 

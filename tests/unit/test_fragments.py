@@ -52,7 +52,7 @@ def test_errors_name_the_values():
         split_fragments(make_model(n_blocks=4), 6)
     with pytest.raises(ValueError, match="explicit fragments"):
         split_fragments(nn.Linear(2, 2), 2)
-    with pytest.raises(ValueError, match="'strided' or 'sequential'"):
+    with pytest.raises(ValueError, match="one of strided, sequential, got 'random'"):
         split_fragments(make_model(), 2, pattern="random")
 
 

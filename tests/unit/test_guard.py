@@ -13,13 +13,13 @@ import torch
 from _tiny import batches, make_model
 from torch.testing import assert_close
 
-from diloco.algorithm.codecs import get_codec
 from diloco.algorithm.fragments import flatten
 from diloco.algorithm.guard import NormGuard, check_guard, judge, reference_norm
 from diloco.algorithm.streaming import StreamingDiLoCo
 from diloco.comm.local import run_replicas
 from diloco.decoupled.messages import Report
 from diloco.decoupled.syncer import Syncer
+from diloco.wire.registry import get_codec
 
 ADAMW = partial(torch.optim.AdamW, lr=1e-2)
 

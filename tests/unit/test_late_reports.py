@@ -6,9 +6,9 @@ import pytest
 import torch
 from _tiny import make_model
 
-from diloco.algorithm.codecs import get_codec
 from diloco.decoupled.messages import Report
 from diloco.decoupled.syncer import Syncer
+from diloco.wire.registry import get_codec
 
 
 def _report(syncer: Syncer, m: int, *, step: int) -> Report:

@@ -9,11 +9,11 @@ import pytest
 import torch
 from _tiny import make_model
 
-from diloco.algorithm.codecs import get_codec
 from diloco.decoupled.messages import Report
 from diloco.decoupled.outer_scale import AUTO, check_outer_scale, outer_step_share
 from diloco.decoupled.syncer import Syncer
 from diloco.train.config import TrainConfig
+from diloco.wire.registry import get_codec
 
 
 def _report(syncer, m, theta, *, steps=4):

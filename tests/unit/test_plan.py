@@ -143,13 +143,13 @@ def test_project_ablations_are_this_projects_measured_runs():
 
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 1000, 1024, 4095, 4096, 4097, 96_640, 1_000_003, 10**9])
 def test_codec_bits_are_the_codecs_exact_bytes(n):
-    from diloco.algorithm.codecs import ALL_CODEC_NAMES, get_codec
+    from diloco.wire.registry import ALL_CODEC_NAMES, get_codec
 
     assert set(DEFAULT_CODECS) <= set(ALL_CODEC_NAMES)
     for name in DEFAULT_CODECS:
         assert codec_bits(name, n) == get_codec(name).num_bytes(n) * 8 / n, (name, n)
     # and every codec the library has is one the byte function knows
-    from diloco.algorithm.wire_sizes import NAMES, SPARSE_CODECS, bits_per_value
+    from diloco.wire.sizes import NAMES, SPARSE_CODECS, bits_per_value
 
     assert set(NAMES) == set(ALL_CODEC_NAMES)
     for name in NAMES:

@@ -17,7 +17,8 @@ def _python(code: str) -> str:
 def test_sim_traffic_schedule_and_the_package_never_import_torch():
     out = _python(
         "import sys, diloco, diloco.sim, diloco.traffic, diloco.algorithm.schedule, "
-        "diloco.methods, diloco.layout, diloco.algorithm, diloco.comm, diloco.train, diloco.scaling\n"
+        "diloco.methods, diloco.layout, diloco.algorithm, diloco.comm, diloco.train, diloco.scaling, diloco.wire, "
+        "diloco.wire.sizes\n"
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
     )
     assert out == "[]"
@@ -35,7 +36,9 @@ def test_the_users_import_line_works():
     )
 
 
-@pytest.mark.parametrize("package", ["diloco", "diloco.algorithm", "diloco.comm", "diloco.train", "diloco.decoupled"])
+@pytest.mark.parametrize(
+    "package", ["diloco", "diloco.algorithm", "diloco.comm", "diloco.train", "diloco.decoupled", "diloco.wire"]
+)
 def test_every_exported_name_resolves_and_is_listed(package):
     import importlib
 

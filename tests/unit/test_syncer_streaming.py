@@ -20,11 +20,12 @@ import pytest
 import torch
 from torch import nn
 
-from diloco.algorithm.codecs import all_finite, get_codec
 from diloco.decoupled.merge import MergeFold, merge_outer_gradients, token_weights
 from diloco.decoupled.messages import MergeRecord, Reply, Report
 from diloco.decoupled.outer_scale import outer_step_share
 from diloco.decoupled.syncer import Round, Syncer, is_lossless
+from diloco.wire.codec import all_finite
+from diloco.wire.registry import get_codec
 
 
 # -- the reference: the merge rules and the syncer's merge as they were before the streaming merge ----------

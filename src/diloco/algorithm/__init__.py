@@ -1,5 +1,5 @@
 """The algorithms: Streaming DiLoCo (DiLoCo is its case P = 1, tau = 0), data parallelism, their parts
-(eager updates, error feedback, the compressing codecs, the inner optimizer: AdamW or Muon).
+(eager updates, the inner optimizer: AdamW or Muon). The codecs and error feedback are :mod:`diloco.wire`.
 
 Lazy: ``diloco.algorithm.schedule`` is torch-free, and
 importing this package loads neither torch nor the other modules.
@@ -19,12 +19,6 @@ _EXPORTS = {
     "find_blocks": ".fragments",
     "split_fragments": ".fragments",
     "block_groups": "diloco.layout",
-    "Codec": ".codecs",
-    "CODEC_NAMES": ".codecs",
-    "get_codec": ".codecs",
-    "ALL_CODEC_NAMES": ".codecs",
-    "COMPRESSING_CODECS": ".codecs",
-    "ErrorFeedback": ".error_feedback",
     "build_inner_optimizer": ".inner",
     "INNER_OPTIMIZERS": ".choices",
     "default_outer_optimizer": ".outer",

@@ -20,10 +20,11 @@ import torch
 from torch import nn
 
 from diloco.algorithm.base import ReplicaAlgorithm, SyncReport, broadcast_parameters
-from diloco.algorithm.codecs import Codec, get_codec
 from diloco.algorithm.fragments import flatten
 from diloco.comm.base import Communicator
 from diloco.errors import ConfigError
+from diloco.wire.codec import Codec
+from diloco.wire.registry import get_codec
 
 
 class DataParallel(ReplicaAlgorithm):

@@ -1,5 +1,6 @@
-"""The pure math of one outer sync: average the replicas' outer gradients, merge.
+"""The pure math of one outer sync: merge, the outer optimizer, and loading the global state.
 
+The replicas' outer gradients are averaged where they are decoded (:func:`diloco.wire.average.average_payloads`).
 Kept free of state so it can be tested against closed forms and reused by
 every mode (DiLoCo, Streaming DiLoCo, data-parallel gradient averaging).
 """
@@ -11,40 +12,12 @@ from functools import partial
 
 import torch
 
-from diloco.algorithm.codecs import Codec, all_finite
 from diloco.errors import ConfigError
 
 OuterOptimizerFactory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 
 #: The DiLoCo paper's outer optimizer: SGD, lr 0.7, momentum 0.9, Nesterov.
 default_outer_optimizer: OuterOptimizerFactory = partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)
-
-
-def average_payloads(
-    payloads: Sequence[torch.Tensor], codec: Codec, numel: int, *, out_device: torch.device | None = None
-) -> tuple[torch.Tensor | None, list[int]]:
-    """Decode every replica's payload and average them in FP32, in rank order.
-
-    Contributions that decode to any non-finite value are dropped from the
-    average (the codecs turn a non-finite input into an all-NaN payload) and
-    their ranks returned, so one diverged replica cannot poison the others.
-    Returns ``(None, dropped)`` when every contribution was dropped.
-    Summing in rank order makes the result bit-identical on every replica.
-    """
-    total: torch.Tensor | None = None
-    dropped: list[int] = []
-    for rank, payload in enumerate(payloads):
-        value = codec.decode(payload, numel)
-        if out_device is not None:
-            value = value.to(out_device)
-        if not bool(all_finite(value)):
-            dropped.append(rank)
-            continue
-        total = value if total is None else total.add_(value)
-    kept = len(payloads) - len(dropped)
-    if total is None:
-        return None, dropped
-    return total.div_(kept), dropped
 
 
 @torch.no_grad()

@@ -36,7 +36,7 @@ Two options change what is sent and applied:
 
 * ``error_feedback_decay`` = beta > 0: the payload is ``encode(e)`` of a per-fragment
   accumulator ``e <- beta e + Delta_p``, which keeps what the codec dropped
-  (:mod:`diloco.algorithm.error_feedback`);
+  (:mod:`diloco.wire.error_feedback`);
 * ``eager=True`` (with tau = H): each sync applies this replica's own share of
   what it just sent at once and the others' average one round later
   (:mod:`diloco.algorithm.eager`).
@@ -52,15 +52,16 @@ import torch
 from torch import nn
 
 from diloco.algorithm.base import ReplicaAlgorithm, SyncReport, broadcast_parameters, local_shard, local_shards
-from diloco.algorithm.codecs import Codec, get_codec
 from diloco.algorithm.eager import eager_landing, eager_outer_gradient, eager_share
-from diloco.algorithm.error_feedback import ErrorFeedback
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
 from diloco.algorithm.guard import DEFAULT_GUARD_RATIO, NormGuard
 from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer, load_global_state, merge_
 from diloco.algorithm.schedule import Schedule, resolve_schedule
 from diloco.comm.base import Communicator, MeanWork
 from diloco.errors import ConfigError
+from diloco.wire.codec import Codec
+from diloco.wire.error_feedback import ErrorFeedback
+from diloco.wire.registry import get_codec
 
 
 @dataclass

@@ -161,7 +161,7 @@ def run_throughput(device: torch.device, size: dict[str, Any]) -> dict[str, Any]
 
 # -- 3. FP4 encode / decode ---------------------------------------------------------------------------------------------
 def run_codec(device: torch.device, size: dict[str, Any], name: str = "fp4_e3m0") -> dict[str, Any]:
-    from diloco.algorithm.codecs import get_codec
+    from diloco.wire.registry import get_codec
 
     codec = get_codec(name)
     n, repeats = size["codec_values"], size["codec_repeats"]

@@ -38,11 +38,12 @@ from collections.abc import Sequence
 
 import torch
 
-from diloco.algorithm.codecs import Codec
 from diloco.comm.accounting import CommStats
 from diloco.comm.exchange import chunk_bytes, decode_contribution, encode_contribution, link_bytes, resolve_exchange
 from diloco.errors import ConfigError, RunError
 from diloco.traffic import LinkBytes, all_gather_bytes, check_exchange, default_exchange, shard_sizes
+from diloco.wire.average import average_payloads
+from diloco.wire.codec import Codec
 
 
 class CommError(RunError):
@@ -259,8 +260,6 @@ class MeanWork:
         return self._result
 
     def _reduce(self, means_seq: int | None) -> tuple[torch.Tensor | None, list[int]]:
-        from diloco.algorithm.outer import average_payloads  # the FP32 rank-order mean, shared with every mode
-
         comm, codec = self._comm, self._codec
         if self._gather is not None:
             return average_payloads(self._gather.wait(), codec, self._numel)

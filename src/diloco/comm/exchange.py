@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import torch
 
-from diloco.algorithm.codecs import Codec, all_finite
 from diloco.traffic import LinkBytes, all_gather_bytes, check_exchange, reduce_scatter_bytes, shard_sizes
+from diloco.wire.codec import Codec, all_finite
 
 
 def resolve_exchange(exchange: str, *, num_replicas: int, numel: int, codec: Codec | None = None) -> str:

@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
-from diloco.algorithm.codecs import Codec, get_codec
 from diloco.decoupled.messages import Report
+from diloco.wire.codec import Codec
+from diloco.wire.registry import get_codec
 
 
 def corrupt_difference(diff: torch.Tensor, *, scale: float | None, generator: torch.Generator) -> torch.Tensor:

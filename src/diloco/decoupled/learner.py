@@ -38,8 +38,6 @@ import torch
 from torch import nn
 
 from diloco.algorithm.base import ReplicaAlgorithm, SyncReport, local_shards
-from diloco.algorithm.codecs import Codec, get_codec
-from diloco.algorithm.error_feedback import ErrorFeedback
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
 from diloco.algorithm.outer import merge_
 from diloco.algorithm.schedule import Schedule, resolve_schedule
@@ -48,6 +46,9 @@ from diloco.decoupled.messages import Reply, Report, Welcome
 from diloco.decoupled.syncer import is_lossless
 from diloco.decoupled_choices import check_overwrite_after
 from diloco.errors import ConfigError
+from diloco.wire.codec import Codec
+from diloco.wire.error_feedback import ErrorFeedback
+from diloco.wire.registry import get_codec
 
 
 class Channel(Protocol):
@@ -97,7 +98,7 @@ class Learner(ReplicaAlgorithm):
             ``ride_out_waits``). For a syncer that is down or slow (a restart takes seconds); 0 (default): wait
             at t + tau, the Streaming DiLoCo timing (runs are reproducible only then).
         error_feedback_decay: beta > 0: what the codec dropped from a report is kept in a per-fragment accumulator
-            and sent later (:mod:`diloco.algorithm.error_feedback`: e <- beta e + Delta, send Q(e), e <- e - Q(e));
+            and sent later (:mod:`diloco.wire.error_feedback`: e <- beta e + Delta, send Q(e), e <- e - Q(e));
             0 (default): off.
     """
 

@@ -56,7 +56,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from diloco.algorithm.codecs import Codec, all_finite, get_codec
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
 from diloco.algorithm.guard import DEFAULT_GUARD_RATIO, NormGuard, Verdict
 from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer, load_global_state
@@ -66,6 +65,8 @@ from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
 from diloco.decoupled.outer_scale import check_outer_scale, outer_step_share
 from diloco.decoupled_choices import LATE_REPORTS, check_outer_gradient
 from diloco.errors import ConfigError
+from diloco.wire.codec import Codec, all_finite
+from diloco.wire.registry import get_codec
 
 
 def is_lossless(codec: Codec) -> bool:

@@ -7,7 +7,7 @@ size, tau and codec) and every link bandwidth asked about:
   at the given step time, exchange and release;
 * **wall-clock**: steps x step time / utilization, steps = tokens / tokens per step;
 * **bits per parameter**: the codec's exact payload for the model's N values x 8 / N
-  (:func:`diloco.algorithm.wire_sizes.payload_bytes`, the function the codecs' ``num_bytes`` use);
+  (:func:`diloco.wire.sizes.payload_bytes`, the function the codecs' ``num_bytes`` use);
 * **bytes**: what one worker sends over the run (:func:`diloco.traffic.exchange_bytes` of each
   exchange; DP every step, DiLoCo and Streaming DiLoCo the whole model once per H steps);
 * **peak bandwidth**: the largest single exchange sent within one step (Streaming DiLoCo's
@@ -38,7 +38,6 @@ from typing import Any
 
 import numpy as np
 
-from diloco.algorithm.wire_sizes import SPARSE_CODECS, bits_per_value
 from diloco.errors import ConfigError
 from diloco.outer_steps import MIN_OUTER_STEPS, OUTER_MOMENTUM
 from diloco.outer_steps import SOURCE as OUTER_STEPS_SOURCE
@@ -46,6 +45,7 @@ from diloco.sim.hardware import GBIT, PAPER_EXCHANGE, ModelSpec
 from diloco.sim.loss import MEASURED_CODECS, MEASURED_MARK, LossEstimate, LossModel
 from diloco.sim.utilization import MethodSpec, data_parallel, diloco, streaming, utilization_curve
 from diloco.traffic import exchange_bytes
+from diloco.wire.sizes import SPARSE_CODECS, bits_per_value
 
 #: Codecs the planner considers by default: the papers' (costless at their scale) and the ones sent with
 #: error feedback (:data:`diloco.sim.loss.MEASURED_CODECS`, charged their laptop-scale cost; Streaming
@@ -426,7 +426,7 @@ def evaluate(
         "step_time": setup.step_time_source,
         "wall_clock": f"steps x step time / utilization, steps = {setup.tokens:.4g} tokens / "
         f"{setup.tokens_per_step:.4g} tokens per step = {setup.steps:.4g}",
-        "bits": "each codec's exact payload for the model's N values x 8 / N (diloco.algorithm.wire_sizes, the "
+        "bits": "each codec's exact payload for the model's N values x 8 / N (diloco.wire.sizes, the "
         "function the codecs' num_bytes use)",
         "bytes": "diloco.traffic.exchange_bytes per exchange x exchanges over the run (per worker, sent; top-k "
         "payloads all-gathered at every M, as the communicator does)",

@@ -29,13 +29,13 @@ import statistics
 import sys
 from collections import defaultdict
 
-from diloco.algorithm.codecs import get_codec
 from diloco.files import atomic_write_bytes, read_jsonl, write_json
 from diloco.models import count_params, make_config
 from diloco.scaling.paper_gap import paper_law_gaps
 from diloco.studies.frontier import HERE, METHODS, method_name
 from diloco.traffic import exchange_bytes
 from diloco.train.sweep_runner import device_of
+from diloco.wire.registry import get_codec
 
 ROOT = HERE.parents[1]
 

@@ -20,11 +20,11 @@ import diloco.decoupled_choices as dc
 from diloco.algorithm.choices import INNER_OPTIMIZERS, InnerOptimizer
 from diloco.algorithm.guard import GUARD_ACTIONS, GuardAction
 from diloco.algorithm.schedule import SCHEDULE_NAMES
-from diloco.algorithm.wire_sizes import TOPK_TABLES
 from diloco.decoupled_choices import OUTER_SCALES, OuterScale
 from diloco.errors import ConfigError
 from diloco.layout import PATTERNS, FragmentPattern
 from diloco.methods import METHODS, WORKER_SHARDING, Method, WorkerSharding, schedule_errors
+from diloco.wire.sizes import TOPK_TABLES
 
 
 def setting(default: Any, doc: str, *, section: str, choices: tuple[str, ...] = ()) -> Any:
@@ -249,9 +249,9 @@ class TrainConfig:
             if not ok:
                 errors.append(msg)
 
-        from diloco.algorithm.codecs import ALL_CODEC_NAMES, CODEC_NAMES  # torch: only when a config is built
         from diloco.data.sources import TOKEN_DTYPES
         from diloco.models.sizes import SIZES, get_size
+        from diloco.wire.registry import ALL_CODEC_NAMES, CODEC_NAMES  # torch: only when a config is built
 
         for f in fields(self):  # the choices the config checks itself (the decoupled ones: their runtime's checks)
             if f.name in _CHECKED_CHOICES and getattr(self, f.name) not in f.metadata["choices"]:
@@ -452,7 +452,7 @@ class TrainConfig:
 
     def make_codec(self) -> Any:
         """The codec outer gradients travel as: ``codec`` with its top-k settings (imports torch)."""
-        from diloco.algorithm.codecs import get_codec
+        from diloco.wire.registry import get_codec
 
         return get_codec(self.codec, topk_density=self.topk_density, topk_tables=self.topk_tables)
 

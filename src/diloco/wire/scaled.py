@@ -1,31 +1,4 @@
-"""Wire formats for what DiLoCo replicas exchange: encode to bytes, decode to FP32.
-
-Every codec maps a 1-D floating tensor to a 1-D ``torch.uint8`` payload whose
-size depends on ``numel`` only (replicas all-gather fixed-size byte buffers),
-and back to FP32. All work is vectorised torch on the input's device and is
-deterministic (no randomness, no atomics).
-
-=========  ============  ==========================================================
-name       bits/value    format
-=========  ============  ==========================================================
-fp32       32            IEEE binary32, bit-exact
-bf16       16            bfloat16 (8 significand bits), no scale
-fp8_e4m3   8.25          OCP E4M3 ("fn": max 448, subnormals), block 32, two-level scale
-int8       8.25          symmetric integers -127..127, block 32, two-level scale
-fp4_e3m0   4.5           1 sign, 3 exponent, 0 mantissa bits (exmy E3M0), block 16
-fp4_e2m1   4.5           OCP MX / NVFP4 element (0, .5, 1, 1.5, 2, 3, 4, 6), block 16
-=========  ============  ==========================================================
-
-Three compressing codecs meant for error feedback, ``stat2`` / ``stat4`` (a
-statistical quantizer, 2.125 / 4.5 bits) and ``topk`` (chunked top-k, 0.22
-bits at density 1/64), live in :mod:`diloco.algorithm.compress`; the
-guarantees below are the wire formats' (:data:`CODEC_NAMES`), not theirs.
-
-Rounding. Every codec rounds to nearest, ties to even (the IEEE default and
-what torch's own casts do): a value exactly halfway between two representable
-values takes the one whose code is even. For int8 that is the even integer;
-for E4M3 and bf16 the even mantissa; for the 4-bit formats the even 3-bit
-magnitude code, e.g. E2M1 2.5 -> 2 and 3.5 -> 4, E3M0 1.5 -> 2 and 3 -> 2.
+"""The block-scaled wire formats: fp8_e4m3, int8 and the 4-bit fp4_e3m0, fp4_e2m1.
 
 E3M0 magnitudes. With an IEEE-style bias of 3 and no codes reserved for
 inf/NaN (as in Agrawal et al.'s exmy family), the eight magnitude codes are
@@ -70,20 +43,6 @@ E4M3 scale (coarser, still never clipping), and one below about 2^-22 (E2M1),
 is below about 2^-110 gets the smallest tensor scale 2^-126 and degrades the
 same way.
 
-Non-finite input. If x holds any NaN or +-inf, the payload decodes to all NaN
-(scaled codecs: the tensor scale byte is 0xFF, E8M0's NaN, and every block
-scale E4M3's NaN; fp32/bf16: every value NaN), so the reducer can drop that
-replica instead of averaging garbage.
-
-Speed. On CPU, inputs above :data:`CHUNK` values (256K) are encoded and decoded a chunk at a time
-(:meth:`Codec.encode` / :meth:`Codec.decode`), so the dozen temporaries of the block-scale search
-stay in cache instead of streaming the whole tensor through memory a dozen times. The
-arithmetic is the same operations on the same values, element by element and block by block (every
-reduction is over one block, which a chunk never splits), so the payload is bit for bit that of the
-whole-tensor reference (:meth:`Codec.encode_reference` / :meth:`Codec.decode_reference`, kept, and
-what other devices run); ``tests/unit/test_codec_chunks.py`` checks it and ``benchmarks/codec_speed.py``
-times both against a memcpy.
-
 Payload layout of the scaled codecs: ``[element codes][block scales][tensor
 scale]`` with ``ceil(numel * bits / 8)``, ``ceil(numel / B)`` and 1 bytes.
 4-bit codes are packed two per byte, element ``2i`` in the low nibble; a code
@@ -97,207 +56,16 @@ import math
 
 import torch
 
-from diloco.algorithm import wire_sizes
 from diloco.errors import ConfigError
+from diloco.wire import sizes
+from diloco.wire.codec import CHUNK, Codec, row_chunks, use_chunks
 
 _F32_MAX = torch.finfo(torch.float32).max
-_BF16_MAX = torch.finfo(torch.bfloat16).max
 _E4M3 = torch.float8_e4m3fn
 _E4M3_MAX = torch.finfo(_E4M3).max  # 448
 _E4M3_NAN = 0x7F  # positive NaN code of E4M3 "fn"
 _E8M0_BIAS, _E8M0_NAN = 127, 0xFF
 _K_MIN, _K_MAX = -126, 126  # tensor exponents for which 2^k and 2^-k are normal fp32
-#: Values per chunk of the CPU encode / decode paths (see "Speed" in the module docstring). 256K: on the
-#: 2-core machine this was tuned on, 16K-64K chunks lose more to per-op overhead (each chunk runs a few
-#: dozen torch ops) than they gain in cache; int8 encode measured 6 % of a memcpy at 64K, 11 % at 256K.
-CHUNK = 1 << 18
-
-
-def row_chunks(rows: int, rows_per: int) -> list[tuple[int, int]]:
-    """[start, end) row ranges of about ``rows_per`` rows covering ``rows``, none of a single row unless
-    ``rows`` is 1: torch reduces a one-row tensor along its row by another kernel than a many-row one (a
-    different summation order), while every row of a many-row tensor is reduced alike."""
-    rows_per = max(2, rows_per)
-    bounds = [(r0, min(rows, r0 + rows_per)) for r0 in range(0, rows, rows_per)]
-    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
-        bounds[-2:] = [(bounds[-2][0], rows)]
-    return bounds
-
-
-def use_chunks(x: torch.Tensor, chunk: int | None) -> bool:
-    """Whether an encode / decode of ``x`` takes the chunked path: on CPU above one chunk, or when a test
-    forces it by passing ``chunk``."""
-    return chunk is not None or (x.device.type == "cpu" and x.numel() > CHUNK)
-
-
-class Codec(abc.ABC):
-    """Encode a 1-D floating tensor to a fixed-size byte payload and decode it back to FP32."""
-
-    name: str
-    bits_per_value: float  # nominal bits per element, scales included, for large numel
-    #: False for sparse payloads (top-k): the sum of two of them is not one of them, so the reduce-scatter
-    #: exchange (which re-encodes each shard's mean) cannot carry them: the communicator all-gathers them.
-    reduces_in_place: bool = True
-    #: Whether :meth:`decode` takes the chunked path (:meth:`_decode_chunked`) on CPU.
-    chunked_decode: bool = False
-
-    @abc.abstractmethod
-    def num_bytes(self, numel: int) -> int:
-        """Exact payload size for ``numel`` elements (a function of numel only)."""
-
-    def encode(self, x: torch.Tensor, *, chunk: int | None = None) -> torch.Tensor:
-        """1-D floating ``x`` -> 1-D uint8 payload of ``num_bytes(x.numel())`` bytes on ``x.device``.
-
-        ``chunk``: values per chunk of the chunked path (default :data:`CHUNK` on CPU above one chunk,
-        else the reference); the payload is the same bits either way.
-        """
-        if use_chunks(x, chunk) and type(self)._encode_chunked is not Codec._encode_chunked:
-            return self._encode_chunked(x, chunk or CHUNK)
-        return self.encode_reference(x)
-
-    def decode(self, payload: torch.Tensor, numel: int, *, chunk: int | None = None) -> torch.Tensor:
-        """Payload -> new 1-D float32 tensor of ``numel`` elements on ``payload.device`` (``chunk`` as
-        :meth:`encode`)."""
-        if use_chunks(payload, chunk) and numel > 0 and self.chunked_decode:
-            return self._decode_chunked(payload, numel, chunk or CHUNK)
-        return self.decode_reference(payload, numel)
-
-    def decode_into(self, payload: torch.Tensor, numel: int, out: torch.Tensor) -> torch.Tensor:
-        """:meth:`decode`, written into ``out`` (contiguous FP32, ``numel`` values) where the codec can: the same
-        bits. Returns the decoded tensor: ``out``, or a new one from a codec without an in-place path. A caller that
-        decodes many payloads into one buffer saves an allocation each, whose page faults on CPU cost as much as
-        a fast decode (the decoupled syncer's merge)."""
-        assert out.dtype == torch.float32 and out.numel() == numel and out.is_contiguous()
-        return self.decode(payload, numel)
-
-    def encode_reference(self, x: torch.Tensor) -> torch.Tensor:
-        """The whole-tensor encode: what the chunked path must match bit for bit. (A codec may instead
-        override :meth:`encode` and :meth:`decode` themselves.)"""
-        raise NotImplementedError(f"{type(self).__name__} implements neither encode nor encode_reference")
-
-    def decode_reference(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
-        """The whole-tensor decode: what the chunked path must match bit for bit."""
-        raise NotImplementedError(f"{type(self).__name__} implements neither decode nor decode_reference")
-
-    def _encode_chunked(self, x: torch.Tensor, chunk: int) -> torch.Tensor:
-        raise NotImplementedError  # codecs without a chunked path run the reference
-
-    def _decode_chunked(self, payload: torch.Tensor, numel: int, chunk: int) -> torch.Tensor:
-        raise NotImplementedError
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r}, bits_per_value={self.bits_per_value})"
-
-    # -- shared argument checks --------------------------------------------
-    def _as_float32(self, x: torch.Tensor) -> torch.Tensor:
-        """Validate ``x`` and return it as contiguous fp32 (a view when it already is)."""
-        if not isinstance(x, torch.Tensor) or x.dim() != 1 or not x.is_floating_point():
-            got = f"{x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ConfigError(f"{self.name}.encode expects a 1-D floating tensor, got {got}; flatten it first")
-        x = x.detach()
-        if torch.finfo(x.dtype).max > _F32_MAX:  # fp64: finite values beyond fp32 saturate, not inf
-            x = x.clamp(-_F32_MAX, _F32_MAX)
-        return x.to(torch.float32).contiguous()
-
-    def _prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return (x as contiguous fp32, 0-d bool "x holds a non-finite value") without a host sync."""
-        x32 = self._as_float32(x)
-        return x32, ~all_finite(x32)
-
-    def _check_payload(self, payload: torch.Tensor, numel: int) -> None:
-        expected = self.num_bytes(numel)  # validates numel
-        if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8 or payload.shape != (expected,):
-            got = f"{payload.dtype} of shape {tuple(payload.shape)}" if isinstance(payload, torch.Tensor) else payload
-            raise ConfigError(
-                f"{self.name}.decode: payload must be a 1-D uint8 tensor of num_bytes({numel}) = {expected} "
-                f"bytes, got {got}; pass the numel that was encoded"
-            )
-
-
-def all_finite(x: torch.Tensor) -> torch.Tensor:
-    """0-d bool tensor: every value of ``x`` is finite (no host sync).
-
-    For fp32, from the bits: a value is non-finite exactly when its exponent field is all
-    ones, i.e. when its magnitude bits reach those of inf. Two passes and no boolean
-    tensor of x's size, several times faster than ``torch.isfinite(x).all()`` on CPU.
-    """
-    if x.dtype != torch.float32 or x.numel() == 0:
-        return torch.isfinite(x).all()
-    bits = x.reshape(-1).view(torch.int32) if x.is_contiguous() else x.reshape(-1).contiguous().view(torch.int32)
-    return bits.bitwise_and(0x7FFFFFFF).amax() < 0x7F800000
-
-
-class FP32Codec(Codec):
-    """IEEE binary32 on the wire: bit-exact (the data-parallel baseline)."""
-
-    name = "fp32"
-    bits_per_value = 32.0
-
-    def num_bytes(self, numel: int) -> int:
-        return wire_sizes.dense_bytes(numel, 4)
-
-    def encode_reference(self, x: torch.Tensor) -> torch.Tensor:
-        x32, bad = self._prepare(x)
-        return torch.where(bad, torch.nan, x32).view(torch.uint8)  # where copies: no aliasing of x
-
-    def decode_reference(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
-        self._check_payload(payload, numel)
-        return payload.clone().view(torch.float32)  # clone: aligned, and the caller may add_ into it
-
-    def decode_into(self, payload: torch.Tensor, numel: int, out: torch.Tensor) -> torch.Tensor:
-        assert out.dtype == torch.float32 and out.numel() == numel and out.is_contiguous()
-        self._check_payload(payload, numel)
-        aligned = payload if payload.storage_offset() % 4 == 0 else payload.clone()
-        return out.copy_(aligned.view(torch.float32))  # the bits as they are
-
-
-class BF16Codec(Codec):
-    """bfloat16, round to nearest even; saturates at bf16's max instead of rounding to inf."""
-
-    name = "bf16"
-    bits_per_value = 16.0
-
-    def num_bytes(self, numel: int) -> int:
-        return wire_sizes.dense_bytes(numel, 2)
-
-    def encode_reference(self, x: torch.Tensor) -> torch.Tensor:
-        x32, bad = self._prepare(x)
-        y = x32.clamp(-_BF16_MAX, _BF16_MAX).to(torch.bfloat16)
-        return torch.where(bad, torch.nan, y).view(torch.uint8)
-
-    def decode_reference(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
-        self._check_payload(payload, numel)
-        return payload.clone().view(torch.bfloat16).to(torch.float32)
-
-    def _encode_chunked(self, x: torch.Tensor, chunk: int) -> torch.Tensor:
-        # Per chunk: the min and max (one read; they propagate NaN), the rounding cast, and the clamp only
-        # where a value lies beyond bf16's max. Clamping after the cast gives the same bits as before it: a
-        # finite value above bf16's max rounds to that max or to inf, and the clamp takes inf back to the max.
-        x32 = self._as_float32(x)
-        n = x32.numel()
-        out = torch.empty(n, dtype=torch.bfloat16, device=x32.device)
-        for i in range(0, n, chunk):
-            j = min(n, i + chunk)
-            lo, hi = (float(v) for v in torch.aminmax(x32[i:j]))
-            if not (math.isfinite(lo) and math.isfinite(hi)):  # a NaN or inf: every value NaN, as the reference
-                return out.fill_(torch.nan).view(torch.uint8)
-            out[i:j].copy_(x32[i:j])
-            if lo < -_BF16_MAX or hi > _BF16_MAX:
-                out[i:j].clamp_(-_BF16_MAX, _BF16_MAX)
-        return out.view(torch.uint8)
-
-    def _decode_chunked(self, payload: torch.Tensor, numel: int, chunk: int) -> torch.Tensor:
-        self._check_payload(payload, numel)
-        aligned = payload if payload.storage_offset() % 2 == 0 else payload.clone()
-        return aligned.view(torch.bfloat16).to(torch.float32)  # the cast is a copy: no clone needed
-
-    def decode_into(self, payload: torch.Tensor, numel: int, out: torch.Tensor) -> torch.Tensor:
-        assert out.dtype == torch.float32 and out.numel() == numel and out.is_contiguous()
-        self._check_payload(payload, numel)
-        aligned = payload if payload.storage_offset() % 2 == 0 else payload.clone()
-        return out.copy_(aligned.view(torch.bfloat16))  # bf16 -> fp32 is exact, as .to(float32)
-
-    chunked_decode = True
 
 
 def _pow2(k: torch.Tensor) -> torch.Tensor:
@@ -346,7 +114,7 @@ class BlockScaledCodec(Codec):
         """uint8 codes -> their fp32 element values."""
 
     def num_bytes(self, numel: int) -> int:
-        return wire_sizes.block_scaled_bytes(numel, element_bits=self.element_bits, block_size=self.block_size)
+        return sizes.block_scaled_bytes(numel, element_bits=self.element_bits, block_size=self.block_size)
 
     def _tensor_exponent(self, amax: torch.Tensor) -> torch.Tensor:
         """Smallest k with amax <= 448 * m * 2^k, clamped to [-126, 126]; exact (no log2 rounding).
@@ -550,7 +318,7 @@ class FP8E4M3Codec(BlockScaledCodec):
     element_bits = 8
     element_max = _E4M3_MAX
 
-    def __init__(self, *, block_size: int = wire_sizes.BLOCK8, scale_candidates: int = 2) -> None:
+    def __init__(self, *, block_size: int = sizes.BLOCK8, scale_candidates: int = 2) -> None:
         super().__init__(block_size=block_size, scale_candidates=scale_candidates)
 
     def dequantize_elements(self, codes: torch.Tensor) -> torch.Tensor:
@@ -571,7 +339,7 @@ class Int8Codec(BlockScaledCodec):
     element_bits = 8
     element_max = 127.0
 
-    def __init__(self, *, block_size: int = wire_sizes.BLOCK8, scale_candidates: int = 1) -> None:
+    def __init__(self, *, block_size: int = sizes.BLOCK8, scale_candidates: int = 1) -> None:
         super().__init__(block_size=block_size, scale_candidates=scale_candidates)
 
     def dequantize_elements(self, codes: torch.Tensor) -> torch.Tensor:
@@ -597,7 +365,7 @@ class FP4Codec(BlockScaledCodec):
     element_bits = 4
     magnitudes: tuple[float, ...]
 
-    def __init__(self, *, block_size: int = wire_sizes.FP4_BLOCK, scale_candidates: int = 4) -> None:
+    def __init__(self, *, block_size: int = sizes.FP4_BLOCK, scale_candidates: int = 4) -> None:
         assert len(self.magnitudes) == 8 and list(self.magnitudes) == sorted(self.magnitudes)
         self.element_max = self.magnitudes[-1]
         super().__init__(block_size=block_size, scale_candidates=scale_candidates)
@@ -694,41 +462,3 @@ class FP4E2M1Codec(FP4Codec):
         half = v == 0.5
         codes = v.view(torch.int32).bitwise_right_shift_(22).sub_(252).clamp_(min=0)
         return codes.add_(half)
-
-
-_REGISTRY: dict[str, Codec] = {
-    c.name: c for c in (FP32Codec(), BF16Codec(), FP8E4M3Codec(), Int8Codec(), FP4E3M0Codec(), FP4E2M1Codec())
-}
-#: The wire formats above: every guarantee of this module's docstring holds for them.
-CODEC_NAMES: tuple[str, ...] = tuple(_REGISTRY)
-#: The compressing codecs meant for error feedback (:mod:`diloco.algorithm.compress`, which imports this
-#: module: they are built on first use). Lossier by design; see that module for what they guarantee.
-COMPRESSING_CODECS: tuple[str, ...] = ("stat2", "stat4", "topk")
-#: Every name :func:`get_codec` knows.
-ALL_CODEC_NAMES: tuple[str, ...] = CODEC_NAMES + COMPRESSING_CODECS
-
-
-def get_codec(name: str | Codec, *, topk_density: float | None = None, topk_tables: str | None = None) -> Codec:
-    """The registered codec called ``name``; a :class:`Codec` instance is passed through.
-
-    ``topk_density``: for ``"topk"``, the share of each chunk's values sent (default 1/64);
-    ``topk_tables``: where its values' bin means are kept, ``"payload"`` (default) or ``"chunk"``.
-    """
-    if isinstance(name, Codec):
-        return name
-    if name in COMPRESSING_CODECS and name not in _REGISTRY:
-        from diloco.algorithm.compress import StatisticalCodec, TopKCodec
-
-        for codec in (StatisticalCodec(bits=2), StatisticalCodec(bits=4), TopKCodec()):
-            _REGISTRY[codec.name] = codec
-    if name == "topk" and (topk_density is not None or topk_tables is not None):
-        from diloco.algorithm.compress import TopKCodec
-
-        return TopKCodec(
-            density=wire_sizes.TOPK_DENSITY if topk_density is None else topk_density,
-            tables=wire_sizes.TOPK_TABLE if topk_tables is None else topk_tables,
-        )
-    try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise ConfigError(f"unknown codec {name!r}; valid names: {', '.join(ALL_CODEC_NAMES)}") from None

@@ -1,7 +1,7 @@
 """Compressing codecs for outer gradients sent with error feedback: a statistical quantizer and chunked top-k.
 
 Both are meant to run with an error-feedback accumulator
-(:mod:`diloco.algorithm.error_feedback`): what they drop is kept by the replica
+(:mod:`diloco.wire.error_feedback`): what they drop is kept by the replica
 and sent later, so their loss is delayed rather than lost (MuLoCo, arXiv
 2505.23725; SparseLoCo, arXiv 2508.15706). Like every codec they are stateless,
 deterministic and map ``numel`` values to a payload whose size depends on
@@ -39,16 +39,16 @@ replica instead of the reduce-scatter's ``2 (M - 1) / M * n``.
 Non-finite input decodes to NaN (the tables are NaN), so the exchange drops
 that replica, as with the other codecs. The statistics are FP32: values beyond
 about 1e37 overflow them and that contribution decodes to NaN too (dropped),
-where the wire formats of :mod:`diloco.algorithm.codecs` would scale them.
+where the wire formats of :mod:`diloco.wire.scaled` would scale them.
 """
 
 from __future__ import annotations
 
 import torch
 
-from diloco.algorithm import wire_sizes
-from diloco.algorithm.codecs import Codec, row_chunks
 from diloco.errors import ConfigError
+from diloco.wire import sizes
+from diloco.wire.codec import Codec, row_chunks
 
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -144,9 +144,7 @@ def _stat_codes_and_table(xb: torch.Tensor, *, levels: int, range_sigmas: float,
 class StatisticalCodec(Codec):
     """``bits``-bit codes over ``mean +- r sigma`` per block, with a table of bin means per block (see module)."""
 
-    def __init__(
-        self, *, bits: int, block_size: int = wire_sizes.STAT_BLOCK, range_sigmas: float | None = None
-    ) -> None:
+    def __init__(self, *, bits: int, block_size: int = sizes.STAT_BLOCK, range_sigmas: float | None = None) -> None:
         if bits not in (1, 2, 4, 8):
             raise ConfigError(f"bits must be 1, 2, 4 or 8, got {bits}")
         if block_size < 1:
@@ -160,7 +158,7 @@ class StatisticalCodec(Codec):
         return f"StatisticalCodec(bits={self.bits}, block_size={self.block_size}, range_sigmas={self.range_sigmas})"
 
     def num_bytes(self, numel: int) -> int:
-        return wire_sizes.stat_bytes(numel, bits=self.bits, block_size=self.block_size)
+        return sizes.stat_bytes(numel, bits=self.bits, block_size=self.block_size)
 
     def encode_reference(self, x: torch.Tensor) -> torch.Tensor:
         x32, bad = self._prepare(x)
@@ -190,7 +188,7 @@ class StatisticalCodec(Codec):
 
     def _encode_chunked(self, x: torch.Tensor, chunk: int) -> torch.Tensor:
         """:meth:`encode_reference`'s arithmetic on whole blocks, ``chunk`` values at a time (module docstring of
-        :mod:`diloco.algorithm.codecs`, "Speed"): per block the same mean, std, codes and one masked sum per
+        :mod:`diloco.wire.codec`, "Speed"): per block the same mean, std, codes and one masked sum per
         bin (every bin's masked rows summed by one call, each row as the reference sums it); the counts, which
         are integers, in one pass. Codes are packed a byte at a time."""
         x32 = self._as_float32(x)
@@ -264,11 +262,11 @@ class TopKCodec(Codec):
     def __init__(
         self,
         *,
-        density: float = wire_sizes.TOPK_DENSITY,
-        chunk_size: int = wire_sizes.TOPK_CHUNK,
-        value_bits: int = wire_sizes.TOPK_VALUE_BITS,
+        density: float = sizes.TOPK_DENSITY,
+        chunk_size: int = sizes.TOPK_CHUNK,
+        value_bits: int = sizes.TOPK_VALUE_BITS,
         range_sigmas: float = 6.0,
-        tables: str = wire_sizes.TOPK_TABLE,
+        tables: str = sizes.TOPK_TABLE,
     ) -> None:
         if not (isinstance(density, (int, float)) and 0.0 < density <= 1.0):
             raise ConfigError(
@@ -279,8 +277,8 @@ class TopKCodec(Codec):
             raise ConfigError(f"chunk_size must be >= 2, got {chunk_size}")
         self.density, self.chunk_size = float(density), chunk_size
         self.value_bits, self.range_sigmas = value_bits, float(range_sigmas)
-        self.index_bits = wire_sizes.topk_index_bits(chunk_size)
-        self.tables = wire_sizes.check_topk_tables(tables)
+        self.index_bits = sizes.topk_index_bits(chunk_size)
+        self.tables = sizes.check_topk_tables(tables)
         table_bits = (1 << value_bits) * 32 / chunk_size if tables == "chunk" else 0.0
         self.bits_per_value = self.density * (value_bits + self.index_bits) + table_bits
 
@@ -292,13 +290,13 @@ class TopKCodec(Codec):
 
     def k_of(self, chunk: int) -> int:
         """Values sent from a chunk of ``chunk`` values: ``ceil(density * chunk)``, at least 1, at most all."""
-        return wire_sizes.topk_k(chunk, self.density)
+        return sizes.topk_k(chunk, self.density)
 
     def num_selected(self, numel: int) -> int:
-        return wire_sizes.topk_selected(numel, density=self.density, chunk_size=self.chunk_size)
+        return sizes.topk_selected(numel, density=self.density, chunk_size=self.chunk_size)
 
     def num_bytes(self, numel: int) -> int:
-        return wire_sizes.topk_bytes(
+        return sizes.topk_bytes(
             numel, density=self.density, chunk_size=self.chunk_size, value_bits=self.value_bits, tables=self.tables
         )
 

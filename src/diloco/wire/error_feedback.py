@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from diloco.algorithm.codecs import all_finite
 from diloco.errors import ConfigError
+from diloco.wire.codec import all_finite
 
 
 def error_feedback_step_(

@@ -1,6 +1,6 @@
 """Exact payload sizes of every codec, without torch: the one place the byte counts are computed.
 
-The codecs (:mod:`diloco.algorithm.codecs`, :mod:`diloco.algorithm.compress`) answer
+The codecs (:mod:`diloco.wire.floats`, :mod:`diloco.wire.scaled`, :mod:`diloco.wire.compress`) answer
 ``num_bytes(numel)`` with these functions, and the planner (:mod:`diloco.sim.planner`, which must
 not import torch) reads its bits per parameter from :func:`payload_bytes`, so the two cannot drift.
 The default format parameters (block sizes, top-k density) live here too; the codecs' constructors
@@ -123,7 +123,7 @@ def payload_bytes(name: str, numel: int, *, topk_density: float | None = None, t
     raise ConfigError(f"unknown codec {name!r}; valid names: {', '.join(NAMES)}")
 
 
-#: Every codec name :func:`payload_bytes` knows (the same as ``diloco.algorithm.codecs.ALL_CODEC_NAMES``).
+#: Every codec name :func:`payload_bytes` knows (the same as ``diloco.wire.registry.ALL_CODEC_NAMES``).
 NAMES: tuple[str, ...] = ("fp32", "bf16", "fp8_e4m3", "int8", "fp4_e3m0", "fp4_e2m1", "stat2", "stat4", "topk")
 
 
