@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 
 from diloco.bench import write_result
+from diloco.compare import run_compare
 from diloco.files import default_cache_dir
-from diloco.train.compare import run_compare
 from diloco.train.config import TrainConfig, load_preset
 
 RESULTS = Path(__file__).parent / "results"

@@ -21,8 +21,8 @@ import argparse
 from pathlib import Path
 
 from diloco.bench import write_result
+from diloco.compare import add_relative_columns, format_table, run_compare
 from diloco.files import default_cache_dir, read_jsonl
-from diloco.train.compare import add_relative_columns, format_table, run_compare
 from diloco.train.config import TrainConfig, load_preset
 
 METHODS = {

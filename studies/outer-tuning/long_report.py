@@ -16,11 +16,11 @@ import json
 import sys
 from pathlib import Path
 
+from diloco.compare import human_bytes  # the byte counts as the demo's table prints them
 from diloco.scaling.records import paper_table4
 from diloco.scaling.sweep import model_zoo_params  # N as the sweep counts it
 from diloco.studies.outer_tuning import HERE, method_key, records
 from diloco.traffic import exchange_bytes
-from diloco.train.compare import human_bytes  # the byte counts as the demo's table prints them
 
 ROOT = HERE.parents[1]
 SUMMARY = HERE / "long-summary.json"

@@ -7,7 +7,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from diloco.train.compare import draw_loss_vs_bytes
+from diloco.compare import draw_loss_vs_bytes
 
 
 def test_zero_byte_methods_are_horizontal_lines_and_the_rest_points_on_a_log_axis():

@@ -2,9 +2,7 @@
 those inside functions too).
 
 The trainer drives a method through :mod:`diloco.train.runtime`; :mod:`diloco.decoupled` plugs into it, so
-``decoupled`` may import ``train`` and never the other way. No two packages may import each other; the
-cycles still to be removed are named in ``PENDING``, and the test fails as soon as one of them is gone
-(remove it from the list) or a new one appears.
+``decoupled`` may import ``train`` and never the other way. No two packages may import each other.
 """
 
 from __future__ import annotations
@@ -13,11 +11,6 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "src" / "diloco"
-
-#: Package pairs that still import each other (to be removed; each one named with why it is still there).
-PENDING = {
-    frozenset({"scaling", "train"}),  # diloco compare's reading note reads the scaling laws
-}
 
 
 def _module(path: Path) -> list[str]:
@@ -68,11 +61,10 @@ def test_train_never_imports_decoupled():
     assert "decoupled" not in graph["train"], "diloco.train must reach decoupled through diloco.train.runtime only"
 
 
-def test_no_two_packages_import_each_other_but_the_pending_ones():
+def test_no_two_packages_import_each_other():
     graph = package_graph()
-    cycles = {frozenset({a, b}) for a in graph for b in graph[a] if a in graph.get(b, ())}
-    assert cycles - PENDING == set(), f"new import cycles between packages: {sorted(map(sorted, cycles - PENDING))}"
-    assert PENDING - cycles == set(), f"gone (remove them from PENDING): {sorted(map(sorted, PENDING - cycles))}"
+    cycles = sorted(sorted({a, b}) for a in graph for b in graph[a] if a in graph.get(b, ()) and a < b)
+    assert cycles == [], f"packages that import each other: {cycles}"
 
 
 def test_wire_is_a_leaf_that_comm_and_algorithm_build_on():

@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from diloco.train.compare import format_report, run_compare
+    from diloco.compare import format_report, run_compare
 
     preset = load_preset(args.preset)
     names = [m.strip() for m in args.methods.split(",")] if args.methods else list(preset["methods"])

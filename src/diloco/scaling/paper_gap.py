@@ -45,7 +45,7 @@ def paper_law_gaps(num_params: float, *, replicas: Sequence[int] = (1, 2)) -> di
 def reading_note(rows: Sequence[Mapping[str, Any]]) -> str:
     """Lines printed under a comparison's table: the run's tokens per parameter, the law's gaps, where to look next.
 
-    ``rows``: :func:`diloco.train.compare.run_compare`'s, each with ``config``, ``steps`` and ``tokens``.
+    ``rows``: :func:`diloco.compare.run_compare`'s, each with ``config``, ``steps`` and ``tokens``.
     """
     from diloco.models.sizes import make_config
     from diloco.models.transformer import count_params
