@@ -149,6 +149,12 @@ class DecoupledRuntime(MethodRuntime):
 
         return decoupled_errors(cfg)
 
+    def check_inputs(self, cfg: Any, *, template: torch.nn.Module, fragments: list[list[str]] | None) -> None:
+        if not cfg.syncer:  # the syncer runs here (a site job's runs at the service, which checks its own host)
+            from diloco.decoupled.capacity import check_syncer_memory
+
+            check_syncer_memory(cfg, template, fragments)
+
     def check_reachable(self, cfg: Any) -> None:
         address = cfg.ray_address if cfg.decoupled_transport == "ray" else ""
         if cfg.syncer:

@@ -373,6 +373,9 @@ def _run(
 
     check_sources(cfg.sources)
     inputs = prepare_inputs(cfg, cache_dir)  # the data and the seeded model, as `diloco train` builds them
+    from diloco.decoupled.capacity import check_syncer_memory
+
+    check_syncer_memory(cfg, inputs.model, inputs.fragments)  # this host holds the syncer, before `out` is written
     vocab, digest = inputs.data.vocab_size, inputs.data.digest()
     started_ray = not ray.is_initialized()
     if started_ray:

@@ -110,6 +110,10 @@ class MethodRuntime:
     def check_launch(self, cfg: Any, *, torchrun: bool, sharded: bool) -> None:
         """The launch suits the method: ``torchrun`` (one process per rank) or threads, ``sharded`` workers."""
 
+    def check_inputs(self, cfg: Any, *, template: torch.nn.Module, fragments: list[list[str]] | None) -> None:
+        """The run's model (built, before the run directory is touched) suits the method's service, e.g. its host's
+        memory (a ConfigError naming what it needs and the fix otherwise)."""
+
     @contextlib.contextmanager
     def session(
         self,

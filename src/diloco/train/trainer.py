@@ -178,6 +178,7 @@ class Trainer:
         inputs = prepare_inputs(cfg, self.cache_dir)
         digest = inputs.data.digest()
         check_same_data(plan, digest, self.out_dir)  # every process, before the lead touches the run directory
+        self.runtime.check_inputs(cfg, template=inputs.model, fragments=inputs.fragments)  # e.g. the syncer's memory
         if lead:  # everything is validated and the data is ready: only now is the run directory touched
             if plan.action == "overwrite":
                 clear_run(self.out_dir)
