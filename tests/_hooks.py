@@ -1,9 +1,16 @@
-"""Trainer callbacks the tests use (see :class:`diloco.train.trainer.TrainerCallback`)."""
+"""Trainer callbacks the tests use (see :class:`diloco.train.trainer.TrainerCallback`), and a real kill -9 of a run."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
+from diloco.train import checkpoint as ckpt
 from diloco.train.trainer import TrainerCallback
 
 
@@ -27,3 +34,29 @@ class CrashAfter(TrainerCallback):
         if step >= self.step:
             self._together.wait(timeout=120)
             raise SimulatedCrash(f"stopped after step {self.step}")
+
+
+def sigkill_after_checkpoint(args: list[str], run: Path, *, step: int, log: Path, timeout: float = 120.0) -> int:
+    """Start ``python -m diloco ARGS`` (training into ``run``), SIGKILL it once its checkpoint of ``step`` (or a
+    later one) is committed; returns the newest committed step. Fails with the run's log if it ends first."""
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "diloco", *args], stdout=f, stderr=subprocess.STDOUT, env=os.environ.copy()
+        )
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if ckpt.latest_meta(run)["step"] >= step:
+                    break
+            except ValueError:
+                pass
+            assert proc.poll() is None, f"the run ended before step {step}:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"no checkpoint of step {step} in {timeout:g} s:\n{log.read_text()}"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return ckpt.latest_meta(run)["step"]

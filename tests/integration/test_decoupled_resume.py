@@ -11,11 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -115,36 +110,11 @@ def uninterrupted(tmp_path_factory, token_cache) -> Path:
     return out
 
 
-def _wait_for_checkpoint(run: Path, step: int, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if ckpt.latest_meta(run)["step"] >= step:
-                return
-        except ValueError:
-            pass
-        assert proc.poll() is None, f"the run ended before step {step}:\n{log.read_text()[-3000:]}"
-        time.sleep(0.01)
-    raise AssertionError(f"no checkpoint of step {step} within 120 s:\n{log.read_text()[-3000:]}")
-
-
 def test_killed_with_sigkill_and_resumed_it_ends_bit_identical(uninterrupted, tmp_path, token_cache):
-    killed, log = tmp_path / "killed", tmp_path / "killed.log"
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "diloco", *cli_args(killed, token_cache)],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env=os.environ.copy(),
-        )
-    try:
-        _wait_for_checkpoint(killed, 8, proc, log)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    stopped_at = ckpt.latest_meta(killed)["step"]
+    from _hooks import sigkill_after_checkpoint
+
+    killed = tmp_path / "killed"
+    stopped_at = sigkill_after_checkpoint(cli_args(killed, token_cache), killed, step=8, log=tmp_path / "killed.log")
     assert 8 <= stopped_at < SETS["steps"] and not (killed / "summary.json").exists(), "the run was not interrupted"
     assert "syncer.pt" in ckpt.latest_meta(killed)["files"]
     assert cli_main(cli_args(killed, token_cache, "--resume")) == 0

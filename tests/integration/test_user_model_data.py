@@ -8,13 +8,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pydoc
 import re
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -88,19 +83,6 @@ def _cfg(run: Path) -> TrainConfig:
     return TrainConfig.from_dict(json.loads((run / "config.json").read_text()))
 
 
-def _wait_for_step(run: Path, step: int, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if ckpt.latest_meta(run)["step"] >= step:
-                return
-        except ValueError:
-            pass
-        assert proc.poll() is None, f"the run ended before step {step}:\n{log.read_text()[-3000:]}"
-        time.sleep(0.02)
-    raise AssertionError(f"no checkpoint of step {step} within 120 s:\n{log.read_text()[-3000:]}")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["llama", "gpt2"])
 def test_hf_model_on_your_text_trains_evaluates_global_params_and_resumes_bit_identical(user, model, tmp_path):
@@ -132,22 +114,11 @@ def test_hf_model_on_your_text_trains_evaluates_global_params_and_resumes_bit_id
     assert evaluate(inputs.model, inputs.val_batches) != summary["final_eval_loss"]
 
     # 3. killed (SIGKILL) after the step-8 checkpoint, then resumed: bit-identical to the uninterrupted run
-    log = tmp_path / "killed.log"
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "diloco", *_args(user, model, killed, total)],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env=os.environ.copy(),
-        )
-    try:
-        _wait_for_step(killed, 8, proc, log)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    stopped_at = ckpt.latest_meta(killed)["step"]
+    from _hooks import sigkill_after_checkpoint
+
+    stopped_at = sigkill_after_checkpoint(
+        _args(user, model, killed, total), killed, step=8, log=tmp_path / "killed.log"
+    )
     assert 8 <= stopped_at < total, "the run was not interrupted"
     assert cli_main(_args(user, model, killed, total, "--resume")) == 0
     a, b = ckpt.load_latest(full), ckpt.load_latest(killed)
