@@ -24,7 +24,7 @@ from diloco.decoupled_choices import OUTER_SCALES, OuterScale
 from diloco.errors import ConfigError
 from diloco.layout import PATTERNS, FragmentPattern
 from diloco.methods import METHODS, WORKER_SHARDING, Method, WorkerSharding, schedule_errors
-from diloco.wire.sizes import TOPK_TABLES
+from diloco.wire.sizes import TOPK_TABLES, TopkTables
 
 
 def setting(default: Any, doc: str, *, section: str, choices: tuple[str, ...] = ()) -> Any:
@@ -51,8 +51,9 @@ _runtime = _section("evaluation, checkpoints, runtime")
 
 
 #: The choice fields whose values the config checks itself; the guard and the decoupled ones are checked by
-#: their components' check functions (:func:`~diloco.algorithm.guard.check_guard`, the decoupled runtime's).
-_CHECKED_CHOICES = ("method", "worker_sharding", "fragment_pattern", "topk_tables", "inner_optimizer")
+#: their components' check functions (:func:`~diloco.algorithm.guard.check_guard`, the decoupled runtime's,
+#: :func:`~diloco.wire.config_checks.codec_errors`).
+_CHECKED_CHOICES = ("method", "worker_sharding", "fragment_pattern", "inner_optimizer")
 
 #: ``checkpoint_every = -1`` (the default): at the first outer-sync boundary after every this many steps.
 AUTO_CHECKPOINT_STEPS = 100
@@ -123,7 +124,7 @@ class TrainConfig:
     topk_density: float = _cooperate(
         0.015625, "share of each 4096-value chunk the topk codec sends (1/64: 64 values, 12-bit indices, 2-bit values)"
     )
-    topk_tables: str = _cooperate(
+    topk_tables: TopkTables = _cooperate(
         "payload",
         "where the topk codec's 2-bit values take their bin means: payload (one table) or chunk (one per chunk, +0.03 bits)",
         choices=TOPK_TABLES,
@@ -251,7 +252,7 @@ class TrainConfig:
 
         from diloco.data.sources import TOKEN_DTYPES
         from diloco.models.sizes import SIZES, get_size
-        from diloco.wire.registry import ALL_CODEC_NAMES, CODEC_NAMES  # torch: only when a config is built
+        from diloco.wire.config_checks import codec_errors  # torch: only when a config is built
 
         for f in fields(self):  # the choices the config checks itself (the decoupled ones: their runtime's checks)
             if f.name in _CHECKED_CHOICES and getattr(self, f.name) not in f.metadata["choices"]:
@@ -261,15 +262,7 @@ class TrainConfig:
         except ValueError:
             blocks = None
             errors.append(f"size={self.size!r}: choose one of {', '.join(SIZES)}")
-        need(self.codec in ALL_CODEC_NAMES, f"codec={self.codec!r}: choose one of {', '.join(ALL_CODEC_NAMES)}")
-        need(
-            0.0 <= self.ef_decay <= 1.0,
-            f"ef_decay={self.ef_decay}: need 0 <= beta <= 1 (0 = no error feedback; SparseLoCo 0.95, MuLoCo 0.9)",
-        )
-        need(
-            0.0 < self.topk_density <= 1.0,
-            f"topk_density={self.topk_density}: need 0 < density <= 1 (the share of each chunk sent, e.g. 0.015625)",
-        )
+        errors += codec_errors(self)
         need(
             not self.eager or self.method != "dp",
             "eager=true is for method=diloco or streaming (data-parallel has no outer step to overlap)",
@@ -280,7 +273,6 @@ class TrainConfig:
             check_guard(self.guard, self.guard_ratio)
         except ValueError as exc:
             errors.append(str(exc))
-        need(self.dp_codec in CODEC_NAMES, f"dp_codec={self.dp_codec!r}: choose one of {', '.join(CODEC_NAMES)}")
         need(self.replicas >= 1, f"replicas={self.replicas}: need at least 1")
         need(self.ranks_per_worker >= 1, f"ranks_per_worker={self.ranks_per_worker}: need at least 1")
         from diloco.train.sharding import sharding_errors
