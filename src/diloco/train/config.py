@@ -24,6 +24,7 @@ from diloco.decoupled_choices import OUTER_SCALES, OuterScale
 from diloco.errors import ConfigError
 from diloco.layout import PATTERNS, FragmentPattern
 from diloco.methods import METHODS, WORKER_SHARDING, Method, WorkerSharding, schedule_errors
+from diloco.train.budget import budget_errors
 from diloco.wire.sizes import TOPK_TABLES, TopkTables
 
 
@@ -273,33 +274,20 @@ class TrainConfig:
             check_guard(self.guard, self.guard_ratio)
         except ValueError as exc:
             errors.append(str(exc))
-        need(self.replicas >= 1, f"replicas={self.replicas}: need at least 1")
-        need(self.ranks_per_worker >= 1, f"ranks_per_worker={self.ranks_per_worker}: need at least 1")
+        errors += budget_errors(self)
         from diloco.train.sharding import sharding_errors
 
         errors += sharding_errors(self)
-        ranks = self.replicas * max(1, self.ranks_per_worker)
-        need(
-            self.global_batch >= ranks and self.global_batch % ranks == 0,
-            f"global_batch={self.global_batch} must be a positive multiple of replicas={self.replicas} x "
-            f"ranks_per_worker={self.ranks_per_worker} (each replica gets global_batch / replicas sequences, "
-            f"split evenly over its ranks)",
-        )
         for f in fields(self):  # every number is finite; counts and rates are never negative
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 errors.append(f"{f.name}={value}: must be a finite number")
-        for name in ("steps", "tokens", "seed", "warmup_steps", "overlap_steps"):
+        for name in ("seed", "warmup_steps", "overlap_steps"):
             need(getattr(self, name) >= 0, f"{name}={getattr(self, name)}: must be >= 0")
-        need(self.global_batch >= 1, f"global_batch={self.global_batch}: need at least 1 sequence per step")
         for name in ("weight_decay", "grad_clip", "z_loss"):
             need(getattr(self, name) >= 0, f"{name}={getattr(self, name)}: must be >= 0 (0 turns it off)")
         for name in ("beta1", "beta2", "outer_momentum"):
             need(0.0 <= getattr(self, name) < 1.0, f"{name}={getattr(self, name)}: need 0 <= {name} < 1")
-        need(
-            (self.steps > 0) != (self.tokens > 0),
-            f"set exactly one of steps={self.steps} or tokens={self.tokens} to a positive value",
-        )
         errors += schedule_errors(
             self.sync_every, self.num_fragments, self.overlap_steps, eager=self.eager and self.method != "dp"
         )
