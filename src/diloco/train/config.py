@@ -19,11 +19,11 @@ from typing import Any
 import diloco.decoupled_choices as dc
 from diloco.algorithm.choices import INNER_OPTIMIZERS, InnerOptimizer
 from diloco.algorithm.guard import GUARD_ACTIONS, GuardAction
-from diloco.algorithm.schedule import SCHEDULE_NAMES
+from diloco.algorithm.schedule import SCHEDULE_NAMES, config_schedule_errors
 from diloco.decoupled_choices import OUTER_SCALES, OuterScale
 from diloco.errors import ConfigError
-from diloco.layout import PATTERNS, FragmentPattern
-from diloco.methods import METHODS, WORKER_SHARDING, Method, WorkerSharding, schedule_errors
+from diloco.layout import PATTERNS, FragmentPattern, fragment_errors
+from diloco.methods import METHODS, WORKER_SHARDING, Method, WorkerSharding, cooperation_errors
 from diloco.train.budget import budget_errors
 from diloco.wire.sizes import TOPK_TABLES, TopkTables
 
@@ -252,22 +252,15 @@ class TrainConfig:
                 errors.append(msg)
 
         from diloco.data.sources import TOKEN_DTYPES
-        from diloco.models.sizes import SIZES, get_size
+        from diloco.models.sizes import size_blocks
         from diloco.wire.config_checks import codec_errors  # torch: only when a config is built
 
         for f in fields(self):  # the choices the config checks itself (the decoupled ones: their runtime's checks)
             if f.name in _CHECKED_CHOICES and getattr(self, f.name) not in f.metadata["choices"]:
                 errors.append(f"{f.name}={getattr(self, f.name)!r}: choose one of {', '.join(f.metadata['choices'])}")
-        try:
-            blocks = get_size(self.size).n_layers
-        except ValueError:
-            blocks = None
-            errors.append(f"size={self.size!r}: choose one of {', '.join(SIZES)}")
+        blocks, size_errors = size_blocks(self.size)
+        errors += size_errors
         errors += codec_errors(self)
-        need(
-            not self.eager or self.method != "dp",
-            "eager=true is for method=diloco or streaming (data-parallel has no outer step to overlap)",
-        )
         try:
             from diloco.algorithm.guard import check_guard
 
@@ -282,35 +275,13 @@ class TrainConfig:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 errors.append(f"{f.name}={value}: must be a finite number")
-        for name in ("seed", "warmup_steps", "overlap_steps"):
+        for name in ("seed", "warmup_steps"):
             need(getattr(self, name) >= 0, f"{name}={getattr(self, name)}: must be >= 0")
         for name in ("weight_decay", "grad_clip", "z_loss"):
             need(getattr(self, name) >= 0, f"{name}={getattr(self, name)}: must be >= 0 (0 turns it off)")
         for name in ("beta1", "beta2", "outer_momentum"):
             need(0.0 <= getattr(self, name) < 1.0, f"{name}={getattr(self, name)}: need 0 <= {name} < 1")
-        errors += schedule_errors(
-            self.sync_every, self.num_fragments, self.overlap_steps, eager=self.eager and self.method != "dp"
-        )
-        if blocks is not None and self.num_fragments >= 2 and not self.model and not self.fragments:
-            need(
-                self.num_fragments - 1 <= blocks,
-                f"num_fragments={self.num_fragments} needs {self.num_fragments - 1} block fragments but "
-                f"size={self.size!r} has {blocks} blocks (fragment 0 holds the non-block parameters); "
-                f"use num_fragments <= {blocks + 1} or a deeper size",
-            )
-        if self.method == "diloco":
-            need(
-                self.num_fragments == 1 and (self.overlap_steps == 0 or self.eager),
-                f"method='diloco' is P=1, tau=0 (or tau=H with eager) (got num_fragments={self.num_fragments}, "
-                f"overlap_steps={self.overlap_steps}): use method='streaming' for fragments or overlap",
-            )
-        errors += _method_errors(self)
-        need(
-            self.method == "decoupled" or (self.learner == -1 and not self.syncer),
-            f"learner={self.learner}, syncer={self.syncer!r} are for method=decoupled site jobs: leave them unset "
-            f"(learner=-1, syncer='') or set method=decoupled",
-        )
-        need(0.0 <= self.merge_alpha <= 1.0, f"merge_alpha={self.merge_alpha}: need 0 <= alpha <= 1")
+        errors += cooperation_errors(self) + fragment_errors(self, blocks) + _method_errors(self)
         need(self.inner_lr > 0, f"inner_lr={self.inner_lr}: must be > 0")
         need(self.outer_lr > 0, f"outer_lr={self.outer_lr}: must be > 0")
         need(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio={self.min_lr_ratio}: need 0..1")
@@ -346,20 +317,8 @@ class TrainConfig:
             self.token_dtype in TOKEN_DTYPES,
             f"token_dtype={self.token_dtype!r}: use {' or '.join(TOKEN_DTYPES)} (the id type of your .bin files)",
         )
-        need(
-            not self.fragments or len(self.fragments) == self.num_fragments,
-            f"fragments={list(self.fragments)} names {len(self.fragments)} fragments but num_fragments="
-            f"{self.num_fragments}: give one comma-separated group of parameter-name prefixes per fragment",
-        )
-        if not errors and self.method != "dp":
-            from diloco.algorithm.schedule import resolve_schedule
-
-            try:
-                resolve_schedule(
-                    self.schedule_spec, self.sync_every, self.num_fragments, self.overlap_steps, eager=self.eager
-                )
-            except ValueError as exc:
-                errors.append(f"schedule={self.schedule!r}: {exc}")
+        if not errors:  # the schedule resolves only against valid H, P and tau
+            errors += config_schedule_errors(self)
         if errors:
             raise ConfigError("invalid training config:\n  " + "\n  ".join(errors))
 
