@@ -25,6 +25,7 @@ from diloco.errors import ConfigError
 from diloco.layout import PATTERNS, FragmentPattern, fragment_errors
 from diloco.methods import METHODS, WORKER_SHARDING, Method, WorkerSharding, cooperation_errors
 from diloco.train.budget import budget_errors
+from diloco.train.lr import optimizer_errors
 from diloco.wire.sizes import TOPK_TABLES, TopkTables
 
 
@@ -275,17 +276,10 @@ class TrainConfig:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 errors.append(f"{f.name}={value}: must be a finite number")
-        for name in ("seed", "warmup_steps"):
+        for name in ("seed",):
             need(getattr(self, name) >= 0, f"{name}={getattr(self, name)}: must be >= 0")
-        for name in ("weight_decay", "grad_clip", "z_loss"):
-            need(getattr(self, name) >= 0, f"{name}={getattr(self, name)}: must be >= 0 (0 turns it off)")
-        for name in ("beta1", "beta2", "outer_momentum"):
-            need(0.0 <= getattr(self, name) < 1.0, f"{name}={getattr(self, name)}: need 0 <= {name} < 1")
+        errors += optimizer_errors(self)
         errors += cooperation_errors(self) + fragment_errors(self, blocks) + _method_errors(self)
-        need(self.inner_lr > 0, f"inner_lr={self.inner_lr}: must be > 0")
-        need(self.outer_lr > 0, f"outer_lr={self.outer_lr}: must be > 0")
-        need(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio={self.min_lr_ratio}: need 0..1")
-        need(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps}: must be >= 0")
         need(
             self.eval_every >= 1 and self.eval_batches >= 1,
             f"eval_every={self.eval_every}, eval_batches={self.eval_batches}: both must be >= 1",
