@@ -25,7 +25,9 @@ from diloco.errors import ConfigError
 from diloco.layout import PATTERNS, FragmentPattern, fragment_errors
 from diloco.methods import METHODS, WORKER_SHARDING, Method, WorkerSharding, cooperation_errors
 from diloco.train.budget import budget_errors
+from diloco.train.divergence import evaluation_errors
 from diloco.train.lr import optimizer_errors
+from diloco.train.threads import threads_errors
 from diloco.wire.sizes import TOPK_TABLES, TopkTables
 
 
@@ -252,8 +254,9 @@ class TrainConfig:
             if not ok:
                 errors.append(msg)
 
-        from diloco.data.sources import TOKEN_DTYPES
+        from diloco.data.sources import data_errors
         from diloco.models.sizes import size_blocks
+        from diloco.train.checkpoint import checkpoint_errors
         from diloco.wire.config_checks import codec_errors  # torch: only when a config is built
 
         for f in fields(self):  # the choices the config checks itself (the decoupled ones: their runtime's checks)
@@ -276,41 +279,14 @@ class TrainConfig:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 errors.append(f"{f.name}={value}: must be a finite number")
-        for name in ("seed",):
-            need(getattr(self, name) >= 0, f"{name}={getattr(self, name)}: must be >= 0")
         errors += optimizer_errors(self)
         errors += cooperation_errors(self) + fragment_errors(self, blocks) + _method_errors(self)
-        need(
-            self.eval_every >= 1 and self.eval_batches >= 1,
-            f"eval_every={self.eval_every}, eval_batches={self.eval_batches}: both must be >= 1",
-        )
         need(
             self.step_time >= 0 and math.isfinite(self.step_time),
             f"step_time={self.step_time}: give seconds >= 0 (0: no padding)",
         )
         errors += _slowdown_errors(self)
-        need(
-            self.checkpoint_every >= -1,
-            f"checkpoint_every={self.checkpoint_every}: steps between checkpoints, 0 = only at the end, "
-            f"-1 = auto (every {AUTO_CHECKPOINT_STEPS} steps, rounded up to an outer-sync boundary)",
-        )
-        need(
-            self.diverge_factor == 0 or self.diverge_factor > 1,
-            f"diverge_factor={self.diverge_factor}: give a factor > 1 (default 3: stop when an evaluation loss "
-            f"exceeds 3 x min(first evaluation, ln vocab_size)) or 0 to turn the divergence guard off",
-        )
-        need(self.keep_checkpoints >= 1, f"keep_checkpoints={self.keep_checkpoints}: keep at least 1 (default 2)")
-        need(self.threads >= 0, f"threads={self.threads}: must be >= 0 (0 = auto)")
-        need(
-            self.seq_len >= 8 and self.vocab_size >= 260,
-            f"seq_len={self.seq_len}, vocab_size={self.vocab_size}: need seq_len >= 8 and vocab_size >= 260 "
-            f"(a byte-level tokenizer needs 256 byte tokens + specials)",
-        )
-        need(0.0 < self.val_fraction < 0.5, f"val_fraction={self.val_fraction}: need 0 < v < 0.5")
-        need(
-            self.token_dtype in TOKEN_DTYPES,
-            f"token_dtype={self.token_dtype!r}: use {' or '.join(TOKEN_DTYPES)} (the id type of your .bin files)",
-        )
+        errors += evaluation_errors(self) + checkpoint_errors(self) + threads_errors(self) + data_errors(self)
         if not errors:  # the schedule resolves only against valid H, P and tau
             errors += config_schedule_errors(self)
         if errors:
