@@ -257,6 +257,7 @@ class TrainConfig:
         from diloco.data.sources import data_errors
         from diloco.models.sizes import size_blocks
         from diloco.train.checkpoint import checkpoint_errors
+        from diloco.train.pace import pace_errors  # the trainer's callback: after torch, nearly free
         from diloco.wire.config_checks import codec_errors  # torch: only when a config is built
 
         for f in fields(self):  # the choices the config checks itself (the decoupled ones: their runtime's checks)
@@ -281,11 +282,7 @@ class TrainConfig:
                 errors.append(f"{f.name}={value}: must be a finite number")
         errors += optimizer_errors(self)
         errors += cooperation_errors(self) + fragment_errors(self, blocks) + _method_errors(self)
-        need(
-            self.step_time >= 0 and math.isfinite(self.step_time),
-            f"step_time={self.step_time}: give seconds >= 0 (0: no padding)",
-        )
-        errors += _slowdown_errors(self)
+        errors += pace_errors(self)
         errors += evaluation_errors(self) + checkpoint_errors(self) + threads_errors(self) + data_errors(self)
         if not errors:  # the schedule resolves only against valid H, P and tau
             errors += config_schedule_errors(self)
@@ -386,19 +383,6 @@ class TrainConfig:
 
     def with_overrides(self, overrides: dict[str, Any]) -> TrainConfig:
         return TrainConfig.from_dict({**self.to_dict(), **overrides})
-
-
-def _slowdown_errors(cfg: TrainConfig) -> list[str]:
-    try:
-        factors = cfg.slowdown_factors
-    except ValueError:
-        return [f"slowdown={cfg.slowdown!r}: give numbers separated by commas, e.g. 1,1,3 (one per replica)"]
-    if factors and (len(factors) != cfg.replicas or min(factors) < 1 or not all(map(math.isfinite, factors))):
-        example = ",".join(["1"] * (cfg.replicas - 1) + ["3"])
-        return [
-            f"slowdown={cfg.slowdown!r}: give one factor >= 1 per replica ({cfg.replicas} replicas), e.g. {example}"
-        ]
-    return []
 
 
 def _method_errors(cfg: TrainConfig) -> list[str]:
