@@ -18,7 +18,7 @@ from typing import Any
 
 import diloco.decoupled_choices as dc
 from diloco.algorithm.choices import INNER_OPTIMIZERS, InnerOptimizer
-from diloco.algorithm.guard import GUARD_ACTIONS, GuardAction
+from diloco.algorithm.guard import GUARD_ACTIONS, GuardAction, guard_errors
 from diloco.algorithm.schedule import SCHEDULE_NAMES, config_schedule_errors
 from diloco.decoupled_choices import OUTER_SCALES, OuterScale
 from diloco.errors import ConfigError
@@ -248,34 +248,20 @@ class TrainConfig:
     tensorboard: bool = _runtime(False, "also write TensorBoard event files to OUT/tb")
 
     def __post_init__(self) -> None:
-        errors: list[str] = []
-
-        def need(ok: bool, msg: str) -> None:
-            if not ok:
-                errors.append(msg)
-
         from diloco.data.sources import data_errors
         from diloco.models.sizes import size_blocks
         from diloco.train.checkpoint import checkpoint_errors
         from diloco.train.pace import pace_errors  # the trainer's callback: after torch, nearly free
+        from diloco.train.sharding import sharding_errors
         from diloco.wire.config_checks import codec_errors  # torch: only when a config is built
 
-        for f in fields(self):  # the choices the config checks itself (the decoupled ones: their runtime's checks)
-            if f.name in _CHECKED_CHOICES and getattr(self, f.name) not in f.metadata["choices"]:
-                errors.append(f"{f.name}={getattr(self, f.name)!r}: choose one of {', '.join(f.metadata['choices'])}")
+        errors = [  # the choices the config checks itself (the others: their components' checks)
+            f"{f.name}={getattr(self, f.name)!r}: choose one of {', '.join(f.metadata['choices'])}"
+            for f in fields(self)
+            if f.name in _CHECKED_CHOICES and getattr(self, f.name) not in f.metadata["choices"]
+        ]
         blocks, size_errors = size_blocks(self.size)
-        errors += size_errors
-        errors += codec_errors(self)
-        try:
-            from diloco.algorithm.guard import check_guard
-
-            check_guard(self.guard, self.guard_ratio)
-        except ValueError as exc:
-            errors.append(str(exc))
-        errors += budget_errors(self)
-        from diloco.train.sharding import sharding_errors
-
-        errors += sharding_errors(self)
+        errors += size_errors + codec_errors(self) + guard_errors(self) + budget_errors(self) + sharding_errors(self)
         for f in fields(self):  # every number is finite; counts and rates are never negative
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
