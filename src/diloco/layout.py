@@ -14,7 +14,7 @@ default) or in contiguous runs differing in length by at most one
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from diloco.errors import ConfigError
 
@@ -63,4 +63,33 @@ def block_fragments(num_blocks: int, num_fragments: int, pattern: str = "strided
     return [1 + g for g in block_groups(L, P - 1, pattern)]
 
 
-__all__ = ["NON_BLOCK_FRAGMENT", "PATTERNS", "FragmentPattern", "block_fragments", "block_groups", "check_pattern"]
+def fragment_errors(cfg: Any, blocks: int | None) -> list[str]:
+    """What is wrong with a training config's fragments (each message names the value and the fix).
+
+    ``blocks``: the blocks of the config's model size (None: unknown, not checked against).
+    """
+    errors = []
+    if blocks is not None and cfg.num_fragments >= 2 and not cfg.model and not cfg.fragments:
+        if cfg.num_fragments - 1 > blocks:
+            errors.append(
+                f"num_fragments={cfg.num_fragments} needs {cfg.num_fragments - 1} block fragments but "
+                f"size={cfg.size!r} has {blocks} blocks (fragment 0 holds the non-block parameters); "
+                f"use num_fragments <= {blocks + 1} or a deeper size"
+            )
+    if cfg.fragments and len(cfg.fragments) != cfg.num_fragments:
+        errors.append(
+            f"fragments={list(cfg.fragments)} names {len(cfg.fragments)} fragments but num_fragments="
+            f"{cfg.num_fragments}: give one comma-separated group of parameter-name prefixes per fragment"
+        )
+    return errors
+
+
+__all__ = [
+    "NON_BLOCK_FRAGMENT",
+    "PATTERNS",
+    "FragmentPattern",
+    "block_fragments",
+    "block_groups",
+    "check_pattern",
+    "fragment_errors",
+]

@@ -16,7 +16,7 @@ blocks) is :mod:`diloco.layout`.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from diloco.errors import ConfigError
 
@@ -78,6 +78,38 @@ def schedule_errors(sync_every: int, num_fragments: int, overlap_steps: int, *, 
     return errors
 
 
+def cooperation_errors(cfg: Any) -> list[str]:
+    """What is wrong with a training config's method, H, P, tau, eager and alpha (each message names the value
+    and the fix); the fragments themselves: :func:`diloco.layout.fragment_errors`."""
+    errors: list[str] = []
+
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            errors.append(msg)
+
+    need(
+        not cfg.eager or cfg.method != "dp",
+        "eager=true is for method=diloco or streaming (data-parallel has no outer step to overlap)",
+    )
+    need(cfg.overlap_steps >= 0, f"overlap_steps={cfg.overlap_steps}: must be >= 0")
+    errors += schedule_errors(
+        cfg.sync_every, cfg.num_fragments, cfg.overlap_steps, eager=cfg.eager and cfg.method != "dp"
+    )
+    if cfg.method == "diloco":
+        need(
+            cfg.num_fragments == 1 and (cfg.overlap_steps == 0 or cfg.eager),
+            f"method='diloco' is P=1, tau=0 (or tau=H with eager) (got num_fragments={cfg.num_fragments}, "
+            f"overlap_steps={cfg.overlap_steps}): use method='streaming' for fragments or overlap",
+        )
+    need(
+        cfg.method == "decoupled" or (cfg.learner == -1 and not cfg.syncer),
+        f"learner={cfg.learner}, syncer={cfg.syncer!r} are for method=decoupled site jobs: leave them unset "
+        f"(learner=-1, syncer='') or set method=decoupled",
+    )
+    need(0.0 <= cfg.merge_alpha <= 1.0, f"merge_alpha={cfg.merge_alpha}: need 0 <= alpha <= 1")
+    return errors
+
+
 __all__ = [
     "METHODS",
     "SYNCHRONOUS_METHODS",
@@ -86,5 +118,6 @@ __all__ = [
     "SynchronousMethod",
     "WorkerSharding",
     "check_method",
+    "cooperation_errors",
     "schedule_errors",
 ]

@@ -77,6 +77,15 @@ def check_guard(action: str, max_ratio: float) -> None:
         )
 
 
+def guard_errors(cfg: Any) -> list[str]:
+    """:func:`check_guard` on a training config's ``guard`` and ``guard_ratio``, as the config's messages."""
+    try:
+        check_guard(cfg.guard, cfg.guard_ratio)
+    except ValueError as exc:
+        return [str(exc)]
+    return []
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What the guard made of one outer gradient: ``action`` is ``"accept"``, ``"drop"`` or ``"clip"``;
@@ -256,6 +265,7 @@ __all__ = [
     "NormGuard",
     "Verdict",
     "check_guard",
+    "guard_errors",
     "judge",
     "reference_norm",
 ]

@@ -59,7 +59,7 @@ Any other timing is ``schedule=(o_0, ..., o_{P-1})``, each offset in 1..H.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from diloco.errors import ConfigError
 from diloco.methods import schedule_errors
@@ -201,3 +201,14 @@ def resolve_schedule(
     if not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets):
         raise ConfigError(f"schedule offsets {offsets!r} must be integers (inner steps 1..{H})")
     return Schedule(H, P, tau, offsets=offsets, eager=eager)
+
+
+def config_schedule_errors(cfg: Any) -> list[str]:
+    """What is wrong with a training config's ``schedule`` once its H, P and tau are valid (dp has none)."""
+    if cfg.method == "dp":
+        return []
+    try:
+        resolve_schedule(cfg.schedule_spec, cfg.sync_every, cfg.num_fragments, cfg.overlap_steps, eager=cfg.eager)
+    except ValueError as exc:
+        return [f"schedule={cfg.schedule!r}: {exc}"]
+    return []

@@ -43,7 +43,29 @@ from diloco.data.shards import TokenData, prepare_tokens
 from diloco.data.tokenizer import load_tokenizer_file
 from diloco.errors import ConfigError
 
+
+def data_errors(cfg: Any) -> list[str]:
+    """What is wrong with a training config's sequences, vocabulary, split, token files and data order (each
+    message names the value and the fix)."""
+    errors = []
+    if cfg.seed < 0:
+        errors.append(f"seed={cfg.seed}: must be >= 0")
+    if not (cfg.seq_len >= 8 and cfg.vocab_size >= 260):
+        errors.append(
+            f"seq_len={cfg.seq_len}, vocab_size={cfg.vocab_size}: need seq_len >= 8 and vocab_size >= 260 "
+            f"(a byte-level tokenizer needs 256 byte tokens + specials)"
+        )
+    if not 0.0 < cfg.val_fraction < 0.5:
+        errors.append(f"val_fraction={cfg.val_fraction}: need 0 < v < 0.5")
+    if cfg.token_dtype not in TOKEN_DTYPES:
+        errors.append(
+            f"token_dtype={cfg.token_dtype!r}: use {' or '.join(TOKEN_DTYPES)} (the id type of your .bin files)"
+        )
+    return errors
+
+
 __all__ = [
+    "data_errors",
     "TEXT_SUFFIXES",
     "TOKEN_SUFFIXES",
     "are_token_files",

@@ -83,6 +83,14 @@ def get_size(name: str) -> ModelShape:
     raise ConfigError(f"unknown model size {name!r}: choose one of {', '.join(SIZES)}")
 
 
+def size_blocks(name: str) -> tuple[int | None, list[str]]:
+    """The blocks of size ``name`` and the config's messages: ``(n_layers, [])``, or ``(None, [what to choose])``."""
+    try:
+        return get_size(name).n_layers, []
+    except ValueError:
+        return None, [f"size={name!r}: choose one of {', '.join(SIZES)}"]
+
+
 def make_config(
     size_name: str, *, vocab_size: int | None = None, seq_len: int | None = None, **overrides: Any
 ) -> ModelConfig:

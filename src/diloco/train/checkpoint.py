@@ -293,7 +293,24 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
 
 
+def checkpoint_errors(cfg: Any) -> list[str]:
+    """What is wrong with a training config's checkpoint cadence and retention (each message names the value and
+    the fix)."""
+    from diloco.train.config import AUTO_CHECKPOINT_STEPS
+
+    errors = []
+    if cfg.checkpoint_every < -1:
+        errors.append(
+            f"checkpoint_every={cfg.checkpoint_every}: steps between checkpoints, 0 = only at the end, "
+            f"-1 = auto (every {AUTO_CHECKPOINT_STEPS} steps, rounded up to an outer-sync boundary)"
+        )
+    if cfg.keep_checkpoints < 1:
+        errors.append(f"keep_checkpoints={cfg.keep_checkpoints}: keep at least 1 (default 2)")
+    return errors
+
+
 __all__ = [
+    "checkpoint_errors",
     "CheckpointError",
     "Resumable",
     "checkpoint_dir",

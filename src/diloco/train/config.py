@@ -18,13 +18,17 @@ from typing import Any
 
 import diloco.decoupled_choices as dc
 from diloco.algorithm.choices import INNER_OPTIMIZERS, InnerOptimizer
-from diloco.algorithm.guard import GUARD_ACTIONS, GuardAction
-from diloco.algorithm.schedule import SCHEDULE_NAMES
+from diloco.algorithm.guard import GUARD_ACTIONS, GuardAction, guard_errors
+from diloco.algorithm.schedule import SCHEDULE_NAMES, config_schedule_errors
 from diloco.decoupled_choices import OUTER_SCALES, OuterScale
 from diloco.errors import ConfigError
-from diloco.layout import PATTERNS, FragmentPattern
-from diloco.methods import METHODS, WORKER_SHARDING, Method, WorkerSharding, schedule_errors
-from diloco.wire.sizes import TOPK_TABLES
+from diloco.layout import PATTERNS, FragmentPattern, fragment_errors
+from diloco.methods import METHODS, WORKER_SHARDING, Method, WorkerSharding, cooperation_errors
+from diloco.train.budget import budget_errors
+from diloco.train.divergence import evaluation_errors
+from diloco.train.lr import optimizer_errors
+from diloco.train.threads import threads_errors
+from diloco.wire.sizes import TOPK_TABLES, TopkTables
 
 
 def setting(default: Any, doc: str, *, section: str, choices: tuple[str, ...] = ()) -> Any:
@@ -51,8 +55,9 @@ _runtime = _section("evaluation, checkpoints, runtime")
 
 
 #: The choice fields whose values the config checks itself; the guard and the decoupled ones are checked by
-#: their components' check functions (:func:`~diloco.algorithm.guard.check_guard`, the decoupled runtime's).
-_CHECKED_CHOICES = ("method", "worker_sharding", "fragment_pattern", "topk_tables", "inner_optimizer")
+#: their components' check functions (:func:`~diloco.algorithm.guard.check_guard`, the decoupled runtime's,
+#: :func:`~diloco.wire.config_checks.codec_errors`).
+_CHECKED_CHOICES = ("method", "worker_sharding", "fragment_pattern", "inner_optimizer")
 
 #: ``checkpoint_every = -1`` (the default): at the first outer-sync boundary after every this many steps.
 AUTO_CHECKPOINT_STEPS = 100
@@ -123,7 +128,7 @@ class TrainConfig:
     topk_density: float = _cooperate(
         0.015625, "share of each 4096-value chunk the topk codec sends (1/64: 64 values, 12-bit indices, 2-bit values)"
     )
-    topk_tables: str = _cooperate(
+    topk_tables: TopkTables = _cooperate(
         "payload",
         "where the topk codec's 2-bit values take their bin means: payload (one table) or chunk (one per chunk, +0.03 bits)",
         choices=TOPK_TABLES,
@@ -243,143 +248,30 @@ class TrainConfig:
     tensorboard: bool = _runtime(False, "also write TensorBoard event files to OUT/tb")
 
     def __post_init__(self) -> None:
-        errors: list[str] = []
-
-        def need(ok: bool, msg: str) -> None:
-            if not ok:
-                errors.append(msg)
-
-        from diloco.data.sources import TOKEN_DTYPES
-        from diloco.models.sizes import SIZES, get_size
-        from diloco.wire.registry import ALL_CODEC_NAMES, CODEC_NAMES  # torch: only when a config is built
-
-        for f in fields(self):  # the choices the config checks itself (the decoupled ones: their runtime's checks)
-            if f.name in _CHECKED_CHOICES and getattr(self, f.name) not in f.metadata["choices"]:
-                errors.append(f"{f.name}={getattr(self, f.name)!r}: choose one of {', '.join(f.metadata['choices'])}")
-        try:
-            blocks = get_size(self.size).n_layers
-        except ValueError:
-            blocks = None
-            errors.append(f"size={self.size!r}: choose one of {', '.join(SIZES)}")
-        need(self.codec in ALL_CODEC_NAMES, f"codec={self.codec!r}: choose one of {', '.join(ALL_CODEC_NAMES)}")
-        need(
-            0.0 <= self.ef_decay <= 1.0,
-            f"ef_decay={self.ef_decay}: need 0 <= beta <= 1 (0 = no error feedback; SparseLoCo 0.95, MuLoCo 0.9)",
-        )
-        need(
-            0.0 < self.topk_density <= 1.0,
-            f"topk_density={self.topk_density}: need 0 < density <= 1 (the share of each chunk sent, e.g. 0.015625)",
-        )
-        need(
-            not self.eager or self.method != "dp",
-            "eager=true is for method=diloco or streaming (data-parallel has no outer step to overlap)",
-        )
-        try:
-            from diloco.algorithm.guard import check_guard
-
-            check_guard(self.guard, self.guard_ratio)
-        except ValueError as exc:
-            errors.append(str(exc))
-        need(self.dp_codec in CODEC_NAMES, f"dp_codec={self.dp_codec!r}: choose one of {', '.join(CODEC_NAMES)}")
-        need(self.replicas >= 1, f"replicas={self.replicas}: need at least 1")
-        need(self.ranks_per_worker >= 1, f"ranks_per_worker={self.ranks_per_worker}: need at least 1")
+        from diloco.data.sources import data_errors
+        from diloco.models.sizes import size_blocks
+        from diloco.train.checkpoint import checkpoint_errors
+        from diloco.train.pace import pace_errors  # the trainer's callback: after torch, nearly free
         from diloco.train.sharding import sharding_errors
+        from diloco.wire.config_checks import codec_errors  # torch: only when a config is built
 
-        errors += sharding_errors(self)
-        ranks = self.replicas * max(1, self.ranks_per_worker)
-        need(
-            self.global_batch >= ranks and self.global_batch % ranks == 0,
-            f"global_batch={self.global_batch} must be a positive multiple of replicas={self.replicas} x "
-            f"ranks_per_worker={self.ranks_per_worker} (each replica gets global_batch / replicas sequences, "
-            f"split evenly over its ranks)",
-        )
+        errors = [  # the choices the config checks itself (the others: their components' checks)
+            f"{f.name}={getattr(self, f.name)!r}: choose one of {', '.join(f.metadata['choices'])}"
+            for f in fields(self)
+            if f.name in _CHECKED_CHOICES and getattr(self, f.name) not in f.metadata["choices"]
+        ]
+        blocks, size_errors = size_blocks(self.size)
+        errors += size_errors + codec_errors(self) + guard_errors(self) + budget_errors(self) + sharding_errors(self)
         for f in fields(self):  # every number is finite; counts and rates are never negative
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 errors.append(f"{f.name}={value}: must be a finite number")
-        for name in ("steps", "tokens", "seed", "warmup_steps", "overlap_steps"):
-            need(getattr(self, name) >= 0, f"{name}={getattr(self, name)}: must be >= 0")
-        need(self.global_batch >= 1, f"global_batch={self.global_batch}: need at least 1 sequence per step")
-        for name in ("weight_decay", "grad_clip", "z_loss"):
-            need(getattr(self, name) >= 0, f"{name}={getattr(self, name)}: must be >= 0 (0 turns it off)")
-        for name in ("beta1", "beta2", "outer_momentum"):
-            need(0.0 <= getattr(self, name) < 1.0, f"{name}={getattr(self, name)}: need 0 <= {name} < 1")
-        need(
-            (self.steps > 0) != (self.tokens > 0),
-            f"set exactly one of steps={self.steps} or tokens={self.tokens} to a positive value",
-        )
-        errors += schedule_errors(
-            self.sync_every, self.num_fragments, self.overlap_steps, eager=self.eager and self.method != "dp"
-        )
-        if blocks is not None and self.num_fragments >= 2 and not self.model and not self.fragments:
-            need(
-                self.num_fragments - 1 <= blocks,
-                f"num_fragments={self.num_fragments} needs {self.num_fragments - 1} block fragments but "
-                f"size={self.size!r} has {blocks} blocks (fragment 0 holds the non-block parameters); "
-                f"use num_fragments <= {blocks + 1} or a deeper size",
-            )
-        if self.method == "diloco":
-            need(
-                self.num_fragments == 1 and (self.overlap_steps == 0 or self.eager),
-                f"method='diloco' is P=1, tau=0 (or tau=H with eager) (got num_fragments={self.num_fragments}, "
-                f"overlap_steps={self.overlap_steps}): use method='streaming' for fragments or overlap",
-            )
-        errors += _method_errors(self)
-        need(
-            self.method == "decoupled" or (self.learner == -1 and not self.syncer),
-            f"learner={self.learner}, syncer={self.syncer!r} are for method=decoupled site jobs: leave them unset "
-            f"(learner=-1, syncer='') or set method=decoupled",
-        )
-        need(0.0 <= self.merge_alpha <= 1.0, f"merge_alpha={self.merge_alpha}: need 0 <= alpha <= 1")
-        need(self.inner_lr > 0, f"inner_lr={self.inner_lr}: must be > 0")
-        need(self.outer_lr > 0, f"outer_lr={self.outer_lr}: must be > 0")
-        need(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio={self.min_lr_ratio}: need 0..1")
-        need(self.warmup_steps >= 0, f"warmup_steps={self.warmup_steps}: must be >= 0")
-        need(
-            self.eval_every >= 1 and self.eval_batches >= 1,
-            f"eval_every={self.eval_every}, eval_batches={self.eval_batches}: both must be >= 1",
-        )
-        need(
-            self.step_time >= 0 and math.isfinite(self.step_time),
-            f"step_time={self.step_time}: give seconds >= 0 (0: no padding)",
-        )
-        errors += _slowdown_errors(self)
-        need(
-            self.checkpoint_every >= -1,
-            f"checkpoint_every={self.checkpoint_every}: steps between checkpoints, 0 = only at the end, "
-            f"-1 = auto (every {AUTO_CHECKPOINT_STEPS} steps, rounded up to an outer-sync boundary)",
-        )
-        need(
-            self.diverge_factor == 0 or self.diverge_factor > 1,
-            f"diverge_factor={self.diverge_factor}: give a factor > 1 (default 3: stop when an evaluation loss "
-            f"exceeds 3 x min(first evaluation, ln vocab_size)) or 0 to turn the divergence guard off",
-        )
-        need(self.keep_checkpoints >= 1, f"keep_checkpoints={self.keep_checkpoints}: keep at least 1 (default 2)")
-        need(self.threads >= 0, f"threads={self.threads}: must be >= 0 (0 = auto)")
-        need(
-            self.seq_len >= 8 and self.vocab_size >= 260,
-            f"seq_len={self.seq_len}, vocab_size={self.vocab_size}: need seq_len >= 8 and vocab_size >= 260 "
-            f"(a byte-level tokenizer needs 256 byte tokens + specials)",
-        )
-        need(0.0 < self.val_fraction < 0.5, f"val_fraction={self.val_fraction}: need 0 < v < 0.5")
-        need(
-            self.token_dtype in TOKEN_DTYPES,
-            f"token_dtype={self.token_dtype!r}: use {' or '.join(TOKEN_DTYPES)} (the id type of your .bin files)",
-        )
-        need(
-            not self.fragments or len(self.fragments) == self.num_fragments,
-            f"fragments={list(self.fragments)} names {len(self.fragments)} fragments but num_fragments="
-            f"{self.num_fragments}: give one comma-separated group of parameter-name prefixes per fragment",
-        )
-        if not errors and self.method != "dp":
-            from diloco.algorithm.schedule import resolve_schedule
-
-            try:
-                resolve_schedule(
-                    self.schedule_spec, self.sync_every, self.num_fragments, self.overlap_steps, eager=self.eager
-                )
-            except ValueError as exc:
-                errors.append(f"schedule={self.schedule!r}: {exc}")
+        errors += optimizer_errors(self)
+        errors += cooperation_errors(self) + fragment_errors(self, blocks) + _method_errors(self)
+        errors += pace_errors(self)
+        errors += evaluation_errors(self) + checkpoint_errors(self) + threads_errors(self) + data_errors(self)
+        if not errors:  # the schedule resolves only against valid H, P and tau
+            errors += config_schedule_errors(self)
         if errors:
             raise ConfigError("invalid training config:\n  " + "\n  ".join(errors))
 
@@ -477,19 +369,6 @@ class TrainConfig:
 
     def with_overrides(self, overrides: dict[str, Any]) -> TrainConfig:
         return TrainConfig.from_dict({**self.to_dict(), **overrides})
-
-
-def _slowdown_errors(cfg: TrainConfig) -> list[str]:
-    try:
-        factors = cfg.slowdown_factors
-    except ValueError:
-        return [f"slowdown={cfg.slowdown!r}: give numbers separated by commas, e.g. 1,1,3 (one per replica)"]
-    if factors and (len(factors) != cfg.replicas or min(factors) < 1 or not all(map(math.isfinite, factors))):
-        example = ",".join(["1"] * (cfg.replicas - 1) + ["3"])
-        return [
-            f"slowdown={cfg.slowdown!r}: give one factor >= 1 per replica ({cfg.replicas} replicas), e.g. {example}"
-        ]
-    return []
 
 
 def _method_errors(cfg: TrainConfig) -> list[str]:

@@ -94,4 +94,18 @@ class DivergenceGuard:
         )
 
 
-__all__ = ["DivergenceError", "DivergenceGuard", "check_training_loss", "likely_causes"]
+def evaluation_errors(cfg: Any) -> list[str]:
+    """What is wrong with a training config's evaluations and its divergence guard (each message names the value
+    and the fix)."""
+    errors = []
+    if not (cfg.eval_every >= 1 and cfg.eval_batches >= 1):
+        errors.append(f"eval_every={cfg.eval_every}, eval_batches={cfg.eval_batches}: both must be >= 1")
+    if not (cfg.diverge_factor == 0 or cfg.diverge_factor > 1):
+        errors.append(
+            f"diverge_factor={cfg.diverge_factor}: give a factor > 1 (default 3: stop when an evaluation loss "
+            f"exceeds 3 x min(first evaluation, ln vocab_size)) or 0 to turn the divergence guard off"
+        )
+    return errors
+
+
+__all__ = ["DivergenceError", "DivergenceGuard", "check_training_loss", "evaluation_errors", "likely_causes"]

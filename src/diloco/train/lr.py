@@ -1,12 +1,15 @@
-"""The inner learning rate at each step: linear warmup, then cosine decay (the papers' schedule)."""
+"""The inner learning rate at each step: linear warmup, then cosine decay (the papers' schedule), and the
+optimizers' numeric settings the config checks (:func:`optimizer_errors`; torch-free, as the config is)."""
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
-from diloco.train.config import TrainConfig
+if TYPE_CHECKING:
+    from diloco.train.config import TrainConfig
 
-__all__ = ["cosine_lr", "lr_at"]
+__all__ = ["cosine_lr", "lr_at", "optimizer_errors"]
 
 
 def cosine_lr(step: int, *, peak: float, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
@@ -29,3 +32,22 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
         total_steps=cfg.total_steps,
         min_lr_ratio=cfg.min_lr_ratio,
     )
+
+
+def optimizer_errors(cfg: Any) -> list[str]:
+    """What is wrong with the inner and outer optimizers' numbers (each message names the value and the fix)."""
+    errors: list[str] = []
+
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            errors.append(msg)
+
+    need(cfg.warmup_steps >= 0, f"warmup_steps={cfg.warmup_steps}: must be >= 0")
+    for name in ("weight_decay", "grad_clip", "z_loss"):
+        need(getattr(cfg, name) >= 0, f"{name}={getattr(cfg, name)}: must be >= 0 (0 turns it off)")
+    for name in ("beta1", "beta2", "outer_momentum"):
+        need(0.0 <= getattr(cfg, name) < 1.0, f"{name}={getattr(cfg, name)}: need 0 <= {name} < 1")
+    need(cfg.inner_lr > 0, f"inner_lr={cfg.inner_lr}: must be > 0")
+    need(cfg.outer_lr > 0, f"outer_lr={cfg.outer_lr}: must be > 0")
+    need(0.0 <= cfg.min_lr_ratio <= 1.0, f"min_lr_ratio={cfg.min_lr_ratio}: need 0..1")
+    return errors

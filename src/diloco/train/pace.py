@@ -14,6 +14,7 @@ a straggler holds up every sync (the others wait for it); for ``method=decoupled
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -45,4 +46,22 @@ def pace_for(cfg: Any) -> Pace | None:
     return Pace(step_time_s=cfg.step_time, slowdown=factors)
 
 
-__all__ = ["Pace", "pace_for"]
+def pace_errors(cfg: Any) -> list[str]:
+    """What is wrong with a training config's ``step_time`` and ``slowdown`` (each message names the value and
+    the fix)."""
+    errors = []
+    if not (cfg.step_time >= 0 and math.isfinite(cfg.step_time)):
+        errors.append(f"step_time={cfg.step_time}: give seconds >= 0 (0: no padding)")
+    try:
+        factors = cfg.slowdown_factors
+    except ValueError:
+        return [*errors, f"slowdown={cfg.slowdown!r}: give numbers separated by commas, e.g. 1,1,3 (one per replica)"]
+    if factors and (len(factors) != cfg.replicas or min(factors) < 1 or not all(map(math.isfinite, factors))):
+        example = ",".join(["1"] * (cfg.replicas - 1) + ["3"])
+        errors.append(
+            f"slowdown={cfg.slowdown!r}: give one factor >= 1 per replica ({cfg.replicas} replicas), e.g. {example}"
+        )
+    return errors
+
+
+__all__ = ["Pace", "pace_errors", "pace_for"]

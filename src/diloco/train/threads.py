@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from typing import Any
 
 from diloco.errors import ConfigError
 
@@ -82,4 +83,9 @@ def default_threads(replicas: int, *, cores: int | None = None, busy: float | No
     return max(1, free // replicas)
 
 
-__all__ = ["busy_cores", "default_threads", "usable_cores"]
+def threads_errors(cfg: Any) -> list[str]:
+    """What is wrong with a training config's ``threads`` (the message names the value and the fix)."""
+    return [f"threads={cfg.threads}: must be >= 0 (0 = auto)"] if cfg.threads < 0 else []
+
+
+__all__ = ["busy_cores", "default_threads", "threads_errors", "usable_cores"]

@@ -10,6 +10,7 @@ default to them.
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 from diloco.errors import ConfigError
 
@@ -23,8 +24,9 @@ TOPK_DENSITY = 1 / 64
 TOPK_CHUNK = 4096
 TOPK_VALUE_BITS = 2
 #: Where top-k's 2-bit values take their table of bin means: one for the whole payload, or one per chunk.
-TOPK_TABLES: tuple[str, ...] = ("payload", "chunk")
-TOPK_TABLE = "payload"
+TopkTables = Literal["payload", "chunk"]
+TOPK_TABLES: tuple[TopkTables, ...] = get_args(TopkTables)
+TOPK_TABLE: TopkTables = "payload"
 #: Codecs whose payloads cannot be summed in place (sparse): the communicator all-gathers them at every M.
 SPARSE_CODECS: tuple[str, ...] = ("topk",)
 
@@ -147,6 +149,7 @@ __all__ = [
     "TOPK_TABLE",
     "TOPK_TABLES",
     "TOPK_VALUE_BITS",
+    "TopkTables",
     "bits_per_value",
     "check_topk_tables",
     "block_scaled_bytes",
