@@ -11,7 +11,10 @@ whatever M), one torch thread per replica, H = 8 (the preset's), one fragment. G
 * tier l (what a 2-core machine can do in half an hour): tier a without M = 8;
 * tier m8 (tau = 1, seeds 0-1): M = 8, K in {1, 4, 8}, both merges, outer_scale share and sqrt-share;
 * tier tau (tau in {0, 2}, seeds 0-1): M in {2, 4}, K in {1, M/2, M}, both merges, the default rule of each
-  (share for the mean, sqrt-share for RDA).
+  (share for the mean, sqrt-share for RDA);
+* tier late (tau = 1, seeds 0-1): (M, K) in {(3, 2), (4, 2), (8, 4)}, both merges at their default rule, with
+  late_reports next (the rows above) and alone (the default since): a report that misses its slot's merge
+  waits for the next quorum, or merges at once by itself. Rows also hold the goodput (1 - the waiting share).
 
 Runs `--jobs` at a time; resumable (a run whose key is in --out is skipped). One JSON row per run: the
 settings, final_eval_loss, first and largest evaluation loss (what a divergence guard would see), wall time.
@@ -56,6 +59,16 @@ def runs(tier: str) -> list[dict]:
             for K in sorted({1, M // 2, M})
             for merge in ("mean", "rda")
         ]
+    if tier == "late":
+        auto = {"mean": "share", "rda": "sqrt-share"}
+        return [
+            {"method": "decoupled", "M": M, "K": K, "merge": merge, "scale": auto[merge], "tau": 1, "seed": seed}
+            | {"late": late}
+            for seed in (0, 1)
+            for M, K in ((3, 2), (4, 2), (8, 4))
+            for merge in ("mean", "rda")
+            for late in ("next", "alone")
+        ]
     if tier == "m8":
         return [
             {"method": "decoupled", "M": 8, "K": K, "merge": merge, "scale": scale, "tau": 1, "seed": seed}
@@ -93,7 +106,8 @@ def runs(tier: str) -> list[dict]:
 
 
 def key(r: dict) -> str:
-    return f"{r['method']}-M{r['M']}-K{r['K']}-{r['merge']}-{r['scale']}-tau{r['tau']}-seed{r['seed']}"
+    late = f"-late{r['late']}" if "late" in r else ""  # tier late: late_reports (the other tiers ran before it)
+    return f"{r['method']}-M{r['M']}-K{r['K']}-{r['merge']}-{r['scale']}-tau{r['tau']}{late}-seed{r['seed']}"
 
 
 def train_command(*, method: str, out: Path, sets: dict) -> list[str]:
@@ -120,6 +134,8 @@ def one(r: dict, work: Path) -> dict:
     sets = {**BASE, "replicas": r["M"], "seed": r["seed"]}
     if r["method"] == "decoupled":
         sets.update(quorum=r["K"], merge=r["merge"], outer_scale=r["scale"], overlap_steps=r["tau"])
+        if "late" in r:
+            sets["late_reports"] = r["late"]
     cmd = train_command(method=r["method"], out=out, sets=sets)
     t0 = time.time()
     try:
@@ -150,7 +166,7 @@ def one(r: dict, work: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--tier", default="a", choices=["a", "b", "l", "m8", "tau", "all"])
+    ap.add_argument("--tier", default="a", choices=["a", "b", "l", "m8", "tau", "late", "all"])
     ap.add_argument("--out", type=Path, default=HERE / "results.jsonl")
     args = ap.parse_args()
     done = set()

@@ -171,8 +171,8 @@ class TrainConfig:
         0, "decoupled: steps a learner trains on while a reply is late (a syncer restarting) before it waits; 0 = wait"
     )
     late_reports: dc.LateReports = _cooperate(
-        "alone",
-        "decoupled, K < M: a report after its slot's merge merges alone at once (alone) or waits for the next quorum (next)",
+        "next",
+        "decoupled, K < M: a report after its slot's merge waits for the next quorum (next) or merges alone at once (alone)",
         choices=dc.LATE_REPORTS,
     )
     overwrite_after: dc.OverwriteAfter = _cooperate(
