@@ -46,6 +46,7 @@ from diloco.decoupled.messages import Reply, Report, Welcome
 from diloco.decoupled.syncer import is_lossless
 from diloco.decoupled_choices import check_overwrite_after
 from diloco.errors import ConfigError
+from diloco.train.sharding import is_sharded, shard_like
 from diloco.wire.codec import Codec
 from diloco.wire.error_feedback import ErrorFeedback
 from diloco.wire.registry import get_codec
@@ -158,7 +159,7 @@ class Learner(ReplicaAlgorithm):
             )
         # A model fully_shard'ed over a learner's ranks (worker_sharding=fsdp): each rank keeps its shard of the
         # global copy and of the parameters; reports are gathered whole, replies cut into each rank's shard.
-        self.sharded = any(_is_sharded(q) for q in model.parameters())
+        self.sharded = any(is_sharded(q) for q in model.parameters())
         # the global copy last received, per fragment (this rank's shards of it when sharded)
         self.base = [self._mine(p, s.detach().float()).clone() for p, s in enumerate(start)]
         self.error_feedback = (
@@ -347,9 +348,7 @@ class Learner(ReplicaAlgorithm):
         call it together), laid out as the syncer's; ``mine`` itself when the model is not sharded."""
         if not self.sharded:
             return mine
-        return flatten(
-            [_as_dtensor(v, q).full_tensor() for v, q in zip(self._views(mine, p), self.fragments[p].params)]
-        )
+        return flatten([shard_like(v, q).full_tensor() for v, q in zip(self._views(mine, p), self.fragments[p].params)])
 
     def _mine(self, p: int, whole: torch.Tensor) -> torch.Tensor:
         """This rank's shards of fragment p's flat values ``whole`` (every rank holds the same), flat; ``whole``
@@ -362,7 +361,7 @@ class Learner(ReplicaAlgorithm):
         for q in self.fragments[p].params:
             value = whole[offset : offset + q.numel()].view(q.shape)
             offset += q.numel()
-            if _is_sharded(q):  # cut locally: every rank holds the same whole values, nothing is sent
+            if is_sharded(q):  # cut locally: every rank holds the same whole values, nothing is sent
                 value = distribute_tensor(value, q.device_mesh, q.placements, src_data_rank=None).to_local()
             pieces.append(value.reshape(-1))
         return torch.cat(pieces) if pieces else whole
@@ -379,7 +378,7 @@ class Learner(ReplicaAlgorithm):
         for p, frag in enumerate(self.fragments):
             for name, view, q in zip(frag.names, self._views(self.base[p], p), frag.params, strict=True):
                 if name in state:
-                    state[name] = _as_dtensor(view.to(dtype=state[name].dtype).clone(), q)
+                    state[name] = shard_like(view.to(dtype=state[name].dtype).clone(), q)
         return state
 
     def state_dict(self) -> dict[str, Any]:
@@ -412,21 +411,6 @@ class Learner(ReplicaAlgorithm):
                 self.steps[p], self.tokens[p] = 0, 0.0
         if self.error_feedback is not None and "error_feedback" in state:
             self.error_feedback.load_state_dict(state["error_feedback"])
-
-
-def _is_sharded(t: torch.Tensor) -> bool:
-    return hasattr(t, "device_mesh") and hasattr(t, "full_tensor")
-
-
-def _as_dtensor(local: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``local`` (this rank's shard) as a DTensor shaped like parameter ``like``; a plain tensor stays one."""
-    if not _is_sharded(like):
-        return local
-    from torch.distributed.tensor import DTensor
-
-    return DTensor.from_local(
-        local, like.device_mesh, like.placements, shape=like.shape, stride=like.stride(), run_check=False
-    )
 
 
 __all__ = ["Channel", "Learner"]

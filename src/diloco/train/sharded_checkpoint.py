@@ -39,7 +39,7 @@ from torch import nn
 
 from diloco.files import atomic_write_with
 from diloco.train.checkpoint import CheckpointError, step_dir
-from diloco.train.sharding import is_sharded
+from diloco.train.sharding import is_sharded, shard_like
 
 #: ``format`` of a checkpoint's record written by FSDP workers (absent: one torch.save file per worker).
 FORMAT = "dcp"
@@ -53,17 +53,6 @@ def _rank_file(run_dir: Path, step: int, worker: int, rank: int) -> Path:
     return worker_dir(run_dir, step, worker) / f"rank-{rank}.pt"
 
 
-def _like(value: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """``value`` (this rank's shard, a view) as a DTensor shaped like parameter ``ref`` (a plain tensor stays one)."""
-    if not is_sharded(ref):
-        return value
-    from torch.distributed.tensor import DTensor
-
-    return DTensor.from_local(
-        value, ref.device_mesh, ref.placements, shape=ref.shape, stride=ref.stride(), run_check=False
-    )
-
-
 def _split(flat: torch.Tensor, params: list[torch.Tensor], names: list[str]) -> dict[str, torch.Tensor]:
     """A fragment's flat vector of local shards, cut into one global-shaped (DTensor) value per parameter."""
     from diloco.algorithm.base import local_shard
@@ -71,7 +60,7 @@ def _split(flat: torch.Tensor, params: list[torch.Tensor], names: list[str]) -> 
     out, offset = {}, 0
     for name, param in zip(names, params, strict=True):
         shard = local_shard(param.detach())
-        out[name] = _like(flat[offset : offset + shard.numel()].view(shard.shape), param)
+        out[name] = shard_like(flat[offset : offset + shard.numel()].view(shard.shape), param)
         offset += shard.numel()
     assert offset == flat.numel(), (offset, flat.numel())
     return out

@@ -54,6 +54,17 @@ def is_sharded(t: torch.Tensor) -> bool:
     return hasattr(t, "device_mesh") and hasattr(t, "full_tensor")
 
 
+def shard_like(value: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """``value`` (this rank's shard, a view) as a DTensor shaped like parameter ``ref`` (a plain tensor stays one)."""
+    if not is_sharded(ref):
+        return value
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(
+        value, ref.device_mesh, ref.placements, shape=ref.shape, stride=ref.stride(), run_check=False
+    )
+
+
 def full_tensors(state: dict[str, Any]) -> dict[str, Any]:
     """Every DTensor of ``state`` gathered into a plain tensor (a collective: call on every rank of the mesh,
     with the same keys in the same order); other values as they are."""
@@ -132,6 +143,7 @@ __all__ = [
     "full_tensors",
     "is_sharded",
     "scalar",
+    "shard_like",
     "shard_worker_model",
     "sharding_errors",
     "worker_group",
