@@ -124,10 +124,9 @@ def _sites(
     """Run the M learners as site jobs against a fresh syncer actor named ``name``: learner m in a thread of this
     process, or (``ranks[m]`` = R > 1) as a torchrun job of R gloo ranks; the syncer's final parameters, its
     merges and the final loss of those parameters."""
-    import os
     import subprocess
-    import sys
 
+    from diloco.distributed.launch import child_environment, torchrun_command
     from diloco.train.evaluation import evaluate_parameters
 
     handle, inputs = _start_syncer(tiny(**kw), token_cache, name)
@@ -138,28 +137,8 @@ def _sites(
         ]
         if m in sharded:  # this site's ranks hold one model fully_shard'ed between them
             sets.append("worker_sharding=fsdp")
-        args = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(r),
-            "-m",
-            "diloco",
-            "train",
-            "--preset",
-            "tiny",
-            "--no-progress",
-            "--out",
-            str(tmp_path / f"{name}-{m}"),
-            "--cache-dir",
-            str(token_cache),
-            "--method",
-            "decoupled",
-            "--set",
-            "threads=1",
-        ]
+        args = ["train", "--preset", "tiny", "--no-progress", "--out", str(tmp_path / f"{name}-{m}")]
+        args += ["--cache-dir", str(token_cache), "--method", "decoupled", "--set", "threads=1"]
         for k, v in tiny(**kw).to_dict().items():
             if k in (
                 "replicas",
@@ -176,9 +155,9 @@ def _sites(
                 args += ["--set", f"{k}={v}"]
         for s in sets:
             args += ["--set", s]
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
         log = open(tmp_path / f"{name}-{m}.log", "wb")
-        procs.append((m, subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        command = torchrun_command(nproc=r, args=args)
+        procs.append((m, subprocess.Popen(command, env=child_environment(), stdout=log, stderr=subprocess.STDOUT), log))
 
     def site(m: int) -> None:
         try:

@@ -36,6 +36,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from diloco.decoupled.chaos import final_steps, read_learner_log
+from diloco.distributed.launch import child_environment, torchrun_command
 from diloco.errors import ConfigError
 
 #: The run the test and the benchmark deploy: K = 1, two fragments, steps padded to an accelerator's 0.15 s (four
@@ -65,18 +67,8 @@ class Site:
     sharding: str = "replicate"
 
 
-def _rows(path: Path) -> list[dict[str, Any]]:
-    """The whole JSON rows of a log another process is writing (a line cut mid-write is left for later)."""
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
-        if line.endswith("\n") and line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # a killed writer's partial line, ended by its successor's newline
-                continue
-    return out
+#: Whole rows of a JSONL file another process appends to (a line cut mid-write is skipped).
+_rows = read_learner_log
 
 
 def _learner_log(out: Path, m: int) -> Path:
@@ -121,13 +113,12 @@ def run_sites(
     python = sys.executable
     items = [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
     common = ["--preset", preset, *items, "--cache-dir", str(cache_dir)]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     logs = []
 
     def start(args: list[str], log_name: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(out / log_name, "wb")
         logs.append(log)
-        return subprocess.Popen(args, env={**env, **(extra_env or {})}, stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(args, env=child_environment(**(extra_env or {})), stdout=log, stderr=subprocess.STDOUT)
 
     service = start(
         [python, "-m", "diloco", "syncer", *common, "--out", str(out / "syncer"), "--poll", "1"], "syncer.log"
@@ -140,12 +131,12 @@ def run_sites(
         info = json.loads(info_path.read_text())
         auth = {"RAY_AUTH_MODE": "token"} if info["ray"]["auth_mode"] == "token" else {}
         for site in sites:
-            args = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(site.ranks)]
-            args += ["--max-restarts", "2", "-m", "diloco", "train", "--method", "decoupled", *common, "--no-progress"]
+            args = ["train", "--method", "decoupled", *common, "--no-progress"]
             args += ["--set", f"learner={site.learner}", "--set", f"syncer={info['syncer']}"]
             args += ["--set", f"ranks_per_worker={site.ranks}", "--set", f"worker_sharding={site.sharding}"]
             args += ["--out", str(out / f"site-{site.learner}"), "--resume", "auto"]
-            procs.append(start(args, f"site-{site.learner}.log", auth))
+            command = torchrun_command(nproc=site.ranks, args=args, options=("--max-restarts", "2"))
+            procs.append(start(command, f"site-{site.learner}.log", auth))
         if kill_learner is not None:
             m, at_step = kill_learner
             log = _learner_log(out, m)
@@ -214,7 +205,6 @@ def run_sites(
 
 def analyse(out: Path, *, sites: list[Site], faults: dict[str, Any]) -> dict[str, Any]:
     """What the run left, checked (module docstring)."""
-    from diloco.decoupled.chaos import final_steps
     from diloco.train.config import TrainConfig
     from diloco.train.lr import lr_at
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -114,6 +115,22 @@ def bind_gloo_to_loopback_if_local(master_addr: str) -> None:
 
 def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+#: torchrun's per-rank variables: a process that starts a torchrun job keeps its own out of the job's environment.
+RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torchrun_command(*, nproc: int, args: Sequence[str], options: Sequence[str] = ()) -> list[str]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node NPROC [OPTIONS] -m diloco ARGS``: a torchrun
+    job of ``nproc`` processes on this node (``options``: torchrun's own, e.g. ``--max-restarts``)."""
+    head = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    return [*head, *options, "-m", "diloco", *args]
+
+
+def child_environment(**extra: str) -> dict[str, str]:
+    """This process's environment without torchrun's per-rank variables (:data:`RANK_VARIABLES`), plus ``extra``."""
+    return {**{k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}, **extra}
 
 
 def init_from_env(*, backend: str | None = None, timeout_s: float = 1800.0, keys_per_attempt: bool = True) -> DistEnv:
