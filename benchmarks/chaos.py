@@ -47,6 +47,7 @@ measured on its own (``benchmarks/torchft_healing.py``, if present: its JSON is 
     PYTHONPATH=src python benchmarks/chaos.py                 # ~50 minutes on 2 cores (39 runs)
     PYTHONPATH=src python benchmarks/chaos.py --quick         # ~8 minutes: M = 2, fewer steps (19 runs)
     PYTHONPATH=src python benchmarks/chaos.py --guard         # ~6 minutes: the contribution guard's 5 rows
+    PYTHONPATH=src python benchmarks/chaos.py --report        # seconds: the table and JSON from the stored runs
 
 ``--guard``: M = 3, K = M, RDA at outer lr 0.7 / sqrt(3): no fault; learner 1 sends 1e4 x its outer gradient
 from 10 s to 15 s (``corrupt``), or N(0, 1) values (``corrupt-random``), with the guard on (the default) and
@@ -54,7 +55,9 @@ without it (``-noguard``).
 
 Resumable: each finished run is a row of ``benchmarks/results/chaos-runs.jsonl`` (runs already there are
 skipped; ``--rerun METHOD,...`` runs those again, appending rows that supersede the old ones; ``--fresh`` starts
-over in a new file); the table goes to ``benchmarks/results/chaos.json``.
+over in a new file); the table goes to ``benchmarks/results/chaos.json`` (``diloco.bench``'s table and writer).
+``--report`` runs nothing: it prints the table and writes the JSON again from the runs file (the rows stored now
+give back the stored JSON byte for byte).
 """
 
 from __future__ import annotations
@@ -73,13 +76,14 @@ import torch
 from chaos_dp import dp_run
 from chaos_torchft import torchft_run
 
+from diloco.bench import RESULTS_DIR, add_quick, print_table, result_path, write_result
 from diloco.data import prepare_tokens
 from diloco.decoupled.chaos import Chaos
 from diloco.decoupled.ray_learners import run_on_ray
-from diloco.files import default_cache_dir, read_jsonl, write_json
+from diloco.files import default_cache_dir, read_jsonl
 from diloco.train.config import TrainConfig, load_preset
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = RESULTS_DIR
 METHODS = {
     "sync": dict(quorum=None, merge="mean", grace_gamma=0.0),
     # outer_scale="none": every merge a whole outer step, as these rows were measured (the default now scales)
@@ -214,48 +218,53 @@ def dp_row(args, cache: Path) -> dict:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="M = 2 only, 120 steps")
-    ap.add_argument(
-        "--guard",
-        action="store_true",
-        help="only the contribution guard's rows: M = 3, K = M, no fault, "
-        "learner 1 corrupted (1e4 x, or random values) from 10 s to 15 s with the guard, and without it",
+def kills_text(r: dict) -> str | None:
+    """Per kill: the survivors' worst step ÷ typical, steps kept, restart s, rejoin s (and, for data-parallel,
+    the steps redone and seconds until the run is past where it was)."""
+    return (
+        "; ".join(
+            f"{_fmt(k['worst_step_ratio'], '.1f')}x {_fmt(k['steps_kept'], '.0%')} "
+            f"{_fmt(k['restart_s'], '.1f')} {_fmt(k['rejoin_s'], '.1f')}"
+            + (
+                f" (redone {k['redone_steps']}, past it {_fmt(k['caught_up_s'], '.1f')} s)"
+                if "redone_steps" in k
+                else ""
+            )
+            for k in r["kills"]
+        )
+        or None
     )
-    ap.add_argument("--fresh", action="store_true", help="start a new runs file (the old one is kept, renamed)")
-    ap.add_argument(
-        "--rerun",
-        default="",
-        help="methods to run again (comma-separated; their new rows are appended and supersede the old ones)",
-    )
-    ap.add_argument("--replicas", default="2,4")
-    ap.add_argument("--size", default="tiny")
-    ap.add_argument("--steps", type=int, default=300, help="steps per learner that reach the syncer")
-    ap.add_argument("--global-batch", type=int, default=16)
-    ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--inner-lr", type=float, default=3e-3)
-    ap.add_argument("--sync-every", type=int, default=16)
-    ap.add_argument("--fragments", type=int, default=2)
-    ap.add_argument("--overlap", type=int, default=2)
-    ap.add_argument("--step-time", type=float, default=0.1)
-    args = ap.parse_args()
-    if args.quick:
-        args.replicas, args.steps = "2", 120
-    if args.guard:
-        args.replicas = "3"
-    Ms = [int(m) for m in args.replicas.split(",")]
-    RESULTS.mkdir(exist_ok=True)
-    suffix = "-guard" if args.guard else "-quick" if args.quick else ""
-    runs_file = RESULTS / f"chaos-runs{suffix}.jsonl"
-    if args.fresh and runs_file.exists():
-        runs_file.rename(runs_file.with_suffix(f".{int(time.time())}.jsonl"))
-    done = {(r["method"], r["M"], r["fault"]): r for r in (read_jsonl(runs_file) if runs_file.exists() else [])}
 
-    base = TrainConfig.from_dict(load_preset("tiny")["base"])
-    cache = default_cache_dir()
-    data = prepare_tokens(base.sources, base.vocab_size, cache, val_fraction=base.val_fraction)
-    plan = [
+
+def guard_text(r: dict) -> str | None:
+    if r.get("corrupted_reports") is None or not r["fault"].startswith("corrupt"):
+        return None
+    return f"corrupted reports {r['corrupted_reports']}, guard events {r['guard_events']}"
+
+
+COLUMNS = [
+    ("method", "method", ""),
+    ("M", "M", ""),
+    ("faults", "fault", ""),
+    ("loss", "eval_loss", ".4f"),
+    ("wall s", "wall_s", ".1f"),
+    ("goodput", "goodput", ".2f"),
+]
+KILLS_COLUMN = ("per kill: worst step x, steps kept, restart s, rejoin s", kills_text, "")
+GUARD_COLUMN = ("guard", guard_text, "")
+
+
+def plan_of(args, Ms: list[int]) -> list[tuple[str, int, str]]:
+    """The runs, in the table's order (the contribution guard's 5 with ``--guard``)."""
+    if args.guard:
+        return [
+            ("decoupled-k=m", 3, "none"),
+            ("decoupled-k=m", 3, "corrupt"),
+            ("decoupled-k=m-noguard", 3, "corrupt"),
+            ("decoupled-k=m", 3, "corrupt-random"),
+            ("decoupled-k=m-noguard", 3, "corrupt-random"),
+        ]
+    return [
         (m, M, f)
         for M in Ms
         for m, f in [
@@ -288,16 +297,14 @@ def main() -> None:
             ("decoupled-mean-default", "straggler"),
         ]
     ]
-    if args.guard:
-        plan = [
-            ("decoupled-k=m", 3, "none"),
-            ("decoupled-k=m", 3, "corrupt"),
-            ("decoupled-k=m-noguard", 3, "corrupt"),
-            ("decoupled-k=m", 3, "corrupt-random"),
-            ("decoupled-k=m-noguard", 3, "corrupt-random"),
-        ]
-    rerun = {m for m in args.rerun.split(",") if m}
-    todo = [p for p in plan if p not in done or p[0] in rerun]
+
+
+def measure(args, todo: list[tuple[str, int, str]], done: dict, runs_file: Path) -> None:
+    """Run ``todo``, appending each finished run to ``runs_file`` (and to ``done``); then data-parallel in one
+    process without faults, if not there yet."""
+    base = TrainConfig.from_dict(load_preset("tiny")["base"])
+    cache = default_cache_dir()
+    data = prepare_tokens(base.sources, base.vocab_size, cache, val_fraction=base.val_fraction)
     work = Path(tempfile.mkdtemp(prefix="diloco-chaos-"))
     if any(m not in DP_METHODS and m != "torchft" for m, _, _ in todo):
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="diloco-chaos")
@@ -330,31 +337,71 @@ def main() -> None:
         with open(runs_file, "a") as fh:
             fh.write(json.dumps(row, allow_nan=False) + "\n")
 
-    rows = [done[p] for p in ([] if args.guard else [("dp", 1, "none")]) + plan]
-    print(
-        f"\n{'method':20} {'M':>2} {'faults':9} {'loss':>7} {'wall s':>7} {'goodput':>7}  per kill: worst step x, "
-        f"steps kept, restart s, rejoin s"
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_quick(ap, "M = 2 only, 120 steps")
+    ap.add_argument(
+        "--guard",
+        action="store_true",
+        help="only the contribution guard's rows: M = 3, K = M, no fault, "
+        "learner 1 corrupted (1e4 x, or random values) from 10 s to 15 s with the guard, and without it",
     )
-    for r in rows:
-        kills = "; ".join(
-            f"{_fmt(k['worst_step_ratio'], '.1f')}x {_fmt(k['steps_kept'], '.0%')} "
-            f"{_fmt(k['restart_s'], '.1f')} {_fmt(k['rejoin_s'], '.1f')}"
-            + (
-                f" (redone {k['redone_steps']}, past it {_fmt(k['caught_up_s'], '.1f')} s)"
-                if "redone_steps" in k
-                else ""
-            )
-            for k in r["kills"]
-        )
-        guard = (
-            f"  corrupted reports {r['corrupted_reports']}, guard events {r['guard_events']}"
-            if r.get("corrupted_reports") is not None and r["fault"].startswith("corrupt")
-            else ""
-        )
-        print(
-            f"{r['method']:20} {r['M']:>2} {r['fault']:9} {_fmt(r['eval_loss'], '.4f'):>7} "
-            f"{_fmt(r['wall_s'], '.1f'):>7} {_fmt(r['goodput'], '.2f'):>7}  {kills}{guard}"
-        )
+    ap.add_argument("--fresh", action="store_true", help="start a new runs file (the old one is kept, renamed)")
+    ap.add_argument(
+        "--rerun",
+        default="",
+        help="methods to run again (comma-separated; their new rows are appended and supersede the old ones)",
+    )
+    ap.add_argument("--replicas", default="2,4")
+    ap.add_argument("--size", default="tiny")
+    ap.add_argument("--steps", type=int, default=300, help="steps per learner that reach the syncer")
+    ap.add_argument("--global-batch", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--inner-lr", type=float, default=3e-3)
+    ap.add_argument("--sync-every", type=int, default=16)
+    ap.add_argument("--fragments", type=int, default=2)
+    ap.add_argument("--overlap", type=int, default=2)
+    ap.add_argument("--step-time", type=float, default=0.1)
+    ap.add_argument(
+        "--report",
+        action="store_true",
+        help="run nothing: the table and the JSON again from the runs file (settings and versions kept from the "
+        "JSON there, if any)",
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON result (default: benchmarks/results/chaos.json; chaos-quick.json with --quick, chaos-guard.json "
+        "with --guard)",
+    )
+    args = ap.parse_args()
+    if args.quick:
+        args.replicas, args.steps = "2", 120
+    if args.guard:
+        args.replicas = "3"
+    Ms = [int(m) for m in args.replicas.split(",")]
+    RESULTS.mkdir(exist_ok=True)
+    suffix = "-guard" if args.guard else "-quick" if args.quick else ""
+    runs_file = RESULTS / f"chaos-runs{suffix}.jsonl"
+    if args.fresh and not args.report and runs_file.exists():
+        runs_file.rename(runs_file.with_suffix(f".{int(time.time())}.jsonl"))
+    done = {(r["method"], r["M"], r["fault"]): r for r in (read_jsonl(runs_file) if runs_file.exists() else [])}
+    plan = plan_of(args, Ms)
+    if not args.report:
+        rerun = {m for m in args.rerun.split(",") if m}
+        measure(args, [p for p in plan if p not in done or p[0] in rerun], done, runs_file)
+
+    order = ([] if args.guard else [("dp", 1, "none")]) + plan
+    missing = [p for p in order if p not in done]
+    if missing:  # only with --report: a measurement ends with every row of its plan
+        print(f"not in {runs_file} yet (left out): {', '.join(f'{m} M={M} {f}' for m, M, f in missing)}")
+    rows = [done[p] for p in order if p in done]
+    print()
+    print_table(
+        rows, COLUMNS + [KILLS_COLUMN] * any(r["kills"] for r in rows) + [GUARD_COLUMN] * any(map(guard_text, rows))
+    )
     peer_file = RESULTS / "torchft_healing.json"
     peer = json.loads(peer_file.read_text()) if peer_file.exists() else None
     if peer is not None:
@@ -365,8 +412,13 @@ def main() -> None:
             f"({sv['stall_ratio']:.1f}x its step), steps kept in 10 s {sv['kept_pct']:.0f} %; the restart "
             f"(3 s after the kill) contributes {rs['contributes_s']:.1f} s after it was spawned"
         )
-    out = {"settings": vars(args), "runs": rows, "torchft": peer, "torch": torch.__version__, "ray": ray.__version__}
-    write_json(RESULTS / f"chaos{suffix}.json", out)
+    settings = {k: v for k, v in vars(args).items() if k not in ("report", "out")}
+    out = {"settings": settings, "runs": rows, "torchft": peer, "torch": torch.__version__, "ray": ray.__version__}
+    stored = result_path(f"chaos{suffix}")
+    if args.report and stored.exists():  # the runs were measured with these, not with this process's
+        kept = json.loads(stored.read_text())
+        out |= {k: kept[k] for k in ("settings", "torch", "ray") if k in kept}
+    write_result(f"chaos{suffix}", out, out=args.out)
 
 
 if __name__ == "__main__":
