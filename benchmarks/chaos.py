@@ -24,7 +24,7 @@ wall-clock and goodput are in that emulated time. Methods:
 Faults (the same schedule for every method): ``kill``: SIGKILL learner 1 at 10 s and at 25 s, each
 restart held down 3 s (a restarted torchft group in the peer benchmark comes back 3 s later too);
 ``straggler``: learner M-1 3x slower. Reported per run: final eval loss of the syncer's parameters,
-wall-clock, goodput (useful learner-seconds / allocated; :func:`diloco.decoupled.chaos.goodput`), for
+wall-clock, goodput (useful learner-seconds / allocated; :func:`diloco.decoupled.chaos_logs.goodput`), for
 each kill the survivors' longest step / their typical step, the share of their steps they kept in the
 10 s after it, and seconds from the restarted learner joining to its first merge with weight > 0.
 
@@ -32,7 +32,7 @@ each kill the survivors' longest step / their typical step, the share of their s
   agent (``benchmarks/chaos_dp.py``; the inner step padded by ``benchmarks/_padded_train.py``), the same model,
   global batch, tokens and schedule: a kill makes TorchElastic restart every worker from the newest committed
   checkpoint (the trainer's default for data-parallel: every 100 steps; ``dp-ckpt16``: every 16), the killed
-  worker's process held down 3 s; its figures from :func:`diloco.decoupled.chaos.summarize_restarts` (a step
+  worker's process held down 3 s; its figures from :func:`diloco.decoupled.chaos_logs.summarize_restarts` (a step
   trained again after a restart counts once in goodput; rejoin: the restarted worker's first step that stays
   in the final trajectory).
 

@@ -10,7 +10,7 @@ kill before it imports anything (a machine's reboot, as for the Ray learners). E
 machine's process tree: a node's death on several machines adds the rendezvous noticing it (docs/guides/
 elastic.md: 14-15 s with 2 s x 5 keep-alives).
 
-Figures (:func:`diloco.decoupled.chaos.summarize_restarts`): wall from the start to the last step's end,
+Figures (:func:`diloco.decoupled.chaos_logs.summarize_restarts`): wall from the start to the last step's end,
 goodput (the compute of the final trajectory: a step trained again after a restart counts once), per kill
 the survivors' longest step (the time between their step ends, so the restart is one step) ÷ their typical
 step, the share of steps kept in 10 s, the kill to the killed worker's first step starting (restart_s) and
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from diloco.decoupled.chaos import read_learner_log, summarize_restarts
+from diloco.decoupled.chaos_logs import read_learner_log, summarize_restarts
 
 HERE = Path(__file__).resolve().parent
 KILLS = ((10.0, 1), (25.0, 1))

@@ -19,9 +19,9 @@ commit loses its round; a restarted process's steps before it healed were overwr
 Figures, as for the other rows: final eval loss of torchft's global parameters (the fragments'
 ``original_parameters``, from replica 0, never killed) on chaos.py's evaluation set; wall (start to the
 token budget); goodput (the padded compute of the counted steps / M x wall); per kill the survivors'
-longest step that ended in the 10 s after it ÷ their typical step (:func:`diloco.decoupled.chaos.restart_stalls`:
+longest step that ended in the 10 s after it ÷ their typical step (:func:`diloco.decoupled.chaos_logs.restart_stalls`:
 the step whose sync waits for the lighthouse may have begun just before the kill), the share of their
-counted steps begun in those 10 s (:func:`diloco.decoupled.chaos.survivor_stalls`), the kill to the new process training (restart_s, with the 3 s) and
+counted steps begun in those 10 s (:func:`diloco.decoupled.chaos_logs.survivor_stalls`), the kill to the new process training (restart_s, with the 3 s) and
 from there to its first committed sync (rejoin_s: it contributes), and the kill to its healing.
 """
 
@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -39,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from torchft_cluster import Cluster, instrumented_manager, read_rows, versions
+
+from diloco.bench import summarize
 
 KILLS = ((10.0, 1), (25.0, 1))
 DOWNTIME_S = 3.0
@@ -195,7 +196,7 @@ def torchft_run(*, M: int, fault: str, args: Any, data: Any, work: Path) -> dict
     import torch
 
     from diloco.data.shards import eval_batches
-    from diloco.decoupled.chaos import committed_steps, restart_stalls, survivor_stalls
+    from diloco.decoupled.chaos_logs import committed_steps, restart_stalls, survivor_stalls
     from diloco.models.factory import build_model
     from diloco.train.evaluation import evaluate_parameters
 
@@ -309,7 +310,7 @@ def torchft_run(*, M: int, fault: str, args: Any, data: Any, work: Path) -> dict
         template = build_model("", size=args.size, vocab_size=data.vocab_size, seq_len=args.seq_len, seed=0)
         val = list(eval_batches(data.val, batch_size=args.global_batch // M, seq_len=args.seq_len, max_batches=16 * M))
         loss = evaluate_parameters(template, params, val, bf16=False, device=torch.device("cpu"))
-    typical = statistics.median(r["dt"] for r in steps) if steps else None
+    typical = summarize(r["dt"] for r in steps).median if steps else None  # the step times this run logged
     return {
         "method": "torchft",
         "M": M,
