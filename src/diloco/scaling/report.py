@@ -13,7 +13,7 @@ import numpy as np
 from matplotlib.ticker import LogLocator, ScalarFormatter
 
 from diloco.files import atomic_write_bytes, atomic_write_with
-from diloco.scaling.fit import BestPoint, ScalingFit
+from diloco.scaling.fitted import BestPoint, ScalingFit
 from diloco.scaling.laws import FittedLaw
 from diloco.scaling.records import key_order, split_key
 

@@ -41,7 +41,7 @@ from typing import Any
 
 from diloco.errors import ConfigError
 from diloco.methods import SYNCHRONOUS_METHODS
-from diloco.scaling.fit import ScalingFit
+from diloco.scaling.fitted import ScalingFit
 
 #: The reference H of the DiLoCo laws (the paper sweeps at H = 30).
 LAW_SYNC_EVERY = 30
