@@ -130,6 +130,22 @@ def test_resolve_schedule_accepts_each_form_and_names_bad_ones():
         resolve_schedule((1.5, 4), 8, 2, 1)
 
 
+def test_a_configs_schedule_error_names_the_schedule_once():
+    """The config's message prefixes ``schedule=...`` only where the schedule's own message does not start so."""
+    from diloco.errors import ConfigError
+    from diloco.train.config import TrainConfig
+
+    base = dict(method="streaming", steps=10, sync_every=8, num_fragments=1, overlap_steps=1)
+    for schedule, expected in (
+        ("bogus", "schedule='bogus': use 'even', 'torchft', a tuple of 1 offsets in 1..8, or a Schedule"),
+        ("9", "schedule='9': offsets must lie in 1..H=8"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            TrainConfig(**base, schedule=schedule)
+        message = str(info.value)
+        assert expected in message and message.count("schedule=") == 1, message
+
+
 def test_streaming_diloco_runs_the_schedule_it_is_given():
     """Offsets change when fragments sync, and a bad schedule fails before any communication."""
     import torch

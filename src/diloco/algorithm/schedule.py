@@ -209,6 +209,6 @@ def config_schedule_errors(cfg: Any) -> list[str]:
         return []
     try:
         resolve_schedule(cfg.schedule_spec, cfg.sync_every, cfg.num_fragments, cfg.overlap_steps, eager=cfg.eager)
-    except ValueError as exc:
-        return [f"schedule={cfg.schedule!r}: {exc}"]
+    except ValueError as exc:  # a message that already names the schedule is not prefixed with it again
+        return [str(exc) if str(exc).startswith("schedule") else f"schedule={cfg.schedule!r}: {exc}"]
     return []
