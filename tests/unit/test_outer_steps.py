@@ -115,7 +115,7 @@ def test_the_planner_recommends_only_enough_outer_steps_with_the_rules_momentum(
         assert few or tokens == 2e11  # at 5,000 steps H = 100 and 300 are shown but never recommended
 
 
-def test_train_warns_once_it_starts(tmp_path, capsys):
+def test_train_warns_once_it_starts(tmp_path, token_cache, capsys):
     """The warning comes with the run's other notices, after every check (an error is never preceded by it)."""
     out = tmp_path / "run"
     assert (
@@ -129,7 +129,7 @@ def test_train_warns_once_it_starts(tmp_path, capsys):
                 "--out",
                 str(out),
                 "--cache-dir",
-                str(tmp_path / "cache"),
+                str(token_cache),
                 "--no-progress",
                 "--set",
                 "steps=4",
