@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from diloco.decoupled.syncer_device import syncer_device_errors
 from diloco.decoupled_choices import LATE_REPORTS, check_outer_gradient, check_overwrite_after, check_transport
 from diloco.errors import ConfigError
 
@@ -67,7 +68,7 @@ def decoupled_errors(cfg: Any) -> list[str]:
             check(value)
         except ValueError as exc:
             errors.append(str(exc))
-    errors += site_errors(cfg)
+    errors += site_errors(cfg) + syncer_device_errors(cfg)
     if cfg.eager:
         errors.append(
             "method='decoupled' cannot take eager=true: eager updates stand a worker's own outer gradient in for "

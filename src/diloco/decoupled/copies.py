@@ -24,14 +24,15 @@ def copy_bases(
     bases: dict[Any, list[torch.Tensor | None]], snapshot: Sequence[torch.Tensor], *, restore: bool = False
 ) -> dict[Any, list[torch.Tensor | None]]:
     """Copies of the learners' bases in which learners that share a copy still share one: ``None`` for Theta itself
-    (``restore``: Theta for ``None``). ``torch.save`` keeps the sharing, so a checkpoint holds each copy once."""
+    (``restore``: Theta for ``None``, and copies on Theta's device). ``torch.save`` keeps the sharing, so a checkpoint
+    holds each copy once."""
     copies: dict[int, torch.Tensor] = {}
 
     def one(b: torch.Tensor | None, theta: torch.Tensor) -> torch.Tensor | None:
         if b is None or b is theta:
             return theta if restore else None
         if id(b) not in copies:
-            copies[id(b)] = b.clone()
+            copies[id(b)] = b.to(theta.device, copy=True) if restore else b.clone()
         return copies[id(b)]
 
     return {m: [one(b, t) for b, t in zip(bs, snapshot, strict=True)] for m, bs in bases.items()}
@@ -42,16 +43,17 @@ def reply_payload(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The payload of a reply to a learner holding ``base`` after a merge gave ``theta``, and the copy it will then
     hold. Learners that held the same copy get the same payload and then hold the same copy again: it is encoded
-    once a merge and kept once (``shared``). ``lossless``: the payload is ``theta`` itself, which it will hold."""
+    once a merge and kept once (``shared``). ``lossless``: the payload is ``theta`` itself, which it will hold. The
+    payload is on the CPU (the wire), the copy on ``theta``'s device."""
     if lossless:
         if id(theta) not in shared:
-            shared[id(theta)] = (theta, codec.encode(theta), theta)
+            shared[id(theta)] = (theta, codec.encode(theta).cpu(), theta)
         _, payload, _ = shared[id(theta)]
         return payload, theta
     if id(base) not in shared:
         payload = codec.encode(theta - base)
         # what the learner will hold: base + decoded, summed in place into the decoded copy (a + b == b + a)
-        shared[id(base)] = (base, payload, codec.decode(payload, theta.numel()).add_(base))
+        shared[id(base)] = (base, payload.cpu(), codec.decode(payload, theta.numel()).add_(base))
     _, payload, held = shared[id(base)]
     return payload, held
 

@@ -119,7 +119,7 @@ def fold_round(
             r = reports[m]
             if buffer is None:
                 buffer = torch.empty(numel, dtype=torch.float32, device=theta.device)
-            d = codec.decode_into(r.payload, numel, buffer)  # base_m - theta_m
+            d = codec.decode_into(r.payload.to(buffer.device), numel, buffer)  # base_m - theta_m
             if not known and r.steps > 0:
                 # per step of work: a learner's first report of a fragment may cover fewer steps than H (the
                 # schedule's offset), and was measured 7x smaller than the next one on the tiny preset

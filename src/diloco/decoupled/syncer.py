@@ -65,6 +65,7 @@ from diloco.decoupled.grace import DEFAULT_EMA_DECAY, DEFAULT_GRACE_GAMMA, Grace
 from diloco.decoupled.merge import check_merge
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
 from diloco.decoupled.outer_scale import check_outer_scale, outer_step_share
+from diloco.decoupled.syncer_device import DEFAULT_SYNCER_DEVICE, resolve_syncer_device, to_host
 from diloco.decoupled_choices import check_outer_gradient
 from diloco.errors import ConfigError
 from diloco.wire.codec import Codec, all_finite
@@ -129,6 +130,8 @@ class Syncer:
             about H steps when the learners run in phase (measured: a quarter of the learners' time at M = 3, K = 2
             on Ray); ``"alone"`` merges it at once, by itself (a merge of 1 of M, scaled by ``outer_scale``), so no
             learner waits a round for a partner, for about 1 % more loss at equal tokens (the decoupled guide).
+        device: where the state and the merge live (:mod:`diloco.decoupled.syncer_device`): ``"cpu"`` (default),
+            ``"auto"`` or a torch device; what leaves the syncer (replies, welcomes, state) is on the CPU.
         clock: seconds, monotonic (default ``time.monotonic``).
     """
 
@@ -152,6 +155,7 @@ class Syncer:
         guard: str = "drop",
         guard_ratio: float = DEFAULT_GUARD_RATIO,
         late_reports: str = "next",
+        device: str | torch.device = DEFAULT_SYNCER_DEVICE,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         quorum = num_learners if quorum is None else quorum
@@ -166,6 +170,7 @@ class Syncer:
         self.grace = GraceWindow(gamma=float(grace_gamma), overlap_steps=overlap_steps, decay=float(grace_ema_decay))
         self.guard = NormGuard(action=guard, max_ratio=float(guard_ratio), who="learner")
         self.clock = clock
+        self.device = resolve_syncer_device(device)
         self.fragments: list[Fragment] = split_fragments(
             model, num_fragments, pattern=fragment_pattern, fragments=fragments
         )
@@ -173,7 +178,7 @@ class Syncer:
         self.tensor_sizes = [[p.numel() for p in f.params] for f in self.fragments]
         self.is_embedding = [[n in embeddings for n in f.names] for f in self.fragments]
         factory = outer_optimizer or default_outer_optimizer
-        self.global_flat = [flatten(f.params).requires_grad_(True) for f in self.fragments]
+        self.global_flat = [flatten(f.params).to(self.device).requires_grad_(True) for f in self.fragments]
         self.outer_optimizers = [factory([g]) for g in self.global_flat]
         self.versions = [0] * len(self.fragments)
         self._snapshot = [g.detach().clone() for g in self.global_flat]  # Theta at the current version
@@ -210,7 +215,7 @@ class Syncer:
         self.joins[learner] = self.joins.get(learner, 0) + 1
         step = max(self._last_sent.values(), default=0) if again else 0
         return Welcome(
-            fragments=[s.clone() for s in self._snapshot],
+            fragments=[s.to("cpu", copy=True) for s in self._snapshot],
             versions=list(self.versions),
             incarnation=self.joins[learner] - 1,
             step=step,
@@ -412,19 +417,19 @@ class Syncer:
         for f, g in zip(self.fragments, self.global_flat, strict=True):
             offset = 0
             for n, prm in zip(f.names, f.params, strict=True):
-                out[n] = g.detach()[offset : offset + prm.numel()].view(prm.shape).clone()
+                out[n] = g.detach()[offset : offset + prm.numel()].view(prm.shape).to("cpu", copy=True)
                 offset += prm.numel()
         return out
 
     def state_dict(self, *, records: bool = True) -> dict[str, Any]:
         """Everything but the open rounds (their learners send again): Theta, the outer optimizers, versions,
         the grace window's averages, the members with the copy and version of each fragment they hold, the
-        merge records and byte counts. Plain tensors and numbers (loads with ``weights_only=True``).
+        merge records and byte counts. Plain CPU tensors and numbers (loads with ``weights_only=True``, anywhere).
 
         ``records=False``: only the number of merge records (``num_records``), for a caller that keeps the
         records in a log of its own (:mod:`diloco.decoupled.checkpoint`): the state then stays the same size
         however long the run."""
-        return {
+        state = {
             "global": [g.detach().clone() for g in self.global_flat],
             # copies: an optimizer's state_dict holds its live buffers, which later steps change in place
             "outer_optimizers": [copy.deepcopy(o.state_dict()) for o in self.outer_optimizers],
@@ -443,6 +448,7 @@ class Syncer:
             "guard": self.guard.state_dict(),
             "refused_merges": self.refused_merges,
         }
+        return state if self.device.type == "cpu" else to_host(state)
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any], *, records: Sequence[dict[str, Any]] | None = None) -> None:
