@@ -49,8 +49,9 @@ def test_a_gpu_this_host_lacks_is_refused_naming_the_setting_and_the_fix():
 
 def test_a_name_that_is_no_device_is_refused_by_the_config():
     assert TrainConfig(method="decoupled", steps=10).syncer_device == "cpu"
-    with pytest.raises(ValueError, match="syncer_device='gpu' is not a device.*cpu, auto"):
-        TrainConfig(method="decoupled", syncer_device="gpu", steps=10)
+    for value in ("gpu", "meta"):
+        with pytest.raises(ValueError, match=f"syncer_device='{value}' is not a device the syncer runs on.*cpu, auto"):
+            TrainConfig(method="decoupled", syncer_device=value, steps=10)
 
 
 def test_make_syncer_puts_the_syncer_on_the_config_device():

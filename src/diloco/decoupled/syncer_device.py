@@ -28,11 +28,14 @@ def check_syncer_device(value: str) -> str:
     whether this host has it is :func:`resolve_syncer_device`'s check, where the syncer runs."""
     if value != "auto":
         try:
-            torch.device(value)
+            kind = torch.device(value).type
         except (RuntimeError, TypeError, ValueError):
+            kind = None
+        if kind not in ("cpu", "cuda"):
             raise ConfigError(
-                f"syncer_device={value!r} is not a device: use cpu, auto (a GPU if this host has one) or cuda[:N]"
-            ) from None
+                f"syncer_device={value!r} is not a device the syncer runs on: use cpu, auto (a GPU if this host has "
+                f"one) or cuda[:N]"
+            )
     return value
 
 
