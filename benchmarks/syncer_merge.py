@@ -53,6 +53,18 @@ Memory after the streaming merge (one report decoded and folded at a time, learn
 copy): the growth does not depend on M. ``cpu/M`` is the merge's CPU time per learner in memcpys (CPU time);
 with FP4 replies and RDA, about 11 per added learner and a fixed part of about 125 a merge on this CPU
 (``docs/results/performance.md``). ``--threads 1`` gives the steadier times on a shared machine.
+
+The syncer's device (``syncer_device``, ``--devices``): by default every config runs on the CPU and, where a GPU is
+visible, again with the syncer on ``cuda`` (rows side by side, the ``device`` column); on a GPU the timed
+``receive`` is synchronized before and after, the memcpy is a copy on the GPU, and the memory growth is CUDA's
+peak allocated over what it held before the rounds. On a GPU machine, the merge beside the planner's CPU figures:
+
+    PYTHONPATH=src python benchmarks/syncer_merge.py --sizes 16M,64M --learners 2,8 --no-grid --label gpu \
+        --out benchmarks/results/syncer_merge_gpu.json      # a few minutes on one H100
+
+Each config's child process times its rounds itself (two clocks at once, wall and process CPU, around a call
+with untimed set-up before it) and imports only the tree it measures (``--src``: trees older than the
+``diloco.bench`` harness too); the table and the JSON go through the harness (``print_table``, ``write_result``).
 """
 
 from __future__ import annotations
@@ -132,17 +144,25 @@ def build(values: int) -> tuple[nn.Module, int, int]:
     return model, d, num_blocks
 
 
-def memcpy_seconds(numel: int, repeats: int = 9) -> tuple[float, float]:
-    """(wall, process CPU) seconds of ``dst.copy_(src)`` for FP32 tensors of ``numel``: the fastest of
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def memcpy_seconds(numel: int, repeats: int = 9, *, device: str = "cpu") -> tuple[float, float]:
+    """(wall, process CPU) seconds of ``dst.copy_(src)`` for FP32 tensors of ``numel`` on ``device``: the fastest of
     ``repeats`` each, from memory (a 64 MiB buffer is written between copies, so a fragment that fits the
     last-level cache is not timed from cache)."""
-    src, dst, evict = torch.randn(numel), torch.empty(numel), torch.zeros(16 << 20)
+    src, dst = torch.randn(numel, device=device), torch.empty(numel, device=device)
+    evict = torch.zeros(16 << 20, device=device)
     dst.copy_(src)
     wall, cpu = [], []
     for _ in range(repeats):
         evict.add_(1.0)  # read and written through the cache (a fill may use streaming stores that bypass it)
+        _sync(device)
         t0, c0 = time.perf_counter(), time.process_time()
         dst.copy_(src)
+        _sync(device)
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     return min(wall), min(cpu)  # the contention-free estimate on a shared machine (a preempted copy is 10-30x slower)
@@ -178,8 +198,10 @@ def _reset_hwm() -> bool:
         return False
 
 
-def run_one(*, values: int, learners: int, codec: str, merge: str, repeats: int, threads: int = 0) -> dict:
-    """One config in this process (called in a fresh subprocess by :func:`main`)."""
+def run_one(
+    *, values: int, learners: int, codec: str, merge: str, repeats: int, threads: int = 0, device: str = "cpu"
+) -> dict:
+    """One config in this process (called in a fresh subprocess by :func:`main`); ``device``: the syncer's."""
     from diloco.decoupled.messages import Report
     from diloco.decoupled.syncer import Syncer
     from diloco.wire.registry import get_codec
@@ -189,17 +211,23 @@ def run_one(*, values: int, learners: int, codec: str, merge: str, repeats: int,
         torch.set_num_threads(threads)
     model, d, num_blocks = build(values)
     n = sum(p.numel() for p in model.parameters())
-    syncer = Syncer(model, num_learners=learners, merge=merge, codec=codec, grace_gamma=0.0)
+    on = {"device": device} if device != "cpu" else {}  # a --src tree from before syncer_device has none
+    syncer = Syncer(model, num_learners=learners, merge=merge, codec=codec, grace_gamma=0.0, **on)
+    gpu = str(getattr(syncer, "device", "cpu")).startswith("cuda")
     del model
     for m in range(learners):
         syncer.join(m)
     c = get_codec(codec)
     gen = torch.Generator().manual_seed(1)
     payloads = [c.encode(torch.randn(n, generator=gen).mul_(1e-3)) for _ in range(min(2, learners))]
-    copy_s, copy_cpu = memcpy_seconds(n)
+    copy_s, copy_cpu = memcpy_seconds(n, device=device)
     trimmed = _malloc_trim()
     reset = _reset_hwm()
     rss_before = _status_kb("VmRSS")
+    if gpu:  # the growth is the GPU's: the peak of CUDA's allocator over what it held before the rounds
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        rss_before = torch.cuda.memory_allocated() // 1024
     times, cpu_times, sync_times = [], [], []
     for r in range(repeats):
         version = syncer.versions[0]
@@ -218,19 +246,23 @@ def run_one(*, values: int, learners: int, codec: str, merge: str, repeats: int,
         ]
         for rep in reports[:-1]:
             assert syncer.receive(rep) == []
+        _sync(device)
         t0, c0 = time.perf_counter(), time.process_time()
-        replies = syncer.receive(reports[-1])
+        replies = syncer.receive(reports[-1])  # its replies are on the CPU: the merge has finished on the GPU
+        _sync(device)
         times.append(time.perf_counter() - t0)
         cpu_times.append(time.process_time() - c0)
         assert len(replies) == learners and syncer.versions[0] == version + 1, "the round did not merge"
         sync_times.append(syncer.records[-1].sync_time)
         del replies, reports
-    hwm = _status_kb("VmHWM")
-    copy_s, copy_cpu = (min(a, b) for a, b in zip((copy_s, copy_cpu), memcpy_seconds(n), strict=True))  # again, after
+    hwm = torch.cuda.max_memory_allocated() // 1024 if gpu else _status_kb("VmHWM")
+    again = memcpy_seconds(n, device=device)  # again, after
+    copy_s, copy_cpu = (min(a, b) for a, b in zip((copy_s, copy_cpu), again, strict=True))
     growth = (hwm - rss_before) * 1024 if hwm is not None and rss_before is not None else None
     median = statistics.median(times[1:] if len(times) > 1 else times)
     cpu_median = statistics.median(cpu_times[1:] if len(cpu_times) > 1 else cpu_times)
     return {
+        "device": str(getattr(syncer, "device", "cpu")),
         "values_target": values,
         "values": n,
         "width": d,
@@ -254,7 +286,7 @@ def run_one(*, values: int, learners: int, codec: str, merge: str, repeats: int,
         "peak_growth_bytes": growth,
         "model_fp32_bytes": 4 * n,
         "peak_growth_over_model": growth / (4 * n) if growth is not None else None,
-        "hwm_reset": reset,
+        "hwm_reset": reset or gpu,
         "malloc_trim": trimmed,
         "threads": torch.get_num_threads(),
         "memcpys_per_learner": median / copy_s / learners,
@@ -276,7 +308,28 @@ def configs(args: argparse.Namespace) -> list[dict]:
                 cfg = {"values": args.grid_size, "learners": args.grid_learners, "codec": codec, "merge": merge}
                 if cfg not in out:
                     out.append(cfg)
-    return out
+    return [{**cfg, "device": device} for cfg in out for device in args.devices]  # devices side by side
+
+
+#: The printed table: header, row key (or function), format.
+COLUMNS = [
+    ("values", "values", ","),
+    ("d", "width", ""),
+    ("L", "blocks", ""),
+    ("M", "learners", ""),
+    ("codec", "codec", ""),
+    ("merge", "merge", ""),
+    ("device", "device", ""),
+    ("merge s", "merge_s_median", ".3f"),
+    ("first s", "merge_s_first", ".3f"),
+    ("cpu s", "merge_cpu_s_median", ".3f"),
+    ("memcpy ms", lambda r: 1e3 * r["memcpy_s"], ".2f"),
+    ("x memcpy", "merge_over_memcpy", ".0f"),
+    ("x cpu", "merge_over_memcpy_cpu", ".0f"),
+    ("cpu/M", "memcpys_per_learner_cpu", ".1f"),
+    ("ns/(M*val)", "ns_per_learner_value", ".1f"),
+    ("peak/model", "peak_growth_over_model", ".1f"),
+]
 
 
 def _csv(text: str) -> list[str]:
@@ -321,6 +374,11 @@ def main() -> None:
         help="torch threads per config (default: torch's; 1 is steadier on a shared box, where a parallel region "
         "waits for a preempted thread)",
     )
+    ap.add_argument(
+        "--devices",
+        default="auto",
+        help="the syncer's devices (syncer_device), each config on each: auto = cpu, and cuda where a GPU is visible",
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one JSON config, print its row
     args = ap.parse_args()
     if args.one:
@@ -333,6 +391,7 @@ def main() -> None:
         args.out = (
             Path(__file__).parent / "results" / ("syncer_merge_quick.json" if args.quick else "syncer_merge.json")
         )
+    from diloco.bench import print_table, write_result  # here: a --one child may import an older --src tree
     from diloco.decoupled.merge import check_merge
     from diloco.wire.registry import ALL_CODEC_NAMES
 
@@ -340,6 +399,8 @@ def main() -> None:
     args.grid_size = parse_size(args.grid_size)
     args.learners = [int(m) for m in _csv(args.learners)]
     args.codecs, args.merges = _csv(args.codecs), _csv(args.merges)
+    auto = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    args.devices = auto if args.devices == "auto" else _csv(args.devices)
     for name in [args.codec, *args.codecs]:
         if name not in ALL_CODEC_NAMES:
             raise ValueError(f"codec {name!r}: choose from {', '.join(ALL_CODEC_NAMES)}")
@@ -354,12 +415,6 @@ def main() -> None:
             raise ValueError(f"--src {args.src}: give a directory holding diloco/ (a checkout's src)")
         env = {**os.environ, "PYTHONPATH": str(args.src.resolve())}
     rows, skipped = [], []
-    header = (
-        f"{'values':>11} {'d':>5} {'L':>3} {'M':>3} {'codec':<9} {'merge':<5} {'merge s':>8} "
-        f"{'first s':>8} {'cpu s':>7} {'memcpy ms':>9} {'x memcpy':>9} {'x cpu':>6} {'cpu/M':>6} {'ns/(M*val)':>10} "
-        f"{'peak/model':>10}"
-    )
-    print(header)
     for cfg in configs(args):
         one = json.dumps({**cfg, "repeats": args.repeats, "threads": args.threads})
         try:
@@ -379,17 +434,9 @@ def main() -> None:
             skipped.append({**cfg, "why": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"})
             print(f"  skipped {cfg}: {skipped[-1]['why']}")
             continue
-        r = json.loads(proc.stdout.strip().splitlines()[-1])
-        rows.append(r)
-        peak = "n/a" if r["peak_growth_over_model"] is None else f"{r['peak_growth_over_model']:.1f}x"
-        print(
-            f"{r['values']:>11,} {r['width']:>5} {r['blocks']:>3} {r['learners']:>3} {r['codec']:<9} "
-            f"{r['merge']:<5} {r['merge_s_median']:>8.3f} {r['merge_s_first']:>8.3f} {r['merge_cpu_s_median']:>7.3f} "
-            f"{1e3 * r['memcpy_s']:>9.2f} {r['merge_over_memcpy']:>9.0f} {r['merge_over_memcpy_cpu']:>6.0f} "
-            f"{r['memcpys_per_learner_cpu']:>6.1f} "
-            f"{r['ns_per_learner_value']:>10.1f} {peak:>10}",
-            flush=True,
-        )
+        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(f"  {cfg}: merge {rows[-1]['merge_s_median']:.3f} s", flush=True)
+    print_table(rows, COLUMNS)
     meta = {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -398,19 +445,18 @@ def main() -> None:
         "repeats": args.repeats,
         "python": platform.python_version(),
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "timing": "median of rounds 2..repeats of Syncer.receive of the round's last report (the merge)",
+        "timing": "median of rounds 2..repeats of Syncer.receive of the round's last report (the merge; on a GPU "
+        "synchronized before and after)",
         "memory": "VmHWM - VmRSS before the rounds (malloc_trim(0), then HWM reset via /proc/self/clear_refs), "
-        "over 4 * values",
+        "over 4 * values; on a GPU, CUDA's peak allocated - allocated before the rounds",
         "src": str(args.src) if args.src is not None else "this checkout",
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"meta": meta, "rows": rows, "skipped": skipped}
     if args.label is not None:
         kept = json.loads(args.out.read_text()) if args.out.exists() else {}
         kept.setdefault("runs", {})[args.label] = doc
         doc = kept
-    args.out.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
-    print(f"\nwritten: {args.out}")
+    write_result("syncer_merge", doc, out=args.out)
     if not math.isfinite(sum(r["merge_s_median"] for r in rows)):
         raise SystemExit("a merge time is not finite")
 

@@ -5,8 +5,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from diloco.decoupled_choices import check_outer_gradient, check_overwrite_after, check_transport
+from diloco.decoupled.syncer_device import syncer_device_errors
+from diloco.decoupled_choices import LATE_REPORTS, check_outer_gradient, check_overwrite_after, check_transport
 from diloco.errors import ConfigError
+
+
+def check_late_reports(value: str) -> str:
+    if value not in LATE_REPORTS:
+        raise ConfigError(
+            f"late_reports={value!r}: choose 'next' (it waits for the next round's quorum) or 'alone' (merged at "
+            f"once, by itself)"
+        )
+    return value
+
+
+def check_quorum(quorum: int, num_learners: int) -> None:
+    if not isinstance(num_learners, int) or num_learners < 1:
+        raise ConfigError(f"num_learners={num_learners!r}: give the number of learners, at least 1")
+    if not isinstance(quorum, int) or not 1 <= quorum <= num_learners:
+        raise ConfigError(
+            f"quorum={quorum!r} with {num_learners} learners: the quorum K must lie in "
+            f"1..{num_learners} (K = {num_learners} is synchronous, K = 1 never waits for a second)"
+        )
 
 
 def decoupled_errors(cfg: Any) -> list[str]:
@@ -14,7 +34,6 @@ def decoupled_errors(cfg: Any) -> list[str]:
     from diloco.decoupled.grace import check_grace
     from diloco.decoupled.merge import check_merge
     from diloco.decoupled.outer_scale import check_outer_scale
-    from diloco.decoupled.syncer import check_late_reports, check_quorum
 
     errors = []
     checks = [
@@ -49,7 +68,7 @@ def decoupled_errors(cfg: Any) -> list[str]:
             check(value)
         except ValueError as exc:
             errors.append(str(exc))
-    errors += site_errors(cfg)
+    errors += site_errors(cfg) + syncer_device_errors(cfg)
     if cfg.eager:
         errors.append(
             "method='decoupled' cannot take eager=true: eager updates stand a worker's own outer gradient in for "
@@ -100,4 +119,4 @@ def site_errors(cfg: Any) -> list[str]:
     return errors
 
 
-__all__ = ["decoupled_errors", "site_errors"]
+__all__ = ["check_late_reports", "check_quorum", "decoupled_errors", "site_errors"]

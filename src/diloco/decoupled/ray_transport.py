@@ -443,6 +443,7 @@ def start_syncer(
     keep: int = 2,
     detached: bool = False,
     fingerprint: dict[str, Any] | None = None,
+    num_gpus: float | None = None,
 ) -> Any:
     """Start ``syncer`` as the named actor ``name`` (Ray started first if it is not); returns its handle.
 
@@ -451,7 +452,10 @@ def start_syncer(
     it (in the actor's process). ``detached``: the actor outlives this process (Ray's ``lifetime="detached"``:
     stop it with ``ray.kill``); needs ``checkpoint_dir`` and a function for ``syncer``, so that a restart
     depends on nothing this process holds. ``fingerprint``: the config keys learners must match
-    (:meth:`SyncerActor.hello`)."""
+    (:meth:`SyncerActor.hello`). ``num_gpus``: Ray's GPUs for the actor (default: 1 for a syncer whose ``device`` is a
+    GPU, else 0; give 1 for a function building one)."""
+    if num_gpus is None:
+        num_gpus = 1 if getattr(getattr(syncer, "device", None), "type", "cpu") == "cuda" else 0
     if detached and (checkpoint_dir is None or not callable(syncer)):
         raise ConfigError(
             "detached=True needs checkpoint_dir= and a function that builds the syncer (syncer=partial(...)): "
@@ -468,8 +472,12 @@ def start_syncer(
             f"or stop it first (ray.kill(ray.get_actor({name!r}, namespace={namespace!r})))"
         )
     if checkpoint_dir is None:
-        return SyncerActor.options(name=name, namespace=namespace).remote(syncer, None, keep, fingerprint)
-    options: dict[str, Any] = dict(name=name, namespace=namespace, max_restarts=-1, max_task_retries=-1)
+        return SyncerActor.options(name=name, namespace=namespace, num_gpus=num_gpus).remote(
+            syncer, None, keep, fingerprint
+        )
+    options: dict[str, Any] = dict(
+        name=name, namespace=namespace, max_restarts=-1, max_task_retries=-1, num_gpus=num_gpus
+    )
     if detached:
         return SyncerActor.options(lifetime="detached", **options).remote(
             syncer, str(checkpoint_dir), keep, fingerprint

@@ -152,7 +152,9 @@ class DecoupledRuntime(MethodRuntime):
     def check_inputs(self, cfg: Any, *, template: torch.nn.Module, fragments: list[list[str]] | None) -> None:
         if not cfg.syncer:  # the syncer runs here (a site job's runs at the service, which checks its own host)
             from diloco.decoupled.capacity import check_syncer_memory
+            from diloco.decoupled.syncer_device import resolve_syncer_device
 
+            resolve_syncer_device(cfg.syncer_device)  # syncer_device=cuda on a host without a GPU: refused here
             check_syncer_memory(cfg, template, fragments)
 
     def check_reachable(self, cfg: Any) -> None:

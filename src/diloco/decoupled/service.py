@@ -102,7 +102,7 @@ FINGERPRINT_KEYS = (
 DATA_KEYS = ("data_vocab_size", "data_digest")
 #: The keys a site's learner command must not repeat from the syncer's overrides (the syncer's address goes in
 #: ``syncer=NAME@ADDRESS``).
-SYNCER_ONLY_KEYS = ("ray_address", "decoupled_transport")
+SYNCER_ONLY_KEYS = ("ray_address", "decoupled_transport", "syncer_device")
 RAY_MISSING = "the syncer service needs Ray: pip install -e .[ray] (or ray>=2.9)"
 
 
@@ -431,6 +431,7 @@ def _run(
                 checkpoint_dir=str((out / "syncer").resolve()),
                 detached=True,
                 fingerprint=prints,
+                num_gpus=1 if cfg.syncer_device.startswith("cuda") else 0,  # auto: a GPU if Ray gives the actor one
             )
         status = ray.get(handle.status.remote())
         echo(

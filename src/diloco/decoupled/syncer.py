@@ -38,16 +38,15 @@ restored from it loses only the time it was down. Memory: besides Theta and the
 outer-optimizer state, the syncer keeps the copy of each fragment each learner holds (to form
 Delta_m against its own Theta_p); learners that hold the same copy (the same version, received in the
 same merge; with the lossless ``fp32`` codec, Theta itself) share one tensor and one reply payload, so in
-the steady state of K = M there is one copy whatever M. A merge streams (:meth:`Syncer._fold`): it decodes
-one report at a time and folds it into running per-tensor sums, holding one fragment-sized accumulator and
-one Delta_m however many learners report; the sums are the stacked merge's, in the same order, bit for bit
-(``tests/unit/test_syncer_streaming.py`` keeps the stacked merge as the reference).
+the steady state of K = M there is one copy whatever M (:mod:`diloco.decoupled.copies`). A merge streams
+(:func:`diloco.decoupled.fold.fold_round`): it decodes one report at a time and folds it into running per-tensor
+sums, holding one fragment-sized accumulator and one Delta_m however many learners report, bit for bit the
+stacked merge.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -57,13 +56,17 @@ import torch
 from torch import nn
 
 from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten, split_fragments
-from diloco.algorithm.guard import DEFAULT_GUARD_RATIO, NormGuard, Verdict
+from diloco.algorithm.guard import DEFAULT_GUARD_RATIO, NormGuard
 from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer, load_global_state
+from diloco.decoupled.config_checks import check_late_reports, check_quorum
+from diloco.decoupled.copies import Shared, copy_bases, reply_payload
+from diloco.decoupled.fold import fold_round, record_verdicts
 from diloco.decoupled.grace import DEFAULT_EMA_DECAY, DEFAULT_GRACE_GAMMA, GraceWindow
-from diloco.decoupled.merge import MergeFold, check_merge, token_weights
+from diloco.decoupled.merge import check_merge
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
 from diloco.decoupled.outer_scale import check_outer_scale, outer_step_share
-from diloco.decoupled_choices import LATE_REPORTS, check_outer_gradient
+from diloco.decoupled.syncer_device import DEFAULT_SYNCER_DEVICE, resolve_syncer_device, to_host
+from diloco.decoupled_choices import check_outer_gradient
 from diloco.errors import ConfigError
 from diloco.wire.codec import Codec, all_finite
 from diloco.wire.registry import get_codec
@@ -78,59 +81,6 @@ def embedding_names(model: nn.Module) -> set[str]:
     """Names of the trainable parameters that belong to an ``nn.Embedding`` (tied aliases included)."""
     ids = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
     return {n for n, p in model.named_parameters() if id(p) in ids}
-
-
-def check_late_reports(value: str) -> str:
-    if value not in LATE_REPORTS:
-        raise ConfigError(
-            f"late_reports={value!r}: choose 'next' (it waits for the next round's quorum) or 'alone' (merged at "
-            f"once, by itself)"
-        )
-    return value
-
-
-def check_quorum(quorum: int, num_learners: int) -> None:
-    if not isinstance(num_learners, int) or num_learners < 1:
-        raise ConfigError(f"num_learners={num_learners!r}: give the number of learners, at least 1")
-    if not isinstance(quorum, int) or not 1 <= quorum <= num_learners:
-        raise ConfigError(
-            f"quorum={quorum!r} with {num_learners} learners: the quorum K must lie in "
-            f"1..{num_learners} (K = {num_learners} is synchronous, K = 1 never waits for a second)"
-        )
-
-
-def _add_difference_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, chunk: int = 1 << 18) -> bool:
-    """``out += a - b`` a chunk at a time (no temporary of the full size), and whether every value of ``out`` is then
-    finite (each chunk checked while it is in cache); the same values as ``out.add_(a - b)``: each is one rounded
-    subtraction and one rounded addition per element."""
-    finite = torch.ones((), dtype=torch.bool, device=out.device)
-    for i in range(0, out.numel(), chunk):
-        part = out[i : i + chunk]
-        part.add_(a[i : i + chunk] - b[i : i + chunk])
-        finite &= all_finite(part)
-    return bool(finite)
-
-
-def _copy_bases(
-    bases: dict[Any, list[torch.Tensor | None]], snapshot: Sequence[torch.Tensor], *, restore: bool = False
-) -> dict[Any, list[torch.Tensor | None]]:
-    """Copies of the learners' bases in which learners that share a copy still share one: ``None`` for Theta itself
-    (``restore``: Theta for ``None``). ``torch.save`` keeps the sharing, so a checkpoint holds each copy once."""
-    copies: dict[int, torch.Tensor] = {}
-
-    def one(b: torch.Tensor | None, theta: torch.Tensor) -> torch.Tensor | None:
-        if b is None or b is theta:
-            return theta if restore else None
-        if id(b) not in copies:
-            copies[id(b)] = b.clone()
-        return copies[id(b)]
-
-    return {m: [one(b, t) for b, t in zip(bs, snapshot, strict=True)] for m, bs in bases.items()}
-
-
-def _all_finite(x: torch.Tensor, *, chunk: int = 1 << 18) -> bool:
-    """Every value of ``x`` is finite, a chunk at a time (``all_finite`` of the whole needs a temporary its size)."""
-    return all(bool(all_finite(x[i : i + chunk])) for i in range(0, x.numel(), chunk))
 
 
 @dataclass
@@ -180,6 +130,8 @@ class Syncer:
             about H steps when the learners run in phase (measured: a quarter of the learners' time at M = 3, K = 2
             on Ray); ``"alone"`` merges it at once, by itself (a merge of 1 of M, scaled by ``outer_scale``), so no
             learner waits a round for a partner, for about 1 % more loss at equal tokens (the decoupled guide).
+        device: where the state and the merge live (:mod:`diloco.decoupled.syncer_device`): ``"cpu"`` (default),
+            ``"auto"`` or a torch device; what leaves the syncer (replies, welcomes, state) is on the CPU.
         clock: seconds, monotonic (default ``time.monotonic``).
     """
 
@@ -203,6 +155,7 @@ class Syncer:
         guard: str = "drop",
         guard_ratio: float = DEFAULT_GUARD_RATIO,
         late_reports: str = "next",
+        device: str | torch.device = DEFAULT_SYNCER_DEVICE,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         quorum = num_learners if quorum is None else quorum
@@ -217,6 +170,7 @@ class Syncer:
         self.grace = GraceWindow(gamma=float(grace_gamma), overlap_steps=overlap_steps, decay=float(grace_ema_decay))
         self.guard = NormGuard(action=guard, max_ratio=float(guard_ratio), who="learner")
         self.clock = clock
+        self.device = resolve_syncer_device(device)
         self.fragments: list[Fragment] = split_fragments(
             model, num_fragments, pattern=fragment_pattern, fragments=fragments
         )
@@ -224,7 +178,7 @@ class Syncer:
         self.tensor_sizes = [[p.numel() for p in f.params] for f in self.fragments]
         self.is_embedding = [[n in embeddings for n in f.names] for f in self.fragments]
         factory = outer_optimizer or default_outer_optimizer
-        self.global_flat = [flatten(f.params).requires_grad_(True) for f in self.fragments]
+        self.global_flat = [flatten(f.params).to(self.device).requires_grad_(True) for f in self.fragments]
         self.outer_optimizers = [factory([g]) for g in self.global_flat]
         self.versions = [0] * len(self.fragments)
         self._snapshot = [g.detach().clone() for g in self.global_flat]  # Theta at the current version
@@ -261,7 +215,7 @@ class Syncer:
         self.joins[learner] = self.joins.get(learner, 0) + 1
         step = max(self._last_sent.values(), default=0) if again else 0
         return Welcome(
-            fragments=[s.clone() for s in self._snapshot],
+            fragments=[s.to("cpu", copy=True) for s in self._snapshot],
             versions=list(self.versions),
             incarnation=self.joins[learner] - 1,
             step=step,
@@ -376,21 +330,24 @@ class Syncer:
         self._slot[p] = (slot, (previous[1] if same else frozenset()) | frozenset(rnd.reports))
         g = self.global_flat[p]
         order = sorted(rnd.reports)  # learner order: the same sums whatever the arrival order
-        merged, verdicts, bad, weights = self._fold(p, rnd, order)
-        kept, dropped, ratios, events = [], [], [], []
-        for m in order:  # the guard's records in learner order, as each report was judged
-            verdict = verdicts.get(m)
-            if verdict is not None and verdict.action != "accept":
-                events.append(self.guard.record(m, p, verdict).as_row())
-                if verdict.action == "drop":
-                    continue
-            if m in bad:
-                dropped.append(m)
-                continue
-            if verdict is not None and verdict.action == "accept":
-                self.guard.record(m, p, verdict)
-            kept.append(m)
-            ratios.append(None if verdict is None else verdict.ratio)
+        folded = fold_round(
+            p,
+            rnd.reports,
+            order=order,
+            theta=g.detach(),
+            snapshot=self._snapshot[p],
+            bases={m: self._base[m][p] for m in order},
+            codec=self.codec,
+            against_theta=self.outer_gradient == "global",
+            sizes=self.tensor_sizes[p],
+            embedding=self.is_embedding[p],
+            merge=self.merge,
+            guard=self.guard,
+        )
+        self.extra_merge_passes += folded.passes - 1
+        merged, verdicts, bad, weights = folded.merged, folded.verdicts, folded.bad, folded.weights
+        del folded
+        kept, dropped, ratios, events = record_verdicts(self.guard, p, order, verdicts, bad)
         assert len(kept) == len(weights)
         if merged is not None:
             g.grad = merged
@@ -444,106 +401,12 @@ class Syncer:
     #: Passes over a round's reports beyond the first, since this syncer started (each decodes them again).
     extra_merge_passes: int = 0
 
-    def _fold(
-        self, p: int, rnd: Round, order: Sequence[int]
-    ) -> tuple[torch.Tensor | None, dict[int, Verdict], set[int], list[float]]:
-        """The merged outer gradient of fragment ``p`` (None if no report has weight), the guard's verdicts, the
-        reports that were not finite and the token weights of the rest, in learner order.
-
-        Streaming: each report is decoded, turned into Delta_m and folded into a :class:`MergeFold` before the
-        next is decoded, so a merge holds one fragment's accumulator and one Delta_m whatever the number of
-        learners. The fold needs the weights, hence which reports the guard drops and which are not finite,
-        before it starts: the first pass assumes that every report is accepted and finite (the steady state) and
-        computes the guard's norms as it goes; if the guard then drops or clips one, or a report is not finite,
-        the fold starts again from the decoded payloads with what the first pass learnt (a second decode of each
-        report, ``extra_merge_passes``; a third only if clipping changed which reports are finite). The sums are
-        those of :func:`~diloco.decoupled.merge.merge_outer_gradients` over the kept reports, in learner order.
-        """
-        theta = self.global_flat[p].detach()
-        numel = theta.numel()
-        verdicts: dict[int, Verdict] | None = None if self.guard.on else {}
-        bad: set[int] = set()  # reports whose Delta_m is not finite (a prediction until a pass confirms it)
-        for attempt in range(3):
-            if attempt:
-                self.extra_merge_passes += 1
-            known = verdicts is not None
-            vs: dict[int, Verdict] = verdicts or {}
-            kept = [m for m in order if m not in bad and not (m in vs and vs[m].action == "drop")]
-            weights = (
-                token_weights([rnd.reports[m].steps for m in kept], [rnd.reports[m].tokens for m in kept])
-                if kept
-                else []
-            )
-            fold = (
-                MergeFold(weights=weights, sizes=self.tensor_sizes[p], embedding=self.is_embedding[p], merge=self.merge)
-                if any(w > 0 for w in weights)
-                else None
-            )
-            norms: dict[int, float] = {}
-            seen_bad: set[int] = set()
-            buffer: torch.Tensor | None = None  # one decode buffer for the pass (a fresh one costs page faults)
-            for m in order:
-                verdict = vs.get(m)
-                if verdict is not None and verdict.action == "drop":
-                    continue
-                r = rnd.reports[m]
-                if buffer is None:
-                    buffer = torch.empty(numel, dtype=torch.float32, device=theta.device)
-                d = self.codec.decode_into(r.payload, numel, buffer)  # base_m - theta_m
-                if not known and r.steps > 0:
-                    # per step of work: a learner's first report of a fragment may cover fewer steps than H (the
-                    # schedule's offset), and was measured 7x smaller than the next one on the tiny preset
-                    norms[m] = float(torch.linalg.vector_norm(d)) / r.steps
-                if verdict is not None and verdict.action == "clip":
-                    d.mul_(verdict.scale)  # clip: down to the bar, before the drift of Theta is added
-                base = self._base[m][p]
-                if base is not self._snapshot[p] and self.outer_gradient == "global":  # against Theta, not its copy
-                    finite = _add_difference_(d, theta, base)
-                else:
-                    finite = _all_finite(d)
-                if not finite:
-                    seen_bad.add(m)
-                if finite == (m in bad):
-                    fold = None  # the weights of this pass counted it wrongly: its fold is void
-                elif finite and fold is not None:
-                    fold.add(d)
-                if fold is not None and fold.acc is buffer:
-                    buffer = None  # the fold keeps it as its accumulator (an equal-weight mean starts from it)
-                del d
-            if not known:
-                verdicts = self._judge(p, norms)
-            valid = seen_bad == bad and (known or all(v.action == "accept" for v in verdicts.values()))
-            bad = seen_bad
-            if valid:
-                return (None if fold is None else fold.result()), verdicts, bad, weights
-        raise AssertionError(f"the merge of fragment {p} did not settle in 3 passes")
-
-    def _judge(self, p: int, norms: dict[int, float]) -> dict[int, Verdict]:
-        """The guard's verdict on each report of the round that did work (steps > 0) and is finite, by its norm per
-        step of work since the learner last received the fragment (``Report.steps``): ``norms``."""
-        if not self.guard.on:
-            return {}
-        norms = {m: n for m, n in norms.items() if math.isfinite(n)}  # non-finite: dropped as before
-        round_norms = list(norms.values())
-        return {m: self.guard.judge(p, n, round_norms, sender=m) for m, n in norms.items()}
-
-    def _reply(self, m: int, p: int, shared: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> Reply:
-        """Learner ``m``'s reply of fragment ``p`` after a merge. Learners that held the same copy of the fragment get
-        the same payload and then hold the same copy again (codecs are deterministic): it is encoded once a merge
-        and kept once (``shared``: the copy a learner held -> that copy, the payload, the copy it will hold)."""
-        theta = self._snapshot[p]
-        if is_lossless(self.codec):
-            if id(theta) not in shared:
-                shared[id(theta)] = (theta, self.codec.encode(theta), theta)
-            _, payload, _ = shared[id(theta)]
-            self._base[m][p] = theta
-        else:
-            base = self._base[m][p]
-            if id(base) not in shared:
-                payload = self.codec.encode(theta - base)
-                # what the learner will hold: base + decoded, summed in place into the decoded copy (a + b == b + a)
-                shared[id(base)] = (base, payload, self.codec.decode(payload, theta.numel()).add_(base))
-            _, payload, self._base[m][p] = shared[id(base)]
+    def _reply(self, m: int, p: int, shared: Shared) -> Reply:
+        """Learner ``m``'s reply of fragment ``p`` after a merge (:func:`~diloco.decoupled.copies.reply_payload`)."""
+        lossless = is_lossless(self.codec)
+        payload, self._base[m][p] = reply_payload(
+            self.codec, self._snapshot[p], self._base[m][p], shared, lossless=lossless
+        )
         self._held[m][p] = self.versions[p]
         return Reply(learner=m, fragment=p, payload=payload, version=self.versions[p])
 
@@ -554,19 +417,19 @@ class Syncer:
         for f, g in zip(self.fragments, self.global_flat, strict=True):
             offset = 0
             for n, prm in zip(f.names, f.params, strict=True):
-                out[n] = g.detach()[offset : offset + prm.numel()].view(prm.shape).clone()
+                out[n] = g.detach()[offset : offset + prm.numel()].view(prm.shape).to("cpu", copy=True)
                 offset += prm.numel()
         return out
 
     def state_dict(self, *, records: bool = True) -> dict[str, Any]:
         """Everything but the open rounds (their learners send again): Theta, the outer optimizers, versions,
         the grace window's averages, the members with the copy and version of each fragment they hold, the
-        merge records and byte counts. Plain tensors and numbers (loads with ``weights_only=True``).
+        merge records and byte counts. Plain CPU tensors and numbers (loads with ``weights_only=True``, anywhere).
 
         ``records=False``: only the number of merge records (``num_records``), for a caller that keeps the
         records in a log of its own (:mod:`diloco.decoupled.checkpoint`): the state then stays the same size
         however long the run."""
-        return {
+        state = {
             "global": [g.detach().clone() for g in self.global_flat],
             # copies: an optimizer's state_dict holds its live buffers, which later steps change in place
             "outer_optimizers": [copy.deepcopy(o.state_dict()) for o in self.outer_optimizers],
@@ -578,13 +441,14 @@ class Syncer:
             "left": sorted(self._left),
             "held": {m: list(v) for m, v in self._held.items()},
             # a copy only where it differs from Theta (lossy codecs, or a learner behind), one per copy held
-            "bases": _copy_bases(self._base, self._snapshot),
+            "bases": copy_bases(self._base, self._snapshot),
             **({"records": [r.as_row() for r in self.records]} if records else {"num_records": len(self.records)}),
             "bytes": [self.bytes_received, self.bytes_sent],
             "ignored_reports": self.ignored_reports,
             "guard": self.guard.state_dict(),
             "refused_merges": self.refused_merges,
         }
+        return state if self.device.type == "cpu" else to_host(state)
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any], *, records: Sequence[dict[str, Any]] | None = None) -> None:
@@ -607,7 +471,7 @@ class Syncer:
         self._last_sent = {int(m): int(n) for m, n in state["last_sent"].items()}
         self._left = {int(m) for m in state["left"]}
         self._held = {int(m): [int(v) for v in vs] for m, vs in state["held"].items()}
-        self._base = {int(m): bs for m, bs in _copy_bases(state["bases"], self._snapshot, restore=True).items()}
+        self._base = {int(m): bs for m, bs in copy_bases(state["bases"], self._snapshot, restore=True).items()}
         self.records = [MergeRecord.from_row(r) for r in records]
         self.bytes_received, self.bytes_sent = (int(b) for b in state["bytes"])
         self.ignored_reports = int(state["ignored_reports"])
@@ -619,4 +483,4 @@ class Syncer:
         return [g.numel() for g in self.global_flat]
 
 
-__all__ = ["Syncer", "check_quorum", "embedding_names", "is_lossless"]
+__all__ = ["Syncer", "embedding_names", "is_lossless"]

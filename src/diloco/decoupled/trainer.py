@@ -73,6 +73,7 @@ def make_syncer(
         guard=cfg.guard,
         guard_ratio=cfg.guard_ratio,
         late_reports=cfg.late_reports,
+        device=cfg.syncer_device,
     )
     if state is not None:
         learners = sorted(int(m) for m in state["joins"])

@@ -185,6 +185,10 @@ class TrainConfig:
         "decoupled: where the syncer runs: threads (a thread of this process) or ray (a named Ray actor)",
         choices=dc.TRANSPORTS,
     )
+    syncer_device: str = _cooperate(
+        "cpu",
+        "decoupled: where the syncer's state and merge math live: cpu, auto (cuda if its host has a GPU) or cuda[:N]",
+    )
     ray_address: str = _cooperate(
         "", "decoupled_transport=ray: the Ray cluster to join; empty: start a local Ray instance"
     )
