@@ -49,7 +49,7 @@ def decoupled_errors(cfg: Any) -> list[str]:
             check(value)
         except ValueError as exc:
             errors.append(str(exc))
-    errors += site_errors(cfg)
+    errors += site_errors(cfg) + shard_errors(cfg)
     if cfg.eager:
         errors.append(
             "method='decoupled' cannot take eager=true: eager updates stand a worker's own outer gradient in for "
@@ -77,6 +77,27 @@ def decoupled_errors(cfg: Any) -> list[str]:
     return errors
 
 
+def shard_errors(cfg: Any) -> list[str]:
+    """``syncer_shards``: a divisor of ``num_fragments``, and 1 where the syncer is a service of its own."""
+    from diloco.decoupled.shards import check_syncer_shards
+
+    try:
+        check_syncer_shards(cfg.syncer_shards, cfg.num_fragments)
+    except ValueError as exc:
+        return [str(exc)]
+    if cfg.syncer_shards > 1 and cfg.syncer:
+        return [single_syncer_error(cfg, "a site job (syncer=NAME@ADDRESS) joins a `diloco syncer` service")]
+    return []
+
+
+def single_syncer_error(cfg: Any, what: str) -> str:
+    """Why ``what`` refuses ``syncer_shards`` > 1, and the fix."""
+    return (
+        f"syncer_shards={cfg.syncer_shards}: {what}, which runs one syncer, not shards; set syncer_shards=1 (shards "
+        f"run under `diloco train`, with decoupled_transport threads or ray, and under torchrun)"
+    )
+
+
 def site_errors(cfg: Any) -> list[str]:
     """A site job's ``learner`` and ``syncer``: both set (one learner joining a running syncer) or neither."""
     errors = []
@@ -100,4 +121,4 @@ def site_errors(cfg: Any) -> list[str]:
     return errors
 
 
-__all__ = ["decoupled_errors", "site_errors"]
+__all__ = ["decoupled_errors", "shard_errors", "single_syncer_error", "site_errors"]

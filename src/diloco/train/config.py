@@ -185,6 +185,9 @@ class TrainConfig:
         "decoupled: where the syncer runs: threads (a thread of this process) or ray (a named Ray actor)",
         choices=dc.TRANSPORTS,
     )
+    syncer_shards: int = _cooperate(
+        1, "decoupled: S syncers, each owning fragments p with p % S == s (its own thread or Ray actor); S divides P"
+    )
     ray_address: str = _cooperate(
         "", "decoupled_transport=ray: the Ray cluster to join; empty: start a local Ray instance"
     )
