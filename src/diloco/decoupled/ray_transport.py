@@ -184,18 +184,25 @@ class SyncerActor(Membership):
         async with self._condition():  # a wait_reply that came first looks again
             self._condition().notify_all()
 
-    async def wait_reply(self, learner: int, fragment: int, sent_at: float = 0.0) -> Reply | None:
-        """The reply to ``learner``'s report of ``fragment`` (sent at wall time ``sent_at``); None if this
-        syncer does not hold that report and will not: the learner then sends it again.
+    async def wait_reply(
+        self, learner: int, fragment: int, sent_at: float = 0.0, base_version: int = -1
+    ) -> Reply | None:
+        """The reply to ``learner``'s report of ``fragment`` (sent at wall time ``sent_at``, made against version
+        ``base_version``); None if this syncer does not hold that report and will not: the learner then sends it
+        again.
 
         Ray does not keep the order of calls to an async actor, so this call may come before its report; it
         waits for it, unless the report was sent before this syncer started (a restarted syncer: the report
         went down with its predecessor) or has not come within ``RESEND_AFTER_S`` (a clock between machines
-        off by more than that)."""
+        off by more than that). A reply of a version the learner already holds (at most ``base_version``) is one
+        it took before this syncer restarted (the checkpoint that holds it was written before it was taken): it
+        answers an older report and is dropped."""
         key = (learner, fragment)
         lost = sent_at < self.started_at
 
         def answered() -> bool:
+            if key in self._replies and self._replies[key].version <= base_version:
+                del self._replies[key]  # taken already, before a restart
             if key in self._replies:
                 return True
             return lost if key not in self._seen else not self.syncer.expects(learner, fragment)
@@ -356,7 +363,9 @@ class RayChannel:
     def send(self, report: Report) -> None:
         self._sent[report.fragment] = report
         self._delivered[report.fragment] = self.actor.report.remote(report)  # not waited on: the learner trains on
-        self._replies[report.fragment] = self.actor.wait_reply.remote(self.learner, report.fragment, time.time())
+        self._replies[report.fragment] = self.actor.wait_reply.remote(
+            self.learner, report.fragment, time.time(), report.base_version
+        )
 
     def _resend(self, fragment: int) -> None:
         self.resent += 1
