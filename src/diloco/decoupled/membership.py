@@ -61,7 +61,7 @@ class Membership:
                 f"(replicas={num}); give --set learner=0..{num - 1}"
             )
         if self.fingerprint is not None:
-            from diloco.decoupled.service import describe_differences
+            from diloco.decoupled.fingerprint import describe_differences
 
             differences = describe_differences(syncer=self.fingerprint, learner=fingerprint or {})
             if differences:
