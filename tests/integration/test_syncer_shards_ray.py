@@ -76,3 +76,76 @@ def test_a_killed_shard_holds_up_only_its_fragments_and_loses_no_merge(local_ray
     channel.leave()
     for h in handles:
         ray.kill(h)
+
+
+def _chaos_cfg(**kw):
+    from diloco.train.config import TrainConfig, load_preset
+
+    base = {**load_preset("tiny")["base"], "method": "decoupled", "threads": 1}
+    return TrainConfig.from_dict({**base, **kw})
+
+
+def test_the_service_builds_each_shard_in_its_actor_and_reads_them_as_one(local_ray, tmp_path, token_cache):  # noqa: F811
+    """``diloco syncer``'s actors with ``syncer_shards=2``: each shard built in its own (detached, checkpointed)
+    actor from the config, found again by name, its status summed; a learner of another ``syncer_shards`` is told
+    the shards' names."""
+    from functools import partial
+
+    from diloco.decoupled.ray_shards import RayShards, connect_shards
+    from diloco.decoupled.service import build_syncer
+    from diloco.errors import ConfigError
+    from diloco.train.inputs import prepare_inputs
+
+    cfg = _chaos_cfg(num_fragments=2, syncer_shards=2)
+    vocab = prepare_inputs(cfg, token_cache).data.vocab_size
+    builds = [partial(build_syncer, cfg.to_dict(), vocab, s) for s in range(2)]
+    shards = RayShards.start(builds, name="svc-shards", checkpoint_dir=tmp_path / "syncer", detached=True)
+    try:
+        again = RayShards.find("svc-shards", 2)
+        status = again.status()
+        assert status["merges"] == 0 and status["num_learners"] == cfg.replicas and len(status["pid"]) == 2
+        sizes = [p.numel() for p in again.global_named_parameters().values()]
+        assert sum(sizes) == sum(p.numel() for p in prepare_inputs(cfg, token_cache).model.parameters())
+        assert sorted(p.name for p in (tmp_path / "syncer").iterdir()) == ["shard-0", "shard-1"]
+        with pytest.raises(ConfigError, match="no syncer named 'svc-shards'.*syncer_shards=1"):
+            connect_shards(learner=0, name="svc-shards", num_shards=1)
+    finally:
+        shards.kill()
+
+
+@pytest.mark.slow  # ~25 s on 2 cores: two learner processes (site jobs) and two shard actors, one killed
+def test_chaos_a_killed_shard_stops_only_its_fragments_merges(local_ray, tmp_path, token_cache):  # noqa: F811
+    """``diloco chaos`` with ``syncer_shards=2``: two learner processes (site jobs joining both shards), K = 1,
+    steps padded to 0.2 s, learners riding out late replies. The syncer kill at 3 s kills shard 0 (fragment 0):
+    while Ray restarts it, fragment 1 (shard 1) goes on merging; shard 0 comes back with every merge it had made
+    and both fragments' versions run 1, 2, 3, ... with none skipped or repeated."""
+    from diloco.decoupled.chaos import Chaos
+    from diloco.decoupled.ray_learners import run_on_ray
+
+    cfg = _chaos_cfg(
+        replicas=2,
+        global_batch=8,
+        sync_every=4,
+        num_fragments=2,
+        syncer_shards=2,
+        overlap_steps=1,
+        quorum=1,
+        ride_out_steps=64,
+        step_time=0.2,
+        steps=1000,  # the run ends at 9 s
+        eval_every=1000,
+    )
+    result = run_on_ray(
+        cfg, out_dir=tmp_path / "run", cache_dir=token_cache, chaos=Chaos(syncer_kills=(3.0,)), max_seconds=9.0
+    )
+    (kill,) = result.faults
+    assert kill["shard"] == 0 and kill["restored_merges"] >= kill["merges_before"] > 0
+    # fragment 0 waited for its shard's restart, and went on from the version it was restored at; fragment 1 did not
+    after = {p: [m for m in result.merges if m["fragment"] == p and m["at"] > kill["killed_at"]] for p in (0, 1)}
+    assert after[0][0]["version"] == kill["restored_merges"] + 1
+    assert after[1][0]["at"] < after[0][0]["at"] and after[1][0]["at"] < kill["back_at"], (after, kill)
+    for p in (0, 1):
+        versions = [m["version"] for m in result.merges if m["fragment"] == p]
+        assert versions == list(range(1, len(versions) + 1))  # none lost, none repeated
+    assert any(m["fragment"] == 0 and m["at"] > kill["back_at"] for m in result.merges)  # shard 0 merges again
+    assert (tmp_path / "run" / "syncer" / "shard-1").is_dir() and (tmp_path / "run" / "syncer-0.pid").exists()

@@ -132,20 +132,3 @@ def test_shard_counts_that_cannot_divide_the_fragments_are_refused_with_the_fix(
     base = {**load_preset("tiny")["base"], "method": "decoupled"}
     with pytest.raises(ConfigError, match=match):  # before the run starts
         TrainConfig.from_dict({**base, "num_fragments": fragments, "syncer_shards": shards})
-
-
-def test_a_site_job_and_chaos_refuse_shards_with_the_fix(tmp_path):
-    from diloco.cli.syncer import service_config
-    from diloco.decoupled.trainer import chaos_run
-    from diloco.train.config import TrainConfig, load_preset
-
-    base = {**load_preset("tiny")["base"], "method": "decoupled", "num_fragments": 2, "syncer_shards": 2}
-    with pytest.raises(ConfigError, match="syncer_shards=2: a site job .* set syncer_shards=1"):
-        TrainConfig.from_dict({**base, "learner": 0, "syncer": "s@127.0.0.1:6379"})
-    with pytest.raises(ConfigError, match="syncer_shards=2: `diloco syncer`.* set syncer_shards=1"):
-        service_config(load_preset("tiny"), {"num_fragments": 2, "syncer_shards": 2})
-    from diloco.decoupled.chaos import Chaos
-
-    with pytest.raises(ConfigError, match="syncer_shards=2: diloco chaos .* set syncer_shards=1"):
-        chaos_run(TrainConfig.from_dict(base), tmp_path / "out", chaos=Chaos(), cache_dir=tmp_path)
-    assert not (tmp_path / "out").exists()

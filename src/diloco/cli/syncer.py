@@ -65,9 +65,4 @@ def service_config(preset: dict[str, Any], extra: dict[str, Any]) -> Any:
         raise ConfigError(
             f"decoupled_transport={transport!r}: the syncer service is a Ray actor; drop --set decoupled_transport"
         )
-    cfg = resolve(preset, "decoupled", {**extra, "decoupled_transport": "ray"})
-    if cfg.syncer_shards > 1:
-        from diloco.decoupled.config_checks import single_syncer_error
-
-        raise ConfigError(single_syncer_error(cfg, "`diloco syncer` starts the service learner jobs join"))
-    return cfg
+    return resolve(preset, "decoupled", {**extra, "decoupled_transport": "ray"})

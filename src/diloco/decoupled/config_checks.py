@@ -78,24 +78,14 @@ def decoupled_errors(cfg: Any) -> list[str]:
 
 
 def shard_errors(cfg: Any) -> list[str]:
-    """``syncer_shards``: a divisor of ``num_fragments``, and 1 where the syncer is a service of its own."""
+    """``syncer_shards``: a divisor of ``num_fragments``."""
     from diloco.decoupled.shards import check_syncer_shards
 
     try:
         check_syncer_shards(cfg.syncer_shards, cfg.num_fragments)
     except ValueError as exc:
         return [str(exc)]
-    if cfg.syncer_shards > 1 and cfg.syncer:
-        return [single_syncer_error(cfg, "a site job (syncer=NAME@ADDRESS) joins a `diloco syncer` service")]
     return []
-
-
-def single_syncer_error(cfg: Any, what: str) -> str:
-    """Why ``what`` refuses ``syncer_shards`` > 1, and the fix."""
-    return (
-        f"syncer_shards={cfg.syncer_shards}: {what}, which runs one syncer, not shards; set syncer_shards=1 (shards "
-        f"run under `diloco train`, with decoupled_transport threads or ray, and under torchrun)"
-    )
 
 
 def site_errors(cfg: Any) -> list[str]:
@@ -121,4 +111,4 @@ def site_errors(cfg: Any) -> list[str]:
     return errors
 
 
-__all__ = ["decoupled_errors", "shard_errors", "single_syncer_error", "site_errors"]
+__all__ = ["decoupled_errors", "shard_errors", "site_errors"]

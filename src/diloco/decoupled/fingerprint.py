@@ -42,6 +42,7 @@ FINGERPRINT_KEYS = (
     "guard",
     "guard_ratio",
     "late_reports",
+    "syncer_shards",
 )
 #: Fingerprint entries of the data a process loaded: compared only when both sides give them.
 DATA_KEYS = ("data_vocab_size", "data_digest")

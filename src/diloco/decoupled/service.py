@@ -106,12 +106,14 @@ def connect_learner(
     ``TokenData.digest()``), checked against the syncer's. A refusal is a ConfigError saying why; the
     channel's ``leave()`` says the learner finished (``leave(finished=False)`` if it stops before its end)."""
     _import_ray()
-    from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, connect
+    from diloco.decoupled.ray_shards import connect_shards
+    from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE
 
     name, address = parse_syncer(syncer)
-    return connect(
+    return connect_shards(
         learner=learner,
         name=name,
+        num_shards=cfg.syncer_shards,
         namespace=namespace or DEFAULT_NAMESPACE,
         address=address,
         fingerprint=fingerprint(cfg, vocab_size=vocab_size, data_digest=data_digest),
@@ -174,10 +176,11 @@ def plan_out(out: Path, cfg: Any) -> dict[str, Any] | None:
     return read_json(out / "syncer.json")
 
 
-def build_syncer(config: dict[str, Any], vocab_size: int) -> Any:
-    """The run's syncer, from its config (a dict) and the data's vocabulary: what the actor runs (built in the
-    actor's process, so that Ray can restart it without the process that started it)."""
-    from diloco.decoupled.trainer import make_syncer
+def build_syncer(config: dict[str, Any], vocab_size: int, shard: int = 0) -> Any:
+    """The run's syncer (shard ``shard`` of its ``syncer_shards``), from its config (a dict) and the data's
+    vocabulary: what the actor runs (built in the actor's process, so that Ray can restart it without the process
+    that started it)."""
+    from diloco.decoupled.trainer import make_syncers
     from diloco.models.factory import build_model
     from diloco.train.config import TrainConfig
     from diloco.train.inputs import run_fragments
@@ -189,7 +192,7 @@ def build_syncer(config: dict[str, Any], vocab_size: int) -> Any:
             cfg.model, size=cfg.size, vocab_size=vocab_size, seq_len=cfg.seq_len, seed=cfg.seed, z_loss=cfg.z_loss
         )
     )
-    return make_syncer(cfg, model, run_fragments(cfg, model))
+    return make_syncers(cfg, model, run_fragments(cfg, model), only=shard)[0]
 
 
 def write_final_checkpoint(
@@ -301,7 +304,8 @@ def _run(
     from diloco.train.inputs import prepare_inputs
 
     ray = _import_ray()
-    from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, check_address, start_syncer
+    from diloco.decoupled.ray_shards import RayShards
+    from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, check_address
 
     check_sources(cfg.sources)
     inputs = prepare_inputs(cfg, cache_dir)  # the data and the seeded model, as `diloco train` builds them
@@ -350,21 +354,21 @@ def _run(
         if inputs.data.tokenizer is not None:
             (out / "tokenizer.json").write_text(inputs.data.tokenizer.to_json(), encoding="utf-8")
         write_json(out / "syncer.json", info)
-        try:
-            handle = ray.get_actor(name, namespace=namespace)  # a resumed run whose detached actor still runs
+        try:  # a resumed run whose detached actors still run
+            shards = RayShards.find(name, cfg.syncer_shards, namespace=namespace)
             echo(f"diloco syncer: {name} still runs; monitoring it")
         except ValueError:
             from functools import partial
 
-            handle = start_syncer(
-                partial(build_syncer, cfg.to_dict(), vocab),
+            shards = RayShards.start(
+                [partial(build_syncer, cfg.to_dict(), vocab, s) for s in range(cfg.syncer_shards)],
                 name=name,
                 namespace=namespace,
                 checkpoint_dir=str((out / "syncer").resolve()),
                 detached=True,
                 fingerprint=prints,
             )
-        status = ray.get(handle.status.remote())
+        status = shards.status()
         echo(
             f"diloco syncer: {name} runs (pid {status['pid']}"
             + (f", resumed from {status['restored_merges']} merges" if status["restored_merges"] is not None else "")
@@ -374,14 +378,14 @@ def _run(
         echo(f"learner commands, one per site (also in {out / 'syncer.json'}):")
         for line in commands:
             echo(f"  {line}")
-        summary = _monitor(ray, handle, num_learners=cfg.replicas, poll_s=poll_s, echo=echo)
-        records = ray.get(handle.records.remote())
-        named = ray.get(handle.global_named_parameters.remote())
+        summary = _monitor(shards, num_learners=cfg.replicas, poll_s=poll_s, echo=echo)
+        records = shards.records()
+        named = shards.global_named_parameters()
         write_merges(out / "merges.jsonl", records)
         write_final_checkpoint(
             out, cfg, inputs.model, named, vocab_size=vocab, data_digest=digest, step=cfg.total_steps
         )
-        ray.kill(handle, no_restart=True)
+        shards.kill()
         import torch
 
         from diloco.train.evaluation import evaluate_parameters
@@ -396,15 +400,15 @@ def _run(
             ray.shutdown()
 
 
-def _monitor(ray: Any, handle: Any, *, num_learners: int, poll_s: float, echo: Callable[[str], None]) -> dict[str, Any]:
-    """Print the run's progress until every learner has finished; the restarts seen."""
+def _monitor(shards: Any, *, num_learners: int, poll_s: float, echo: Callable[[str], None]) -> dict[str, Any]:
+    """Print the run's progress until every learner has finished (at every shard); the restarts seen."""
     from ray.exceptions import GetTimeoutError
 
     start = time.monotonic()
     pid, restarts, last, last_at = None, 0, "", 0.0
     while True:
         try:
-            status = ray.get(handle.status.remote(), timeout=max(30.0, 3 * poll_s))
+            status = shards.status(timeout=max(30.0, 3 * poll_s))
         except GetTimeoutError:
             echo("diloco syncer: the syncer does not answer (restarting?); waiting")
             continue

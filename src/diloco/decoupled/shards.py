@@ -71,6 +71,11 @@ def global_fragment(shard: int, local: int, num_shards: int) -> int:
     return local * num_shards + shard
 
 
+def shard_name(name: str, shard: int, num_shards: int) -> str:
+    """The name of shard ``shard`` of the syncer ``name`` (a Ray actor's; ``name`` itself when there is one)."""
+    return name if num_shards == 1 else f"{name}-shard{shard}"
+
+
 def owned_fragments(shard: int, num_shards: int, num_fragments: int) -> list[int]:
     """The fragments shard ``shard`` owns, in its own order."""
     return list(range(shard, num_fragments, num_shards))
@@ -98,16 +103,19 @@ def build_shards(
     fragment_pattern: Pattern = "strided",
     fragments: FragmentSpec | None = None,
     build: Callable[[nn.Module, int, list[list[str]]], T],
+    only: int | None = None,
 ) -> list[T]:
     """One syncer per shard: ``build(model, n, groups)`` with ``model`` showing only the shard's parameters as
     trainable and ``groups`` the names of its ``n`` fragments (as :func:`split_fragments` splits ``model`` into
-    ``num_fragments``), e.g. ``lambda m, n, g: Syncer(m, num_fragments=n, fragments=g, num_learners=M)``."""
+    ``num_fragments``), e.g. ``lambda m, n, g: Syncer(m, num_fragments=n, fragments=g, num_learners=M)``.
+    ``only``: shard ``only``'s alone (a list of one: what a shard's own process builds)."""
     check_syncer_shards(num_shards, num_fragments)
+    assert only is None or 0 <= only < num_shards, f"shard {only} of {num_shards}"
     groups = [
         list(f.names) for f in split_fragments(model, num_fragments, pattern=fragment_pattern, fragments=fragments)
     ]
     out = []
-    for s in range(num_shards):
+    for s in range(num_shards) if only is None else [only]:
         owned = [groups[p] for p in owned_fragments(s, num_shards, num_fragments)]
         with _only_trainable(model, {n for g in owned for n in g}):
             out.append(build(model, len(owned), owned))
@@ -174,9 +182,10 @@ class ShardedChannel:
         channel, q = self._route(fragment)
         return self._global(channel.poll_reply(q), fragment)
 
-    def leave(self) -> None:
+    def leave(self, **kw: Any) -> None:
+        """Leave every shard (``kw``: what the shards' channels take, e.g. ``finished=False`` on Ray)."""
         for c in self.channels:
-            c.leave()
+            c.leave(**kw)
 
     def hold(self, step: int) -> None:
         for c in self.channels:
@@ -206,6 +215,7 @@ __all__ = [
     "global_fragment",
     "local_fragment",
     "owned_fragments",
+    "shard_name",
     "shard_of",
     "sharded",
     "union",

@@ -98,8 +98,7 @@ def torchrun_syncer(
     (worker 0's lead, a resumed run): the saved state of each syncer shard, restored before the actors start
     (``syncer_shards`` > 1: one actor per shard, each learner's lead a
     :class:`~diloco.decoupled.shards.ShardedChannel` to them)."""
-    from diloco.decoupled.shards import combine_records, sharded, union
-    from diloco.decoupled.trainer import RunningSyncer, make_syncers, shard_name
+    from diloco.decoupled.trainer import RunningSyncer, make_syncers
 
     if cfg.decoupled_transport != "ray":
         raise ConfigError(
@@ -111,41 +110,36 @@ def torchrun_syncer(
         raise ConfigError("decoupled learners under torchrun need Ray: pip install -e .[ray] (or ray>=2.9)")
     lead = intra is None or intra.rank == 0
     first = worker == 0 and lead
-    handles: list[Any] = []
+    shards: Any = None
     where: list[Any] = [None]
     try:
         if first:
             import ray
 
-            from diloco.decoupled.ray_transport import start_syncer
+            from diloco.decoupled.ray_shards import RayShards
 
             name = f"diloco-syncer-{uuid.uuid4().hex[:12]}"
             syncers = make_syncers(cfg, template, fragments, states=states)
-            for s, syncer in enumerate(syncers):
-                handles.append(
-                    start_syncer(syncer, name=shard_name(name, s, len(syncers)), address=cfg.ray_address or None)
-                )
+            shards = RayShards.start(syncers, name=name, address=cfg.ray_address or None)
             # Ray's token authentication (on for a new local instance) is read from the environment when Ray is
             # imported: the other leads take this process's setting before they import it (the token itself they
             # read where Ray keeps it: ~/.ray/auth_token, or RAY_AUTH_TOKEN)
             where = [(name, cfg.ray_address or ray.get_runtime_context().gcs_address, os.environ.get(AUTH_MODE))]
         dist.broadcast_object_list(where, src=0)  # global rank 0 is worker 0's lead
         name, address, auth_mode = where[0]
-        if lead and not handles:
+        if lead and shards is None:
             if auth_mode is not None:
                 os.environ.setdefault(AUTH_MODE, auth_mode)
             import ray
 
+            from diloco.decoupled.ray_shards import RayShards
             from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, init
 
             init(address=address)
-            S = cfg.syncer_shards
-            handles = [ray.get_actor(shard_name(name, s, S), namespace=DEFAULT_NAMESPACE) for s in range(S)]
+            shards = RayShards.find(name, cfg.syncer_shards, namespace=DEFAULT_NAMESPACE)
 
         def channel(m: int) -> Channel:
-            from diloco.decoupled.ray_transport import RayChannel
-
-            link = sharded([RayChannel(h, m) for h in handles]) if lead else None
+            link = shards.channel(m) if lead else None
             if intra is None or intra.world_size == 1:
                 assert link is not None
                 return link
@@ -155,20 +149,19 @@ def torchrun_syncer(
         yield (
             RunningSyncer(
                 channel,
-                lambda: combine_records(ray.get([h.records.remote() for h in handles])),
-                lambda: union(ray.get([h.global_named_parameters.remote() for h in handles])),
-                states=lambda: ray.get([h.state_dict.remote() for h in handles]),
+                lambda: shards.records(),
+                lambda: shards.global_named_parameters(),
+                states=lambda: ray.get([h.state_dict.remote() for h in shards.handles]),
             ),
             final,
         )
         dist.barrier()  # every learner has flushed: nobody asks the syncer anything after this
         if first:
-            final["records"] = combine_records(ray.get([h.records.remote() for h in handles]))
-            final["global"] = union(ray.get([h.global_named_parameters.remote() for h in handles]))
+            final["records"] = shards.records()
+            final["global"] = shards.global_named_parameters()
     finally:
-        if first:
-            for h in handles:
-                ray.kill(h)
+        if first and shards is not None:
+            shards.kill()
 
 
 __all__ = ["GroupChannel", "torchrun_syncer"]

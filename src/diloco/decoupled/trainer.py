@@ -102,12 +102,15 @@ def make_syncers(
     fragments: list[list[str]] | None = None,
     *,
     states: list[dict[str, Any]] | None = None,
+    only: int | None = None,
 ) -> list[Syncer]:
     """The config's ``syncer_shards`` syncers (:mod:`diloco.decoupled.shards`; one: :func:`make_syncer` itself),
-    each restored from its entry of ``states`` (a resumed run's, in shard order) if given."""
+    each restored from its entry of ``states`` (a resumed run's, in shard order) if given; ``only``: shard ``only``
+    alone (a list of one, never restored here)."""
     from diloco.decoupled.shards import build_shards
 
     S = cfg.syncer_shards
+    assert only is None or states is None, "a shard built alone restores itself"
     if states is not None and len(states) != S:
         raise ConfigError(
             f"the checkpoint holds {len(states)} syncer shards, this run has syncer_shards={S}: resume a "
@@ -122,16 +125,12 @@ def make_syncers(
         fragment_pattern=cfg.fragment_pattern,
         fragments=fragments,
         build=lambda model, n, groups: make_syncer(cfg, model, groups, num_fragments=n),
+        only=only,
     )
-    for syncer, state in zip(shards, states or [None] * S, strict=True):
+    for syncer, state in zip(shards, states or [None] * len(shards), strict=True):
         if state is not None:
             _restore(cfg, syncer, state)
     return shards
-
-
-def shard_name(name: str, shard: int, num_shards: int) -> str:
-    """The Ray actor name of shard ``shard`` of the syncer ``name`` (``name`` itself when there is one)."""
-    return name if num_shards == 1 else f"{name}-shard{shard}"
 
 
 @contextlib.contextmanager
@@ -149,26 +148,24 @@ def decoupled_syncer(
         try:
             import ray
 
-            from diloco.decoupled.ray_transport import RayChannel, start_syncer
+            from diloco.decoupled.ray_shards import RayShards
         except ImportError:
             raise ConfigError(
                 "decoupled_transport='ray' needs Ray: pip install -e .[ray] (or ray>=2.9), "
                 "or use decoupled_transport='threads'"
             ) from None
-        name, S = f"diloco-syncer-{uuid.uuid4().hex[:12]}", len(syncers)
-        handles: list[Any] = []
+        shards = RayShards.start(
+            syncers, name=f"diloco-syncer-{uuid.uuid4().hex[:12]}", address=cfg.ray_address or None
+        )
         try:
-            for s, syncer in enumerate(syncers):
-                handles.append(start_syncer(syncer, name=shard_name(name, s, S), address=cfg.ray_address or None))
             yield RunningSyncer(
-                lambda m: sharded([RayChannel(h, m) for h in handles]),
-                lambda: combine_records(ray.get([h.records.remote() for h in handles])),
-                lambda: union(ray.get([h.global_named_parameters.remote() for h in handles])),
-                states=lambda: ray.get([h.state_dict.remote() for h in handles]),
+                shards.channel,
+                shards.records,
+                shards.global_named_parameters,
+                states=lambda: ray.get([h.state_dict.remote() for h in shards.handles]),
             )
         finally:
-            for h in handles:
-                ray.kill(h)
+            shards.kill()
         return
     with contextlib.ExitStack() as stack:
         transports = [stack.enter_context(LocalTransport(s, timeout=600.0)) for s in syncers]
@@ -233,10 +230,6 @@ def chaos_run(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out} is not a new or empty folder: give a new one (nothing is overwritten)")
     chaos.check(cfg.replicas)
-    if cfg.syncer_shards > 1:
-        from diloco.decoupled.config_checks import single_syncer_error
-
-        raise ConfigError(single_syncer_error(cfg, "diloco chaos runs its learners as site jobs against a service"))
     if cfg.learner >= 0 or cfg.syncer:
         raise ConfigError(
             f"learner={cfg.learner}, syncer={cfg.syncer!r}: diloco chaos runs every learner against a syncer of its "
