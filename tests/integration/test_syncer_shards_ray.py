@@ -85,6 +85,27 @@ def _chaos_cfg(**kw):
     return TrainConfig.from_dict({**base, **kw})
 
 
+def test_diloco_train_with_two_shard_actors_gives_one_syncer_threads_bits(local_ray, tmp_path, token_cache):  # noqa: F811
+    """``diloco train`` with ``decoupled_transport=ray`` and ``syncer_shards=2`` (two actors) against one syncer on
+    a thread: K = M, mean, no grace window: the same merges and the same final loss, to the bit."""
+    import json
+
+    from diloco.train.trainer import train_model
+
+    kw = dict(num_fragments=2, overlap_steps=1, quorum=0, merge="mean", grace_gamma=0.0, steps=12, eval_every=12)
+    one = train_model(_chaos_cfg(**kw), tmp_path / "one", cache_dir=token_cache, progress=False)
+    two = train_model(
+        _chaos_cfg(**kw, decoupled_transport="ray", syncer_shards=2), tmp_path / "two", cache_dir=token_cache,
+        progress=False,
+    )  # fmt: skip
+    assert two.final_eval_loss == one.final_eval_loss
+    rows = [[json.loads(x) for x in (tmp_path / r / "merges.jsonl").read_text().splitlines()] for r in ("one", "two")]
+    assert sorted((m["fragment"], m["version"], m["weights"]) for m in rows[0]) == sorted(
+        (m["fragment"], m["version"], m["weights"]) for m in rows[1]
+    )
+    assert {m["fragment"] for m in rows[1]} == {0, 1}
+
+
 def test_the_service_builds_each_shard_in_its_actor_and_reads_them_as_one(local_ray, tmp_path, token_cache):  # noqa: F811
     """``diloco syncer``'s actors with ``syncer_shards=2``: each shard built in its own (detached, checkpointed)
     actor from the config, found again by name, its status summed; a learner of another ``syncer_shards`` is told
