@@ -276,17 +276,27 @@ def test_two_workers_of_two_ranks_equal_the_in_process_two_replica_run(tmp_path:
 
 
 def test_decoupled_learners_of_two_ranks_equal_one_process_learners(tmp_path: Path, cache: Path):
-    """Decoupled DiLoCo with 2 learners of 2 ranks each (4 processes under torchrun, the syncer a Ray actor,
-    each learner's lead rank its link, the reply broadcast to the other rank) against 2 learners as threads of
-    one process, synchronous (K = M) so both make the same merges: the same parameters to the tolerance the
-    2 x 2 Streaming test derives (a learner's two half-batch gradients are summed in another order)."""
+    """Decoupled DiLoCo with 2 learners of 2 ranks each (4 processes under torchrun, the syncer two shards, each a
+    Ray actor owning one fragment, each learner's lead rank its link, the reply broadcast to the other rank)
+    against 2 learners as threads of one process and one syncer, synchronous (K = M) so both make the same merges:
+    the same parameters to the tolerance the 2 x 2 Streaming test derives (a learner's two half-batch gradients are
+    summed in another order)."""
     pytest.importorskip("ray")
     args = ["--set", "steps=16", "--set", "overlap_steps=1", "--set", "num_fragments=2"]
     ranks_out, local_out = tmp_path / "2x2", tmp_path / "threads"
     log = tmp_path / "2x2.log"
     proc = _torchrun(
         _train_args(
-            ranks_out, cache, "decoupled", *args, "--set", "ranks_per_worker=2", "--set", "decoupled_transport=ray"
+            ranks_out,
+            cache,
+            "decoupled",
+            *args,
+            "--set",
+            "ranks_per_worker=2",
+            "--set",
+            "decoupled_transport=ray",
+            "--set",
+            "syncer_shards=2",
         ),
         log,
         nproc=4,
@@ -305,7 +315,9 @@ def test_decoupled_learners_of_two_ranks_equal_one_process_learners(tmp_path: Pa
     merges = [
         [json.loads(line) for line in (run / "merges.jsonl").read_text().splitlines()] for run in (ranks_out, local_out)
     ]
-    assert [(m["fragment"], m["learners"]) for m in merges[0]] == [(m["fragment"], m["learners"]) for m in merges[1]]
+    assert sorted((m["fragment"], m["version"], m["learners"]) for m in merges[0]) == sorted(
+        (m["fragment"], m["version"], m["learners"]) for m in merges[1]
+    )
     assert len(merges[0]) == 4 and all(sorted(m["learners"]) == [0, 1] for m in merges[0])
     got, want = _summary(ranks_out), _summary(local_out)
     assert got["bytes_sent_per_replica"] == want["bytes_sent_per_replica"] > 0

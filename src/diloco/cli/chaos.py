@@ -59,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--syncer-kill",
         default="",
         metavar="S[,S...]",
-        help="SIGKILL the syncer at these seconds after the start (it restarts from its checkpoint)",
+        help="SIGKILL the syncer at these seconds after the start (it restarts from its checkpoint; with syncer_shards "
+        "S, the i-th kill is shard i mod S's)",
     )
     p.add_argument(
         "--corrupt",

@@ -68,7 +68,7 @@ def decoupled_errors(cfg: Any) -> list[str]:
             check(value)
         except ValueError as exc:
             errors.append(str(exc))
-    errors += site_errors(cfg) + syncer_device_errors(cfg)
+    errors += site_errors(cfg) + syncer_device_errors(cfg) + shard_errors(cfg)
     if cfg.eager:
         errors.append(
             "method='decoupled' cannot take eager=true: eager updates stand a worker's own outer gradient in for "
@@ -96,6 +96,17 @@ def decoupled_errors(cfg: Any) -> list[str]:
     return errors
 
 
+def shard_errors(cfg: Any) -> list[str]:
+    """``syncer_shards``: a divisor of ``num_fragments``."""
+    from diloco.decoupled.shards import check_syncer_shards
+
+    try:
+        check_syncer_shards(cfg.syncer_shards, cfg.num_fragments)
+    except ValueError as exc:
+        return [str(exc)]
+    return []
+
+
 def site_errors(cfg: Any) -> list[str]:
     """A site job's ``learner`` and ``syncer``: both set (one learner joining a running syncer) or neither."""
     errors = []
@@ -119,4 +130,4 @@ def site_errors(cfg: Any) -> list[str]:
     return errors
 
 
-__all__ = ["check_late_reports", "check_quorum", "decoupled_errors", "site_errors"]
+__all__ = ["check_late_reports", "check_quorum", "decoupled_errors", "shard_errors", "site_errors"]

@@ -6,7 +6,9 @@
     result = run_on_ray(cfg, out_dir="runs/chaos", cache_dir=cache, chaos=Chaos(kills=((5, 1),), syncer_kills=(12,)))
 
 What runs where: the syncer is a named async actor (:mod:`.ray_transport`) that saves every merge to
-``out_dir/syncer`` and is restarted from there if it dies. Learner m is an actor of its own (a process; on a
+``out_dir/syncer`` and is restarted from there if it dies; with ``syncer_shards`` S > 1, S such actors
+(:mod:`.ray_shards`), shard s saving to ``out_dir/syncer/shard-<s>``, and the i-th syncer kill of the schedule
+kills shard i mod S. Learner m is an actor of its own (a process; on a
 cluster, wherever Ray places it) that runs the trainer's one loop on the config with ``learner=m`` and
 ``syncer=NAME@ADDRESS`` (a site job, :class:`~diloco.train.trainer.Trainer`) in ``out_dir/learner-m``: its
 config, metrics, checkpoints, summary and ``learner-m.jsonl`` (a ``joined`` row per process, a row per step).
@@ -39,7 +41,8 @@ import ray
 import torch
 
 from diloco.decoupled.chaos import Chaos, Event, kept_steps, learner_log_path, read_learner_log, run_rows, summarize
-from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, start_syncer
+from diloco.decoupled.ray_shards import RayShards
+from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE
 from diloco.errors import ConfigError
 from diloco.files import write_json
 from diloco.train.trainer import TrainerCallback
@@ -183,7 +186,7 @@ def run_on_ray(
     start, or (``total_tokens`` > 0) once the learners together have trained that many tokens that reached the
     syncer (the driver leaves a ``STOP`` file in ``out_dir``). The eval loss is the threads run's: the syncer's
     final parameters on the config's evaluation batches."""
-    from diloco.decoupled.trainer import make_syncer
+    from diloco.decoupled.trainer import make_syncers
     from diloco.train.evaluation import evaluate_parameters
     from diloco.train.inputs import prepare_inputs
 
@@ -196,9 +199,10 @@ def run_on_ray(
     inputs = prepare_inputs(cfg, cache_dir)  # the data cache, built once here before the learners read it
     out.mkdir(parents=True, exist_ok=True)
     name = f"diloco-syncer-{os.getpid()}-{time.monotonic_ns()}"
-    syncer = make_syncer(cfg, inputs.model, inputs.fragments)
-    handle = start_syncer(syncer, name=name, namespace=DEFAULT_NAMESPACE, checkpoint_dir=str(out / "syncer"))
-    (out / "syncer.pid").write_text(str(ray.get(handle.pid.remote())))
+    syncers = make_syncers(cfg, inputs.model, inputs.fragments)
+    shards = RayShards.start(syncers, name=name, namespace=DEFAULT_NAMESPACE, checkpoint_dir=str(out / "syncer"))
+    for s, pid in enumerate(shards.pids()):
+        (out / _pid_file(s, shards.num_shards)).write_text(str(pid))
     address = ray.get_runtime_context().gcs_address
     configs = learner_configs(cfg, chaos=chaos, name=name, address=address)
     actors = [
@@ -214,14 +218,14 @@ def run_on_ray(
     runs = [a.run.remote() for a in actors]
     try:
         started = _start_when_joined(out, M, runs, start_delay_s)
-        faults, wall = _carry_out(chaos, out, handle, runs, started, max_seconds=max_seconds, total_tokens=total_tokens)
+        faults, wall = _carry_out(chaos, out, shards, runs, started, max_seconds=max_seconds, total_tokens=total_tokens)
         learners = ray.get(runs)
-        merges = [r.as_row() for r in ray.get(handle.records.remote())]
-        params = ray.get(handle.global_named_parameters.remote())
+        merges = [r.as_row() for r in shards.records()]
+        params = shards.global_named_parameters()
     finally:
         for a in actors:
             ray.kill(a, no_restart=True)
-        ray.kill(handle, no_restart=True)
+        shards.kill()
     rows = run_rows(out, M)
     (out / "merges.jsonl").write_text("".join(json.dumps(r) + "\n" for r in merges))
     write_json(
@@ -258,7 +262,7 @@ def _start_when_joined(out: Path, M: int, runs: list, delay_s: float, timeout_s:
 
 
 def _carry_out(
-    chaos: Chaos, out: Path, handle: Any, runs: list, started: float, *, max_seconds: float, total_tokens: int
+    chaos: Chaos, out: Path, shards: RayShards, runs: list, started: float, *, max_seconds: float, total_tokens: int
 ) -> tuple[list[dict[str, Any]], float]:
     """Carry out the faults that fall due and watch the token budget until every learner is done; the faults as
     carried out and the wall seconds from the start."""
@@ -267,7 +271,9 @@ def _carry_out(
     faults, pending, deadline = [], list(runs), started + max_seconds + 300
     while pending:
         while events and started + events[0].at <= time.time():
-            faults.append(_fault(events.pop(0), out, handle))
+            ev = events.pop(0)
+            shard = sum(f["target"] == "syncer" for f in faults) % shards.num_shards  # the i-th kill: shard i mod S
+            faults.append(_fault(ev, out, shards.handles[shard], shard=shard, num_shards=shards.num_shards))
         if total_tokens and not (out / "STOP").exists() and _tokens_kept(out, M) >= total_tokens:
             (out / "STOP").write_text(f"{total_tokens} tokens trained\n")
         nxt = started + events[0].at - time.time() if events else 1.0
@@ -283,13 +289,22 @@ def _tokens_kept(out: Path, num_learners: int) -> int:
     return int(sum(r["tokens"] for r in kept_steps(run_rows(out, num_learners))[0]))
 
 
-def _fault(ev: Event, out: Path, handle: Any) -> dict[str, Any]:
-    """Carry out one event (SIGKILL); for the syncer, note how many merges it had just before."""
+def _pid_file(shard: int, num_shards: int) -> str:
+    """The file holding the pid of the syncer's (shard's) actor process."""
+    return "syncer.pid" if num_shards == 1 else f"syncer-{shard}.pid"
+
+
+def _fault(ev: Event, out: Path, handle: Any, *, shard: int = 0, num_shards: int = 1) -> dict[str, Any]:
+    """Carry out one event (SIGKILL); for the syncer (its shard ``shard``, whose actor is ``handle``), note how many
+    merges it had just before."""
     row: dict[str, Any] = {"at": time.time(), "target": ev.target, "index": ev.index}
     if ev.target == "syncer":
+        pid_file = out / _pid_file(shard, num_shards)
+        row["shard"] = shard
         row["merges_before"] = len(ray.get(handle.records.remote()))
-        row["pid"] = _kill(int((out / "syncer.pid").read_text()))
-        (out / "syncer.pid").write_text(str(ray.get(handle.pid.remote())))  # the restarted actor's
+        row["pid"] = _kill(int(pid_file.read_text()))
+        row["killed_at"] = time.time()
+        pid_file.write_text(str(ray.get(handle.pid.remote())))  # the restarted actor's
         row["restored_merges"] = ray.get(handle.restored.remote())
         row["back_at"] = time.time()
     else:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import threading
 import time
 import uuid
@@ -34,7 +33,9 @@ from typing import Any
 import ray
 import torch
 
+from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S, Membership
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
+from diloco.decoupled.ray_address import PROBE_TIMEOUT_S, check_address
 from diloco.decoupled.syncer import Syncer
 from diloco.errors import ConfigError
 
@@ -46,16 +47,12 @@ _KEEP_ALIVE: list[Any] = []  # object refs restartable actors are rebuilt from
 RESEND_AFTER_S = 30.0
 #: How many times a learner sends one report again before it gives up with an error.
 MAX_RESENDS = 5
-#: Seconds a learner's claim on its index lasts after it was last heard from (a join or a heartbeat): a second
-#: job claiming a live learner's index waits this long for the claim to lapse, then is refused.
-LEASE_S = 5.0
-#: Seconds between the heartbeats of a learner connected with a session (:func:`connect` with ``session=``).
-HEARTBEAT_S = 1.0
 
 
 @ray.remote
-class SyncerActor:
-    """A :class:`Syncer` behind Ray: join, report, wait_reply, leave (see the module docstring).
+class SyncerActor(Membership):
+    """A :class:`Syncer` behind Ray: join, report, wait_reply, leave (see the module docstring); the learner jobs'
+    claims on their indices (hello, heartbeat, status) are :class:`~diloco.decoupled.membership.Membership`'s.
 
     With ``checkpoint_dir``, every merge is saved there (atomic, the newest ``keep`` kept) before its
     replies are handed out, and the actor is started with unlimited restarts: a restarted actor loads the
@@ -187,18 +184,25 @@ class SyncerActor:
         async with self._condition():  # a wait_reply that came first looks again
             self._condition().notify_all()
 
-    async def wait_reply(self, learner: int, fragment: int, sent_at: float = 0.0) -> Reply | None:
-        """The reply to ``learner``'s report of ``fragment`` (sent at wall time ``sent_at``); None if this
-        syncer does not hold that report and will not: the learner then sends it again.
+    async def wait_reply(
+        self, learner: int, fragment: int, sent_at: float = 0.0, base_version: int = -1
+    ) -> Reply | None:
+        """The reply to ``learner``'s report of ``fragment`` (sent at wall time ``sent_at``, made against version
+        ``base_version``); None if this syncer does not hold that report and will not: the learner then sends it
+        again.
 
         Ray does not keep the order of calls to an async actor, so this call may come before its report; it
         waits for it, unless the report was sent before this syncer started (a restarted syncer: the report
         went down with its predecessor) or has not come within ``RESEND_AFTER_S`` (a clock between machines
-        off by more than that)."""
+        off by more than that). A reply of a version the learner already holds (at most ``base_version``) is one
+        it took before this syncer restarted (the checkpoint that holds it was written before it was taken): it
+        answers an older report and is dropped."""
         key = (learner, fragment)
         lost = sent_at < self.started_at
 
         def answered() -> bool:
+            if key in self._replies and self._replies[key].version <= base_version:
+                del self._replies[key]  # taken already, before a restart
             if key in self._replies:
                 return True
             return lost if key not in self._seen else not self.syncer.expects(learner, fragment)
@@ -220,93 +224,11 @@ class SyncerActor:
     async def restored(self) -> int | None:
         return self.restored_merges
 
-    async def hello(self, learner: int, session: str, fingerprint: dict[str, Any] | None = None) -> str | None:
-        """A learner job's claim on index ``learner`` before it joins: None when granted, else why it is refused
-        (the caller raises it as a ConfigError). Refused: an index out of range, a ``fingerprint`` that differs
-        from this syncer's (each key named with both values), a learner that has finished, and an index another
-        session holds and was heard from within ``LEASE_S`` (waited for up to ``LEASE_S`` first: the job of a
-        killed learner that restarts at once gets in once its predecessor's claim lapses)."""
-        num = self.syncer.num_learners
-        if not isinstance(learner, int) or isinstance(learner, bool) or not 0 <= learner < num:
-            return (
-                f"learner={learner!r} is out of range: this syncer serves {num} learners, numbered 0..{num - 1} "
-                f"(replicas={num}); give --set learner=0..{num - 1}"
-            )
-        if self.fingerprint is not None:
-            from diloco.decoupled.service import describe_differences
-
-            differences = describe_differences(syncer=self.fingerprint, learner=fingerprint or {})
-            if differences:
-                self._log("refused", learner=learner, why="config")
-                return (
-                    f"learner {learner}'s config differs from the syncer's in what the merge depends on: "
-                    f"{differences}. Start the learner with the syncer's settings (the command `diloco syncer` "
-                    f"printed, also in its syncer.json)"
-                )
-        # a claim lapses when its session has not been heard from for LEASE_S, seen twice HEARTBEAT_S apart:
-        # heartbeats queued while this actor was busy (a merge, a checkpoint) are taken in between
-        deadline, lapsed_at = time.monotonic() + LEASE_S, None
-        while True:
-            if learner in self._finished:  # (also when it finished while this call waited for its claim)
-                return (
-                    f"learner {learner} has finished this run (it left after its last step) and cannot join "
-                    f"again: start a new run (a new `diloco syncer --out`) to train more"
-                )
-            claim = self._claims.get(learner)
-            now = time.monotonic()
-            if claim is None or claim[0] == session:
-                break
-            if now - claim[1] >= LEASE_S:
-                lapsed_at = now if lapsed_at is None else lapsed_at
-                if now - lapsed_at >= 2 * HEARTBEAT_S:
-                    break
-            else:
-                lapsed_at = None
-                if now >= deadline:
-                    self._log("refused", learner=learner, why="claimed")
-                    return (
-                        f"learner {learner} is taken: another job holding that index was heard from "
-                        f"{now - claim[1]:.1f} s ago (its claim lapses {LEASE_S:g} s after it stops): "
-                        f"give this job another --set learner=0..{num - 1}, or stop the other job first"
-                    )
-            await asyncio.sleep(0.1)
-        self._claims[learner] = (session, time.monotonic())
-        self._log("hello", learner=learner, session=session)
-        return None
-
-    async def heartbeat(self, learner: int, session: str) -> bool:
-        """``session`` is alive; True while it holds ``learner``'s index (a restarted syncer, which has lost
-        the claims, gives the index back to the session that beats for it)."""
-        claim = self._claims.get(learner)
-        if claim is None and learner not in self._finished:
-            claim = (session, 0.0)
-        if claim is None or claim[0] != session:
-            return False
-        self._claims[learner] = (session, time.monotonic())
-        return True
-
-    async def status(self) -> dict[str, Any]:
-        """What the service's monitor prints: merges so far, members, learners heard from within the lease,
-        finished learners, this process's pid and the merges it was restored from."""
-        now = time.monotonic()
-        return {
-            "num_learners": self.syncer.num_learners,
-            "merges": len(self.syncer.records),
-            "members": sorted(self.syncer.members),
-            "live": sorted(m for m, (_, t) in self._claims.items() if now - t < LEASE_S),
-            "finished": sorted(self._finished),
-            "pid": os.getpid(),
-            "restored_merges": self.restored_merges,
-        }
-
     async def leave(self, learner: int, finished: bool = False, session: str | None = None) -> None:
         """``learner`` stops; ``finished``: after its last step (it cannot join again and no longer counts).
         A leave from a ``session`` that no longer holds the index (a job that was replaced) changes nothing."""
-        if session is not None:
-            claim = self._claims.get(learner)
-            if claim is not None and claim[0] != session:
-                return
-            self._claims.pop(learner, None)
+        if not self._release(learner, session):
+            return
         if finished:
             self._finished.add(learner)
         self._log("left", learner=learner, finished=finished)
@@ -343,74 +265,6 @@ def _warm_up() -> None:
     )
     opt.step()
     torch.save({"p": p.detach()}, io.BytesIO())
-
-
-#: Seconds to wait for a Ray cluster's address to accept a connection before calling it unreachable.
-PROBE_TIMEOUT_S = 5.0
-
-
-def check_address(address: str | None, *, timeout_s: float = PROBE_TIMEOUT_S) -> None:
-    """ConfigError naming ``address`` (``host:port`` or ``ray://host:port``) unless a gRPC server (what Ray's
-    GCS and Ray Client are) answers there within ``timeout_s``: ``ray.init`` itself would wait for minutes
-    without a word, both where nothing listens and where another service does (a web server, say). ``None``,
-    ``""``, ``"auto"`` and ``"local"`` are Ray's own lookups and are not probed; with ``RAY_USE_TLS`` set only
-    the connection is tried (the handshake is TLS's)."""
-    if not address or address in ("auto", "local"):
-        return
-    hostport = address.split("://", 1)[-1].rstrip("/")
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(
-            f"ray_address={address!r}: give HOST:PORT (a head node's GCS, e.g. 10.0.0.1:6379) or "
-            f"ray://HOST:PORT (Ray Client, port 10001), or leave it empty for a local Ray instance"
-        )
-    deadline = time.monotonic() + timeout_s
-    try:
-        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
-    except OSError as exc:
-        raise ConfigError(
-            f"ray_address={address!r} does not answer ({type(exc).__name__}: {exc}, within "
-            f"{timeout_s:g} s): start the cluster there (ray start --head --port {port}), fix the "
-            f"address, or leave it empty to start a local Ray instance"
-        ) from None
-    if os.environ.get("RAY_USE_TLS", "0").lower() not in ("", "0", "false"):
-        sock.close()
-        return
-    with sock:
-        answer = _http2_settings(sock, deadline)
-    if answer is not None:
-        raise ConfigError(
-            f"ray_address={address!r} is not a Ray cluster: something answers there but not as Ray's GCS "
-            f"(a gRPC server) does ({answer}): give the head node's GCS address (`ray start --head` prints it, "
-            f"port 6379 by default) or ray://HOST:10001 for Ray Client, or leave it empty to start a local Ray "
-            f"instance"
-        )
-
-
-#: The HTTP/2 client preface and an empty SETTINGS frame: a gRPC server answers with a SETTINGS frame.
-_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
-
-
-def _http2_settings(sock: socket.socket, deadline: float) -> str | None:
-    """None if the server on ``sock`` speaks HTTP/2 (its first frame is SETTINGS), else what it did instead."""
-    try:
-        sock.settimeout(max(0.1, deadline - time.monotonic()))
-        sock.sendall(_H2_PREFACE)
-        head = b""
-        while len(head) < 9:
-            sock.settimeout(max(0.1, deadline - time.monotonic()))
-            chunk = sock.recv(9 - len(head))
-            if not chunk:
-                break
-            head += chunk
-    except TimeoutError:
-        return "no answer to an HTTP/2 greeting in time"
-    except OSError as exc:
-        return f"{type(exc).__name__}: {exc}"
-    if len(head) == 9 and head[3] == 4:  # frame type 4: SETTINGS
-        return None
-    shown = head.split(b"\r\n", 1)[0].decode("latin-1") if head else "the connection was closed"
-    return f"it answered {shown!r}"
 
 
 def init(*, address: str | None = None, namespace: str = DEFAULT_NAMESPACE) -> None:
@@ -517,7 +371,9 @@ class RayChannel:
     def send(self, report: Report) -> None:
         self._sent[report.fragment] = report
         self._delivered[report.fragment] = self.actor.report.remote(report)  # not waited on: the learner trains on
-        self._replies[report.fragment] = self.actor.wait_reply.remote(self.learner, report.fragment, time.time())
+        self._replies[report.fragment] = self.actor.wait_reply.remote(
+            self.learner, report.fragment, time.time(), report.base_version
+        )
 
     def _resend(self, fragment: int) -> None:
         self.resent += 1
@@ -613,6 +469,7 @@ def connect(
 
 __all__ = [
     "DEFAULT_NAME",
+    "PROBE_TIMEOUT_S",
     "HEARTBEAT_S",
     "LEASE_S",
     "DEFAULT_NAMESPACE",

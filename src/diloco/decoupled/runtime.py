@@ -10,7 +10,8 @@ parameters (the run's final loss is theirs) with the learners' goodput and waiti
 Checkpoints: at a checkpoint step each learner applies every reply in flight (:meth:`Learner.flush
 <diloco.decoupled.learner.Learner.flush>`; a run without interruption does so too) before the trainer saves its
 state; once every learner's file is written the lead saves the syncer's state as ``syncer.pt`` in the step's
-folder (:data:`SYNCER_FILE`, listed in the step's record). A resumed run rebuilds the syncer from that file
+folder (:data:`SYNCER_FILE`; ``syncer-<s>.pt`` per shard with ``syncer_shards`` > 1: :func:`syncer_files`;
+listed in the step's record). A resumed run rebuilds the syncer from that file
 before any learner joins; each learner then joins again and restores its own state
 (:meth:`~diloco.decoupled.learner.Learner.load_state_dict`).
 """
@@ -37,17 +38,24 @@ from diloco.files import atomic_write_with
 from diloco.train import checkpoint as ckpt
 from diloco.train.runtime import MethodRuntime, ReplicaLog, Session
 
-#: The syncer's state in a step's checkpoint folder.
+#: The syncer's state in a step's checkpoint folder (one syncer; shard s of several: ``syncer-<s>.pt``).
 SYNCER_FILE = "syncer.pt"
 
 
-def load_syncer_state(out_dir: Path, step: int) -> dict[str, Any]:
-    """The syncer's state saved with checkpoint ``step`` of the run in ``out_dir`` (``weights_only=True``)."""
-    path = ckpt.step_dir(out_dir, step) / SYNCER_FILE
+def syncer_files(num_shards: int) -> list[str]:
+    """The files of a step's folder that hold the syncer's state, one per shard (:data:`SYNCER_FILE` for one)."""
+    return [SYNCER_FILE] if num_shards == 1 else [f"syncer-{s}.pt" for s in range(num_shards)]
+
+
+def load_syncer_state(out_dir: Path, step: int, *, name: str = SYNCER_FILE) -> dict[str, Any]:
+    """The syncer's state (file ``name``) saved with checkpoint ``step`` of the run in ``out_dir``
+    (``weights_only=True``)."""
+    path = ckpt.step_dir(out_dir, step) / name
     if not path.is_file():
         raise ckpt.CheckpointError(
             f"checkpoint {ckpt.step_dir(out_dir, step)} holds no syncer state ({path.name} missing): this decoupled "
-            f"run cannot resume from it; start afresh with --overwrite or train into another --out"
+            f"run cannot resume from it (a run resumes with the syncer_shards it was written with); start afresh "
+            f"with --overwrite or train into another --out"
         )
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
@@ -56,6 +64,11 @@ def load_syncer_state(out_dir: Path, step: int) -> dict[str, Any]:
             f"the syncer state {path} does not load ({type(exc).__name__}); delete {ckpt.step_dir(out_dir, step)} "
             f"and its record to resume from the checkpoint before it, or start afresh with --overwrite"
         ) from None
+
+
+def load_syncer_states(out_dir: Path, step: int, num_shards: int) -> list[dict[str, Any]]:
+    """The state of each of the ``num_shards`` syncer shards saved with checkpoint ``step``, in shard order."""
+    return [load_syncer_state(out_dir, step, name=name) for name in syncer_files(num_shards)]
 
 
 class _Learners(Session):
@@ -83,10 +96,12 @@ class _Learners(Session):
 
     def save(self, run_dir: Path, step: int) -> list[str]:
         # after the commit's barrier: every learner has flushed, no report is in flight
-        assert self.running.state is not None, "this transport cannot read the syncer's state"
-        state = self.running.state()
-        atomic_write_with(ckpt.step_dir(run_dir, step) / SYNCER_FILE, lambda f: torch.save(state, f))
-        return [SYNCER_FILE]
+        assert self.running.states is not None, "this transport cannot read the syncer's state"
+        states = self.running.states()
+        names = syncer_files(len(states))
+        for name, state in zip(names, states, strict=True):
+            atomic_write_with(ckpt.step_dir(run_dir, step) / name, lambda f, state=state: torch.save(state, f))
+        return names
 
     def final_parameters(self) -> dict[str, torch.Tensor] | None:
         return self.final.get("global")
@@ -192,8 +207,8 @@ class DecoupledRuntime(MethodRuntime):
             )
             return
         if comm is None:  # threads: the syncer on a thread of this process, or a Ray actor
-            state = load_syncer_state(out_dir, start_step) if start_step > 0 else None
-            with decoupled_syncer(cfg, template, fragments, state=state) as running:
+            states = load_syncer_states(out_dir, start_step, cfg.syncer_shards) if start_step > 0 else None
+            with decoupled_syncer(cfg, template, fragments, states=states) as running:
                 learners = _Learners(running, start_step=start_step)
                 yield learners
                 write_merges(Path(out_dir) / "merges.jsonl", running.records())
@@ -202,8 +217,12 @@ class DecoupledRuntime(MethodRuntime):
         from diloco.decoupled.torchrun import torchrun_syncer
 
         lead = intra is None or intra.rank == 0
-        state = load_syncer_state(out_dir, start_step) if start_step > 0 and comm.rank == 0 and lead else None
-        with torchrun_syncer(cfg, template, fragments, worker=comm.rank, intra=intra, state=state) as (running, final):
+        first = start_step > 0 and comm.rank == 0 and lead
+        states = load_syncer_states(out_dir, start_step, cfg.syncer_shards) if first else None
+        with torchrun_syncer(cfg, template, fragments, worker=comm.rank, intra=intra, states=states) as (
+            running,
+            final,
+        ):
             learners = _Learners(running, torchrun=True, lead=lead, start_step=start_step)
             yield learners
         if "records" in final:  # worker 0's lead, once every process has finished
@@ -214,4 +233,4 @@ class DecoupledRuntime(MethodRuntime):
 #: What :func:`diloco.train.runtime.runtime_for` loads for ``method='decoupled'``.
 RUNTIME = DecoupledRuntime()
 
-__all__ = ["RUNTIME", "SYNCER_FILE", "DecoupledRuntime", "load_syncer_state"]
+__all__ = ["RUNTIME", "SYNCER_FILE", "DecoupledRuntime", "load_syncer_state", "load_syncer_states", "syncer_files"]

@@ -60,81 +60,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from diloco.decoupled.fingerprint import DATA_KEYS, FINGERPRINT_KEYS, describe_differences, fingerprint
 from diloco.errors import ConfigError
 
-#: The config keys the merge depends on (a learner whose values differ from the syncer's is refused), besides
-#: the data the learner loaded (``data_vocab_size`` and ``data_digest``, compared where the learner gives them):
-#: the model and its initial parameters' shapes, M and the quorum, the fragments and their schedule, the wire
-#: format, and the outer optimizer, merge, grace window and guard the syncer applies.
-FINGERPRINT_KEYS = (
-    "model",
-    "size",
-    "vocab_size",
-    "seq_len",
-    "z_loss",
-    "sources",
-    "tokenizer",
-    "val_fraction",
-    "replicas",
-    "num_fragments",
-    "fragment_pattern",
-    "fragments",
-    "schedule",
-    "sync_every",
-    "overlap_steps",
-    "codec",
-    "topk_density",
-    "topk_tables",
-    "merge",
-    "quorum",
-    "outer_scale",
-    "outer_gradient",
-    "outer_lr",
-    "outer_momentum",
-    "outer_nesterov",
-    "grace_gamma",
-    "grace_ema_decay",
-    "guard",
-    "guard_ratio",
-    "late_reports",
-)
-#: Fingerprint entries of the data a process loaded: compared only when both sides give them.
-DATA_KEYS = ("data_vocab_size", "data_digest")
 #: The keys a site's learner command must not repeat from the syncer's overrides (the syncer's address goes in
 #: ``syncer=NAME@ADDRESS``).
 SYNCER_ONLY_KEYS = ("ray_address", "decoupled_transport", "syncer_device")
 RAY_MISSING = "the syncer service needs Ray: pip install -e .[ray] (or ray>=2.9)"
-
-
-# -- the fingerprint ---------------------------------------------------------
-def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
-
-
-def fingerprint(cfg: Any, *, vocab_size: int | None = None, data_digest: str | None = None) -> dict[str, Any]:
-    """The values of :data:`FINGERPRINT_KEYS` in ``cfg`` (a TrainConfig), plus the data's vocabulary size and
-    digest (``TokenData.vocab_size`` / ``digest()``) where given. Plain JSON values."""
-    out = {key: _plain(getattr(cfg, key)) for key in FINGERPRINT_KEYS}
-    out["data_vocab_size"] = None if vocab_size is None else int(vocab_size)
-    out["data_digest"] = data_digest
-    return out
-
-
-def describe_differences(*, syncer: dict[str, Any], learner: dict[str, Any]) -> str:
-    """Each key whose value differs between the two fingerprints, with both values ("" if none differs).
-    A key one side lacks differs; a data key (:data:`DATA_KEYS`) is compared only when both give it."""
-    keys = [k for k in FINGERPRINT_KEYS + DATA_KEYS if k in syncer or k in learner]
-    keys += sorted((set(syncer) | set(learner)) - set(keys))
-    missing = object()
-    parts = []
-    for key in keys:
-        mine, theirs = learner.get(key, missing), syncer.get(key, missing)
-        if key in DATA_KEYS and (mine in (None, missing) or theirs in (None, missing)):
-            continue
-        if mine != theirs:
-            show = lambda v: "(not given)" if v is missing else repr(v)
-            parts.append(f"{key}: the learner has {show(mine)}, the syncer {show(theirs)}")
-    return "; ".join(parts)
 
 
 # -- the learner's side ------------------------------------------------------
@@ -174,12 +106,14 @@ def connect_learner(
     ``TokenData.digest()``), checked against the syncer's. A refusal is a ConfigError saying why; the
     channel's ``leave()`` says the learner finished (``leave(finished=False)`` if it stops before its end)."""
     _import_ray()
-    from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, connect
+    from diloco.decoupled.ray_shards import connect_shards
+    from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE
 
     name, address = parse_syncer(syncer)
-    return connect(
+    return connect_shards(
         learner=learner,
         name=name,
+        num_shards=cfg.syncer_shards,
         namespace=namespace or DEFAULT_NAMESPACE,
         address=address,
         fingerprint=fingerprint(cfg, vocab_size=vocab_size, data_digest=data_digest),
@@ -242,10 +176,11 @@ def plan_out(out: Path, cfg: Any) -> dict[str, Any] | None:
     return read_json(out / "syncer.json")
 
 
-def build_syncer(config: dict[str, Any], vocab_size: int) -> Any:
-    """The run's syncer, from its config (a dict) and the data's vocabulary: what the actor runs (built in the
-    actor's process, so that Ray can restart it without the process that started it)."""
-    from diloco.decoupled.trainer import make_syncer
+def build_syncer(config: dict[str, Any], vocab_size: int, shard: int = 0) -> Any:
+    """The run's syncer (shard ``shard`` of its ``syncer_shards``), from its config (a dict) and the data's
+    vocabulary: what the actor runs (built in the actor's process, so that Ray can restart it without the process
+    that started it)."""
+    from diloco.decoupled.trainer import make_syncers
     from diloco.models.factory import build_model
     from diloco.train.config import TrainConfig
     from diloco.train.inputs import run_fragments
@@ -257,7 +192,7 @@ def build_syncer(config: dict[str, Any], vocab_size: int) -> Any:
             cfg.model, size=cfg.size, vocab_size=vocab_size, seq_len=cfg.seq_len, seed=cfg.seed, z_loss=cfg.z_loss
         )
     )
-    return make_syncer(cfg, model, run_fragments(cfg, model))
+    return make_syncers(cfg, model, run_fragments(cfg, model), only=shard)[0]
 
 
 def write_final_checkpoint(
@@ -369,7 +304,8 @@ def _run(
     from diloco.train.inputs import prepare_inputs
 
     ray = _import_ray()
-    from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, check_address, start_syncer
+    from diloco.decoupled.ray_shards import RayShards
+    from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, check_address
 
     check_sources(cfg.sources)
     inputs = prepare_inputs(cfg, cache_dir)  # the data and the seeded model, as `diloco train` builds them
@@ -418,14 +354,14 @@ def _run(
         if inputs.data.tokenizer is not None:
             (out / "tokenizer.json").write_text(inputs.data.tokenizer.to_json(), encoding="utf-8")
         write_json(out / "syncer.json", info)
-        try:
-            handle = ray.get_actor(name, namespace=namespace)  # a resumed run whose detached actor still runs
+        try:  # a resumed run whose detached actors still run
+            shards = RayShards.find(name, cfg.syncer_shards, namespace=namespace)
             echo(f"diloco syncer: {name} still runs; monitoring it")
         except ValueError:
             from functools import partial
 
-            handle = start_syncer(
-                partial(build_syncer, cfg.to_dict(), vocab),
+            shards = RayShards.start(
+                [partial(build_syncer, cfg.to_dict(), vocab, s) for s in range(cfg.syncer_shards)],
                 name=name,
                 namespace=namespace,
                 checkpoint_dir=str((out / "syncer").resolve()),
@@ -433,7 +369,7 @@ def _run(
                 fingerprint=prints,
                 num_gpus=1 if cfg.syncer_device.startswith("cuda") else 0,  # auto: a GPU if Ray gives the actor one
             )
-        status = ray.get(handle.status.remote())
+        status = shards.status()
         echo(
             f"diloco syncer: {name} runs (pid {status['pid']}"
             + (f", resumed from {status['restored_merges']} merges" if status["restored_merges"] is not None else "")
@@ -443,14 +379,14 @@ def _run(
         echo(f"learner commands, one per site (also in {out / 'syncer.json'}):")
         for line in commands:
             echo(f"  {line}")
-        summary = _monitor(ray, handle, num_learners=cfg.replicas, poll_s=poll_s, echo=echo)
-        records = ray.get(handle.records.remote())
-        named = ray.get(handle.global_named_parameters.remote())
+        summary = _monitor(shards, num_learners=cfg.replicas, poll_s=poll_s, echo=echo)
+        records = shards.records()
+        named = shards.global_named_parameters()
         write_merges(out / "merges.jsonl", records)
         write_final_checkpoint(
             out, cfg, inputs.model, named, vocab_size=vocab, data_digest=digest, step=cfg.total_steps
         )
-        ray.kill(handle, no_restart=True)
+        shards.kill()
         import torch
 
         from diloco.train.evaluation import evaluate_parameters
@@ -465,15 +401,15 @@ def _run(
             ray.shutdown()
 
 
-def _monitor(ray: Any, handle: Any, *, num_learners: int, poll_s: float, echo: Callable[[str], None]) -> dict[str, Any]:
-    """Print the run's progress until every learner has finished; the restarts seen."""
+def _monitor(shards: Any, *, num_learners: int, poll_s: float, echo: Callable[[str], None]) -> dict[str, Any]:
+    """Print the run's progress until every learner has finished (at every shard); the restarts seen."""
     from ray.exceptions import GetTimeoutError
 
     start = time.monotonic()
     pid, restarts, last, last_at = None, 0, "", 0.0
     while True:
         try:
-            status = ray.get(handle.status.remote(), timeout=max(30.0, 3 * poll_s))
+            status = shards.status(timeout=max(30.0, 3 * poll_s))
         except GetTimeoutError:
             echo("diloco syncer: the syncer does not answer (restarting?); waiting")
             continue

@@ -86,7 +86,7 @@ def torchrun_syncer(
     *,
     worker: int,
     intra: Any = None,
-    state: dict[str, Any] | None = None,
+    states: list[dict[str, Any]] | None = None,
 ) -> Iterator[Any]:
     """The running syncer for this process of a torchrun job (``method='decoupled'``; see the module docstring).
 
@@ -94,9 +94,11 @@ def torchrun_syncer(
     ``(running, final)``: a :class:`~diloco.decoupled.trainer.RunningSyncer` whose ``channel(m)`` is this
     rank's channel for learner ``m``, and a dict that, once the block has ended without an error and every
     process has reached its end (a barrier: no learner still talks to the syncer), holds on worker 0's lead
-    rank the syncer's merge ``records`` and final ``global`` parameters; the actor is stopped then. ``state``
-    (worker 0's lead, a resumed run): the syncer's saved state, restored before the actor starts."""
-    from diloco.decoupled.trainer import RunningSyncer, make_syncer
+    rank the syncer's merge ``records`` and final ``global`` parameters; the actor is stopped then. ``states``
+    (worker 0's lead, a resumed run): the saved state of each syncer shard, restored before the actors start
+    (``syncer_shards`` > 1: one actor per shard, each learner's lead a
+    :class:`~diloco.decoupled.shards.ShardedChannel` to them)."""
+    from diloco.decoupled.trainer import RunningSyncer, make_syncers
 
     if cfg.decoupled_transport != "ray":
         raise ConfigError(
@@ -108,37 +110,36 @@ def torchrun_syncer(
         raise ConfigError("decoupled learners under torchrun need Ray: pip install -e .[ray] (or ray>=2.9)")
     lead = intra is None or intra.rank == 0
     first = worker == 0 and lead
-    handle = None
+    shards: Any = None
     where: list[Any] = [None]
     try:
         if first:
             import ray
 
-            from diloco.decoupled.ray_transport import start_syncer
+            from diloco.decoupled.ray_shards import RayShards
 
             name = f"diloco-syncer-{uuid.uuid4().hex[:12]}"
-            syncer = make_syncer(cfg, template, fragments, state=state)
-            handle = start_syncer(syncer, name=name, address=cfg.ray_address or None)
+            syncers = make_syncers(cfg, template, fragments, states=states)
+            shards = RayShards.start(syncers, name=name, address=cfg.ray_address or None)
             # Ray's token authentication (on for a new local instance) is read from the environment when Ray is
             # imported: the other leads take this process's setting before they import it (the token itself they
             # read where Ray keeps it: ~/.ray/auth_token, or RAY_AUTH_TOKEN)
             where = [(name, cfg.ray_address or ray.get_runtime_context().gcs_address, os.environ.get(AUTH_MODE))]
         dist.broadcast_object_list(where, src=0)  # global rank 0 is worker 0's lead
         name, address, auth_mode = where[0]
-        if lead and handle is None:
+        if lead and shards is None:
             if auth_mode is not None:
                 os.environ.setdefault(AUTH_MODE, auth_mode)
             import ray
 
+            from diloco.decoupled.ray_shards import RayShards
             from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, init
 
             init(address=address)
-            handle = ray.get_actor(name, namespace=DEFAULT_NAMESPACE)
+            shards = RayShards.find(name, cfg.syncer_shards, namespace=DEFAULT_NAMESPACE)
 
         def channel(m: int) -> Channel:
-            from diloco.decoupled.ray_transport import RayChannel
-
-            link = RayChannel(handle, m) if lead else None
+            link = shards.channel(m) if lead else None
             if intra is None or intra.world_size == 1:
                 assert link is not None
                 return link
@@ -148,19 +149,19 @@ def torchrun_syncer(
         yield (
             RunningSyncer(
                 channel,
-                lambda: ray.get(handle.records.remote()),
-                lambda: ray.get(handle.global_named_parameters.remote()),
-                state=lambda: ray.get(handle.state_dict.remote()),
+                lambda: shards.records(),
+                lambda: shards.global_named_parameters(),
+                states=lambda: ray.get([h.state_dict.remote() for h in shards.handles]),
             ),
             final,
         )
         dist.barrier()  # every learner has flushed: nobody asks the syncer anything after this
         if first:
-            final["records"] = ray.get(handle.records.remote())
-            final["global"] = ray.get(handle.global_named_parameters.remote())
+            final["records"] = shards.records()
+            final["global"] = shards.global_named_parameters()
     finally:
-        if first and handle is not None:
-            ray.kill(handle)
+        if first and shards is not None:
+            shards.kill()
 
 
 __all__ = ["GroupChannel", "torchrun_syncer"]

@@ -33,8 +33,8 @@ def _outer(cfg: Any):
 
 class RunningSyncer:
     """What the trainer holds while a decoupled run is on: a channel per learner, the syncer's state (for a
-    checkpoint: :meth:`~diloco.decoupled.syncer.Syncer.state_dict`, read safely while it runs) and, after, the
-    merges."""
+    checkpoint: :meth:`~diloco.decoupled.syncer.Syncer.state_dict` of each shard, in shard order, read safely
+    while it runs) and, after, the merges."""
 
     def __init__(
         self,
@@ -42,24 +42,30 @@ class RunningSyncer:
         records: Callable[[], list[MergeRecord]],
         global_parameters: Callable[[], dict[str, torch.Tensor]],
         abort: Callable[[str], None] = lambda reason: None,
-        state: Callable[[], dict[str, Any]] | None = None,
+        states: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
         self.channel, self.records, self.global_parameters = channel, records, global_parameters
         self.abort = abort  # the run stops (a learner diverged): learners waiting for replies stop too
-        self.state = state
+        self.states = states
 
 
 def make_syncer(
-    cfg: Any, template: nn.Module, fragments: list[list[str]] | None = None, *, state: dict[str, Any] | None = None
+    cfg: Any,
+    template: nn.Module,
+    fragments: list[list[str]] | None = None,
+    *,
+    state: dict[str, Any] | None = None,
+    num_fragments: int | None = None,
 ) -> Syncer:
     """The config's syncer, holding ``template``'s parameters as the initial global ones; ``state``: a resumed
     run's (:meth:`~diloco.decoupled.syncer.Syncer.state_dict` of a checkpoint), restored, every learner expected
-    to join again (:meth:`~diloco.decoupled.syncer.Syncer.expect_rejoins`)."""
+    to join again (:meth:`~diloco.decoupled.syncer.Syncer.expect_rejoins`). ``num_fragments``: a shard's
+    (:func:`make_syncers`), in place of the config's."""
     syncer = Syncer(
         template,
         num_learners=cfg.replicas,
         quorum=cfg.quorum or cfg.replicas,
-        num_fragments=cfg.num_fragments,
+        num_fragments=cfg.num_fragments if num_fragments is None else num_fragments,
         fragment_pattern=cfg.fragment_pattern,
         fragments=fragments,
         merge=cfg.merge,
@@ -76,53 +82,105 @@ def make_syncer(
         device=cfg.syncer_device,
     )
     if state is not None:
-        learners = sorted(int(m) for m in state["joins"])
-        if learners != list(range(cfg.replicas)):
-            raise ConfigError(
-                f"the syncer's saved state is of learners {learners}, this run has replicas={cfg.replicas}: "
-                f"resume a decoupled run with the replicas it was written with"
-            )
-        syncer.load_state_dict(state)
-        syncer.expect_rejoins()
+        _restore(cfg, syncer, state)
     return syncer
+
+
+def _restore(cfg: Any, syncer: Syncer, state: dict[str, Any]) -> None:
+    learners = sorted(int(m) for m in state["joins"])
+    if learners != list(range(cfg.replicas)):
+        raise ConfigError(
+            f"the syncer's saved state is of learners {learners}, this run has replicas={cfg.replicas}: "
+            f"resume a decoupled run with the replicas it was written with"
+        )
+    syncer.load_state_dict(state)
+    syncer.expect_rejoins()
+
+
+def make_syncers(
+    cfg: Any,
+    template: nn.Module,
+    fragments: list[list[str]] | None = None,
+    *,
+    states: list[dict[str, Any]] | None = None,
+    only: int | None = None,
+) -> list[Syncer]:
+    """The config's ``syncer_shards`` syncers (:mod:`diloco.decoupled.shards`; one: :func:`make_syncer` itself),
+    each restored from its entry of ``states`` (a resumed run's, in shard order) if given; ``only``: shard ``only``
+    alone (a list of one, never restored here)."""
+    from diloco.decoupled.shards import build_shards
+
+    S = cfg.syncer_shards
+    assert only is None or states is None, "a shard built alone restores itself"
+    if states is not None and len(states) != S:
+        raise ConfigError(
+            f"the checkpoint holds {len(states)} syncer shards, this run has syncer_shards={S}: resume a "
+            f"decoupled run with the syncer_shards it was written with"
+        )
+    if S == 1:
+        return [make_syncer(cfg, template, fragments, state=None if states is None else states[0])]
+    shards = build_shards(
+        template,
+        num_shards=S,
+        num_fragments=cfg.num_fragments,
+        fragment_pattern=cfg.fragment_pattern,
+        fragments=fragments,
+        build=lambda model, n, groups: make_syncer(cfg, model, groups, num_fragments=n),
+        only=only,
+    )
+    for syncer, state in zip(shards, states or [None] * len(shards), strict=True):
+        if state is not None:
+            _restore(cfg, syncer, state)
+    return shards
 
 
 @contextlib.contextmanager
 def decoupled_syncer(
-    cfg: Any, template: nn.Module, fragments: list[list[str]] | None, *, state: dict[str, Any] | None = None
+    cfg: Any, template: nn.Module, fragments: list[list[str]] | None, *, states: list[dict[str, Any]] | None = None
 ) -> Iterator[RunningSyncer]:
-    """The config's syncer (from the run's initial model, or restored from ``state``: :func:`make_syncer`) for the
-    ``with`` block: on a thread of this process (``decoupled_transport='threads'``) or as a named Ray actor
-    (``'ray'``, on the cluster at ``ray_address``, else a local Ray instance), which is stopped at the end."""
-    syncer = make_syncer(cfg, template, fragments, state=state)
+    """The config's syncer shards (from the run's initial model, or restored from ``states``:
+    :func:`make_syncers`) for the ``with`` block: each on a thread of this process (``decoupled_transport=
+    'threads'``) or as a named Ray actor (``'ray'``, on the cluster at ``ray_address``, else a local Ray
+    instance), which is stopped at the end."""
+    from diloco.decoupled.shards import combine_records, sharded, union
+
+    syncers = make_syncers(cfg, template, fragments, states=states)
     if cfg.decoupled_transport == "ray":
         try:
             import ray
 
-            from diloco.decoupled.ray_transport import RayChannel, start_syncer
+            from diloco.decoupled.ray_shards import RayShards
         except ImportError:
             raise ConfigError(
                 "decoupled_transport='ray' needs Ray: pip install -e .[ray] (or ray>=2.9), "
                 "or use decoupled_transport='threads'"
             ) from None
-        handle = start_syncer(syncer, name=f"diloco-syncer-{uuid.uuid4().hex[:12]}", address=cfg.ray_address or None)
+        shards = RayShards.start(
+            syncers, name=f"diloco-syncer-{uuid.uuid4().hex[:12]}", address=cfg.ray_address or None
+        )
         try:
             yield RunningSyncer(
-                lambda m: RayChannel(handle, m),
-                lambda: ray.get(handle.records.remote()),
-                lambda: ray.get(handle.global_named_parameters.remote()),
-                state=lambda: ray.get(handle.state_dict.remote()),
+                shards.channel,
+                shards.records,
+                shards.global_named_parameters,
+                states=lambda: ray.get([h.state_dict.remote() for h in shards.handles]),
             )
         finally:
-            ray.kill(handle)
+            shards.kill()
         return
-    with LocalTransport(syncer, timeout=600.0) as transport:
+    with contextlib.ExitStack() as stack:
+        transports = [stack.enter_context(LocalTransport(s, timeout=600.0)) for s in syncers]
+
+        def abort(reason: str) -> None:
+            for t in transports:
+                t.abort(reason)
+
         yield RunningSyncer(
-            transport.channel,
-            lambda: list(transport.syncer.records),
-            transport.syncer.global_named_parameters,
-            transport.abort,
-            state=transport.state_dict,
+            lambda m: sharded([t.channel(m) for t in transports]),
+            lambda: combine_records([list(t.syncer.records) for t in transports]),
+            lambda: union([t.syncer.global_named_parameters() for t in transports]),
+            abort,
+            states=lambda: [t.state_dict() for t in transports],
         )
 
 

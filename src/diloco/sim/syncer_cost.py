@@ -17,8 +17,9 @@ momentum and the shared copy that its first merge allocates, which are counted a
 
 Shards. A merge is due ``tau`` learner steps after its reports are sent; S shards that divide each fragment's
 values among S hosts (:func:`shards_needed`) merge one in ``t(n / S, M)``, so S is the smallest with
-``t(n / S, M) <= tau * step_time`` (the fixed and per-learner parts both scale with n). Shards do not exist yet:
-the number is what a model would need.
+``t(n / S, M) <= tau * step_time`` (the fixed and per-learner parts both scale with n). The syncer's shards
+(``syncer_shards``, :mod:`diloco.decoupled.shards`) own whole fragments: S of them reach the same figure with
+fragments S times smaller (P x S fragments of n / S values).
 """
 
 from __future__ import annotations
@@ -197,8 +198,8 @@ def plan_syncer(
                 f"(peak growth {cost.peak_growth:.3g} measured: {src})"
             ),
             "syncer_shards": (
-                "the fewest S with t(n / S, M) <= tau x the learners' step time (S shards dividing each fragment; "
-                "not built yet)"
+                "the fewest S with t(n / S, M) <= tau x the learners' step time (S shards dividing each fragment's "
+                "values; syncer_shards owns whole fragments: S hosts then need fragments S times smaller)"
             ),
             "learner_step_time": step_time_source,
         },

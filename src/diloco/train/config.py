@@ -189,6 +189,9 @@ class TrainConfig:
         "cpu",
         "decoupled: where the syncer's state and merge math live: cpu, auto (cuda if its host has a GPU) or cuda[:N]",
     )
+    syncer_shards: int = _cooperate(
+        1, "decoupled: S syncers, each owning fragments p with p % S == s (its own thread or Ray actor); S divides P"
+    )
     ray_address: str = _cooperate(
         "", "decoupled_transport=ray: the Ray cluster to join; empty: start a local Ray instance"
     )
