@@ -1,0 +1,138 @@
+"""Fused CPU loops for the codecs: ``codecs.c`` beside this file, built with the system's C compiler on first use.
+
+The codecs' torch code (the reference, :meth:`diloco.wire.codec.Codec.encode_reference`) runs a dozen
+tensor operations per value, each a pass over memory; the C loops do the same arithmetic in one pass, a
+block at a time in registers, and produce the same bytes (``tests/unit/test_codec_native.py`` checks them
+against the reference; :func:`self_check` does on every load). On CPU, :meth:`Codec.encode` and
+:meth:`Codec.decode` take them where a codec has one (``bf16``, ``int8``, ``fp4_e2m1``, ``fp4_e3m0``);
+elsewhere (CUDA, no compiler, ``DILOCO_NATIVE_CODECS=0``) they run the torch code.
+
+Build. ``$CC`` (default ``gcc``, else ``cc``) with ``-O3 -march=native -ffp-contract=off`` (no fused
+multiply-add: the reference rounds every product) into ``$DILOCO_KERNEL_CACHE`` (default
+``~/.cache/diloco``), named by a hash of the source, the flags and the CPU's feature flags, written
+atomically (ranks starting together build it once each, harmlessly). About a second; later processes
+load the built file. A failed build or load logs a warning once and the codecs run the torch code.
+
+Threads. One call handles a range of blocks; a tensor of many blocks is split across
+``torch.get_num_threads()`` threads (ctypes releases the GIL while C runs).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+#: Set to ``0`` to run the codecs' torch code instead of the C loops.
+ENV_SWITCH = "DILOCO_NATIVE_CODECS"
+#: Where the built library is kept (default ``~/.cache/diloco``).
+ENV_CACHE = "DILOCO_KERNEL_CACHE"
+_SOURCE = Path(__file__).with_name("codecs.c")
+_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
+#: Values below which a call runs on one thread (a thread hand-off costs more than the work).
+MIN_PARALLEL = 1 << 16
+
+_P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+_SIGNATURES: dict[str, tuple[object, list[object]]] = {
+    "block_amax": (ctypes.c_int32, [_P, _I64, _I64, _I64, _I64, _P]),
+    "encode_blocks": (None, [_P, _I64, _I64, _I64, _I64, _I32, _I32, _F32, _F32, _P, _P, _P, _P]),
+    "decode_blocks": (None, [_P, _P, _I64, _I64, _I64, _I64, _I32, _P, _P, _F32, _P]),
+    "bf16_encode": (ctypes.c_int32, [_P, _I64, _I64, _P]),
+    "bf16_decode": (None, [_P, _I64, _I64, _P]),
+}
+
+
+def enabled() -> bool:
+    """Whether the C loops may be used (``DILOCO_NATIVE_CODECS`` is not ``0``)."""
+    return os.environ.get(ENV_SWITCH, "1").strip() != "0"
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
+
+
+def _build(cc: str, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        subprocess.run([cc, *_FLAGS, str(_SOURCE), "-o", tmp, "-lm"], check=True, capture_output=True, timeout=120)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The built library, or None where it cannot be built or loaded (a warning says why, once)."""
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    if cc is None:
+        log.warning("no C compiler found ($CC, gcc, cc): the codecs run their torch code (slower on CPU)")
+        return None
+    source = _SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, " ".join(_FLAGS).encode(), cc.encode(), _cpu_flags().encode()]))
+    cache = Path(os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "diloco")
+    path = cache / f"codecs-{key.hexdigest()[:16]}.so"
+    try:
+        if not path.exists():
+            _build(cc, path)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = getattr(e, "stderr", b"") or b""
+        log.warning("building %s failed (%s %s): the codecs run their torch code", _SOURCE.name, e, detail[-500:])
+        return None
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+def usable(x: torch.Tensor) -> bool:
+    """Whether an encode / decode of ``x`` (a CPU tensor) runs the C loops."""
+    return x.device.type == "cpu" and enabled() and library() is not None
+
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+
+
+def parallel(fn: Callable[[int, int], object], total: int, *, values_per_item: int) -> list[object]:
+    """``fn(start, end)`` over ``[0, total)`` split into one range a thread; returns their results in order."""
+    global _pool, _pool_size
+    threads = max(1, min(torch.get_num_threads(), total * values_per_item // MIN_PARALLEL))
+    if threads == 1:
+        return [fn(0, total)]
+    bounds = [(total * i // threads, total * (i + 1) // threads) for i in range(threads)]
+    with _pool_lock:
+        if _pool is None or _pool_size < threads:
+            _pool, _pool_size = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="diloco-codec"), threads
+        pool = _pool
+    return [f.result() for f in [pool.submit(fn, a, b) for a, b in bounds]]
+
+
+def ptr(t: torch.Tensor) -> int:
+    """The address of a contiguous tensor's first element, for a C call."""
+    assert t.is_contiguous() and t.device.type == "cpu"
+    return t.data_ptr()
+
+
+__all__ = ["ENV_CACHE", "ENV_SWITCH", "MIN_PARALLEL", "enabled", "library", "parallel", "ptr", "usable"]
