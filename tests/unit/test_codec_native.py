@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from diloco.wire import native
+from diloco.wire.codec import halves_sum
 from diloco.wire.registry import get_codec
-from diloco.wire.scaled import block_error
 
-NATIVE = ("bf16", "int8", "fp4_e2m1", "fp4_e3m0")
+NATIVE = ("bf16", "int8", "fp4_e2m1", "fp4_e3m0", "stat2", "stat4")
 needs_native = pytest.mark.skipif(native.library() is None, reason="no C compiler: the codecs run their torch code")
 
 
@@ -133,9 +133,9 @@ def test_no_compiler_means_no_library_and_a_warning(monkeypatch, caplog):
         native.library.cache_clear()
 
 
-def test_block_error_adds_the_halves_first():
+def test_halves_sum_adds_the_halves_first():
     g = torch.Generator().manual_seed(4)
-    for width in (2, 6, 16, 32):
+    for width in (1, 2, 6, 16, 32, 1000, 1024):
         e = (torch.randn(500, width, generator=g) * torch.rand(500, width, generator=g).mul(40).exp2()).square()
         cols = [e[:, j] for j in range(width)]
         while len(cols) > 1:
@@ -143,4 +143,4 @@ def test_block_error_adds_the_halves_first():
                 cols = [cols[0] + cols[-1], *cols[1:-1]]
             h = len(cols) // 2
             cols = [a + b for a, b in zip(cols[:h], cols[h:], strict=True)]
-        assert torch.equal(block_error(e), cols[0]), width
+        assert torch.equal(halves_sum(e), cols[0]), width

@@ -57,6 +57,20 @@ def row_chunks(rows: int, rows_per: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def halves_sum(e: torch.Tensor) -> torch.Tensor:
+    """Row sums of ``e`` (shape (rows, width)) in a fixed order: the halves added, ``e[:, :w/2] + e[:, w/2:]``, until
+    one column is left (an odd width first adds its last column to its first). torch's ``sum`` adds in an order of
+    its own that differs between kernels, shapes and devices; this one every implementation can repeat (the C loops
+    of :mod:`diloco.wire.native` do), so the codecs' block errors and statistics use it."""
+    while e.shape[1] > 1:
+        w = e.shape[1]
+        if w % 2:
+            e = torch.cat([e[:, :1] + e[:, w - 1 :], e[:, 1 : w - 1]], dim=1)
+            w -= 1
+        e = e[:, : w // 2] + e[:, w // 2 :]
+    return e[:, 0]
+
+
 def use_chunks(x: torch.Tensor, chunk: int | None) -> bool:
     """Whether an encode / decode of ``x`` takes the chunked path: on CPU above one chunk, or when a test
     forces it by passing ``chunk``."""

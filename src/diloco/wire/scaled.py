@@ -58,7 +58,7 @@ import torch
 
 from diloco.errors import ConfigError
 from diloco.wire import native, sizes
-from diloco.wire.codec import CHUNK, Codec, row_chunks, use_chunks
+from diloco.wire.codec import CHUNK, Codec, halves_sum, row_chunks, use_chunks
 from diloco.wire.native import blocks as native_blocks
 
 _F32_MAX = torch.finfo(torch.float32).max
@@ -67,19 +67,6 @@ _E4M3_MAX = torch.finfo(_E4M3).max  # 448
 _E4M3_NAN = 0x7F  # positive NaN code of E4M3 "fn"
 _E8M0_BIAS, _E8M0_NAN = 127, 0xFF
 _K_MIN, _K_MAX = -126, 126  # tensor exponents for which 2^k and 2^-k are normal fp32
-
-
-def block_error(e: torch.Tensor) -> torch.Tensor:
-    """Row sums of ``e`` (shape (blocks, B)) in a fixed order: the halves added, ``e[:, :B/2] + e[:, B/2:]``, until
-    one column is left (an odd width first adds its last column to its first). torch's ``sum`` adds in an order
-    of its own that differs between kernels and devices; this one every implementation can repeat."""
-    while e.shape[1] > 1:
-        w = e.shape[1]
-        if w % 2:
-            e = torch.cat([e[:, :1] + e[:, w - 1 :], e[:, 1 : w - 1]], dim=1)
-            w -= 1
-        e = e[:, : w // 2] + e[:, w // 2 :]
-    return e[:, 0]
 
 
 def _pow2(k: torch.Tensor) -> torch.Tensor:
@@ -191,7 +178,7 @@ class BlockScaledCodec(Codec):
             if self.scale_candidates == 1:
                 best_v, best_scales = v, scales
                 break
-            err = block_error(torch.mul(v, s, out=t).sub_(mag).square_())
+            err = halves_sum(torch.mul(v, s, out=t).sub_(mag).square_())
             if best_err is None:
                 best_v, best_scales, best_err = v.clone(), scales, err
             else:

@@ -4,7 +4,8 @@ The codecs' torch code (the reference, :meth:`diloco.wire.codec.Codec.encode_ref
 tensor operations per value, each a pass over memory; the C loops do the same arithmetic in one pass, a
 block at a time in registers, and produce the same bytes (``tests/unit/test_codec_native.py`` checks them
 against the reference; :func:`self_check` does on every load). On CPU, :meth:`Codec.encode` and
-:meth:`Codec.decode` take them where a codec has one (``bf16``, ``int8``, ``fp4_e2m1``, ``fp4_e3m0``);
+:meth:`Codec.decode` take them where a codec has one (``bf16``, ``int8``, ``fp4_e2m1``, ``fp4_e3m0``,
+``stat2``, ``stat4``);
 elsewhere (CUDA, no compiler, ``DILOCO_NATIVE_CODECS=0``) they run the torch code.
 
 Build. ``$CC`` (default ``gcc``, else ``cc``) with ``-O3 -march=native -ffp-contract=off`` (no fused
@@ -52,6 +53,8 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "decode_blocks": (None, [_P, _P, _I64, _I64, _I64, _I64, _I32, _P, _P, _F32, _P]),
     "bf16_encode": (ctypes.c_int32, [_P, _I64, _I64, _P]),
     "bf16_decode": (None, [_P, _I64, _I64, _P]),
+    "stat_encode_rows": (None, [_P, _I64, _I64, _I64, _I64, _I32, _F32, _F32, _P, _P, _P]),
+    "stat_decode_rows": (None, [_P, _P, _I64, _I64, _I64, _I64, _I32, _P]),
 }
 
 

@@ -368,3 +368,72 @@ int32_t bf16_encode(const float *x, int64_t i0, int64_t i1, uint16_t *out) {
 void bf16_decode(const uint16_t *in, int64_t i0, int64_t i1, float *out) {
     for (int64_t i = i0; i < i1; i++) out[i] = u2f((uint32_t)in[i] << 16);
 }
+
+/* halves_sum (diloco.wire.codec) of w values, in place in e (destroyed). */
+static float halves_sum_inplace(float *e, int64_t w) {
+    while (w > 1) {
+        if (w & 1) { e[0] = e[0] + e[w - 1]; w -= 1; }
+        int64_t h = w / 2;
+        for (int64_t j = 0; j < h; j++) e[j] = e[j] + e[j + h];
+        w = h;
+    }
+    return e[0];
+}
+
+/* StatisticalCodec (stat_quantize in compress.py) for rows [r0, r1) of B values (the last may be shorter):
+ * codes packed LSB first into codes (bits in 1, 2, 4, 8; B * bits a multiple of 8), the rows' tables of
+ * 2^bits bin means into table. coef = 2 * r / 2^bits. scratch: 2 * B floats. */
+void stat_encode_rows(const float *x, int64_t n, int64_t B, int64_t r0, int64_t r1, int bits, float r, float coef,
+                      uint8_t *codes, float *table, float *scratch) {
+    const int L = 1 << bits;
+    float *e = scratch, *q = scratch + B;
+    for (int64_t row = r0; row < r1; row++) {
+        const float *xr = x + row * B;
+        int64_t w = n - row * B < B ? n - row * B : B;
+        float fw = (float)w;
+        memcpy(e, xr, sizeof(float) * w);
+        float mu = halves_sum_inplace(e, w) / fw;
+        for (int64_t i = 0; i < w; i++) { float d = xr[i] - mu; e[i] = d * d; }
+        float sigma = sqrtf(halves_sum_inplace(e, w) / fw);
+        float lo = mu - r * sigma;
+        float width = coef * sigma;
+        float safe = width > 0.0f ? width : 1.0f;
+        for (int64_t i = 0; i < w; i++) {
+            float c = floorf((xr[i] - lo) / safe);
+            c = c != c ? 0.0f : c;  /* nan_to_num, then clamp (which takes +-inf to the ends) */
+            c = c < 0.0f ? 0.0f : (c > (float)(L - 1) ? (float)(L - 1) : c);
+            q[i] = c;
+        }
+        float *tr = table + row * L;
+        for (int level = 0; level < L; level++) {
+            const float fl = (float)level;
+            int64_t count = 0;
+            for (int64_t i = 0; i < w; i++) {
+                int hit = q[i] == fl;
+                count += hit;
+                e[i] = hit ? xr[i] : 0.0f;
+            }
+            float total = halves_sum_inplace(e, w);
+            float centre = lo + ((float)level + 0.5f) * width;
+            tr[level] = count > 0 ? total / (float)count : centre;
+        }
+        uint8_t *out = codes + row * B * bits / 8;
+        const int per = 8 / bits;
+        for (int64_t i = 0; i < w; i += per) {
+            uint32_t byte = 0;
+            for (int k = 0; k < per && i + k < w; k++) byte |= (uint32_t)q[i + k] << (bits * k);
+            out[i / per] = (uint8_t)byte;
+        }
+    }
+}
+
+/* StatisticalCodec decode for rows [r0, r1): out[i] = table[row][code]. */
+void stat_decode_rows(const uint8_t *codes, const float *table, int64_t n, int64_t B, int64_t r0, int64_t r1,
+                      int bits, float *out) {
+    const int L = 1 << bits, per = 8 / bits, mask = (1 << bits) - 1;
+    for (int64_t row = r0; row < r1; row++) {
+        int64_t i0 = row * B, i1 = i0 + B < n ? i0 + B : n;
+        const float *tr = table + row * L;
+        for (int64_t i = i0; i < i1; i++) out[i] = tr[(codes[i / per] >> (bits * (i % per))) & mask];
+    }
+}
