@@ -9,7 +9,8 @@ against the reference; :func:`self_check` does on every load). On CPU, :meth:`Co
 elsewhere (CUDA, no compiler, ``DILOCO_NATIVE_CODECS=0``) they run the torch code.
 
 Build. ``$CC`` (default ``gcc``, else ``cc``) with ``-O3 -march=native -ffp-contract=off`` (no fused
-multiply-add: the reference rounds every product) into ``$DILOCO_KERNEL_CACHE`` (default
+multiply-add: the reference rounds every product; no ``-ffast-math``, so every operation stays IEEE, and
+``-fno-trapping-math`` only lets loops with selects vectorize) into ``$DILOCO_KERNEL_CACHE`` (default
 ``~/.cache/diloco``), named by a hash of the source, the flags and the CPU's feature flags, written
 atomically (ranks starting together build it once each, harmlessly). About a second; later processes
 load the built file. A failed build or load logs a warning once and the codecs run the torch code.
@@ -42,7 +43,7 @@ ENV_SWITCH = "DILOCO_NATIVE_CODECS"
 #: Where the built library is kept (default ``~/.cache/diloco``).
 ENV_CACHE = "DILOCO_KERNEL_CACHE"
 _SOURCE = Path(__file__).with_name("codecs.c")
-_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
+_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC")
 #: Values below which a call runs on one thread (a thread hand-off costs more than the work).
 MIN_PARALLEL = 1 << 16
 
