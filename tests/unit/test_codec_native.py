@@ -144,3 +144,29 @@ def test_halves_sum_adds_the_halves_first():
             h = len(cols) // 2
             cols = [a + b for a, b in zip(cols[:h], cols[h:], strict=True)]
         assert torch.equal(halves_sum(e), cols[0]), width
+
+
+@needs_native
+def test_a_forked_child_encodes_with_its_own_threads(tmp_path):
+    import os
+    import signal
+
+    codec = get_codec("int8")
+    x = torch.randn(4 * native.MIN_PARALLEL, generator=torch.Generator().manual_seed(5))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        want = codec.encode(x)  # the parent's pool of two threads exists now
+        pid = os.fork()
+        if pid == 0:  # the child: the inherited pool has no threads; a hang ends at the alarm
+            signal.alarm(60)
+            try:
+                (tmp_path / "child.bin").write_bytes(codec.encode(x).numpy().tobytes())
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        torch.set_num_threads(before)
+    assert status == 0
+    got = torch.frombuffer(bytearray((tmp_path / "child.bin").read_bytes()), dtype=torch.uint8)
+    assert torch.equal(got, want)

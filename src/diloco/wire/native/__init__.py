@@ -116,19 +116,21 @@ def usable(x: torch.Tensor) -> bool:
 
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
-_pool_size = 0
+_pool_size = _pool_pid = 0
 
 
 def parallel(fn: Callable[[int, int], object], total: int, *, values_per_item: int) -> list[object]:
     """``fn(start, end)`` over ``[0, total)`` split into one range a thread; returns their results in order."""
-    global _pool, _pool_size
+    global _pool, _pool_size, _pool_pid
     threads = max(1, min(torch.get_num_threads(), total * values_per_item // MIN_PARALLEL))
     if threads == 1:
         return [fn(0, total)]
     bounds = [(total * i // threads, total * (i + 1) // threads) for i in range(threads)]
     with _pool_lock:
-        if _pool is None or _pool_size < threads:
-            _pool, _pool_size = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="diloco-codec"), threads
+        # a forked child inherits the pool but not its threads: it makes its own
+        if _pool is None or _pool_size < threads or _pool_pid != os.getpid():
+            _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="diloco-codec")
+            _pool_size, _pool_pid = threads, os.getpid()
         pool = _pool
     return [f.result() for f in [pool.submit(fn, a, b) for a, b in bounds]]
 
