@@ -15,8 +15,10 @@ multiply-add: the reference rounds every product; no ``-ffast-math``, so every o
 atomically (ranks starting together build it once each, harmlessly). About a second; later processes
 load the built file. A failed build or load logs a warning once and the codecs run the torch code.
 
-Threads. One call handles a range of blocks; a tensor of many blocks is split across
-``torch.get_num_threads()`` threads (ctypes releases the GIL while C runs).
+Threads. A call splits its blocks across ``torch.get_num_threads()`` threads (fewer for small tensors) with
+OpenMP, on the runtime torch runs on (its ``libgomp.so.1``, which the built library links by the same
+name): one thread pool in the process, so the codecs' threads and torch's do not compete for the cores.
+ctypes releases the GIL while C runs.
 """
 
 from __future__ import annotations
@@ -29,9 +31,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -43,19 +42,28 @@ ENV_SWITCH = "DILOCO_NATIVE_CODECS"
 #: Where the built library is kept (default ``~/.cache/diloco``).
 ENV_CACHE = "DILOCO_KERNEL_CACHE"
 _SOURCE = Path(__file__).with_name("codecs.c")
-_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC")
+_FLAGS = (
+    "-O3",
+    "-march=native",
+    "-ffp-contract=off",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-fopenmp",
+    "-shared",
+    "-fPIC",
+)
 #: Values below which a call runs on one thread (a thread hand-off costs more than the work).
 MIN_PARALLEL = 1 << 16
 
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES: dict[str, tuple[object, list[object]]] = {
-    "block_amax": (ctypes.c_int32, [_P, _I64, _I64, _I64, _I64, _P]),
-    "encode_blocks": (None, [_P, _I64, _I64, _I64, _I64, _I32, _I32, _F32, _F32, _P, _P, _P, _P]),
-    "decode_blocks": (None, [_P, _P, _I64, _I64, _I64, _I64, _I32, _P, _P, _F32, _P]),
-    "bf16_encode": (ctypes.c_int32, [_P, _I64, _I64, _P]),
-    "bf16_decode": (None, [_P, _I64, _I64, _P]),
-    "stat_encode_rows": (None, [_P, _I64, _I64, _I64, _I64, _I32, _F32, _F32, _P, _P, _P]),
-    "stat_decode_rows": (None, [_P, _P, _I64, _I64, _I64, _I64, _I32, _P]),
+    "block_amax_mt": (ctypes.c_int32, [_P, _I64, _I64, _P, _I32]),
+    "encode_blocks_mt": (None, [_P, _I64, _I64, _I32, _I32, _F32, _F32, _P, _P, _P, _P, _I32]),
+    "decode_blocks_mt": (None, [_P, _P, _I64, _I64, _I32, _P, _P, _F32, _P, _I32]),
+    "bf16_encode_mt": (ctypes.c_int32, [_P, _I64, _P, _I32]),
+    "bf16_decode_mt": (None, [_P, _I64, _P, _I32]),
+    "stat_encode_mt": (ctypes.c_int32, [_P, _I64, _I64, _I32, _F32, _F32, _P, _P, _P, _I32]),
+    "stat_decode_mt": (None, [_P, _P, _I64, _I64, _I32, _P, _I32]),
 }
 
 
@@ -114,25 +122,10 @@ def usable(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and enabled() and library() is not None
 
 
-_pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-_pool_size = _pool_pid = 0
-
-
-def parallel(fn: Callable[[int, int], object], total: int, *, values_per_item: int) -> list[object]:
-    """``fn(start, end)`` over ``[0, total)`` split into one range a thread; returns their results in order."""
-    global _pool, _pool_size, _pool_pid
-    threads = max(1, min(torch.get_num_threads(), total * values_per_item // MIN_PARALLEL))
-    if threads == 1:
-        return [fn(0, total)]
-    bounds = [(total * i // threads, total * (i + 1) // threads) for i in range(threads)]
-    with _pool_lock:
-        # a forked child inherits the pool but not its threads: it makes its own
-        if _pool is None or _pool_size < threads or _pool_pid != os.getpid():
-            _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="diloco-codec")
-            _pool_size, _pool_pid = threads, os.getpid()
-        pool = _pool
-    return [f.result() for f in [pool.submit(fn, a, b) for a, b in bounds]]
+def threads(values: int) -> int:
+    """Threads for a call over ``values`` values of work: ``torch.get_num_threads()``, fewer for small calls
+    (a thread's start costs more than :data:`MIN_PARALLEL` values of work)."""
+    return max(1, min(torch.get_num_threads(), values // MIN_PARALLEL))
 
 
 def ptr(t: torch.Tensor) -> int:
@@ -141,4 +134,4 @@ def ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
-__all__ = ["ENV_CACHE", "ENV_SWITCH", "MIN_PARALLEL", "enabled", "library", "parallel", "ptr", "usable"]
+__all__ = ["ENV_CACHE", "ENV_SWITCH", "MIN_PARALLEL", "enabled", "library", "ptr", "threads", "usable"]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from diloco.wire.native import library, parallel, ptr
+from diloco.wire.native import library, ptr, threads
 
 if TYPE_CHECKING:
     from diloco.wire.scaled import BlockScaledCodec
@@ -50,7 +50,7 @@ def encode_block_scaled(codec: BlockScaledCodec, x32: torch.Tensor, fmt: int) ->
     payload = torch.empty(codec.num_bytes(n), dtype=torch.uint8)
     amax_bits = torch.empty(rows, dtype=torch.int32)
     xp, ap = ptr(x32), ptr(amax_bits)
-    top = max(parallel(lambda b0, b1: lib.block_amax(xp, n, B, b0, b1, ap), rows, values_per_item=B))
+    top = lib.block_amax_mt(xp, n, B, ap, threads(n))
     if top >= _INF_BITS:  # a NaN or inf: the reference's defined all-NaN payload
         payload[:n_code] = 0
         payload[n_code:-1] = _E4M3_NAN
@@ -58,15 +58,8 @@ def encode_block_scaled(codec: BlockScaledCodec, x32: torch.Tensor, fmt: int) ->
         return payload
     k = int(codec._tensor_exponent(torch.tensor(top, dtype=torch.int32).view(torch.float32)))
     scale = math.ldexp(1.0, -k)  # 2^-k, a normal fp32 (|k| <= 126)
-    table, pp = _e4m3_values(), ptr(payload)
-    tp = ptr(table)
-
-    def run(b0: int, b1: int) -> None:
-        lib.encode_blocks(
-            xp, n, B, b0, b1, fmt, codec.scale_candidates, codec.element_max, scale, ap, tp, pp, pp + n_code
-        )
-
-    parallel(run, rows, values_per_item=B * codec.scale_candidates)
+    pp, tp, nt = ptr(payload), ptr(_e4m3_values()), threads(n * codec.scale_candidates)
+    lib.encode_blocks_mt(xp, n, B, fmt, codec.scale_candidates, codec.element_max, scale, ap, tp, pp, pp + n_code, nt)
     payload[-1] = k + _E8M0_BIAS
     return payload
 
@@ -78,7 +71,7 @@ def decode_block_scaled(
     lib = library()
     assert lib is not None and numel > 0
     n, B = numel, codec.block_size
-    rows, n_code = -(-n // B), -(-n * codec.element_bits // 8)
+    n_code = -(-n * codec.element_bits // 8)
     payload = payload.contiguous()
     out = torch.empty(n, dtype=torch.float32) if out is None else out
     t = int(payload[-1])
@@ -86,11 +79,7 @@ def decode_block_scaled(
     values = codec._values if fmt < 2 else None  # the 16 FP4 values by code
     pp, op, tp = ptr(payload), ptr(out), ptr(_e4m3_values())
     vp = None if values is None else ptr(values)
-
-    def run(b0: int, b1: int) -> None:
-        lib.decode_blocks(pp, pp + n_code, n, B, b0, b1, fmt, vp, tp, factor, op)
-
-    parallel(run, rows, values_per_item=B)
+    lib.decode_blocks_mt(pp, pp + n_code, n, B, fmt, vp, tp, factor, op, threads(n))
     return out
 
 
@@ -100,8 +89,7 @@ def encode_bf16(x32: torch.Tensor) -> torch.Tensor:
     assert lib is not None and x32.dtype == torch.float32 and x32.is_contiguous() and x32.numel() > 0
     n = x32.numel()
     out = torch.empty(n, dtype=torch.int16)
-    xp, op = ptr(x32), ptr(out)
-    top = max(parallel(lambda i, j: lib.bf16_encode(xp, i, j, op), n, values_per_item=1))
+    top = lib.bf16_encode_mt(ptr(x32), n, ptr(out), threads(n))
     if top >= _INF_BITS:  # a NaN or inf: every value NaN, as the reference
         out.view(torch.bfloat16).fill_(math.nan)
     return out.view(torch.uint8)
@@ -113,8 +101,7 @@ def decode_bf16(payload: torch.Tensor, numel: int, out: torch.Tensor | None = No
     assert lib is not None and numel > 0
     aligned = payload if payload.is_contiguous() and payload.data_ptr() % 2 == 0 else payload.clone()
     out = torch.empty(numel, dtype=torch.float32) if out is None else out
-    ip, op = ptr(aligned), ptr(out)
-    parallel(lambda i, j: lib.bf16_decode(ip, i, j, op), numel, values_per_item=1)
+    lib.bf16_decode_mt(ptr(aligned), numel, ptr(out), threads(numel))
     return out
 
 

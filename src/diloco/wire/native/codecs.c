@@ -445,15 +445,21 @@ static inline __attribute__((always_inline)) void pack_codes(const int32_t *rest
 #define STAT_ROWS(BITS)                                                                                    \
     for (int64_t row = r0; row < r1; row++) {                                                              \
         int64_t w = n - row * B < B ? n - row * B : B;                                                     \
+        for (int64_t i = 0; i < w; i++) {                                                                  \
+            int32_t a = (int32_t)(f2u(x[row * B + i]) & 0x7FFFFFFF);                                       \
+            top = a > top ? a : top;                                                                       \
+        }                                                                                                  \
         stat_row(x + row * B, w, (BITS), r, coef, q, table + row * (1 << (BITS)), e);                      \
         pack_codes(q, w, (BITS), codes + row * B * (BITS) / 8);                                            \
     }
 
 /* StatisticalCodec for rows [r0, r1) of B values (the last may be shorter): codes packed LSB first into codes
  * (bits in 1, 2, 4, 8; B * bits a multiple of 8), the rows' tables of 2^bits bin means into table.
- * coef = 2 * r / 2^bits. scratch: 2 * B floats. */
-void stat_encode_rows(const float *x, int64_t n, int64_t B, int64_t r0, int64_t r1, int bits, float r, float coef,
-                      uint8_t *codes, float *table, float *scratch) {
+ * coef = 2 * r / 2^bits. scratch: 2 * B floats. Returns the largest |x| bits seen (>= 0x7F800000: a non-finite
+ * value, and the caller fills the tables with NaN). */
+int32_t stat_encode_rows(const float *x, int64_t n, int64_t B, int64_t r0, int64_t r1, int bits, float r,
+                         float coef, uint8_t *codes, float *table, float *scratch) {
+    int32_t top = 0;
     float *e = scratch;
     int32_t *q = (int32_t *)(scratch + B);
     switch (bits) {
@@ -462,6 +468,7 @@ void stat_encode_rows(const float *x, int64_t n, int64_t B, int64_t r0, int64_t 
         case 4: STAT_ROWS(4) break;
         default: STAT_ROWS(8) break;
     }
+    return top;
 }
 
 #define STAT_DECODE(BITS)                                                                                  \
@@ -488,4 +495,77 @@ __attribute__((optimize("no-tree-vectorize"))) void stat_decode_rows(const uint8
         case 4: STAT_DECODE(4) break;
         default: STAT_DECODE(8) break;
     }
+}
+
+/* The entry points Python calls: each splits its blocks (or values) into one range a thread, on the OpenMP
+ * runtime torch itself runs on (libgomp, loaded once per process), so its threads and these do not compete.
+ * Like torch's own parallel loops, they hang in a child forked after a parallel region unless it runs one thread
+ * (torch.set_num_threads(1), as DataLoader workers do). */
+#define SPLIT(total, nt, CALL)                                                                             \
+    if (nt == 1) {  /* no OpenMP at all: a forked child with one thread works, as torch's own ops do */    \
+        const int t = 0;                                                                                   \
+        int64_t lo_ = 0, hi_ = (total);                                                                    \
+        CALL;                                                                                              \
+    } else {                                                                                               \
+        _Pragma("omp parallel for num_threads(nt) schedule(static)")                                      \
+        for (int t = 0; t < nt; t++) {                                                                     \
+            int64_t lo_ = (total) * t / nt, hi_ = (total) * (t + 1) / nt;                                  \
+            CALL;                                                                                          \
+        }                                                                                                  \
+    }
+
+int32_t block_amax_mt(const float *x, int64_t n, int64_t B, int32_t *amax_bits, int nt) {
+    int32_t tops[256] = {0};
+    int64_t rows = (n + B - 1) / B;
+    nt = nt < 1 ? 1 : (nt > 256 ? 256 : nt);
+    SPLIT(rows, nt, tops[t] = block_amax(x, n, B, lo_, hi_, amax_bits))
+    int32_t top = 0;
+    for (int t = 0; t < nt; t++) top = tops[t] > top ? tops[t] : top;
+    return top;
+}
+
+void encode_blocks_mt(const float *x, int64_t n, int64_t B, int fmt, int cands, float elem_max, float scale,
+                      const int32_t *amax_bits, const float *e4m3, uint8_t *codes, uint8_t *scales, int nt) {
+    int64_t rows = (n + B - 1) / B;
+    nt = nt < 1 ? 1 : nt;
+    SPLIT(rows, nt, encode_blocks(x, n, B, lo_, hi_, fmt, cands, elem_max, scale, amax_bits, e4m3, codes, scales))
+}
+
+void decode_blocks_mt(const uint8_t *codes, const uint8_t *scales, int64_t n, int64_t B, int fmt,
+                      const float *values, const float *e4m3, float factor, float *out, int nt) {
+    int64_t rows = (n + B - 1) / B;
+    nt = nt < 1 ? 1 : nt;
+    SPLIT(rows, nt, decode_blocks(codes, scales, n, B, lo_, hi_, fmt, values, e4m3, factor, out))
+}
+
+int32_t bf16_encode_mt(const float *x, int64_t n, uint16_t *out, int nt) {
+    int32_t tops[256] = {0};
+    nt = nt < 1 ? 1 : (nt > 256 ? 256 : nt);
+    SPLIT(n, nt, tops[t] = bf16_encode(x, lo_, hi_, out))
+    int32_t top = 0;
+    for (int t = 0; t < nt; t++) top = tops[t] > top ? tops[t] : top;
+    return top;
+}
+
+void bf16_decode_mt(const uint16_t *in, int64_t n, float *out, int nt) {
+    nt = nt < 1 ? 1 : nt;
+    SPLIT(n, nt, bf16_decode(in, lo_, hi_, out))
+}
+
+/* scratch: nt * 2 * B floats (one share a thread). */
+int32_t stat_encode_mt(const float *x, int64_t n, int64_t B, int bits, float r, float coef, uint8_t *codes,
+                       float *table, float *scratch, int nt) {
+    int32_t tops[256] = {0};
+    int64_t rows = (n + B - 1) / B;
+    nt = nt < 1 ? 1 : (nt > 256 ? 256 : nt);
+    SPLIT(rows, nt, tops[t] = stat_encode_rows(x, n, B, lo_, hi_, bits, r, coef, codes, table, scratch + 2 * B * t))
+    int32_t top = 0;
+    for (int t = 0; t < nt; t++) top = tops[t] > top ? tops[t] : top;
+    return top;
+}
+
+void stat_decode_mt(const uint8_t *codes, const float *table, int64_t n, int64_t B, int bits, float *out, int nt) {
+    int64_t rows = (n + B - 1) / B;
+    nt = nt < 1 ? 1 : nt;
+    SPLIT(rows, nt, stat_decode_rows(codes, table, n, B, lo_, hi_, bits, out))
 }

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from diloco.wire.codec import all_finite
-from diloco.wire.native import library, parallel, ptr
+from diloco.wire.native import library, ptr, threads
 
 if TYPE_CHECKING:
     from diloco.wire.compress import StatisticalCodec
 
+_INF_BITS = 0x7F800000
 #: Largest block the C loops take (their per-thread scratch); larger blocks run the torch code.
 MAX_BLOCK = 1 << 16
 
@@ -33,14 +33,10 @@ def encode_stat(codec: StatisticalCodec, x32: torch.Tensor) -> torch.Tensor:
     payload = torch.empty(codec.num_bytes(n), dtype=torch.uint8)
     table = torch.empty(rows, L)
     coef = 2.0 * codec.range_sigmas / L
-    xp, cp, tp = ptr(x32), ptr(payload), ptr(table)
-
-    def run(r0: int, r1: int) -> None:
-        scratch = torch.empty(2 * B)
-        lib.stat_encode_rows(xp, n, B, r0, r1, bits, codec.range_sigmas, coef, cp, tp, ptr(scratch))
-
-    parallel(run, rows, values_per_item=B * L)
-    if not bool(all_finite(x32)):  # a NaN or inf: NaN tables, as the reference
+    nt = threads(n * L)
+    scratch = torch.empty(nt, 2 * B)
+    top = lib.stat_encode_mt(ptr(x32), n, B, bits, codec.range_sigmas, coef, ptr(payload), ptr(table), ptr(scratch), nt)
+    if top >= _INF_BITS:  # a NaN or inf: NaN tables, as the reference
         table.fill_(math.nan)
     payload[n_code:] = table.view(-1).view(torch.uint8)
     return payload
@@ -51,12 +47,11 @@ def decode_stat(codec: StatisticalCodec, payload: torch.Tensor, numel: int) -> t
     lib = library()
     assert lib is not None and numel > 0
     n, B, bits = numel, codec.block_size, codec.bits
-    rows, n_code = -(-n // B), -(-n * bits // 8)
+    n_code = -(-n * bits // 8)
     codes = payload[:n_code].contiguous()
     table = payload[n_code:].clone().view(torch.float32)
     out = torch.empty(n)
-    cp, tp, op = ptr(codes), ptr(table), ptr(out)
-    parallel(lambda r0, r1: lib.stat_decode_rows(cp, tp, n, B, r0, r1, bits, op), rows, values_per_item=B)
+    lib.stat_decode_mt(ptr(codes), ptr(table), n, B, bits, ptr(out), threads(n))
     return out
 
 
