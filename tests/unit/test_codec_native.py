@@ -10,7 +10,9 @@ from diloco.wire.codec import halves_sum
 from diloco.wire.registry import get_codec
 
 NATIVE = ("bf16", "int8", "fp4_e2m1", "fp4_e3m0", "stat2", "stat4")
-needs_native = pytest.mark.skipif(native.library() is None, reason="no C compiler: the codecs run their torch code")
+needs_native = pytest.mark.skipif(
+    not native.enabled() or native.library() is None, reason="C loops off or no C compiler: the torch code runs"
+)
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
