@@ -10,7 +10,7 @@ same rounds (``diloco.bench.time_rounds``: memcpy, encode, decode, ... in turn).
 buffer) is timed for the default path: ``decode`` returns a fresh tensor, whose page faults alone cost several
 memcpys on Linux (the ``alloc`` row: ``torch.empty(numel).fill_(0)``). Shares are given from wall time (the
 median of ``--repeats``) and from process CPU time (all threads; steadier where other jobs share the cores).
-Targets (issue 35): >= 25 % of a memcpy for FP4, int8 and bf16, >= 10 % for the statistical codecs.
+Targets: >= 25 % of a memcpy for FP4, int8 and bf16, >= 10 % for the statistical codecs.
 
 Before timing, each path's payload and decode are checked against the reference's (the same bytes; the same
 fp32 bits, NaN for NaN); the script exits non-zero if one differs.

@@ -160,7 +160,7 @@ def run_throughput(device: torch.device, size: dict[str, Any]) -> dict[str, Any]
 
 
 # -- 3. codec encode / decode -------------------------------------------------------------------------------------------
-#: The codecs timed: those with a speed target (share of a memcpy's bandwidth, issue 35). On CPU they run the C loops
+#: The codecs timed: those with a speed target (a share of a memcpy's bandwidth). On CPU they run the C loops
 #: of diloco.wire.native; on CUDA the torch code (``fused`` in the result says which).
 CODECS_TIMED = ("fp4_e3m0", "fp4_e2m1", "int8", "bf16", "stat4", "stat2")
 
