@@ -1,4 +1,5 @@
-"""Fused CPU loops for the codecs: ``codecs.c`` beside this file, built with the system's C compiler on first use.
+"""Fused CPU loops for the codecs: ``blocks.c`` and ``stat.c`` beside this file, built with the system's C compiler on
+first use.
 
 The codecs' torch code (the reference, :meth:`diloco.wire.codec.Codec.encode_reference`) runs a dozen
 tensor operations per value, each a pass over memory; the C loops do the same arithmetic in one pass, a
@@ -41,7 +42,9 @@ log = logging.getLogger(__name__)
 ENV_SWITCH = "DILOCO_NATIVE_CODECS"
 #: Where the built library is kept (default ``~/.cache/diloco``).
 ENV_CACHE = "DILOCO_KERNEL_CACHE"
-_SOURCE = Path(__file__).with_name("codecs.c")
+_HERE = Path(__file__).parent
+_SOURCES = (_HERE / "blocks.c", _HERE / "stat.c")
+_HEADERS = (_HERE / "common.h",)
 _FLAGS = (
     "-O3",
     "-march=native",
@@ -85,7 +88,9 @@ def _build(cc: str, out: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
     os.close(fd)
     try:
-        subprocess.run([cc, *_FLAGS, str(_SOURCE), "-o", tmp, "-lm"], check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [cc, *_FLAGS, *map(str, _SOURCES), "-o", tmp, "-lm"], check=True, capture_output=True, timeout=120
+        )
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
@@ -99,17 +104,17 @@ def library() -> ctypes.CDLL | None:
     if cc is None:
         log.warning("no C compiler found ($CC, gcc, cc): the codecs run their torch code (slower on CPU)")
         return None
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, " ".join(_FLAGS).encode(), cc.encode(), _cpu_flags().encode()]))
-    cache = Path(os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "diloco")
-    path = cache / f"codecs-{key.hexdigest()[:16]}.so"
     try:
+        sources = [f.read_bytes() for f in (*_SOURCES, *_HEADERS)]
+        key = hashlib.sha256(b"\0".join([*sources, " ".join(_FLAGS).encode(), cc.encode(), _cpu_flags().encode()]))
+        cache = Path(os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "diloco")
+        path = cache / f"codecs-{key.hexdigest()[:16]}.so"
         if not path.exists():
             _build(cc, path)
         lib = ctypes.CDLL(str(path))
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", b"") or b""
-        log.warning("building %s failed (%s %s): the codecs run their torch code", _SOURCE.name, e, detail[-500:])
+        log.warning("building the C loops failed (%s %s): the codecs run their torch code", e, detail[-500:])
         return None
     for name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, name)
