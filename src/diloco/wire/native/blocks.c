@@ -182,8 +182,8 @@ static inline __attribute__((always_inline)) vi vclampi(vi r, int32_t lo, int32_
     m = r > hi;
     return (m & hi) | (~m & r);
 }
-/* round_fp4 on a vector. E2M1's round(2y) by the 1.5 * 2^23 trick (nearest even, exact for |t| <= 2^22),
- * after clamping 2y at 4, which changes no result: both round to 2 once clamped. */
+/* round_fp4 on a vector. E2M1's min(round(2y), 2) as round(min(2y, 2.5)) (2.5 rounds to even 2, and every 2y
+ * above it to 2 or more), by the 1.5 * 2^23 trick (nearest even, exact for |t| <= 2^22). */
 static inline __attribute__((always_inline)) vf vround_fp4(vf y, int fmt) {
     vi bits = (vi)y;
     if (fmt == 0) {
@@ -192,9 +192,8 @@ static inline __attribute__((always_inline)) vf vround_fp4(vf y, int fmt) {
         r = vclampi(r, 0x3F800000, 0x40C00000);
         vf hi = (vf)r;
         vf t = y * 2.0f;
-        t = vsel(t > 4.0f, (vf){} + 4.0f, t);
+        t = vsel(t > 2.5f, (vf){} + 2.5f, t);  /* round(2.5) = 2: the clamp at 2 comes with the rounding */
         vf lo = (t + 12582912.0f) - 12582912.0f;
-        lo = vsel(lo > 2.0f, (vf){} + 2.0f, lo);
         return (hi + lo * 0.5f) - 1.0f;
     }
     vi r = ((bits >> 23) & 1) + 0x3FFFFF + bits;
