@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from diloco.wire import native
 from diloco.wire.codec import CHUNK, Codec, use_chunks
 from diloco.wire.registry import CODEC_NAMES, get_codec
 
@@ -108,8 +109,14 @@ def test_decode_into_a_buffer_gives_the_bits_of_decode(name, numel):
     buffer = torch.full((numel,), 123.0)
     got = codec.decode_into(payload, numel, buffer)
     assert torch.equal(got.view(torch.int32), codec.decode(payload, numel).view(torch.int32))
-    # the codecs with an in-place path write into the buffer (the 4-bit ones: whole blocks, on their chunked path)
-    in_place = name in ("fp32", "bf16") or (name.startswith("fp4") and numel % 16 == 0 and use_chunks(payload, None))
+    # the codecs with an in-place path write into the buffer (int8 and the 4-bit ones through the C loops; without
+    # them, the 4-bit ones on their chunked path with whole blocks)
+    in_native = native.usable(payload) and name in ("int8", "fp4_e2m1", "fp4_e3m0")
+    in_place = (
+        name in ("fp32", "bf16")
+        or in_native
+        or (name.startswith("fp4") and numel % 16 == 0 and use_chunks(payload, None))
+    )
     assert (got is buffer) == in_place, name
     # a payload at an odd offset of a larger buffer decodes the same
     shifted = torch.cat([torch.zeros(1, dtype=torch.uint8), payload])[1:]

@@ -159,35 +159,69 @@ def run_throughput(device: torch.device, size: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-# -- 3. FP4 encode / decode ---------------------------------------------------------------------------------------------
-def run_codec(device: torch.device, size: dict[str, Any], name: str = "fp4_e3m0") -> dict[str, Any]:
+# -- 3. codec encode / decode -------------------------------------------------------------------------------------------
+#: The codecs timed: those with a speed target (a share of a memcpy's bandwidth). On CPU they run the C loops
+#: of diloco.wire.native; on CUDA the torch code (``fused`` in the result says which).
+CODECS_TIMED = ("fp4_e3m0", "fp4_e2m1", "int8", "bf16", "stat4", "stat2")
+
+
+def _timed(device: torch.device, fn, repeats: int) -> float:
+    fn()  # warm-up (kernels, allocator)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    sync(device)
+    return (time.perf_counter() - t0) / repeats
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype == torch.uint8:
+        return torch.equal(a, b)
+    return bool(((a.view(torch.int32) == b.view(torch.int32)) | (a.isnan() & b.isnan())).all())
+
+
+def run_codec(device: torch.device, size: dict[str, Any], names: tuple[str, ...] = CODECS_TIMED) -> dict[str, Any]:
+    """Encode and decode GB/s (FP32 bytes per second) of each codec on ``device`` and their share of a device
+    memcpy's (``dst.copy_(x)``) timed in the same call; ``same_as_cpu``: the device's payload and decode of the
+    first 64K values are the CPU's bit for bit. The top-level keys are the first codec's (fp4_e3m0)."""
+    from diloco.wire import native
     from diloco.wire.registry import get_codec
 
-    codec = get_codec(name)
     n, repeats = size["codec_values"], size["codec_repeats"]
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n, generator=g).to(device)
-    payload = codec.encode(x)  # warm-up (kernels, allocator)
-    codec.decode(payload, n)
-    times = {}
-    for what, fn in (("encode", lambda: codec.encode(x)), ("decode", lambda: codec.decode(payload, n))):
-        sync(device)
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            fn()
-        sync(device)
-        times[what] = (time.perf_counter() - t0) / repeats
+    dst = torch.empty_like(x)
     fp32_bytes = 4 * n
-    return {
-        "codec": name,
-        "values": n,
-        "fp32_bytes": fp32_bytes,
-        "payload_bytes": payload.numel(),
-        "encode_s": times["encode"],
-        "decode_s": times["decode"],
-        "encode_GBps": fp32_bytes / times["encode"] / 1e9,
-        "decode_GBps": fp32_bytes / times["decode"] / 1e9,
-    }
+    memcpy_s = _timed(device, lambda: dst.copy_(x), repeats)
+    rows = []
+    for name in names:
+        codec = get_codec(name)
+        payload = codec.encode(x)
+        enc_s = _timed(device, lambda codec=codec: codec.encode(x), repeats)
+        dec_s = _timed(device, lambda codec=codec, payload=payload: codec.decode(payload, n), repeats)
+        head = x[: min(n, 1 << 16)]
+        small = codec.encode(head)
+        same = _same_bits(small.cpu(), codec.encode(head.cpu())) and _same_bits(
+            codec.decode(small, head.numel()).cpu(), codec.decode(small.cpu(), head.numel())
+        )
+        rows.append(
+            {
+                "codec": name,
+                "values": n,
+                "fp32_bytes": fp32_bytes,
+                "payload_bytes": payload.numel(),
+                "fused": device.type == "cpu" and native.usable(x) and name in CODECS_TIMED,
+                "encode_s": enc_s,
+                "decode_s": dec_s,
+                "encode_GBps": fp32_bytes / enc_s / 1e9,
+                "decode_GBps": fp32_bytes / dec_s / 1e9,
+                "encode_share_of_memcpy": memcpy_s / enc_s,
+                "decode_share_of_memcpy": memcpy_s / dec_s,
+                "same_as_cpu": same,
+            }
+        )
+    return {**rows[0], "memcpy_s": memcpy_s, "memcpy_GBps": fp32_bytes / memcpy_s / 1e9, "codecs": rows}
 
 
 # -- 4. memory -----------------------------------------------------------------------------------------------------------
@@ -312,8 +346,13 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     cd = result.get("codec")
     if cd:
         lines.append(
-            f"fp4_e3m0 on {cd['values']:,} values: encode {cd['encode_GBps']:.2f} GB/s, decode "
-            f"{cd['decode_GBps']:.2f} GB/s (FP32 bytes per second)"
+            f"codecs on {cd['values']:,} values, as a share of a device memcpy ({cd['memcpy_GBps']:.0f} GB/s; "
+            "target >= 25 %): "
+            + ", ".join(
+                f"{r['codec']} enc {100 * r['encode_share_of_memcpy']:.1f} % dec {100 * r['decode_share_of_memcpy']:.1f} %"
+                + ("" if r["same_as_cpu"] else " (NOT the CPU's bits)")
+                for r in cd["codecs"]
+            )
         )
     mem = result.get("memory")
     if mem:

@@ -21,14 +21,18 @@ Non-finite input. If x holds any NaN or +-inf, the payload decodes to all NaN
 scale E4M3's NaN; fp32/bf16: every value NaN), so the reducer can drop that
 replica instead of averaging garbage.
 
-Speed. On CPU, inputs above :data:`CHUNK` values (256K) are encoded and decoded a chunk at a time
-(:meth:`Codec.encode` / :meth:`Codec.decode`), so the dozen temporaries of the block-scale search
-stay in cache instead of streaming the whole tensor through memory a dozen times. The
-arithmetic is the same operations on the same values, element by element and block by block (every
-reduction is over one block, which a chunk never splits), so the payload is bit for bit that of the
-whole-tensor reference (:meth:`Codec.encode_reference` / :meth:`Codec.decode_reference`, kept, and
-what other devices run); ``tests/unit/test_codec_chunks.py`` checks it and ``benchmarks/codec_speed.py``
-times both against a memcpy.
+Speed. On CPU, ``bf16``, ``int8``, ``fp4_e2m1``, ``fp4_e3m0``, ``stat2`` and ``stat4`` encode and decode
+through fused C loops (:mod:`diloco.wire.native`: one pass, a block at a time in registers) that repeat
+the reference's arithmetic operation for operation, so the payload is bit for bit that of the
+whole-tensor reference (:meth:`Codec.encode_reference` / :meth:`Codec.decode_reference`, kept: they
+define the formats, and other devices run them). Sums inside a block (the FP4 block error, the
+statistical codecs' moments and bin totals) are :func:`halves_sum`, a fixed order any implementation
+can repeat. Without the C loops (no compiler, ``DILOCO_NATIVE_CODECS=0``), or with ``chunk`` given,
+inputs above :data:`CHUNK` values (256K) run the torch code a chunk at a time, so the dozen
+temporaries of the block-scale search stay in cache: the same operations on the same values, every
+reduction over one block, which a chunk never splits. ``tests/unit/test_codec_native.py`` and
+``tests/unit/test_codec_chunks.py`` check both against the reference; ``benchmarks/codec_speed.py``
+times all three against a memcpy.
 """
 
 from __future__ import annotations
@@ -55,6 +59,20 @@ def row_chunks(rows: int, rows_per: int) -> list[tuple[int, int]]:
     if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
         bounds[-2:] = [(bounds[-2][0], rows)]
     return bounds
+
+
+def halves_sum(e: torch.Tensor) -> torch.Tensor:
+    """Row sums of ``e`` (shape (rows, width)) in a fixed order: the halves added, ``e[:, :w/2] + e[:, w/2:]``, until
+    one column is left (an odd width first adds its last column to its first). torch's ``sum`` adds in an order of
+    its own that differs between kernels, shapes and devices; this one every implementation can repeat (the C loops
+    of :mod:`diloco.wire.native` do), so the codecs' block errors and statistics use it."""
+    while e.shape[1] > 1:
+        w = e.shape[1]
+        if w % 2:
+            e = torch.cat([e[:, :1] + e[:, w - 1 :], e[:, 1 : w - 1]], dim=1)
+            w -= 1
+        e = e[:, : w // 2] + e[:, w // 2 :]
+    return e[:, 0]
 
 
 def use_chunks(x: torch.Tensor, chunk: int | None) -> bool:

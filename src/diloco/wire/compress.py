@@ -47,8 +47,9 @@ from __future__ import annotations
 import torch
 
 from diloco.errors import ConfigError
-from diloco.wire import sizes
-from diloco.wire.codec import Codec, row_chunks
+from diloco.wire import native, sizes
+from diloco.wire.codec import Codec, halves_sum, row_chunks
+from diloco.wire.native import stat as native_stat
 
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -98,11 +99,17 @@ def stat_quantize(xb: torch.Tensor, *, bits: int, range_sigmas: float) -> tuple[
     """Rows of fp32 ``xb`` (shape (rows, n)) -> (codes int64 of xb's shape, tables fp32 of shape (rows, 2^bits)).
 
     Per row: ``2^bits`` equal bins over ``mean +- range_sigmas * std``; a row's table holds the mean
-    of its values in each bin (the bin's centre if empty). Deterministic: one masked sum per bin.
+    of its values in each bin (the bin's centre if empty). Every sum is :func:`~diloco.wire.codec.halves_sum`
+    (a fixed order, so each row's result is the same whatever rows it is computed with, and the C loops of
+    :mod:`diloco.wire.native` repeat it): mean = sum / n, std = sqrt(sum((x - mean)^2) / n) (correctly rounded),
+    a bin's total the sum of the row with the other bins' values replaced by 0.
     """
-    levels = 1 << bits
-    mu = xb.mean(1, keepdim=True)
-    sigma = xb.std(1, correction=0, keepdim=True)
+    levels, n = 1 << bits, xb.shape[1]
+    mu = halves_sum(xb).unsqueeze(1) / n
+    dev = xb - mu
+    # the root in float64, rounded to float32: the correctly rounded float32 root, which C's sqrtf gives too
+    # (torch's float32 sqrt on CPU may be an ulp off, and differently in its vectorised and scalar loops)
+    sigma = (halves_sum(dev * dev) / n).double().sqrt_().float().unsqueeze(1)
     lo = mu - range_sigmas * sigma
     width = (2.0 * range_sigmas / levels) * sigma
     safe = torch.where(width > 0, width, torch.ones_like(width))
@@ -111,34 +118,10 @@ def stat_quantize(xb: torch.Tensor, *, bits: int, range_sigmas: float) -> tuple[
     for level in range(levels):
         mask = codes == level
         count = mask.sum(1)
-        total = torch.where(mask, xb, 0.0).sum(1)
+        total = halves_sum(torch.where(mask, xb, 0.0))
         centre = (lo + (level + 0.5) * width).squeeze(1)
         table[:, level] = torch.where(count > 0, total / count.clamp(min=1), centre)
     return codes, table
-
-
-def _stat_codes_and_table(xb: torch.Tensor, *, levels: int, range_sigmas: float, table: torch.Tensor) -> torch.Tensor:
-    """:func:`stat_quantize`'s values for rows ``xb``: returns the codes (uint8), writes the bin means into
-    ``table``. Every float operation is the reference's, on the same values in the same order per row; the
-    masked sums of all bins go through one ``sum`` over a (rows, bins, n) tensor, whose rows are summed as
-    the reference's (rows, n) ones are."""
-    mu = xb.mean(1, keepdim=True)
-    sigma = xb.std(1, correction=0, keepdim=True)
-    lo = mu - range_sigmas * sigma
-    width = (2.0 * range_sigmas / levels) * sigma
-    safe = torch.where(width > 0, width, torch.ones_like(width))
-    codes = torch.floor((xb - lo) / safe).nan_to_num_(0.0).clamp_(0, levels - 1).to(torch.uint8)
-    rows = xb.shape[0]
-    # counts are integers: one pass, any order
-    counts = torch.zeros(rows * levels, dtype=torch.int64, device=xb.device)
-    index = codes.to(torch.int64).add_(torch.arange(rows, device=xb.device).mul_(levels).unsqueeze(1))
-    counts.index_add_(0, index.view(-1), torch.ones(1, dtype=torch.int64, device=xb.device).expand(index.numel()))
-    counts = counts.view(rows, levels)
-    mask = codes.unsqueeze(1) == torch.arange(levels, dtype=torch.uint8, device=xb.device).view(1, levels, 1)
-    totals = torch.where(mask, xb.unsqueeze(1), 0.0).sum(2)
-    centre = lo + (torch.arange(levels, device=xb.device, dtype=torch.float32) + 0.5) * width
-    torch.where(counts > 0, totals / counts.clamp(min=1), centre, out=table)
-    return codes
 
 
 class StatisticalCodec(Codec):
@@ -186,11 +169,25 @@ class StatisticalCodec(Codec):
         block = torch.arange(n, device=payload.device) // B
         return table[block, codes]
 
+    def encode(self, x: torch.Tensor, *, chunk: int | None = None) -> torch.Tensor:
+        """As :meth:`Codec.encode`; on CPU, without ``chunk``, through the C loops (:mod:`diloco.wire.native`): the
+        same bytes."""
+        if chunk is None and isinstance(x, torch.Tensor) and x.numel() and native_stat.supported(self):
+            if native.usable(x):
+                return native_stat.encode_stat(self, self._as_float32(x))
+        return super().encode(x, chunk=chunk)
+
+    def decode(self, payload: torch.Tensor, numel: int, *, chunk: int | None = None) -> torch.Tensor:
+        if chunk is None and numel > 0 and native_stat.supported(self) and native.usable(payload):
+            self._check_payload(payload, numel)
+            return native_stat.decode_stat(self, payload, numel)
+        return super().decode(payload, numel, chunk=chunk)
+
     def _encode_chunked(self, x: torch.Tensor, chunk: int) -> torch.Tensor:
         """:meth:`encode_reference`'s arithmetic on whole blocks, ``chunk`` values at a time (module docstring of
-        :mod:`diloco.wire.codec`, "Speed"): per block the same mean, std, codes and one masked sum per
-        bin (every bin's masked rows summed by one call, each row as the reference sums it); the counts, which
-        are integers, in one pass. Codes are packed a byte at a time."""
+        :mod:`diloco.wire.codec`, "Speed"): :func:`stat_quantize` on a chunk of rows gives each row what it
+        gives on all of them (its sums are :func:`~diloco.wire.codec.halves_sum`, row by row). Codes are packed
+        a byte at a time."""
         x32 = self._as_float32(x)
         n, B, L = x32.numel(), self.block_size, 1 << self.bits
         if 8 % self.bits or B % 8:
@@ -210,8 +207,8 @@ class StatisticalCodec(Codec):
             parts.append((full, x32[full:].view(1, -1)))  # the last, partial block: its own row, as the reference
         for start, xb in parts:
             top = torch.maximum(top, bits[start : start + xb.numel()].bitwise_and(0x7FFFFFFF).amax())
-            codes = _stat_codes_and_table(
-                xb, levels=L, range_sigmas=self.range_sigmas, table=table[start // B : start // B + xb.shape[0]]
+            codes, table[start // B : start // B + xb.shape[0]] = stat_quantize(
+                xb, bits=self.bits, range_sigmas=self.range_sigmas
             )
             b0 = start * self.bits // 8
             packed = pack_small(codes, self.bits)

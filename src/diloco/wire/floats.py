@@ -10,8 +10,9 @@ import math
 
 import torch
 
-from diloco.wire import sizes
+from diloco.wire import native, sizes
 from diloco.wire.codec import Codec
+from diloco.wire.native import blocks as native_blocks
 
 _BF16_MAX = torch.finfo(torch.bfloat16).max
 
@@ -58,6 +59,19 @@ class BF16Codec(Codec):
         self._check_payload(payload, numel)
         return payload.clone().view(torch.bfloat16).to(torch.float32)
 
+    def encode(self, x: torch.Tensor, *, chunk: int | None = None) -> torch.Tensor:
+        """As :meth:`Codec.encode`; on CPU, without ``chunk``, through a C loop (:mod:`diloco.wire.native`): the
+        same bytes."""
+        if chunk is None and isinstance(x, torch.Tensor) and x.numel() and native.usable(x):
+            return native_blocks.encode_bf16(self._as_float32(x))
+        return super().encode(x, chunk=chunk)
+
+    def decode(self, payload: torch.Tensor, numel: int, *, chunk: int | None = None) -> torch.Tensor:
+        if chunk is None and numel > 0 and native.usable(payload):
+            self._check_payload(payload, numel)
+            return native_blocks.decode_bf16(payload, numel)
+        return super().decode(payload, numel, chunk=chunk)
+
     def _encode_chunked(self, x: torch.Tensor, chunk: int) -> torch.Tensor:
         # Per chunk: the min and max (one read; they propagate NaN), the rounding cast, and the clamp only
         # where a value lies beyond bf16's max. Clamping after the cast gives the same bits as before it: a
@@ -83,6 +97,8 @@ class BF16Codec(Codec):
     def decode_into(self, payload: torch.Tensor, numel: int, out: torch.Tensor) -> torch.Tensor:
         assert out.dtype == torch.float32 and out.numel() == numel and out.is_contiguous()
         self._check_payload(payload, numel)
+        if numel > 0 and native.usable(payload) and out.device.type == "cpu":
+            return native_blocks.decode_bf16(payload, numel, out)
         aligned = payload if payload.storage_offset() % 2 == 0 else payload.clone()
         return out.copy_(aligned.view(torch.bfloat16))  # bf16 -> fp32 is exact, as .to(float32)
 

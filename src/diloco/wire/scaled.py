@@ -57,8 +57,9 @@ import math
 import torch
 
 from diloco.errors import ConfigError
-from diloco.wire import sizes
-from diloco.wire.codec import CHUNK, Codec, row_chunks, use_chunks
+from diloco.wire import native, sizes
+from diloco.wire.codec import CHUNK, Codec, halves_sum, row_chunks, use_chunks
+from diloco.wire.native import blocks as native_blocks
 
 _F32_MAX = torch.finfo(torch.float32).max
 _E4M3 = torch.float8_e4m3fn
@@ -177,7 +178,7 @@ class BlockScaledCodec(Codec):
             if self.scale_candidates == 1:
                 best_v, best_scales = v, scales
                 break
-            err = torch.mul(v, s, out=t).sub_(mag).square_().sum(dim=1)
+            err = halves_sum(torch.mul(v, s, out=t).sub_(mag).square_())
             if best_err is None:
                 best_v, best_scales, best_err = v.clone(), scales, err
             else:
@@ -220,6 +221,21 @@ class BlockScaledCodec(Codec):
         factor = torch.where(t == _E8M0_NAN, torch.nan, _pow2((t - _E8M0_BIAS).clamp(-126, 127)))
         out = values.view(-1, B).mul_(s8.unsqueeze(1)).view(-1)[:n].mul_(factor)  # a NaN scale: all NaN
         return out.clamp_(-_F32_MAX, _F32_MAX)  # a rounded-up absmax near fp32's max must not become inf
+
+    def encode(self, x: torch.Tensor, *, chunk: int | None = None) -> torch.Tensor:
+        """As :meth:`Codec.encode`; on CPU, without ``chunk``, through the C loops where this format has them
+        (:mod:`diloco.wire.native`): the same bytes."""
+        fmt = native_blocks.element_format(self)
+        if chunk is None and fmt is not None and isinstance(x, torch.Tensor) and x.numel() and native.usable(x):
+            return native_blocks.encode_block_scaled(self, self._as_float32(x), fmt)
+        return super().encode(x, chunk=chunk)
+
+    def decode(self, payload: torch.Tensor, numel: int, *, chunk: int | None = None) -> torch.Tensor:
+        fmt = native_blocks.element_format(self)
+        if chunk is None and fmt is not None and numel > 0 and native.usable(payload):
+            self._check_payload(payload, numel)
+            return native_blocks.decode_block_scaled(self, payload, numel, fmt)
+        return super().decode(payload, numel, chunk=chunk)
 
     def _encode_chunked(self, x: torch.Tensor, chunk: int) -> torch.Tensor:
         """:meth:`encode_reference`'s operations on ``chunk`` values (whole blocks) at a time.
@@ -275,6 +291,10 @@ class BlockScaledCodec(Codec):
 
     def decode_into(self, payload: torch.Tensor, numel: int, out: torch.Tensor) -> torch.Tensor:
         assert out.dtype == torch.float32 and out.numel() == numel and out.is_contiguous()
+        fmt = native_blocks.element_format(self)
+        if fmt is not None and numel > 0 and native.usable(payload) and out.device.type == "cpu":
+            self._check_payload(payload, numel)
+            return native_blocks.decode_block_scaled(self, payload, numel, fmt, out)
         if not (use_chunks(payload, None) and numel > 0 and self.chunked_decode and numel % self.block_size == 0):
             return self.decode(payload, numel)  # the chunked path pads the last block: it needs whole blocks here
         self._check_payload(payload, numel)
