@@ -34,6 +34,7 @@ checkpoints (save, commit, restore, elastic resize), :mod:`diloco.train.replica_
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -233,6 +234,7 @@ class Trainer(TorchrunReplica):
         try:
             with self._open_session(run) as session:  # the method's service (decoupled: the syncer), if it has one
                 results = run_replicas(partial(self._replica_loop, run=run, table=table, logger=logger), self.here)
+            table.flush()  # the steps some learners did not reach (learner_budget=tokens)
             if session is not None:
                 self._service_result(results[0], run, session, results)
         finally:
@@ -284,7 +286,7 @@ class Trainer(TorchrunReplica):
             out_dir=self.out_dir,
             final_eval_loss=rank0["final_eval_loss"],
             steps=rank0.get("steps", cfg.total_steps),
-            tokens=rank0.get("steps", cfg.total_steps) * cfg.tokens_per_step,
+            tokens=_tokens(cfg, rank0),
             bytes_sent_per_replica=rank0["stats"]["bytes_sent"],
             bytes_received_per_replica=rank0["stats"]["bytes_received"],
             peak_bytes_per_sync=rank0["stats"]["peak_exchange"],
@@ -297,6 +299,7 @@ class Trainer(TorchrunReplica):
             goodput=rank0.get("goodput"),
             environment=environment(device=str(self.device)),
             wait_share=rank0.get("wait_share"),
+            learner_steps=rank0.get("learner_steps"),
         )
         write_json(self.out_dir / "summary.json", result.to_dict())
         return result
@@ -338,19 +341,23 @@ class Trainer(TorchrunReplica):
         if rep.rank == 0 and run.start_step == cfg.total_steps:  # resumed at the end, before the summary
             final_eval = self._evaluate(rep, run, None, None)
         step = run.start_step
-        stopped = False
         try:
-            for step in range(run.start_step + 1, cfg.total_steps + 1):
+            # learner_budget=tokens: a learner ends when its syncer counts the shared budget trained (out.last), its
+            # step before or after `steps`; no checkpoints (the learners share no step at which to write one)
+            budget = cfg.learner_budget == "tokens"
+            for step in (
+                itertools.count(run.start_step + 1) if budget else range(run.start_step + 1, cfg.total_steps + 1)
+            ):
                 out = train_step(rep, step, cfg=cfg, device=self.device, after_compute=after_compute)
                 checkpoint_due = bool(cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)
-                checkpoint_due = checkpoint_due or step == cfg.total_steps
+                checkpoint_due = not budget and (checkpoint_due or out.last)
                 if checkpoint_due and self._session is not None:  # what the method finishes first is the step's
                     self._prepare_checkpoint(rep, out)
                 table.add(rep.rank, step, step_record(rep, step, out))
                 check_training_loss(out.loss, step=step, replica=rep.rank, cfg=cfg)  # before a log that refuses NaN
                 if learner_log is not None:
                     learner_log.add(rep.algo, step, out)
-                if rep.rank == 0 and (step % cfg.eval_every == 0 or step == cfg.total_steps):
+                if rep.rank == 0 and (step % cfg.eval_every == 0 or out.last):
                     final_eval = self._evaluate(rep, run, step, logger)
                     if rep.evaluates:
                         guard.check_eval(final_eval, step=step)
@@ -362,8 +369,9 @@ class Trainer(TorchrunReplica):
                     self._checkpoint(rep, run, step)
                 for callback in self.callbacks:
                     callback.on_step_end(step, rank=rep.rank)
-                if step < cfg.total_steps and any(c.should_stop(step, replica=rep.index) for c in self.callbacks):
-                    stopped = True
+                if out.last:
+                    break
+                if any(c.should_stop(step, replica=rep.index) for c in self.callbacks):
                     rep.dropped += sum(len(r.dropped_replicas) for r in rep.algo.finish())  # leave, as at the end
                     if rep.rank == 0:
                         final_eval = self._evaluate(rep, run, step, logger)
@@ -392,7 +400,7 @@ class Trainer(TorchrunReplica):
             "num_params": sum(p.numel() for p in rep.params),
             "dropped": rep.dropped,
             "waited_s": getattr(rep.algo, "wait_seconds", None),
-            "steps": step if stopped else cfg.total_steps,
+            "steps": step,
         }
 
     # -- checkpoints (diloco.train.replica_checkpoint); methods, so that a subclass can wrap them ---------------
@@ -452,6 +460,15 @@ def _after_compute(callbacks: Sequence[TrainerCallback], compute_s: float, *, st
     for callback in callbacks:
         compute_s = callback.after_compute(step, replica=replica, compute_s=compute_s)
     return compute_s
+
+
+def _tokens(cfg: TrainConfig, rank0: dict[str, Any]) -> int:
+    """The run's tokens: the steps of every learner of the run, each on its share of the batch (decoupled: they may
+    differ), else replica 0's steps of the global batch."""
+    learner_steps = rank0.get("learner_steps")
+    if learner_steps is not None and len(learner_steps) == cfg.replicas:
+        return sum(learner_steps) * cfg.batch_per_replica * cfg.seq_len
+    return rank0.get("steps", cfg.total_steps) * cfg.tokens_per_step
 
 
 def train_model(
