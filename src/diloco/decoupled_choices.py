@@ -82,10 +82,10 @@ def learner_budget_errors(cfg: Any) -> list[str]:
         ]
     errors = []
     if cfg.syncer or cfg.ranks_per_worker != 1:
+        setting = f"syncer={cfg.syncer!r}" if cfg.syncer else f"ranks_per_worker={cfg.ranks_per_worker}"
         errors.append(
-            f"learner_budget=tokens with {'syncer=' + repr(cfg.syncer) if cfg.syncer else 'ranks_per_worker=' + str(cfg.ranks_per_worker)}: "
-            f"the budget is built for learners in one job (threads, or decoupled_transport=ray), not for site jobs "
-            f"or learners of several ranks; set learner_budget=steps"
+            f"learner_budget=tokens with {setting}: the budget is built for learners in one job (threads, or "
+            f"decoupled_transport=ray), not for site jobs or learners of several ranks; set learner_budget=steps"
         )
     if cfg.checkpoint_every > 0:
         errors.append(
