@@ -62,3 +62,12 @@ def test_with_a_straggler_the_fast_learner_trains_its_share(tmp_path, token_cach
 def test_bad_learner_budgets_are_refused_naming_the_value(kw, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         tiny(replicas=2, steps=16, **kw)
+
+
+def test_a_token_budget_under_torchrun_is_refused_before_anything_runs():
+    from diloco.decoupled.runtime import RUNTIME
+
+    cfg = tiny(replicas=2, steps=16, learner_budget="tokens")
+    RUNTIME.check_launch(cfg, torchrun=False, sharded=False)
+    with pytest.raises(ValueError, match="learner_budget=tokens is built for learners on threads"):
+        RUNTIME.check_launch(cfg, torchrun=True, sharded=False)
