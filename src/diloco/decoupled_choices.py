@@ -7,7 +7,7 @@ learner), which plugs into the trainer and is never imported by it.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from diloco.errors import ConfigError
 
@@ -35,6 +35,11 @@ OVERWRITE_AFTER: tuple[OverwriteAfter, ...] = get_args(OverwriteAfter)
 Transport = Literal["threads", "ray"]
 TRANSPORTS: tuple[Transport, ...] = get_args(Transport)
 
+#: What ends a learner's training: its own ``steps``, or the learners' shared token budget (``steps`` x
+#: ``global_batch`` sequences, the tokens of a synchronous run), counted by the syncer.
+LearnerBudget = Literal["steps", "tokens"]
+LEARNER_BUDGETS: tuple[LearnerBudget, ...] = get_args(LearnerBudget)
+
 
 def check_outer_gradient(value: str) -> str:
     """``value`` if it is one of :data:`OUTER_GRADIENTS`, else a ValueError naming the choices."""
@@ -60,13 +65,45 @@ def check_transport(value: str) -> str:
     return value
 
 
+def learner_budget_errors(cfg: Any) -> list[str]:
+    """What is wrong with a training config's ``learner_budget`` (each message names the value and the fix)."""
+    value = cfg.learner_budget
+    if value not in LEARNER_BUDGETS:
+        return [
+            f"learner_budget={value!r}: choose steps (each learner trains `steps`) or tokens (the learners together "
+            f"train steps x global_batch sequences; a fast learner more steps, a slow one fewer)"
+        ]
+    if value == "steps":
+        return []
+    if cfg.method != "decoupled":
+        return [
+            f"learner_budget=tokens with method={cfg.method!r}: only decoupled learners run on their own clocks; a "
+            f"synchronous method's replicas all train `steps`. Set method=decoupled or learner_budget=steps"
+        ]
+    errors = []
+    if cfg.syncer or cfg.ranks_per_worker != 1:
+        setting = f"syncer={cfg.syncer!r}" if cfg.syncer else f"ranks_per_worker={cfg.ranks_per_worker}"
+        errors.append(
+            f"learner_budget=tokens with {setting}: the budget is built for learners in one job (threads, or "
+            f"decoupled_transport=ray), not for site jobs or learners of several ranks; set learner_budget=steps"
+        )
+    if cfg.checkpoint_every > 0:
+        errors.append(
+            f"learner_budget=tokens with checkpoint_every={cfg.checkpoint_every}: learners end at different steps, so "
+            f"they share no checkpoint step; set checkpoint_every=0 (such a run writes no checkpoints)"
+        )
+    return errors
+
+
 __all__ = [
     "LATE_REPORTS",
+    "LEARNER_BUDGETS",
     "MERGE_NAMES",
     "OUTER_GRADIENTS",
     "OVERWRITE_AFTER",
     "TRANSPORTS",
     "LateReports",
+    "LearnerBudget",
     "MergeName",
     "OuterGradient",
     "OverwriteAfter",
@@ -74,4 +111,5 @@ __all__ = [
     "check_outer_gradient",
     "check_overwrite_after",
     "check_transport",
+    "learner_budget_errors",
 ]

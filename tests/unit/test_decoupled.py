@@ -228,6 +228,9 @@ def test_syncer_state_dict_round_trip():
     other.load_state_dict(syncer.state_dict())
     a, b = syncer.global_named_parameters(), other.global_named_parameters()
     assert all(torch.equal(a[n], b[n]) for n in a) and other.versions == syncer.versions
+    # the learners' steps as counted from their reports (8 steps each; a report falls on step 8): kept after they
+    # leave and across a restore
+    assert syncer.reached == {0: 8, 1: 8} and syncer.trained == 16 and other.trained == 16
 
 
 class _LateChannel(_ScriptedChannel):

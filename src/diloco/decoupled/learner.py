@@ -101,6 +101,14 @@ class Learner(ReplicaAlgorithm):
         error_feedback_decay: beta > 0: what the codec dropped from a report is kept in a per-fragment accumulator
             and sent later (:mod:`diloco.wire.error_feedback`: e <- beta e + Delta, send Q(e), e <- e - Q(e));
             0 (default): off.
+        budget_steps: > 0: the learners' shared budget, in steps of all learners together (``learner_budget=tokens``:
+            M x ``steps``). The syncer counts their reported steps (``Reply.trained``); once a reply says the budget
+            is spent, :attr:`budget_spent` is True and the trainer ends this learner after its step, early for a
+            straggler, late for a fast one. 0 (default): off, the trainer ends it at its own ``steps``.
+        own_steps: with ``budget_steps``: this learner's share (``steps``); from that step on it applies every reply in
+            flight after each step (waiting if needed), so that it learns at once whether the others have trained
+            the rest: learners in step (K = M, no straggler) end where ``steps`` would end them, bit for bit, when a
+            report falls on step ``own_steps``; else within one report interval of it.
     """
 
     def __init__(
@@ -122,7 +130,12 @@ class Learner(ReplicaAlgorithm):
         overwrite_after: str = "send",
         ride_out_steps: int = 0,
         error_feedback_decay: float = 0.0,
+        budget_steps: int = 0,
+        own_steps: int = 0,
     ) -> None:
+        assert budget_steps >= 0 and own_steps >= 0, (budget_steps, own_steps)
+        self.budget_steps, self.own_steps = budget_steps, own_steps
+        self.trained = 0  # the learners' steps together, as the latest reply counted them (Reply.trained)
         self.overwrite_after = check_overwrite_after(overwrite_after)
         if not isinstance(ride_out_steps, int) or ride_out_steps < 0:
             raise ConfigError(
@@ -200,8 +213,16 @@ class Learner(ReplicaAlgorithm):
             for p in self.schedule.starts(t):
                 self._send(p, t)
             reports = [self._overwrite(p, t) for p in self.schedule.finishes(t) if p in self._in_flight]
+        if self.budget_steps and t >= self.own_steps and self._in_flight:
+            reports += self.flush()  # past its share: the replies say whether the others have trained the rest
         self._last_return = time.monotonic()
         return reports
+
+    @property
+    def budget_spent(self) -> bool:
+        """With ``budget_steps``: the latest reply counted the learners' shared budget as trained (the trainer ends
+        this learner after its step); False without a budget."""
+        return bool(self.budget_steps) and self.trained >= self.budget_steps
 
     def _arrival_step(self, t: int) -> list[SyncReport]:
         reports = []
@@ -324,6 +345,7 @@ class Learner(ReplicaAlgorithm):
         decoded = self._mine(p, self.codec.decode(reply.payload, numel))
         self.base[p] = decoded if is_lossless(self.codec) else self.base[p] + decoded
         self.versions[p] = reply.version
+        self.trained = max(self.trained, reply.trained)
         merge_(self._targets(p), self._views(self.base[p], p), self.merge_alpha)
         self.steps[p], self.tokens[p] = 0, 0.0
         return SyncReport(t, p, started, numel, self.codec.num_bytes(numel), reply.payload.numel())

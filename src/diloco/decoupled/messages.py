@@ -32,13 +32,16 @@ class Reply:
     """Syncer -> learner, after a merge its report took part in: the new global fragment, encoded.
 
     ``payload``: the new values themselves with the lossless ``fp32`` codec (bit-exact), else
-    ``codec.encode(Theta_p - base_p)``, the difference from the copy the learner holds.
+    ``codec.encode(Theta_p - base_p)``, the difference from the copy the learner holds. ``trained``: the steps of
+    every learner together that the syncer had counted when it merged (each learner's latest reported step,
+    summed): what a learner with a shared budget (``learner_budget=tokens``) compares with it.
     """
 
     learner: int
     fragment: int
     payload: torch.Tensor
     version: int
+    trained: int = 0
 
 
 @dataclass

@@ -118,7 +118,7 @@ class SyncerActor(Membership):
         append_records(self.checkpoint_dir, [r.as_row() for r in self.syncer.records[self._records_written :]])
         self._records_written = len(self.syncer.records)
         replies = [
-            dict(learner=r.learner, fragment=r.fragment, payload=r.payload, version=r.version)
+            dict(learner=r.learner, fragment=r.fragment, payload=r.payload, version=r.version, trained=r.trained)
             for r in self._replies.values()
         ]
         save_state(

@@ -110,11 +110,17 @@ class _Learners(Session):
         import torch.distributed as dist
 
         times: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(times, {k: mine[k] for k in ("train_time_s", "waited_s")} if self.lead else None)
+        dist.all_gather_object(
+            times, {k: mine[k] for k in ("train_time_s", "waited_s", "steps")} if self.lead else None
+        )
         return [t for t in times if t is not None]
 
     def result_fields(self, learners: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        return {"goodput": learner_goodput(learners), "wait_share": learner_wait_shares(learners)}
+        return {
+            "goodput": learner_goodput(learners),
+            "wait_share": learner_wait_shares(learners),
+            "learner_steps": [int(r["steps"]) for r in learners],
+        }
 
 
 class _SiteLearner(_Learners):
@@ -163,6 +169,14 @@ class DecoupledRuntime(MethodRuntime):
         from diloco.decoupled.config_checks import decoupled_errors
 
         return decoupled_errors(cfg)
+
+    def check_launch(self, cfg: Any, *, torchrun: bool, sharded: bool) -> None:
+        if torchrun and cfg.learner_budget == "tokens":
+            raise ConfigError(
+                "learner_budget=tokens is built for learners on threads of one process (decoupled_transport threads "
+                "or ray), not for one learner per torchrun process: launch without torchrun, or set "
+                "learner_budget=steps"
+            )
 
     def check_inputs(self, cfg: Any, *, template: torch.nn.Module, fragments: list[list[str]] | None) -> None:
         if not cfg.syncer:  # the syncer runs here (a site job's runs at the service, which checks its own host)

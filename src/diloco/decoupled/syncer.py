@@ -187,6 +187,7 @@ class Syncer:
         self._held: dict[int, list[int]] = {}  # learner -> the version of each fragment it holds
         self.joins: dict[int, int] = {}  # learner -> times it has joined
         self._last_sent: dict[int, int] = {}  # learner -> the step its latest report was sent after
+        self.reached: dict[int, int] = {}  # learner -> the latest step it reported after (kept when it leaves)
         self._left: set[int] = set()  # learners that left (and have not joined again)
         self._rejoining: set[int] = set()  # members of a restored run, to join again as at a first join
         self._holding: dict[int, int] = {}  # learner -> the step of the checkpoint it holds at (see hold)
@@ -285,15 +286,26 @@ class Syncer:
             late = Round(opened_at=now, quorum_at=now)
             late.reports[report.learner] = report
             self._last_sent[report.learner] = max(self._last_sent.get(report.learner, 0), report.sent_after_step)
+            self._count(report)
             self.bytes_received += report.payload.numel()
             return self._merge(report.fragment, late, now) + self.poll()
         rnd = self._rounds.setdefault(report.fragment, Round(opened_at=now))
         rnd.reports[report.learner] = report
         self._last_sent[report.learner] = max(self._last_sent.get(report.learner, 0), report.sent_after_step)
+        self._count(report)
         self.bytes_received += report.payload.numel()
         if report.step_time > 0:
             self.grace.observe(step_time=report.step_time)
         return self.poll()
+
+    def _count(self, report: Report) -> None:
+        self.reached[report.learner] = max(self.reached.get(report.learner, 0), report.sent_after_step)
+
+    @property
+    def trained(self) -> int:
+        """The learners' steps together, as far as their reports tell (each one's latest reported step, summed; a
+        learner that left counts the steps it reported): what :class:`Reply` carries as ``trained``."""
+        return sum(self.reached.values())
 
     def poll(self) -> list[Reply]:
         """Merge every round whose quorum is in and whose grace window has ended (or is full)."""
@@ -408,7 +420,7 @@ class Syncer:
             self.codec, self._snapshot[p], self._base[m][p], shared, lossless=lossless
         )
         self._held[m][p] = self.versions[p]
-        return Reply(learner=m, fragment=p, payload=payload, version=self.versions[p])
+        return Reply(learner=m, fragment=p, payload=payload, version=self.versions[p], trained=self.trained)
 
     # -- global parameters and checkpoints -----------------------------------
     def global_named_parameters(self) -> dict[str, torch.Tensor]:
@@ -438,6 +450,7 @@ class Syncer:
             "members": sorted(self.members),
             "joins": dict(self.joins),
             "last_sent": dict(self._last_sent),
+            "reached": dict(self.reached),
             "left": sorted(self._left),
             "held": {m: list(v) for m, v in self._held.items()},
             # a copy only where it differs from Theta (lossy codecs, or a learner behind), one per copy held
@@ -469,6 +482,7 @@ class Syncer:
         self.members = {int(m) for m in state["members"]}
         self.joins = {int(m): int(n) for m, n in state["joins"].items()}
         self._last_sent = {int(m): int(n) for m, n in state["last_sent"].items()}
+        self.reached = {int(m): int(n) for m, n in state.get("reached", {}).items()}  # absent: written before it
         self._left = {int(m) for m in state["left"]}
         self._held = {int(m): [int(v) for v in vs] for m, vs in state["held"].items()}
         self._base = {int(m): bs for m, bs in copy_bases(state["bases"], self._snapshot, restore=True).items()}

@@ -205,6 +205,9 @@ def decoupled_learner(
         overwrite_after=cfg.overwrite_after,
         ride_out_steps=cfg.ride_out_steps,
         error_feedback_decay=cfg.ef_decay,
+        # learner_budget=tokens: the learners together train the synchronous run's tokens, steps x M learner-steps
+        budget_steps=cfg.total_steps * cfg.replicas if cfg.learner_budget == "tokens" else 0,
+        own_steps=cfg.total_steps,
     )
 
 

@@ -192,6 +192,11 @@ class TrainConfig:
     syncer_shards: int = _cooperate(
         1, "decoupled: S syncers, each owning fragments p with p % S == s (its own thread or Ray actor); S divides P"
     )
+    learner_budget: dc.LearnerBudget = _cooperate(
+        "steps",
+        "decoupled: each learner trains `steps` (steps), or all together steps x global_batch sequences, a fast one more (tokens)",
+        choices=dc.LEARNER_BUDGETS,
+    )
     ray_address: str = _cooperate(
         "", "decoupled_transport=ray: the Ray cluster to join; empty: start a local Ray instance"
     )
@@ -275,7 +280,7 @@ class TrainConfig:
                 errors.append(f"{f.name}={value}: must be a finite number")
         errors += optimizer_errors(self)
         errors += cooperation_errors(self) + fragment_errors(self, blocks) + _method_errors(self)
-        errors += pace_errors(self)
+        errors += pace_errors(self) + dc.learner_budget_errors(self)
         errors += evaluation_errors(self) + checkpoint_errors(self) + threads_errors(self) + data_errors(self)
         if not errors:  # the schedule resolves only against valid H, P and tau
             errors += config_schedule_errors(self)

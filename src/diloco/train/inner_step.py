@@ -43,6 +43,7 @@ class StepOutcome:
     synced_fragments: list[int]  # outer syncs finished after this step
     step_time: float
     compute_time: float
+    last: bool = False  # the replica's last step (it has finished: left its syncer, or made its last sync)
 
 
 def train_step(
@@ -83,7 +84,8 @@ def train_step(
     if after_compute is not None:
         compute = after_compute(compute, step=step)
     reports = rep.algo.after_optimizer_step()
-    if step == cfg.total_steps:
+    last = ends_after(rep.algo, step, cfg)
+    if last:
         reports += rep.algo.finish()
     rep.dropped += _dropped(reports)
     step_time = time.perf_counter() - t_start
@@ -96,7 +98,17 @@ def train_step(
         synced_fragments=[r.fragment for r in reports],
         step_time=step_time,
         compute_time=compute,
+        last=last,
     )
+
+
+def ends_after(algo: Any, step: int, cfg: TrainConfig) -> bool:
+    """Whether the replica's training ends after ``step``: at the config's ``steps``, or (``learner_budget=tokens``, a
+    decoupled learner) once its syncer has counted the learners' shared budget as trained
+    (:attr:`~diloco.decoupled.learner.Learner.budget_spent`), before or after ``steps``."""
+    if cfg.learner_budget == "tokens":
+        return bool(algo.budget_spent)
+    return step == cfg.total_steps
 
 
 def step_record(rep: Replica, step: int, out: StepOutcome) -> dict[str, Any]:
@@ -123,4 +135,4 @@ def _dropped(reports: list[SyncReport]) -> int:
     return sum(len(r.dropped_replicas) for r in reports)
 
 
-__all__ = ["StepOutcome", "step_record", "train_step"]
+__all__ = ["StepOutcome", "ends_after", "step_record", "train_step"]

@@ -31,6 +31,8 @@ class RunResult:
     environment: dict[str, Any] | None = None
     # method=decoupled: each learner's share of its training time spent waiting for replies (learner order)
     wait_share: list[float] | None = None
+    # method=decoupled: the steps each learner trained (learner order; they differ with learner_budget=tokens)
+    learner_steps: list[int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Strict-JSON-ready: a non-finite loss (a diverged run) becomes None."""
@@ -48,4 +50,5 @@ class RunResult:
         d.setdefault("goodput", None)
         d.setdefault("environment", None)  # a summary written before runs recorded it
         d.setdefault("wait_share", None)  # a summary written before runs kept it
+        d.setdefault("learner_steps", None)  # a summary written before runs kept it
         return cls(**{f: d[f] for f in cls.__dataclass_fields__})

@@ -30,9 +30,20 @@ class StepTable:
             if len(parts) < self.m:
                 return
             del self._rows[step]
-            row = merge_step_records(parts)
-            self.logger.log(row)
-            self.on_row(row)
+            self._log(parts)
+
+    def flush(self) -> None:
+        """Log the steps not every replica reached, in step order, each merged from the replicas that did (decoupled
+        learners with a shared budget end at different steps); nothing when every replica ended at the same step."""
+        with self._lock:
+            rows, self._rows = self._rows, {}
+            for step in sorted(rows):
+                self._log(rows[step])
+
+    def _log(self, parts: list[dict]) -> None:
+        row = merge_step_records(parts)
+        self.logger.log(row)
+        self.on_row(row)
 
 
 def merge_step_records(parts: list[dict[str, Any]]) -> dict[str, Any]:

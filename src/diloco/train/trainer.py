@@ -23,9 +23,10 @@ Outputs in ``out_dir``: ``config.json`` (resolved), ``tokenizer.json`` (text dat
 into a model folder).
 
 This module holds the orchestration: checking the config and the run directory,
-preparing the data and the run directory, running the replicas (threads, or this
-process under torchrun), their loop (restore, step, evaluate, checkpoint, callbacks)
-and the summary. What one replica holds and how it is built is
+preparing the data and the run directory, running the replicas as threads, their loop
+(restore, step, evaluate, checkpoint, callbacks) and the summary. This process as one
+replica under torchrun is :mod:`diloco.train.torchrun_replica` (a mixin of :class:`Trainer`);
+the callbacks' hooks, :mod:`diloco.train.callbacks`. What one replica holds and how it is built is
 :mod:`diloco.train.replica`; its inner step, :mod:`diloco.train.inner_step`; its
 checkpoints (save, commit, restore, elastic resize), :mod:`diloco.train.replica_checkpoint`.
 """
@@ -33,7 +34,7 @@ checkpoints (save, commit, restore, elastic resize), :mod:`diloco.train.replica_
 from __future__ import annotations
 
 import contextlib
-import sys
+import itertools
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -48,6 +49,7 @@ from diloco.errors import ConfigError
 from diloco.files import atomic_write_bytes, write_json
 from diloco.train import checkpoint as ckpt
 from diloco.train import replica_checkpoint, sharded_checkpoint
+from diloco.train.callbacks import TrainerCallback
 from diloco.train.config import TrainConfig
 from diloco.train.device import check_device
 from diloco.train.divergence import DivergenceError, DivergenceGuard, check_training_loss
@@ -55,48 +57,18 @@ from diloco.train.environment import environment
 from diloco.train.evaluation import evaluate, evaluate_parameters
 from diloco.train.inner_step import step_record, train_step
 from diloco.train.metrics import JSONLSink, MetricLogger, MultiLogger, TensorBoardSink
-from diloco.train.replica import Everyone, Replica, Run, build_replica
+from diloco.train.notices import speed_notices, tell, warning_notices
+from diloco.train.replica import Replica, Run, build_replica
 from diloco.train.result import RunResult
 from diloco.train.rundir import RunDirLock, RunDirPlan, check_same_data, clear_run, plan_run_dir
 from diloco.train.runtime import Session, runtime_for
 from diloco.train.sharding import full_tensors, worker_totals
-from diloco.train.speed import tcmalloc_notice
 from diloco.train.step_log import StepTable, progress_bar, update_bar
 from diloco.train.threads import default_threads
+from diloco.train.torchrun_replica import TorchrunReplica
 
 
-class TrainerCallback:
-    """Hooks into every replica's loop; the defaults do nothing. Subclass and pass ``callbacks=[...]``.
-
-    Called in every replica (thread or process), in order; an exception raised
-    here stops that replica as any training error would (tests use this to
-    simulate a crash after a given step). ``replica`` is the replica's number in
-    the run (a decoupled site job's: its learner), ``rank`` its rank in this job.
-    """
-
-    def on_replica_start(self, algo: Any, *, replica: int, step: int) -> None:
-        """The replica's algorithm is built (a decoupled learner: it has joined its syncer) and its checkpoint, if
-        any, restored; its first step is ``step`` + 1. E.g. wrap ``algo.channel`` (a fault harness), or wait."""
-
-    def after_compute(self, step: int, *, replica: int, compute_s: float) -> float:
-        """Step ``step``'s compute (forward, backward, optimizer step) took ``compute_s`` seconds; the method's syncs
-        come next. Returns the step's compute seconds, as recorded: :class:`~diloco.train.pace.Pace` sleeps to pad
-        them (an emulated accelerator's step, a straggler)."""
-        return compute_s
-
-    def on_step_end(self, step: int, *, rank: int) -> None:
-        """After step ``step`` is complete: trained, logged, evaluated and checkpointed as due."""
-
-    def should_stop(self, step: int, *, replica: int) -> bool:
-        """After :meth:`on_step_end`: True ends this replica's training after step ``step``, before ``steps``, as
-        cleanly as at the end (a decoupled learner flushes and leaves its syncer, the summary records the step
-        reached; no checkpoint is written for the stop). A decoupled site job's learner stops alone (its syncer
-        and the other sites go on); the replicas of one job (threads, or the ranks of a torchrun job) must all
-        stop after the same step: the job's collectives span them all."""
-        return False
-
-
-class Trainer:
+class Trainer(TorchrunReplica):
     """Runs one configured training job; see the module docstring."""
 
     def __init__(
@@ -249,7 +221,7 @@ class Trainer:
                 f"or set ranks_per_worker=1"
             )
         plan = self.plan(resume=resume, overwrite=overwrite, reuse=reuse)
-        _tell([*plan.notices, *_speed_notices(self.device), *_warnings(cfg)])
+        tell([*plan.notices, *speed_notices(self.device), *warning_notices(cfg)])
         if plan.action == "finished":
             return RunResult.from_dict(plan.summary)
         run = self._prepare(plan)
@@ -262,6 +234,7 @@ class Trainer:
         try:
             with self._open_session(run) as session:  # the method's service (decoupled: the syncer), if it has one
                 results = run_replicas(partial(self._replica_loop, run=run, table=table, logger=logger), self.here)
+            table.flush()  # the steps some learners did not reach (learner_budget=tokens)
             if session is not None:
                 self._service_result(results[0], run, session, results)
         finally:
@@ -290,113 +263,6 @@ class Trainer:
             finally:
                 self._session = None
 
-    def run_replica(
-        self,
-        comm: Communicator,
-        *,
-        resume: bool = False,
-        overwrite: bool = False,
-        reuse: bool = False,
-        intra: Communicator | None = None,
-        elastic: bool = False,
-        mesh: Any = None,
-    ) -> RunResult | None:
-        """This process is one replica of ``comm``'s group (torchrun). Replica 0 logs and returns the result.
-
-        With ``cfg.ranks_per_worker`` = R > 1, ``comm`` connects the workers (rank = worker index, e.g.
-        :class:`~diloco.comm.mesh.WorkerCommunicator`, whose ``barrier`` spans every process) and
-        ``intra`` the R ranks of this worker, over which gradients are averaged every step.
-        Logged losses are those of replica 0's first rank (no extra collective per step to average them).
-
-        ``elastic`` (a restart under TorchElastic, the config's ``replicas`` set to the launch's): resume
-        from the newest checkpoint if there is one, even one written by another number of workers
-        (see :meth:`_restore_resized`), else start; no ``resume`` / ``overwrite``. ``resume``, ``overwrite``
-        and ``reuse`` as in :meth:`run`.
-
-        ``mesh`` (``worker_sharding = "fsdp"``, from :func:`~diloco.distributed.setup_communicators`): the
-        worker's DeviceMesh; ``comm`` then connects this rank's column (the same-index ranks of every worker)
-        and ``intra`` the worker's ranks.
-
-        The lead process (worker 0's rank 0, the one that writes the run's files) holds the folder's
-        :class:`~diloco.train.rundir.RunDirLock` while it trains.
-        """
-        try:
-            if comm.rank == 0 and (intra is None or intra.rank == 0):
-                self._lock.acquire()
-            return self._run_replica(
-                comm, resume=resume, overwrite=overwrite, reuse=reuse, intra=intra, elastic=elastic, mesh=mesh
-            )
-        finally:
-            self._lock.release()
-
-    def _run_replica(
-        self,
-        comm: Communicator,
-        *,
-        resume: bool,
-        overwrite: bool,
-        reuse: bool,
-        intra: Communicator | None,
-        elastic: bool,
-        mesh: Any,
-    ) -> RunResult | None:
-        cfg = self.cfg
-        R = cfg.ranks_per_worker
-        if (cfg.worker_sharding == "fsdp") != (mesh is not None) or (mesh is not None and intra is None):
-            raise ConfigError(
-                f"worker_sharding={cfg.worker_sharding!r} but this process was set up for "
-                f"{'sharded' if mesh is not None else 'replicated'} workers: pass "
-                f"setup_communicators(worker_sharding={cfg.worker_sharding!r}) and its mesh and intra"
-            )
-        if comm.world_size != self.here:
-            raise ConfigError(
-                f"config replicas={cfg.replicas} but {comm.world_size} replicas were launched; "
-                f"pass --set replicas={comm.world_size} or launch {cfg.replicas * R} processes"
-                if self.here == cfg.replicas
-                else f"a site job (learner={cfg.learner}) runs one learner but {comm.world_size} were launched: "
-                f"launch ranks_per_worker = {R} processes (torchrun --nproc-per-node {R})"
-            )
-        if (1 if intra is None else intra.world_size) != R:
-            raise ConfigError(
-                f"config ranks_per_worker={R} but this worker has "
-                f"{1 if intra is None else intra.world_size} ranks; launch replicas x ranks_per_worker "
-                f"= {cfg.replicas * R} processes"
-            )
-        self.runtime.check_reachable(cfg)
-        self.runtime.check_launch(cfg, torchrun=True, sharded=mesh is not None)
-        lead = comm.rank == 0 and (intra is None or intra.rank == 0)
-        plan = self.plan(resume=resume, overwrite=overwrite, reuse=reuse, elastic=elastic)  # every process alike
-        everyone = Everyone(comm, intra if mesh is not None else None)
-        everyone.barrier()  # ... before the lead writes anything
-        if lead:
-            _tell([*plan.notices, *_speed_notices(self.device), *_warnings(cfg)])
-            if elastic and plan.action == "resume":
-                _tell(
-                    [
-                        f"elastic restart: resuming from step {plan.start_step} (written by "
-                        f"{(plan.meta or {}).get('num_replicas')} workers) with {cfg.replicas} workers"
-                    ]
-                )
-        if plan.action == "finished":
-            return RunResult.from_dict(plan.summary) if lead else None
-        run = self._prepare(plan, everyone, lead)
-        logger = self._logger(run.start_step, plan.action == "resume") if lead else MultiLogger()
-        bar = progress_bar(self.progress and lead, cfg.total_steps, run.start_step, cfg.method)
-        table = StepTable(1, logger, lambda row: update_bar(bar, row))
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
-        try:
-            with self._open_session(run, comm, intra) as session:  # the method's service, if it has one
-                out = self._replica_loop(comm, run=run, table=table, logger=logger, intra=intra, mesh=mesh)
-            times = session.learner_times(out) if session is not None else None  # a collective of every process
-            if lead and session is not None:
-                self._service_result(out, run, session, times or [])
-        finally:
-            logger.close()
-            if bar is not None:
-                bar.close()
-        return self._finish(run, out) if lead else None
-
     def _service_result(
         self,
         out: dict[str, Any],
@@ -420,7 +286,7 @@ class Trainer:
             out_dir=self.out_dir,
             final_eval_loss=rank0["final_eval_loss"],
             steps=rank0.get("steps", cfg.total_steps),
-            tokens=rank0.get("steps", cfg.total_steps) * cfg.tokens_per_step,
+            tokens=_tokens(cfg, rank0),
             bytes_sent_per_replica=rank0["stats"]["bytes_sent"],
             bytes_received_per_replica=rank0["stats"]["bytes_received"],
             peak_bytes_per_sync=rank0["stats"]["peak_exchange"],
@@ -433,6 +299,7 @@ class Trainer:
             goodput=rank0.get("goodput"),
             environment=environment(device=str(self.device)),
             wait_share=rank0.get("wait_share"),
+            learner_steps=rank0.get("learner_steps"),
         )
         write_json(self.out_dir / "summary.json", result.to_dict())
         return result
@@ -474,19 +341,23 @@ class Trainer:
         if rep.rank == 0 and run.start_step == cfg.total_steps:  # resumed at the end, before the summary
             final_eval = self._evaluate(rep, run, None, None)
         step = run.start_step
-        stopped = False
         try:
-            for step in range(run.start_step + 1, cfg.total_steps + 1):
+            # learner_budget=tokens: a learner ends when its syncer counts the shared budget trained (out.last), its
+            # step before or after `steps`; no checkpoints (the learners share no step at which to write one)
+            budget = cfg.learner_budget == "tokens"
+            for step in (
+                itertools.count(run.start_step + 1) if budget else range(run.start_step + 1, cfg.total_steps + 1)
+            ):
                 out = train_step(rep, step, cfg=cfg, device=self.device, after_compute=after_compute)
                 checkpoint_due = bool(cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)
-                checkpoint_due = checkpoint_due or step == cfg.total_steps
+                checkpoint_due = not budget and (checkpoint_due or out.last)
                 if checkpoint_due and self._session is not None:  # what the method finishes first is the step's
                     self._prepare_checkpoint(rep, out)
                 table.add(rep.rank, step, step_record(rep, step, out))
                 check_training_loss(out.loss, step=step, replica=rep.rank, cfg=cfg)  # before a log that refuses NaN
                 if learner_log is not None:
                     learner_log.add(rep.algo, step, out)
-                if rep.rank == 0 and (step % cfg.eval_every == 0 or step == cfg.total_steps):
+                if rep.rank == 0 and (step % cfg.eval_every == 0 or out.last):
                     final_eval = self._evaluate(rep, run, step, logger)
                     if rep.evaluates:
                         guard.check_eval(final_eval, step=step)
@@ -498,8 +369,9 @@ class Trainer:
                     self._checkpoint(rep, run, step)
                 for callback in self.callbacks:
                     callback.on_step_end(step, rank=rep.rank)
-                if step < cfg.total_steps and any(c.should_stop(step, replica=rep.index) for c in self.callbacks):
-                    stopped = True
+                if out.last:
+                    break
+                if any(c.should_stop(step, replica=rep.index) for c in self.callbacks):
                     rep.dropped += sum(len(r.dropped_replicas) for r in rep.algo.finish())  # leave, as at the end
                     if rep.rank == 0:
                         final_eval = self._evaluate(rep, run, step, logger)
@@ -528,7 +400,7 @@ class Trainer:
             "num_params": sum(p.numel() for p in rep.params),
             "dropped": rep.dropped,
             "waited_s": getattr(rep.algo, "wait_seconds", None),
-            "steps": step if stopped else cfg.total_steps,
+            "steps": step,
         }
 
     # -- checkpoints (diloco.train.replica_checkpoint); methods, so that a subclass can wrap them ---------------
@@ -590,20 +462,13 @@ def _after_compute(callbacks: Sequence[TrainerCallback], compute_s: float, *, st
     return compute_s
 
 
-def _tell(notices: Sequence[str]) -> None:
-    """What the user must know about their run directory (a skipped checkpoint, a finished run)."""
-    for line in notices:
-        print(f"diloco: {line}", file=sys.stderr, flush=True)
-
-
-def _warnings(cfg: TrainConfig) -> list[str]:
-    """Settings that run but were measured costly (:attr:`TrainConfig.warnings`)."""
-    return [f"warning: {w}" for w in cfg.warnings]
-
-
-def _speed_notices(device: torch.device) -> list[str]:
-    notice = tcmalloc_notice(device)
-    return [notice] if notice else []
+def _tokens(cfg: TrainConfig, rank0: dict[str, Any]) -> int:
+    """The run's tokens: the steps of every learner of the run, each on its share of the batch (decoupled: they may
+    differ), else replica 0's steps of the global batch."""
+    learner_steps = rank0.get("learner_steps")
+    if learner_steps is not None and len(learner_steps) == cfg.replicas:
+        return sum(learner_steps) * cfg.batch_per_replica * cfg.seq_len
+    return rank0.get("steps", cfg.total_steps) * cfg.tokens_per_step
 
 
 def train_model(
