@@ -28,7 +28,8 @@ from diloco.train.budget import budget_errors
 from diloco.train.divergence import evaluation_errors
 from diloco.train.lr import optimizer_errors
 from diloco.train.threads import threads_errors
-from diloco.wire.sizes import TOPK_TABLES, TopkTables
+from diloco.wire.sizes import NAMES as CODEC_NAMES_ALL
+from diloco.wire.sizes import TOPK_TABLES, WIRE_FORMAT_NAMES, CodecName, TopkTables, WireFormatName
 
 
 def setting(default: Any, doc: str, *, section: str, choices: tuple[str, ...] = ()) -> Any:
@@ -113,9 +114,10 @@ class TrainConfig:
     )
     overlap_steps: int = _cooperate(0, "tau: inner steps an exchange overlaps before it is merged (streaming)")
     merge_alpha: float = _cooperate(0.0, "alpha: merge as alpha * local + (1 - alpha) * global (streaming)")
-    codec: str = _cooperate(
+    codec: CodecName = _cooperate(
         "fp32",
-        "what outer gradients travel as (fp32, bf16, fp8 / fp4 variants, int8: diloco.CODEC_NAMES; with ef_decay: stat2, stat4, topk)",
+        "what outer gradients travel as (a wire format; stat2, stat4 and topk compress, for use with ef_decay)",
+        choices=CODEC_NAMES_ALL,
     )
     eager: bool = _cooperate(
         False,
@@ -206,7 +208,9 @@ class TrainConfig:
     syncer: str = _cooperate(
         "", "decoupled site job: NAME@ADDRESS of the running diloco syncer to join (it prints it); empty: start one"
     )
-    dp_codec: str = _cooperate("fp32", "what gradients travel as in data-parallel (same names as codec)")
+    dp_codec: WireFormatName = _cooperate(
+        "fp32", "what gradients travel as in data-parallel (a wire format)", choices=WIRE_FORMAT_NAMES
+    )
     global_batch: int = _budget(16, "sequences per step over all workers (global_batch / replicas per worker)")
     steps: int = _budget(0, "training steps (set exactly one of steps and tokens)")
     tokens: int = _budget(

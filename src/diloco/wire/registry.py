@@ -28,16 +28,16 @@ from diloco.wire.scaled import FP4E2M1Codec, FP4E3M0Codec, FP8E4M3Codec, Int8Cod
 
 _WIRE_FORMATS = (FP32Codec(), BF16Codec(), FP8E4M3Codec(), Int8Codec(), FP4E3M0Codec(), FP4E2M1Codec())
 #: The wire formats: every guarantee of :mod:`diloco.wire.codec` and :mod:`diloco.wire.scaled` holds for them.
-CODEC_NAMES: tuple[str, ...] = tuple(c.name for c in _WIRE_FORMATS)
+CODEC_NAMES: tuple[str, ...] = sizes.WIRE_FORMAT_NAMES
 #: The compressing codecs meant for error feedback (:mod:`diloco.wire.compress`). Lossier by design; see that
 #: module for what they guarantee.
-COMPRESSING_CODECS: tuple[str, ...] = ("stat2", "stat4", "topk")
+COMPRESSING_CODECS: tuple[str, ...] = sizes.COMPRESSING_NAMES
 #: Every name :func:`get_codec` knows.
 ALL_CODEC_NAMES: tuple[str, ...] = CODEC_NAMES + COMPRESSING_CODECS
 _REGISTRY: dict[str, Codec] = {
     c.name: c for c in (*_WIRE_FORMATS, StatisticalCodec(bits=2), StatisticalCodec(bits=4), TopKCodec())
 }
-assert tuple(_REGISTRY) == ALL_CODEC_NAMES
+assert tuple(_REGISTRY) == ALL_CODEC_NAMES and tuple(c.name for c in _WIRE_FORMATS) == CODEC_NAMES
 
 
 def get_codec(name: str | Codec, *, topk_density: float | None = None, topk_tables: str | None = None) -> Codec:

@@ -125,8 +125,17 @@ def payload_bytes(name: str, numel: int, *, topk_density: float | None = None, t
     raise ConfigError(f"unknown codec {name!r}; valid names: {', '.join(NAMES)}")
 
 
-#: Every codec name :func:`payload_bytes` knows (the same as ``diloco.wire.registry.ALL_CODEC_NAMES``).
-NAMES: tuple[str, ...] = ("fp32", "bf16", "fp8_e4m3", "int8", "fp4_e3m0", "fp4_e2m1", "stat2", "stat4", "topk")
+#: The wire formats' names (every guarantee of :mod:`diloco.wire.codec` holds for them), defined once here: the
+#: registry (:mod:`diloco.wire.registry`) checks its codecs against them, the config, help and docs list them.
+WireFormatName = Literal["fp32", "bf16", "fp8_e4m3", "int8", "fp4_e3m0", "fp4_e2m1"]
+#: The compressing codecs' names (for error feedback; :mod:`diloco.wire.compress`).
+CompressingCodecName = Literal["stat2", "stat4", "topk"]
+#: Any codec's name.
+CodecName = WireFormatName | CompressingCodecName
+WIRE_FORMAT_NAMES: tuple[str, ...] = get_args(WireFormatName)
+COMPRESSING_NAMES: tuple[str, ...] = get_args(CompressingCodecName)
+#: Every codec name :func:`payload_bytes` knows (``diloco.wire.registry.ALL_CODEC_NAMES``).
+NAMES: tuple[str, ...] = WIRE_FORMAT_NAMES + COMPRESSING_NAMES
 
 
 def bits_per_value(
@@ -140,6 +149,11 @@ def bits_per_value(
 
 __all__ = [
     "BLOCK8",
+    "COMPRESSING_NAMES",
+    "CodecName",
+    "WIRE_FORMAT_NAMES",
+    "CompressingCodecName",
+    "WireFormatName",
     "FP4_BLOCK",
     "NAMES",
     "SPARSE_CODECS",
