@@ -39,20 +39,6 @@ def _syncer(**kw):
     return Syncer(make_model(seed=0), num_learners=M, num_fragments=2, overlap_steps=1, codec="fp32", **kw)
 
 
-@pytest.fixture(scope="module")
-def local_ray(tmp_path_factory):
-    """A local Ray instance of 2 CPUs for this module; token authentication as Ray's environment sets it."""
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        namespace="diloco-test",
-        log_to_driver=False,
-        _temp_dir=str(tmp_path_factory.mktemp("ray")),
-    )
-    yield
-    ray.shutdown()
-
-
 def test_ray_syncer_actor_gives_the_in_process_bits_and_learners_find_it_by_name(local_ray):
     """K = M, mean, fp32, no grace window: every round merges the same reports in learner order, so the
     Ray actor and the in-process syncer thread end with the same bits."""

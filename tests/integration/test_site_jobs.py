@@ -39,19 +39,6 @@ def tiny(**kw) -> TrainConfig:
 
 
 @pytest.fixture(scope="module")
-def local_ray(tmp_path_factory):
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        namespace="diloco",
-        log_to_driver=False,
-        _temp_dir=str(tmp_path_factory.mktemp("ray")),
-    )
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def threads_run(tmp_path_factory, token_cache):
     """The run every site-job run here is compared with: its M learners threads of one job; its result and the
     number of merges it made."""

@@ -12,7 +12,6 @@ import torch
 ray = pytest.importorskip("ray")
 
 from _tiny import make_model  # noqa: E402
-from test_decoupled_ray import local_ray  # noqa: E402, F401
 
 from diloco.decoupled.messages import Report  # noqa: E402
 from diloco.decoupled.ray_transport import RayChannel, start_syncer  # noqa: E402
@@ -24,7 +23,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.mark.slow  # ~15 s on 2 cores: two actor processes start, one is killed and restarts
-def test_a_killed_shard_holds_up_only_its_fragments_and_loses_no_merge(local_ray, tmp_path):  # noqa: F811
+def test_a_killed_shard_holds_up_only_its_fragments_and_loses_no_merge(local_ray, tmp_path):
     """One learner (K = M = 1) and P = 2 fragments on S = 2 shards. Shard 1's actor is killed with fragment 1's
     report in flight: while it restarts, fragment 0 (shard 0) goes on merging round after round; fragment 1's reply
     comes from the restarted shard, which took up its checkpoint (version 1) and merges version 2."""
@@ -86,7 +85,7 @@ def _chaos_cfg(**kw):
     return TrainConfig.from_dict({**base, **kw})
 
 
-def test_diloco_train_with_two_shard_actors_gives_one_syncer_threads_bits(local_ray, tmp_path, token_cache):  # noqa: F811
+def test_diloco_train_with_two_shard_actors_gives_one_syncer_threads_bits(local_ray, tmp_path, token_cache):
     """``diloco train`` with ``decoupled_transport=ray`` and ``syncer_shards=2`` (two actors) against one syncer on
     a thread: K = M, mean, no grace window: the same merges and the same final loss, to the bit."""
     import json
@@ -107,7 +106,7 @@ def test_diloco_train_with_two_shard_actors_gives_one_syncer_threads_bits(local_
     assert {m["fragment"] for m in rows[1]} == {0, 1}
 
 
-def test_the_service_builds_each_shard_in_its_actor_and_reads_them_as_one(local_ray, tmp_path, token_cache):  # noqa: F811
+def test_the_service_builds_each_shard_in_its_actor_and_reads_them_as_one(local_ray, tmp_path, token_cache):
     """``diloco syncer``'s actors with ``syncer_shards=2``: each shard built in its own (detached, checkpointed)
     actor from the config, found again by name, its status summed; a learner of another ``syncer_shards`` is told
     the shards' names."""
