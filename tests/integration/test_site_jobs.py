@@ -177,21 +177,16 @@ def _sites(
     return {"global": final, "merges": records, "loss": loss}
 
 
-def test_site_jobs_of_two_ranks_of_fsdp_ranks_and_muon_are_honoured(local_ray, tmp_path, token_cache, threads_run):
-    """Learner 0 as a torchrun job of 2 ranks holding one model fully_shard'ed between them (each rank its shard of
-    the parameters and of the global copy; reports gathered whole, replies cut into shards) and learner 1 a torchrun
-    job of 2 gloo ranks (its lead rank holds the link, the other shares its replies): the threads run's syncer
-    parameters to the tolerance the torchrun tests derive (a learner's two half-batch gradients are summed in
-    another order). The same run with inner_optimizer=muon (a site of 1 rank beside one of 2) ends at the Muon
-    threads run's loss and elsewhere than AdamW's, so site jobs of either kind honour the inner optimizer."""
+def test_a_site_job_of_two_ranks_and_muon_are_honoured(local_ray, tmp_path, token_cache, threads_run):
+    """Learner 1 as a torchrun job of 2 gloo ranks (its lead rank holds the link, the other shares its replies)
+    and learner 0 a site job of one rank: the threads run's syncer parameters to the tolerance the torchrun
+    tests derive (a learner's two half-batch gradients are summed in another order). The same run with
+    inner_optimizer=muon (again a site of 1 rank beside one of 2) ends at the Muon threads run's loss and elsewhere
+    than AdamW's, so site jobs of either kind honour the inner optimizer."""
     run, threads_merges = threads_run
-    both = _sites(local_ray, tmp_path, token_cache, "site-r2", ranks={0: 2, 1: 2}, sharded=(0,))
-    assert len(both["merges"]) == threads_merges
-    assert both["loss"] == pytest.approx(run.final_eval_loss, rel=1e-5)
-    latest = json.loads((tmp_path / "site-r2-0" / "checkpoints" / "latest.json").read_text())
-    assert latest["format"] == "dcp" and latest["config"]["worker_sharding"] == "fsdp"  # sharded, each rank its shard
-    latest = json.loads((tmp_path / "site-r2-1" / "checkpoints" / "latest.json").read_text())
-    assert latest["config"]["worker_sharding"] == "replicate"  # the other site's ranks each hold the whole model
+    two = _sites(local_ray, tmp_path, token_cache, "site-r2", ranks={1: 2})
+    assert len(two["merges"]) == threads_merges
+    assert two["loss"] == pytest.approx(run.final_eval_loss, rel=1e-5)
     muon = _sites(local_ray, tmp_path, token_cache, "site-muon", ranks={1: 2}, inner_optimizer="muon")
     muon_threads = train_model(
         tiny(inner_optimizer="muon"), tmp_path / "threads-muon", cache_dir=token_cache, progress=False
@@ -199,3 +194,15 @@ def test_site_jobs_of_two_ranks_of_fsdp_ranks_and_muon_are_honoured(local_ray, t
     # a site of one rank and a site of two ranks, both with Muon: the Muon threads run's loss (the tolerance above)
     assert muon["loss"] == pytest.approx(muon_threads.final_eval_loss, rel=1e-5)
     assert abs(muon["loss"] - run.final_eval_loss) > 1e-3
+
+
+def test_a_site_job_of_fsdp_ranks_gives_the_threads_run(local_ray, tmp_path, token_cache, threads_run):
+    """Learner 0 as a torchrun job of 2 ranks holding one model fully_shard'ed between them (each rank its shard of
+    the parameters and of the global copy; reports gathered whole, replies cut into shards) and learner 1 a site
+    job of one rank: the threads run's final loss to the torchrun tests' tolerance."""
+    run, threads_merges = threads_run
+    fsdp = _sites(local_ray, tmp_path, token_cache, "site-fsdp", ranks={0: 2}, sharded=(0,))
+    assert len(fsdp["merges"]) == threads_merges
+    assert fsdp["loss"] == pytest.approx(run.final_eval_loss, rel=1e-5)
+    latest = json.loads((tmp_path / "site-fsdp-0" / "checkpoints" / "latest.json").read_text())
+    assert latest["format"] == "dcp" and latest["config"]["worker_sharding"] == "fsdp"  # sharded, each rank its shard
