@@ -5,6 +5,7 @@ checkpoint; then the syncer's process is SIGKILLed and Ray restarts it from its 
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -42,3 +43,6 @@ def test_site_jobs_ride_out_a_killed_rank_and_a_killed_syncer(tmp_path, token_ca
     assert got["learners"][0]["steps"] == got["learners"][1]["steps"] == 120
     assert got["learners"][1]["superseded"] >= 4  # steps 9..12 of the killed process, done again
     assert math.isfinite(got["final_eval_loss"])
+    # the service saw the restart and says so, in its output and its summary
+    assert "the syncer restarted" in (tmp_path / "run" / "syncer.log").read_text()
+    assert json.loads((tmp_path / "run" / "syncer" / "summary.json").read_text())["syncer_restarts"] >= 1

@@ -39,16 +39,12 @@ def tiny(**kw) -> TrainConfig:
 
 
 @pytest.fixture(scope="module")
-def local_ray(tmp_path_factory):
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        namespace="diloco",
-        log_to_driver=False,
-        _temp_dir=str(tmp_path_factory.mktemp("ray")),
-    )
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
+def threads_run(tmp_path_factory, token_cache):
+    """The run every site-job run here is compared with: its M learners threads of one job; its result and the
+    number of merges it made."""
+    out = tmp_path_factory.mktemp("threads")
+    run = train_model(tiny(), out, cache_dir=token_cache, progress=False)
+    return run, len((out / "merges.jsonl").read_text().splitlines())
 
 
 def _start_syncer(cfg: TrainConfig, cache, name: str):
@@ -60,14 +56,13 @@ def _start_syncer(cfg: TrainConfig, cache, name: str):
     return start_syncer(make_syncer(cfg, inputs.model, inputs.fragments), name=name), inputs
 
 
-def test_site_jobs_of_one_rank_give_the_threads_run(local_ray, tmp_path, token_cache):
+def test_site_jobs_of_one_rank_give_the_threads_run(local_ray, tmp_path, token_cache, threads_run):
     """K = M, mean, no grace window, equal work: every round merges the same reports in learner order, so two
     site jobs (each its own trainer, its own folder) and one job of two learner threads end with the same
     syncer parameters, hence the same final loss, to the bit."""
     from diloco.train.evaluation import evaluate_parameters
 
-    threads_run = train_model(tiny(), tmp_path / "threads", cache_dir=token_cache, progress=False)
-
+    run, threads_merges = threads_run
     handle, inputs = _start_syncer(tiny(), token_cache, "site-eq")
     results, errors = {}, []
 
@@ -88,9 +83,8 @@ def test_site_jobs_of_one_rank_give_the_threads_run(local_ray, tmp_path, token_c
     records = ray.get(handle.records.remote())
     ray.kill(handle)
     loss = evaluate_parameters(inputs.model, final, inputs.val_batches, bf16=False, device=torch.device("cpu"))
-    assert loss == threads_run.final_eval_loss
-    threads_merges = (tmp_path / "threads" / "merges.jsonl").read_text().splitlines()
-    assert len(records) == len(threads_merges)
+    assert loss == run.final_eval_loss
+    assert len(records) == threads_merges
     for m in range(M):  # each site's folder holds its own learner's rows, a row per step
         joined, *rows = [
             json.loads(line) for line in (tmp_path / f"site-{m}" / f"learner-{m}.jsonl").read_text().splitlines()
@@ -183,32 +177,32 @@ def _sites(
     return {"global": final, "merges": records, "loss": loss}
 
 
-def test_a_site_job_of_two_ranks_and_muon_are_honoured(local_ray, tmp_path, token_cache):
+def test_a_site_job_of_two_ranks_and_muon_are_honoured(local_ray, tmp_path, token_cache, threads_run):
     """Learner 1 as a torchrun job of 2 gloo ranks (its lead rank holds the link, the other shares its replies)
     and learner 0 a site job of one rank: the threads run's syncer parameters to the tolerance the torchrun
     tests derive (a learner's two half-batch gradients are summed in another order). The same run with
     inner_optimizer=muon (again a site of 1 rank beside one of 2) ends at the Muon threads run's loss and elsewhere
     than AdamW's, so site jobs of either kind honour the inner optimizer."""
-    threads_run = train_model(tiny(), tmp_path / "threads", cache_dir=token_cache, progress=False)
+    run, threads_merges = threads_run
     two = _sites(local_ray, tmp_path, token_cache, "site-r2", ranks={1: 2})
-    assert len(two["merges"]) == len((tmp_path / "threads" / "merges.jsonl").read_text().splitlines())
-    assert two["loss"] == pytest.approx(threads_run.final_eval_loss, rel=1e-5)
+    assert len(two["merges"]) == threads_merges
+    assert two["loss"] == pytest.approx(run.final_eval_loss, rel=1e-5)
     muon = _sites(local_ray, tmp_path, token_cache, "site-muon", ranks={1: 2}, inner_optimizer="muon")
     muon_threads = train_model(
         tiny(inner_optimizer="muon"), tmp_path / "threads-muon", cache_dir=token_cache, progress=False
     )
     # a site of one rank and a site of two ranks, both with Muon: the Muon threads run's loss (the tolerance above)
     assert muon["loss"] == pytest.approx(muon_threads.final_eval_loss, rel=1e-5)
-    assert abs(muon["loss"] - threads_run.final_eval_loss) > 1e-3
+    assert abs(muon["loss"] - run.final_eval_loss) > 1e-3
 
 
-def test_a_site_job_of_fsdp_ranks_gives_the_threads_run(local_ray, tmp_path, token_cache):
+def test_a_site_job_of_fsdp_ranks_gives_the_threads_run(local_ray, tmp_path, token_cache, threads_run):
     """Learner 0 as a torchrun job of 2 ranks holding one model fully_shard'ed between them (each rank its shard of
     the parameters and of the global copy; reports gathered whole, replies cut into shards) and learner 1 a site
     job of one rank: the threads run's final loss to the torchrun tests' tolerance."""
-    threads_run = train_model(tiny(), tmp_path / "threads", cache_dir=token_cache, progress=False)
+    run, threads_merges = threads_run
     fsdp = _sites(local_ray, tmp_path, token_cache, "site-fsdp", ranks={0: 2}, sharded=(0,))
-    assert len(fsdp["merges"]) == len((tmp_path / "threads" / "merges.jsonl").read_text().splitlines())
-    assert fsdp["loss"] == pytest.approx(threads_run.final_eval_loss, rel=1e-5)
+    assert len(fsdp["merges"]) == threads_merges
+    assert fsdp["loss"] == pytest.approx(run.final_eval_loss, rel=1e-5)
     latest = json.loads((tmp_path / "site-fsdp-0" / "checkpoints" / "latest.json").read_text())
     assert latest["format"] == "dcp" and latest["config"]["worker_sharding"] == "fsdp"  # sharded, each rank its shard

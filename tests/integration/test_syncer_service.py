@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -126,8 +125,9 @@ def test_an_address_where_a_web_server_or_nothing_answers_is_refused_within_5_s(
 
 
 # -- the service -------------------------------------------------------------
-def _train(cfg, info, m, steps, *, errors, finished):
-    """Learner ``m``: the tiny model on random tokens, through connect_learner, ``steps`` steps, then finish."""
+def _train(cfg, info, m, steps, *, errors, finished, then=None):
+    """Learner ``m``: the tiny model on random tokens, through connect_learner, ``steps`` steps (with ``then``, an
+    event: ``steps`` more steps once it is set), then finish."""
     from diloco.decoupled.learner import Learner
     from diloco.models.factory import build_model
     from diloco.train.inputs import run_fragments
@@ -153,13 +153,16 @@ def _train(cfg, info, m, steps, *, errors, finished):
         )
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         gen = torch.Generator().manual_seed(m)
-        for _ in range(steps):
+        left = steps
+        while left > 0:
             x = torch.randint(0, vocab, (4, cfg.seq_len + 1), generator=gen)
             model(x[:, :-1], x[:, 1:])[1].backward()
             opt.step()
             opt.zero_grad()
             algo.after_optimizer_step(tokens=x[:, 1:].numel())
-            time.sleep(0.1)  # a site's step: learner 1 outlives the checks and the syncer's restart
+            time.sleep(0.1)  # a site's step
+            if then is None or then.is_set():  # learner 1 outlives the checks below, then merges alone
+                left -= 1
         algo.finish()
         finished.append((m, time.time()))
     except BaseException as exc:
@@ -178,21 +181,21 @@ def _wait_for(what, check, *, timeout, proc=None):
     pytest.fail(f"timed out waiting for {what}")
 
 
-@pytest.mark.slow  # ~35 s on 2 cores: a Ray instance in a subprocess, a learner of ~15 s and a syncer restart
+@pytest.mark.slow  # ~25 s on 2 cores: a Ray instance in a subprocess and a learner of ~15 s
 @pytest.mark.timeout(300)
-def test_the_service_runs_two_learners_survives_a_sigkill_refuses_intruders_and_exports(
-    tmp_path, token_cache, monkeypatch
-):
+def test_the_service_runs_two_learners_refuses_intruders_and_exports(tmp_path, token_cache, monkeypatch):
     """`diloco syncer` in a subprocess; two learners (threads here, each with its own session) join it by
-    NAME@ADDRESS; the syncer's process is SIGKILLed mid-run and Ray restarts it from its checkpoint; a learner
-    of another config, an index out of range, a second claim on a live index and a finished learner's return
-    are refused; the service exits 0 once both finished, and `diloco export` reads its folder."""
+    NAME@ADDRESS; a learner of another config, an index out of range, a second claim on a live index and a
+    finished learner's return are refused; the service exits 0 once both finished, and `diloco export` reads its
+    folder. (The service's syncer SIGKILLed mid-run and restarted from its checkpoint, with learners that are
+    processes: tests/integration/test_site_faults.py.)"""
     out = tmp_path / "svc"
     cmd = [sys.executable, "-m", "diloco", "syncer", "--preset", "tiny"]
     for k, v in SETS.items():
         cmd += ["--set", f"{k}={v}"]
     cmd += ["--out", str(out), "--cache-dir", str(token_cache), "--poll", "0.5"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    checked = threading.Event()  # learner 1 trains on until the checks below are done, then 8 steps (4 reports)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         info = _wait_for("syncer.json", lambda: (out / "syncer.json").is_file(), timeout=120, proc=proc)
@@ -214,8 +217,10 @@ def test_the_service_runs_two_learners_survives_a_sigkill_refuses_intruders_and_
         errors: list = []
         finished: list = []
         threads = [
-            threading.Thread(target=_train, args=(cfg, info, m, steps), kwargs=dict(errors=errors, finished=finished))
-            for m, steps in ((0, 40), (1, 120))
+            threading.Thread(
+                target=_train, args=(cfg, info, m, steps), kwargs=dict(errors=errors, finished=finished, then=then)
+            )
+            for m, steps, then in ((0, 40, None), (1, 8, checked))
         ]
         for th in threads:
             th.start()
@@ -231,43 +236,39 @@ def test_the_service_runs_two_learners_survives_a_sigkill_refuses_intruders_and_
         assert 4.0 <= time.monotonic() - start < 15.0  # it waited the lease out first
 
         _wait_for("two merges", lambda: ray.get(actor.status.remote())["merges"] >= 2, timeout=60)
-        pid = ray.get(actor.pid.remote())
-        os.kill(pid, signal.SIGKILL)
-        restarted = _wait_for(
-            "the restarted syncer", lambda: (p := ray.get(actor.pid.remote(), timeout=60)) != pid and p, timeout=120
-        )
-        assert restarted != pid
 
         _wait_for("learner 0 to finish", lambda: any(m == 0 for m, _ in finished) or errors, timeout=120)
         assert not errors, errors
         with pytest.raises(ConfigError, match="learner 0 has finished"):
             connect_learner(cfg, learner=0, syncer=info["syncer"])
+        checked.set()
         for th in threads:
             th.join(timeout=180)
         assert not errors, errors
         ray.shutdown()
         output, _ = proc.communicate(timeout=120)
     finally:
+        checked.set()  # (a check that failed ends learner 1 too)
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
         ray.shutdown()
     assert proc.returncode == 0, output
-    assert "the syncer restarted" in output and "every learner finished" in output
+    assert "every learner finished" in output and "the syncer restarted" not in output
 
     merges = [json.loads(line) for line in (out / "merges.jsonl").read_text().splitlines()]
-    for p in (0, 1):  # every version of each fragment once, in order: the restart lost or repeated none
+    for p in (0, 1):  # every version of each fragment once, in order
         assert [r["version"] for r in merges if r["fragment"] == p] == list(
             range(1, 1 + sum(r["fragment"] == p for r in merges))
         )
     assert {m for r in merges for m in r["learners"]} == {0, 1}
     assert merges[-1]["learners"] == [1]  # after learner 0 finished, learner 1 merges alone (no quorum of 2)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["syncer_restarts"] >= 1 and summary["merges"] == len(merges)
+    assert summary["syncer_restarts"] == 0 and summary["merges"] == len(merges)
     states = sorted((out / "syncer").glob("syncer-*.pt"))
     assert states and (out / "syncer" / "records.jsonl").is_file()
     events = [json.loads(line)["event"] for line in (out / "syncer" / "events.jsonl").read_text().splitlines()]
-    assert events.count("started") >= 2
+    assert events.count("started") == 1
 
     from diloco.cli import main
     from diloco.models.saving import load_transformer
