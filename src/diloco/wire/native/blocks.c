@@ -428,6 +428,25 @@ int32_t bf16_encode_mt(const float *x, int64_t n, uint16_t *out, int nt) {
     return top;
 }
 
+/* The largest |x| bits of x[i0:i1] (>= 0x7F800000: a NaN or inf among them); diloco.wire.codec.all_finite. */
+int32_t abs_bits_max(const float *x, int64_t i0, int64_t i1) {
+    uint32_t top = 0;
+    for (int64_t i = i0; i < i1; i++) {
+        uint32_t a = f2u(x[i]) & 0x7FFFFFFF;
+        top = a > top ? a : top;
+    }
+    return (int32_t)top;
+}
+
+int32_t abs_bits_max_mt(const float *x, int64_t n, int nt) {
+    int32_t tops[256] = {0};
+    nt = nt < 1 ? 1 : (nt > 256 ? 256 : nt);
+    SPLIT(n, nt, tops[t] = abs_bits_max(x, lo_, hi_))
+    int32_t top = 0;
+    for (int t = 0; t < nt; t++) top = tops[t] > top ? tops[t] : top;
+    return top;
+}
+
 void bf16_decode_mt(const uint16_t *in, int64_t n, float *out, int nt) {
     nt = nt < 1 ? 1 : nt;
     SPLIT(n, nt, bf16_decode(in, lo_, hi_, out))
