@@ -450,6 +450,9 @@ def main() -> None:
         "memory": "VmHWM - VmRSS before the rounds (malloc_trim(0), then HWM reset via /proc/self/clear_refs), "
         "over 4 * values; on a GPU, CUDA's peak allocated - allocated before the rounds",
         "src": str(args.src) if args.src is not None else "this checkout",
+        # torch's transparent huge pages for large CPU tensors: fresh tensors' page faults cost several times less
+        "thp_mem_alloc_enable": os.environ.get("THP_MEM_ALLOC_ENABLE"),
+        "native_codecs": os.environ.get("DILOCO_NATIVE_CODECS", "1") != "0",
     }
     doc = {"meta": meta, "rows": rows, "skipped": skipped}
     if args.label is not None:
