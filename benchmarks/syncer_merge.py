@@ -51,7 +51,7 @@ measured by this version of the script in the same session.
 
 Memory after the streaming merge (one report decoded and folded at a time, learners at one version sharing one
 copy): the growth does not depend on M. ``cpu/M`` is the merge's CPU time per learner in memcpys (CPU time);
-with FP4 replies and RDA, about 11 per added learner and a fixed part of about 125 a merge on this CPU
+with FP4 replies and RDA, about 7 per added learner and a fixed part of about 60 a merge on this CPU
 (``docs/results/performance.md``). ``--threads 1`` gives the steadier times on a shared machine.
 
 The syncer's device (``syncer_device``, ``--devices``): by default every config runs on the CPU and, where a GPU is
@@ -450,6 +450,9 @@ def main() -> None:
         "memory": "VmHWM - VmRSS before the rounds (malloc_trim(0), then HWM reset via /proc/self/clear_refs), "
         "over 4 * values; on a GPU, CUDA's peak allocated - allocated before the rounds",
         "src": str(args.src) if args.src is not None else "this checkout",
+        # torch's transparent huge pages for large CPU tensors: fresh tensors' page faults cost several times less
+        "thp_mem_alloc_enable": os.environ.get("THP_MEM_ALLOC_ENABLE"),
+        "native_codecs": os.environ.get("DILOCO_NATIVE_CODECS", "1") != "0",
     }
     doc = {"meta": meta, "rows": rows, "skipped": skipped}
     if args.label is not None:

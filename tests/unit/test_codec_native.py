@@ -95,6 +95,21 @@ def test_the_split_across_threads_changes_no_bit(name, threads):
 
 
 @needs_native
+@needs_native
+@pytest.mark.parametrize("name", ("int8", "fp4_e2m1", "fp4_e3m0"))
+def test_any_payload_decodes_to_the_reference_bits(name):
+    # arbitrary bytes: every code, NaN and huge block scales, tensor scales up to E8M0's NaN (the clamp at fp32's max)
+    codec = get_codec(name)
+    g = torch.Generator().manual_seed(5)
+    for n in (16, 17, 4096 + 33):
+        for t in (0, 100, 127, 200, 254, 255):
+            payload = torch.randint(0, 256, (codec.num_bytes(n),), dtype=torch.uint8, generator=g)
+            payload[-1] = t
+            want = codec.decode_reference(payload, n)
+            assert same_bits(codec.decode(payload, n), want), f"{name} n={n} t={t}"
+            assert same_bits(codec.decode_into(payload, n, torch.full((n,), 7.0)), want), f"{name} n={n} t={t}"
+
+
 def test_a_payload_at_an_odd_offset_decodes_the_same():
     for name in NATIVE:
         codec = get_codec(name)

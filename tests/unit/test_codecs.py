@@ -456,3 +456,26 @@ def test_all_finite_agrees_with_isfinite(dtype):
         for view in (x, x[::2], x.view(-1, 1).expand(-1, 2).t()[0]):  # contiguous, strided, expanded
             assert bool(all_finite(view)) == bool(torch.isfinite(view).all()), (trial, dtype)
     assert bool(all_finite(torch.zeros(0)))
+
+
+@pytest.mark.parametrize("native_on", ["1", "0"])
+def test_all_finite_finds_a_non_finite_value_anywhere(native_on, monkeypatch):
+    # CPU fp32: one pass of the C loops split across threads, or (C loops off) chunks into one kept buffer; a NaN or
+    # inf at either end, on either side of a chunk or thread boundary, is found
+    monkeypatch.setenv("DILOCO_NATIVE_CODECS", native_on)
+    chunk = 1 << 18  # diloco.wire.codec.CHUNK
+    n = 3 * chunk + 5
+    x = torch.randn(n, generator=torch.Generator().manual_seed(3))
+    x[7] = torch.finfo(torch.float32).max
+    assert bool(all_finite(x))
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        for at in (0, 1, chunk - 1, chunk, 2 * chunk - 1, 2 * chunk, n // 3, n // 3 + 1, n - 2, n - 1):
+            for bad in (float("nan"), float("inf"), -float("inf")):
+                y = x.clone()
+                y[at] = bad
+                assert not bool(all_finite(y)), (at, bad)
+                assert not bool(all_finite(y[at:])) and bool(all_finite(y[at + 1 :])), (at, bad)
+    finally:
+        torch.set_num_threads(before)

@@ -51,9 +51,11 @@ def reply_payload(
         _, payload, _ = shared[id(theta)]
         return payload, theta
     if id(base) not in shared:
-        payload = codec.encode(theta - base)
-        # what the learner will hold: base + decoded, summed in place into the decoded copy (a + b == b + a)
-        shared[id(base)] = (base, payload.cpu(), codec.decode(payload, theta.numel()).add_(base))
+        held = torch.sub(theta, base)  # the difference, then (decoded in its place) the copy the learner will hold
+        payload = codec.encode(held)
+        # what the learner will hold: base + decoded, summed in place into the decoded copy (a + b == b + a); one
+        # fresh tensor for both (a fresh tensor's page faults cost several memcpys)
+        shared[id(base)] = (base, payload.cpu(), codec.decode_into(payload, theta.numel(), held).add_(base))
     _, payload, held = shared[id(base)]
     return payload, held
 

@@ -37,7 +37,10 @@ def add_difference_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, chun
 
 
 def all_finite_chunked(x: torch.Tensor, *, chunk: int = 1 << 18) -> bool:
-    """Every value of ``x`` is finite, a chunk at a time (``all_finite`` of the whole needs a temporary its size)."""
+    """Every value of ``x`` is finite: on CPU ``all_finite`` (one pass, no temporary), elsewhere a chunk at a time
+    (``all_finite`` of the whole needs a temporary its size there)."""
+    if x.device.type == "cpu":
+        return bool(all_finite(x))
     return all(bool(all_finite(x[i : i + chunk])) for i in range(0, x.numel(), chunk))
 
 
@@ -120,17 +123,20 @@ def fold_round(
             if buffer is None:
                 buffer = torch.empty(numel, dtype=torch.float32, device=theta.device)
             d = codec.decode_into(r.payload.to(buffer.device), numel, buffer)  # base_m - theta_m
+            norm = math.nan  # of d as it is now, if computed: finite only if every value of d is
             if not known and r.steps > 0:
                 # per step of work: a learner's first report of a fragment may cover fewer steps than H (the
                 # schedule's offset), and was measured 7x smaller than the next one on the tiny preset
-                norms[m] = float(torch.linalg.vector_norm(d)) / r.steps
+                norm = float(torch.linalg.vector_norm(d))
+                norms[m] = norm / r.steps
             if verdict is not None and verdict.action == "clip":
                 d.mul_(verdict.scale)  # clip: down to the bar, before the drift of Theta is added
+                norm = math.nan
             base = bases[m]
             if base is not snapshot and against_theta:  # against Theta, not its copy
                 finite = add_difference_(d, theta, base)
-            else:
-                finite = all_finite_chunked(d)
+            else:  # a finite norm (an inf or NaN among the values makes it inf or NaN) spares a pass
+                finite = math.isfinite(norm) or all_finite_chunked(d)
             if not finite:
                 seen_bad.add(m)
             if finite == (m in bad):

@@ -65,6 +65,7 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "decode_blocks_mt": (None, [_P, _P, _I64, _I64, _I32, _P, _P, _F32, _P, _I32]),
     "bf16_encode_mt": (ctypes.c_int32, [_P, _I64, _P, _I32]),
     "bf16_decode_mt": (None, [_P, _I64, _P, _I32]),
+    "abs_bits_max_mt": (ctypes.c_int32, [_P, _I64, _I32]),
     "stat_encode_mt": (ctypes.c_int32, [_P, _I64, _I64, _I32, _F32, _F32, _P, _P, _P, _I32]),
     "stat_decode_mt": (None, [_P, _P, _I64, _I64, _I32, _P, _I32]),
 }
@@ -139,4 +140,22 @@ def ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
-__all__ = ["ENV_CACHE", "ENV_SWITCH", "MIN_PARALLEL", "enabled", "library", "ptr", "threads", "usable"]
+def abs_bits_max(x: torch.Tensor) -> int:
+    """The largest magnitude bits (``bits & 0x7FFFFFFF``) of contiguous fp32 CPU ``x``, in one pass: 0x7F800000 or
+    more exactly when ``x`` holds a NaN or inf. The caller checks :func:`usable` first."""
+    lib = library()
+    assert lib is not None and x.dtype == torch.float32 and x.numel() > 0
+    return int(lib.abs_bits_max_mt(ptr(x), x.numel(), threads(x.numel())))
+
+
+__all__ = [
+    "ENV_CACHE",
+    "ENV_SWITCH",
+    "MIN_PARALLEL",
+    "abs_bits_max",
+    "enabled",
+    "library",
+    "ptr",
+    "threads",
+    "usable",
+]
