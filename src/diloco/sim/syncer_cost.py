@@ -34,7 +34,7 @@ from diloco.errors import ConfigError
 BENCHMARK = "benchmarks/results/syncer_merge.json"
 COMMAND = (
     "PYTHONPATH=src python benchmarks/syncer_merge.py --sizes 16M --learners 2,4,8,16 --no-grid --threads 1 "
-    "--label after-16m-1t"
+    "--label native-16m-1t (and --codec bf16 / fp32 --merge rda --label native-16m-bf16-1t / native-16m-fp32-1t)"
 )
 MACHINE = "this project's x86 CPU, one thread, CPU seconds; torch 2.13 CPU"
 
@@ -70,9 +70,9 @@ class SyncerCost:
 SYNCER_COSTS: dict[str, SyncerCost] = {
     c.codec: c
     for c in (
-        SyncerCost("fp4_e3m0", "rda", "after-16m-1t", 13_631_488, (2, 4, 8, 16), 23.63, 1.750, 4.354, True),
-        SyncerCost("bf16", "rda", "after-16m-bf16-1t", 13_631_488, (2, 16), 14.10, 1.202, 4.609, True),
-        SyncerCost("fp32", "rda", "after-16m-fp32-1t", 13_631_488, (2, 16), 12.78, 0.9592, 3.118, False),
+        SyncerCost("fp4_e3m0", "rda", "native-16m-1t", 13_631_488, (2, 4, 8, 16), 11.08, 1.263, 4.233, True),
+        SyncerCost("bf16", "rda", "native-16m-bf16-1t", 13_631_488, (2, 4, 8, 16), 11.04, 1.227, 4.598, True),
+        SyncerCost("fp32", "rda", "native-16m-fp32-1t", 13_631_488, (2, 4, 8, 16), 9.015, 0.8124, 3.026, False),
     )
 }
 
