@@ -77,6 +77,7 @@ from chaos_dp import dp_run
 from chaos_torchft import torchft_run
 
 from diloco.bench import RESULTS_DIR, add_quick, print_table, result_path, write_result
+from diloco.bench.chaos_table import columns_for, mean_wait, paired_difference
 from diloco.data import prepare_tokens
 from diloco.decoupled.chaos import Chaos
 from diloco.decoupled.ray_learners import run_on_ray
@@ -101,6 +102,14 @@ METHODS = {
     # the contribution guard's rows (--guard): K = M, RDA at 0.7 / sqrt(M); the guard on (default) or off
     "decoupled-k=m": dict(quorum=None, merge="rda", outer_lr_over_sqrt_m=True),
     "decoupled-k=m-noguard": dict(quorum=None, merge="rda", outer_lr_over_sqrt_m=True, guard="off"),
+    # the trainer-loop rows (--trainer): today's defaults (K = 1, RDA, outer_scale auto, late_reports next) and
+    # one setting changed each
+    "decoupled-alone": dict(quorum=1, merge="rda", late_reports="alone"),
+    "decoupled-khalf": dict(quorum="half", merge="rda"),  # K = M // 2
+    "decoupled-khalf-alone": dict(quorum="half", merge="rda", late_reports="alone"),
+    "decoupled-tokens": dict(quorum=1, merge="rda", learner_budget="tokens"),
+    "decoupled-k=m-default": dict(quorum=None, merge="rda"),
+    "decoupled-rideout": dict(quorum=1, merge="rda", ride_out_steps=64),
 }
 
 DP_METHODS = {"dp": None, "dp-ckpt16": 16}  # data-parallel under TorchElastic: checkpoint_every (None: the default)
@@ -109,6 +118,8 @@ DP_METHODS = {"dp": None, "dp-ckpt16": 16}  # data-parallel under TorchElastic: 
 def faults(name: str, M: int) -> Chaos:
     if name == "kill":
         return Chaos(kills=((10.0, 1), (25.0, 1)), downtime_s=3.0)
+    if name == "syncer-kill":  # the syncer SIGKILLed by pid mid-run; Ray restarts it from its checkpoint
+        return Chaos(syncer_kills=(12.0,))
     if name == "straggler":
         return Chaos(slowdown=tuple([1.0] * (M - 1) + [3.0]))
     if (
@@ -120,10 +131,12 @@ def faults(name: str, M: int) -> Chaos:
     return Chaos()
 
 
-def one_run(*, method: str, M: int, fault: str, args, data, work: Path) -> dict:
+def one_run(*, method: str, M: int, fault: str, args, data, work: Path, seed: int | None = None) -> dict:
     """One decoupled run on Ray: each learner a trainer site job (the trainer's loop, AdamW, its lr schedule over
     ``--steps``), at equal tokens through the driver's STOP file."""
     kw = dict(METHODS[method])
+    if kw.get("quorum") == "half":
+        kw["quorum"] = M // 2
     outer_lr = 0.7 / math.sqrt(M) if kw.pop("outer_lr_over_sqrt_m", False) else 0.7
     cfg = TrainConfig.from_dict(
         {
@@ -147,9 +160,10 @@ def one_run(*, method: str, M: int, fault: str, args, data, work: Path) -> dict:
             "eval_every": args.steps,
             "eval_batches": 16,
             "threads": 1,
+            **({} if seed is None else {"seed": seed}),
         }
     )
-    out = work / f"{method}-m{M}-{fault}"
+    out = work / (f"{method}-m{M}-{fault}" + ("" if seed is None else f"-s{seed}"))
     shutil.rmtree(out, ignore_errors=True)
     res = run_on_ray(
         cfg,
@@ -160,10 +174,15 @@ def one_run(*, method: str, M: int, fault: str, args, data, work: Path) -> dict:
         total_tokens=args.steps * args.global_batch * args.seq_len,
     )
     s = res.summary
+    versions: dict[int, list[int]] = {}
+    for r in res.merges:
+        versions.setdefault(int(r["fragment"]), []).append(int(r["version"]))
     return {
         "method": method,
         "M": M,
         "fault": fault,
+        **({} if seed is None else {"seed": seed}),
+        "loop": "trainer",  # learners run the trainer (site jobs); rows without it: the earlier plain loop
         "eval_loss": res.eval_loss,
         "wall_s": res.wall_s,
         "goodput": s["goodput"],
@@ -174,11 +193,10 @@ def one_run(*, method: str, M: int, fault: str, args, data, work: Path) -> dict:
         "kills": s["learner_kills"],
         "corrupted_reports": s["corrupted_reports"],
         "guard_events": len(s["guard_events"]),
+        "syncer_kills": s["syncer_kills"],
+        # no merge lost: each fragment's versions run without a gap
+        "versions_contiguous": all(sorted(v) == list(range(min(v), min(v) + len(v))) for v in versions.values()),
     }
-
-
-def _fmt(x, spec=".3f"):
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
 def dp_row(args, cache: Path) -> dict:
@@ -218,54 +236,42 @@ def dp_row(args, cache: Path) -> dict:
     }
 
 
-def kills_text(r: dict) -> str | None:
-    """Per kill: the survivors' worst step ÷ typical, steps kept, restart s, rejoin s (and, for data-parallel,
-    the steps redone and seconds until the run is past where it was)."""
-    return (
-        "; ".join(
-            f"{_fmt(k['worst_step_ratio'], '.1f')}x {_fmt(k['steps_kept'], '.0%')} "
-            f"{_fmt(k['restart_s'], '.1f')} {_fmt(k['rejoin_s'], '.1f')}"
-            + (
-                f" (redone {k['redone_steps']}, past it {_fmt(k['caught_up_s'], '.1f')} s)"
-                if "redone_steps" in k
-                else ""
-            )
-            for k in r["kills"]
-        )
-        or None
-    )
+Plan = tuple[str, int, str, "int | None"]  # method, M, fault, seed (None: the preset's, unnamed in the row)
 
 
-def guard_text(r: dict) -> str | None:
-    if r.get("corrupted_reports") is None or not r["fault"].startswith("corrupt"):
-        return None
-    return f"corrupted reports {r['corrupted_reports']}, guard events {r['guard_events']}"
+def key(r: dict) -> Plan:
+    return (r["method"], r["M"], r["fault"], r.get("seed"))
 
 
-COLUMNS = [
-    ("method", "method", ""),
-    ("M", "M", ""),
-    ("faults", "fault", ""),
-    ("loss", "eval_loss", ".4f"),
-    ("wall s", "wall_s", ".1f"),
-    ("goodput", "goodput", ".2f"),
-]
-KILLS_COLUMN = ("per kill: worst step x, steps kept, restart s, rejoin s", kills_text, "")
-GUARD_COLUMN = ("guard", guard_text, "")
+def trainer_plan(Ms: list[int]) -> list[Plan]:
+    """``--trainer``: today's defaults without faults and with the syncer SIGKILLed (ride-out on), 2 seeds each;
+    late reports merged alone; K = M // 2 with ``next`` and ``alone``; a 3x straggler at K = 1 with the token
+    budget shared, with each learner's own steps, and at K = M."""
+    out: list[Plan] = []
+    for M in Ms:
+        out += [("decoupled-default", M, "none", s) for s in (0, 1)]
+        out += [("decoupled-rideout", M, "syncer-kill", s) for s in (0, 1)]
+        out += [("decoupled-alone", M, "none", 0)]
+        out += [(m, M, "none", 0) for m in ("decoupled-khalf", "decoupled-khalf-alone") if M // 2 > 1]
+        out += [(m, M, "straggler", 0) for m in ("decoupled-tokens", "decoupled-k=m-default", "decoupled-default")]
+    return out
 
 
-def plan_of(args, Ms: list[int]) -> list[tuple[str, int, str]]:
-    """The runs, in the table's order (the contribution guard's 5 with ``--guard``)."""
+def plan_of(args, Ms: list[int]) -> list[Plan]:
+    """The runs, in the table's order (the contribution guard's 5 with ``--guard``, the trainer loop's with
+    ``--trainer``)."""
+    if args.trainer:
+        return trainer_plan(Ms)
     if args.guard:
         return [
-            ("decoupled-k=m", 3, "none"),
-            ("decoupled-k=m", 3, "corrupt"),
-            ("decoupled-k=m-noguard", 3, "corrupt"),
-            ("decoupled-k=m", 3, "corrupt-random"),
-            ("decoupled-k=m-noguard", 3, "corrupt-random"),
+            ("decoupled-k=m", 3, "none", None),
+            ("decoupled-k=m", 3, "corrupt", None),
+            ("decoupled-k=m-noguard", 3, "corrupt", None),
+            ("decoupled-k=m", 3, "corrupt-random", None),
+            ("decoupled-k=m-noguard", 3, "corrupt-random", None),
         ]
     return [
-        (m, M, f)
+        (m, M, f, None)
         for M in Ms
         for m, f in [
             ("dp", "none"),
@@ -299,18 +305,18 @@ def plan_of(args, Ms: list[int]) -> list[tuple[str, int, str]]:
     ]
 
 
-def measure(args, todo: list[tuple[str, int, str]], done: dict, runs_file: Path) -> None:
+def measure(args, todo: list[Plan], done: dict, runs_file: Path) -> None:
     """Run ``todo``, appending each finished run to ``runs_file`` (and to ``done``); then data-parallel in one
     process without faults, if not there yet."""
     base = TrainConfig.from_dict(load_preset("tiny")["base"])
     cache = default_cache_dir()
     data = prepare_tokens(base.sources, base.vocab_size, cache, val_fraction=base.val_fraction)
     work = Path(tempfile.mkdtemp(prefix="diloco-chaos-"))
-    if any(m not in DP_METHODS and m != "torchft" for m, _, _ in todo):
+    if any(m not in DP_METHODS and m != "torchft" for m, _, _, _ in todo):
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="diloco-chaos")
     try:
-        for i, (method, M, fault) in enumerate(todo, 1):
-            print(f"[{i}/{len(todo)}] {method} M={M} faults={fault} ...", file=sys.stderr, flush=True)
+        for i, (method, M, fault, seed) in enumerate(todo, 1):
+            print(f"[{i}/{len(todo)}] {method} M={M} faults={fault} seed={seed} ...", file=sys.stderr, flush=True)
             if method in DP_METHODS:
                 row = dp_run(
                     M=M,
@@ -324,18 +330,34 @@ def measure(args, todo: list[tuple[str, int, str]], done: dict, runs_file: Path)
             elif method == "torchft":
                 row = torchft_run(M=M, fault=fault, args=args, data=data, work=work)
             else:
-                row = one_run(method=method, M=M, fault=fault, args=args, data=data, work=work)
+                row = one_run(method=method, M=M, fault=fault, args=args, data=data, work=work, seed=seed)
             with open(runs_file, "a") as fh:
                 fh.write(json.dumps(row, allow_nan=False) + "\n")
-            done[(method, M, fault)] = row
+            done[key(row)] = row
     finally:
         if ray.is_initialized():
             ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
-    if not args.guard and ("dp", 1, "none") not in done:
-        done[("dp", 1, "none")] = row = dp_row(args, cache)
+    if not (args.guard or args.trainer) and ("dp", 1, "none", None) not in done:
+        done[("dp", 1, "none", None)] = row = dp_row(args, cache)
         with open(runs_file, "a") as fh:
             fh.write(json.dumps(row, allow_nan=False) + "\n")
+
+
+def print_trainer_summary(rows: list[dict], Ms: list[int]) -> None:
+    """The trainer-loop rows' comparisons: the syncer kill's loss against the same defaults without it (paired by
+    seed), and the mean waiting share of each setting."""
+    for M in Ms:
+        d = paired_difference(rows, base=("decoupled-default", "none"), other=("decoupled-rideout", "syncer-kill"), M=M)
+        if d is not None:
+            mean, se, n = d
+            print(
+                f"\nM = {M}: the syncer killed (ride-out on) minus the defaults without it: final loss {mean:+.4f}"
+                + (f" ± {se:.4f} (s.e., {n} seeds)" if se is not None else " (1 seed)")
+            )
+        for r in rows:
+            if r["M"] == M and mean_wait(r) is not None:
+                print(f"  {r['method']:24} {r['fault']:12} seed {r.get('seed')}: waiting {mean_wait(r):.1%}")
 
 
 def main() -> None:
@@ -346,6 +368,12 @@ def main() -> None:
         action="store_true",
         help="only the contribution guard's rows: M = 3, K = M, no fault, "
         "learner 1 corrupted (1e4 x, or random values) from 10 s to 15 s with the guard, and without it",
+    )
+    ap.add_argument(
+        "--trainer",
+        action="store_true",
+        help="only the trainer loop's rows (M = 4): defaults, the syncer killed, late_reports=alone, K = M/2, "
+        "a straggler with learner_budget=tokens",
     )
     ap.add_argument("--fresh", action="store_true", help="start a new runs file (the old one is kept, renamed)")
     ap.add_argument(
@@ -381,27 +409,29 @@ def main() -> None:
         args.replicas, args.steps = "2", 120
     if args.guard:
         args.replicas = "3"
+    if args.trainer and args.replicas == ap.get_default("replicas"):
+        args.replicas = "4"
     Ms = [int(m) for m in args.replicas.split(",")]
     RESULTS.mkdir(exist_ok=True)
-    suffix = "-guard" if args.guard else "-quick" if args.quick else ""
+    suffix = "-guard" if args.guard else "-trainer" if args.trainer else "-quick" if args.quick else ""
     runs_file = RESULTS / f"chaos-runs{suffix}.jsonl"
     if args.fresh and not args.report and runs_file.exists():
         runs_file.rename(runs_file.with_suffix(f".{int(time.time())}.jsonl"))
-    done = {(r["method"], r["M"], r["fault"]): r for r in (read_jsonl(runs_file) if runs_file.exists() else [])}
+    done = {key(r): r for r in (read_jsonl(runs_file) if runs_file.exists() else [])}
     plan = plan_of(args, Ms)
     if not args.report:
         rerun = {m for m in args.rerun.split(",") if m}
         measure(args, [p for p in plan if p not in done or p[0] in rerun], done, runs_file)
 
-    order = ([] if args.guard else [("dp", 1, "none")]) + plan
+    order = ([] if args.guard or args.trainer else [("dp", 1, "none", None)]) + plan
     missing = [p for p in order if p not in done]
     if missing:  # only with --report: a measurement ends with every row of its plan
-        print(f"not in {runs_file} yet (left out): {', '.join(f'{m} M={M} {f}' for m, M, f in missing)}")
+        print(f"not in {runs_file} yet (left out): {', '.join(f'{m} M={M} {f}' for m, M, f, _ in missing)}")
     rows = [done[p] for p in order if p in done]
     print()
-    print_table(
-        rows, COLUMNS + [KILLS_COLUMN] * any(r["kills"] for r in rows) + [GUARD_COLUMN] * any(map(guard_text, rows))
-    )
+    print_table(rows, columns_for(rows))
+    if args.trainer:
+        print_trainer_summary(rows, Ms)
     peer_file = RESULTS / "torchft_healing.json"
     peer = json.loads(peer_file.read_text()) if peer_file.exists() else None
     if peer is not None:
