@@ -4,11 +4,13 @@ Every run trains the project's transformer on the bundled text with M learner pr
 local Ray instance, each running the trainer as a site job) and one syncer actor
 (:mod:`diloco.decoupled.ray_learners`), at equal tokens: the learners stop together once they have trained
 ``--steps x --global-batch x --seq-len`` tokens that reached the syncer (lost work is redone), batch
-``--global-batch / M`` each, the inner lr's cosine over ``--steps``. Since the learners run the trainer, a
-learner ends at ``--steps`` steps (the schedule's end): a fast one no longer makes more steps than a straggler
-past it, and a restarted one starts its schedule again (no checkpoint before the end). The rows in
-``benchmarks/results/chaos*.json`` were measured with the learners' earlier plain loop (their own sampler and
-lr, whose horizon a fast learner could run past): rerun with ``--fresh`` to measure these. Steps are padded to ``--step-time`` seconds (an
+``--global-batch / M`` each, the inner lr's cosine over ``--steps``. The learners run the trainer: each ends
+at ``--steps`` steps (the schedule's end; with ``learner_budget=tokens`` they share the budget instead, a fast
+one past ``--steps``, a straggler ending early), and a restarted one starts its schedule again (no checkpoint
+before the end). Which loop measured a row is its ``loop`` column: ``trainer`` for the rows of ``--trainer``
+(``benchmarks/results/chaos-trainer.json``), ``plain`` for the rows in ``chaos.json`` and ``chaos-guard.json``,
+measured with the learners' earlier plain loop (their own sampler and lr, whose horizon a fast learner could run
+past; rerun with ``--fresh`` to measure them on the trainer). Steps are padded to ``--step-time`` seconds (an
 accelerator's step: the CPU is idle meanwhile, so 4 learners share 2 cores without slowing each other);
 wall-clock and goodput are in that emulated time. Methods:
 
@@ -47,11 +49,24 @@ measured on its own (``benchmarks/torchft_healing.py``, if present: its JSON is 
     PYTHONPATH=src python benchmarks/chaos.py                 # ~50 minutes on 2 cores (39 runs)
     PYTHONPATH=src python benchmarks/chaos.py --quick         # ~8 minutes: M = 2, fewer steps (19 runs)
     PYTHONPATH=src python benchmarks/chaos.py --guard         # ~6 minutes: the contribution guard's 5 rows
+    PYTHONPATH=src python benchmarks/chaos.py --trainer       # ~12 minutes: the trainer loop's 14 rows
     PYTHONPATH=src python benchmarks/chaos.py --report        # seconds: the table and JSON from the stored runs
 
 ``--guard``: M = 3, K = M, RDA at outer lr 0.7 / sqrt(3): no fault; learner 1 sends 1e4 x its outer gradient
 from 10 s to 15 s (``corrupt``), or N(0, 1) values (``corrupt-random``), with the guard on (the default) and
 without it (``-noguard``).
+
+``--trainer``: the trainer's loop, M = 4 (``--replicas 2,4`` adds M = 2), RDA, ``outer_scale=auto``; a
+waiting-share column (each learner's share of its step time spent waiting for replies, and their mean):
+``decoupled-default`` (K = 1, today's defaults) without faults, and ``decoupled-rideout`` (the same with
+``ride_out_steps=64``) with the syncer SIGKILLed by pid at 12 s (``syncer-kill``: Ray restarts it from its
+checkpoint), seeds 0, 1 and 2 each, their final loss paired by seed; ``decoupled-alone`` (``late_reports=alone``);
+``decoupled-khalf`` and ``-khalf-alone`` (K = M / 2 with ``next`` and ``alone``); a 3x straggler at K = 1 with
+each learner's own ``--steps`` (``decoupled-default``) and at K = M (``decoupled-k=m-default``), and with the
+budget shared (``learner_budget=tokens``: refused for site jobs, so in one ``diloco train`` process with the
+learners as threads, ``benchmarks/chaos_threads.py``: ``threads-tokens``, beside K = M there, ``threads-k=m``);
+and M = 3, K = 2 with ``next`` and ``alone`` (``decoupled-k2``, ``-k2-alone``: a slot's three reports, of which
+the third misses the merge). Its runs file is ``chaos-runs-trainer.jsonl``.
 
 Resumable: each finished run is a row of ``benchmarks/results/chaos-runs.jsonl`` (runs already there are
 skipped; ``--rerun METHOD,...`` runs those again, appending rows that supersede the old ones; ``--fresh`` starts
@@ -74,6 +89,7 @@ from pathlib import Path
 import ray
 import torch
 from chaos_dp import dp_run
+from chaos_threads import threads_run
 from chaos_torchft import torchft_run
 
 from diloco.bench import RESULTS_DIR, add_quick, print_table, result_path, write_result
@@ -107,11 +123,16 @@ METHODS = {
     "decoupled-alone": dict(quorum=1, merge="rda", late_reports="alone"),
     "decoupled-khalf": dict(quorum="half", merge="rda"),  # K = M // 2
     "decoupled-khalf-alone": dict(quorum="half", merge="rda", late_reports="alone"),
-    "decoupled-tokens": dict(quorum=1, merge="rda", learner_budget="tokens"),
+    "decoupled-k2": dict(quorum=2, merge="rda"),  # K = 2 of 3: a slot's third report misses its merge
+    "decoupled-k2-alone": dict(quorum=2, merge="rda", late_reports="alone"),
+    "decoupled-tokens": dict(quorum=1, merge="rda", learner_budget="tokens"),  # threads only (THREADS)
     "decoupled-k=m-default": dict(quorum=None, merge="rda"),
     "decoupled-rideout": dict(quorum=1, merge="rda", ride_out_steps=64),
 }
 
+# rows whose learners are threads of one `diloco train` process (benchmarks/chaos_threads.py): the config of
+# the method named; learner_budget=tokens is refused for site jobs, so its straggler rows run there, beside K = M
+THREADS = {"threads-tokens": "decoupled-tokens", "threads-k=m": "decoupled-k=m-default"}
 DP_METHODS = {"dp": None, "dp-ckpt16": 16}  # data-parallel under TorchElastic: checkpoint_every (None: the default)
 
 
@@ -134,10 +155,11 @@ def faults(name: str, M: int) -> Chaos:
 def one_run(*, method: str, M: int, fault: str, args, data, work: Path, seed: int | None = None) -> dict:
     """One decoupled run on Ray: each learner a trainer site job (the trainer's loop, AdamW, its lr schedule over
     ``--steps``), at equal tokens through the driver's STOP file."""
-    kw = dict(METHODS[method])
+    kw = dict(METHODS[THREADS.get(method, method)])
     if kw.get("quorum") == "half":
         kw["quorum"] = M // 2
     outer_lr = 0.7 / math.sqrt(M) if kw.pop("outer_lr_over_sqrt_m", False) else 0.7
+    batch = args.global_batch - args.global_batch % M  # a multiple of M (M = 3: 15 sequences of 16)
     cfg = TrainConfig.from_dict(
         {
             **load_preset("tiny")["base"],
@@ -147,7 +169,7 @@ def one_run(*, method: str, M: int, fault: str, args, data, work: Path, seed: in
             **kw,
             "size": args.size,
             "seq_len": args.seq_len,
-            "global_batch": args.global_batch,
+            "global_batch": batch,
             "inner_lr": args.inner_lr,
             "steps": args.steps,
             "warmup_steps": args.steps // 10,
@@ -164,6 +186,16 @@ def one_run(*, method: str, M: int, fault: str, args, data, work: Path, seed: in
         }
     )
     out = work / (f"{method}-m{M}-{fault}" + ("" if seed is None else f"-s{seed}"))
+    head = {"method": method, "M": M, "fault": fault, **({} if seed is None else {"seed": seed})}
+    head |= {} if batch == args.global_batch else {"global_batch": batch}
+    if method in THREADS:
+        assert fault in ("none", "straggler"), fault  # threads take no injected fault
+        slowdown = faults(fault, M).slowdown or (1.0,) * M
+        return (
+            head
+            | {"loop": "trainer (threads)"}
+            | threads_run(cfg, out=out, cache=default_cache_dir(), slowdown=slowdown)
+        )
     shutil.rmtree(out, ignore_errors=True)
     res = run_on_ray(
         cfg,
@@ -171,17 +203,13 @@ def one_run(*, method: str, M: int, fault: str, args, data, work: Path, seed: in
         cache_dir=default_cache_dir(),
         chaos=faults(fault, M),
         max_seconds=args.steps * args.step_time * 6 + 120,
-        total_tokens=args.steps * args.global_batch * args.seq_len,
+        total_tokens=args.steps * batch * args.seq_len,
     )
     s = res.summary
     versions: dict[int, list[int]] = {}
     for r in res.merges:
         versions.setdefault(int(r["fragment"]), []).append(int(r["version"]))
-    return {
-        "method": method,
-        "M": M,
-        "fault": fault,
-        **({} if seed is None else {"seed": seed}),
+    return head | {
         "loop": "trainer",  # learners run the trainer (site jobs); rows without it: the earlier plain loop
         "eval_loss": res.eval_loss,
         "wall_s": res.wall_s,
@@ -243,18 +271,22 @@ def key(r: dict) -> Plan:
     return (r["method"], r["M"], r["fault"], r.get("seed"))
 
 
+SEEDS = (0, 1, 2)  # --trainer: the defaults without faults and with the syncer killed
+
+
 def trainer_plan(Ms: list[int]) -> list[Plan]:
-    """``--trainer``: today's defaults without faults and with the syncer SIGKILLed (ride-out on), 2 seeds each;
+    """``--trainer``: today's defaults without faults and with the syncer SIGKILLed (ride-out on), 3 seeds each;
     late reports merged alone; K = M // 2 with ``next`` and ``alone``; a 3x straggler at K = 1 with the token
-    budget shared, with each learner's own steps, and at K = M."""
+    budget shared, with each learner's own steps, and at K = M; then K = 2 of 3 with ``next`` and ``alone``."""
     out: list[Plan] = []
     for M in Ms:
-        out += [("decoupled-default", M, "none", s) for s in (0, 1)]
-        out += [("decoupled-rideout", M, "syncer-kill", s) for s in (0, 1)]
+        out += [("decoupled-default", M, "none", s) for s in SEEDS]
+        out += [("decoupled-rideout", M, "syncer-kill", s) for s in SEEDS]
         out += [("decoupled-alone", M, "none", 0)]
         out += [(m, M, "none", 0) for m in ("decoupled-khalf", "decoupled-khalf-alone") if M // 2 > 1]
-        out += [(m, M, "straggler", 0) for m in ("decoupled-tokens", "decoupled-k=m-default", "decoupled-default")]
-    return out
+        out += [(m, M, "straggler", 0) for m in ("decoupled-k=m-default", "decoupled-default")]
+        out += [(m, M, "straggler", 0) for m in ("threads-tokens", "threads-k=m")]
+    return out + [(m, 3, "none", 0) for m in ("decoupled-k2", "decoupled-k2-alone")]
 
 
 def plan_of(args, Ms: list[int]) -> list[Plan]:
@@ -373,7 +405,7 @@ def main() -> None:
         "--trainer",
         action="store_true",
         help="only the trainer loop's rows (M = 4): defaults, the syncer killed, late_reports=alone, K = M/2, "
-        "a straggler with learner_budget=tokens",
+        "a straggler with learner_budget=tokens; K = 2 of 3 with late_reports next and alone",
     )
     ap.add_argument("--fresh", action="store_true", help="start a new runs file (the old one is kept, renamed)")
     ap.add_argument(
@@ -381,7 +413,7 @@ def main() -> None:
         default="",
         help="methods to run again (comma-separated; their new rows are appended and supersede the old ones)",
     )
-    ap.add_argument("--replicas", default="2,4")
+    ap.add_argument("--replicas", default=None, help="the values of M, comma-separated (default 2,4; 4 with --trainer)")
     ap.add_argument("--size", default="tiny")
     ap.add_argument("--steps", type=int, default=300, help="steps per learner that reach the syncer")
     ap.add_argument("--global-batch", type=int, default=16)
@@ -402,15 +434,15 @@ def main() -> None:
         type=Path,
         default=None,
         help="JSON result (default: benchmarks/results/chaos.json; chaos-quick.json with --quick, chaos-guard.json "
-        "with --guard)",
+        "with --guard, chaos-trainer.json with --trainer)",
     )
     args = ap.parse_args()
     if args.quick:
         args.replicas, args.steps = "2", 120
     if args.guard:
         args.replicas = "3"
-    if args.trainer and args.replicas == ap.get_default("replicas"):
-        args.replicas = "4"
+    if args.replicas is None:
+        args.replicas = "4" if args.trainer else "2,4"
     Ms = [int(m) for m in args.replicas.split(",")]
     RESULTS.mkdir(exist_ok=True)
     suffix = "-guard" if args.guard else "-trainer" if args.trainer else "-quick" if args.quick else ""
