@@ -93,7 +93,7 @@ from chaos_threads import threads_run
 from chaos_torchft import torchft_run
 
 from diloco.bench import RESULTS_DIR, add_quick, print_table, result_path, write_result
-from diloco.bench.chaos_table import columns_for, mean_wait, paired_difference
+from diloco.bench.chaos_table import columns_for, paired_difference
 from diloco.data import prepare_tokens
 from diloco.decoupled.chaos import Chaos
 from diloco.decoupled.ray_learners import run_on_ray
@@ -377,8 +377,7 @@ def measure(args, todo: list[Plan], done: dict, runs_file: Path) -> None:
 
 
 def print_trainer_summary(rows: list[dict], Ms: list[int]) -> None:
-    """The trainer-loop rows' comparisons: the syncer kill's loss against the same defaults without it (paired by
-    seed), and the mean waiting share of each setting."""
+    """The syncer kill's final loss against the same defaults without it, paired by seed."""
     for M in Ms:
         d = paired_difference(rows, base=("decoupled-default", "none"), other=("decoupled-rideout", "syncer-kill"), M=M)
         if d is not None:
@@ -387,9 +386,6 @@ def print_trainer_summary(rows: list[dict], Ms: list[int]) -> None:
                 f"\nM = {M}: the syncer killed (ride-out on) minus the defaults without it: final loss {mean:+.4f}"
                 + (f" ± {se:.4f} (s.e., {n} seeds)" if se is not None else " (1 seed)")
             )
-        for r in rows:
-            if r["M"] == M and mean_wait(r) is not None:
-                print(f"  {r['method']:24} {r['fault']:12} seed {r.get('seed')}: waiting {mean_wait(r):.1%}")
 
 
 def main() -> None:
@@ -465,7 +461,7 @@ def main() -> None:
     if args.trainer:
         print_trainer_summary(rows, Ms)
     peer_file = RESULTS / "torchft_healing.json"
-    peer = json.loads(peer_file.read_text()) if peer_file.exists() else None
+    peer = json.loads(peer_file.read_text()) if peer_file.exists() and not args.trainer else None
     if peer is not None:
         sv, rs = peer["median"]["survivor"], peer["median"]["restarted"]
         print(
