@@ -49,7 +49,7 @@ measured on its own (``benchmarks/torchft_healing.py``, if present: its JSON is 
     PYTHONPATH=src python benchmarks/chaos.py                 # ~50 minutes on 2 cores (39 runs)
     PYTHONPATH=src python benchmarks/chaos.py --quick         # ~8 minutes: M = 2, fewer steps (19 runs)
     PYTHONPATH=src python benchmarks/chaos.py --guard         # ~6 minutes: the contribution guard's 5 rows
-    PYTHONPATH=src python benchmarks/chaos.py --trainer       # ~12 minutes: the trainer loop's 14 rows
+    PYTHONPATH=src python benchmarks/chaos.py --trainer       # ~20 minutes: the trainer loop's 16 rows (M = 4, 3)
     PYTHONPATH=src python benchmarks/chaos.py --report        # seconds: the table and JSON from the stored runs
 
 ``--guard``: M = 3, K = M, RDA at outer lr 0.7 / sqrt(3): no fault; learner 1 sends 1e4 x its outer gradient
