@@ -423,7 +423,7 @@ def main() -> None:
         "--report",
         action="store_true",
         help="run nothing: the table and the JSON again from the runs file (settings and versions kept from the "
-        "JSON there, if any)",
+        "JSON there, if any, and its M values unless --replicas is given)",
     )
     ap.add_argument(
         "--out",
@@ -437,11 +437,14 @@ def main() -> None:
         args.replicas, args.steps = "2", 120
     if args.guard:
         args.replicas = "3"
+    suffix = "-guard" if args.guard else "-trainer" if args.trainer else "-quick" if args.quick else ""
+    stored = result_path(f"chaos{suffix}")
+    if args.replicas is None and args.report and stored.exists():  # the table's M values: those measured
+        args.replicas = json.loads(stored.read_text())["settings"]["replicas"]
     if args.replicas is None:
         args.replicas = "4" if args.trainer else "2,4"
     Ms = [int(m) for m in args.replicas.split(",")]
     RESULTS.mkdir(exist_ok=True)
-    suffix = "-guard" if args.guard else "-trainer" if args.trainer else "-quick" if args.quick else ""
     runs_file = RESULTS / f"chaos-runs{suffix}.jsonl"
     if args.fresh and not args.report and runs_file.exists():
         runs_file.rename(runs_file.with_suffix(f".{int(time.time())}.jsonl"))
@@ -472,7 +475,6 @@ def main() -> None:
         )
     settings = {k: v for k, v in vars(args).items() if k not in ("report", "out")}
     out = {"settings": settings, "runs": rows, "torchft": peer, "torch": torch.__version__, "ray": ray.__version__}
-    stored = result_path(f"chaos{suffix}")
     if args.report and stored.exists():  # the runs were measured with these, not with this process's
         kept = json.loads(stored.read_text())
         out |= {k: kept[k] for k in ("settings", "torch", "ray") if k in kept}
