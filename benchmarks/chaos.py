@@ -4,11 +4,13 @@ Every run trains the project's transformer on the bundled text with M learner pr
 local Ray instance, each running the trainer as a site job) and one syncer actor
 (:mod:`diloco.decoupled.ray_learners`), at equal tokens: the learners stop together once they have trained
 ``--steps x --global-batch x --seq-len`` tokens that reached the syncer (lost work is redone), batch
-``--global-batch / M`` each, the inner lr's cosine over ``--steps``. Since the learners run the trainer, a
-learner ends at ``--steps`` steps (the schedule's end): a fast one no longer makes more steps than a straggler
-past it, and a restarted one starts its schedule again (no checkpoint before the end). The rows in
-``benchmarks/results/chaos*.json`` were measured with the learners' earlier plain loop (their own sampler and
-lr, whose horizon a fast learner could run past): rerun with ``--fresh`` to measure these. Steps are padded to ``--step-time`` seconds (an
+``--global-batch / M`` each, the inner lr's cosine over ``--steps``. The learners run the trainer: each ends
+at ``--steps`` steps (the schedule's end; with ``learner_budget=tokens`` they share the budget instead, a fast
+one past ``--steps``, a straggler ending early), and a restarted one starts its schedule again (no checkpoint
+before the end). Which loop measured a row is its ``loop`` column: ``trainer`` for the rows of ``--trainer``
+(``benchmarks/results/chaos-trainer.json``), ``plain`` for the rows in ``chaos.json`` and ``chaos-guard.json``,
+measured with the learners' earlier plain loop (their own sampler and lr, whose horizon a fast learner could run
+past; rerun with ``--fresh`` to measure them on the trainer). Steps are padded to ``--step-time`` seconds (an
 accelerator's step: the CPU is idle meanwhile, so 4 learners share 2 cores without slowing each other);
 wall-clock and goodput are in that emulated time. Methods:
 
@@ -47,11 +49,24 @@ measured on its own (``benchmarks/torchft_healing.py``, if present: its JSON is 
     PYTHONPATH=src python benchmarks/chaos.py                 # ~50 minutes on 2 cores (39 runs)
     PYTHONPATH=src python benchmarks/chaos.py --quick         # ~8 minutes: M = 2, fewer steps (19 runs)
     PYTHONPATH=src python benchmarks/chaos.py --guard         # ~6 minutes: the contribution guard's 5 rows
+    PYTHONPATH=src python benchmarks/chaos.py --trainer       # ~20 minutes: the trainer loop's 16 rows (M = 4, 3)
     PYTHONPATH=src python benchmarks/chaos.py --report        # seconds: the table and JSON from the stored runs
 
 ``--guard``: M = 3, K = M, RDA at outer lr 0.7 / sqrt(3): no fault; learner 1 sends 1e4 x its outer gradient
 from 10 s to 15 s (``corrupt``), or N(0, 1) values (``corrupt-random``), with the guard on (the default) and
 without it (``-noguard``).
+
+``--trainer``: the trainer's loop, M = 4 (``--replicas 2,4`` adds M = 2), RDA, ``outer_scale=auto``; a
+waiting-share column (each learner's share of its step time spent waiting for replies, and their mean):
+``decoupled-default`` (K = 1, today's defaults) without faults, and ``decoupled-rideout`` (the same with
+``ride_out_steps=64``) with the syncer SIGKILLed by pid at 12 s (``syncer-kill``: Ray restarts it from its
+checkpoint), seeds 0, 1 and 2 each, their final loss paired by seed; ``decoupled-alone`` (``late_reports=alone``);
+``decoupled-khalf`` and ``-khalf-alone`` (K = M / 2 with ``next`` and ``alone``); a 3x straggler at K = 1 with
+each learner's own ``--steps`` (``decoupled-default``) and at K = M (``decoupled-k=m-default``), and with the
+budget shared (``learner_budget=tokens``: refused for site jobs, so in one ``diloco train`` process with the
+learners as threads, ``benchmarks/chaos_threads.py``: ``threads-tokens``, beside K = M there, ``threads-k=m``);
+and M = 3, K = 2 with ``next`` and ``alone`` (``decoupled-k2``, ``-k2-alone``: a slot's three reports, of which
+the third misses the merge). Its runs file is ``chaos-runs-trainer.jsonl``.
 
 Resumable: each finished run is a row of ``benchmarks/results/chaos-runs.jsonl`` (runs already there are
 skipped; ``--rerun METHOD,...`` runs those again, appending rows that supersede the old ones; ``--fresh`` starts
@@ -74,9 +89,11 @@ from pathlib import Path
 import ray
 import torch
 from chaos_dp import dp_run
+from chaos_threads import threads_run
 from chaos_torchft import torchft_run
 
 from diloco.bench import RESULTS_DIR, add_quick, print_table, result_path, write_result
+from diloco.bench.chaos_table import columns_for, paired_difference
 from diloco.data import prepare_tokens
 from diloco.decoupled.chaos import Chaos
 from diloco.decoupled.ray_learners import run_on_ray
@@ -101,14 +118,29 @@ METHODS = {
     # the contribution guard's rows (--guard): K = M, RDA at 0.7 / sqrt(M); the guard on (default) or off
     "decoupled-k=m": dict(quorum=None, merge="rda", outer_lr_over_sqrt_m=True),
     "decoupled-k=m-noguard": dict(quorum=None, merge="rda", outer_lr_over_sqrt_m=True, guard="off"),
+    # the trainer-loop rows (--trainer): today's defaults (K = 1, RDA, outer_scale auto, late_reports next) and
+    # one setting changed each
+    "decoupled-alone": dict(quorum=1, merge="rda", late_reports="alone"),
+    "decoupled-khalf": dict(quorum="half", merge="rda"),  # K = M // 2
+    "decoupled-khalf-alone": dict(quorum="half", merge="rda", late_reports="alone"),
+    "decoupled-k2": dict(quorum=2, merge="rda"),  # K = 2 of 3: a slot's third report misses its merge
+    "decoupled-k2-alone": dict(quorum=2, merge="rda", late_reports="alone"),
+    "decoupled-tokens": dict(quorum=1, merge="rda", learner_budget="tokens"),  # threads only (THREADS)
+    "decoupled-k=m-default": dict(quorum=None, merge="rda"),
+    "decoupled-rideout": dict(quorum=1, merge="rda", ride_out_steps=64),
 }
 
+# rows whose learners are threads of one `diloco train` process (benchmarks/chaos_threads.py): the config of
+# the method named; learner_budget=tokens is refused for site jobs, so its straggler rows run there, beside K = M
+THREADS = {"threads-tokens": "decoupled-tokens", "threads-k=m": "decoupled-k=m-default"}
 DP_METHODS = {"dp": None, "dp-ckpt16": 16}  # data-parallel under TorchElastic: checkpoint_every (None: the default)
 
 
 def faults(name: str, M: int) -> Chaos:
     if name == "kill":
         return Chaos(kills=((10.0, 1), (25.0, 1)), downtime_s=3.0)
+    if name == "syncer-kill":  # the syncer SIGKILLed by pid mid-run; Ray restarts it from its checkpoint
+        return Chaos(syncer_kills=(12.0,))
     if name == "straggler":
         return Chaos(slowdown=tuple([1.0] * (M - 1) + [3.0]))
     if (
@@ -120,11 +152,14 @@ def faults(name: str, M: int) -> Chaos:
     return Chaos()
 
 
-def one_run(*, method: str, M: int, fault: str, args, data, work: Path) -> dict:
+def one_run(*, method: str, M: int, fault: str, args, data, work: Path, seed: int | None = None) -> dict:
     """One decoupled run on Ray: each learner a trainer site job (the trainer's loop, AdamW, its lr schedule over
     ``--steps``), at equal tokens through the driver's STOP file."""
-    kw = dict(METHODS[method])
+    kw = dict(METHODS[THREADS.get(method, method)])
+    if kw.get("quorum") == "half":
+        kw["quorum"] = M // 2
     outer_lr = 0.7 / math.sqrt(M) if kw.pop("outer_lr_over_sqrt_m", False) else 0.7
+    batch = args.global_batch - args.global_batch % M  # a multiple of M (M = 3: 15 sequences of 16)
     cfg = TrainConfig.from_dict(
         {
             **load_preset("tiny")["base"],
@@ -134,7 +169,7 @@ def one_run(*, method: str, M: int, fault: str, args, data, work: Path) -> dict:
             **kw,
             "size": args.size,
             "seq_len": args.seq_len,
-            "global_batch": args.global_batch,
+            "global_batch": batch,
             "inner_lr": args.inner_lr,
             "steps": args.steps,
             "warmup_steps": args.steps // 10,
@@ -147,9 +182,20 @@ def one_run(*, method: str, M: int, fault: str, args, data, work: Path) -> dict:
             "eval_every": args.steps,
             "eval_batches": 16,
             "threads": 1,
+            **({} if seed is None else {"seed": seed}),
         }
     )
-    out = work / f"{method}-m{M}-{fault}"
+    out = work / (f"{method}-m{M}-{fault}" + ("" if seed is None else f"-s{seed}"))
+    head = {"method": method, "M": M, "fault": fault, **({} if seed is None else {"seed": seed})}
+    head |= {} if batch == args.global_batch else {"global_batch": batch}
+    if method in THREADS:
+        assert fault in ("none", "straggler"), fault  # threads take no injected fault
+        slowdown = faults(fault, M).slowdown or (1.0,) * M
+        return (
+            head
+            | {"loop": "trainer (threads)"}
+            | threads_run(cfg, out=out, cache=default_cache_dir(), slowdown=slowdown)
+        )
     shutil.rmtree(out, ignore_errors=True)
     res = run_on_ray(
         cfg,
@@ -157,13 +203,14 @@ def one_run(*, method: str, M: int, fault: str, args, data, work: Path) -> dict:
         cache_dir=default_cache_dir(),
         chaos=faults(fault, M),
         max_seconds=args.steps * args.step_time * 6 + 120,
-        total_tokens=args.steps * args.global_batch * args.seq_len,
+        total_tokens=args.steps * batch * args.seq_len,
     )
     s = res.summary
-    return {
-        "method": method,
-        "M": M,
-        "fault": fault,
+    versions: dict[int, list[int]] = {}
+    for r in res.merges:
+        versions.setdefault(int(r["fragment"]), []).append(int(r["version"]))
+    return head | {
+        "loop": "trainer",  # learners run the trainer (site jobs); rows without it: the earlier plain loop
         "eval_loss": res.eval_loss,
         "wall_s": res.wall_s,
         "goodput": s["goodput"],
@@ -174,11 +221,10 @@ def one_run(*, method: str, M: int, fault: str, args, data, work: Path) -> dict:
         "kills": s["learner_kills"],
         "corrupted_reports": s["corrupted_reports"],
         "guard_events": len(s["guard_events"]),
+        "syncer_kills": s["syncer_kills"],
+        # no merge lost: each fragment's versions run without a gap
+        "versions_contiguous": all(sorted(v) == list(range(min(v), min(v) + len(v))) for v in versions.values()),
     }
-
-
-def _fmt(x, spec=".3f"):
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
 def dp_row(args, cache: Path) -> dict:
@@ -218,54 +264,46 @@ def dp_row(args, cache: Path) -> dict:
     }
 
 
-def kills_text(r: dict) -> str | None:
-    """Per kill: the survivors' worst step ÷ typical, steps kept, restart s, rejoin s (and, for data-parallel,
-    the steps redone and seconds until the run is past where it was)."""
-    return (
-        "; ".join(
-            f"{_fmt(k['worst_step_ratio'], '.1f')}x {_fmt(k['steps_kept'], '.0%')} "
-            f"{_fmt(k['restart_s'], '.1f')} {_fmt(k['rejoin_s'], '.1f')}"
-            + (
-                f" (redone {k['redone_steps']}, past it {_fmt(k['caught_up_s'], '.1f')} s)"
-                if "redone_steps" in k
-                else ""
-            )
-            for k in r["kills"]
-        )
-        or None
-    )
+Plan = tuple[str, int, str, "int | None"]  # method, M, fault, seed (None: the preset's, unnamed in the row)
 
 
-def guard_text(r: dict) -> str | None:
-    if r.get("corrupted_reports") is None or not r["fault"].startswith("corrupt"):
-        return None
-    return f"corrupted reports {r['corrupted_reports']}, guard events {r['guard_events']}"
+def key(r: dict) -> Plan:
+    return (r["method"], r["M"], r["fault"], r.get("seed"))
 
 
-COLUMNS = [
-    ("method", "method", ""),
-    ("M", "M", ""),
-    ("faults", "fault", ""),
-    ("loss", "eval_loss", ".4f"),
-    ("wall s", "wall_s", ".1f"),
-    ("goodput", "goodput", ".2f"),
-]
-KILLS_COLUMN = ("per kill: worst step x, steps kept, restart s, rejoin s", kills_text, "")
-GUARD_COLUMN = ("guard", guard_text, "")
+SEEDS = (0, 1, 2)  # --trainer: the defaults without faults and with the syncer killed
 
 
-def plan_of(args, Ms: list[int]) -> list[tuple[str, int, str]]:
-    """The runs, in the table's order (the contribution guard's 5 with ``--guard``)."""
+def trainer_plan(Ms: list[int]) -> list[Plan]:
+    """``--trainer``: today's defaults without faults and with the syncer SIGKILLed (ride-out on), 3 seeds each;
+    late reports merged alone; K = M // 2 with ``next`` and ``alone``; a 3x straggler at K = 1 with the token
+    budget shared, with each learner's own steps, and at K = M; then K = 2 of 3 with ``next`` and ``alone``."""
+    out: list[Plan] = []
+    for M in Ms:
+        out += [("decoupled-default", M, "none", s) for s in SEEDS]
+        out += [("decoupled-rideout", M, "syncer-kill", s) for s in SEEDS]
+        out += [("decoupled-alone", M, "none", 0)]
+        out += [(m, M, "none", 0) for m in ("decoupled-khalf", "decoupled-khalf-alone") if M // 2 > 1]
+        out += [(m, M, "straggler", 0) for m in ("decoupled-k=m-default", "decoupled-default")]
+        out += [(m, M, "straggler", 0) for m in ("threads-tokens", "threads-k=m")]
+    return out + [(m, 3, "none", 0) for m in ("decoupled-k2", "decoupled-k2-alone")]
+
+
+def plan_of(args, Ms: list[int]) -> list[Plan]:
+    """The runs, in the table's order (the contribution guard's 5 with ``--guard``, the trainer loop's with
+    ``--trainer``)."""
+    if args.trainer:
+        return trainer_plan(Ms)
     if args.guard:
         return [
-            ("decoupled-k=m", 3, "none"),
-            ("decoupled-k=m", 3, "corrupt"),
-            ("decoupled-k=m-noguard", 3, "corrupt"),
-            ("decoupled-k=m", 3, "corrupt-random"),
-            ("decoupled-k=m-noguard", 3, "corrupt-random"),
+            ("decoupled-k=m", 3, "none", None),
+            ("decoupled-k=m", 3, "corrupt", None),
+            ("decoupled-k=m-noguard", 3, "corrupt", None),
+            ("decoupled-k=m", 3, "corrupt-random", None),
+            ("decoupled-k=m-noguard", 3, "corrupt-random", None),
         ]
     return [
-        (m, M, f)
+        (m, M, f, None)
         for M in Ms
         for m, f in [
             ("dp", "none"),
@@ -299,18 +337,18 @@ def plan_of(args, Ms: list[int]) -> list[tuple[str, int, str]]:
     ]
 
 
-def measure(args, todo: list[tuple[str, int, str]], done: dict, runs_file: Path) -> None:
+def measure(args, todo: list[Plan], done: dict, runs_file: Path) -> None:
     """Run ``todo``, appending each finished run to ``runs_file`` (and to ``done``); then data-parallel in one
     process without faults, if not there yet."""
     base = TrainConfig.from_dict(load_preset("tiny")["base"])
     cache = default_cache_dir()
     data = prepare_tokens(base.sources, base.vocab_size, cache, val_fraction=base.val_fraction)
     work = Path(tempfile.mkdtemp(prefix="diloco-chaos-"))
-    if any(m not in DP_METHODS and m != "torchft" for m, _, _ in todo):
+    if any(m not in DP_METHODS and m != "torchft" for m, _, _, _ in todo):
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="diloco-chaos")
     try:
-        for i, (method, M, fault) in enumerate(todo, 1):
-            print(f"[{i}/{len(todo)}] {method} M={M} faults={fault} ...", file=sys.stderr, flush=True)
+        for i, (method, M, fault, seed) in enumerate(todo, 1):
+            print(f"[{i}/{len(todo)}] {method} M={M} faults={fault} seed={seed} ...", file=sys.stderr, flush=True)
             if method in DP_METHODS:
                 row = dp_run(
                     M=M,
@@ -324,18 +362,30 @@ def measure(args, todo: list[tuple[str, int, str]], done: dict, runs_file: Path)
             elif method == "torchft":
                 row = torchft_run(M=M, fault=fault, args=args, data=data, work=work)
             else:
-                row = one_run(method=method, M=M, fault=fault, args=args, data=data, work=work)
+                row = one_run(method=method, M=M, fault=fault, args=args, data=data, work=work, seed=seed)
             with open(runs_file, "a") as fh:
                 fh.write(json.dumps(row, allow_nan=False) + "\n")
-            done[(method, M, fault)] = row
+            done[key(row)] = row
     finally:
         if ray.is_initialized():
             ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
-    if not args.guard and ("dp", 1, "none") not in done:
-        done[("dp", 1, "none")] = row = dp_row(args, cache)
+    if not (args.guard or args.trainer) and ("dp", 1, "none", None) not in done:
+        done[("dp", 1, "none", None)] = row = dp_row(args, cache)
         with open(runs_file, "a") as fh:
             fh.write(json.dumps(row, allow_nan=False) + "\n")
+
+
+def print_trainer_summary(rows: list[dict], Ms: list[int]) -> None:
+    """The syncer kill's final loss against the same defaults without it, paired by seed."""
+    for M in Ms:
+        d = paired_difference(rows, base=("decoupled-default", "none"), other=("decoupled-rideout", "syncer-kill"), M=M)
+        if d is not None:
+            mean, se, n = d
+            print(
+                f"\nM = {M}: the syncer killed (ride-out on) minus the defaults without it: final loss {mean:+.4f}"
+                + (f" ± {se:.4f} (s.e., {n} seeds)" if se is not None else " (1 seed)")
+            )
 
 
 def main() -> None:
@@ -347,13 +397,19 @@ def main() -> None:
         help="only the contribution guard's rows: M = 3, K = M, no fault, "
         "learner 1 corrupted (1e4 x, or random values) from 10 s to 15 s with the guard, and without it",
     )
+    ap.add_argument(
+        "--trainer",
+        action="store_true",
+        help="only the trainer loop's rows (M = 4): defaults, the syncer killed, late_reports=alone, K = M/2, "
+        "a straggler with learner_budget=tokens; K = 2 of 3 with late_reports next and alone",
+    )
     ap.add_argument("--fresh", action="store_true", help="start a new runs file (the old one is kept, renamed)")
     ap.add_argument(
         "--rerun",
         default="",
         help="methods to run again (comma-separated; their new rows are appended and supersede the old ones)",
     )
-    ap.add_argument("--replicas", default="2,4")
+    ap.add_argument("--replicas", default=None, help="the values of M, comma-separated (default 2,4; 4 with --trainer)")
     ap.add_argument("--size", default="tiny")
     ap.add_argument("--steps", type=int, default=300, help="steps per learner that reach the syncer")
     ap.add_argument("--global-batch", type=int, default=16)
@@ -367,43 +423,48 @@ def main() -> None:
         "--report",
         action="store_true",
         help="run nothing: the table and the JSON again from the runs file (settings and versions kept from the "
-        "JSON there, if any)",
+        "JSON there, if any, and its M values unless --replicas is given)",
     )
     ap.add_argument(
         "--out",
         type=Path,
         default=None,
         help="JSON result (default: benchmarks/results/chaos.json; chaos-quick.json with --quick, chaos-guard.json "
-        "with --guard)",
+        "with --guard, chaos-trainer.json with --trainer)",
     )
     args = ap.parse_args()
     if args.quick:
         args.replicas, args.steps = "2", 120
     if args.guard:
         args.replicas = "3"
+    suffix = "-guard" if args.guard else "-trainer" if args.trainer else "-quick" if args.quick else ""
+    stored = result_path(f"chaos{suffix}")
+    if args.replicas is None and args.report and stored.exists():  # the table's M values: those measured
+        args.replicas = json.loads(stored.read_text())["settings"]["replicas"]
+    if args.replicas is None:
+        args.replicas = "4" if args.trainer else "2,4"
     Ms = [int(m) for m in args.replicas.split(",")]
     RESULTS.mkdir(exist_ok=True)
-    suffix = "-guard" if args.guard else "-quick" if args.quick else ""
     runs_file = RESULTS / f"chaos-runs{suffix}.jsonl"
     if args.fresh and not args.report and runs_file.exists():
         runs_file.rename(runs_file.with_suffix(f".{int(time.time())}.jsonl"))
-    done = {(r["method"], r["M"], r["fault"]): r for r in (read_jsonl(runs_file) if runs_file.exists() else [])}
+    done = {key(r): r for r in (read_jsonl(runs_file) if runs_file.exists() else [])}
     plan = plan_of(args, Ms)
     if not args.report:
         rerun = {m for m in args.rerun.split(",") if m}
         measure(args, [p for p in plan if p not in done or p[0] in rerun], done, runs_file)
 
-    order = ([] if args.guard else [("dp", 1, "none")]) + plan
+    order = ([] if args.guard or args.trainer else [("dp", 1, "none", None)]) + plan
     missing = [p for p in order if p not in done]
     if missing:  # only with --report: a measurement ends with every row of its plan
-        print(f"not in {runs_file} yet (left out): {', '.join(f'{m} M={M} {f}' for m, M, f in missing)}")
+        print(f"not in {runs_file} yet (left out): {', '.join(f'{m} M={M} {f}' for m, M, f, _ in missing)}")
     rows = [done[p] for p in order if p in done]
     print()
-    print_table(
-        rows, COLUMNS + [KILLS_COLUMN] * any(r["kills"] for r in rows) + [GUARD_COLUMN] * any(map(guard_text, rows))
-    )
+    print_table(rows, columns_for(rows))
+    if args.trainer:
+        print_trainer_summary(rows, Ms)
     peer_file = RESULTS / "torchft_healing.json"
-    peer = json.loads(peer_file.read_text()) if peer_file.exists() else None
+    peer = json.loads(peer_file.read_text()) if peer_file.exists() and not args.trainer else None
     if peer is not None:
         sv, rs = peer["median"]["survivor"], peer["median"]["restarted"]
         print(
@@ -414,7 +475,6 @@ def main() -> None:
         )
     settings = {k: v for k, v in vars(args).items() if k not in ("report", "out")}
     out = {"settings": settings, "runs": rows, "torchft": peer, "torch": torch.__version__, "ray": ray.__version__}
-    stored = result_path(f"chaos{suffix}")
     if args.report and stored.exists():  # the runs were measured with these, not with this process's
         kept = json.loads(stored.read_text())
         out |= {k: kept[k] for k in ("settings", "torch", "ray") if k in kept}
