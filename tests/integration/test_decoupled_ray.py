@@ -130,7 +130,8 @@ def test_chaos_a_learner_killed_rejoins_and_a_killed_syncer_shard_holds_up_only_
     fragment 1 (shard 1) goes on merging; shard 0 comes back from its checkpoint with every merge it had made and
     both fragments' versions run 1, 2, 3, ... with none skipped or repeated. The run lasts 13 s, 6 s past the
     syncer's kill: a 10 s run left no merge after the restart once, on a machine loaded with two training jobs."""
-    from diloco.decoupled.chaos import Chaos, goodput, kept_steps, rejoin_seconds, survivor_stalls
+    from diloco.decoupled.chaos import Chaos
+    from diloco.decoupled.chaos_logs import goodput, kept_steps, rejoin_seconds, survivor_stalls
     from diloco.decoupled.ray_learners import run_on_ray
 
     cfg = _chaos_cfg(
@@ -277,7 +278,7 @@ def test_diloco_chaos_on_the_command_line(local_ray, tmp_path, token_cache, caps
     site = json.loads((out / "learner-1" / "config.json").read_text())
     assert site["learner"] == 1 and site["syncer"].startswith("diloco-syncer-") and site["step_time"] == 0.05
     # each learner trained the config's 30 steps, every one kept
-    from diloco.decoupled.chaos import kept_steps, learner_log_path, read_learner_log
+    from diloco.decoupled.chaos_logs import kept_steps, learner_log_path, read_learner_log
 
     for m in (0, 1):
         rows = read_learner_log(learner_log_path(out, m))

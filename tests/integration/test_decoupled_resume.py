@@ -68,8 +68,8 @@ def merges(run: Path) -> list[dict]:
 
 def learner_rows(run: Path, m: int) -> list[dict]:
     """Learner m's step rows as the run ended: the last execution of each step (a resumed learner's log keeps
-    the rows of its earlier life, after a ``joined`` row; diloco.decoupled.chaos.final_steps)."""
-    from diloco.decoupled.chaos import final_steps
+    the rows of its earlier life, after a ``joined`` row; diloco.decoupled.chaos_logs.final_steps)."""
+    from diloco.decoupled.chaos_logs import final_steps
 
     return final_steps(read_jsonl(run / f"learner-{m}.jsonl"))[0]
 

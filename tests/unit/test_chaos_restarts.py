@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from diloco.decoupled.chaos import committed_steps, final_steps, restart_kill, restart_stalls, summarize_restarts
+from diloco.decoupled.chaos_logs import committed_steps, final_steps, restart_kill, restart_stalls, summarize_restarts
 
 STEP, M = 0.1, 3
 

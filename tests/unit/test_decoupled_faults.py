@@ -7,7 +7,8 @@ import pytest
 import torch
 from _tiny import make_model
 
-from diloco.decoupled.chaos import Chaos, goodput, parse_kills, rejoin_seconds, survivor_stalls
+from diloco.decoupled.chaos import Chaos, parse_kills
+from diloco.decoupled.chaos_logs import goodput, rejoin_seconds, survivor_stalls
 from diloco.decoupled.checkpoint import (
     RECORDS,
     append_records,
@@ -284,7 +285,7 @@ def test_stalls_rejoin_and_goodput_from_the_logs():
 
 
 def test_each_learners_waiting_share_from_its_step_rows():
-    from diloco.decoupled.chaos import summarize, wait_shares
+    from diloco.decoupled.chaos_logs import summarize, wait_shares
 
     rows = _rows(0, 0, 0.0, 16, 0.1) + _rows(1, 0, 0.0, 16, 0.1) + _rows(1, 1, 5.0, 4, 0.2)
     for r in rows:
@@ -299,7 +300,7 @@ def test_each_learners_waiting_share_from_its_step_rows():
 
 
 def test_a_learner_log_cut_mid_line_by_a_kill_still_reads(tmp_path):
-    from diloco.decoupled.chaos import read_learner_log
+    from diloco.decoupled.chaos_logs import read_learner_log
 
     log = tmp_path / "learner-0.jsonl"
     log.write_text('{"learner": 0, "step": 1}\n{"learner": 0, "st\n{"learner": 0, "step": 1, "incarnation": 1}\n')

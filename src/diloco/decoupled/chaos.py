@@ -1,5 +1,5 @@
 """Faults to inject into a decoupled run (pure functions); what the logs say about them afterwards is
-:mod:`diloco.decoupled.chaos_logs` (its names are re-exported here).
+:mod:`diloco.decoupled.chaos_logs`.
 
 :class:`Chaos` describes the faults: learner kills (at given times, or at a Poisson rate), the time a
 killed learner stays down, per-learner slow-downs (stragglers), syncer kills and corrupted learners (for
@@ -15,26 +15,6 @@ import math
 import random
 from dataclasses import dataclass
 
-# what the logs say (its own module): re-exported where it was defined before
-from diloco.decoupled.chaos_logs import (
-    Goodput,
-    Stall,
-    committed_steps,
-    final_steps,
-    goodput,
-    kept_steps,
-    learner_log_path,
-    read_learner_log,
-    rejoin_seconds,
-    restart_kill,
-    restart_stalls,
-    run_rows,
-    step_row,
-    summarize,
-    summarize_restarts,
-    survivor_stalls,
-    wait_shares,
-)
 from diloco.errors import ConfigError
 
 
@@ -166,24 +146,7 @@ def parse_floats(text: str, what: str) -> tuple[float, ...]:
 __all__ = [
     "Chaos",
     "Event",
-    "Goodput",
-    "Stall",
-    "committed_steps",
-    "final_steps",
-    "goodput",
-    "kept_steps",
     "parse_corrupt",
     "parse_floats",
     "parse_kills",
-    "learner_log_path",
-    "read_learner_log",
-    "rejoin_seconds",
-    "restart_kill",
-    "restart_stalls",
-    "run_rows",
-    "step_row",
-    "summarize",
-    "summarize_restarts",
-    "survivor_stalls",
-    "wait_shares",
 ]

@@ -40,7 +40,8 @@ from typing import Any
 import ray
 import torch
 
-from diloco.decoupled.chaos import Chaos, Event, kept_steps, learner_log_path, read_learner_log, run_rows, summarize
+from diloco.decoupled.chaos import Chaos, Event
+from diloco.decoupled.chaos_logs import kept_steps, learner_log_path, read_learner_log, run_rows, summarize
 from diloco.decoupled.ray_shards import RayShards
 from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE
 from diloco.errors import ConfigError
@@ -135,7 +136,7 @@ class RayRunResult:
     started_at: float
     wall_s: float
     learners: list[dict[str, Any]] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)  # diloco.decoupled.chaos.summarize, and the eval loss
+    summary: dict[str, Any] = field(default_factory=dict)  # diloco.decoupled.chaos_logs.summarize, and the eval loss
 
 
 def _kill(pid: int | None) -> int | None:

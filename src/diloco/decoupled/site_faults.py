@@ -36,7 +36,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from diloco.decoupled.chaos import final_steps, read_learner_log
+from diloco.decoupled.chaos_logs import final_steps, read_learner_log
 from diloco.distributed.launch import child_environment, torchrun_command
 from diloco.errors import ConfigError
 

@@ -269,7 +269,7 @@ def chaos_run(
 
 class LearnerLog:
     """``learner-<m>.jsonl`` of a ``diloco train`` run: one row per step of learner ``m``
-    (:func:`diloco.decoupled.chaos.step_row`: wall time ``t``, tokens, loss, staleness, seconds waited, fragments
+    (:func:`diloco.decoupled.chaos_logs.step_row`: wall time ``t``, tokens, loss, staleness, seconds waited, fragments
     received) and a ``joined`` row each time a process of the learner starts training (:meth:`start`: wall time,
     incarnation, pid, the step it starts after), written by its lead rank; the weight each merge gave it is in
     ``merges.jsonl``. A learner that joins its syncer again (a restarted process: incarnation > 0) or resumes a
@@ -310,7 +310,7 @@ class LearnerLog:
         self._file.write(("\n" if cut else "") + json.dumps(row, allow_nan=False) + "\n")
 
     def add(self, algo: Learner, step: int, out: Any) -> None:
-        from diloco.decoupled.chaos import step_row
+        from diloco.decoupled.chaos_logs import step_row
 
         wait, self._waited = algo.wait_seconds - self._waited, algo.wait_seconds
         self._write(
