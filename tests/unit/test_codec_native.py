@@ -51,6 +51,15 @@ def _inputs() -> list[tuple[str, torch.Tensor]]:
         x[0] = 6.0
         cases.append((f"ties {mid}", x))
         cases.append((f"ties -{mid}", -x))
+    # the same midpoints in runs of 16 blocks (the C loops take 16 blocks at a time, a block a vector lane), each
+    # block's largest E2M1's or E3M0's top (6, 16) and its scale an E4M3 value, so that the ties fall on the scales
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.125, 0.1875, 0.375, 1.5, 3.0, 6.0, 12.0, 24.0])
+    lanes = mids[torch.randint(0, len(mids), (1024, 16), generator=g)]
+    lanes *= torch.randint(0, 2, lanes.shape, generator=g) * 2.0 - 1.0
+    lanes[:, 0] = torch.tensor([6.0, 16.0])[torch.randint(0, 2, (1024,), generator=g)]
+    codes = torch.randint(8, 120, (1024,), generator=g).to(torch.uint8)
+    lanes *= codes.view(torch.float8_e4m3fn).float().unsqueeze(1)
+    cases.append(("ties in 16-block runs", lanes.flatten()))
     quarters = torch.randint(-24, 25, (4096,), generator=g).float() / 4  # many exact ties, any block scale
     cases.append(("quarters", quarters))
     cases.append(("halves", torch.randint(-255, 256, (4096,), generator=g).float() / 2))

@@ -60,8 +60,7 @@ MIN_PARALLEL = 1 << 16
 
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES: dict[str, tuple[object, list[object]]] = {
-    "block_amax_mt": (ctypes.c_int32, [_P, _I64, _I64, _P, _I32]),
-    "encode_blocks_mt": (None, [_P, _I64, _I64, _I32, _I32, _F32, _F32, _P, _P, _P, _P, _I32]),
+    "encode_blocks_mt": (None, [_P, _I64, _I64, _I32, _I32, _F32, _F32, _P, _P, _P, _I32]),
     "decode_blocks_mt": (None, [_P, _P, _I64, _I64, _I32, _P, _P, _F32, _P, _I32]),
     "bf16_encode_mt": (ctypes.c_int32, [_P, _I64, _P, _I32]),
     "bf16_decode_mt": (None, [_P, _I64, _P, _I32]),

@@ -90,23 +90,6 @@ static inline __attribute__((always_inline)) float tree_sum16(const float *e) {
     return d[0] + d[1];
 }
 
-/* Per-block absmax bits of |x| (blocks [b0, b1) of B values, the last padded with zeros):
- * amax_bits[b] and the largest over the range (returned). */
-int32_t block_amax(const float *x, int64_t n, int64_t B, int64_t b0, int64_t b1, int32_t *amax_bits) {
-    int32_t top = 0;
-    for (int64_t b = b0; b < b1; b++) {
-        int64_t i0 = b * B, i1 = i0 + B < n ? i0 + B : n;
-        int32_t m = 0;
-        for (int64_t i = i0; i < i1; i++) {
-            int32_t a = (int32_t)(f2u(x[i]) & 0x7FFFFFFF);
-            m = a > m ? a : m;
-        }
-        amax_bits[b] = m;
-        top = m > top ? m : top;
-    }
-    return top;
-}
-
 /* One block of B values (mag: |x| * 2^-k, x: the signed values, both B long, zero-padded): the
  * candidate search of BlockScaledCodec._quantize_blocks; writes the element codes (one byte each
  * for int8, fmt 2; two nibbles a byte for FP4) and returns the E4M3 scale code. B is a constant
@@ -169,76 +152,173 @@ static inline __attribute__((always_inline)) uint8_t quantize_block(
 /* The FP4 search sixteen blocks at a time, one block a vector lane (GCC / Clang vector extensions; AVX-512
  * holds a lane set in one register, narrower machines split it). The same operations as quantize_block,
  * lane by lane, so the same bits: where quantize_block reduces across a register (the block error) and
- * branches per block, this adds registers and selects. It measured 2-2.5x faster. */
+ * branches per block, this adds registers and selects. Where the CPU has AVX-512, the min / max, the transpose
+ * into lanes and the packing of the codes use its instructions; elsewhere plain vector code does the same. */
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 #define LANES 16
 typedef float vf __attribute__((vector_size(64)));
 typedef int32_t vi __attribute__((vector_size(64)));
 static inline __attribute__((always_inline)) vf vsel(vi m, vf a, vf b) {  /* m ? a : b, lane by lane */
     return (vf)((m & (vi)a) | (~m & (vi)b));
 }
+static inline __attribute__((always_inline)) vi visel(vi m, vi a, vi b) { return (m & a) | (~m & b); }
+/* a < b ? a : b, lane by lane (vminps computes exactly that, NaN included) */
+static inline __attribute__((always_inline)) vf vminf(vf a, vf b) {
+#ifdef __AVX512F__
+    return (vf)_mm512_min_ps((__m512)a, (__m512)b);
+#else
+    return vsel(a < b, a, b);
+#endif
+}
+/* a > b ? a : b, lane by lane */
+static inline __attribute__((always_inline)) vf vmaxf(vf a, vf b) {
+#ifdef __AVX512F__
+    return (vf)_mm512_max_ps((__m512)a, (__m512)b);
+#else
+    return vsel(a > b, a, b);
+#endif
+}
 static inline __attribute__((always_inline)) vi vclampi(vi r, int32_t lo, int32_t hi) {
+#ifdef __AVX512F__
+    return (vi)_mm512_min_epi32(_mm512_max_epi32((__m512i)r, _mm512_set1_epi32(lo)), _mm512_set1_epi32(hi));
+#else
     vi m = r < lo;
     r = (m & lo) | (~m & r);
     m = r > hi;
     return (m & hi) | (~m & r);
+#endif
 }
-/* round_fp4 on a vector. E2M1's min(round(2y), 2) as round(min(2y, 2.5)) (2.5 rounds to even 2, and every 2y
- * above it to 2 or more), by the 1.5 * 2^23 trick (nearest even, exact for |t| <= 2^22). */
+static inline __attribute__((always_inline)) vi vmaxi(vi a, int32_t b) {
+#ifdef __AVX512F__
+    return (vi)_mm512_max_epi32((__m512i)a, _mm512_set1_epi32(b));
+#else
+    return visel(a > b, a, (vi){} + b);
+#endif
+}
+/* round_fp4 on a vector. E2M1's grid is spaced 0.5 up to 2, then 1 up to 4, then 2: y's spacing s is
+ * max(0.5, 2^(e - 1)) for y in [2^e, 2^(e + 1)), and (y + C) - C with C = 2^23 s rounds y to a multiple of s,
+ * ties to the even multiple (y < C, so the sum's last bit is worth s; C / s is even), exactly; then min(., 6).
+ * The reference's two roundings (hi: y to one mantissa bit, clamped to [1, 6]; lo: min(round(2y), 2) for y < 1)
+ * give the same values: the same ties at 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 (to the even code). */
 static inline __attribute__((always_inline)) vf vround_fp4(vf y, int fmt) {
     vi bits = (vi)y;
     if (fmt == 0) {
-        vi r = ((bits >> 22) & 1) + 0x1FFFFF + bits;
-        r &= -(1 << 22);
-        r = vclampi(r, 0x3F800000, 0x40C00000);
-        vf hi = (vf)r;
-        vf t = y * 2.0f;
-        t = vsel(t > 2.5f, (vf){} + 2.5f, t);  /* round(2.5) = 2: the clamp at 2 comes with the rounding */
-        vf lo = (t + 12582912.0f) - 12582912.0f;
-        return (hi + lo * 0.5f) - 1.0f;
+        vf c = (vf)(vmaxi(bits & 0x7F800000, 0x3F800000) + (22 << 23));  /* 2^23 s */
+        return vminf((y + c) - c, (vf){} + 6.0f);
     }
     vi r = ((bits >> 23) & 1) + 0x3FFFFF + bits;
     r &= 0x7F800000;
     r = vclampi(r, 0x3E800000, 0x41800000);
-    vf v = (vf)r;
-    vf t = vsel(y <= 0.125f, (vf){}, y) * 128.0f;
-    return vsel(t < v, t, v);
+    return (vf)(r & (vi)(y > 0.125f));  /* the reference's min((y <= 0.125 ? 0 : y) * 128, r): 0, or above 16 */
 }
 
-/* quantize_block for the 16 blocks of 16 values at x (absmax bits at amax_bits): 128 code bytes, 16 scales. */
-static inline __attribute__((always_inline)) void quantize_16_blocks(
-        const float *x, const int32_t *amax_bits, int fmt, float elem_max, float scale, const float *e4m3,
-        uint8_t *codes, uint8_t *scales) {
-    vf mag[16], v[4][16], err[4];
-    float sfa[4][LANES], da[4][LANES];
-    int up[LANES], lowest[LANES];
+/* e4m3_from_f32 on a vector of finite f >= 0. */
+static inline __attribute__((always_inline)) vi ve4m3_from_f32(vf f) {
+    const int32_t fp8_max = 1087 << 20, denorm_mask = 141 << 23;
+    vi bits = (vi)f;
+    vi sub = (vi)(f + u2f((uint32_t)denorm_mask)) - denorm_mask;
+    vi norm = ((bits + (((7 - 127) << 23) + 0x7FFFF)) + ((bits >> 20) & 1)) >> 20;
+    vi r = visel(bits < (121 << 23), sub, norm);
+    r = visel(bits >= fp8_max, (vi){} + 0x7f, r);
+    return r & 0xFF;
+}
+
+/* The fp32 value of E4M3 codes c (0..255, one per lane): the e4m3 table, computed. */
+static inline __attribute__((always_inline)) vf ve4m3_value(vi c) {
+    vi e = (c >> 3) & 15, m = c & 7;
+    vf normal = (vf)(((e + 120) << 23) | (m << 20));
+    vf sub = __builtin_convertvector(m, vf) * 0.001953125f;  /* m * 2^-9 */
+    vi v = visel(e == 0, (vi)sub, (vi)normal);
+    v = visel((c & 0x7f) == 0x7f, (vi){} + 0x7FC00000, v);
+    return (vf)(v | ((c & 0x80) << 24));
+}
+
+/* out[j] lane l = x[16 l + j]: sixteen blocks of sixteen values, transposed. */
+static inline __attribute__((always_inline)) void transpose16(const float *x, vf out[16]) {
+#ifdef __AVX512F__
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(x + 16 * i);
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
+        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xDD);
+    }
+    for (int i = 0; i < 8; i++) {
+        out[i] = (vf)_mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        out[i + 8] = (vf)_mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
+    }
+#else
     float tmp[16][LANES];
     for (int l = 0; l < LANES; l++)
         for (int j = 0; j < 16; j++) tmp[j][l] = x[l * 16 + j];
+    for (int j = 0; j < 16; j++) memcpy(&out[j], tmp[j], 64);
+#endif
+}
+
+/* codes[8 l + j] = k[2 j] | k[2 j + 1] << 4 of lane l (k: element codes, 0..15): the sixteen blocks' 128 bytes. */
+static inline __attribute__((always_inline)) void pack_codes16(const vi k[16], uint8_t *codes) {
+#if defined(__AVX512F__) && defined(__AVX512VBMI__)
+    __m128i p[8];
+    for (int j = 0; j < 8; j++) p[j] = _mm512_cvtepi32_epi8((__m512i)(k[2 * j] | (k[2 * j + 1] << 4)));
+    __m512i a = _mm512_inserti32x4(_mm512_castsi128_si512(p[0]), p[1], 1);
+    a = _mm512_inserti32x4(_mm512_inserti32x4(a, p[2], 2), p[3], 3);
+    __m512i b = _mm512_inserti32x4(_mm512_castsi128_si512(p[4]), p[5], 1);
+    b = _mm512_inserti32x4(_mm512_inserti32x4(b, p[6], 2), p[7], 3);
+    uint8_t idx[2][64];  /* byte 8 l + j of half h: p[j] lane 8 h + l (bit 6 picks b) */
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 8; l++)
+            for (int j = 0; j < 8; j++) idx[h][8 * l + j] = (uint8_t)((j < 4 ? 0 : 64) + 16 * (j & 3) + 8 * h + l);
+    for (int h = 0; h < 2; h++)
+        _mm512_storeu_si512(codes + 64 * h, _mm512_permutex2var_epi8(a, _mm512_loadu_si512(idx[h]), b));
+#else
+    int32_t code[16][LANES];
+    for (int j = 0; j < 16; j++) memcpy(code[j], &k[j], 64);
+    for (int l = 0; l < LANES; l++)
+        for (int j = 0; j < 8; j++) codes[l * 8 + j] = (uint8_t)(code[2 * j][l] | (code[2 * j + 1][l] << 4));
+#endif
+}
+
+/* quantize_block for the 16 blocks of 16 values at x: 128 code bytes, 16 scales. */
+static inline __attribute__((always_inline)) void quantize_16_blocks(
+        const float *x, int fmt, float elem_max, float scale, uint8_t *codes, uint8_t *scales) {
+    vf xt[16], mag[16], v[4][16], err[4], sf[4];
+    for (int i = 0; i < 16; i++) __builtin_prefetch(x + 256 * 2 + 16 * i);
+    transpose16(x, xt);
+    vf amax = (vf){};
     for (int j = 0; j < 16; j++) {
-        vf a; memcpy(&a, tmp[j], 64);
-        mag[j] = (vf)((vi)a & 0x7FFFFFFF) * scale;
+        mag[j] = (vf)((vi)xt[j] & 0x7FFFFFFF) * scale;
+        amax = vmaxf(amax, mag[j]);  /* the block's absmax times 2^-k: scaling is monotone */
     }
-    for (int l = 0; l < LANES; l++) {
-        float amax = u2f((uint32_t)amax_bits[l]) * scale;
-        uint8_t s = e4m3_from_f32(amax / elem_max);
-        up[l] = (int)s + (e4m3[s] * elem_max < amax);
-        lowest[l] = up[l] < 1 ? up[l] : 1;
-        for (int c = 0; c < 4; c++) {
-            int sc = up[l] - c > lowest[l] ? up[l] - c : lowest[l];
-            sfa[c][l] = e4m3[sc & 0xFF];
-            da[c][l] = sfa[c][l] > 0.0f ? sfa[c][l] : 1.0f;
-        }
-    }
+    vi s = ve4m3_from_f32(amax / elem_max);
+    vi up = s - (vi)(ve4m3_value(s) * elem_max < amax);  /* a true lane is -1 */
+    vi lowest = visel(up < 1, up, (vi){} + 1);
     for (int c = 0; c < 4; c++) {
-        vf sf, d, e[16];
-        memcpy(&sf, sfa[c], 64); memcpy(&d, da[c], 64);
-        for (int j = 0; j < 16; j++) {
-            vf q = vround_fp4(mag[j] / d, fmt);
-            vf t = q * sf - mag[j];
-            v[c][j] = q;
-            e[j] = t * t;
+        vi sc = up - c;
+        sc = visel(sc > lowest, sc, lowest);
+        sf[c] = ve4m3_value(sc & 0xFF);
+        vf d = vsel(sf[c] > 0.0f, sf[c], (vf){} + 1.0f);
+        vf e[8];
+        for (int j = 0; j < 8; j++) {  /* the first level of the block error's halves sum as it goes */
+            vf q0 = vround_fp4(mag[j] / d, fmt), q1 = vround_fp4(mag[j + 8] / d, fmt);
+            vf t0 = q0 * sf[c] - mag[j], t1 = q1 * sf[c] - mag[j + 8];
+            v[c][j] = q0;
+            v[c][j + 8] = q1;
+            e[j] = t0 * t0 + t1 * t1;
         }
-        for (int h = 8; h >= 1; h /= 2)
+        for (int h = 4; h >= 1; h /= 2)
             for (int j = 0; j < h; j++) e[j] = e[j] + e[j + h];
         err[c] = e[0];
     }
@@ -249,39 +329,47 @@ static inline __attribute__((always_inline)) void quantize_16_blocks(
         best_err = vsel(better, err[c], best_err);
         win = (better & c) | (~better & win);
     }
-    int32_t wa[LANES];
-    memcpy(wa, &win, 64);
-    for (int l = 0; l < LANES; l++) scales[l] = (uint8_t)(up[l] - wa[l] > lowest[l] ? up[l] - wa[l] : lowest[l]);
-    int32_t code[16][LANES];
+    vi best_sc = up - win;
+    best_sc = visel(best_sc > lowest, best_sc, lowest);
+    int32_t sa[LANES];
+    memcpy(sa, &best_sc, 64);
+    for (int l = 0; l < LANES; l++) scales[l] = (uint8_t)sa[l];
+    vi k[16];
     for (int j = 0; j < 16; j++) {
         vf b = v[0][j];
         b = vsel(win == 1, v[1][j], b);
         b = vsel(win == 2, v[2][j], b);
         b = vsel(win == 3, v[3][j], b);
-        vi bits = (vi)b, k;
+        vi bits = (vi)b, kj;
         if (fmt == 0) {
-            k = (bits >> 22) - 252;
-            k = k & ~(k < 0);
-            k -= (b == 0.5f);   /* a true lane is -1 */
+            kj = (bits >> 22) - 252;
+            kj = kj & ~(kj < 0);
+            kj -= (b == 0.5f);   /* a true lane is -1 */
         } else {
-            k = (bits >> 23) - 124;
-            k = k & ~(k < 0);
+            kj = (bits >> 23) - 124;
+            kj = kj & ~(kj < 0);
         }
-        vf a; memcpy(&a, tmp[j], 64);
-        vi sign = ((vi)a >> 28) & 8;
-        k += (k > 0) & sign;
-        memcpy(code[j], &k, 64);
+        vi sign = ((vi)xt[j] >> 28) & 8;
+        k[j] = kj + ((kj > 0) & sign);
     }
-    for (int l = 0; l < LANES; l++)
-        for (int j = 0; j < 8; j++) codes[l * 8 + j] = (uint8_t)(code[2 * j][l] | (code[2 * j + 1][l] << 4));
+    pack_codes16(k, codes);
+}
+
+/* |x| * 2^-k of a block and its largest (the block's absmax times 2^-k: scaling by 2^-k is monotone). */
+static inline __attribute__((always_inline)) float block_mag(const float *xb, int64_t B, float scale, float *mag) {
+    float amax = 0.0f;
+    for (int64_t j = 0; j < B; j++) {
+        mag[j] = fabsf(xb[j]) * scale;
+        amax = mag[j] > amax ? mag[j] : amax;
+    }
+    return amax;
 }
 
 #define FULL_BLOCKS(BLOCK, FMT, CANDS)                                                                             \
     for (; b < b_full; b++) {                                                                            \
         const float *xb = x + b * (BLOCK);                                                               \
         float mag[BLOCK];                                                                                \
-        for (int64_t j = 0; j < (BLOCK); j++) mag[j] = fabsf(xb[j]) * scale;                              \
-        float amax = u2f((uint32_t)amax_bits[b]) * scale;                                                \
+        float amax = block_mag(xb, (BLOCK), scale, mag);                                                 \
         scales[b] = quantize_block(mag, xb, (BLOCK), (FMT), (CANDS), elem_max, amax, e4m3,                 \
                                    codes + ((FMT) == 2 ? b * (BLOCK) : b * (BLOCK) / 2));              \
     }
@@ -290,24 +378,22 @@ static inline __attribute__((always_inline)) void quantize_16_blocks(
  * all), E4M3 scale codes into scales. fmt: 0 E2M1, 1 E3M0, 2 int8. scale = 2^-k; e4m3 = the 256
  * E4M3 values. B <= 256 and even. */
 void encode_blocks(const float *x, int64_t n, int64_t B, int64_t b0, int64_t b1, int fmt, int cands,
-                   float elem_max, float scale, const int32_t *amax_bits, const float *e4m3,
-                   uint8_t *codes, uint8_t *scales) {
+                   float elem_max, float scale, const float *e4m3, uint8_t *codes, uint8_t *scales) {
     int64_t b = b0, b_full = n / B < b1 ? n / B : b1;
     if (B == 16 && fmt == 0 && cands == 4) {
         for (; b + LANES <= b_full; b += LANES)
-            quantize_16_blocks(x + b * 16, amax_bits + b, 0, elem_max, scale, e4m3, codes + b * 8, scales + b);
+            quantize_16_blocks(x + b * 16, 0, elem_max, scale, codes + b * 8, scales + b);
         FULL_BLOCKS(16, 0, 4)
     } else if (B == 16 && fmt == 1 && cands == 4) {
         for (; b + LANES <= b_full; b += LANES)
-            quantize_16_blocks(x + b * 16, amax_bits + b, 1, elem_max, scale, e4m3, codes + b * 8, scales + b);
+            quantize_16_blocks(x + b * 16, 1, elem_max, scale, codes + b * 8, scales + b);
         FULL_BLOCKS(16, 1, 4)
     } else if (B == 32 && fmt == 2 && cands == 1) {
         FULL_BLOCKS(32, 2, 1)
     } else {
         for (; b < b_full; b++) {
             float mag[256];
-            for (int64_t j = 0; j < B; j++) mag[j] = fabsf(x[b * B + j]) * scale;
-            float amax = u2f((uint32_t)amax_bits[b]) * scale;
+            float amax = block_mag(x + b * B, B, scale, mag);
             scales[b] = quantize_block(mag, x + b * B, B, fmt, cands, elem_max, amax, e4m3,
                                        codes + (fmt == 2 ? b * B : b * B / 2));
         }
@@ -316,11 +402,8 @@ void encode_blocks(const float *x, int64_t n, int64_t B, int64_t b0, int64_t b1,
         float mag[256], xp[256];
         uint8_t out[256];
         int64_t i0 = b * B, m = n - i0;
-        for (int64_t j = 0; j < B; j++) {
-            xp[j] = j < m ? x[i0 + j] : 0.0f;
-            mag[j] = fabsf(xp[j]) * scale;
-        }
-        float amax = u2f((uint32_t)amax_bits[b]) * scale;
+        for (int64_t j = 0; j < B; j++) xp[j] = j < m ? x[i0 + j] : 0.0f;
+        float amax = block_mag(xp, B, scale, mag);
         scales[b] = quantize_block(mag, xp, B, fmt, cands, elem_max, amax, e4m3, out);
         int64_t bytes = fmt == 2 ? m : (m + 1) / 2;
         memcpy(codes + (fmt == 2 ? i0 : i0 / 2), out, bytes);
@@ -395,21 +478,11 @@ void bf16_decode(const uint16_t *in, int64_t i0, int64_t i1, float *out) {
     for (int64_t i = i0; i < i1; i++) out[i] = u2f((uint32_t)in[i] << 16);
 }
 
-int32_t block_amax_mt(const float *x, int64_t n, int64_t B, int32_t *amax_bits, int nt) {
-    int32_t tops[256] = {0};
-    int64_t rows = (n + B - 1) / B;
-    nt = nt < 1 ? 1 : (nt > 256 ? 256 : nt);
-    SPLIT(rows, nt, tops[t] = block_amax(x, n, B, lo_, hi_, amax_bits))
-    int32_t top = 0;
-    for (int t = 0; t < nt; t++) top = tops[t] > top ? tops[t] : top;
-    return top;
-}
-
 void encode_blocks_mt(const float *x, int64_t n, int64_t B, int fmt, int cands, float elem_max, float scale,
-                      const int32_t *amax_bits, const float *e4m3, uint8_t *codes, uint8_t *scales, int nt) {
+                      const float *e4m3, uint8_t *codes, uint8_t *scales, int nt) {
     int64_t rows = (n + B - 1) / B;
     nt = nt < 1 ? 1 : nt;
-    SPLIT(rows, nt, encode_blocks(x, n, B, lo_, hi_, fmt, cands, elem_max, scale, amax_bits, e4m3, codes, scales))
+    SPLIT(rows, nt, encode_blocks(x, n, B, lo_, hi_, fmt, cands, elem_max, scale, e4m3, codes, scales))
 }
 
 void decode_blocks_mt(const uint8_t *codes, const uint8_t *scales, int64_t n, int64_t B, int fmt,

@@ -46,11 +46,10 @@ def encode_block_scaled(codec: BlockScaledCodec, x32: torch.Tensor, fmt: int) ->
     lib = library()
     assert lib is not None and x32.dtype == torch.float32 and x32.is_contiguous() and x32.numel() > 0
     n, B = x32.numel(), codec.block_size
-    rows, n_code = -(-n // B), -(-n * codec.element_bits // 8)
+    n_code = -(-n * codec.element_bits // 8)
     payload = torch.empty(codec.num_bytes(n), dtype=torch.uint8)
-    amax_bits = torch.empty(rows, dtype=torch.int32)
-    xp, ap = ptr(x32), ptr(amax_bits)
-    top = lib.block_amax_mt(xp, n, B, ap, threads(n))
+    xp = ptr(x32)
+    top = lib.abs_bits_max_mt(xp, n, threads(n))  # the blocks' own absmax: the encode loop finds it again
     if top >= _INF_BITS:  # a NaN or inf: the reference's defined all-NaN payload
         payload[:n_code] = 0
         payload[n_code:-1] = _E4M3_NAN
@@ -59,7 +58,7 @@ def encode_block_scaled(codec: BlockScaledCodec, x32: torch.Tensor, fmt: int) ->
     k = int(codec._tensor_exponent(torch.tensor(top, dtype=torch.int32).view(torch.float32)))
     scale = math.ldexp(1.0, -k)  # 2^-k, a normal fp32 (|k| <= 126)
     pp, tp, nt = ptr(payload), ptr(_e4m3_values()), threads(n * codec.scale_candidates)
-    lib.encode_blocks_mt(xp, n, B, fmt, codec.scale_candidates, codec.element_max, scale, ap, tp, pp, pp + n_code, nt)
+    lib.encode_blocks_mt(xp, n, B, fmt, codec.scale_candidates, codec.element_max, scale, tp, pp, pp + n_code, nt)
     payload[-1] = k + _E8M0_BIAS
     return payload
 
