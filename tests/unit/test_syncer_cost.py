@@ -241,8 +241,23 @@ def test_the_printed_plan_names_the_bound_that_sets_the_shards(tmp_path, capsys)
     # three layers a fragment: the merge bound sets 3, which does not divide the 11 fragments
     assert main([*args, "--out", str(tmp_path / "three")]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"syncer shards needed +3  \(set by a merge within tau = 5 steps; the load needs 2\)", out)
+    assert re.search(
+        r"syncer shards needed +3  \(set by a merge within tau = 5 steps, fragments 3x smaller on syncer_shards; the load needs 2\)",
+        out,
+    )
     assert "syncer_shards=3 does not divide num_fragments=11" in out
     data = json.loads((tmp_path / "three" / "plan.json").read_text())["syncer"]
     assert (data["shards_needed"], data["shards_bound"]) == (3, "merge")
     assert "does not divide num_fragments=11" in data["shards_note"]
+
+
+def test_the_planning_guide_shows_what_the_planner_prints(tmp_path, capsys):
+    """docs/guides/planning.md quotes the 7B plan's syncer block: it is the planner's output, line for line."""
+    args = ["plan", "--method", "decoupled", "--params", "7e9", "--layers", "32", "--step-time", "1.0"]
+    args += ["--workers", "8", "--tokens-per-step", "4e6", "--bandwidth", "1", "--sync-every", "100", "--no-plot"]
+    doc = (ROOT / "docs" / "guides" / "planning.md").read_text()
+    assert " ".join(args[1:-1]).replace("--bandwidth 1 ", "\\\n    --bandwidth 1 ") in doc  # the command shown
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    block = out[out.index("syncer (method=decoupled)") :].split("\n\n")[0]
+    assert len(block.splitlines()) == 7 and block in doc

@@ -196,10 +196,13 @@ def _bytes(n: float) -> str:
 def format_syncer(sp: SyncerPlan) -> str:
     """The syncer's costs beside the learners' step time, and which bound sets its shard count."""
     budget, period = sp.tau * sp.step_time_s, sp.sync_every * sp.step_time_s
+    # syncer_shards owns whole fragments: the merge bound's S hosts need fragments S times smaller there
+    smaller = f", fragments {sp.shards_for_merge}x smaller on syncer_shards" if sp.shards_for_merge > 1 else ""
     why = {
-        "merge": f"set by a merge within tau = {sp.tau} steps; the load needs {sp.shards_for_load}",
-        "load": f"set by the load within H = {sp.sync_every} steps; a merge within tau needs {sp.shards_for_merge}",
-        "both": f"a merge within tau = {sp.tau} steps and the load within H = {sp.sync_every} steps both need it",
+        "merge": f"set by a merge within tau = {sp.tau} steps{smaller}; the load needs {sp.shards_for_load}",
+        "load": f"set by the load within H = {sp.sync_every} steps; a merge within tau needs {sp.shards_for_merge}"
+        + smaller,
+        "both": f"a merge within tau = {sp.tau} steps{smaller} and the load within H = {sp.sync_every} steps need it",
     }[sp.bound]
     lines = [
         f"syncer (method=decoupled): M = {sp.learners} learners, RDA, {sp.codec} replies; {sp.fragments} fragments, "
