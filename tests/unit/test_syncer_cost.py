@@ -60,6 +60,7 @@ def test_closed_forms_at_7b():
         fragment_layers=k,
         learners=M,
         tau=tau,
+        sync_every=300,
         step_time_s=step,
         step_time_source="given",
     )
@@ -67,7 +68,8 @@ def test_closed_forms_at_7b():
     t = n * (cost.fixed_ns + cost.per_learner_ns * M) * 1e-9
     assert sp.fragment_values == pytest.approx(n) and sp.fragments == math.ceil(L / k)
     assert sp.merge_s == pytest.approx(t)
-    assert sp.shards == math.ceil(t / (tau * step))
+    assert sp.shards == sp.shards_for_merge == math.ceil(t / (tau * step)) and sp.bound == "merge"
+    assert sp.load_s == pytest.approx(sp.fragments * t) and sp.shards_for_load == math.ceil(sp.fragments * t / 300)
     # S shards fit the merge in tau steps and S - 1 do not
     assert merge_seconds(cost, values=n / sp.shards, learners=M) <= tau * step
     assert merge_seconds(cost, values=n / (sp.shards - 1), learners=M) > tau * step
@@ -84,6 +86,7 @@ def test_closed_forms_at_7b():
         fragment_layers=k,
         learners=M,
         tau=tau,
+        sync_every=300,
         step_time_s=step,
         step_time_source="given",
     )
@@ -97,9 +100,11 @@ def test_shards_and_settings_that_cannot_plan():
         shards_needed(cost, values=1e9, learners=2, budget_s=0.0)
     kw = dict(num_params=7e9, non_block_params=0.0, num_layers=32, fragment_layers=3, learners=4, step_time_s=1.0)
     with pytest.raises(ConfigError, match="tau=0"):
-        plan_syncer(**kw, tau=0, step_time_source="given")
+        plan_syncer(**kw, tau=0, sync_every=30, step_time_source="given")
     with pytest.raises(ConfigError, match="'int8'"):
-        plan_syncer(**kw, tau=1, step_time_source="given", codec="int8")
+        plan_syncer(**kw, tau=1, sync_every=30, step_time_source="given", codec="int8")
+    with pytest.raises(ConfigError, match="sync_every=0"):
+        plan_syncer(**kw, tau=1, sync_every=0, step_time_source="given")
 
 
 def test_diloco_plan_method_decoupled_prints_the_syncer_with_sources(tmp_path, capsys):
@@ -114,12 +119,17 @@ def test_diloco_plan_method_decoupled_prints_the_syncer_with_sources(tmp_path, c
         fragment_layers=3,
         learners=8,
         tau=5,
+        sync_every=30,  # the smallest of the plan's H values (the defaults 30, 100, 300)
         step_time_s=1.0,
         step_time_source="x",
     )
     for line in ("learners' step time", "syncer merge per fragment", "syncer memory", "syncer shards needed"):
         assert line in out
     assert int(re.search(r"syncer shards needed +(\d+)", out).group(1)) == sp.shards
+    assert (
+        sp.bound == "load"
+        and f"set by the load within H = 30 steps; a merge within tau needs {sp.shards_for_merge}" in out
+    )
     assert re.search(r"syncer merge per fragment +" + re.escape(format_duration(sp.merge_s)), out)
     for key in ("syncer_merge_time", "syncer_memory", "syncer_shards"):
         assert f"  {key}: " in out and BENCHMARK in out
@@ -127,9 +137,127 @@ def test_diloco_plan_method_decoupled_prints_the_syncer_with_sources(tmp_path, c
     assert data["syncer"]["merge_s_per_fragment"] == pytest.approx(sp.merge_s)
     assert data["syncer"]["memory_bytes"] == pytest.approx(sp.memory_bytes)
     assert data["syncer"]["shards_needed"] == sp.shards and data["syncer"]["tau"] == 5
+    assert data["syncer"]["sync_every"] == 30 and data["syncer"]["shards_bound"] == "load"
+    assert data["syncer"]["merge_s_per_outer_period"] == pytest.approx(sp.load_s)
     assert set(data["syncer"]["sources"]) >= {"syncer_merge_time", "syncer_memory", "syncer_shards"}
     assert "syncer_merge_time" in data["sources"]
     # without --method decoupled the plan charges no syncer
     assert main([*args, "--out", str(tmp_path / "p")]) == 0
     assert "syncer" not in capsys.readouterr().out
     assert "syncer" not in json.loads((tmp_path / "p" / "plan.json").read_text())
+
+
+def _plan(*, fragments: int, tau: int, sync_every: int, merge_over_tau: float):
+    """A plan of ``fragments`` one-layer fragments whose step time makes a merge take ``merge_over_tau`` x tau steps."""
+    cost, n, M = SYNCER_COSTS["fp4_e3m0"], 1e6, 4
+    t = merge_seconds(cost, values=n, learners=M)
+    return t, plan_syncer(
+        num_params=fragments * n,
+        non_block_params=0.0,
+        num_layers=fragments,
+        fragment_layers=1,
+        learners=M,
+        tau=tau,
+        sync_every=sync_every,
+        step_time_s=t / (merge_over_tau * tau),
+        step_time_source="given",
+    )
+
+
+@pytest.mark.parametrize(
+    ("fragments", "tau", "sync_every", "merge_over_tau", "merge_s", "load_s", "bound"),
+    [
+        (4, 1, 2, 0.9, 1, 2, "load"),  # a merge takes 0.9 steps of 1; 4 of them 3.6 steps of H = 2
+        (2, 1, 10, 1.5, 2, 1, "merge"),  # a merge takes 1.5 steps of 1; 2 of them 3 steps of H = 10
+        (4, 1, 4, 1.5, 2, 2, "both"),  # a merge takes 1.5 steps of 1; 4 of them 6 steps of H = 4
+    ],
+)
+def test_the_shards_meet_both_bounds_and_name_the_one_that_sets_them(
+    fragments, tau, sync_every, merge_over_tau, merge_s, load_s, bound
+):
+    t, sp = _plan(fragments=fragments, tau=tau, sync_every=sync_every, merge_over_tau=merge_over_tau)
+    step = sp.step_time_s
+    assert sp.fragments == fragments and sp.merge_s == pytest.approx(t)
+    assert (sp.shards_for_merge, sp.shards_for_load, sp.bound) == (merge_s, load_s, bound)
+    assert sp.shards == max(merge_s, load_s) and sp.shards_note is None
+    # each bound's S meets it and one shard fewer does not (a shard merges one fragment at a time)
+    assert t / sp.shards_for_merge <= tau * step * (1 + 1e-9)
+    assert sp.shards_for_merge == 1 or t / (sp.shards_for_merge - 1) > tau * step
+    assert fragments / sp.shards_for_load * t <= sync_every * step * (1 + 1e-9)
+    assert sp.shards_for_load == 1 or fragments / (sp.shards_for_load - 1) * t > sync_every * step
+    d = sp.to_dict()
+    assert (d["shards_needed"], d["shards_for_merge"], d["shards_for_load"], d["shards_bound"]) == (
+        sp.shards,
+        merge_s,
+        load_s,
+        bound,
+    )
+    assert d["load_over_sync_every_steps"] == pytest.approx(fragments * merge_over_tau * tau / sync_every)
+
+
+def test_shards_that_do_not_divide_the_fragments_are_named_with_the_syncers_rule():
+    _, sp = _plan(fragments=3, tau=1, sync_every=100, merge_over_tau=1.5)  # the merge bound: 2 shards, 3 fragments
+    assert sp.shards == 2 and sp.bound == "merge"
+    assert sp.shards_note is not None and "syncer_shards=2 does not divide num_fragments=3" in sp.shards_note
+    assert "one of [1, 3] or num_fragments to a multiple of 2" in sp.shards_note
+    assert sp.to_dict()["shards_note"] == sp.shards_note
+
+
+def test_a_7b_model_of_one_layer_fragments_needs_two_shards_for_its_load():
+    """The decoupled guide's case: 32 fragments of 2.19e8 values, M = 8, tau = 5, H = 100 steps of 1 s."""
+    cost = SYNCER_COSTS["fp4_e3m0"]
+    sp = plan_syncer(
+        num_params=7e9,
+        non_block_params=0.0,
+        num_layers=32,
+        fragment_layers=1,
+        learners=8,
+        tau=5,
+        sync_every=100,
+        step_time_s=1.0,
+        step_time_source="given",
+    )
+    t = 7e9 / 32 * (cost.fixed_ns + 8 * cost.per_learner_ns) * 1e-9
+    assert sp.fragments == 32 and sp.merge_s == pytest.approx(t) and t < 5.0  # one merge fits in tau = 5 steps
+    assert sp.load_s == pytest.approx(32 * t) and 100 < sp.load_s < 200  # but 32 of them do not fit in 100 s
+    assert sp.load_s == pytest.approx(148.3, abs=0.05)  # the figure the guide quotes
+    assert (sp.shards_for_merge, sp.shards_for_load, sp.shards, sp.bound, sp.shards_note) == (1, 2, 2, "load", None)
+
+
+def test_the_printed_plan_names_the_bound_that_sets_the_shards(tmp_path, capsys):
+    args = ["plan", "--params", "7e9", "--layers", "32", "--step-time", "1.0", "--workers", "8", "--sync-every"]
+    args += ["100", "--tokens-per-step", "4e6", "--bandwidth", "1", "--method", "decoupled", "--no-plot"]
+    assert main([*args, "--fragment-layers", "1", "--out", str(tmp_path / "one")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(
+        r"syncer shards needed +2  \(set by the load within H = 100 steps; a merge within tau needs 1\)", out
+    )
+    assert re.search(r"syncer merges per H steps +2\.47 min  \(32 merges, 1\.48 x H = 100 steps", out)
+    assert "does not divide" not in out
+    data = json.loads((tmp_path / "one" / "plan.json").read_text())["syncer"]
+    assert (data["shards_needed"], data["shards_bound"], data["sync_every"]) == (2, "load", 100)
+    assert "Decoupled DiLoCo's syncer" in (tmp_path / "one" / "plan.md").read_text()
+    assert "set by the load within H = 100 steps" in (tmp_path / "one" / "plan.md").read_text()
+    # three layers a fragment: the merge bound sets 3, which does not divide the 11 fragments
+    assert main([*args, "--out", str(tmp_path / "three")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(
+        r"syncer shards needed +3  \(set by a merge within tau = 5 steps, fragments 3x smaller on syncer_shards; the load needs 2\)",
+        out,
+    )
+    assert "syncer_shards=3 does not divide num_fragments=11" in out
+    data = json.loads((tmp_path / "three" / "plan.json").read_text())["syncer"]
+    assert (data["shards_needed"], data["shards_bound"]) == (3, "merge")
+    assert "does not divide num_fragments=11" in data["shards_note"]
+
+
+def test_the_planning_guide_shows_what_the_planner_prints(tmp_path, capsys):
+    """docs/guides/planning.md quotes the 7B plan's syncer block: it is the planner's output, line for line."""
+    args = ["plan", "--method", "decoupled", "--params", "7e9", "--layers", "32", "--step-time", "1.0"]
+    args += ["--workers", "8", "--tokens-per-step", "4e6", "--bandwidth", "1", "--sync-every", "100", "--no-plot"]
+    doc = (ROOT / "docs" / "guides" / "planning.md").read_text()
+    assert " ".join(args[1:-1]).replace("--bandwidth 1 ", "\\\n    --bandwidth 1 ") in doc  # the command shown
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    block = out[out.index("syncer (method=decoupled)") :].split("\n\n")[0]
+    assert len(block.splitlines()) == 7 and block in doc

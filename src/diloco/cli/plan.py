@@ -130,7 +130,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=("decoupled",),
         default=None,
         help="decoupled: also charge the syncer (M = --workers learners, fragments of --fragment-layers blocks, "
-        "tau = the largest --overlap): its merge time per fragment, memory and the shards it needs",
+        "tau = the largest --overlap, H = the smallest --sync-every): its merge time per fragment and per H steps, "
+        "memory and the shards it needs",
     )
     d.add_argument(
         "--syncer-codec",
@@ -190,8 +191,11 @@ def _model(args: argparse.Namespace) -> tuple[ModelSpec, str]:
 DEFAULT_SYNC_EVERY_ARG = ",".join(map(str, DEFAULT_SYNC_EVERY))
 
 
-def syncer_setting(args: argparse.Namespace, model: ModelSpec, step_source: str) -> SyncerPlan:
-    """The syncer of a decoupled run with this plan's model and settings (diloco.sim.syncer_cost)."""
+def syncer_setting(
+    args: argparse.Namespace, model: ModelSpec, step_source: str, *, sync_every: tuple[int, ...]
+) -> SyncerPlan:
+    """The syncer of a decoupled run with this plan's model and settings (diloco.sim.syncer_cost): tau the largest
+    --overlap, H the smallest of the plan's H values (the most merges per step)."""
     return plan_syncer(
         num_params=model.num_params,
         non_block_params=model.non_block_params,
@@ -199,6 +203,7 @@ def syncer_setting(args: argparse.Namespace, model: ModelSpec, step_source: str)
         fragment_layers=_ints(args.fragment_layers, "fragment-layers")[0],
         learners=args.workers,
         tau=max(_ints(args.overlap, "overlap")),
+        sync_every=min(sync_every),
         step_time_s=model.step_time_s,
         step_time_source=step_source,
         codec=args.syncer_codec,
@@ -293,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
         args.release == "per-layer",
     )
     plan = evaluate(setup, cands, bws, loss_model, tolerance=args.tolerance / 100)
-    syncer = syncer_setting(args, model, step_source) if args.method == "decoupled" else None
+    syncer = syncer_setting(args, model, step_source, sync_every=sync_every) if args.method == "decoupled" else None
     if syncer is not None:
         plan.sources.update({k: v for k, v in syncer.sources.items() if k.startswith("syncer_")})
 

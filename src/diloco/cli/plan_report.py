@@ -194,20 +194,31 @@ def _bytes(n: float) -> str:
 
 
 def format_syncer(sp: SyncerPlan) -> str:
-    """The syncer's costs beside the learners' step time."""
-    budget = sp.tau * sp.step_time_s
-    return "\n".join(
-        [
-            f"syncer (method=decoupled): M = {sp.learners} learners, RDA, {sp.codec} replies; {sp.fragments} fragments, "
-            f"the largest {sp.fragment_values:.4g} values",
-            f"  learners' step time           {format_duration(sp.step_time_s):>10}  ({sp.step_time_source}; "
-            f"tau = {sp.tau}: {format_duration(budget)} for a merge)",
-            f"  syncer merge per fragment     {format_duration(sp.merge_s):>10}  ({sp.merge_s / budget:.3g} x tau steps, "
-            "one host)",
-            f"  syncer memory                 {_bytes(sp.memory_bytes):>10}",
-            f"  syncer shards needed          {sp.shards:>10}  (for a merge within tau = {sp.tau} steps)",
-        ]
-    )
+    """The syncer's costs beside the learners' step time, and which bound sets its shard count."""
+    budget, period = sp.tau * sp.step_time_s, sp.sync_every * sp.step_time_s
+    # syncer_shards owns whole fragments: the merge bound's S hosts need fragments S times smaller there
+    smaller = f", fragments {sp.shards_for_merge}x smaller on syncer_shards" if sp.shards_for_merge > 1 else ""
+    why = {
+        "merge": f"set by a merge within tau = {sp.tau} steps{smaller}; the load needs {sp.shards_for_load}",
+        "load": f"set by the load within H = {sp.sync_every} steps; a merge within tau needs {sp.shards_for_merge}"
+        + smaller,
+        "both": f"a merge within tau = {sp.tau} steps{smaller} and the load within H = {sp.sync_every} steps need it",
+    }[sp.bound]
+    lines = [
+        f"syncer (method=decoupled): M = {sp.learners} learners, RDA, {sp.codec} replies; {sp.fragments} fragments, "
+        f"the largest {sp.fragment_values:.4g} values",
+        f"  learners' step time           {format_duration(sp.step_time_s):>10}  ({sp.step_time_source}; "
+        f"tau = {sp.tau}: {format_duration(budget)} for a merge)",
+        f"  syncer merge per fragment     {format_duration(sp.merge_s):>10}  ({sp.merge_s / budget:.3g} x tau steps, "
+        "one host)",
+        f"  syncer merges per H steps     {format_duration(sp.load_s):>10}  ({sp.fragments} merges, "
+        f"{sp.load_s / period:.3g} x H = {sp.sync_every} steps, one host merging one at a time)",
+        f"  syncer memory                 {_bytes(sp.memory_bytes):>10}",
+        f"  syncer shards needed          {sp.shards:>10}  ({why})",
+    ]
+    if sp.shards_note is not None:
+        lines.append(f"  (shards own whole fragments: {sp.shards_note})")
+    return "\n".join(lines)
 
 
 def format_goodput(report: dict) -> str:

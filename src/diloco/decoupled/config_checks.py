@@ -98,7 +98,7 @@ def decoupled_errors(cfg: Any) -> list[str]:
 
 def shard_errors(cfg: Any) -> list[str]:
     """``syncer_shards``: a divisor of ``num_fragments``."""
-    from diloco.decoupled.shards import check_syncer_shards
+    from diloco.shard_rule import check_syncer_shards
 
     try:
         check_syncer_shards(cfg.syncer_shards, cfg.num_fragments)

@@ -32,28 +32,9 @@ from torch import nn
 from diloco.algorithm.fragments import FragmentSpec, Pattern, split_fragments
 from diloco.decoupled.learner import Channel
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
-from diloco.errors import ConfigError
+from diloco.shard_rule import check_syncer_shards
 
 T = TypeVar("T")
-
-
-def check_syncer_shards(num_shards: int, num_fragments: int) -> int:
-    """``num_shards`` if S shards can divide P fragments (1 <= S <= P, S divides P), else a ConfigError."""
-    if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
-        raise ConfigError(f"syncer_shards={num_shards!r}: give the number of syncer shards, at least 1 (1: one syncer)")
-    if num_shards > num_fragments:
-        raise ConfigError(
-            f"syncer_shards={num_shards} with num_fragments={num_fragments}: a shard owns whole fragments, so there "
-            f"can be at most {num_fragments}; set syncer_shards to a divisor of {num_fragments} or raise num_fragments"
-        )
-    if num_fragments % num_shards:
-        divisors = [d for d in range(1, num_fragments + 1) if num_fragments % d == 0]
-        raise ConfigError(
-            f"syncer_shards={num_shards} does not divide num_fragments={num_fragments}: every shard owns the same "
-            f"number of fragments; set syncer_shards to one of {divisors} or num_fragments to a multiple of "
-            f"{num_shards}"
-        )
-    return num_shards
 
 
 def shard_of(fragment: int, num_shards: int) -> int:

@@ -15,11 +15,20 @@ same version share (:mod:`diloco.decoupled.syncer`): ``4 N (3 + lossy)`` bytes. 
 ``transient`` x its FP32 size: the benchmark's peak growth over the fragment (the largest over M) less the
 momentum and the shared copy that its first merge allocates, which are counted at rest.
 
-Shards. A merge is due ``tau`` learner steps after its reports are sent; S shards that divide each fragment's
-values among S hosts (:func:`shards_needed`) merge one in ``t(n / S, M)``, so S is the smallest with
-``t(n / S, M) <= tau * step_time`` (the fixed and per-learner parts both scale with n). The syncer's shards
-(``syncer_shards``, :mod:`diloco.decoupled.shards`) own whole fragments: S of them reach the same figure with
-fragments S times smaller (P x S fragments of n / S values).
+Shards. S is the fewest shards that meet two bounds, and the plan names the one that sets it:
+
+- *merge*: a merge is due ``tau`` learner steps after its reports are sent; S shards that divide each fragment's
+  values among S hosts merge one in ``t(n / S, M)``, so ``t(n / S, M) <= tau * step_time`` (the fixed and
+  per-learner parts both scale with n: S = ceil(t / (tau * step_time))). The syncer's shards (``syncer_shards``,
+  :mod:`diloco.decoupled.shards`) own whole fragments: S of them reach the same figure with fragments S times
+  smaller (P x S fragments of n / S values).
+- *load*: each of the P fragments is merged once every H learner steps (staggered), and a shard merges one
+  fragment at a time, so a shard holding P / S fragments must finish its P / S merges within H steps:
+  ``(P / S) * t(n, M) <= H * step_time`` (S = ceil(P t / (H step_time)); every fragment charged at the largest's n).
+  Splitting each fragment's values instead gives each host P merges of n / S values: the same load.
+
+Shards own whole fragments, so S must divide P (:func:`diloco.shard_rule.check_syncer_shards`); where the S found
+does not, the plan gives that rule's message (the fix: another fragment count or shard count).
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from diloco.errors import ConfigError
+from diloco.shard_rule import check_syncer_shards
 
 #: Where the figures come from.
 BENCHMARK = "benchmarks/results/syncer_merge.json"
@@ -109,6 +119,10 @@ def memory_bytes(cost: SyncerCost, *, num_params: float, fragment_values: float)
     return 4.0 * num_params * (3.0 + float(cost.lossy)) + 4.0 * fragment_values * cost.transient
 
 
+#: What sets the shard count: the merge bound, the load bound, or both alike.
+SHARD_BOUNDS = ("merge", "load", "both")
+
+
 @dataclass(frozen=True)
 class SyncerPlan:
     """The syncer's costs for one plan (``diloco plan --method decoupled``)."""
@@ -118,12 +132,40 @@ class SyncerPlan:
     fragments: int
     fragment_values: float
     tau: int
+    sync_every: int
     step_time_s: float
     step_time_source: str
     merge_s: float
     memory_bytes: float
-    shards: int
+    shards_for_merge: int  # the fewest S with t(n / S, M) <= tau steps
+    shards_for_load: int  # the fewest S with (P / S) t(n, M) <= H steps
     sources: dict[str, str]
+
+    @property
+    def shards(self) -> int:
+        """S: the fewest shards that meet both bounds."""
+        return max(self.shards_for_merge, self.shards_for_load)
+
+    @property
+    def bound(self) -> str:
+        """Which bound sets S (one of :data:`SHARD_BOUNDS`)."""
+        if self.shards_for_merge == self.shards_for_load:
+            return "both"
+        return "merge" if self.shards_for_merge > self.shards_for_load else "load"
+
+    @property
+    def load_s(self) -> float:
+        """Seconds of merging the P fragments take every H steps on one host (each at the largest's size)."""
+        return self.fragments * self.merge_s
+
+    @property
+    def shards_note(self) -> str | None:
+        """The syncer's own message where S does not divide P (None where it does)."""
+        try:
+            check_syncer_shards(self.shards, self.fragments)
+        except ConfigError as exc:
+            return str(exc)
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -133,11 +175,18 @@ class SyncerPlan:
             "fragments": self.fragments,
             "fragment_values": self.fragment_values,
             "tau": self.tau,
+            "sync_every": self.sync_every,
             "step_time_s": self.step_time_s,
             "merge_s_per_fragment": self.merge_s,
             "merge_over_tau_steps": self.merge_s / (self.tau * self.step_time_s),
+            "merge_s_per_outer_period": self.load_s,
+            "load_over_sync_every_steps": self.load_s / (self.sync_every * self.step_time_s),
             "memory_bytes": self.memory_bytes,
             "shards_needed": self.shards,
+            "shards_for_merge": self.shards_for_merge,
+            "shards_for_load": self.shards_for_load,
+            "shards_bound": self.bound,
+            "shards_note": self.shards_note,
             "sources": dict(self.sources),
         }
 
@@ -150,12 +199,14 @@ def plan_syncer(
     fragment_layers: int,
     learners: int,
     tau: int,
+    sync_every: int,
     step_time_s: float,
     step_time_source: str,
     codec: str = "fp4_e3m0",
 ) -> SyncerPlan:
     """The syncer of a decoupled run: fragments of ``fragment_layers`` blocks (and one of the non-block values), the
-    largest of them merged from ``learners`` reports within ``tau`` steps of ``step_time_s``."""
+    largest of them merged from ``learners`` reports within ``tau`` steps of ``step_time_s``, and every fragment
+    merged once per ``sync_every`` (H) steps."""
     if codec not in SYNCER_COSTS:
         raise ConfigError(
             f"syncer codec {codec!r}: its merge has not been measured; choose one of {', '.join(SYNCER_COSTS)}"
@@ -164,6 +215,8 @@ def plan_syncer(
         raise ConfigError(
             f"tau={tau}: a decoupled syncer needs tau >= 1 steps to merge in; give --overlap with a value >= 1"
         )
+    if sync_every < 1:
+        raise ConfigError(f"sync_every={sync_every}: each fragment is merged once per H >= 1 steps; give --sync-every")
     if learners < 1 or num_layers < 1 or fragment_layers < 1:
         raise ConfigError(
             f"learners={learners}, layers={num_layers}, fragment layers={fragment_layers}: each must be >= 1"
@@ -173,19 +226,23 @@ def plan_syncer(
     per_layer = (num_params - non_block_params) / num_layers
     fragment_values = max(non_block_params, min(fragment_layers, num_layers) * per_layer)
     merge_s = merge_seconds(cost, values=fragment_values, learners=learners)
-    budget = tau * step_time_s
+    fragments = blocks + (1 if non_block_params > 0 else 0)
     src = cost.source()
     return SyncerPlan(
         codec=codec,
         learners=learners,
-        fragments=blocks + (1 if non_block_params > 0 else 0),
+        fragments=fragments,
         fragment_values=fragment_values,
         tau=tau,
+        sync_every=sync_every,
         step_time_s=step_time_s,
         step_time_source=step_time_source,
         merge_s=merge_s,
         memory_bytes=memory_bytes(cost, num_params=num_params, fragment_values=fragment_values),
-        shards=shards_needed(cost, values=fragment_values, learners=learners, budget_s=budget),
+        shards_for_merge=shards_needed(cost, values=fragment_values, learners=learners, budget_s=tau * step_time_s),
+        shards_for_load=shards_needed(
+            cost, values=fragments * fragment_values, learners=learners, budget_s=sync_every * step_time_s
+        ),
         sources={
             "syncer_merge_time": (
                 f"n x ({cost.fixed_ns:.3g} + {cost.per_learner_ns:.3g} x M) ns for the largest fragment (n values), "
@@ -198,8 +255,11 @@ def plan_syncer(
                 f"(peak growth {cost.peak_growth:.3g} measured: {src})"
             ),
             "syncer_shards": (
-                "the fewest S with t(n / S, M) <= tau x the learners' step time (S shards dividing each fragment's "
-                "values; syncer_shards owns whole fragments: S hosts then need fragments S times smaller)"
+                "the fewest S that meet both bounds: merge, t(n / S, M) <= tau x the learners' step time (S shards "
+                "dividing each fragment's values; syncer_shards owns whole fragments: S hosts then need fragments "
+                "S times smaller); load, (P / S) x t(n, M) <= H x the step time (each fragment merged once per H "
+                "steps, a shard merging one fragment at a time, every fragment charged at the largest's n); "
+                "S must divide P (diloco.shard_rule)"
             ),
             "learner_step_time": step_time_source,
         },
@@ -208,6 +268,7 @@ def plan_syncer(
 
 __all__ = [
     "BENCHMARK",
+    "SHARD_BOUNDS",
     "SYNCER_COSTS",
     "SyncerCost",
     "SyncerPlan",
