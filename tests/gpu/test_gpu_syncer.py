@@ -50,3 +50,19 @@ def test_a_merge_on_the_gpu_equals_the_cpu_merge_within_the_codec_tolerance(code
     assert _rel_error(*zip(*bases, strict=True)) <= TOLERANCE[codec]
     assert [r.learners for r in gpu.records] == [r.learners for r in cpu.records]
     assert [r.weights for r in gpu.records] == [r.weights for r in cpu.records]
+
+
+def test_a_gpu_syncer_is_checked_against_the_gpus_free_memory():
+    from _tiny import make_model
+
+    from diloco.decoupled.capacity import check_syncer_memory, device_available_bytes, syncer_bytes
+    from diloco.train.config import TrainConfig, load_preset
+
+    free, _ = torch.cuda.mem_get_info(0)
+    assert device_available_bytes(torch.device("cuda:0")) == pytest.approx(free, rel=0.05)
+    cfg = TrainConfig.from_dict({**load_preset("tiny")["base"], "method": "decoupled", "syncer_device": "cuda:0"})
+    model = make_model()
+    need, _ = syncer_bytes(cfg, model, None)
+    check_syncer_memory(cfg, model, None, available=int(need) + 1)
+    with pytest.raises(ValueError, match=r"cuda:0's free memory .*syncer_device=cpu"):
+        check_syncer_memory(cfg, model, None, available=int(need) - 1)

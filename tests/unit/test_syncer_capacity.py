@@ -49,3 +49,40 @@ def test_a_run_whose_syncer_does_not_fit_writes_nothing(tmp_path, token_cache, m
     with pytest.raises(ValueError, match="the syncer needs about"):
         Trainer(_cfg(steps=4), out, cache_dir=token_cache, progress=False).run()
     assert not out.exists()
+
+
+def test_shards_hold_their_fragments_and_a_working_set_each():
+    from diloco.algorithm.fragments import split_fragments
+    from diloco.decoupled.capacity import shard_bytes
+
+    model = make_model()
+    one = _cfg(num_fragments=4)
+    assert shard_bytes(one, model, None) == [syncer_bytes(one, model, None)[0]]
+    two = _cfg(num_fragments=4, syncer_shards=2, codec="fp4_e3m0")
+    split = [f.numel for f in split_fragments(model, 4, pattern=two.fragment_pattern)]
+    cost = SYNCER_COSTS["fp4_e3m0"]
+    want = [
+        memory_bytes(cost, num_params=split[s] + split[s + 2], fragment_values=max(split[s], split[s + 2]))
+        for s in (0, 1)
+    ]
+    assert shard_bytes(two, model, None) == want  # shard s: fragments s and s + 2 (p % S == s)
+
+
+def test_shards_on_a_ray_cluster_must_each_fit_and_on_this_host_all_of_them():
+    model = make_model()
+    cfg = _cfg(num_fragments=4, syncer_shards=2)
+    from diloco.decoupled.capacity import shard_bytes
+
+    shards = shard_bytes(cfg, model, None)
+    room = int(max(shards)) + 1  # the largest shard fits, not both
+    assert room < sum(shards)
+    check_syncer_memory(cfg, model, None, on_cluster=True, available=room)  # each shard on a node of its own
+    with pytest.raises(ValueError, match=r"the syncer needs about .* syncer_shards=2\) and this host"):
+        check_syncer_memory(cfg, model, None, available=room)  # both shards here
+    with pytest.raises(ValueError, match=r"its largest of 2 shards needs about"):
+        check_syncer_memory(cfg, model, None, on_cluster=True, available=room - 2)
+
+
+def test_a_gpu_syncer_on_a_cluster_is_not_checked_against_this_host():
+    model = make_model()
+    check_syncer_memory(_cfg(syncer_device="cuda"), model, None, on_cluster=True, available=1)  # no GPU needed here

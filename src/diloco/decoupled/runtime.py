@@ -184,7 +184,8 @@ class DecoupledRuntime(MethodRuntime):
             from diloco.decoupled.syncer_device import resolve_syncer_device
 
             resolve_syncer_device(cfg.syncer_device)  # syncer_device=cuda on a host without a GPU: refused here
-            check_syncer_memory(cfg, template, fragments)
+            on_cluster = cfg.decoupled_transport == "ray" and bool(cfg.ray_address)
+            check_syncer_memory(cfg, template, fragments, on_cluster=on_cluster)
 
     def check_reachable(self, cfg: Any) -> None:
         address = cfg.ray_address if cfg.decoupled_transport == "ray" else ""

@@ -311,7 +311,8 @@ def _run(
     inputs = prepare_inputs(cfg, cache_dir)  # the data and the seeded model, as `diloco train` builds them
     from diloco.decoupled.capacity import check_syncer_memory
 
-    check_syncer_memory(cfg, inputs.model, inputs.fragments)  # this host holds the syncer, before `out` is written
+    # this host (or, on a Ray cluster, each of its nodes) holds the syncer: checked before `out` is written
+    check_syncer_memory(cfg, inputs.model, inputs.fragments, on_cluster=bool(cfg.ray_address))
     vocab, digest = inputs.data.vocab_size, inputs.data.digest()
     started_ray = not ray.is_initialized()
     if started_ray:
