@@ -66,7 +66,7 @@ def test_closed_forms_at_7b():
     )
     n = k * N / L  # the largest fragment: 3 of 32 blocks
     t = n * (cost.fixed_ns + cost.per_learner_ns * M) * 1e-9
-    assert sp.fragment_values == pytest.approx(n) and sp.fragments == math.ceil(L / k)
+    assert sp.fragment_values == pytest.approx(n) and sp.fragments == math.ceil(L / k) + 1  # and the non-block one
     assert sp.merge_s == pytest.approx(t)
     assert sp.shards == sp.shards_for_merge == math.ceil(t / (tau * step)) and sp.bound == "merge"
     assert sp.load_s == pytest.approx(sp.fragments * t) and sp.shards_for_load == math.ceil(sp.fragments * t / 300)
@@ -148,13 +148,14 @@ def test_diloco_plan_method_decoupled_prints_the_syncer_with_sources(tmp_path, c
 
 
 def _plan(*, fragments: int, tau: int, sync_every: int, merge_over_tau: float):
-    """A plan of ``fragments`` one-layer fragments whose step time makes a merge take ``merge_over_tau`` x tau steps."""
+    """A plan of ``fragments`` fragments of n values (one-layer ones and the non-block one) whose step time makes a
+    merge take ``merge_over_tau`` x tau steps."""
     cost, n, M = SYNCER_COSTS["fp4_e3m0"], 1e6, 4
     t = merge_seconds(cost, values=n, learners=M)
     return t, plan_syncer(
         num_params=fragments * n,
-        non_block_params=0.0,
-        num_layers=fragments,
+        non_block_params=n,
+        num_layers=fragments - 1,
         fragment_layers=1,
         learners=M,
         tau=tau,
@@ -204,7 +205,8 @@ def test_shards_that_do_not_divide_the_fragments_are_named_with_the_syncers_rule
 
 
 def test_a_7b_model_of_one_layer_fragments_needs_two_shards_for_its_load():
-    """The decoupled guide's case: 32 fragments of 2.19e8 values, M = 8, tau = 5, H = 100 steps of 1 s."""
+    """The decoupled guide's case: 32 block fragments of 2.19e8 values and the non-block one, M = 8, tau = 5, H = 100
+    steps of 1 s."""
     cost = SYNCER_COSTS["fp4_e3m0"]
     sp = plan_syncer(
         num_params=7e9,
@@ -218,10 +220,11 @@ def test_a_7b_model_of_one_layer_fragments_needs_two_shards_for_its_load():
         step_time_source="given",
     )
     t = 7e9 / 32 * (cost.fixed_ns + 8 * cost.per_learner_ns) * 1e-9
-    assert sp.fragments == 32 and sp.merge_s == pytest.approx(t) and t < 5.0  # one merge fits in tau = 5 steps
-    assert sp.load_s == pytest.approx(32 * t) and 100 < sp.load_s < 200  # but 32 of them do not fit in 100 s
-    assert sp.load_s == pytest.approx(148.3, abs=0.05)  # the figure the guide quotes
-    assert (sp.shards_for_merge, sp.shards_for_load, sp.shards, sp.bound, sp.shards_note) == (1, 2, 2, "load", None)
+    assert sp.fragments == 33 and sp.merge_s == pytest.approx(t) and t < 5.0  # one merge fits in tau = 5 steps
+    assert sp.load_s == pytest.approx(33 * t) and 100 < sp.load_s < 200  # but 33 of them do not fit in 100 s
+    assert sp.load_s == pytest.approx(152.9, abs=0.05)  # the figure the guide quotes
+    assert (sp.shards_for_merge, sp.shards_for_load, sp.shards, sp.bound) == (1, 2, 2, "load")
+    assert "syncer_shards=2 does not divide num_fragments=33" in sp.shards_note  # 3 shards of 11 fragments do
 
 
 def test_the_printed_plan_names_the_bound_that_sets_the_shards(tmp_path, capsys):
@@ -232,23 +235,23 @@ def test_the_printed_plan_names_the_bound_that_sets_the_shards(tmp_path, capsys)
     assert re.search(
         r"syncer shards needed +2  \(set by the load within H = 100 steps; a merge within tau needs 1\)", out
     )
-    assert re.search(r"syncer merges per H steps +2\.47 min  \(32 merges, 1\.48 x H = 100 steps", out)
-    assert "does not divide" not in out
+    assert re.search(r"syncer merges per H steps +2\.55 min  \(33 merges, 1\.53 x H = 100 steps", out)
+    assert "syncer_shards=2 does not divide num_fragments=33" in out
     data = json.loads((tmp_path / "one" / "plan.json").read_text())["syncer"]
     assert (data["shards_needed"], data["shards_bound"], data["sync_every"]) == (2, "load", 100)
     assert "Decoupled DiLoCo's syncer" in (tmp_path / "one" / "plan.md").read_text()
     assert "set by the load within H = 100 steps" in (tmp_path / "one" / "plan.md").read_text()
-    # three layers a fragment: the merge bound sets 3, which does not divide the 11 fragments
+    # three layers a fragment: the merge bound sets 3, which divides the 12 fragments
     assert main([*args, "--out", str(tmp_path / "three")]) == 0
     out = capsys.readouterr().out
     assert re.search(
         r"syncer shards needed +3  \(set by a merge within tau = 5 steps, fragments 3x smaller on syncer_shards; the load needs 2\)",
         out,
     )
-    assert "syncer_shards=3 does not divide num_fragments=11" in out
+    assert "does not divide" not in out
     data = json.loads((tmp_path / "three" / "plan.json").read_text())["syncer"]
-    assert (data["shards_needed"], data["shards_bound"]) == (3, "merge")
-    assert "does not divide num_fragments=11" in data["shards_note"]
+    assert (data["shards_needed"], data["shards_bound"], data["fragments"]) == (3, "merge", 12)
+    assert data["shards_note"] is None
 
 
 def test_the_planning_guide_shows_what_the_planner_prints(tmp_path, capsys):
@@ -260,4 +263,4 @@ def test_the_planning_guide_shows_what_the_planner_prints(tmp_path, capsys):
     assert main([*args, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     block = out[out.index("syncer (method=decoupled)") :].split("\n\n")[0]
-    assert len(block.splitlines()) == 7 and block in doc
+    assert len(block.splitlines()) == 6 and block in doc  # no note: the 3 shards divide the 12 fragments

@@ -226,7 +226,7 @@ def plan_syncer(
     per_layer = (num_params - non_block_params) / num_layers
     fragment_values = max(non_block_params, min(fragment_layers, num_layers) * per_layer)
     merge_s = merge_seconds(cost, values=fragment_values, learners=learners)
-    fragments = blocks + (1 if non_block_params > 0 else 0)
+    fragments = blocks + 1  # and the non-block one, as the trainer splits a model (the streaming plans' P too)
     src = cost.source()
     return SyncerPlan(
         codec=codec,
