@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
@@ -84,6 +86,25 @@ def test_the_c_loops_give_the_reference_bytes_and_bits(name):
         assert same_bits(codec.decode(ref, n), want), f"{name} decode: {label}"
         out = torch.full((n,), 7.0)
         assert same_bits(codec.decode_into(ref, n, out), want), f"{name} decode_into: {label}"
+
+
+@needs_native
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="builds for x86-64 CPUs narrower than this one")
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"])  # AVX2: 8-float vectors; SSE2: 4
+def test_the_loops_of_narrower_cpus_give_the_reference_bytes_too(march, tmp_path, monkeypatch):
+    from diloco.wire.native import blocks
+
+    monkeypatch.setattr(blocks, "library", lambda: native.build_for(march, tmp_path / f"{march}.so"))
+    lib = blocks.library()
+    monkeypatch.setattr(blocks, "library", lambda: lib)
+    for name in ("fp4_e2m1", "fp4_e3m0", "int8", "bf16"):
+        codec = get_codec(name)
+        for label, x in CASES:
+            ref = codec.encode_reference(x)
+            assert same_bits(codec.encode(x), ref), f"{march} {name} encode: {label}"
+            out = torch.full((x.numel(),), 7.0)
+            want = codec.decode_reference(ref, x.numel())
+            assert same_bits(codec.decode_into(ref, x.numel(), out), want), f"{march} {name} decode: {label}"
 
 
 @needs_native

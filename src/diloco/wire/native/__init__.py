@@ -4,7 +4,7 @@ first use.
 The codecs' torch code (the reference, :meth:`diloco.wire.codec.Codec.encode_reference`) runs a dozen
 tensor operations per value, each a pass over memory; the C loops do the same arithmetic in one pass, a
 block at a time in registers, and produce the same bytes (``tests/unit/test_codec_native.py`` checks them
-against the reference; :func:`self_check` does on every load). On CPU, :meth:`Codec.encode` and
+against the reference, also built for narrower CPUs' vector widths with :func:`build_for`). On CPU, :meth:`Codec.encode` and
 :meth:`Codec.decode` take them where a codec has one (``bf16``, ``int8``, ``fp4_e2m1``, ``fp4_e3m0``,
 ``stat2``, ``stat4``);
 elsewhere (CUDA, no compiler, ``DILOCO_NATIVE_CODECS=0``) they run the torch code.
@@ -83,18 +83,35 @@ def _cpu_flags() -> str:
         return ""
 
 
-def _build(cc: str, out: Path) -> None:
+def _build(cc: str, out: Path, *, march: str = "native", sources: tuple[Path, ...] = _SOURCES) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
     os.close(fd)
+    flags = [f"-march={march}" if f == "-march=native" else f for f in _FLAGS]
     try:
-        subprocess.run(
-            [cc, *_FLAGS, *map(str, _SOURCES), "-o", tmp, "-lm"], check=True, capture_output=True, timeout=120
-        )
+        subprocess.run([cc, *flags, *map(str, sources), "-o", tmp, "-lm"], check=True, capture_output=True, timeout=120)
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """``lib`` with the argument and result types of the entry points it has."""
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        if hasattr(lib, name):
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+def build_for(march: str, out: Path) -> ctypes.CDLL:
+    """``blocks.c`` built for ``-march=march`` into ``out`` and loaded: the loops another CPU runs (their vector
+    width follows its registers: 16 floats with AVX-512, 8 with AVX, 4 below), for tests on this one."""
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    assert cc is not None
+    _build(cc, out, march=march, sources=(_HERE / "blocks.c",))
+    return _bind(ctypes.CDLL(str(out)))
 
 
 @functools.cache
@@ -116,10 +133,7 @@ def library() -> ctypes.CDLL | None:
         detail = getattr(e, "stderr", b"") or b""
         log.warning("building the C loops failed (%s %s): the codecs run their torch code", e, detail[-500:])
         return None
-    for name, (restype, argtypes) in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    return lib
+    return _bind(lib)
 
 
 def usable(x: torch.Tensor) -> bool:
@@ -149,6 +163,7 @@ def abs_bits_max(x: torch.Tensor) -> int:
 
 __all__ = [
     "ENV_CACHE",
+    "build_for",
     "ENV_SWITCH",
     "MIN_PARALLEL",
     "abs_bits_max",

@@ -149,17 +149,25 @@ static inline __attribute__((always_inline)) uint8_t quantize_block(
     return (uint8_t)best_sc;
 }
 
-/* The FP4 search sixteen blocks at a time, one block a vector lane (GCC / Clang vector extensions; AVX-512
- * holds a lane set in one register, narrower machines split it). The same operations as quantize_block,
+/* The FP4 search LANES blocks at a time, one block a vector lane (GCC / Clang vector extensions; LANES is the
+ * CPU's vector width in floats: 16 with AVX-512, 8 with AVX, else 4). The same operations as quantize_block,
  * lane by lane, so the same bits: where quantize_block reduces across a register (the block error) and
  * branches per block, this adds registers and selects. Where the CPU has AVX-512, the min / max, the transpose
  * into lanes and the packing of the codes use its instructions; elsewhere plain vector code does the same. */
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
+#if defined(__AVX512F__)
 #define LANES 16
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
+#elif defined(__AVX__)
+#define LANES 8
+#else
+#define LANES 4
+#endif
+/* A vector of LANES floats: as wide as the CPU's vector registers (wider ones, split by the compiler, measured
+ * 10-20x slower: it turns their comparisons into scalar code). LANES blocks are searched at a time. */
+typedef float vf __attribute__((vector_size(4 * LANES)));
+typedef int32_t vi __attribute__((vector_size(4 * LANES)));
 static inline __attribute__((always_inline)) vf vsel(vi m, vf a, vf b) {  /* m ? a : b, lane by lane */
     return (vf)((m & (vi)a) | (~m & (vi)b));
 }
@@ -235,7 +243,7 @@ static inline __attribute__((always_inline)) vf ve4m3_value(vi c) {
     return (vf)(v | ((c & 0x80) << 24));
 }
 
-/* out[j] lane l = x[16 l + j]: sixteen blocks of sixteen values, transposed. */
+/* out[j] lane l = x[16 l + j]: LANES blocks of sixteen values, transposed. */
 static inline __attribute__((always_inline)) void transpose16(const float *x, vf out[16]) {
 #ifdef __AVX512F__
     __m512 r[16], t[16];
@@ -264,11 +272,11 @@ static inline __attribute__((always_inline)) void transpose16(const float *x, vf
     float tmp[16][LANES];
     for (int l = 0; l < LANES; l++)
         for (int j = 0; j < 16; j++) tmp[j][l] = x[l * 16 + j];
-    for (int j = 0; j < 16; j++) memcpy(&out[j], tmp[j], 64);
+    for (int j = 0; j < 16; j++) memcpy(&out[j], tmp[j], sizeof(vf));
 #endif
 }
 
-/* codes[8 l + j] = k[2 j] | k[2 j + 1] << 4 of lane l (k: element codes, 0..15): the sixteen blocks' 128 bytes. */
+/* codes[8 l + j] = k[2 j] | k[2 j + 1] << 4 of lane l (k: element codes, 0..15): the LANES blocks' code bytes. */
 static inline __attribute__((always_inline)) void pack_codes16(const vi k[16], uint8_t *codes) {
 #if defined(__AVX512F__) && defined(__AVX512VBMI__)
     __m128i p[8];
@@ -285,17 +293,17 @@ static inline __attribute__((always_inline)) void pack_codes16(const vi k[16], u
         _mm512_storeu_si512(codes + 64 * h, _mm512_permutex2var_epi8(a, _mm512_loadu_si512(idx[h]), b));
 #else
     int32_t code[16][LANES];
-    for (int j = 0; j < 16; j++) memcpy(code[j], &k[j], 64);
+    for (int j = 0; j < 16; j++) memcpy(code[j], &k[j], sizeof(vi));
     for (int l = 0; l < LANES; l++)
         for (int j = 0; j < 8; j++) codes[l * 8 + j] = (uint8_t)(code[2 * j][l] | (code[2 * j + 1][l] << 4));
 #endif
 }
 
-/* quantize_block for the 16 blocks of 16 values at x: 128 code bytes, 16 scales. */
-static inline __attribute__((always_inline)) void quantize_16_blocks(
+/* quantize_block for the LANES blocks of 16 values at x: 8 LANES code bytes, LANES scales. */
+static inline __attribute__((always_inline)) void quantize_lane_blocks(
         const float *x, int fmt, float elem_max, float scale, uint8_t *codes, uint8_t *scales) {
     vf xt[16], mag[16], v[4][16], err[4], sf[4];
-    for (int i = 0; i < 16; i++) __builtin_prefetch(x + 256 * 2 + 16 * i);
+    for (int i = 0; i < LANES; i++) __builtin_prefetch(x + 512 + 16 * i);  /* 2 KB ahead: see the speed notes */
     transpose16(x, xt);
     vf amax = (vf){};
     for (int j = 0; j < 16; j++) {
@@ -332,7 +340,7 @@ static inline __attribute__((always_inline)) void quantize_16_blocks(
     vi best_sc = up - win;
     best_sc = visel(best_sc > lowest, best_sc, lowest);
     int32_t sa[LANES];
-    memcpy(sa, &best_sc, 64);
+    memcpy(sa, &best_sc, sizeof(vi));
     for (int l = 0; l < LANES; l++) scales[l] = (uint8_t)sa[l];
     vi k[16];
     for (int j = 0; j < 16; j++) {
@@ -382,11 +390,11 @@ void encode_blocks(const float *x, int64_t n, int64_t B, int64_t b0, int64_t b1,
     int64_t b = b0, b_full = n / B < b1 ? n / B : b1;
     if (B == 16 && fmt == 0 && cands == 4) {
         for (; b + LANES <= b_full; b += LANES)
-            quantize_16_blocks(x + b * 16, 0, elem_max, scale, codes + b * 8, scales + b);
+            quantize_lane_blocks(x + b * 16, 0, elem_max, scale, codes + b * 8, scales + b);
         FULL_BLOCKS(16, 0, 4)
     } else if (B == 16 && fmt == 1 && cands == 4) {
         for (; b + LANES <= b_full; b += LANES)
-            quantize_16_blocks(x + b * 16, 1, elem_max, scale, codes + b * 8, scales + b);
+            quantize_lane_blocks(x + b * 16, 1, elem_max, scale, codes + b * 8, scales + b);
         FULL_BLOCKS(16, 1, 4)
     } else if (B == 32 && fmt == 2 && cands == 1) {
         FULL_BLOCKS(32, 2, 1)
@@ -434,10 +442,38 @@ static inline __attribute__((always_inline)) void decode_16_fp4(const uint8_t *c
     memcpy(out, &y, 64);
 }
 
+/* The same on 8 FP4 values (4 code bytes) for CPUs with 8-float vectors (AVX): the 16-value table in two halves. */
+typedef float vf8 __attribute__((vector_size(32)));
+typedef int32_t vi8 __attribute__((vector_size(32)));
+static inline __attribute__((always_inline)) void decode_8_fp4(const uint8_t *codes, vf8 t0, vf8 t1, float sb,
+                                                                float factor, float *out) {
+    const float fmax = 3.40282346638528859812e+38F;
+    int32_t c;
+    memcpy(&c, codes, 4);  /* value i is nibble i of the little-endian word */
+    vi8 idx = (((vi8){} + c) >> (vi8){0, 4, 8, 12, 16, 20, 24, 28}) & 0x0F;
+    vf8 y = (__builtin_shuffle(t0, t1, idx) * sb) * factor;
+    vi8 m = y > fmax;
+    y = (vf8)((m & (vi8)((vf8){} + fmax)) | (~m & (vi8)y));
+    m = y < -fmax;
+    y = (vf8)((m & (vi8)((vf8){} - fmax)) | (~m & (vi8)y));
+    memcpy(out, &y, 32);
+}
+
 void decode_blocks(const uint8_t *codes, const uint8_t *scales, int64_t n, int64_t B, int64_t b0, int64_t b1,
                    int fmt, const float *values, const float *e4m3, float factor, float *out) {
     const float fmax = 3.40282346638528859812e+38F;
-    if (fmt != 2 && B % 16 == 0) {  /* FP4, whole blocks: 16 values at a time */
+    if (LANES == 8 && fmt != 2 && B % 8 == 0) {  /* FP4, whole blocks, 8 values at a time */
+        vf8 t0, t1;
+        memcpy(&t0, values, 32);
+        memcpy(&t1, values + 8, 32);
+        int64_t b_full = n / B < b1 ? n / B : b1;
+        for (; b0 < b_full; b0++) {
+            float sb = e4m3[scales[b0]];
+            for (int64_t i = b0 * B; i < (b0 + 1) * B; i += 8) decode_8_fp4(codes + i / 2, t0, t1, sb, factor, out + i);
+        }
+    }
+    if (LANES == 16 && fmt != 2 && B % 16 == 0) {  /* FP4, whole blocks: 16 values at a time (on narrower CPUs the
+                                                   * 16-lane vectors measured slower than the loop below) */
         vf16 table;
         memcpy(&table, values, 64);
         int64_t b_full = n / B < b1 ? n / B : b1;
