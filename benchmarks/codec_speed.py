@@ -18,6 +18,8 @@ fp32 bits, NaN for NaN); the script exits non-zero if one differs.
 
     PYTHONPATH=src python benchmarks/codec_speed.py            # 16M values, ~3 minutes on 2 cores
     PYTHONPATH=src python benchmarks/codec_speed.py --quick    # 1M values: checks the script runs
+    PYTHONPATH=src python benchmarks/codec_speed.py --march x86-64-v3 --codecs fp4_e2m1,fp4_e3m0,int8,bf16
+                                                               # the loops an AVX2 CPU runs, on this one
 
 ``THP_MEM_ALLOC_ENABLE=1`` (a torch setting: transparent huge pages for large CPU tensors) makes fresh
 tensors several times cheaper here; the JSON records whether it was set. Prints a table and writes
@@ -74,6 +76,12 @@ def main() -> None:
     ap.add_argument("--numel", type=int, default=1 << 24)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--codecs", default=",".join(CODECS))
+    ap.add_argument(
+        "--march",
+        default="native",
+        help="build the C loops of blocks.c for another -march (x86-64-v3: AVX2, x86-64: SSE2) and time those; "
+        "the statistical codecs keep this CPU's build",
+    )
     add_quick(ap, "1M values, 3 repeats")
     add_out(ap, "codec_speed")
     args = ap.parse_args()
@@ -82,6 +90,17 @@ def main() -> None:
         args.numel, args.repeats, name_out = 1 << 20, 3, "codec_speed_quick"
         if args.out.name == "codec_speed.json":
             args.out = args.out.with_name("codec_speed_quick.json")
+    if args.march != "native":
+        import tempfile
+        from pathlib import Path
+
+        from diloco.wire.native import blocks
+
+        lib = native.build_for(args.march, Path(tempfile.mkdtemp()) / f"blocks-{args.march}.so")
+        blocks.library = lambda: lib  # what encode / decode of the block-scaled codecs and bf16 call
+        name_out += f"_{args.march.replace('-', '_')}"
+        if args.out.name == "codec_speed.json":
+            args.out = args.out.with_name(f"{name_out}.json")
     n = args.numel
     x = torch.randn(n, generator=torch.Generator().manual_seed(0))
     gb = 4 * n / 1e9
@@ -163,6 +182,7 @@ def main() -> None:
         "memcpy_gb_s": gb / base["memcpy"].median,
         "alloc_in_memcpys": base["alloc"].median / base["memcpy"].median,
         "native": native.usable(x),
+        "march": args.march,
         "thp_mem_alloc_enable": os.environ.get("THP_MEM_ALLOC_ENABLE"),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
