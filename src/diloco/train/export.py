@@ -3,7 +3,9 @@
 What is exported is what the run evaluates: the global parameters of a checkpoint (the latest
 readable one, or ``step``), as every replica's file holds them (``algorithm["global"]``, one flat FP32
 vector per fragment; for data-parallel the replicas' parameters, which are the global ones), never a
-replica's local parameters. Buffers come from replica 0's model.
+replica's local parameters. Buffers come from replica 0's model. A decoupled run's final checkpoint with a
+token budget (``learner_budget=tokens``: its learners end at steps of their own) holds the syncer's final global
+parameters by name (:data:`~diloco.train.budget_checkpoints.FINAL_GLOBAL`): those are exported.
 
 The model is rebuilt from the run's ``config.json`` (``model=hf:PATH`` reads that folder's config, not
 its weights) at the vocabulary the run trained with (kept in every checkpoint), replica 0's state is

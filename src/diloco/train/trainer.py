@@ -28,7 +28,9 @@ preparing the data and the run directory, running the replicas as threads, their
 replica under torchrun is :mod:`diloco.train.torchrun_replica` (a mixin of :class:`Trainer`);
 the callbacks' hooks, :mod:`diloco.train.callbacks`. What one replica holds and how it is built is
 :mod:`diloco.train.replica`; its inner step, :mod:`diloco.train.inner_step`; its
-checkpoints (save, commit, restore, elastic resize), :mod:`diloco.train.replica_checkpoint`.
+checkpoints (save, commit, restore, elastic resize), :mod:`diloco.train.replica_checkpoint`; the trainer's
+checkpoint hooks (a token budget's too: :mod:`diloco.train.budget_checkpoints`),
+:mod:`diloco.train.trainer_checkpoints`.
 """
 
 from __future__ import annotations
@@ -233,9 +235,8 @@ class Trainer(TrainerCheckpoints, TorchrunReplica):
         # Chosen once per run and kept on resume: the thread count can change float reduction order.
         run.threads = cfg.threads or int((plan.meta or {}).get("threads") or default_threads(self.here))
         torch.set_num_threads(run.threads)
-        budget = (
-            cfg.learner_budget == "tokens"
-        )  # learners that end at steps of their own (diloco.train.budget_checkpoints)
+        # learners ending at steps of their own: checkpoints where all are, then a final one (budget_checkpoints)
+        budget = cfg.learner_budget == "tokens"
         self._gate = CheckpointGate(self.here) if budget else None
         try:
             with self._open_session(run) as session:  # the method's service (decoupled: the syncer), if it has one
@@ -353,7 +354,8 @@ class Trainer(TrainerCheckpoints, TorchrunReplica):
         try:
             # learner_budget=tokens: a learner ends when its syncer counts the shared budget trained (out.last), its
             # step before or after `steps`; checkpoints only where every learner is (self._gate), a final one after
-            budget = self._gate is not None
+            budget = cfg.learner_budget == "tokens"
+            assert not budget or self._gate is not None, "a token budget's learners run as threads of one process"
             for step in (
                 itertools.count(run.start_step + 1) if budget else range(run.start_step + 1, cfg.total_steps + 1)
             ):
