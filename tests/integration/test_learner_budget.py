@@ -114,6 +114,9 @@ def test_a_straggler_with_checkpoints_ends_on_a_final_one_that_resumes_as_finish
     assert not all(torch.equal(x, y) for x, y in zip(saved[1]["algorithm"]["global"], syncer, strict=True))
     with pytest.raises(ValueError, match=r"has ended \(learner_budget=tokens.*not trained further"):
         Trainer(replace(cfg, steps=20), tmp_path, cache_dir=token_cache, progress=False).run(resume=True)
+    (tmp_path / "summary.json").unlink()  # stopped between the final checkpoint and the summary: said so, not rerun
+    with pytest.raises(ValueError, match=r"at steps \[20, 16\]\) but its summary.json was not written"):
+        Trainer(cfg, tmp_path, cache_dir=token_cache, progress=False).run(resume=True)
 
 
 @pytest.mark.parametrize(
