@@ -412,6 +412,7 @@ class Learner(ReplicaAlgorithm):
             "tokens": list(self.tokens),
             "global": [b.clone() for b in self.base],  # the global copy last received (as StreamingDiLoCo's)
             "versions": list(self.versions),
+            "trained": self.trained,  # the learners' steps together, as the latest reply counted them (a token budget)
         } | ({"error_feedback": self.error_feedback.state_dict()} if self.error_feedback is not None else {})
 
     @torch.no_grad()
@@ -425,6 +426,7 @@ class Learner(ReplicaAlgorithm):
         self.step_count = int(state["step"])
         self.steps = [int(s) for s in state["steps"]]
         self.tokens = [float(c) for c in state["tokens"]]
+        self.trained = int(state.get("trained", 0))  # absent: written before it was kept
         saved = [int(v) for v in state.get("versions", self.versions)]
         assert len(saved) == len(self.fragments) == len(state["global"])
         for p, version in enumerate(saved):

@@ -3,7 +3,9 @@
 What is exported is what the run evaluates: the global parameters of a checkpoint (the latest
 readable one, or ``step``), as every replica's file holds them (``algorithm["global"]``, one flat FP32
 vector per fragment; for data-parallel the replicas' parameters, which are the global ones), never a
-replica's local parameters. Buffers come from replica 0's model.
+replica's local parameters. Buffers come from replica 0's model. A decoupled run's final checkpoint with a
+token budget (``learner_budget=tokens``: its learners end at steps of their own) holds the syncer's final global
+parameters by name (:data:`~diloco.train.budget_checkpoints.FINAL_GLOBAL`): those are exported.
 
 The model is rebuilt from the run's ``config.json`` (``model=hf:PATH`` reads that folder's config, not
 its weights) at the vocabulary the run trained with (kept in every checkpoint), replica 0's state is
@@ -35,6 +37,7 @@ from torch import nn
 
 from diloco.errors import ConfigError
 from diloco.train import checkpoint as ckpt
+from diloco.train.budget_checkpoints import FINAL_GLOBAL
 
 __all__ = ["ExportResult", "export_run", "global_model"]
 
@@ -182,7 +185,26 @@ def global_model(
                 for p in frag.params:
                     p.copy_(flat[offset : offset + p.numel()].view(p.shape))
                     offset += p.numel()
+    if FINAL_GLOBAL in meta.get("files", {}):  # a token budget's final checkpoint: the syncer's, not learner 0's copy
+        _load_final_global(run_dir, model, meta)
     return model.eval(), meta, cfg
+
+
+def _load_final_global(run_dir: Path, model: nn.Module, meta: dict[str, Any]) -> None:
+    """The run's final global parameters (:data:`~diloco.train.budget_checkpoints.FINAL_GLOBAL`, checked against
+    its record) into ``model``, by name."""
+    step = int(meta["step"])
+    ckpt.verify_files(run_dir, step, meta, names=[FINAL_GLOBAL])
+    final = torch.load(ckpt.step_dir(run_dir, step) / FINAL_GLOBAL, map_location="cpu", weights_only=True)
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}  # the syncer's (a tied weight once)
+    if sorted(params) != sorted(final):
+        raise ConfigError(
+            f"{ckpt.step_dir(run_dir, step) / FINAL_GLOBAL} does not hold the parameters of the model the run's "
+            f"config builds now (was its config changed since the run?)"
+        )
+    with torch.no_grad():
+        for name, value in final.items():
+            params[name].copy_(value.view(params[name].shape))
 
 
 def _load_sharded(run_dir: Path, model: torch.nn.Module, meta: dict[str, Any], cfg: Any) -> torch.nn.Module:

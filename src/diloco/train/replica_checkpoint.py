@@ -38,6 +38,18 @@ def run_record(cfg: TrainConfig, run: Run) -> dict[str, Any]:
     }
 
 
+def replica_state(rep: Replica) -> dict[str, Any]:
+    """What a replica's checkpoint file holds: its model, inner optimizer, algorithm, sampler and counters."""
+    return {
+        "model": rep.model.state_dict(),
+        "optimizer": rep.opt.state_dict(),
+        "algorithm": rep.algo.state_dict(),
+        "sampler": rep.sampler.state_dict(),
+        "dropped": rep.dropped,
+        "train_time_s": rep.train_time,
+    }
+
+
 def save(
     rep: Replica,
     step: int,
@@ -55,18 +67,7 @@ def save(
     A background write (sharded, ``checkpoint_async``) that is not the ``last`` step's is committed after the
     next step instead (its writes overlap that step): it waits in ``rep.writing`` until then.
     """
-    state = (
-        {
-            "model": rep.model.state_dict(),
-            "optimizer": rep.opt.state_dict(),
-            "algorithm": rep.algo.state_dict(),
-            "sampler": rep.sampler.state_dict(),
-            "dropped": rep.dropped,
-            "train_time_s": rep.train_time,
-        }
-        if rep.sharded or rep.local == 0
-        else None
-    )
+    state = replica_state(rep) if rep.sharded or rep.local == 0 else None
     record = dict(record)
     writing = None
     if rep.sharded:
@@ -172,4 +173,4 @@ def restore_resized(rep: Replica, step: int, *, run_dir: Path, saved_replicas: i
     rep.dropped, rep.train_time = int(saved["dropped"]), float(saved["train_time_s"])
 
 
-__all__ = ["commit", "load", "restore", "restore_resized", "run_record", "save"]
+__all__ = ["commit", "load", "replica_state", "restore", "restore_resized", "run_record", "save"]

@@ -33,6 +33,7 @@ from typing import Any, Literal
 from diloco.errors import ConfigError
 from diloco.files import read_json
 from diloco.train import checkpoint as ckpt
+from diloco.train.budget_checkpoints import final_plan_error
 from diloco.train.config import TrainConfig
 
 #: What a run writes into its directory; ``--overwrite`` deletes exactly these.
@@ -250,7 +251,19 @@ def _plan_resume(out_dir: Path, cfg: TrainConfig, present: list[str], extra: tup
     if found.skipped:
         notices += (f"resuming from step {found.step}, the newest readable checkpoint",)
     step, total = found.step, cfg.total_steps
-    if step > total:
+    if found.meta.get("final"):  # learner_budget=tokens: every learner has ended (diloco.train.budget_checkpoints)
+        new = cfg.to_dict()
+        changed = [f"{k}: {saved.get(k)!r} -> {new[k]!r}" for k in RESUMABLE_CHANGES if saved.get(k) != new[k]]
+        finished = (out_dir / "summary.json").exists() and not found.skipped
+        error = final_plan_error(found.meta, out_dir, changed=changed, finished=finished)
+        if error is not None:
+            raise ConfigError(error)
+        ended = f"its learners ended at steps {found.meta.get('learner_steps')}"
+        notice = (
+            f"the run in {out_dir} is already finished ({ended}); nothing to do. Its results: {out_dir}/summary.json"
+        )
+        return RunDirPlan(out_dir, "finished", start_step=step, meta=found.meta, notices=(notice,))
+    if step > total and cfg.learner_budget != "tokens":  # a token budget's learners may checkpoint past `steps`
         raise ConfigError(
             f"--resume: the checkpoint in {out_dir} is at step {step}, past this config's "
             f"{total} steps; set steps >= {step} (or the matching tokens) to continue it"

@@ -28,7 +28,9 @@ preparing the data and the run directory, running the replicas as threads, their
 replica under torchrun is :mod:`diloco.train.torchrun_replica` (a mixin of :class:`Trainer`);
 the callbacks' hooks, :mod:`diloco.train.callbacks`. What one replica holds and how it is built is
 :mod:`diloco.train.replica`; its inner step, :mod:`diloco.train.inner_step`; its
-checkpoints (save, commit, restore, elastic resize), :mod:`diloco.train.replica_checkpoint`.
+checkpoints (save, commit, restore, elastic resize), :mod:`diloco.train.replica_checkpoint`; the trainer's
+checkpoint hooks (a token budget's too: :mod:`diloco.train.budget_checkpoints`),
+:mod:`diloco.train.trainer_checkpoints`.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from diloco.errors import ConfigError
 from diloco.files import atomic_write_bytes, write_json
 from diloco.train import checkpoint as ckpt
 from diloco.train import replica_checkpoint, sharded_checkpoint
+from diloco.train.budget_checkpoints import CheckpointGate
 from diloco.train.callbacks import TrainerCallback
 from diloco.train.config import TrainConfig
 from diloco.train.device import check_device
@@ -66,9 +69,10 @@ from diloco.train.sharding import full_tensors, worker_totals
 from diloco.train.step_log import StepTable, progress_bar, update_bar
 from diloco.train.threads import default_threads
 from diloco.train.torchrun_replica import TorchrunReplica
+from diloco.train.trainer_checkpoints import TrainerCheckpoints
 
 
-class Trainer(TorchrunReplica):
+class Trainer(TrainerCheckpoints, TorchrunReplica):
     """Runs one configured training job; see the module docstring."""
 
     def __init__(
@@ -231,10 +235,16 @@ class Trainer(TorchrunReplica):
         # Chosen once per run and kept on resume: the thread count can change float reduction order.
         run.threads = cfg.threads or int((plan.meta or {}).get("threads") or default_threads(self.here))
         torch.set_num_threads(run.threads)
+        # learners ending at steps of their own: checkpoints where all are, then a final one (budget_checkpoints)
+        budget = cfg.learner_budget == "tokens"
+        self._gate = CheckpointGate(self.here) if budget else None
         try:
             with self._open_session(run) as session:  # the method's service (decoupled: the syncer), if it has one
                 results = run_replicas(partial(self._replica_loop, run=run, table=table, logger=logger), self.here)
+                final = self._save_final(results, session) if budget else None  # while the syncer runs
             table.flush()  # the steps some learners did not reach (learner_budget=tokens)
+            if final is not None:
+                self._commit_final(run, results, *final, session)
             if session is not None:
                 self._service_result(results[0], run, session, results)
         finally:
@@ -343,14 +353,14 @@ class Trainer(TorchrunReplica):
         step = run.start_step
         try:
             # learner_budget=tokens: a learner ends when its syncer counts the shared budget trained (out.last), its
-            # step before or after `steps`; no checkpoints (the learners share no step at which to write one)
+            # step before or after `steps`; checkpoints only where every learner is (self._gate), a final one after
             budget = cfg.learner_budget == "tokens"
+            assert not budget or self._gate is not None, "a token budget's learners run as threads of one process"
             for step in (
                 itertools.count(run.start_step + 1) if budget else range(run.start_step + 1, cfg.total_steps + 1)
             ):
                 out = train_step(rep, step, cfg=cfg, device=self.device, after_compute=after_compute)
-                checkpoint_due = bool(cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)
-                checkpoint_due = not budget and (checkpoint_due or out.last)
+                checkpoint_due = self._checkpoint_due(rep, step, out)
                 if checkpoint_due and self._session is not None:  # what the method finishes first is the step's
                     self._prepare_checkpoint(rep, out)
                 table.add(rep.rank, step, step_record(rep, step, out))
@@ -388,6 +398,8 @@ class Trainer(TorchrunReplica):
             )
             raise CommError(f"{where} at step {step}: {exc}") from exc
         finally:
+            if self._gate is not None:  # ended, or failed: the others take no checkpoint waiting for this learner
+                self._gate.leave()
             if learner_log is not None:
                 learner_log.close()
         stats = comm.stats.totals()
@@ -401,40 +413,7 @@ class Trainer(TorchrunReplica):
             "dropped": rep.dropped,
             "waited_s": getattr(rep.algo, "wait_seconds", None),
             "steps": step,
-        }
-
-    # -- checkpoints (diloco.train.replica_checkpoint); methods, so that a subclass can wrap them ---------------
-    def _checkpoint(self, rep: Replica, run: Run, step: int) -> None:
-        """Write this replica's state of ``step``; it is committed now or, written in the background, after the
-        next step (:func:`~diloco.train.replica_checkpoint.save`). A method's session writes its own state beside
-        the replicas' (:meth:`~diloco.train.runtime.Session.save`)."""
-        cfg = self.cfg
-        session = self._session
-        replica_checkpoint.save(
-            rep,
-            step,
-            run_dir=self.out_dir,
-            record=replica_checkpoint.run_record(cfg, run),
-            keep=cfg.keep_checkpoints,
-            last=step >= cfg.total_steps,
-            extra=partial(session.save, self.out_dir, step) if session is not None else None,
-        )
-
-    def _prepare_checkpoint(self, rep: Replica, out: Any) -> None:
-        """At a checkpoint step, before the step is logged: what the method's session finishes before the replica's
-        state is saved (:meth:`~diloco.train.runtime.Session.prepare_checkpoint`; decoupled: the replies in
-        flight, applied now), counted in the step's row as the step's own syncs."""
-        assert self._session is not None
-        reports = self._session.prepare_checkpoint(rep.algo)
-        out.synced_fragments += [r.fragment for r in reports]
-        rep.dropped += sum(len(r.dropped_replicas) for r in reports)
-
-    def _restore_resized(self, rep: Replica, step: int, saved_replicas: int) -> None:
-        """Resume a checkpoint written by another number of workers or ranks per worker
-        (:func:`~diloco.train.replica_checkpoint.restore_resized`)."""
-        replica_checkpoint.restore_resized(
-            rep, step, run_dir=self.out_dir, saved_replicas=saved_replicas, replicas=self.cfg.replicas
-        )
+        } | ({"final_state": replica_checkpoint.replica_state(rep)} if self._gate is not None else {})
 
     def _evaluate(self, rep: Replica, run: Run, step: int | None, logger: MetricLogger | None) -> float:
         """Eval loss of the global parameters (replica 0; its first rank evaluates and logs an eval row).
