@@ -154,7 +154,7 @@ static inline __attribute__((always_inline)) uint8_t quantize_block(
  * lane by lane, so the same bits: where quantize_block reduces across a register (the block error) and
  * branches per block, this adds registers and selects. Where the CPU has AVX-512, the min / max, the transpose
  * into lanes and the packing of the codes use its instructions; elsewhere plain vector code does the same. */
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 #if defined(__AVX512F__)
@@ -174,23 +174,29 @@ static inline __attribute__((always_inline)) vf vsel(vi m, vf a, vf b) {  /* m ?
 static inline __attribute__((always_inline)) vi visel(vi m, vi a, vi b) { return (m & a) | (~m & b); }
 /* a < b ? a : b, lane by lane (vminps computes exactly that, NaN included) */
 static inline __attribute__((always_inline)) vf vminf(vf a, vf b) {
-#ifdef __AVX512F__
+#if defined(__AVX512F__)
     return (vf)_mm512_min_ps((__m512)a, (__m512)b);
+#elif defined(__AVX2__)
+    return (vf)_mm256_min_ps((__m256)a, (__m256)b);
 #else
     return vsel(a < b, a, b);
 #endif
 }
 /* a > b ? a : b, lane by lane */
 static inline __attribute__((always_inline)) vf vmaxf(vf a, vf b) {
-#ifdef __AVX512F__
+#if defined(__AVX512F__)
     return (vf)_mm512_max_ps((__m512)a, (__m512)b);
+#elif defined(__AVX2__)
+    return (vf)_mm256_max_ps((__m256)a, (__m256)b);
 #else
     return vsel(a > b, a, b);
 #endif
 }
 static inline __attribute__((always_inline)) vi vclampi(vi r, int32_t lo, int32_t hi) {
-#ifdef __AVX512F__
+#if defined(__AVX512F__)
     return (vi)_mm512_min_epi32(_mm512_max_epi32((__m512i)r, _mm512_set1_epi32(lo)), _mm512_set1_epi32(hi));
+#elif defined(__AVX2__)
+    return (vi)_mm256_min_epi32(_mm256_max_epi32((__m256i)r, _mm256_set1_epi32(lo)), _mm256_set1_epi32(hi));
 #else
     vi m = r < lo;
     r = (m & lo) | (~m & r);
@@ -199,8 +205,10 @@ static inline __attribute__((always_inline)) vi vclampi(vi r, int32_t lo, int32_
 #endif
 }
 static inline __attribute__((always_inline)) vi vmaxi(vi a, int32_t b) {
-#ifdef __AVX512F__
+#if defined(__AVX512F__)
     return (vi)_mm512_max_epi32((__m512i)a, _mm512_set1_epi32(b));
+#elif defined(__AVX2__)
+    return (vi)_mm256_max_epi32((__m256i)a, _mm256_set1_epi32(b));
 #else
     return visel(a > b, a, (vi){} + b);
 #endif
