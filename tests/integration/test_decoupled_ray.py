@@ -301,11 +301,14 @@ def test_diloco_train_decoupled_on_ray_resumes_from_a_checkpoint_bit_identical(l
     base = {**load_preset("tiny")["base"], "method": "decoupled", "decoupled_transport": "ray", "merge": "mean"}
     cfg = TrainConfig.from_dict({**base, "overlap_steps": 1, "num_fragments": 2, "steps": 16, "checkpoint_every": 8})
     full = train_model(cfg, tmp_path / "full", cache_dir=token_cache, progress=False)
+    # the cut run's syncer is built in its actor (syncer_device=auto: what a GPU syncer does, on the CPU here) and
+    # restored there from the checkpoint's state (diloco.decoupled.ray_syncers); the full run's is sent built
+    auto = TrainConfig.from_dict({**cfg.to_dict(), "syncer_device": "auto"})
     with pytest.raises(SimulatedCrash):
         Trainer(
-            cfg, tmp_path / "cut", cache_dir=token_cache, progress=False, callbacks=[CrashAfter(12, replicas=2)]
+            auto, tmp_path / "cut", cache_dir=token_cache, progress=False, callbacks=[CrashAfter(12, replicas=2)]
         ).run()
-    resumed = Trainer(cfg, tmp_path / "cut", cache_dir=token_cache, progress=False).run(resume=True)
+    resumed = Trainer(auto, tmp_path / "cut", cache_dir=token_cache, progress=False).run(resume=True)
     assert math.isfinite(full.final_eval_loss) and resumed.final_eval_loss == full.final_eval_loss
     rows = [(tmp_path / run / "merges.jsonl").read_text().splitlines() for run in ("full", "cut")]
     assert len(rows[0]) == len(rows[1]) > 0

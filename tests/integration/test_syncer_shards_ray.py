@@ -86,8 +86,9 @@ def _chaos_cfg(**kw):
 
 
 def test_diloco_train_with_two_shard_actors_gives_one_syncer_threads_bits(local_ray, tmp_path, token_cache):
-    """``diloco train`` with ``decoupled_transport=ray`` and ``syncer_shards=2`` (two actors) against one syncer on
-    a thread: K = M, mean, no grace window: the same merges and the same final loss, to the bit."""
+    """``diloco train`` with ``decoupled_transport=ray`` and ``syncer_shards=2`` (two actors, each shard built in its
+    actor: ``syncer_device=auto``, as a GPU syncer is) against one syncer on a thread: K = M, mean, no grace window:
+    the same merges and the same final loss, to the bit."""
     import json
 
     from diloco.train.trainer import train_model
@@ -95,7 +96,8 @@ def test_diloco_train_with_two_shard_actors_gives_one_syncer_threads_bits(local_
     kw = dict(num_fragments=2, overlap_steps=1, quorum=0, merge="mean", grace_gamma=0.0, steps=12, eval_every=12)
     one = train_model(_chaos_cfg(**kw), tmp_path / "one", cache_dir=token_cache, progress=False)
     two = train_model(
-        _chaos_cfg(**kw, decoupled_transport="ray", syncer_shards=2), tmp_path / "two", cache_dir=token_cache,
+        _chaos_cfg(**kw, decoupled_transport="ray", syncer_shards=2, syncer_device="auto"), tmp_path / "two",
+        cache_dir=token_cache,
         progress=False,
     )  # fmt: skip
     assert two.final_eval_loss == one.final_eval_loss

@@ -59,3 +59,39 @@ def test_make_syncer_puts_the_syncer_on_the_config_device():
 
     cfg = TrainConfig(method="decoupled", syncer_device="auto", replicas=2, steps=10)
     assert make_syncer(cfg, Model()).device == resolve_syncer_device("auto")
+
+
+def test_a_ray_actor_given_one_gpu_sees_it_as_cuda():
+    from diloco.decoupled.syncer_device import actor_device
+
+    assert [actor_device(v) for v in ("cpu", "auto", "cuda", "cuda:0", "cuda:3")] == [
+        "cpu",
+        "auto",
+        "cuda",
+        "cuda",
+        "cuda",
+    ]
+
+
+def test_syncers_off_the_cpu_are_built_in_their_actors():
+    from _tiny import make_model
+
+    from diloco.decoupled.ray_syncers import syncers_for_ray
+    from diloco.decoupled.syncer import Syncer
+    from diloco.train.config import TrainConfig, load_preset
+
+    def cfg(**kw):
+        base = {**load_preset("tiny")["base"], "method": "decoupled", "num_fragments": 2, "syncer_shards": 2}
+        return TrainConfig.from_dict({**base, **kw})
+
+    model = make_model()
+    here, gpus = syncers_for_ray(cfg(), model, None)
+    assert gpus == 0 and all(isinstance(s, Syncer) for s in here)  # the CPU syncer: built here, as always
+    there, gpus = syncers_for_ray(cfg(syncer_device="auto"), model, None)
+    assert gpus == int(torch.cuda.is_available()) and not any(isinstance(s, Syncer) for s in there)
+    built = [f() for f in there]  # what each actor runs: shard s of the same syncer
+    for a, b in zip(here, built, strict=True):
+        assert a.device == b.device and [f.names for f in a.fragments] == [f.names for f in b.fragments]
+        assert all(torch.equal(x, y) for x, y in zip(a.global_flat, b.global_flat, strict=True))
+    _, gpus = syncers_for_ray(cfg(syncer_device="cuda:1"), model, None)
+    assert gpus == 1  # its actor asks Ray for the GPU, where it is cuda (actor_device)

@@ -187,7 +187,7 @@ def run_on_ray(
     start, or (``total_tokens`` > 0) once the learners together have trained that many tokens that reached the
     syncer (the driver leaves a ``STOP`` file in ``out_dir``). The eval loss is the threads run's: the syncer's
     final parameters on the config's evaluation batches."""
-    from diloco.decoupled.trainer import make_syncers
+    from diloco.decoupled.ray_syncers import syncers_for_ray
     from diloco.train.evaluation import evaluate_parameters
     from diloco.train.inputs import prepare_inputs
 
@@ -200,8 +200,10 @@ def run_on_ray(
     inputs = prepare_inputs(cfg, cache_dir)  # the data cache, built once here before the learners read it
     out.mkdir(parents=True, exist_ok=True)
     name = f"diloco-syncer-{os.getpid()}-{time.monotonic_ns()}"
-    syncers = make_syncers(cfg, inputs.model, inputs.fragments)
-    shards = RayShards.start(syncers, name=name, namespace=DEFAULT_NAMESPACE, checkpoint_dir=str(out / "syncer"))
+    syncers, gpus = syncers_for_ray(cfg, inputs.model, inputs.fragments)
+    shards = RayShards.start(
+        syncers, name=name, namespace=DEFAULT_NAMESPACE, checkpoint_dir=str(out / "syncer"), num_gpus=gpus
+    )
     for s, pid in enumerate(shards.pids()):
         (out / _pid_file(s, shards.num_shards)).write_text(str(pid))
     address = ray.get_runtime_context().gcs_address

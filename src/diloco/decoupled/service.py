@@ -180,13 +180,14 @@ def build_syncer(config: dict[str, Any], vocab_size: int, shard: int = 0) -> Any
     """The run's syncer (shard ``shard`` of its ``syncer_shards``), from its config (a dict) and the data's
     vocabulary: what the actor runs (built in the actor's process, so that Ray can restart it without the process
     that started it)."""
+    from diloco.decoupled.syncer_device import actor_device
     from diloco.decoupled.trainer import make_syncers
     from diloco.models.factory import build_model
     from diloco.train.config import TrainConfig
     from diloco.train.inputs import run_fragments
     from diloco.train.speed import unwrap_compiled
 
-    cfg = TrainConfig.from_dict(config)
+    cfg = TrainConfig.from_dict({**config, "syncer_device": actor_device(config.get("syncer_device", "cpu"))})
     model = unwrap_compiled(
         build_model(
             cfg.model, size=cfg.size, vocab_size=vocab_size, seq_len=cfg.seq_len, seed=cfg.seed, z_loss=cfg.z_loss

@@ -50,6 +50,12 @@ def resolve_syncer_device(value: str | torch.device) -> torch.device:
     return check_device(value, key="syncer_device")
 
 
+def actor_device(value: str) -> str:
+    """``syncer_device`` inside a Ray actor that asked for one GPU: Ray shows the actor that GPU alone, as ``cuda:0``,
+    so ``cuda:N`` there means it (``cuda``); ``cpu`` and ``auto`` are unchanged."""
+    return "cuda" if value.startswith("cuda") else value
+
+
 def to_host(tree: Any, *, memo: dict[int, torch.Tensor] | None = None) -> Any:
     """``tree`` (dicts, lists, tuples of tensors and plain values) with every tensor not on the CPU copied there;
     tensors it shares stay shared (one copy each), as ``torch.save`` keeps them. CPU tensors are kept as they are."""
@@ -78,6 +84,7 @@ def syncer_device_errors(cfg: Any) -> list[str]:
 
 __all__ = [
     "DEFAULT_SYNCER_DEVICE",
+    "actor_device",
     "check_syncer_device",
     "resolve_syncer_device",
     "syncer_device_errors",

@@ -98,7 +98,8 @@ def torchrun_syncer(
     (worker 0's lead, a resumed run): the saved state of each syncer shard, restored before the actors start
     (``syncer_shards`` > 1: one actor per shard, each learner's lead a
     :class:`~diloco.decoupled.shards.ShardedChannel` to them)."""
-    from diloco.decoupled.trainer import RunningSyncer, make_syncers
+    from diloco.decoupled.ray_syncers import syncers_for_ray
+    from diloco.decoupled.trainer import RunningSyncer
 
     if cfg.decoupled_transport != "ray":
         raise ConfigError(
@@ -119,8 +120,8 @@ def torchrun_syncer(
             from diloco.decoupled.ray_shards import RayShards
 
             name = f"diloco-syncer-{uuid.uuid4().hex[:12]}"
-            syncers = make_syncers(cfg, template, fragments, states=states)
-            shards = RayShards.start(syncers, name=name, address=cfg.ray_address or None)
+            syncers, gpus = syncers_for_ray(cfg, template, fragments, states=states)
+            shards = RayShards.start(syncers, name=name, address=cfg.ray_address or None, num_gpus=gpus)
             # Ray's token authentication (on for a new local instance) is read from the environment when Ray is
             # imported: the other leads take this process's setting before they import it (the token itself they
             # read where Ray keeps it: ~/.ray/auth_token, or RAY_AUTH_TOKEN)

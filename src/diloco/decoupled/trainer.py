@@ -82,11 +82,13 @@ def make_syncer(
         device=cfg.syncer_device,
     )
     if state is not None:
-        _restore(cfg, syncer, state)
+        restore_syncer(cfg, syncer, state)
     return syncer
 
 
-def _restore(cfg: Any, syncer: Syncer, state: dict[str, Any]) -> None:
+def restore_syncer(cfg: Any, syncer: Syncer, state: dict[str, Any]) -> None:
+    """``syncer`` (a shard) restored from a resumed run's ``state``, every learner of the config expected to join
+    again."""
     learners = sorted(int(m) for m in state["joins"])
     if learners != list(range(cfg.replicas)):
         raise ConfigError(
@@ -130,7 +132,7 @@ def make_syncers(
     )
     for syncer, state in zip(shards, states or [None] * len(shards), strict=True):
         if state is not None:
-            _restore(cfg, syncer, state)
+            restore_syncer(cfg, syncer, state)
     return shards
 
 
@@ -144,7 +146,6 @@ def decoupled_syncer(
     instance), which is stopped at the end."""
     from diloco.decoupled.shards import combine_records, sharded, union
 
-    syncers = make_syncers(cfg, template, fragments, states=states)
     if cfg.decoupled_transport == "ray":
         try:
             import ray
@@ -155,8 +156,11 @@ def decoupled_syncer(
                 "decoupled_transport='ray' needs Ray: pip install -e .[ray] (or ray>=2.9), "
                 "or use decoupled_transport='threads'"
             ) from None
+        from diloco.decoupled.ray_syncers import syncers_for_ray
+
+        built, gpus = syncers_for_ray(cfg, template, fragments, states=states)
         shards = RayShards.start(
-            syncers, name=f"diloco-syncer-{uuid.uuid4().hex[:12]}", address=cfg.ray_address or None
+            built, name=f"diloco-syncer-{uuid.uuid4().hex[:12]}", address=cfg.ray_address or None, num_gpus=gpus
         )
         try:
             yield RunningSyncer(
@@ -168,6 +172,7 @@ def decoupled_syncer(
         finally:
             shards.kill()
         return
+    syncers = make_syncers(cfg, template, fragments, states=states)
     with contextlib.ExitStack() as stack:
         transports = [stack.enter_context(LocalTransport(s, timeout=600.0)) for s in syncers]
 
