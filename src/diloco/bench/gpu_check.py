@@ -7,7 +7,9 @@
 2. Tokens/s of a ~110M-parameter Hugging Face Llama in bf16 under ``StreamingDiLoCo`` (H = 30, P = 4,
    tau = 1, FP4 outer gradients) against a bare loop of the same model (``benchmarks/hf_throughput.py``,
    rounds alternating between the two); goal >= 0.95x.
-3. FP4 (E3M0) encode and decode throughput on the GPU, in GB/s of FP32 values in (encode) or out (decode).
+3. Codec encode and decode throughput on the GPU, in GB/s of FP32 values in (encode) or out (decode) and as a
+   share of a device memcpy timed in the same call; for the codecs with fused code on the device (the FP4
+   codecs' Triton kernels on CUDA, the C loops on CPU) the torch reference beside it.
 4. Memory against the analytic figure. A bare loop (DP's state on one replica) holds the parameters and
    AdamW's two moments: 3 units of the parameters' bytes. DiLoCo adds the global copy and the outer
    Nesterov momentum: 5 units, 5/3 of DP. Measured three ways for DP, Streaming and Streaming with
@@ -161,7 +163,8 @@ def run_throughput(device: torch.device, size: dict[str, Any]) -> dict[str, Any]
 
 # -- 3. codec encode / decode -------------------------------------------------------------------------------------------
 #: The codecs timed: those with a speed target (a share of a memcpy's bandwidth). On CPU they run the C loops
-#: of diloco.wire.native; on CUDA the torch code (``fused`` in the result says which).
+#: of diloco.wire.native; on CUDA the FP4 codecs run Triton kernels (diloco.wire.triton_codecs), the others the
+#: torch code (``fused_path`` in the result says which: "c", "triton" or None).
 CODECS_TIMED = ("fp4_e3m0", "fp4_e2m1", "int8", "bf16", "stat4", "stat2")
 
 
@@ -185,7 +188,7 @@ def run_codec(device: torch.device, size: dict[str, Any], names: tuple[str, ...]
     """Encode and decode GB/s (FP32 bytes per second) of each codec on ``device`` and their share of a device
     memcpy's (``dst.copy_(x)``) timed in the same call; ``same_as_cpu``: the device's payload and decode of the
     first 64K values are the CPU's bit for bit. The top-level keys are the first codec's (fp4_e3m0)."""
-    from diloco.wire import native
+    from diloco.wire import native, triton_codecs
     from diloco.wire.registry import get_codec
 
     n, repeats = size["codec_values"], size["codec_repeats"]
@@ -205,22 +208,38 @@ def run_codec(device: torch.device, size: dict[str, Any], names: tuple[str, ...]
         same = _same_bits(small.cpu(), codec.encode(head.cpu())) and _same_bits(
             codec.decode(small, head.numel()).cpu(), codec.decode(small.cpu(), head.numel())
         )
-        rows.append(
-            {
-                "codec": name,
-                "values": n,
-                "fp32_bytes": fp32_bytes,
-                "payload_bytes": payload.numel(),
-                "fused": device.type == "cpu" and native.usable(x) and name in CODECS_TIMED,
-                "encode_s": enc_s,
-                "decode_s": dec_s,
-                "encode_GBps": fp32_bytes / enc_s / 1e9,
-                "decode_GBps": fp32_bytes / dec_s / 1e9,
-                "encode_share_of_memcpy": memcpy_s / enc_s,
-                "decode_share_of_memcpy": memcpy_s / dec_s,
-                "same_as_cpu": same,
+        fused_path = None
+        if device.type == "cpu" and native.usable(x):
+            fused_path = "c"
+        elif triton_codecs.usable(codec, x):
+            fused_path = "triton"
+        row = {
+            "codec": name,
+            "values": n,
+            "fp32_bytes": fp32_bytes,
+            "payload_bytes": payload.numel(),
+            "fused": fused_path is not None,
+            "fused_path": fused_path,
+            "encode_s": enc_s,
+            "decode_s": dec_s,
+            "encode_GBps": fp32_bytes / enc_s / 1e9,
+            "decode_GBps": fp32_bytes / dec_s / 1e9,
+            "encode_share_of_memcpy": memcpy_s / enc_s,
+            "decode_share_of_memcpy": memcpy_s / dec_s,
+            "same_as_cpu": same,
+        }
+        if fused_path is not None:  # the torch reference on the same device, in the same call
+            ref_enc_s = _timed(device, lambda codec=codec: codec.encode_reference(x), repeats)
+            ref_dec_s = _timed(device, lambda codec=codec, payload=payload: codec.decode_reference(payload, n), repeats)
+            row |= {
+                "reference_encode_GBps": fp32_bytes / ref_enc_s / 1e9,
+                "reference_decode_GBps": fp32_bytes / ref_dec_s / 1e9,
+                "reference_encode_share_of_memcpy": memcpy_s / ref_enc_s,
+                "reference_decode_share_of_memcpy": memcpy_s / ref_dec_s,
+                "same_as_reference": _same_bits(payload, codec.encode_reference(x))
+                and _same_bits(codec.decode(payload, n), codec.decode_reference(payload, n)),
             }
-        )
+        rows.append(row)
     return {**rows[0], "memcpy_s": memcpy_s, "memcpy_GBps": fp32_bytes / memcpy_s / 1e9, "codecs": rows}
 
 
@@ -350,7 +369,13 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
             "target >= 25 %): "
             + ", ".join(
                 f"{r['codec']} enc {100 * r['encode_share_of_memcpy']:.1f} % dec {100 * r['decode_share_of_memcpy']:.1f} %"
-                + ("" if r["same_as_cpu"] else " (NOT the CPU's bits)")
+                + (
+                    f" ({r['fused_path']}; reference enc {100 * r['reference_encode_share_of_memcpy']:.1f} % "
+                    f"dec {100 * r['reference_decode_share_of_memcpy']:.1f} %)"
+                    if r.get("fused_path")
+                    else ""
+                )
+                + ("" if r["same_as_cpu"] and r.get("same_as_reference", True) else " (NOT the reference's bits)")
                 for r in cd["codecs"]
             )
         )

@@ -25,6 +25,7 @@ import torch
 from diloco.wire import native
 
 if TYPE_CHECKING:
+    from diloco.wire.codec import Codec
     from diloco.wire.scaled import BlockScaledCodec
 
 log = logging.getLogger(__name__)
@@ -49,16 +50,15 @@ def kernels() -> ModuleType | None:
     return triton_fp4
 
 
-def element_format(codec: BlockScaledCodec) -> int | None:
+def element_format(codec: Codec) -> int | None:
     """The kernels' number for the codec's format (0 E2M1, 1 E3M0), None for anything they do not take."""
     from diloco.wire.scaled import FP4E2M1Codec, FP4E3M0Codec
 
-    if codec.block_size != 16 or codec.scale_candidates != 4:
-        return None
-    return {FP4E2M1Codec: 0, FP4E3M0Codec: 1}.get(type(codec))
+    fmt = {FP4E2M1Codec: 0, FP4E3M0Codec: 1}.get(type(codec))
+    return fmt if fmt is not None and codec.block_size == 16 and codec.scale_candidates == 4 else None
 
 
-def usable(codec: BlockScaledCodec, t: torch.Tensor) -> bool:
+def usable(codec: Codec, t: torch.Tensor) -> bool:
     """Whether an encode of ``t`` / a decode of payload ``t`` by ``codec`` runs the kernels."""
     if t.device.type != "cuda" or element_format(codec) is None or not enabled():
         return False

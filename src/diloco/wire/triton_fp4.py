@@ -66,12 +66,12 @@ def _tensor_exponent(top, TOP: tl.constexpr, POW_J0: tl.constexpr, J0: tl.conste
     """``BlockScaledCodec._tensor_exponent`` of the finite absmax with bits ``top``: frexp from the bits.
 
     amax = frac * 2^e with frac in [0.5, 1); k = clamp(e - j, -126, 126) with j = J0 - (frac * 2^J0 > TOP). A
-    subnormal amax has e <= -126, so k = -126; zero has frexp (0, 0), so k = -J0.
+    subnormal amax has e <= -126 where the bits say -126 (exponent field 0): either way k = -126 after the clamp.
+    Zero has frexp (0, 0), so k = -J0.
     """
     frac = ((top & 0x7FFFFF) | 0x3F000000).to(tl.float32, bitcast=True)
     j = J0 - (frac * POW_J0 > TOP).to(tl.int32)
     k = tl.minimum(tl.maximum((top >> 23) - 126 - j, -126), 126)
-    k = tl.where(top < 0x800000, -126, k)
     return tl.where(top == 0, -J0, k)
 
 
@@ -235,11 +235,12 @@ def _decode_kernel(p_ptr, out_ptr, n, n_code, rows, FMT: tl.constexpr, R: tl.con
     tl.store(out_ptr + offs, y, mask=offs < n)
 
 
-def encode(x32: torch.Tensor, payload: torch.Tensor, *, fmt: int, elem_max: float, top: float, j0: int) -> None:
+def encode(x32: torch.Tensor, payload: torch.Tensor, *, fmt: int, elem_max: float, top: float, j0: int) -> tuple:
     """Write the payload of contiguous fp32 ``x32`` (at least one value) into ``payload`` (uint8, on its device).
 
     ``fmt``: 0 E2M1, 1 E3M0; ``elem_max``, ``top`` (= 448 * elem_max) and ``j0`` the codec's (see
-    ``BlockScaledCodec._tensor_exponent``).
+    ``BlockScaledCodec._tensor_exponent``). Returns what the two launches return: on a GPU the compiled kernels
+    (``.asm["ptx"]``: what the GPU tests inspect), in the interpreter None.
     """
     n = x32.numel()
     rows = -(-n // BLOCK)
@@ -247,9 +248,9 @@ def encode(x32: torch.Tensor, payload: torch.Tensor, *, fmt: int, elem_max: floa
     assert payload.numel() == n_code + rows + 1 and n > 0
     programs = min(-(-n // TILE), MAX_PROGRAMS)
     parts = torch.empty(programs * TILE, dtype=torch.int32, device=x32.device)
-    _abs_max_kernel[(programs,)](x32, parts, n, TILE=TILE, enable_fp_fusion=False)
+    first = _abs_max_kernel[(programs,)](x32, parts, n, TILE=TILE, enable_fp_fusion=False)
     top_bits = parts.amax()  # an integer max: exact; on the device, no host synchronisation
-    _encode_kernel[(-(-rows // ROWS),)](
+    second = _encode_kernel[(-(-rows // ROWS),)](
         x32,
         top_bits,
         payload,
@@ -264,11 +265,13 @@ def encode(x32: torch.Tensor, payload: torch.Tensor, *, fmt: int, elem_max: floa
         R=ROWS,
         enable_fp_fusion=False,
     )
+    return first, second
 
 
-def decode(payload: torch.Tensor, n: int, out: torch.Tensor, *, fmt: int) -> None:
-    """Write the ``n`` values of an FP4 payload (contiguous uint8) into ``out`` (contiguous fp32, ``n`` values)."""
+def decode(payload: torch.Tensor, n: int, out: torch.Tensor, *, fmt: int) -> object:
+    """Write the ``n`` values of an FP4 payload (contiguous uint8) into ``out`` (contiguous fp32, ``n`` values).
+    Returns what the launch returns (as :func:`encode`)."""
     rows = -(-n // BLOCK)
     n_code = -(-n // 2)
     assert payload.numel() == n_code + rows + 1 and out.numel() == n and n > 0
-    _decode_kernel[(-(-rows // ROWS),)](payload, out, n, n_code, rows, FMT=fmt, R=ROWS, enable_fp_fusion=False)
+    return _decode_kernel[(-(-rows // ROWS),)](payload, out, n, n_code, rows, FMT=fmt, R=ROWS, enable_fp_fusion=False)
