@@ -14,6 +14,7 @@ codec path, the CPU's C loops (:mod:`diloco.wire.native`) and these.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -73,7 +74,8 @@ def encode(codec: BlockScaledCodec, x32: torch.Tensor, *, mod: ModuleType | None
     assert fmt is not None and x32.dtype == torch.float32 and x32.is_contiguous() and x32.numel() > 0
     mod = mod or kernels()
     payload = torch.empty(codec.num_bytes(x32.numel()), dtype=torch.uint8, device=x32.device)
-    mod.encode(x32, payload, fmt=fmt, elem_max=codec.element_max, top=codec._top, j0=codec._j0)
+    with _on(x32.device):
+        mod.encode(x32, payload, fmt=fmt, elem_max=codec.element_max, top=codec._top, j0=codec._j0)
     return payload
 
 
@@ -90,8 +92,14 @@ def decode(
     assert fmt is not None and numel > 0
     mod = mod or kernels()
     out = torch.empty(numel, dtype=torch.float32, device=payload.device) if out is None else out
-    mod.decode(payload.contiguous(), numel, out, fmt=fmt)
+    with _on(payload.device):
+        mod.decode(payload.contiguous(), numel, out, fmt=fmt)
     return out
+
+
+def _on(device: torch.device) -> contextlib.AbstractContextManager:
+    """Triton launches on the current CUDA device: make it the tensor's (a no-op on the CPU, in the interpreter)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def check_values() -> torch.Tensor:

@@ -249,7 +249,7 @@ def encode(x32: torch.Tensor, payload: torch.Tensor, *, fmt: int, elem_max: floa
     programs = min(-(-n // TILE), MAX_PROGRAMS)
     parts = torch.empty(programs * TILE, dtype=torch.int32, device=x32.device)
     first = _abs_max_kernel[(programs,)](x32, parts, n, TILE=TILE, enable_fp_fusion=False)
-    top_bits = parts.amax()  # an integer max: exact; on the device, no host synchronisation
+    top_bits = parts.amax().reshape(1)  # an integer max: exact; on the device, no host synchronisation
     second = _encode_kernel[(-(-rows // ROWS),)](
         x32,
         top_bits,
