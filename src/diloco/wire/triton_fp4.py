@@ -44,7 +44,11 @@ ROWS = 64
 #: Values per tile of the absmax pass, and its largest grid (each program loops over tiles and writes TILE maxima).
 TILE = 1024
 MAX_PROGRAMS = 1024
-_F32_MAX = 3.4028234663852886e38
+_F32_MAX = tl.constexpr(3.4028234663852886e38)  # a global a kernel reads must be a constexpr
+#: The compile options of every launch: no fused multiply-add (the reference rounds every product).
+OPTIONS = {"enable_fp_fusion": False}
+#: Warps per program of the encode and decode.
+WARPS = 4
 
 
 @triton.jit
@@ -235,43 +239,58 @@ def _decode_kernel(p_ptr, out_ptr, n, n_code, rows, FMT: tl.constexpr, R: tl.con
     tl.store(out_ptr + offs, y, mask=offs < n)
 
 
-def encode(x32: torch.Tensor, payload: torch.Tensor, *, fmt: int, elem_max: float, top: float, j0: int) -> tuple:
+def encode(
+    x32: torch.Tensor,
+    payload: torch.Tensor,
+    *,
+    fmt: int,
+    elem_max: float,
+    top: float,
+    j0: int,
+    rows: int = ROWS,
+    warps: int = WARPS,
+) -> tuple:
     """Write the payload of contiguous fp32 ``x32`` (at least one value) into ``payload`` (uint8, on its device).
 
     ``fmt``: 0 E2M1, 1 E3M0; ``elem_max``, ``top`` (= 448 * elem_max) and ``j0`` the codec's (see
     ``BlockScaledCodec._tensor_exponent``). Returns what the two launches return: on a GPU the compiled kernels
-    (``.asm["ptx"]``: what the GPU tests inspect), in the interpreter None.
+    (``.asm["ptx"]``: what the GPU tests inspect), in the interpreter None. ``rows`` (blocks per program, a power
+    of two) and ``warps`` change the speed, never the bytes (``benchmarks/gpu_check.py`` times a few).
     """
     n = x32.numel()
-    rows = -(-n // BLOCK)
+    n_rows = -(-n // BLOCK)
     n_code = -(-n // 2)
-    assert payload.numel() == n_code + rows + 1 and n > 0
+    assert payload.numel() == n_code + n_rows + 1 and n > 0
     programs = min(-(-n // TILE), MAX_PROGRAMS)
     parts = torch.empty(programs * TILE, dtype=torch.int32, device=x32.device)
-    first = _abs_max_kernel[(programs,)](x32, parts, n, TILE=TILE, enable_fp_fusion=False)
+    first = _abs_max_kernel[(programs,)](x32, parts, n, TILE=TILE, **OPTIONS)
     top_bits = parts.amax().reshape(1)  # an integer max: exact; on the device, no host synchronisation
-    second = _encode_kernel[(-(-rows // ROWS),)](
+    second = _encode_kernel[(-(-n_rows // rows),)](
         x32,
         top_bits,
         payload,
         n,
         n_code,
-        rows,
+        n_rows,
         FMT=fmt,
         ELEM_MAX=elem_max,
         TOP=top,
         POW_J0=float(2**j0),
         J0=j0,
-        R=ROWS,
-        enable_fp_fusion=False,
+        R=rows,
+        num_warps=warps,
+        **OPTIONS,
     )
     return first, second
 
 
-def decode(payload: torch.Tensor, n: int, out: torch.Tensor, *, fmt: int) -> object:
+def decode(
+    payload: torch.Tensor, n: int, out: torch.Tensor, *, fmt: int, rows: int = ROWS, warps: int = WARPS
+) -> object:
     """Write the ``n`` values of an FP4 payload (contiguous uint8) into ``out`` (contiguous fp32, ``n`` values).
     Returns what the launch returns (as :func:`encode`)."""
-    rows = -(-n // BLOCK)
+    n_rows = -(-n // BLOCK)
     n_code = -(-n // 2)
-    assert payload.numel() == n_code + rows + 1 and out.numel() == n and n > 0
-    return _decode_kernel[(-(-rows // ROWS),)](payload, out, n, n_code, rows, FMT=fmt, R=ROWS, enable_fp_fusion=False)
+    assert payload.numel() == n_code + n_rows + 1 and out.numel() == n and n > 0
+    grid = (-(-n_rows // rows),)
+    return _decode_kernel[grid](payload, out, n, n_code, n_rows, FMT=fmt, R=rows, num_warps=warps, **OPTIONS)
