@@ -168,6 +168,28 @@ def run_throughput(device: torch.device, size: dict[str, Any]) -> dict[str, Any]
 CODECS_TIMED = ("fp4_e3m0", "fp4_e2m1", "int8", "bf16", "stat4", "stat2")
 
 
+#: (blocks per program, warps) the first FP4 codec's Triton kernels are also timed at: speed only, the same bytes.
+TRITON_CONFIGS = ((32, 2), (32, 4), (64, 4), (64, 8), (128, 4), (128, 8))
+
+
+def _triton_configs(codec, x: torch.Tensor, payload: torch.Tensor, repeats: int, memcpy_s: float) -> list[dict]:
+    """The Triton encode and decode at each of :data:`TRITON_CONFIGS`: shares of the memcpy, and whether the
+    payload and the decoded values are the default launch's."""
+    from diloco.wire import triton_codecs
+
+    mod, fmt, n = triton_codecs.kernels(), triton_codecs.element_format(codec), x.numel()
+    want, out, p = codec.decode(payload, n), torch.empty_like(x), torch.empty_like(payload)
+    kw = {"fmt": fmt, "elem_max": codec.element_max, "top": codec._top, "j0": codec._j0}
+    rows = []
+    for r, w in TRITON_CONFIGS:
+        enc_s = _timed(x.device, lambda r=r, w=w: mod.encode(x, p, **kw, rows=r, warps=w), repeats)
+        dec_s = _timed(x.device, lambda r=r, w=w: mod.decode(payload, n, out, fmt=fmt, rows=r, warps=w), repeats)
+        same = torch.equal(p, payload) and _same_bits(out, want)
+        rows.append({"rows": r, "warps": w, "encode_share_of_memcpy": memcpy_s / enc_s} | {"same_bits": same})
+        rows[-1]["decode_share_of_memcpy"] = memcpy_s / dec_s
+    return rows
+
+
 def _timed(device: torch.device, fn, repeats: int) -> float:
     fn()  # warm-up (kernels, allocator)
     sync(device)
@@ -239,6 +261,8 @@ def run_codec(device: torch.device, size: dict[str, Any], names: tuple[str, ...]
                 "same_as_reference": _same_bits(payload, codec.encode_reference(x))
                 and _same_bits(codec.decode(payload, n), codec.decode_reference(payload, n)),
             }
+        if fused_path == "triton" and not any("triton_configs" in r for r in rows):
+            row["triton_configs"] = _triton_configs(codec, x, payload, repeats, memcpy_s)
         rows.append(row)
     return {**rows[0], "memcpy_s": memcpy_s, "memcpy_GBps": fp32_bytes / memcpy_s / 1e9, "codecs": rows}
 
@@ -379,6 +403,16 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
                 for r in cd["codecs"]
             )
         )
+        for r in cd["codecs"]:
+            if r.get("triton_configs"):
+                lines.append(
+                    f"{r['codec']} Triton (blocks per program, warps): "
+                    + ", ".join(
+                        f"({c['rows']}, {c['warps']}) enc {100 * c['encode_share_of_memcpy']:.1f} % "
+                        f"dec {100 * c['decode_share_of_memcpy']:.1f} %" + ("" if c["same_bits"] else " (NOT the bits)")
+                        for c in r["triton_configs"]
+                    )
+                )
     mem = result.get("memory")
     if mem:
         line = (
