@@ -3,12 +3,12 @@
 Each kernel repeats the arithmetic of the codec's torch reference (:meth:`BlockScaledCodec.encode_reference`,
 :meth:`decode_reference` in :mod:`diloco.wire.scaled`) value by value, so the payload is the reference's byte for
 byte and the decoded values its bits. The encode is three launches: :func:`_abs_max_kernel` and torch's ``amax``
-of its parts, the tensor's largest magnitude bits (an integer max: exact, in any order), then
-:func:`_encode_kernel`, which derives the tensor
-exponent from them and quantizes ``ROWS`` blocks per program: their absmax, the four candidate scales, the
-element rounding and the block error, then the codes, the block scales and (program 0) the tensor scale. A
-non-finite input (its largest bits reach inf's) gets the reference's defined payload (codes 0, E4M3 NaN
-scales, the E8M0 NaN tensor scale) from the same kernel: no host synchronisation. The decode is one launch.
+of its parts give the tensor's largest magnitude bits (an integer max: exact, in any order); then
+:func:`_encode_kernel` derives the tensor exponent from them and quantizes ``ROWS`` blocks per program, a block a
+lane (one a thread): its absmax, the four candidate scales, the element rounding and the block error, then the
+codes, the block scales and (program 0) the tensor scale. A non-finite input (its largest bits reach inf's) gets
+the reference's defined payload (codes 0, E4M3 NaN scales, the E8M0 NaN tensor scale) from the same kernel: no
+host synchronisation. The decode is one launch.
 
 What keeps the bits:
 
@@ -16,7 +16,8 @@ What keeps the bits:
   approximate division on NVIDIA GPUs), and the kernels are launched with ``enable_fp_fusion=False`` (no
   fused multiply-add: the reference rounds every product, and the E4M3 conversion's add must round too);
 * the block error is summed halves first (:func:`diloco.wire.codec.halves_sum`) as explicit pairwise
-  additions (:func:`_halves_sum16`), never ``tl.sum`` over the block, whose order is unspecified;
+  additions (:func:`_halves_sum16`; a block is a lane, its 16 values 16 tensors), never ``tl.sum``, whose
+  order is unspecified;
 * the rounding to FP4 is integer arithmetic on the fp32 bits and comparisons (no float rounding tricks to fold),
   the E4M3 conversion c10's bit arithmetic (its one float addition rounds the subnormal scales), and the E4M3
   and FP4 values are built from their bits: no library math calls (whose flush-to-zero variants differ);
@@ -24,12 +25,14 @@ What keeps the bits:
 
 What the CPU tests cannot check. ``tests/unit/test_codec_triton.py`` runs these kernels in Triton's interpreter
 (``TRITON_INTERPRET=1``, numpy on the CPU): that checks the algorithm (every operation, its order, the layout of
-the payload) against the reference on ties at every scale, subnormals, extremes, zeros, odd lengths and
-non-finite input. It cannot check the GPU lowering: that ``div_rn`` compiles to ``div.rn.f32``, that no
-multiply and add fuse, that no operation flushes subnormals to zero, and the reshapes' order on a real
-layout. ``tests/gpu/test_gpu_triton_codecs.py`` does, comparing kernel and reference bytes on large tensors;
-:func:`diloco.wire.triton_codecs.usable` also checks the kernels against the reference once per device
-before it lets the codecs use them.
+the payload) against the reference on ties at every scale, subnormals, extremes, zeros, odd lengths, non-finite
+input and blocks whose winning scale depends on the summation order. It cannot check the GPU lowering: that
+``div_rn`` compiles to an IEEE division, that no multiply and add fuse, that no operation flushes subnormals to
+zero. ``tests/unit/test_codec_triton_ptx.py`` compiles the kernels for sm_90 without a GPU and checks their PTX
+for exactly that (``div.rn.f32``, no ``fma``, no ``div.approx`` / ``div.full``, no ``.ftz``); what PTX cannot
+show (ptxas and the hardware) ``tests/gpu/test_gpu_triton_codecs.py`` checks on a GPU, comparing kernel and
+reference bytes on large tensors. :func:`diloco.wire.triton_codecs.usable` also checks the kernels against the
+reference once per device before it lets the codecs use them.
 """
 
 from __future__ import annotations
@@ -38,9 +41,9 @@ import torch
 import triton
 import triton.language as tl
 
-#: Values per block and blocks per program of the encode and decode.
+#: Values per block, and blocks per program of the encode (one a thread at 4 warps) and decode.
 BLOCK = 16
-ROWS = 64
+ROWS = 128
 #: Values per tile of the absmax pass, and its largest grid (each program loops over tiles and writes TILE maxima).
 TILE = 1024
 MAX_PROGRAMS = 1024
@@ -132,6 +135,14 @@ def _fp4_code(v, FMT: tl.constexpr):
 
 
 @triton.jit
+def _signed_code(v, x, FMT: tl.constexpr):
+    """``FP4Codec._signed_codes`` of one value: the magnitude code of ``v``, plus 8 where ``x`` is negative and the
+    code is not 0 (zero is always +0)."""
+    code = _fp4_code(v, FMT)
+    return code + tl.where(code > 0, (x.to(tl.int32, bitcast=True) >> 28) & 8, 0)
+
+
+@triton.jit
 def _fp4_value(c, FMT: tl.constexpr):
     """The fp32 value of FP4 codes ``c`` (int32, 0..15: sign << 3 | magnitude code), from the bits; code 8 is -0."""
     mc = c & 7
@@ -143,23 +154,33 @@ def _fp4_value(c, FMT: tl.constexpr):
 
 
 @triton.jit
-def _halves(e, R: tl.constexpr, W: tl.constexpr):
-    """(e[:, :W/2], e[:, W/2:]) of ``e`` (shape [R, W]): a row-major reshape, a transpose and a split, no arithmetic.
-
-    The reductions over a block are trees of these (not ``tl.sum`` / ``tl.max``: the sum's order is unspecified,
-    and ``triton.language``'s own ``@jit`` functions are built for the GPU or the interpreter when triton is
-    imported, so a test could not load these kernels for the interpreter after something imported triton)."""
-    return tl.split(tl.permute(tl.reshape(e, [R, 2, W // 2]), [0, 2, 1]))
+def _halves_sum16(e):
+    """The sum of a block's 16 values ``e`` (a tuple of 16 tensors, value j of each block) in :func:`halves_sum`'s
+    order: e[j] + e[j + 8], then j + 4, j + 2, j + 1, every addition explicit (never ``tl.sum``: its order is
+    unspecified; and ``triton.language``'s own ``@jit`` functions are built for the GPU or the interpreter when
+    triton is imported, so a test could not load these kernels for the interpreter after something imported it)."""
+    a = ()
+    for j in tl.static_range(8):
+        a = a + (e[j] + e[j + 8],)
+    b = ()
+    for j in tl.static_range(4):
+        b = b + (a[j] + a[j + 4],)
+    c = (b[0] + b[2], b[1] + b[3])
+    return c[0] + c[1]
 
 
 @triton.jit
-def _halves_sum16(e, R: tl.constexpr):
-    """Row sums of ``e`` ([R, 16]) in :func:`halves_sum`'s order: e[:, j] + e[:, j + 8], then j + 4, j + 2, j + 1."""
-    a, b = _halves(e, R, 16)
-    a, b = _halves(a + b, R, 8)
-    a, b = _halves(a + b, R, 4)
-    a, b = tl.split(a + b)
-    return a + b
+def _candidate(mags, sf, FMT: tl.constexpr):
+    """One candidate scale ``sf`` of the blocks: their 16 rounded magnitudes (a tuple) and the blocks' squared error."""
+    d = tl.where(sf > 0.0, sf, 1.0)  # s = 0: the block is 0
+    vs = ()
+    es = ()
+    for j in tl.static_range(16):
+        v = _round_fp4(tl.math.div_rn(mags[j], d), FMT)
+        t = v * sf - mags[j]
+        vs = vs + (v,)
+        es = es + (t * t,)
+    return vs, _halves_sum16(es)
 
 
 @triton.jit
@@ -177,45 +198,48 @@ def _encode_kernel(
     J0: tl.constexpr,
     R: tl.constexpr,
 ):
-    """``BlockScaledCodec.encode_reference`` for ``R`` blocks of 16 values; the payload into ``out_ptr``."""
+    """``BlockScaledCodec.encode_reference`` for ``R`` blocks of 16 values; the payload into ``out_ptr``.
+
+    A block is one lane: value j of the ``R`` blocks is the j-th of 16 tensors of shape [R] (a tuple), so every
+    operation over a block is elementwise over the lanes (no data moves between threads) and its order is the
+    code's. With ``R`` = 32 x warps each thread holds one block.
+    """
     pid = tl.program_id(0)
     top = tl.load(top_ptr)
     bad = top >= 0x7F800000  # a NaN or inf somewhere: the defined all-NaN payload
     k = _tensor_exponent(tl.where(bad, 0, top), TOP, POW_J0, J0)
     scale = ((127 - k) << 23).to(tl.float32, bitcast=True)  # 2^-k, a normal fp32
     row = pid.to(tl.int64) * R + tl.arange(0, R)
-    offs = row[:, None] * 16 + tl.arange(0, 16)[None, :]
-    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)  # the last block zero-padded, as the reference
-    mag = tl.abs(x) * scale  # exact but where the product is subnormal: then rounded, as the reference
-    a, b = _halves(mag, R, 16)  # the block absmax as a tree of maxima (order-free; no tl.max: see _halves)
-    a, b = _halves(tl.maximum(a, b), R, 8)
-    a, b = _halves(tl.maximum(a, b), R, 4)
-    a, b = tl.split(tl.maximum(a, b))
-    amax = tl.maximum(a, b)  # max commutes with the monotone scaling: the scaled block absmax
+    xs = ()
+    mags = ()
+    amax = tl.full([R], 0.0, tl.float32)
+    for j in tl.static_range(16):
+        offs = row * 16 + j
+        x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)  # the last block zero-padded, as the reference
+        mag = tl.abs(x) * scale  # exact but where the product is subnormal: then rounded, as the reference
+        xs = xs + (x,)
+        mags = mags + (mag,)
+        amax = tl.maximum(amax, mag)  # order-free; max commutes with the monotone scaling: the scaled block absmax
     s = _e4m3_code(tl.math.div_rn(amax, ELEM_MAX))
     up = s + (_e4m3_value(s) * ELEM_MAX < amax).to(tl.int32)  # the smallest scale that clips nothing
     lowest = tl.minimum(up, 1)  # a nonzero block never steps down to the zero scale
     best_sc = up
-    sf = _e4m3_value(best_sc)
-    best_v = _round_fp4(tl.math.div_rn(mag, tl.where(sf > 0.0, sf, 1.0)[:, None]), FMT)
-    t = best_v * sf[:, None] - mag
-    best_err = _halves_sum16(t * t, R)
+    best_v, best_err = _candidate(mags, _e4m3_value(up), FMT)
     for i in tl.static_range(1, 4):
         sc = tl.maximum(up - i, lowest)
-        sf = _e4m3_value(sc)
-        v = _round_fp4(tl.math.div_rn(mag, tl.where(sf > 0.0, sf, 1.0)[:, None]), FMT)
-        t = v * sf[:, None] - mag
-        err = _halves_sum16(t * t, R)
+        v, err = _candidate(mags, _e4m3_value(sc), FMT)
         better = err < best_err  # the first (larger) scale on ties
-        best_v = tl.where(better[:, None], v, best_v)
+        chosen = ()
+        for j in tl.static_range(16):
+            chosen = chosen + (tl.where(better, v[j], best_v[j]),)
+        best_v = chosen
         best_sc = tl.where(better, sc, best_sc)
         best_err = tl.where(better, err, best_err)
-    codes = _fp4_code(best_v, FMT)
-    codes += tl.where(codes > 0, (x.to(tl.int32, bitcast=True) >> 28) & 8, 0)  # the sign; zero is always +0
-    lo, hi = tl.split(tl.reshape(codes, [R, 8, 2]))  # element 2i in the low nibble
-    byte = tl.where(bad, 0, lo | (hi << 4))
-    boffs = row[:, None] * 8 + tl.arange(0, 8)[None, :]
-    tl.store(out_ptr + boffs, byte.to(tl.uint8), mask=boffs < n_code)
+    for j in tl.static_range(8):  # element 2j in the low nibble of byte j
+        lo = _signed_code(best_v[2 * j], xs[2 * j], FMT)
+        hi = _signed_code(best_v[2 * j + 1], xs[2 * j + 1], FMT)
+        boffs = row * 8 + j
+        tl.store(out_ptr + boffs, tl.where(bad, 0, lo | (hi << 4)).to(tl.uint8), mask=boffs < n_code)
     tl.store(out_ptr + n_code + row, tl.where(bad, 0x7F, best_sc).to(tl.uint8), mask=row < rows)
     if pid == 0:
         tl.store(out_ptr + n_code + rows, tl.where(bad, 0xFF, k + 127).to(tl.uint8))
