@@ -273,13 +273,15 @@ def encode(
     j0: int,
     rows: int = ROWS,
     warps: int = WARPS,
+    maxnreg: int | None = None,
 ) -> tuple:
     """Write the payload of contiguous fp32 ``x32`` (at least one value) into ``payload`` (uint8, on its device).
 
     ``fmt``: 0 E2M1, 1 E3M0; ``elem_max``, ``top`` (= 448 * elem_max) and ``j0`` the codec's (see
     ``BlockScaledCodec._tensor_exponent``). Returns what the two launches return: on a GPU the compiled kernels
     (``.asm["ptx"]``: what the GPU tests inspect), in the interpreter None. ``rows`` (blocks per program, a power
-    of two) and ``warps`` change the speed, never the bytes (``benchmarks/gpu_check.py`` times a few).
+    of two), ``warps`` and ``maxnreg`` (a cap on the encode's registers per thread) change the speed, never the
+    bytes (``benchmarks/gpu_check.py`` times a few).
     """
     n = x32.numel()
     n_rows = -(-n // BLOCK)
@@ -304,6 +306,7 @@ def encode(
         R=rows,
         num_warps=warps,
         **OPTIONS,
+        **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     return first, second
 
