@@ -14,7 +14,6 @@ from test_codec_native import CASES, same_bits
 from diloco.wire import triton_codecs
 from diloco.wire.registry import get_codec
 
-pytest.importorskip("triton")
 # numpy says so where a decoded value overflows before the clamp to fp32's max (as the reference's does)
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 
@@ -73,19 +72,19 @@ def graded_blocks() -> torch.Tensor:
     return (torch.randn(256, 16, generator=g) * torch.logspace(0, -26, 256, base=2).unsqueeze(1)).flatten()
 
 
-#: The native tests' inputs at interpreter sizes (a few thousand values each; of their normals at five scales the
+#: The native tests' inputs at interpreter sizes (up to 16K values each; of their normals at five scales the
 #: lengths 1, 16, 17 and 1001: one value, one whole block, a partial block, several), the order-sensitive blocks,
-#: blocks of one tie and blocks of every scale. The interpreter runs a program in about 0.05 s.
+#: blocks of one tie and blocks of every scale.
 SMALL = [
     (label, x)
     for label, x in CASES
-    if x.numel() <= 8192 and not (label.startswith("normal n=") and x.numel() not in (1, 16, 17, 1001))
+    if x.numel() <= 16384 and not (label.startswith("normal n=") and x.numel() not in (1, 16, 17, 1001))
 ] + [
     ("order-sensitive blocks", order_sensitive_blocks()),
     ("uniform ties", uniform_ties()),
     ("graded blocks", graded_blocks()),
 ]
-PARTS = 3
+PARTS = 4
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +92,7 @@ def interpreted():
     """A fresh copy of diloco.wire.triton_fp4 whose kernels run in Triton's interpreter. TRITON_INTERPRET is read
     when ``@triton.jit`` runs, so the module is loaded anew with it set, whatever imported it before; and while the
     kernels run (the interpreter's patches of ``triton.language`` read it too), so it stays set for this module."""
+    pytest.importorskip("triton")
     mp = pytest.MonkeyPatch()
     mp.setenv("TRITON_INTERPRET", "1")
     try:
@@ -100,6 +100,9 @@ def interpreted():
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         assert sys.modules.get("diloco.wire.triton_fp4") is not mod
+        # the interpreter's time goes by program (about 0.1 s each, whatever its size): the blocks of a
+        # few-thousand-value case in one program (the lanes are independent; the test of several programs stays)
+        mod.ROWS = 1024
         yield mod
     finally:
         mp.undo()
@@ -196,3 +199,16 @@ def test_the_codecs_call_the_kernels_where_usable(monkeypatch, interpreted):
     assert len(calls) == 6
     other = get_codec("int8")  # no kernels: the torch code
     assert same_bits(other.encode(x), other.encode_reference(x)) and len(calls) == 6
+
+
+def test_without_triton_the_kernels_are_none_and_the_codecs_run_their_torch_code(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton raises ImportError
+    monkeypatch.delitem(sys.modules, "diloco.wire.triton_fp4", raising=False)
+    triton_codecs.kernels.cache_clear()
+    try:
+        assert triton_codecs.kernels() is None
+    finally:
+        triton_codecs.kernels.cache_clear()
+    x = torch.randn(100)
+    codec = get_codec("fp4_e3m0")
+    assert same_bits(codec.encode(x), codec.encode_reference(x))

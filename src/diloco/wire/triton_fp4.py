@@ -271,19 +271,19 @@ def encode(
     elem_max: float,
     top: float,
     j0: int,
-    rows: int = ROWS,
+    rows: int | None = None,
     warps: int = WARPS,
     maxnreg: int | None = None,
 ) -> tuple:
     """Write the payload of contiguous fp32 ``x32`` (at least one value) into ``payload`` (uint8, on its device).
 
     ``fmt``: 0 E2M1, 1 E3M0; ``elem_max``, ``top`` (= 448 * elem_max) and ``j0`` the codec's (see
-    ``BlockScaledCodec._tensor_exponent``). Returns what the two launches return: on a GPU the compiled kernels
+    ``BlockScaledCodec._tensor_exponent``). ``rows`` defaults to :data:`ROWS` (read at the call). Returns what the two launches return: on a GPU the compiled kernels
     (``.asm["ptx"]``: what the GPU tests inspect), in the interpreter None. ``rows`` (blocks per program, a power
     of two), ``warps`` and ``maxnreg`` (a cap on the encode's registers per thread) change the speed, never the
     bytes (``benchmarks/gpu_check.py`` times a few).
     """
-    n = x32.numel()
+    n, rows = x32.numel(), rows or ROWS
     n_rows = -(-n // BLOCK)
     n_code = -(-n // 2)
     assert payload.numel() == n_code + n_rows + 1 and n > 0
@@ -312,11 +312,11 @@ def encode(
 
 
 def decode(
-    payload: torch.Tensor, n: int, out: torch.Tensor, *, fmt: int, rows: int = ROWS, warps: int = WARPS
+    payload: torch.Tensor, n: int, out: torch.Tensor, *, fmt: int, rows: int | None = None, warps: int = WARPS
 ) -> object:
     """Write the ``n`` values of an FP4 payload (contiguous uint8) into ``out`` (contiguous fp32, ``n`` values).
     Returns what the launch returns (as :func:`encode`)."""
-    n_rows = -(-n // BLOCK)
+    n_rows, rows = -(-n // BLOCK), rows or ROWS
     n_code = -(-n // 2)
     assert payload.numel() == n_code + n_rows + 1 and out.numel() == n and n > 0
     grid = (-(-n_rows // rows),)
