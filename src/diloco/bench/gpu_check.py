@@ -7,7 +7,9 @@
 2. Tokens/s of a ~110M-parameter Hugging Face Llama in bf16 under ``StreamingDiLoCo`` (H = 30, P = 4,
    tau = 1, FP4 outer gradients) against a bare loop of the same model (``benchmarks/hf_throughput.py``,
    rounds alternating between the two); goal >= 0.95x.
-3. FP4 (E3M0) encode and decode throughput on the GPU, in GB/s of FP32 values in (encode) or out (decode).
+3. Codec encode and decode throughput on the GPU, in GB/s of FP32 values in (encode) or out (decode) and as a
+   share of a device memcpy timed in the same call; for the codecs with fused code on the device (the FP4
+   codecs' Triton kernels on CUDA, the C loops on CPU) the torch reference beside it.
 4. Memory against the analytic figure. A bare loop (DP's state on one replica) holds the parameters and
    AdamW's two moments: 3 units of the parameters' bytes. DiLoCo adds the global copy and the outer
    Nesterov momentum: 5 units, 5/3 of DP. Measured three ways for DP, Streaming and Streaming with
@@ -161,8 +163,39 @@ def run_throughput(device: torch.device, size: dict[str, Any]) -> dict[str, Any]
 
 # -- 3. codec encode / decode -------------------------------------------------------------------------------------------
 #: The codecs timed: those with a speed target (a share of a memcpy's bandwidth). On CPU they run the C loops
-#: of diloco.wire.native; on CUDA the torch code (``fused`` in the result says which).
+#: of diloco.wire.native; on CUDA the FP4 codecs run Triton kernels (diloco.wire.triton_codecs), the others the
+#: torch code (``fused_path`` in the result says which: "c", "triton" or None).
 CODECS_TIMED = ("fp4_e3m0", "fp4_e2m1", "int8", "bf16", "stat4", "stat2")
+
+
+#: (blocks per program, warps, register cap) the first FP4 codec's Triton kernels are also timed at: speed only, the
+#: same bytes. The encode puts a block in a thread: 32 x warps blocks is one each, twice that two each; it takes about
+#: 160 registers (3 programs of 4 warps an SM), and 128 (4 programs, a few spills) where capped.
+TRITON_CONFIGS = ((64, 2, None), (128, 4, None), (256, 8, None), (256, 4, None), (128, 4, 128), (256, 8, 128))
+
+
+def _triton_configs(codec, x: torch.Tensor, payload: torch.Tensor, repeats: int, memcpy_s: float) -> list[dict]:
+    """The Triton encode and decode at each of :data:`TRITON_CONFIGS`: shares of the memcpy, and whether the
+    payload and the decoded values are the default launch's (an option this triton lacks: its error)."""
+    from diloco.wire import triton_codecs
+
+    mod, fmt, n = triton_codecs.kernels(), triton_codecs.element_format(codec), x.numel()
+    want, out, p = codec.decode(payload, n), torch.empty_like(x), torch.empty_like(payload)
+    kw = {"fmt": fmt, "elem_max": codec.element_max, "top": codec._top, "j0": codec._j0}
+    rows = []
+    for r, w, cap in TRITON_CONFIGS:
+        row = {"rows": r, "warps": w, "maxnreg": cap}
+        try:
+            enc_s = _timed(
+                x.device, lambda r=r, w=w, cap=cap: mod.encode(x, p, **kw, rows=r, warps=w, maxnreg=cap), repeats
+            )
+        except Exception as exc:
+            rows.append(row | {"error": f"{type(exc).__name__}: {exc}"[:300]})
+            continue
+        dec_s = _timed(x.device, lambda r=r, w=w: mod.decode(payload, n, out, fmt=fmt, rows=r, warps=w), repeats)
+        row |= {"encode_share_of_memcpy": memcpy_s / enc_s, "decode_share_of_memcpy": memcpy_s / dec_s}
+        rows.append(row | {"same_bits": torch.equal(p, payload) and _same_bits(out, want)})
+    return rows
 
 
 def _timed(device: torch.device, fn, repeats: int) -> float:
@@ -185,7 +218,7 @@ def run_codec(device: torch.device, size: dict[str, Any], names: tuple[str, ...]
     """Encode and decode GB/s (FP32 bytes per second) of each codec on ``device`` and their share of a device
     memcpy's (``dst.copy_(x)``) timed in the same call; ``same_as_cpu``: the device's payload and decode of the
     first 64K values are the CPU's bit for bit. The top-level keys are the first codec's (fp4_e3m0)."""
-    from diloco.wire import native
+    from diloco.wire import native, triton_codecs
     from diloco.wire.registry import get_codec
 
     n, repeats = size["codec_values"], size["codec_repeats"]
@@ -205,22 +238,40 @@ def run_codec(device: torch.device, size: dict[str, Any], names: tuple[str, ...]
         same = _same_bits(small.cpu(), codec.encode(head.cpu())) and _same_bits(
             codec.decode(small, head.numel()).cpu(), codec.decode(small.cpu(), head.numel())
         )
-        rows.append(
-            {
-                "codec": name,
-                "values": n,
-                "fp32_bytes": fp32_bytes,
-                "payload_bytes": payload.numel(),
-                "fused": device.type == "cpu" and native.usable(x) and name in CODECS_TIMED,
-                "encode_s": enc_s,
-                "decode_s": dec_s,
-                "encode_GBps": fp32_bytes / enc_s / 1e9,
-                "decode_GBps": fp32_bytes / dec_s / 1e9,
-                "encode_share_of_memcpy": memcpy_s / enc_s,
-                "decode_share_of_memcpy": memcpy_s / dec_s,
-                "same_as_cpu": same,
+        fused_path = None
+        if device.type == "cpu" and native.usable(x):
+            fused_path = "c"
+        elif triton_codecs.usable(codec, x):
+            fused_path = "triton"
+        row = {
+            "codec": name,
+            "values": n,
+            "fp32_bytes": fp32_bytes,
+            "payload_bytes": payload.numel(),
+            "fused": fused_path is not None,
+            "fused_path": fused_path,
+            "encode_s": enc_s,
+            "decode_s": dec_s,
+            "encode_GBps": fp32_bytes / enc_s / 1e9,
+            "decode_GBps": fp32_bytes / dec_s / 1e9,
+            "encode_share_of_memcpy": memcpy_s / enc_s,
+            "decode_share_of_memcpy": memcpy_s / dec_s,
+            "same_as_cpu": same,
+        }
+        if fused_path is not None:  # the torch reference on the same device, in the same call
+            ref_enc_s = _timed(device, lambda codec=codec: codec.encode_reference(x), repeats)
+            ref_dec_s = _timed(device, lambda codec=codec, payload=payload: codec.decode_reference(payload, n), repeats)
+            row |= {
+                "reference_encode_GBps": fp32_bytes / ref_enc_s / 1e9,
+                "reference_decode_GBps": fp32_bytes / ref_dec_s / 1e9,
+                "reference_encode_share_of_memcpy": memcpy_s / ref_enc_s,
+                "reference_decode_share_of_memcpy": memcpy_s / ref_dec_s,
+                "same_as_reference": _same_bits(payload, codec.encode_reference(x))
+                and _same_bits(codec.decode(payload, n), codec.decode_reference(payload, n)),
             }
-        )
+        if fused_path == "triton" and not any("triton_configs" in r for r in rows):
+            row["triton_configs"] = _triton_configs(codec, x, payload, repeats, memcpy_s)
+        rows.append(row)
     return {**rows[0], "memcpy_s": memcpy_s, "memcpy_GBps": fp32_bytes / memcpy_s / 1e9, "codecs": rows}
 
 
@@ -350,10 +401,23 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
             "target >= 25 %): "
             + ", ".join(
                 f"{r['codec']} enc {100 * r['encode_share_of_memcpy']:.1f} % dec {100 * r['decode_share_of_memcpy']:.1f} %"
-                + ("" if r["same_as_cpu"] else " (NOT the CPU's bits)")
+                + (
+                    f" ({r['fused_path']}; reference enc {100 * r['reference_encode_share_of_memcpy']:.1f} % "
+                    f"dec {100 * r['reference_decode_share_of_memcpy']:.1f} %)"
+                    if r.get("fused_path")
+                    else ""
+                )
+                + ("" if r["same_as_cpu"] and r.get("same_as_reference", True) else " (NOT the reference's bits)")
                 for r in cd["codecs"]
             )
         )
+        for c in (c for r in cd["codecs"] for c in r.get("triton_configs", ())):
+            shares = f"enc {100 * c.get('encode_share_of_memcpy', 0):.1f} % dec {100 * c.get('decode_share_of_memcpy', 0):.1f} %"
+            bits = " (NOT the bits)" if not c.get("same_bits", True) else ""
+            lines.append(
+                f"  Triton {c['rows']} blocks/program, {c['warps']} warps, maxnreg {c['maxnreg']}: "
+                + ("failed" if "error" in c else shares + bits)
+            )
     mem = result.get("memory")
     if mem:
         line = (

@@ -25,7 +25,8 @@ Speed. On CPU, ``bf16``, ``int8``, ``fp4_e2m1``, ``fp4_e3m0``, ``stat2`` and ``s
 through fused C loops (:mod:`diloco.wire.native`: one pass, a block at a time in registers) that repeat
 the reference's arithmetic operation for operation, so the payload is bit for bit that of the
 whole-tensor reference (:meth:`Codec.encode_reference` / :meth:`Codec.decode_reference`, kept: they
-define the formats, and other devices run them). Sums inside a block (the FP4 block error, the
+define the formats, and other devices run them). On CUDA the FP4 codecs do the same through Triton kernels
+(:mod:`diloco.wire.triton_codecs`) where triton imports. Sums inside a block (the FP4 block error, the
 statistical codecs' moments and bin totals) are :func:`halves_sum`, a fixed order any implementation
 can repeat. Without the C loops (no compiler, ``DILOCO_NATIVE_CODECS=0``), or with ``chunk`` given,
 inputs above :data:`CHUNK` values (256K) run the torch code a chunk at a time, so the dozen

@@ -57,7 +57,7 @@ import math
 import torch
 
 from diloco.errors import ConfigError
-from diloco.wire import native, sizes
+from diloco.wire import native, sizes, triton_codecs
 from diloco.wire.codec import CHUNK, Codec, halves_sum, row_chunks, use_chunks
 from diloco.wire.native import blocks as native_blocks
 
@@ -223,18 +223,26 @@ class BlockScaledCodec(Codec):
         return out.clamp_(-_F32_MAX, _F32_MAX)  # a rounded-up absmax near fp32's max must not become inf
 
     def encode(self, x: torch.Tensor, *, chunk: int | None = None) -> torch.Tensor:
-        """As :meth:`Codec.encode`; on CPU, without ``chunk``, through the C loops where this format has them
-        (:mod:`diloco.wire.native`): the same bytes."""
+        """As :meth:`Codec.encode`; without ``chunk``, on CPU through the C loops where this format has them
+        (:mod:`diloco.wire.native`), on CUDA through the Triton kernels where it has them
+        (:mod:`diloco.wire.triton_codecs`): the same bytes."""
         fmt = native_blocks.element_format(self)
-        if chunk is None and fmt is not None and isinstance(x, torch.Tensor) and x.numel() and native.usable(x):
-            return native_blocks.encode_block_scaled(self, self._as_float32(x), fmt)
+        if chunk is None and isinstance(x, torch.Tensor) and x.numel():
+            if fmt is not None and native.usable(x):
+                return native_blocks.encode_block_scaled(self, self._as_float32(x), fmt)
+            if triton_codecs.usable(self, x):
+                return triton_codecs.encode(self, self._as_float32(x))
         return super().encode(x, chunk=chunk)
 
     def decode(self, payload: torch.Tensor, numel: int, *, chunk: int | None = None) -> torch.Tensor:
         fmt = native_blocks.element_format(self)
-        if chunk is None and fmt is not None and numel > 0 and native.usable(payload):
-            self._check_payload(payload, numel)
-            return native_blocks.decode_block_scaled(self, payload, numel, fmt)
+        if chunk is None and numel > 0 and isinstance(payload, torch.Tensor):
+            if fmt is not None and native.usable(payload):
+                self._check_payload(payload, numel)
+                return native_blocks.decode_block_scaled(self, payload, numel, fmt)
+            if triton_codecs.usable(self, payload):
+                self._check_payload(payload, numel)
+                return triton_codecs.decode(self, payload, numel)
         return super().decode(payload, numel, chunk=chunk)
 
     def _encode_chunked(self, x: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -295,6 +303,9 @@ class BlockScaledCodec(Codec):
         if fmt is not None and numel > 0 and native.usable(payload) and out.device.type == "cpu":
             self._check_payload(payload, numel)
             return native_blocks.decode_block_scaled(self, payload, numel, fmt, out)
+        if numel > 0 and out.device == payload.device and triton_codecs.usable(self, payload):
+            self._check_payload(payload, numel)
+            return triton_codecs.decode(self, payload, numel, out)
         if not (use_chunks(payload, None) and numel > 0 and self.chunked_decode and numel % self.block_size == 0):
             return self.decode(payload, numel)  # the chunked path pads the last block: it needs whole blocks here
         self._check_payload(payload, numel)
