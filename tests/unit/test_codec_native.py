@@ -6,6 +6,7 @@ import platform
 
 import pytest
 import torch
+from _codec_cases import graded_blocks, order_sensitive_blocks, uniform_ties
 
 from diloco.wire import native
 from diloco.wire.codec import halves_sum
@@ -65,6 +66,9 @@ def _inputs() -> list[tuple[str, torch.Tensor]]:
     quarters = torch.randint(-24, 25, (4096,), generator=g).float() / 4  # many exact ties, any block scale
     cases.append(("quarters", quarters))
     cases.append(("halves", torch.randint(-255, 256, (4096,), generator=g).float() / 2))
+    cases.append(("order-sensitive blocks", order_sensitive_blocks()))
+    cases.append(("uniform ties", uniform_ties()))
+    cases.append(("graded blocks", graded_blocks()))
     cases.append(("bf16 in", torch.randn(5000, generator=g).to(torch.bfloat16)))
     cases.append(("fp64 in", torch.randn(5000, generator=g).double() * 1e300))
     return cases
