@@ -111,6 +111,50 @@ def test_a_second_syncer_of_the_same_name_and_a_missing_one_are_refused(local_ra
         connect(learner=0, name="nobody", namespace="diloco-test")
 
 
+def test_a_finished_learner_is_refused_and_no_longer_counts_toward_the_quorum(local_ray):
+    """At the actor (what the syncer service runs): M = 2, K = 2. Learner 1 trains 8 steps and finishes; learner 0
+    trains 16: its reports after learner 1 left merge alone (no quorum of 2 waited for), and learner 1 joining again
+    is refused, saying it finished."""
+    import threading
+
+    from diloco.decoupled.ray_transport import connect, start_syncer
+    from diloco.errors import ConfigError
+
+    syncer = Syncer(make_model(seed=0), num_learners=2, quorum=2, num_fragments=2, overlap_steps=1, codec="fp32")
+    handle = start_syncer(syncer, name="syncer-finish", namespace="diloco-test")
+    errors: list = []
+
+    def learner(m, steps):
+        try:  # each claims its index (a session, as a site job does); close() leaves saying it finished
+            channel = connect(learner=m, name="syncer-finish", namespace="diloco-test", fingerprint={})
+            model = make_model(seed=10 + m)
+            algo = Learner(model, channel=channel, learner=m, **KW)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            for x, y in batches(m, steps):
+                model(x, y)[1].backward()
+                opt.step()
+                opt.zero_grad()
+                algo.after_optimizer_step(tokens=x.numel())
+            algo.finish()
+        except BaseException as exc:
+            errors.append((m, exc))
+
+    threads = [threading.Thread(target=learner, args=(m, steps)) for m, steps in ((0, 16), (1, 8))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not errors, errors
+    with pytest.raises(ConfigError, match="learner 1 has finished this run"):
+        connect(learner=1, name="syncer-finish", namespace="diloco-test", fingerprint={})
+    records = ray.get(handle.records.remote())
+    ray.kill(handle)
+    together = [r for r in records if r.learners == (0, 1)]
+    alone = [r for r in records if r.learners == (0,)]
+    assert len(together) + len(alone) == len(records) and together and len(alone) >= 2
+    assert records[-len(alone) :] == alone  # after learner 1 left, learner 0 merges alone
+
+
 def _chaos_cfg(**kw):
     from diloco.train.config import TrainConfig, load_preset
 
