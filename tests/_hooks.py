@@ -60,3 +60,29 @@ def sigkill_after_checkpoint(args: list[str], run: Path, *, step: int, log: Path
         if proc.poll() is None:
             proc.kill()
     return ckpt.latest_meta(run)["step"]
+
+
+class SigkillBeside(threading.Thread):
+    """:func:`sigkill_after_checkpoint` in a thread of its own, beside what this thread runs meanwhile (the
+    uninterrupted reference, trained in this process with one torch thread: the run to kill takes the other core);
+    :meth:`stopped_at` waits for it and gives its result (or raises its error)."""
+
+    def __init__(self, args: list[str], run: Path, *, step: int, log: Path) -> None:
+        super().__init__(daemon=True)
+        self._call = lambda: sigkill_after_checkpoint(args, run, step=step, log=log)
+        self._result: int | None = None
+        self._error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._result = self._call()
+        except BaseException as exc:  # raised again by stopped_at, in the test's thread
+            self._error = exc
+
+    def stopped_at(self) -> int:
+        self.join()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result

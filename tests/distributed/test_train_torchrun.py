@@ -122,12 +122,33 @@ def _summary(run: Path) -> dict[str, Any]:
 
 
 # -- 1. equivalence -----------------------------------------------------------
+SIXTEEN = ["--set", "steps=16", "--set", "checkpoint_every=8"]
+
+
+@pytest.fixture(scope="module")
+def streaming_in_process(cache: Path, tmp_path_factory) -> Path:
+    """The in-process Streaming DiLoCo run of 16 steps (2 replica threads) that the torchrun runs of 2 processes and
+    of 2 workers x 2 ranks are compared with; built by the first test that asks, while its torchrun starts."""
+    out = tmp_path_factory.mktemp("streaming-in-process") / "in-process"
+    _in_process(_train_args(out, cache, "streaming", *SIXTEEN))
+    return out
+
+
+def _reference(request: pytest.FixtureRequest, method: str, out: Path, cache: Path) -> Path:
+    """The in-process run of ``method`` (16 steps): streaming's is the module's, run once; dp's is run into ``out``."""
+    if method == "streaming":
+        return request.getfixturevalue("streaming_in_process")
+    _in_process(_train_args(out, cache, method, *SIXTEEN))
+    return out
+
+
 @pytest.mark.parametrize("method", ["streaming", "dp"])
-def test_torchrun_train_equals_the_in_process_run_bit_for_bit(tmp_path: Path, cache: Path, method: str):
-    steps = ["--set", "steps=16", "--set", "checkpoint_every=8"]
-    dist_out, local_out = tmp_path / "torchrun", tmp_path / "in-process"
-    proc = _torchrun(_train_args(dist_out, cache, method, *steps), tmp_path / "torchrun.log")
-    _in_process(_train_args(local_out, cache, method, *steps))  # meanwhile: torchrun's startup is mostly imports
+def test_torchrun_train_equals_the_in_process_run_bit_for_bit(
+    tmp_path: Path, cache: Path, method: str, request: pytest.FixtureRequest
+):
+    dist_out = tmp_path / "torchrun"
+    proc = _torchrun(_train_args(dist_out, cache, method, *SIXTEEN), tmp_path / "torchrun.log")
+    local_out = _reference(request, method, tmp_path / "in-process", cache)  # meanwhile: torchrun's startup
     _finish(proc, tmp_path / "torchrun.log")
 
     assert _assert_same_replicas(dist_out, local_out) == 16
@@ -238,7 +259,9 @@ def test_a_rank_killed_mid_run_stops_the_survivor_and_resume_ends_bit_identical(
 
 
 # -- 3. workers of several ranks -----------------------------------------------
-def test_two_workers_of_two_ranks_equal_the_in_process_two_replica_run(tmp_path: Path, cache: Path):
+def test_two_workers_of_two_ranks_equal_the_in_process_two_replica_run(
+    tmp_path: Path, cache: Path, request: pytest.FixtureRequest
+):
     """4 processes as 2 workers x 2 ranks (``--set ranks_per_worker=2``) vs 2 in-process replicas.
 
     Each rank computes the gradient of its half of its worker's batch (the batch the in-process
@@ -248,11 +271,10 @@ def test_two_workers_of_two_ranks_equal_the_in_process_two_replica_run(tmp_path:
     tolerance, not to the bit: 1e-5 absolute on parameters of order 1 after 16 steps (measured:
     at most 2.4e-7 on the local parameters; FP4 rounding absorbed every difference in the global ones).
     """
-    steps = ["--set", "steps=16", "--set", "checkpoint_every=8"]
-    mesh_out, local_out = tmp_path / "2x2", tmp_path / "in-process"
+    mesh_out = tmp_path / "2x2"
     log = tmp_path / "2x2.log"
-    proc = _torchrun(_train_args(mesh_out, cache, "streaming", *steps, "--set", "ranks_per_worker=2"), log, nproc=4)
-    _in_process(_train_args(local_out, cache, "streaming", *steps))
+    proc = _torchrun(_train_args(mesh_out, cache, "streaming", *SIXTEEN, "--set", "ranks_per_worker=2"), log, nproc=4)
+    local_out = _reference(request, "streaming", tmp_path / "in-process", cache)
     _finish(proc, log)
 
     a, b = ckpt.load_latest(mesh_out), ckpt.load_latest(local_out)

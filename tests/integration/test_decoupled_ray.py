@@ -111,6 +111,50 @@ def test_a_second_syncer_of_the_same_name_and_a_missing_one_are_refused(local_ra
         connect(learner=0, name="nobody", namespace="diloco-test")
 
 
+def test_a_finished_learner_is_refused_and_no_longer_counts_toward_the_quorum(local_ray):
+    """At the actor (what the syncer service runs): M = 2, K = 2. Learner 1 trains 8 steps and finishes; learner 0
+    trains 16: its reports after learner 1 left merge alone (no quorum of 2 waited for), and learner 1 joining again
+    is refused, saying it finished."""
+    import threading
+
+    from diloco.decoupled.ray_transport import connect, start_syncer
+    from diloco.errors import ConfigError
+
+    syncer = Syncer(make_model(seed=0), num_learners=2, quorum=2, num_fragments=2, overlap_steps=1, codec="fp32")
+    handle = start_syncer(syncer, name="syncer-finish", namespace="diloco-test")
+    errors: list = []
+
+    def learner(m, steps):
+        try:  # each claims its index (a session, as a site job does); close() leaves saying it finished
+            channel = connect(learner=m, name="syncer-finish", namespace="diloco-test", fingerprint={})
+            model = make_model(seed=10 + m)
+            algo = Learner(model, channel=channel, learner=m, **KW)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            for x, y in batches(m, steps):
+                model(x, y)[1].backward()
+                opt.step()
+                opt.zero_grad()
+                algo.after_optimizer_step(tokens=x.numel())
+            algo.finish()
+        except BaseException as exc:
+            errors.append((m, exc))
+
+    threads = [threading.Thread(target=learner, args=(m, steps)) for m, steps in ((0, 16), (1, 8))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not errors, errors
+    with pytest.raises(ConfigError, match="learner 1 has finished this run"):
+        connect(learner=1, name="syncer-finish", namespace="diloco-test", fingerprint={})
+    records = ray.get(handle.records.remote())
+    ray.kill(handle)
+    together = [r for r in records if r.learners == (0, 1)]
+    alone = [r for r in records if r.learners == (0,)]
+    assert len(together) + len(alone) == len(records) and together and len(alone) >= 2
+    assert records[-len(alone) :] == alone  # after learner 1 left, learner 0 merges alone
+
+
 def _chaos_cfg(**kw):
     from diloco.train.config import TrainConfig, load_preset
 
@@ -187,24 +231,13 @@ def test_chaos_a_learner_killed_rejoins_and_a_killed_syncer_shard_holds_up_only_
     assert (tmp_path / "run" / "syncer" / "shard-1").is_dir() and (tmp_path / "run" / "syncer-0.pid").exists()
 
 
-@pytest.mark.slow  # ~6 s on 2 cores: a threads run and a chaos run of 12 steps (learner processes start)
-def test_chaos_without_faults_gives_the_threads_runs_bits_and_passes_the_whole_config(local_ray, tmp_path, token_cache):
-    """K = M, mean merge, no grace window, equal speeds, no faults: every round merges the same reports in
-    learner order, so chaos's learners (Ray processes running the trainer) end with the syncer parameters of
-    `diloco train --method decoupled` on the same config, hence its final loss to the bit. Each learner process
-    is given the whole config (a setting such as inner_optimizer=muon reaches it: what a site job does with Muon
-    is test_site_jobs's Muon run)."""
+def test_each_chaos_learner_is_given_the_whole_config():
+    """Each learner process is given the whole config (a setting such as inner_optimizer=muon reaches it: what a
+    site job does with Muon is test_site_jobs's Muon run)."""
     from diloco.decoupled.chaos import Chaos
-    from diloco.decoupled.ray_learners import learner_configs, run_on_ray
-    from diloco.train.trainer import train_model
+    from diloco.decoupled.ray_learners import learner_configs
 
     kw = dict(replicas=2, sync_every=4, num_fragments=2, overlap_steps=1, quorum=0, merge="mean", grace_gamma=0.0)
-    cfg = _chaos_cfg(**kw, steps=12, eval_every=12)
-    threads = train_model(cfg, tmp_path / "threads", cache_dir=token_cache, progress=False)
-    result = run_on_ray(cfg, out_dir=tmp_path / "chaos", cache_dir=token_cache)
-    assert result.eval_loss == threads.final_eval_loss, (result.eval_loss, threads.final_eval_loss)
-    assert len(result.merges) == len((tmp_path / "threads" / "merges.jsonl").read_text().splitlines())
-    assert [r["steps"] for r in result.learners] == [12, 12]
     muon = _chaos_cfg(**kw, inner_optimizer="muon", inner_lr=0.02, steps=7)
     sites = learner_configs(muon, chaos=Chaos(), name="s", address="127.0.0.1:1")
     assert [c.pop("learner") for c in sites] == [0, 1] and [c.pop("syncer") for c in sites] == ["s@127.0.0.1:1"] * 2
@@ -212,47 +245,28 @@ def test_chaos_without_faults_gives_the_threads_runs_bits_and_passes_the_whole_c
     assert sites == [given] * 2 and given["inner_optimizer"] == "muon"  # every other setting, as given
 
 
-def test_diloco_chaos_on_the_command_line(local_ray, tmp_path, token_cache, capsys):
+@pytest.mark.slow  # ~8 s on 2 cores: a chaos run of 12 steps (two learner processes start) and its threads run
+def test_diloco_chaos_on_the_command_line_gives_the_threads_runs_bits(local_ray, tmp_path, token_cache, capsys):
     """`diloco chaos`: the config's learners as Ray processes; the schedule of kills given on the command line
     (here due after the run's end: the kills themselves and the summary's account of them are the kill/rejoin
-    test's, which runs the same run_on_ray), the summary and files a user reads."""
+    test's, which runs the same run_on_ray), the summary and files a user reads. K = M, mean merge, no grace
+    window, equal speeds, no faults (learner 0's reports through the corrupting channel scaled by 1, exact in
+    FP32): every round merges the same reports in learner order, so chaos's learners (Ray processes running the
+    trainer) end with the syncer parameters of `diloco train --method decoupled` on the config they were given,
+    hence its final loss to the bit."""
     import json
 
     from diloco.cli import main as cli_main
+    from diloco.train.config import TrainConfig
+    from diloco.train.trainer import train_model
 
     out = tmp_path / "chaos"
+    sets = dict(replicas=2, steps=12, quorum=0, merge="mean", grace_gamma=0.0, overlap_steps=1, num_fragments=2)
+    sets |= dict(sync_every=4, warmup_steps=3, codec="fp32", eval_every=12)
     code = cli_main(
-        [
-            "chaos",
-            "--preset",
-            "tiny",
-            "--set",
-            "replicas=2",
-            "--set",
-            "steps=30",
-            "--set",
-            "quorum=1",
-            "--set",
-            "overlap_steps=1",
-            "--set",
-            "num_fragments=2",
-            "--set",
-            "sync_every=6",
-            "--set",
-            "warmup_steps=3",
-            "--kill",
-            "600:1",
-            "--syncer-kill",
-            "600",
-            "--step-time",
-            "0.05",
-            "--out",
-            str(out),
-            "--cache-dir",
-            str(token_cache),
-            "--corrupt",
-            "0:0:1:1000",
-        ]
+        ["chaos", "--preset", "tiny", *(x for k, v in sets.items() for x in ("--set", f"{k}={v}"))]
+        + ["--kill", "600:1", "--syncer-kill", "600", "--step-time", "0.05", "--out", str(out)]
+        + ["--cache-dir", str(token_cache), "--corrupt", "0:0:1:1000"]
     )  # learner 0's reports through the corrupting channel, scaled by 1
     assert code == 0
     printed = capsys.readouterr().out  # Ray's raylet may print its own lines to stdout before the summary
@@ -263,7 +277,7 @@ def test_diloco_chaos_on_the_command_line(local_ray, tmp_path, token_cache, caps
     chaos = json.loads((out / "chaos.json").read_text())["chaos"]
     assert chaos["kills"] == [[600.0, 1]] and chaos["syncer_kills"] == [600.0]  # the flags reached the schedule
     # the corrupting channel carried every report of learner 0 (x 1: honest, so the guard let them all in)
-    assert summary["corrupted_reports"] >= 30 // 6 and summary["guard_events"] == []
+    assert summary["corrupted_reports"] >= 12 // 4 and summary["guard_events"] == []
     for name in (
         "config.json",
         "merges.jsonl",
@@ -277,13 +291,20 @@ def test_diloco_chaos_on_the_command_line(local_ray, tmp_path, token_cache, caps
     assert json.loads((out / "config.json").read_text())["method"] == "decoupled"
     site = json.loads((out / "learner-1" / "config.json").read_text())
     assert site["learner"] == 1 and site["syncer"].startswith("diloco-syncer-") and site["step_time"] == 0.05
-    # each learner trained the config's 30 steps, every one kept
+    # each learner trained the config's 12 steps, every one kept
     from diloco.decoupled.chaos_logs import kept_steps, learner_log_path, read_learner_log
 
     for m in (0, 1):
         rows = read_learner_log(learner_log_path(out, m))
-        assert [r["step"] for r in rows if "step" in r] == list(range(1, 31))
+        assert [r["step"] for r in rows if "step" in r] == list(range(1, 13))
         assert kept_steps(rows) == ([r for r in rows if "step" in r], 0)
+    # the same bits as the threads run of the config the learners were given
+    given = {k: v for k, v in site.items() if k not in ("learner", "syncer")}
+    threads = train_model(TrainConfig.from_dict(given), tmp_path / "threads", cache_dir=token_cache, progress=False)
+    assert summary["eval_loss"] == threads.final_eval_loss, (summary["eval_loss"], threads.final_eval_loss)
+    assert len((out / "merges.jsonl").read_text().splitlines()) == len(
+        (tmp_path / "threads" / "merges.jsonl").read_text().splitlines()
+    )
 
 
 def test_diloco_train_decoupled_on_ray_resumes_from_a_checkpoint_bit_identical(local_ray, tmp_path, token_cache):

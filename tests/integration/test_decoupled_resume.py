@@ -110,11 +110,13 @@ def uninterrupted(tmp_path_factory, token_cache) -> Path:
     return out
 
 
-def test_killed_with_sigkill_and_resumed_it_ends_bit_identical(uninterrupted, tmp_path, token_cache):
-    from _hooks import sigkill_after_checkpoint
+def test_killed_with_sigkill_and_resumed_it_ends_bit_identical(request, tmp_path, token_cache):
+    from _hooks import SigkillBeside
 
     killed = tmp_path / "killed"
-    stopped_at = sigkill_after_checkpoint(cli_args(killed, token_cache), killed, step=8, log=tmp_path / "killed.log")
+    kill = SigkillBeside(cli_args(killed, token_cache), killed, step=8, log=tmp_path / "killed.log")
+    uninterrupted = request.getfixturevalue("uninterrupted")  # (trained meanwhile, in this process, if not yet)
+    stopped_at = kill.stopped_at()
     assert 8 <= stopped_at < SETS["steps"] and not (killed / "summary.json").exists(), "the run was not interrupted"
     assert "syncer.pt" in ckpt.latest_meta(killed)["files"]
     assert cli_main(cli_args(killed, token_cache, "--resume")) == 0

@@ -1,37 +1,123 @@
 """Decoupled DiLoCo deployed as site jobs, under faults (:mod:`diloco.decoupled.site_faults`): the syncer service
-and two site jobs of 2 gloo ranks each (site 0's ranks shard one model with FSDP), every one a real process on
-loopback. A rank of learner 1 is SIGKILLed mid-run and torchrun's agent restarts its job, which resumes from its
-checkpoint; then the syncer's process is SIGKILLed and Ray restarts it from its checkpoint. Skipped without Ray."""
+(``diloco syncer``) and two site jobs of 2 gloo ranks each (site 0's ranks shard one model with FSDP), every one a
+real process on loopback. While both sites train, this process joins the service as a learner would and is
+refused (another config, an index out of range, a live learner's index). A rank of learner 1 is SIGKILLed mid-run
+and torchrun's agent restarts its job, which resumes from its checkpoint; then the syncer's process is SIGKILLed and
+Ray restarts it from its checkpoint; at the end ``diloco export`` reads the service's folder. Skipped without Ray.
+(The service's quick refusals and a finished learner at the syncer actor: test_syncer_service.py and
+test_decoupled_ray.py.)"""
 
 from __future__ import annotations
 
 import json
 import math
+import queue
+import threading
+import time
 
 import pytest
+import torch
 
-pytest.importorskip("ray")
+ray = pytest.importorskip("ray")
 
-from diloco.decoupled.site_faults import DEFAULT_SETS, Site, run_sites
+from diloco.cli._common import load_preset  # noqa: E402
+from diloco.cli.syncer import service_config  # noqa: E402
+from diloco.decoupled.service import connect_learner, parse_syncer  # noqa: E402
+from diloco.decoupled.site_faults import DEFAULT_SETS, Site, run_sites  # noqa: E402
+from diloco.errors import ConfigError  # noqa: E402
 
 
-@pytest.mark.slow  # ~100 s on 2 cores: a Ray instance, 4 learner processes, a job restart and a syncer restart
+def _cfg(**extra):
+    return service_config(load_preset("tiny"), {**DEFAULT_SETS, **extra})
+
+
+def _refused_while_both_train(info: dict, monkeypatch) -> None:
+    """This process joins the live service as a learner does (probed, token auth as the sites have it) and is
+    refused: a learner of another config (each differing key named), an index out of range, and learner 0's index
+    while learner 0 trains (after waiting its claim's lease out)."""
+    name, address = parse_syncer(info["syncer"])
+    assert address == info["address"] and info["learners"][1].endswith(
+        f"--set learner=1 --set syncer={info['syncer']} --out syncer-learner-1"
+    )
+    from diloco.decoupled.ray_transport import init
+
+    if info["ray"]["auth_mode"] == "token":  # a site's learners run with RAY_AUTH_MODE=token (the command says
+        assert info["learners"][0].startswith("RAY_AUTH_MODE=token ")  # so); Ray read the environment at import:
+        monkeypatch.setenv("RAY_AUTH_MODE", "token")  # set it, and have Ray read it again, as Ray itself does
+        ray._raylet.Config.initialize("")
+    init(address=address, namespace=info["namespace"])  # as a learner joins: probed first, with the token
+    assert ray.is_initialized()
+    end, actor = time.monotonic() + 180, None
+    while actor is None or ray.get(actor.status.remote())["live"] != [0, 1]:  # (the actor may not be up yet)
+        assert time.monotonic() < end, "the syncer actor and both learners were never live"
+        time.sleep(0.2)
+        try:
+            actor = ray.get_actor(name, namespace=info["namespace"])
+        except ValueError:
+            pass
+    with pytest.raises(ConfigError, match=r"sync_every: the learner has 4, the syncer 8.*outer_lr"):
+        connect_learner(_cfg(sync_every=4, outer_lr=0.5), learner=0, syncer=info["syncer"])
+    with pytest.raises(ConfigError, match=r"learner=2 is out of range.*0\.\.1"):
+        connect_learner(_cfg(), learner=2, syncer=info["syncer"])
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match="learner 0 is taken"):  # learner 0 trains on: its claim never lapses
+        connect_learner(_cfg(), learner=0, syncer=info["syncer"])
+    assert 4.0 <= time.monotonic() - start < 15.0  # it waited the lease out first
+
+
+@pytest.mark.slow  # ~45 s on 2 cores: a Ray instance, 4 learner processes, a job restart and a syncer restart
 @pytest.mark.timeout(600)
-def test_site_jobs_ride_out_a_killed_rank_and_a_killed_syncer(tmp_path, token_cache):
+def test_site_jobs_ride_out_a_killed_rank_and_a_killed_syncer(tmp_path, token_cache, monkeypatch):
     """K = 1: learner 0 never waits for learner 1. Learner 1's lead rank is SIGKILLed after step 12; its job
     restarts, resumes from its checkpoint of step 8 with the lr of its schedule there, and contributes a merge of
-    weight > 0 within 10 s of the restart. The syncer is then SIGKILLed: every merge it had made survives (the
-    versions run on without a gap) and, riding out the restart, no learner step takes more than 2x its typical
-    step. The run ends with a finite loss of the syncer's parameters."""
-    got = run_sites(
-        preset="tiny",
-        sets=DEFAULT_SETS,
-        out=tmp_path / "run",
-        cache_dir=token_cache,
-        sites=[Site(0, ranks=2, sharding="fsdp"), Site(1, ranks=2)],
-        kill_learner=(1, 12),
-        kill_syncer=True,
-    )
+    weight > 0 within 10 s of the restart. The syncer is then SIGKILLed (once the refusals above were checked):
+    every merge it had made survives (the versions run on without a gap) and, riding out the restart, no learner
+    step takes more than 2x its typical step. The service restarted exactly once, exits 0 once both learners
+    finished, and `diloco export` of its folder gives the syncer's last parameters; the run ends with a finite loss
+    of them."""
+    out = tmp_path / "run"
+    up: queue.Queue = queue.Queue()
+    checked = threading.Event()
+    got: dict = {}
+
+    def while_up(info: dict) -> None:  # (in run_sites' thread) hands the service over, holds the syncer kill
+        up.put(info)
+        if not checked.wait(timeout=300):
+            raise TimeoutError("the checks on the live service did not finish")
+
+    def run() -> None:
+        try:
+            got["result"] = run_sites(
+                preset="tiny",
+                sets=DEFAULT_SETS,
+                out=out,
+                cache_dir=token_cache,
+                sites=[Site(0, ranks=2, sharding="fsdp"), Site(1, ranks=2)],
+                kill_learner=(1, 12),
+                kill_syncer=True,
+                while_up=while_up,
+            )
+        except BaseException as exc:  # raised below, in the test's thread
+            got["error"] = exc
+
+    sites = threading.Thread(target=run, daemon=True)
+    sites.start()
+    try:
+        while True:  # Ray in this process is joined from the test's own thread
+            try:
+                info = up.get(timeout=0.5)
+                break
+            except queue.Empty:
+                assert sites.is_alive(), got.get("error")
+        _refused_while_both_train(info, monkeypatch)
+    finally:
+        checked.set()
+        ray.shutdown()
+        sites.join(timeout=600)
+    if "error" in got:
+        raise got["error"]
+    got = got["result"]
+
     kill, syncer = got["faults"]["learner_kill"], got["faults"]["syncer_kill"]
     assert kill["start_step"] == 8  # resumed from its newest checkpoint, not from step 0
     assert kill["lr_matches_schedule"]
@@ -43,6 +129,30 @@ def test_site_jobs_ride_out_a_killed_rank_and_a_killed_syncer(tmp_path, token_ca
     assert got["learners"][0]["steps"] == got["learners"][1]["steps"] == 120
     assert got["learners"][1]["superseded"] >= 4  # steps 9..12 of the killed process, done again
     assert math.isfinite(got["final_eval_loss"])
-    # the service saw the restart and says so, in its output and its summary
-    assert "the syncer restarted" in (tmp_path / "run" / "syncer.log").read_text()
-    assert json.loads((tmp_path / "run" / "syncer" / "summary.json").read_text())["syncer_restarts"] >= 1
+
+    # the service saw the restart (and no other) and says so, in its output, its summary and its events
+    svc = out / "syncer"
+    log = (out / "syncer.log").read_text()
+    assert "the syncer restarted" in log and "every learner finished" in log
+    merges = [json.loads(line) for line in (svc / "merges.jsonl").read_text().splitlines()]
+    assert {m for r in merges for m in r["learners"]} == {0, 1}
+    summary = json.loads((svc / "summary.json").read_text())
+    assert summary["syncer_restarts"] == 1 and summary["merges"] == len(merges)
+    events = [json.loads(line)["event"] for line in (svc / "syncer" / "events.jsonl").read_text().splitlines()]
+    assert events.count("started") == 2
+    states = sorted((svc / "syncer").glob("syncer-*.pt"))
+    assert states and (svc / "syncer" / "records.jsonl").is_file()
+
+    # `diloco export` of the service's folder: the actor's own last parameters
+    from diloco.algorithm.fragments import flatten, split_fragments
+    from diloco.cli import main
+    from diloco.models.saving import load_transformer
+    from diloco.train.inputs import run_fragments
+
+    assert main(["export", str(svc), "--out", str(tmp_path / "model")]) == 0
+    model = load_transformer(tmp_path / "model")
+    final = torch.load(states[-1], map_location="cpu", weights_only=True)["syncer"]["global"]
+    cfg = _cfg()
+    frags = split_fragments(model, cfg.num_fragments, pattern=cfg.fragment_pattern, fragments=run_fragments(cfg, model))
+    for frag, flat in zip(frags, final, strict=True):
+        assert torch.equal(flatten(frag.params), flat)

@@ -1,6 +1,6 @@
 """The real trainer behind `diloco sweep --runner train`, on a three-point grid of the tiny model.
 
-Each run is its own process (the default local executor). The grid's base holds Streaming DiLoCo's
+Each run is its own process (the default local executor; two at a time in the first test). The grid's base holds Streaming DiLoCo's
 fragments: the streaming run trains Streaming DiLoCo with them, and the DP and DiLoCo runs of the
 same grid are not broken by them.
 """
@@ -34,11 +34,14 @@ def test_sweep_with_the_real_trainer_records_losses(tmp_path, token_cache):
             "overlap_steps": 1,
             "runs_dir": str(tmp_path / "runs"),
             "cache_dir": str(token_cache),
+            "threads": 1,
         },
     }
     (tmp_path / "grid.json").write_text(json.dumps(grid))
     out = tmp_path / "results.jsonl"
-    assert cli_main(["sweep", "--grid", str(tmp_path / "grid.json"), "--out", str(out), "--no-progress"]) == 0
+    # two runs at a time, one torch thread each: the 2 cores of a small machine both busy
+    sweep = ["sweep", "--grid", str(tmp_path / "grid.json"), "--out", str(out), "--no-progress", "--workers", "2"]
+    assert cli_main(sweep) == 0
     records = read_results(out)
     assert sorted(r["method"] for r in records) == ["diloco", "dp", "streaming"]
     assert len({r["data_sha256"] for r in records}) == 1 and len(records[0]["data_sha256"]) == 64  # the same data

@@ -86,9 +86,13 @@ def _cfg(run: Path) -> TrainConfig:
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["llama", "gpt2"])
 def test_hf_model_on_your_text_trains_evaluates_global_params_and_resumes_bit_identical(user, model, tmp_path):
+    from _hooks import SigkillBeside
+
     total = 60
     full, killed = tmp_path / "full", tmp_path / "killed"
-    # 1. uninterrupted, in this process
+    # 3. (started first, checked below) the same run in a process of its own, SIGKILLed after its step-8 checkpoint
+    kill = SigkillBeside(_args(user, model, killed, total), killed, step=8, log=tmp_path / "killed.log")
+    # 1. uninterrupted, in this process, meanwhile
     assert cli_main(_args(user, model, full, total)) == 0
     summary = json.loads((full / "summary.json").read_text())
     rows = [r for r in read_jsonl(full / "metrics.jsonl") if "loss" in r]
@@ -114,11 +118,7 @@ def test_hf_model_on_your_text_trains_evaluates_global_params_and_resumes_bit_id
     assert evaluate(inputs.model, inputs.val_batches) != summary["final_eval_loss"]
 
     # 3. killed (SIGKILL) after the step-8 checkpoint, then resumed: bit-identical to the uninterrupted run
-    from _hooks import sigkill_after_checkpoint
-
-    stopped_at = sigkill_after_checkpoint(
-        _args(user, model, killed, total), killed, step=8, log=tmp_path / "killed.log"
-    )
+    stopped_at = kill.stopped_at()
     assert 8 <= stopped_at < total, "the run was not interrupted"
     assert cli_main(_args(user, model, killed, total, "--resume")) == 0
     a, b = ckpt.load_latest(full), ckpt.load_latest(killed)

@@ -16,6 +16,9 @@ site's ranks shard one model). ``kill_learner=(m, step)``: once learner m has lo
 from its newest checkpoint. ``kill_syncer``: once the restarted learner has contributed again (or, without a
 learner kill, after a few merges), the syncer actor's process (the pid of its newest ``started`` event) is
 SIGKILLed; Ray restarts it from its checkpoint. The run ends when the service does (every learner finished).
+``while_up(info)`` (optional): called in a thread of its own once the sites are started, with the service's
+syncer.json (the test checks the service's refusals on the live run with it); the syncer is killed only after
+it returned, and what it raises is raised.
 
 :func:`analyse` reads what the run left: per learner its step rows, the faults and when each was felt, and the
 checks the test makes (the survivor's worst step over its typical step, seconds from the restart to the
@@ -30,7 +33,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
@@ -88,6 +93,25 @@ def _wait(what: str, check, *, timeout: float, procs: list[subprocess.Popen]) ->
     raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
 
 
+class _Beside(threading.Thread):
+    """``fn(arg)`` in a thread; :meth:`result` joins it and raises what it raised."""
+
+    def __init__(self, fn: Callable[[Any], None], arg: Any) -> None:
+        super().__init__(daemon=True)
+        self.fn, self.arg, self.error = fn, arg, None
+
+    def run(self) -> None:
+        try:
+            self.fn(self.arg)
+        except BaseException as exc:  # raised again in the caller's thread
+            self.error = exc
+
+    def result(self) -> None:
+        self.join()
+        if self.error is not None:
+            raise self.error
+
+
 def _tails(out: Path) -> str:
     """The last lines of every process's log, for an error message."""
     return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-1500:] for p in sorted(out.glob("*.log")))
@@ -102,6 +126,7 @@ def run_sites(
     sites: list[Site],
     kill_learner: tuple[int, int] | None = None,
     kill_syncer: bool = False,
+    while_up: Callable[[dict[str, Any]], None] | None = None,
     timeout_s: float = 600.0,
 ) -> dict[str, Any]:
     """Run the service and the sites (module docstring); returns :func:`analyse`'s result. ``out`` must be new."""
@@ -125,6 +150,7 @@ def run_sites(
     )
     procs = [service]
     faults: dict[str, Any] = {}
+    beside = None
     try:
         info_path = out / "syncer" / "syncer.json"
         _wait("the syncer's syncer.json", info_path.is_file, timeout=180, procs=procs)
@@ -137,6 +163,9 @@ def run_sites(
             args += ["--out", str(out / f"site-{site.learner}"), "--resume", "auto"]
             command = torchrun_command(nproc=site.ranks, args=args, options=("--max-restarts", "2"))
             procs.append(start(command, f"site-{site.learner}.log", auth))
+        if while_up is not None:
+            beside = _Beside(while_up, info)
+            beside.start()
         if kill_learner is not None:
             m, at_step = kill_learner
             log = _learner_log(out, m)
@@ -165,6 +194,8 @@ def run_sites(
                 )
 
             _wait(f"learner {m}'s first merge after its restart", contributed, timeout=timeout_s, procs=procs)
+        if beside is not None:
+            beside.result()
         if kill_syncer:
             events = out / "syncer" / "syncer" / "events.jsonl"
             _wait(
