@@ -41,3 +41,19 @@ def test_measurements_run_on_the_cpu_and_streaming_state_is_five_thirds_of_dp():
     )
     assert any(line.startswith("memory: state on the device, Streaming / DP = 1.667") for line in lines)
     json.dumps(mem)  # what the script writes
+
+
+def test_the_syncer_phase_sets_each_gpu_merge_beside_the_cpus():
+    from diloco.bench.gpu_syncer import summarize, syncer_args, syncer_line
+
+    assert "cpu,cuda" in syncer_args(dry_run=False) and "cuda" not in " ".join(syncer_args(dry_run=True))
+    row = {"values": 16, "merge_over_memcpy": 10.0, "peak_growth_over_model": 4.0}
+    rows = [
+        {**row, "device": "cpu", "learners": 2, "merge_s_median": 0.6},
+        {**row, "device": "cuda", "learners": 2, "merge_s_median": 0.2},
+        {**row, "device": "cpu", "learners": 8, "merge_s_median": 1.0},
+    ]
+    phase = summarize(rows)
+    assert phase["cpu_over_gpu"] == {"M=2, 16 values": pytest.approx(3.0)}  # M = 8 has no GPU row: no ratio
+    assert [r["merge_s"] for r in phase["rows"]] == [0.6, 0.2, 1.0]
+    assert "CPU / GPU 3.0x" in syncer_line(phase) and "cuda M=2 200 ms" in syncer_line(phase)

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from diloco.bench import RESULTS_DIR, hf_throughput, write_result
+from diloco.bench.gpu_syncer import run_syncer, syncer_line
 from diloco.bench.hf_throughput import sync
 
 #: the checkout whose ``tests/gpu`` the suite phase runs
@@ -430,6 +431,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
                 f"{mem['peak_vs_predicted']:.3f} of DP's peak + 2 x parameters"
             )
         lines.append(line)
+    if result.get("syncer"):
+        lines.append(syncer_line(result["syncer"]))
     for phase, error in result.get("errors", {}).items():
         lines.append(f"{phase}: ERROR {error}")
     return lines
@@ -472,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         ("throughput", lambda: run_throughput(device, size)),
         ("codec", lambda: run_codec(device, size)),
         ("memory", lambda: run_memory(device, size)),
+        ("syncer", lambda: run_syncer(dry_run=args.dry_run)),  # diloco.bench.gpu_syncer
     ]
     for name, fn in phases:
         if time.perf_counter() - t0 > args.budget_s:
