@@ -251,6 +251,27 @@ static inline __attribute__((always_inline)) vf ve4m3_value(vi c) {
     return (vf)(v | ((c & 0x80) << 24));
 }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+/* r[i] lane j -> r[j] lane i: eight rows of eight floats transposed in place (t: scratch). */
+static inline __attribute__((always_inline)) void transpose8(__m256 r[8], __m256 t[8]) {
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+        t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+    }
+    for (int i = 0; i < 8; i++) r[i] = t[i];
+}
+#endif
+
 /* out[j] lane l = x[16 l + j]: LANES blocks of sixteen values, transposed. */
 static inline __attribute__((always_inline)) void transpose16(const float *x, vf out[16]) {
 #ifdef __AVX512F__
@@ -276,6 +297,13 @@ static inline __attribute__((always_inline)) void transpose16(const float *x, vf
         out[i] = (vf)_mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
         out[i + 8] = (vf)_mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
     }
+#elif defined(__AVX2__)
+    for (int h = 0; h < 2; h++) {  /* values 8 h .. 8 h + 7 of the 8 blocks: an 8 x 8 transpose */
+        __m256 r[8], t[8];
+        for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(x + 16 * i + 8 * h);
+        transpose8(r, t);
+        for (int i = 0; i < 8; i++) out[8 * h + i] = (vf)r[i];
+    }
 #else
     float tmp[16][LANES];
     for (int l = 0; l < LANES; l++)
@@ -299,6 +327,15 @@ static inline __attribute__((always_inline)) void pack_codes16(const vi k[16], u
             for (int j = 0; j < 8; j++) idx[h][8 * l + j] = (uint8_t)((j < 4 ? 0 : 64) + 16 * (j & 3) + 8 * h + l);
     for (int h = 0; h < 2; h++)
         _mm512_storeu_si512(codes + 64 * h, _mm512_permutex2var_epi8(a, _mm512_loadu_si512(idx[h]), b));
+#elif defined(__AVX2__)
+    __m256 r[8], t[8];
+    for (int j = 0; j < 8; j++) r[j] = (__m256)(k[2 * j] | (k[2 * j + 1] << 4));  /* byte j of every lane */
+    transpose8(r, t);  /* r[l]: the 8 bytes of lane l, one an int32 */
+    for (int l = 0; l < 8; l++) {
+        __m256i v = (__m256i)r[l];
+        __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        _mm_storel_epi64((__m128i *)(codes + 8 * l), _mm_packus_epi16(w, w));
+    }
 #else
     int32_t code[16][LANES];
     for (int j = 0; j < 16; j++) memcpy(code[j], &k[j], sizeof(vi));
