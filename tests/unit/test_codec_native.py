@@ -129,7 +129,6 @@ def test_the_split_across_threads_changes_no_bit(name, threads):
 
 
 @needs_native
-@needs_native
 @pytest.mark.parametrize("name", ("int8", "fp4_e2m1", "fp4_e3m0"))
 def test_any_payload_decodes_to_the_reference_bits(name):
     # arbitrary bytes: every code, NaN and huge block scales, tensor scales up to E8M0's NaN (the clamp at fp32's max)
