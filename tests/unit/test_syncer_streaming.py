@@ -390,3 +390,21 @@ def test_merge_fold_equals_merge_outer_gradients_bit_for_bit():
 @pytest.mark.parametrize("codec", ["stat2", "topk", "int8"])
 def test_streaming_merge_is_bit_identical_with_the_other_codecs(codec):
     _drive(M=4, K=2, codec=codec, merge="rda", guard="drop")
+
+
+@pytest.mark.parametrize("merge", ["mean", "rda"])
+def test_a_merge_decodes_and_accumulates_in_buffers_kept_between_merges(merge):
+    """Two buffers of the largest fragment's size, made at the first merge and used by every later one (a fresh
+    tensor a merge costs its page faults); the merges stay the stacked merge's (the tests above, same syncer)."""
+    syncer = _syncer(Syncer, M=2, K=2, codec="fp4_e3m0", merge=merge, guard="drop", big=False)
+    for m in range(2):
+        syncer.join(m)
+    sizes = syncer.fragment_sizes()
+    for rnd in (0, 1):  # equal token weights, then unequal ones
+        for p in range(len(sizes)):
+            for rep in _reports(syncer, rnd, p, [0, 1], sizes[p], "fp4_e3m0"):
+                syncer.receive(rep)
+        if rnd == 0:
+            kept = [b.data_ptr() for b in syncer._scratch._buffers]
+    assert [b.numel() for b in syncer._scratch._buffers] == [max(sizes)] * 2
+    assert [b.data_ptr() for b in syncer._scratch._buffers] == kept

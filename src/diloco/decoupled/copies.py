@@ -20,6 +20,11 @@ from diloco.wire.codec import Codec
 Shared = dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
+def is_lossless(codec: Codec) -> bool:
+    """The codec decodes exactly what was encoded (only ``fp32``)."""
+    return codec.name == "fp32"
+
+
 def copy_bases(
     bases: dict[Any, list[torch.Tensor | None]], snapshot: Sequence[torch.Tensor], *, restore: bool = False
 ) -> dict[Any, list[torch.Tensor | None]]:
@@ -60,4 +65,4 @@ def reply_payload(
     return payload, held
 
 
-__all__ = ["Shared", "copy_bases", "reply_payload"]
+__all__ = ["Shared", "copy_bases", "is_lossless", "reply_payload"]

@@ -124,7 +124,8 @@ class MergeFold:
     Give the weights of the learners that will be folded (in the order they will be folded; those of weight 0
     are skipped by :meth:`add`), then :meth:`add` each one's flat FP32 outer gradient in that order and take
     :meth:`result`. Memory: one flat FP32 accumulator (the first outer gradient itself under an equal-weight
-    mean, which it then changes in place), per-tensor running sums of w |Delta| as Python floats.
+    mean, which it then changes in place; else ``out`` where given, zeroed), per-tensor running sums of w |Delta| as
+    Python floats.
 
     The same operations as the stacked functions: an equal-weight mean is the first outer gradient plus the
     others in order, divided by the count; a weighted mean adds ``alpha = w / sum w`` times each to zeros; RDA
@@ -140,9 +141,11 @@ class MergeFold:
         sizes: Sequence[int],
         embedding: Sequence[bool],
         merge: str = "rda",
+        out: torch.Tensor | None = None,
     ) -> None:
         check_merge(merge)
         assert len(sizes) == len(embedding)
+        self.out = out  # a flat FP32 buffer of the fragment's size to accumulate in (zeroed first), else a new one
         self.weights = [float(w) for w in weights]
         self.ws = [w for w in self.weights if w > 0]
         assert self.ws, "a merge with no learner of positive weight"
@@ -179,7 +182,10 @@ class MergeFold:
             self.acc = delta  # the equal-weight mean of the whole fragment: the first, then the others added to it
             return
         if self.acc is None:
-            self.acc = torch.zeros(self.numel, dtype=torch.float32, device=delta.device)
+            if self.out is None:
+                self.acc = torch.zeros(self.numel, dtype=torch.float32, device=delta.device)
+            else:
+                self.acc = self.out.zero_()
         for i, (offset, n, rda) in enumerate(self.parts):
             acc, d = self.acc[offset : offset + n], delta[offset : offset + n]
             if rda:

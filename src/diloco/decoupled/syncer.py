@@ -34,14 +34,13 @@ however their threads or processes happen to start.) A report carries the versio
 when it sent it: one that does not match what the syncer gave that learner (a copy sent again after it
 was merged, e.g. a retry after a syncer restart) is ignored, so sending a report twice is harmless.
 :meth:`Syncer.state_dict` holds everything but the open rounds (their learners send again), so a syncer
-restored from it loses only the time it was down. Memory: besides Theta and the
-outer-optimizer state, the syncer keeps the copy of each fragment each learner holds (to form
-Delta_m against its own Theta_p); learners that hold the same copy (the same version, received in the
-same merge; with the lossless ``fp32`` codec, Theta itself) share one tensor and one reply payload, so in
-the steady state of K = M there is one copy whatever M (:mod:`diloco.decoupled.copies`). A merge streams
-(:func:`diloco.decoupled.fold.fold_round`): it decodes one report at a time and folds it into running per-tensor
-sums, holding one fragment-sized accumulator and one Delta_m however many learners report, bit for bit the
-stacked merge.
+restored from it loses only the time it was down. Memory: besides Theta and the outer-optimizer state, the syncer
+keeps the copy of each fragment each learner holds (to form Delta_m against its own Theta_p); learners that hold the
+same copy (the same version, received in the same merge; with the lossless ``fp32`` codec, Theta itself) share one
+tensor and one reply payload, so in the steady state of K = M there is one copy whatever M
+(:mod:`diloco.decoupled.copies`). A merge streams (:func:`diloco.decoupled.fold.fold_round`): it decodes one report
+at a time and folds it into running per-tensor sums, in one accumulator and one decode buffer of the largest
+fragment's size, kept between merges, however many learners report, bit for bit the stacked merge.
 """
 
 from __future__ import annotations
@@ -59,8 +58,8 @@ from diloco.algorithm.fragments import Fragment, FragmentSpec, Pattern, flatten,
 from diloco.algorithm.guard import DEFAULT_GUARD_RATIO, NormGuard
 from diloco.algorithm.outer import OuterOptimizerFactory, default_outer_optimizer, load_global_state
 from diloco.decoupled.config_checks import check_late_reports, check_quorum
-from diloco.decoupled.copies import Shared, copy_bases, reply_payload
-from diloco.decoupled.fold import fold_round, record_verdicts
+from diloco.decoupled.copies import Shared, copy_bases, is_lossless, reply_payload
+from diloco.decoupled.fold import Scratch, fold_round, record_verdicts
 from diloco.decoupled.grace import DEFAULT_EMA_DECAY, DEFAULT_GRACE_GAMMA, GraceWindow
 from diloco.decoupled.merge import check_merge
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
@@ -70,11 +69,6 @@ from diloco.decoupled_choices import check_outer_gradient
 from diloco.errors import ConfigError
 from diloco.wire.codec import Codec, all_finite
 from diloco.wire.registry import get_codec
-
-
-def is_lossless(codec: Codec) -> bool:
-    """The codec decodes exactly what was encoded (only ``fp32``)."""
-    return codec.name == "fp32"
 
 
 def embedding_names(model: nn.Module) -> set[str]:
@@ -197,6 +191,7 @@ class Syncer:
         self.bytes_sent = 0
         self.ignored_reports = 0  # stale or repeated reports (see the module docstring)
         self.refused_merges = 0  # merged outer gradients that were not finite: no step
+        self._scratch = Scratch()  # a merge's decode buffer and accumulator, kept between merges
 
     # -- membership ----------------------------------------------------------
     def join(self, learner: int) -> Welcome:
@@ -355,6 +350,7 @@ class Syncer:
             embedding=self.is_embedding[p],
             merge=self.merge,
             guard=self.guard,
+            scratch=self._scratch,
         )
         self.extra_merge_passes += folded.passes - 1
         merged, verdicts, bad, weights = folded.merged, folded.verdicts, folded.bad, folded.weights

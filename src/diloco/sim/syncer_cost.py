@@ -44,7 +44,8 @@ from diloco.shard_rule import check_syncer_shards
 BENCHMARK = "benchmarks/results/syncer_merge.json"
 COMMAND = (
     "PYTHONPATH=src python benchmarks/syncer_merge.py --sizes 16M --learners 2,4,8,16 --no-grid --threads 1 "
-    "--label native-16m-1t (and --codec bf16 / fp32 --merge rda --label native-16m-bf16-1t / native-16m-fp32-1t)"
+    "--label native-16m-1t-scratch (and --codec bf16 / fp32 --label native-16m-bf16-1t-scratch / "
+    "native-16m-fp32-1t-scratch)"
 )
 MACHINE = "this project's x86 CPU, one thread, CPU seconds; torch 2.13 CPU"
 
@@ -80,9 +81,9 @@ class SyncerCost:
 SYNCER_COSTS: dict[str, SyncerCost] = {
     c.codec: c
     for c in (
-        SyncerCost("fp4_e3m0", "rda", "native-16m-1t", 13_631_488, (2, 4, 8, 16), 11.08, 1.263, 4.233, True),
-        SyncerCost("bf16", "rda", "native-16m-bf16-1t", 13_631_488, (2, 4, 8, 16), 11.04, 1.227, 4.598, True),
-        SyncerCost("fp32", "rda", "native-16m-fp32-1t", 13_631_488, (2, 4, 8, 16), 9.015, 0.8124, 3.026, False),
+        SyncerCost("fp4_e3m0", "rda", "native-16m-1t-scratch", 13_631_488, (2, 4, 8, 16), 7.619, 1.308, 5.226, True),
+        SyncerCost("bf16", "rda", "native-16m-bf16-1t-scratch", 13_631_488, (2, 4, 8, 16), 7.158, 1.294, 5.596, True),
+        SyncerCost("fp32", "rda", "native-16m-fp32-1t-scratch", 13_631_488, (2, 4, 8, 16), 6.392, 0.7719, 5.027, False),
     )
 }
 
