@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -38,12 +37,10 @@ from typing import Any
 
 import torch
 
-from diloco.bench import RESULTS_DIR, hf_throughput, write_result
-from diloco.bench.gpu_syncer import run_syncer, syncer_line
+from diloco.bench import hf_throughput, write_result
+from diloco.bench.gpu_syncer import ROOT, checkout_env, run_syncer, syncer_line
 from diloco.bench.hf_throughput import sync
 
-#: the checkout whose ``tests/gpu`` the suite phase runs
-ROOT = RESULTS_DIR.parents[1]
 ANALYTIC_STATE_RATIO = 5 / 3
 
 #: What each phase runs at, on the GPU and in the dry run.
@@ -82,9 +79,6 @@ def run_suite(timeout_s: float) -> dict[str, Any]:
     """``pytest tests/gpu`` in a subprocess (this worktree's code first on the path); its JUnit counts."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "junit.xml"
-        env = dict(
-            os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
-        )
         cmd = [
             sys.executable,
             "-m",
@@ -98,7 +92,7 @@ def run_suite(timeout_s: float) -> dict[str, Any]:
         ]
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+            proc = subprocess.run(cmd, cwd=ROOT, env=checkout_env(), capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired as exc:
             return {
                 "ok": False,

@@ -17,8 +17,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[3]
+from diloco.bench import RESULTS_DIR
+
+#: the checkout whose benchmarks and tests :mod:`diloco.bench.gpu_check` runs
+ROOT = RESULTS_DIR.parents[1]
 SCRIPT = ROOT / "benchmarks" / "syncer_merge.py"
+
+
+def checkout_env() -> dict[str, str]:
+    """This process's environment with this checkout's ``src`` first on ``PYTHONPATH`` (for a subprocess)."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+    }
 
 
 def syncer_args(*, dry_run: bool) -> list[str]:
@@ -54,12 +65,8 @@ def run_syncer(*, dry_run: bool, timeout_s: float = 240.0) -> dict[str, Any]:
     """Run the benchmark (a subprocess, this checkout's code first on the path) and summarize its rows."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "syncer_merge.json"
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
-        }
         cmd = [sys.executable, str(SCRIPT), *syncer_args(dry_run=dry_run), "--out", str(out)]
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(cmd, cwd=ROOT, env=checkout_env(), capture_output=True, text=True, timeout=timeout_s)
         if proc.returncode != 0 or not out.exists():
             raise RuntimeError(f"syncer_merge.py exited {proc.returncode}: {proc.stderr[-800:]}")
         data = json.loads(out.read_text())
@@ -79,4 +86,4 @@ def syncer_line(phase: dict[str, Any]) -> str:
     return f"syncer merge (FP4, RDA): {rows}" + (f"; {ratio}" if ratio else "")
 
 
-__all__ = ["run_syncer", "summarize", "syncer_args", "syncer_line"]
+__all__ = ["ROOT", "checkout_env", "run_syncer", "summarize", "syncer_args", "syncer_line"]

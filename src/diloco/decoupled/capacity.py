@@ -46,30 +46,39 @@ def device_available_bytes(device: torch.device) -> int | None:
     return available_bytes()
 
 
+def _cost(cfg: Any) -> Any:
+    """The measured merge cost (:data:`diloco.sim.syncer_cost.SYNCER_COSTS`) standing for the config's reply codec."""
+    from diloco.sim.syncer_cost import SYNCER_COSTS
+
+    return SYNCER_COSTS[_STAND_IN.get(cfg.codec, "bf16")]
+
+
+def _sizes(cfg: Any, template: nn.Module, fragments: list[list[str]] | None) -> list[int]:
+    """The sizes of the fragments the config makes of ``template``."""
+    from diloco.algorithm.fragments import split_fragments
+
+    split = split_fragments(template, cfg.num_fragments, pattern=cfg.fragment_pattern, fragments=fragments)
+    return [f.numel for f in split]
+
+
 def syncer_bytes(cfg: Any, template: nn.Module, fragments: list[list[str]] | None) -> tuple[float, str]:
     """The syncer's peak memory for ``template``'s parameters split as the config says, and the figures' source."""
-    from diloco.algorithm.fragments import split_fragments
-    from diloco.sim.syncer_cost import SYNCER_COSTS, memory_bytes
+    from diloco.sim.syncer_cost import memory_bytes
 
-    cost = SYNCER_COSTS[_STAND_IN.get(cfg.codec, "bf16")]
-    split = split_fragments(template, cfg.num_fragments, pattern=cfg.fragment_pattern, fragments=fragments)
+    cost, sizes = _cost(cfg), _sizes(cfg, template, fragments)
     num_params = sum(p.numel() for p in template.parameters() if p.requires_grad)
-    largest = max((f.numel for f in split), default=0)
-    return memory_bytes(cost, num_params=num_params, fragment_values=largest), cost.source()
+    return memory_bytes(cost, num_params=num_params, fragment_values=max(sizes, default=0)), cost.source()
 
 
 def shard_bytes(cfg: Any, template: nn.Module, fragments: list[list[str]] | None) -> list[float]:
     """Each of the ``syncer_shards`` shards' peak memory: its fragments' state at rest and its own merge's working
     set over its largest fragment (one shard: :func:`syncer_bytes`)."""
-    from diloco.algorithm.fragments import split_fragments
     from diloco.decoupled.shards import owned_fragments
-    from diloco.sim.syncer_cost import SYNCER_COSTS, memory_bytes
+    from diloco.sim.syncer_cost import memory_bytes
 
-    cost = SYNCER_COSTS[_STAND_IN.get(cfg.codec, "bf16")]
-    split = split_fragments(template, cfg.num_fragments, pattern=cfg.fragment_pattern, fragments=fragments)
-    shards = cfg.syncer_shards
-    sizes = [[split[p].numel for p in owned_fragments(s, shards, len(split))] for s in range(shards)]
-    return [memory_bytes(cost, num_params=sum(n), fragment_values=max(n, default=0)) for n in sizes]
+    cost, sizes, shards = _cost(cfg), _sizes(cfg, template, fragments), cfg.syncer_shards
+    owned = [[sizes[p] for p in owned_fragments(s, shards, len(sizes))] for s in range(shards)]
+    return [memory_bytes(cost, num_params=sum(n), fragment_values=max(n, default=0)) for n in owned]
 
 
 def check_syncer_memory(
@@ -113,7 +122,7 @@ def check_syncer_memory(
     raise ConfigError(
         f"{what} about {need / gb:.1f} GiB for this model ({num_params:,} parameters in {cfg.num_fragments} "
         f"fragment(s), codec={cfg.codec}, syncer_shards={cfg.syncer_shards}) and {where} is {have / gb:.1f} GiB "
-        f"(figures: {syncer_bytes(cfg, template, fragments)[1]}). Fixes: " + "; ".join(fixes)
+        f"(figures: {_cost(cfg).source()}). Fixes: " + "; ".join(fixes)
     )
 
 

@@ -105,10 +105,15 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
+def _compiler() -> str | None:
+    """``$CC`` (default ``gcc``), else ``cc``, as a path; None where there is none."""
+    return shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+
+
 def build_for(march: str, out: Path) -> ctypes.CDLL:
     """``blocks.c`` built for ``-march=march`` into ``out`` and loaded: the loops another CPU runs (their vector
     width follows its registers: 16 floats with AVX-512, 8 with AVX, 4 below), for tests on this one."""
-    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    cc = _compiler()
     assert cc is not None
     _build(cc, out, march=march, sources=(_HERE / "blocks.c",))
     return _bind(ctypes.CDLL(str(out)))
@@ -117,7 +122,7 @@ def build_for(march: str, out: Path) -> ctypes.CDLL:
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The built library, or None where it cannot be built or loaded (a warning says why, once)."""
-    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    cc = _compiler()
     if cc is None:
         log.warning("no C compiler found ($CC, gcc, cc): the codecs run their torch code (slower on CPU)")
         return None
