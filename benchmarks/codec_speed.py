@@ -91,12 +91,20 @@ def main() -> None:
         if args.out.name == "codec_speed.json":
             args.out = args.out.with_name("codec_speed_quick.json")
     if args.march != "native":
+        import subprocess
         import tempfile
         from pathlib import Path
 
         from diloco.wire.native import blocks
 
-        lib = native.build_for(args.march, Path(tempfile.mkdtemp()) / f"blocks-{args.march}.so")
+        try:
+            lib = native.build_for(args.march, Path(tempfile.mkdtemp()) / f"blocks-{args.march}.so")
+        except (subprocess.CalledProcessError, OSError) as e:
+            detail = (getattr(e, "stderr", b"") or b"").decode(errors="replace").strip().splitlines()[-1:]
+            raise SystemExit(
+                f"--march {args.march}: the C compiler could not build for it ({' '.join(detail) or e}); give an "
+                f"-march this compiler knows and this CPU runs, e.g. x86-64-v3 (AVX2) or x86-64 (SSE2)"
+            ) from None
         blocks.library = lambda: lib  # what encode / decode of the block-scaled codecs and bf16 call
         name_out += f"_{args.march.replace('-', '_')}"
         if args.out.name == "codec_speed.json":
