@@ -1,6 +1,7 @@
 """Decoupled DiLoCo deployed as site jobs: each learner a ``diloco train`` run of its own (``learner=m``,
-``syncer=NAME@ADDRESS``) joining a syncer that runs as a named Ray actor, against the same run with every learner
-a thread of one job. Skipped without Ray (the optional ``ray`` extra)."""
+``syncer=NAME@HOST:PORT``) joining, over gRPC (:mod:`diloco.decoupled.rpc`, with the token), a syncer that runs as
+a named Ray actor behind the service's gateway, against the same run with every learner a thread of one job.
+Skipped without Ray (the optional ``ray`` extra), which the syncer's side needs (the sites do not)."""
 
 from __future__ import annotations
 
@@ -47,28 +48,44 @@ def threads_run(tmp_path_factory, token_cache):
     return run, len((out / "merges.jsonl").read_text().splitlines())
 
 
+TOKEN = "site-jobs-token"
+
+
+@pytest.fixture
+def token(monkeypatch) -> str:
+    """The service's token, where a site's learner reads it (the printed command sets it so)."""
+    monkeypatch.setenv("DILOCO_SYNCER_TOKEN", TOKEN)
+    return TOKEN
+
+
 def _start_syncer(cfg: TrainConfig, cache, name: str):
+    """The syncer actor ``name`` and, as ``diloco syncer`` serves it, its gateway on a free port of loopback:
+    (the actor, the inputs, the sites' ``NAME@127.0.0.1:PORT``, the gateway)."""
     from diloco.decoupled.ray_transport import start_syncer
+    from diloco.decoupled.rpc.gateway import Gateway, ray_backend
     from diloco.decoupled.trainer import make_syncer
     from diloco.train.inputs import prepare_inputs
 
     inputs = prepare_inputs(cfg, cache)
-    return start_syncer(make_syncer(cfg, inputs.model, inputs.fragments), name=name), inputs
+    handle = start_syncer(make_syncer(cfg, inputs.model, inputs.fragments), name=name)
+    gateway = Gateway(ray_backend([handle], 1), name=name, token=TOKEN, host="127.0.0.1", port=0)
+    port = gateway.start()
+    return handle, inputs, f"{name}@127.0.0.1:{port}", gateway
 
 
-def test_site_jobs_of_one_rank_give_the_threads_run(local_ray, tmp_path, token_cache, threads_run):
+def test_site_jobs_of_one_rank_give_the_threads_run(local_ray, tmp_path, token_cache, threads_run, token):
     """K = M, mean, no grace window, equal work: every round merges the same reports in learner order, so two
     site jobs (each its own trainer, its own folder) and one job of two learner threads end with the same
     syncer parameters, hence the same final loss, to the bit."""
     from diloco.train.evaluation import evaluate_parameters
 
     run, threads_merges = threads_run
-    handle, inputs = _start_syncer(tiny(), token_cache, "site-eq")
+    handle, inputs, spec, gateway = _start_syncer(tiny(), token_cache, "site-eq")
     results, errors = {}, []
 
     def site(m: int) -> None:
         try:
-            cfg = tiny(learner=m, syncer=f"site-eq@{local_ray}")
+            cfg = tiny(learner=m, syncer=spec)
             results[m] = Trainer(cfg, tmp_path / f"site-{m}", cache_dir=token_cache, progress=False).run()
         except BaseException as exc:  # reported below with the learner named
             errors.append((m, exc))
@@ -82,6 +99,7 @@ def test_site_jobs_of_one_rank_give_the_threads_run(local_ray, tmp_path, token_c
     final = ray.get(handle.global_named_parameters.remote())
     records = ray.get(handle.records.remote())
     ray.kill(handle)
+    gateway.stop()
     loss = evaluate_parameters(inputs.model, final, inputs.val_batches, bf16=False, device=torch.device("cpu"))
     assert loss == run.final_eval_loss
     assert len(records) == threads_merges
@@ -123,12 +141,10 @@ def _sites(
     from diloco.distributed.launch import child_environment, torchrun_command
     from diloco.train.evaluation import evaluate_parameters
 
-    handle, inputs = _start_syncer(tiny(**kw), token_cache, name)
+    handle, inputs, spec, gateway = _start_syncer(tiny(**kw), token_cache, name)
     procs, errors = [], []
     for m, r in (ranks or {}).items():
-        sets = [
-            f"{k}={v}" for k, v in {**kw, "learner": m, "syncer": f"{name}@{local_ray}", "ranks_per_worker": r}.items()
-        ]
+        sets = [f"{k}={v}" for k, v in {**kw, "learner": m, "syncer": spec, "ranks_per_worker": r}.items()]
         if m in sharded:  # this site's ranks hold one model fully_shard'ed between them
             sets.append("worker_sharding=fsdp")
         args = ["train", "--preset", "tiny", "--no-progress", "--out", str(tmp_path / f"{name}-{m}")]
@@ -151,11 +167,12 @@ def _sites(
             args += ["--set", s]
         log = open(tmp_path / f"{name}-{m}.log", "wb")
         command = torchrun_command(nproc=r, args=args)
-        procs.append((m, subprocess.Popen(command, env=child_environment(), stdout=log, stderr=subprocess.STDOUT), log))
+        env = child_environment(DILOCO_SYNCER_TOKEN=TOKEN)
+        procs.append((m, subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), log))
 
     def site(m: int) -> None:
         try:
-            cfg = tiny(**kw, learner=m, syncer=f"{name}@{local_ray}")
+            cfg = tiny(**kw, learner=m, syncer=spec)
             Trainer(cfg, tmp_path / f"{name}-{m}", cache_dir=token_cache, progress=False).run()
         except BaseException as exc:  # reported below with the learner named
             errors.append((m, exc))
@@ -173,11 +190,12 @@ def _sites(
     final = ray.get(handle.global_named_parameters.remote())
     records = ray.get(handle.records.remote())
     ray.kill(handle)
+    gateway.stop()
     loss = evaluate_parameters(inputs.model, final, inputs.val_batches, bf16=False, device=torch.device("cpu"))
     return {"global": final, "merges": records, "loss": loss}
 
 
-def test_a_site_job_of_two_ranks_and_muon_are_honoured(local_ray, tmp_path, token_cache, threads_run):
+def test_a_site_job_of_two_ranks_and_muon_are_honoured(local_ray, tmp_path, token_cache, threads_run, token):
     """Learner 1 as a torchrun job of 2 gloo ranks (its lead rank holds the link, the other shares its replies)
     and learner 0 a site job of one rank: the threads run's syncer parameters to the tolerance the torchrun
     tests derive (a learner's two half-batch gradients are summed in another order). The same run with
@@ -196,7 +214,7 @@ def test_a_site_job_of_two_ranks_and_muon_are_honoured(local_ray, tmp_path, toke
     assert abs(muon["loss"] - run.final_eval_loss) > 1e-3
 
 
-def test_a_site_job_of_fsdp_ranks_gives_the_threads_run(local_ray, tmp_path, token_cache, threads_run):
+def test_a_site_job_of_fsdp_ranks_gives_the_threads_run(local_ray, tmp_path, token_cache, threads_run, token):
     """Learner 0 as a torchrun job of 2 ranks holding one model fully_shard'ed between them (each rank its shard of
     the parameters and of the global copy; reports gathered whole, replies cut into shards) and learner 1 a site
     job of one rank: the threads run's final loss to the torchrun tests' tolerance."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from diloco.cli._common import add_config_args, cache_dir, load_preset, overrides, resolve
+from diloco.decoupled.rpc import DEFAULT_PORT
 from diloco.errors import ConfigError
 
 
@@ -16,9 +17,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "syncer",
         help="run a Decoupled DiLoCo syncer as a service; learner jobs at each site join it",
         description="Start the syncer of a Decoupled DiLoCo run (method=decoupled) as a named, checkpointed Ray "
-        "actor (a new local Ray instance, or the cluster at --set ray_address=HOST:PORT), print the command "
-        "each site runs for its learner (torchrun ... diloco train ... --set learner=m --set "
-        "syncer=NAME@ADDRESS; also in --out's syncer.json) and monitor the run until every learner has "
+        "actor (a new local Ray instance, or the cluster at --set ray_address=HOST:PORT, inside this site), serve "
+        "the sites' learners over gRPC beside it (--port, with a token generated here), print the whole command "
+        "each site runs (DILOCO_SYNCER_TOKEN=... torchrun --max-restarts 3 ... diloco train ... --set learner=m "
+        "--set syncer=NAME@HOST:PORT --resume auto; a site needs no Ray; also in --out's syncer.json) and monitor the run until every learner has "
         "finished. Writes config.json, syncer.json, syncer/ (checkpoints: a killed syncer restarts from "
         "them), merges.jsonl, summary.json and a checkpoint of the final global parameters that `diloco "
         "export` reads. An --out that holds a syncer run of the same config is resumed; any other non-empty "
@@ -32,6 +34,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="the address a new local Ray instance advertises to the sites, on a machine with several "
         "(default: Ray's choice; Ray replaces a loopback address with the machine's own)",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help=f"the TCP port the sites' learners connect to (gRPC; the one a firewall opens to the sites; default "
+        f"{DEFAULT_PORT}, or the port of the run being resumed; 0: any free port)",
+    )
+    p.add_argument("--host", default="0.0.0.0", help="the address to serve the sites on (default: all of this host's)")
+    p.add_argument(
+        "--advertise",
+        default=None,
+        help="the address the printed site commands connect to (default: this machine's address as Ray sees it)",
     )
     p.set_defaults(func=run)
 
@@ -48,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
         cache_dir=cache_dir(args),
         poll_s=args.poll,
         node_ip_address=args.node_ip_address,
+        host=args.host,
+        port=args.port,
+        advertise=args.advertise,
         echo=lambda line: print(line, flush=True),
     )
     print(json.dumps(summary, indent=2), flush=True)

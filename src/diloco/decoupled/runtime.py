@@ -132,8 +132,8 @@ class _SiteLearner(_Learners):
 
 
 class _Site:
-    """A site job's link to a running ``diloco syncer`` (``cfg.syncer`` = NAME@ADDRESS): its lead rank holds the
-    Ray channel; under torchrun with R ranks the others share what the lead receives
+    """A site job's link to a running ``diloco syncer`` (``cfg.syncer`` = NAME@HOST:PORT): its lead rank holds the
+    gRPC channel (:mod:`diloco.decoupled.rpc.client`; no Ray at the site); under torchrun with R ranks the others share what the lead receives
     (:class:`~diloco.decoupled.torchrun.GroupChannel`)."""
 
     def __init__(self, cfg: Any, *, data: Any = None, intra: Any = None) -> None:
@@ -188,11 +188,12 @@ class DecoupledRuntime(MethodRuntime):
             check_syncer_memory(cfg, template, fragments, on_cluster=on_cluster)
 
     def check_reachable(self, cfg: Any) -> None:
-        address = cfg.ray_address if cfg.decoupled_transport == "ray" else ""
-        if cfg.syncer:
-            from diloco.decoupled.service import parse_syncer
+        if cfg.syncer:  # a site job: the service's gRPC endpoint answers, with this token and name (no Ray here)
+            from diloco.decoupled.rpc.probe import check_syncer
 
-            address = parse_syncer(cfg.syncer)[1]
+            check_syncer(cfg.syncer, num_shards=cfg.syncer_shards)
+            return
+        address = cfg.ray_address if cfg.decoupled_transport == "ray" else ""
         if address:
             try:
                 from diloco.decoupled.ray_transport import check_address

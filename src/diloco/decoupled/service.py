@@ -53,6 +53,7 @@ where nothing, or something other than Ray, answers is refused within
 from __future__ import annotations
 
 import os
+import secrets
 import shlex
 import time
 import uuid
@@ -61,12 +62,15 @@ from pathlib import Path
 from typing import Any
 
 from diloco.decoupled.fingerprint import DATA_KEYS, FINGERPRINT_KEYS, describe_differences, fingerprint
+from diloco.decoupled.rpc import DEFAULT_PORT, TOKEN_ENV
 from diloco.errors import ConfigError
 
 #: The keys a site's learner command must not repeat from the syncer's overrides (the syncer's address goes in
 #: ``syncer=NAME@ADDRESS``).
 SYNCER_ONLY_KEYS = ("ray_address", "decoupled_transport", "syncer_device")
 RAY_MISSING = "the syncer service needs Ray: pip install -e .[ray] (or ray>=2.9)"
+#: How often torchrun restarts a site's job in the printed command (each restart resumes its checkpoint).
+MAX_RESTARTS = 3
 
 
 # -- the learner's side ------------------------------------------------------
@@ -96,27 +100,22 @@ def connect_learner(
     syncer: str,
     vocab_size: int | None = None,
     data_digest: str | None = None,
-    namespace: str | None = None,
+    token: str | None = None,
 ) -> Any:
-    """Learner ``learner``'s :class:`~diloco.decoupled.ray_transport.RayChannel` to the service ``syncer``
-    (``NAME@ADDRESS``), its index claimed and held by a heartbeat (module docstring).
+    """Learner ``learner``'s channel to the service ``syncer`` (``NAME@HOST:PORT``) over gRPC
+    (:func:`diloco.decoupled.rpc.client.connect_site`: no Ray here), its index claimed and held by a heartbeat
+    (module docstring). ``vocab_size``, ``data_digest``: the learner's data (``TokenData.vocab_size``,
+    ``TokenData.digest()``), checked against the syncer's. ``token``: default ``DILOCO_SYNCER_TOKEN``. A refusal is
+    a ConfigError saying why; the channel's ``leave()`` says the learner finished (``leave(finished=False)`` if it
+    stops before its end)."""
+    from diloco.decoupled.rpc.client import connect_site
 
-    Joins the Ray cluster at ADDRESS first if this process has not (refused within a few seconds if no Ray
-    cluster answers there). ``vocab_size``, ``data_digest``: the learner's data (``TokenData.vocab_size``,
-    ``TokenData.digest()``), checked against the syncer's. A refusal is a ConfigError saying why; the
-    channel's ``leave()`` says the learner finished (``leave(finished=False)`` if it stops before its end)."""
-    _import_ray()
-    from diloco.decoupled.ray_shards import connect_shards
-    from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE
-
-    name, address = parse_syncer(syncer)
-    return connect_shards(
+    return connect_site(
         learner=learner,
-        name=name,
+        syncer=syncer,
         num_shards=cfg.syncer_shards,
-        namespace=namespace or DEFAULT_NAMESPACE,
-        address=address,
         fingerprint=fingerprint(cfg, vocab_size=vocab_size, data_digest=data_digest),
+        token=token,
     )
 
 
@@ -129,17 +128,18 @@ def learner_command(
     learner: int,
     syncer: str,
     out: str,
-    token_auth: bool = False,
+    token: str | None = None,
 ) -> str:
-    """The command a site runs for learner ``learner`` (``overrides``: the syncer's ``--set`` items;
-    ``token_auth``: the cluster uses Ray's token authentication, which a process joining it must turn on)."""
-    words = ["RAY_AUTH_MODE=token"] if token_auth else []
-    words += ["torchrun", "--nproc-per-node", str(ranks), "-m", "diloco", "train", "--preset", preset]
-    words += ["--method", "decoupled"]
+    """The whole command a site runs for learner ``learner`` (``overrides``: the syncer's ``--set`` items;
+    ``token``: the service's, set in the command's environment): restarted by torchrun up to
+    :data:`MAX_RESTARTS` times, each start resuming the site's newest checkpoint (``--resume auto``)."""
+    words = [f"{TOKEN_ENV}={token}"] if token else []
+    words += ["torchrun", "--standalone", "--nproc-per-node", str(ranks), "--max-restarts", str(MAX_RESTARTS)]
+    words += ["-m", "diloco", "train", "--preset", preset, "--method", "decoupled"]
     for item in overrides:
         if item.partition("=")[0].strip() not in SYNCER_ONLY_KEYS + ("method", "learner", "syncer"):
             words += ["--set", item]
-    words += ["--set", f"learner={learner}", "--set", f"syncer={syncer}", "--out", out]
+    words += ["--set", f"learner={learner}", "--set", f"syncer={syncer}", "--out", out, "--resume", "auto"]
     return shlex.join(words)
 
 
@@ -222,28 +222,6 @@ def write_final_checkpoint(
     ckpt.commit(out, step, meta, keep=1)
 
 
-def _auth() -> dict[str, Any]:
-    """Ray's token authentication as this process sees it, and where a site's learners read the token."""
-    mode = None
-    try:
-        from ray._private.authentication.authentication_utils import is_token_auth_enabled
-
-        mode = "token" if is_token_auth_enabled() else "disabled"
-    except Exception:  # an older Ray without token authentication
-        mode = os.environ.get("RAY_AUTH_MODE") or "disabled"
-    token = (
-        "RAY_AUTH_TOKEN (environment)" if os.environ.get("RAY_AUTH_TOKEN") else str(Path.home() / ".ray" / "auth_token")
-    )
-    return {
-        "auth_mode": mode,
-        "token": token if mode == "token" else None,
-        "note": "each site's learners need RAY_AUTH_MODE=token and the cluster's token (the same file's content, "
-        "or RAY_AUTH_TOKEN)"
-        if mode == "token"
-        else "token authentication is off (RAY_AUTH_MODE); learners connect without a token",
-    }
-
-
 def run_service(
     cfg: Any,
     *,
@@ -253,14 +231,19 @@ def run_service(
     cache_dir: Path | str,
     poll_s: float = 5.0,
     node_ip_address: str | None = None,
+    host: str = "0.0.0.0",
+    port: int | None = None,
+    advertise: str | None = None,
     echo: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """``diloco syncer`` (module docstring): start (or resume) the run's syncer service in ``out``, monitor it
     until every learner has finished, write the run's results; returns the summary (also ``summary.json``).
 
-    ``cfg``: the run's config (:func:`diloco.cli.syncer.service_config`); ``preset`` and ``overrides`` (the ``--set`` items) are
-    what the printed learner commands repeat. ``node_ip_address``: the address a new local Ray instance
-    advertises. A Ray instance this process already joined is used as it is."""
+    ``cfg``: the run's config (:func:`diloco.cli.syncer.service_config`); ``preset`` and ``overrides`` (the ``--set``
+    items) are what the printed learner commands repeat. The sites' endpoint: served on ``host``:``port`` (default
+    :data:`~diloco.decoupled.rpc.DEFAULT_PORT`, or a resumed run's), printed as ``advertise`` (default: this
+    machine's address as Ray sees it). ``node_ip_address``: the address a new local Ray instance advertises. A Ray
+    instance this process already joined is used as it is."""
     out = Path(out)
     if cfg.method != "decoupled":
         raise ConfigError(f"method={cfg.method!r}: the syncer service runs method=decoupled")
@@ -279,6 +262,7 @@ def run_service(
             cache_dir=cache_dir,
             poll_s=poll_s,
             node_ip_address=node_ip_address,
+            endpoint=(host, port, advertise),
             echo=echo,
             lock=lock,
         )
@@ -296,10 +280,12 @@ def _run(
     cache_dir: Path | str,
     poll_s: float,
     node_ip_address: str | None,
+    endpoint: tuple[str, int | None, str | None],
     echo: Callable[[str], None],
     lock: Any,
 ) -> dict[str, Any]:
     from diloco.data.sources import check_sources
+    from diloco.decoupled.rpc.gateway import Gateway, ray_backend
     from diloco.decoupled.trainer import write_merges
     from diloco.files import write_json
     from diloco.train.inputs import prepare_inputs
@@ -315,20 +301,25 @@ def _run(
     # this host (or, on a Ray cluster, each of its nodes) holds the syncer: checked before `out` is written
     check_syncer_memory(cfg, inputs.model, inputs.fragments, on_cluster=bool(cfg.ray_address))
     vocab, digest = inputs.data.vocab_size, inputs.data.digest()
+    name = previous["name"] if previous else f"diloco-syncer-{uuid.uuid4().hex[:12]}"
+    token = (previous or {}).get("token") or secrets.token_urlsafe(24)  # a resumed run keeps its sites' token
+    host, port, advertise = endpoint
+    port = port if port is not None else int((previous or {}).get("port", DEFAULT_PORT))
+    handles: list[Any] = []  # the actors, once started: until then the sites' calls are answered "try again"
+    gateway = Gateway(ray_backend(handles, cfg.syncer_shards), name=name, token=token, host=host, port=port)
+    gateway.start()  # a port in use is refused here, before `out` is written
     started_ray = not ray.is_initialized()
-    if started_ray:
-        check_address(cfg.ray_address or None)  # fails fast where no Ray cluster answers
-        kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "namespace": DEFAULT_NAMESPACE}
-        if node_ip_address and not cfg.ray_address:
-            kw["_node_ip_address"] = node_ip_address
-        ray.init(address=cfg.ray_address or None, **kw)
     try:
+        if started_ray:
+            check_address(cfg.ray_address or None)  # fails fast where no Ray cluster answers
+            kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "namespace": DEFAULT_NAMESPACE}
+            if node_ip_address and not cfg.ray_address:
+                kw["_node_ip_address"] = node_ip_address
+            ray.init(address=cfg.ray_address or None, **kw)
         namespace = ray.get_runtime_context().namespace or DEFAULT_NAMESPACE
-        address = cfg.ray_address or ray.get_runtime_context().gcs_address
-        name = previous["name"] if previous else f"diloco-syncer-{uuid.uuid4().hex[:12]}"
-        spec = f"{name}@{address}"
+        advertise = advertise or (previous or {}).get("advertise") or ray.util.get_node_ip_address()
+        spec = f"{name}@{advertise}:{gateway.port}"
         prints = fingerprint(cfg, vocab_size=vocab, data_digest=digest)
-        auth = _auth()
         commands = [
             learner_command(
                 preset=preset,
@@ -337,16 +328,18 @@ def _run(
                 learner=m,
                 syncer=spec,
                 out=f"{out.name}-learner-{m}",
-                token_auth=auth["auth_mode"] == "token",
+                token=token,
             )
             for m in range(cfg.replicas)
         ]
         info = {
             "name": name,
             "namespace": namespace,
-            "address": address,
             "syncer": spec,
-            "ray": auth,
+            "advertise": advertise,
+            "port": gateway.port,
+            "token": token,
+            "token_env": TOKEN_ENV,
             "learners": commands,
             "fingerprint": prints,
         }
@@ -356,6 +349,7 @@ def _run(
         if inputs.data.tokenizer is not None:
             (out / "tokenizer.json").write_text(inputs.data.tokenizer.to_json(), encoding="utf-8")
         write_json(out / "syncer.json", info)
+        os.chmod(out / "syncer.json", 0o600)  # it holds the token
         try:  # a resumed run whose detached actors still run
             shards = RayShards.find(name, cfg.syncer_shards, namespace=namespace)
             echo(f"diloco syncer: {name} still runs; monitoring it")
@@ -371,14 +365,14 @@ def _run(
                 fingerprint=prints,
                 num_gpus=1 if cfg.syncer_device.startswith("cuda") else 0,  # auto: a GPU if Ray gives the actor one
             )
+        handles.extend(shards.handles)
         status = shards.status()
         echo(
             f"diloco syncer: {name} runs (pid {status['pid']}"
             + (f", resumed from {status['restored_merges']} merges" if status["restored_merges"] is not None else "")
-            + f"); Ray address {address}, namespace {namespace}"
+            + f"); the sites connect to {advertise}:{gateway.port} (TCP, gRPC; served on {host}:{gateway.port})"
         )
-        echo(f"Ray token authentication: {auth['auth_mode']}" + (f"; token: {auth['token']}" if auth["token"] else ""))
-        echo(f"learner commands, one per site (also in {out / 'syncer.json'}):")
+        echo(f"learner commands, one per site (also in {out / 'syncer.json'}; they hold the token):")
         for line in commands:
             echo(f"  {line}")
         summary = _monitor(shards, num_learners=cfg.replicas, poll_s=poll_s, echo=echo)
@@ -394,11 +388,13 @@ def _run(
         from diloco.train.evaluation import evaluate_parameters
 
         loss = evaluate_parameters(inputs.model, named, inputs.val_batches, bf16=cfg.bf16, device=torch.device("cpu"))
-        summary = {**summary, "merges": len(records), "name": name, "address": address, "final_eval_loss": loss}
+        summary = {**summary, "merges": len(records), "name": name, "address": spec, "final_eval_loss": loss}
+        summary["gateway_calls"] = gateway.calls
         write_json(out / "summary.json", summary)
         echo(f"diloco syncer: every learner finished; {len(records)} merges; results in {out}")
         return summary
     finally:
+        gateway.stop()
         if started_ray:
             ray.shutdown()
 

@@ -9,9 +9,10 @@ mid-run. What the test of site jobs under faults and ``benchmarks/site_faults.py
                        kill_learner=(1, 20), kill_syncer=True)
 
 Every process is a real one on this machine (loopback): ``python -m diloco syncer`` (a local Ray instance, the
-syncer a detached checkpointed actor), and per site ``torchrun --nproc-per-node R --max-restarts 2 -m diloco
-train ... --set learner=m --set syncer=NAME@ADDRESS --resume auto`` (gloo ranks; ``sharding="fsdp"``: the
-site's ranks shard one model). ``kill_learner=(m, step)``: once learner m has logged ``step``, its lead rank
+syncer a detached checkpointed actor, its gRPC endpoint on a free port of 127.0.0.1), and per site the command it
+printed (``DILOCO_SYNCER_TOKEN=... torchrun --standalone --nproc-per-node R --max-restarts 3 -m diloco train ...
+--set learner=m --set syncer=NAME@127.0.0.1:PORT --resume auto``; no Ray at the site) with the site's ranks, its
+folder and the shared token cache (gloo ranks; ``sharding="fsdp"``: the site's ranks shard one model). ``kill_learner=(m, step)``: once learner m has logged ``step``, its lead rank
 (the pid in its newest ``joined`` row) is SIGKILLed; torchrun's agent restarts the site's job, which resumes
 from its newest checkpoint. ``kill_syncer``: once the restarted learner has contributed again (or, without a
 learner kill, after a few merges), the syncer actor's process (the pid of its newest ``started`` event) is
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -42,7 +44,7 @@ from statistics import median
 from typing import Any
 
 from diloco.decoupled.chaos_logs import final_steps, read_learner_log
-from diloco.distributed.launch import child_environment, torchrun_command
+from diloco.distributed.launch import child_environment
 from diloco.errors import ConfigError
 
 #: The run the test and the benchmark deploy: K = 1, two fragments, steps padded to an accelerator's 0.15 s (four
@@ -117,6 +119,19 @@ def _tails(out: Path) -> str:
     return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-1500:] for p in sorted(out.glob("*.log")))
 
 
+def site_command(line: str, *, ranks: int) -> tuple[dict[str, str], list[str]]:
+    """A learner command ``diloco syncer`` printed, to run here: its environment (the token) and its words, with
+    ``torchrun`` this Python's (``python -m torch.distributed.run``) and ``--nproc-per-node ranks``."""
+    words = shlex.split(line)
+    env = {}
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        key, _, value = words.pop(0).partition("=")
+        env[key] = value
+    assert words[0] == "torchrun", line
+    words[words.index("--nproc-per-node") + 1] = str(ranks)
+    return env, [sys.executable, "-m", "torch.distributed.run", *words[1:]]
+
+
 def run_sites(
     *,
     preset: str,
@@ -146,7 +161,9 @@ def run_sites(
         return subprocess.Popen(args, env=child_environment(**(extra_env or {})), stdout=log, stderr=subprocess.STDOUT)
 
     service = start(
-        [python, "-m", "diloco", "syncer", *common, "--out", str(out / "syncer"), "--poll", "1"], "syncer.log"
+        [python, "-m", "diloco", "syncer", *common, "--out", str(out / "syncer"), "--poll", "1"]
+        + ["--host", "127.0.0.1", "--advertise", "127.0.0.1", "--port", "0"],
+        "syncer.log",
     )
     procs = [service]
     faults: dict[str, Any] = {}
@@ -155,14 +172,11 @@ def run_sites(
         info_path = out / "syncer" / "syncer.json"
         _wait("the syncer's syncer.json", info_path.is_file, timeout=180, procs=procs)
         info = json.loads(info_path.read_text())
-        auth = {"RAY_AUTH_MODE": "token"} if info["ray"]["auth_mode"] == "token" else {}
-        for site in sites:
-            args = ["train", "--method", "decoupled", *common, "--no-progress"]
-            args += ["--set", f"learner={site.learner}", "--set", f"syncer={info['syncer']}"]
-            args += ["--set", f"ranks_per_worker={site.ranks}", "--set", f"worker_sharding={site.sharding}"]
-            args += ["--out", str(out / f"site-{site.learner}"), "--resume", "auto"]
-            command = torchrun_command(nproc=site.ranks, args=args, options=("--max-restarts", "2"))
-            procs.append(start(command, f"site-{site.learner}.log", auth))
+        for site in sites:  # the command the service printed for this site, as it is, on this site's ranks
+            env, command = site_command(info["learners"][site.learner], ranks=site.ranks)
+            command += ["--set", f"ranks_per_worker={site.ranks}", "--set", f"worker_sharding={site.sharding}"]
+            command += ["--out", str(out / f"site-{site.learner}"), "--cache-dir", str(cache_dir), "--no-progress"]
+            procs.append(start(command, f"site-{site.learner}.log", env))
         if while_up is not None:
             beside = _Beside(while_up, info)
             beside.start()

@@ -1,0 +1,25 @@
+"""The learner-to-syncer protocol across sites: gRPC (``grpcio``), one room beside the syncer.
+
+What crosses the WAN between a site's learner and the syncer service is this protocol alone: no Ray at the site,
+no Ray cluster spanning sites (Ray stays inside the syncer's host, where the service keeps its checkpointed actor).
+
+* :mod:`.frames`: the messages as bytes (a small strict-JSON header, then the tensors' raw bytes; no pickle).
+* :mod:`.gateway`: the server, in the ``diloco syncer`` process, that forwards each call to the syncer actor(s).
+* :mod:`.client`: a learner's :class:`~diloco.decoupled.learner.Channel` over it (deadlines, retries, the token).
+* :mod:`.probe`: is a ``syncer=NAME@HOST:PORT`` worth starting for (answers, the name, the token), before any
+  file is written.
+
+Every call carries the service's token (gRPC metadata ``diloco-token``); a wrong or missing one is refused
+(``UNAUTHENTICATED``) with a message saying so. Imports nothing heavy: ``grpc`` is imported where it is used.
+"""
+
+#: The environment variable a site's learner reads the service's token from (the printed command sets it).
+TOKEN_ENV = "DILOCO_SYNCER_TOKEN"
+#: The port ``diloco syncer`` serves learners on unless told otherwise (the one a firewall must open).
+DEFAULT_PORT = 7171
+#: gRPC's service name: each call is ``/diloco.Syncer/<Method>``.
+SERVICE = "diloco.Syncer"
+METHODS = ("Ping", "Hello", "Heartbeat", "Join", "Report", "WaitReply", "Leave", "Hold", "Status")
+GRPC_MISSING = "a site's learner talks to the syncer over gRPC: pip install -e .[site] (or grpcio>=1.60)"
+
+__all__ = ["DEFAULT_PORT", "GRPC_MISSING", "METHODS", "SERVICE", "TOKEN_ENV"]

@@ -1,0 +1,281 @@
+"""A site's learner channel to the syncer service over gRPC: no Ray at the site.
+
+::
+
+    channel = connect_site(learner=m, syncer="NAME@HOST:PORT", token=..., fingerprint=..., num_shards=S)
+    algo = Learner(model, channel=channel, learner=m, ...)      # join, send, wait_reply, poll_reply, hold, leave
+
+Each call has a deadline; a call that finds the service unreachable (``UNAVAILABLE``: refused, reset, a dead link
+noticed by the keepalive pings within ~15 s; or its deadline passed) is tried again after a backoff of 0.2 s
+doubling up to 2 s, for up to ``retry_for`` seconds (:data:`RETRY_FOR_S`), then raises a RuntimeError naming the
+service and what it last said (the site's job stops; torchrun's ``--max-restarts`` restarts it, ``--resume auto``
+resumes it). A report is sent, and its reply asked for, on a thread of the channel's, so the learner trains on
+while the service is unreachable: with ``ride_out_steps`` B it rides the partition out for B steps, as through a
+syncer restart, and waits after that. A report sent twice (its first answer lost) is ignored by the syncer.
+A wrong token or syncer name is a ConfigError, never retried.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S
+from diloco.decoupled.messages import Reply, Report, Welcome
+from diloco.decoupled.rpc import GRPC_MISSING, SERVICE, TOKEN_ENV
+from diloco.decoupled.rpc.frames import pack, pack_report, unpack, unpack_reply, unpack_welcome
+from diloco.errors import ConfigError
+
+#: Seconds a call keeps trying an unreachable service before the learner gives up (its job then stops).
+RETRY_FOR_S = 300.0
+#: How many times a learner sends one report again (the service held no such report) before it gives up.
+MAX_RESENDS = 5
+#: The deadline of one try of each call (seconds); a report's and a welcome's grow with their bytes.
+DEADLINES = {"Ping": 5.0, "Hello": LEASE_S + 30.0, "Heartbeat": 5.0, "Join": 120.0, "Report": 60.0}
+DEADLINES |= {"WaitReply": 60.0, "Leave": 60.0, "Hold": 60.0, "Status": 30.0}
+CLIENT_OPTIONS = [
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
+    ("grpc.keepalive_time_ms", 10000),
+    ("grpc.keepalive_timeout_ms", 5000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.enable_retries", 0),  # the retries are this module's (and say so)
+]
+
+
+def parse_spec(spec: str) -> tuple[str, str, int]:
+    """``NAME@HOST:PORT`` -> (name, host, port); a ConfigError naming the form otherwise."""
+    name, sep, address = str(spec).partition("@")
+    host, _, port = address.rpartition(":")
+    if not sep or not name or not host or not port.isdigit():
+        raise ConfigError(
+            f"syncer={spec!r}: give NAME@ADDRESS as `diloco syncer` printed it (e.g. "
+            f"diloco-syncer-1a2b3c@10.0.0.1:7171; also in its --out folder's syncer.json)"
+        )
+    return name, host.strip("[]"), int(port)
+
+
+class Unreachable(RuntimeError):
+    """The service did not answer a call within its retries (what it last said is in the message)."""
+
+
+class Link:
+    """One gRPC connection to a syncer service, carrying the token on every call (module docstring)."""
+
+    def __init__(self, spec: str, *, token: str | None = None, retry_for: float = RETRY_FOR_S) -> None:
+        try:
+            import grpc
+        except ImportError:
+            raise ConfigError(GRPC_MISSING) from None
+        self._grpc = grpc
+        self.spec = spec
+        self.name, host, port = parse_spec(spec)
+        self.target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        token = token if token is not None else os.environ.get(TOKEN_ENV, "")
+        if not token:
+            raise ConfigError(
+                f"no token for the syncer {spec}: run the site's command as `diloco syncer` printed it (it sets "
+                f"{TOKEN_ENV}=...; the token is also in the service's --out/syncer.json)"
+            )
+        self.metadata = (("diloco-token", token),)
+        self.retry_for = retry_for
+        self.retries = 0  # tries that failed and were made again
+        self.bytes_sent = self.bytes_received = 0
+        self.channel = grpc.insecure_channel(self.target, options=CLIENT_OPTIONS)
+        self._calls = {m: self.channel.unary_unary(f"/{SERVICE}/{m}") for m in DEADLINES}
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def call(
+        self,
+        method: str,
+        header: dict[str, Any] | bytes,
+        *,
+        timeout: float | None = None,
+        retry_for: float | None = None,
+    ) -> bytes:
+        """One call (its request a header, or a frame already packed), tried again while the service is
+        unreachable for up to ``retry_for`` seconds (module docstring); the answer's bytes."""
+        grpc = self._grpc
+        request = header if isinstance(header, bytes) else pack({"syncer": self.name, **header})
+        timeout = DEADLINES[method] if timeout is None else timeout
+        give_up = time.monotonic() + (self.retry_for if retry_for is None else retry_for)
+        delay = 0.2
+        while True:
+            try:
+                answer = self._calls[method](request, timeout=timeout, metadata=self.metadata)
+                self.bytes_sent += len(request)
+                self.bytes_received += len(answer)
+                return answer
+            except grpc.RpcError as exc:
+                code, details = exc.code(), exc.details()
+                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.NOT_FOUND):
+                    raise ConfigError(details) from None
+                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise RuntimeError(
+                        f"the syncer at {self.target} answered {method} with {code.name}: {details}"
+                    ) from None
+                if time.monotonic() + delay > give_up:
+                    raise Unreachable(
+                        f"the syncer {self.spec} did not answer {method} for {self.retry_for if retry_for is None else retry_for:g} s "
+                        f"({self.retries} tries made again; last: {code.name}: {details}): the network to it is down "
+                        f"or it stopped. The site's job stops here; torchrun --max-restarts restarts it and "
+                        f"--resume auto resumes it from its newest checkpoint"
+                    ) from None
+                self.retries += 1
+                time.sleep(delay)
+                delay = min(2 * delay, 2.0)
+
+
+class RpcChannel:
+    """One learner's :class:`~diloco.decoupled.learner.Channel` to one shard of the service over a :class:`Link`
+    (what :class:`~diloco.decoupled.ray_transport.RayChannel` is in-cluster, with the same resend rule and
+    session: a heartbeat every ``HEARTBEAT_S`` from a daemon thread, ``leave()`` says *finished*)."""
+
+    def __init__(self, link: Link, learner: int, *, shard: int = 0, session: str | None = None) -> None:
+        self.link, self.learner, self.shard, self.session = link, learner, shard, session
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"syncer-rpc-{learner}")
+        self._replies: dict[int, Future] = {}
+        self._delivered: dict[int, Future] = {}
+        self._sent: dict[int, Report] = {}
+        self._stop = threading.Event()
+        self._beating: threading.Thread | None = None
+        self.resent = 0
+        self._tries = 0
+
+    def _head(self, **fields: Any) -> dict[str, Any]:
+        return {"shard": self.shard, "learner": self.learner, **fields}
+
+    def hello(self, fingerprint: dict[str, Any] | None) -> str | None:
+        answer, _ = unpack(self.link.call("Hello", self._head(session=self.session, fingerprint=fingerprint)))
+        return answer["refused"]
+
+    def join(self) -> Welcome:
+        self._replies.clear()
+        self._sent.clear()
+        return unpack_welcome(self.link.call("Join", self._head()))
+
+    def send(self, report: Report) -> None:
+        self._sent[report.fragment] = report
+        delivered: Future = Future()
+        self._delivered[report.fragment] = delivered
+        self._replies[report.fragment] = self._pool.submit(self._exchange, report, delivered)
+
+    def _exchange(self, report: Report, delivered: Future) -> Reply | None:
+        """Send ``report``, then ask for its reply (both tried again while the service is unreachable)."""
+        try:
+            frame = pack_report(report, syncer=self.link.name, shard=self.shard)
+            timeout = DEADLINES["Report"] + len(frame) / 1e6  # at least 1 MB/s
+            (answer, _) = unpack(self.link.call("Report", frame, timeout=timeout))
+            delivered.set_result(None)
+        except BaseException as exc:
+            delivered.set_exception(exc)
+            raise
+        ask = self._head(fragment=report.fragment, at=answer["at"], base_version=report.base_version)
+        return unpack_reply(self.link.call("WaitReply", ask))
+
+    def _resend(self, fragment: int) -> None:
+        self.resent += 1
+        self._tries += 1
+        if self._tries > MAX_RESENDS:
+            raise RuntimeError(
+                f"learner {self.learner}: the syncer answered none of {MAX_RESENDS} sendings of its report of "
+                f"fragment {fragment} (made against version {self._sent[fragment].base_version}): its state and "
+                f"this learner's disagree. Restart this learner (it joins again with the current global parameters)"
+            )
+        self.send(self._sent[fragment])
+
+    def wait_reply(self, fragment: int) -> Reply:
+        while (reply := self._replies.pop(fragment).result()) is None:
+            self._resend(fragment)
+        del self._sent[fragment]
+        self._tries = 0
+        return reply
+
+    def poll_reply(self, fragment: int) -> Reply | None:
+        if not self._replies[fragment].done():
+            return None
+        reply = self._replies.pop(fragment).result()
+        if reply is None:
+            self._resend(fragment)
+            return None
+        del self._sent[fragment]
+        self._tries = 0
+        return reply
+
+    def hold(self, step: int) -> None:
+        for f in list(self._delivered.values()):  # the reports first: the syncer holds every one when this returns
+            f.result()
+        self._delivered.clear()
+        self.link.call("Hold", self._head(step=step))
+
+    def start_heartbeat(self) -> None:
+        assert self.session is not None, "a heartbeat needs a session"
+        if self._beating is None:
+            name = f"syncer-heartbeat-{self.learner}-{self.shard}"
+            self._beating = threading.Thread(target=self._beat, name=name, daemon=True)
+            self._beating.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self.link.call("Heartbeat", self._head(session=self.session), retry_for=0.0)
+            except Exception:  # unreachable for now: the next beat tries again
+                continue
+
+    def leave(self, *, finished: bool | None = None) -> None:
+        """Stop: the syncer no longer counts this learner. With a session, ``finished`` defaults to True."""
+        self._stop.set()
+        done = (self.session is not None) if finished is None else finished
+        try:
+            self.link.call("Leave", self._head(finished=bool(done), session=self.session), retry_for=60.0)
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def connect_site(
+    *,
+    learner: int,
+    syncer: str,
+    num_shards: int = 1,
+    fingerprint: dict[str, Any] | None = None,
+    token: str | None = None,
+    retry_for: float = RETRY_FOR_S,
+) -> Any:
+    """Learner ``learner``'s channel to the service ``syncer`` (NAME@HOST:PORT) over gRPC: one
+    :class:`RpcChannel` per shard (a :class:`~diloco.decoupled.shards.ShardedChannel` when S > 1), each index
+    claimed with ``fingerprint`` and held by a heartbeat; a refusal is a ConfigError saying why. ``token``:
+    default the environment's ``DILOCO_SYNCER_TOKEN``."""
+    from diloco.decoupled.shards import sharded
+
+    link = Link(syncer, token=token, retry_for=retry_for)
+    session = uuid.uuid4().hex
+    channels: list[RpcChannel] = []
+    try:
+        for s in range(num_shards):
+            channel = RpcChannel(link, learner, shard=s, session=session)
+            refused = channel.hello(fingerprint)
+            if refused is not None:
+                raise ConfigError(refused)
+            channels.append(channel)
+            channel.start_heartbeat()
+    except BaseException:
+        for c in channels:  # the claims made at the shards that granted them
+            try:
+                c.leave(finished=False)
+            except Exception:
+                pass
+        link.close()
+        raise
+    return sharded(channels)
+
+
+__all__ = ["DEADLINES", "MAX_RESENDS", "RETRY_FOR_S", "Link", "RpcChannel", "Unreachable", "connect_site", "parse_spec"]
