@@ -240,7 +240,7 @@ def test_each_chaos_learner_is_given_the_whole_config():
     kw = dict(replicas=2, sync_every=4, num_fragments=2, overlap_steps=1, quorum=0, merge="mean", grace_gamma=0.0)
     muon = _chaos_cfg(**kw, inner_optimizer="muon", inner_lr=0.02, steps=7)
     sites = learner_configs(muon, chaos=Chaos(), name="s", address="127.0.0.1:1")
-    assert [c.pop("learner") for c in sites] == [0, 1] and [c.pop("syncer") for c in sites] == ["s@127.0.0.1:1"] * 2
+    assert [c.pop("learner") for c in sites] == [0, 1] and [c.pop("syncer") for c in sites] == ["s@ray:127.0.0.1:1"] * 2
     given = {k: v for k, v in muon.to_dict().items() if k not in ("learner", "syncer")}
     assert sites == [given] * 2 and given["inner_optimizer"] == "muon"  # every other setting, as given
 

@@ -1,7 +1,8 @@
 """Decoupled DiLoCo deployed as site jobs, under faults (:mod:`diloco.decoupled.site_faults`): the syncer service
 (``diloco syncer``) and two site jobs of 2 gloo ranks each (site 0's ranks shard one model with FSDP), every one a
-real process on loopback. While both sites train, this process joins the service as a learner would and is
-refused (another config, an index out of range, a live learner's index). A rank of learner 1 is SIGKILLed mid-run
+real process on loopback, each site running the command the service printed (over gRPC, no Ray at the site). While
+both sites train, this process joins the service as a learner would and is refused (a wrong token, another config,
+an index out of range, a live learner's index). A rank of learner 1 is SIGKILLed mid-run
 and torchrun's agent restarts its job, which resumes from its checkpoint; then the syncer's process is SIGKILLed and
 Ray restarts it from its checkpoint; at the end ``diloco export`` reads the service's folder. Skipped without Ray.
 (The service's quick refusals and a finished learner at the syncer actor: test_syncer_service.py and
@@ -22,7 +23,7 @@ ray = pytest.importorskip("ray")
 
 from diloco.cli._common import load_preset  # noqa: E402
 from diloco.cli.syncer import service_config  # noqa: E402
-from diloco.decoupled.service import connect_learner, parse_syncer  # noqa: E402
+from diloco.decoupled.service import connect_learner  # noqa: E402
 from diloco.decoupled.site_faults import DEFAULT_SETS, Site, run_sites  # noqa: E402
 from diloco.errors import ConfigError  # noqa: E402
 
@@ -32,29 +33,25 @@ def _cfg(**extra):
 
 
 def _refused_while_both_train(info: dict, monkeypatch) -> None:
-    """This process joins the live service as a learner does (probed, token auth as the sites have it) and is
-    refused: a learner of another config (each differing key named), an index out of range, and learner 0's index
-    while learner 0 trains (after waiting its claim's lease out)."""
-    name, address = parse_syncer(info["syncer"])
-    assert address == info["address"] and info["learners"][1].endswith(
-        f"--set learner=1 --set syncer={info['syncer']} --out syncer-learner-1"
-    )
-    from diloco.decoupled.ray_transport import init
+    """This process joins the live service as a site's learner does (over gRPC, with the token the printed commands
+    carry; no Ray here) and is refused: a wrong token, a learner of another config (each differing key named), an
+    index out of range, and learner 0's index while learner 0 trains (after waiting its claim's lease out)."""
+    from diloco.decoupled.rpc.client import Link
+    from diloco.decoupled.rpc.frames import unpack
 
-    if info["ray"]["auth_mode"] == "token":  # a site's learners run with RAY_AUTH_MODE=token (the command says
-        assert info["learners"][0].startswith("RAY_AUTH_MODE=token ")  # so); Ray read the environment at import:
-        monkeypatch.setenv("RAY_AUTH_MODE", "token")  # set it, and have Ray read it again, as Ray itself does
-        ray._raylet.Config.initialize("")
-    init(address=address, namespace=info["namespace"])  # as a learner joins: probed first, with the token
-    assert ray.is_initialized()
-    end, actor = time.monotonic() + 180, None
-    while actor is None or ray.get(actor.status.remote())["live"] != [0, 1]:  # (the actor may not be up yet)
+    line = info["learners"][1]  # the whole command: the token, torchrun's restarts, --resume auto
+    assert line.startswith(f"DILOCO_SYNCER_TOKEN={info['token']} torchrun --standalone --nproc-per-node ")
+    assert " --max-restarts 3 " in line
+    assert line.endswith(f"--set learner=1 --set syncer={info['syncer']} --out syncer-learner-1 --resume auto")
+    monkeypatch.setenv("DILOCO_SYNCER_TOKEN", info["token"])
+    link = Link(info["syncer"])
+    end = time.monotonic() + 180
+    while unpack(link.call("Status", {"shard": 0}))[0]["live"] != [0, 1]:  # (the actor may not be up yet)
         assert time.monotonic() < end, "the syncer actor and both learners were never live"
         time.sleep(0.2)
-        try:
-            actor = ray.get_actor(name, namespace=info["namespace"])
-        except ValueError:
-            pass
+    link.close()
+    with pytest.raises(ConfigError, match="refused a call with a wrong token"):
+        connect_learner(_cfg(), learner=0, syncer=info["syncer"], token="wrong")
     with pytest.raises(ConfigError, match=r"sync_every: the learner has 4, the syncer 8.*outer_lr"):
         connect_learner(_cfg(sync_every=4, outer_lr=0.5), learner=0, syncer=info["syncer"])
     with pytest.raises(ConfigError, match=r"learner=2 is out of range.*0\.\.1"):
@@ -103,7 +100,7 @@ def test_site_jobs_ride_out_a_killed_rank_and_a_killed_syncer(tmp_path, token_ca
     sites = threading.Thread(target=run, daemon=True)
     sites.start()
     try:
-        while True:  # Ray in this process is joined from the test's own thread
+        while True:
             try:
                 info = up.get(timeout=0.5)
                 break
@@ -112,7 +109,6 @@ def test_site_jobs_ride_out_a_killed_rank_and_a_killed_syncer(tmp_path, token_ca
         _refused_while_both_train(info, monkeypatch)
     finally:
         checked.set()
-        ray.shutdown()
         sites.join(timeout=600)
     if "error" in got:
         raise got["error"]

@@ -6,6 +6,7 @@ Skipped without Ray (the optional ``ray`` extra), which the syncer's side needs 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 
 import pytest
@@ -123,6 +124,17 @@ def test_a_site_job_needs_both_learner_and_syncer():
         tiny(method="streaming", learner=0, syncer="s@127.0.0.1:6379")
 
 
+#: A site job's process that reports, after its run, every Ray module it loaded (and fails if there is one).
+_RAY_FREE = (
+    "import json, sys\n"
+    "from diloco.cli import main\n"
+    "rc = main(json.loads(sys.argv[1]))\n"
+    "loaded = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))\n"
+    "print('ray modules loaded:', loaded, flush=True)\n"
+    "sys.exit(rc or (3 if loaded else 0))\n"
+)
+
+
 def _sites(
     local_ray: str,
     tmp_path,
@@ -131,11 +143,13 @@ def _sites(
     *,
     ranks: dict[int, int] | None = None,
     sharded: tuple[int, ...] = (),
+    plain: bool = False,
     **kw,
 ) -> dict:
     """Run the M learners as site jobs against a fresh syncer actor named ``name``: learner m in a thread of this
     process, or (``ranks[m]`` = R > 1) as a torchrun job of R gloo ranks; the syncer's final parameters, its
-    merges and the final loss of those parameters."""
+    merges and the final loss of those parameters. ``plain``: each site in ``ranks`` (of one rank) is a plain
+    ``diloco train`` process that reports the Ray modules it has loaded at its end (:data:`_RAY_FREE`)."""
     import subprocess
 
     from diloco.distributed.launch import child_environment, torchrun_command
@@ -167,6 +181,9 @@ def _sites(
             args += ["--set", s]
         log = open(tmp_path / f"{name}-{m}.log", "wb")
         command = torchrun_command(nproc=r, args=args)
+        if plain:  # `python -m diloco train` of one rank, which says which Ray modules it loaded (none, it must be)
+            assert r == 1
+            command = [sys.executable, "-c", _RAY_FREE, json.dumps(args)]
         env = child_environment(DILOCO_SYNCER_TOKEN=TOKEN)
         procs.append((m, subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), log))
 
@@ -224,3 +241,14 @@ def test_a_site_job_of_fsdp_ranks_gives_the_threads_run(local_ray, tmp_path, tok
     assert fsdp["loss"] == pytest.approx(run.final_eval_loss, rel=1e-5)
     latest = json.loads((tmp_path / "site-fsdp-0" / "checkpoints" / "latest.json").read_text())
     assert latest["format"] == "dcp" and latest["config"]["worker_sharding"] == "fsdp"  # sharded, each rank its shard
+
+
+def test_a_site_job_needs_no_ray(local_ray, tmp_path, token_cache, threads_run, token):
+    """Learner 0 as a plain ``diloco train`` process that talks to the service over gRPC alone: at its end no Ray
+    module is loaded in it (so none was imported, and no Ray node or raylet started there), and with learner 1 a
+    thread as before the run is the threads run to the bit (K = M, mean)."""
+    run, threads_merges = threads_run
+    got = _sites(local_ray, tmp_path, token_cache, "site-noray", ranks={0: 1}, plain=True)
+    assert "ray modules loaded: []" in (tmp_path / "site-noray-0.log").read_text()
+    assert len(got["merges"]) == threads_merges
+    assert got["loss"] == run.final_eval_loss

@@ -5,6 +5,7 @@ its folder): test_site_faults.py. Skipped when Ray is not installed."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import socket
@@ -18,6 +19,7 @@ ray = pytest.importorskip("ray")
 
 from diloco.cli._common import load_preset  # noqa: E402
 from diloco.cli.syncer import service_config  # noqa: E402
+from diloco.decoupled.rpc.probe import PROBE_TIMEOUT_S, check_syncer  # noqa: E402
 from diloco.decoupled.service import (  # noqa: E402
     connect_learner,
     describe_differences,
@@ -58,12 +60,15 @@ def test_parse_syncer_and_the_learner_command():
         overrides=["replicas=2", "ray_address=10.0.0.1:6379", "sync_every=4"],
         ranks=2,
         learner=1,
-        syncer="s@10.0.0.1:6379",
+        syncer="s@10.0.0.1:7171",
         out="site-1",
+        token="t0k",
     )
+    # the whole command a site runs: the token, torchrun's restarts, every start resuming the site's checkpoint
     assert line == (
-        "torchrun --nproc-per-node 2 -m diloco train --preset tiny --method decoupled --set replicas=2 "
-        "--set sync_every=4 --set learner=1 --set syncer=s@10.0.0.1:6379 --out site-1"
+        "DILOCO_SYNCER_TOKEN=t0k torchrun --standalone --nproc-per-node 2 --max-restarts 3 -m diloco train "
+        "--preset tiny --method decoupled --set replicas=2 --set sync_every=4 --set learner=1 "
+        "--set syncer=s@10.0.0.1:7171 --out site-1 --resume auto"
     )
 
 
@@ -82,10 +87,10 @@ def test_an_out_folder_holding_other_files_is_refused_and_left_as_it_was(tmp_pat
     assert plan_out(tmp_path, _cfg()) == {"name": "diloco-syncer-x"}
 
 
-def test_ray_not_installed_is_a_config_error_naming_the_extra(monkeypatch):
-    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
-    with pytest.raises(ConfigError, match=r"pip install -e \.\[ray\]"):
-        connect_learner(_cfg(), learner=0, syncer="s@127.0.0.1:1")
+def test_grpc_not_installed_is_a_config_error_naming_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "grpc", None)  # `import grpc` raises ImportError
+    with pytest.raises(ConfigError, match=r"pip install -e \.\[site\]"):
+        connect_learner(_cfg(), learner=0, syncer="s@127.0.0.1:1", token="t")
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -104,11 +109,10 @@ def test_an_address_where_a_web_server_or_nothing_answers_is_refused_within_5_s(
         with pytest.raises(ConfigError, match=rf"ray_address='127.0.0.1:{port}' is not a Ray cluster.*it answered"):
             check_address(f"127.0.0.1:{port}")
         assert time.monotonic() - start < 5.0
-        if not ray.is_initialized():  # the learner's way in: the same probe before ray.init
-            start = time.monotonic()
-            with pytest.raises(ConfigError, match=f"127.0.0.1:{port}"):
-                connect_learner(_cfg(), learner=0, syncer=f"s@127.0.0.1:{port}")
-            assert time.monotonic() - start < 5.0
+        start = time.monotonic()  # a site's way in: its probe of syncer=NAME@HOST:PORT (gRPC, no Ray)
+        with pytest.raises(ConfigError, match=rf"something answers at 127.0.0.1:{port} but not as a diloco syncer"):
+            check_syncer(f"s@127.0.0.1:{port}", token="t")
+        assert time.monotonic() - start < 5.0
     finally:
         server.shutdown()
         server.server_close()
@@ -119,3 +123,87 @@ def test_an_address_where_a_web_server_or_nothing_answers_is_refused_within_5_s(
     with pytest.raises(ConfigError, match=f"127.0.0.1:{free}' does not answer"):
         check_address(f"127.0.0.1:{free}")
     assert time.monotonic() - start < 5.0
+
+
+@contextlib.contextmanager
+def _black_hole():
+    """A loopback port that drops connections instead of refusing them: a listening socket that never accepts,
+    its accept queue (backlog 0) filled, so the kernel drops every further SYN (what a firewall's DROP rule
+    does). Checked first: a plain connect there times out. Yields the port."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        fill = []
+        try:
+            for _ in range(3):
+                s = socket.socket()
+                s.setblocking(False)
+                s.connect_ex(("127.0.0.1", port))
+                fill.append(s)
+            time.sleep(0.2)
+            with pytest.raises(TimeoutError):  # the setup is a black hole, or this test would prove nothing
+                socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+            yield port
+        finally:
+            for s in fill:
+                s.close()
+
+
+def _site(tmp_path, token_cache, syncer: str):
+    from diloco.train.config import TrainConfig, load_preset
+    from diloco.train.trainer import Trainer
+
+    sets = {"method": "decoupled", "replicas": 2, "num_fragments": 2, "sync_every": 4, "overlap_steps": 1}
+    cfg = TrainConfig.from_dict({**load_preset("tiny")["base"], **sets, "learner": 0, "syncer": syncer, "steps": 8})
+    return Trainer(cfg, tmp_path / "site", cache_dir=token_cache, progress=False)
+
+
+def test_a_syncer_address_that_drops_packets_is_refused_within_the_probe_before_out_is_written(
+    tmp_path, token_cache, monkeypatch
+):
+    """A site job whose syncer=NAME@HOST:PORT drops packets (nothing refuses: gRPC's connect just waits) is refused
+    with a message that says so within the probe's deadline (PROBE_TIMEOUT_S = 5 s, plus 3 s for the job's own
+    setup on a loaded machine), and its --out is never created."""
+    monkeypatch.setenv("DILOCO_SYNCER_TOKEN", "t")
+    with _black_hole() as port:
+        start = time.monotonic()
+        with pytest.raises(ConfigError, match=rf"nothing answered at 127.0.0.1:{port} within 5 s .*dropped"):
+            check_syncer(f"s@127.0.0.1:{port}", token="t")
+        assert PROBE_TIMEOUT_S - 0.5 <= time.monotonic() - start < PROBE_TIMEOUT_S + 3.0
+        site = _site(tmp_path, token_cache, f"s@127.0.0.1:{port}")
+        start = time.monotonic()
+        with pytest.raises(ConfigError, match="packets are dropped"):
+            site.run(reuse=True)
+        assert time.monotonic() - start < PROBE_TIMEOUT_S + 3.0
+    assert not (tmp_path / "site").exists()
+
+
+def test_a_wrong_token_or_name_is_refused_saying_so_before_out_is_written(tmp_path, token_cache, monkeypatch):
+    """The service's endpoint (a real gateway on loopback) refuses a call with a wrong token, or none, and a call
+    for another syncer's name, with messages that say so, before any call reaches the syncer: its backend here
+    fails the test if called (the only stand-in: what is checked comes before it). A site job with a wrong token
+    is refused by its probe with its --out never created."""
+    from diloco.decoupled.rpc.gateway import Gateway
+
+    def backend(shard, method, args, timeout):
+        raise AssertionError(f"a refused call reached the syncer: {method}")
+
+    gateway = Gateway((backend, 1), name="s", token="right", host="127.0.0.1", port=0)
+    port = gateway.start()
+    try:
+        assert check_syncer(f"s@127.0.0.1:{port}", token="right", num_shards=1)["syncer"] == "s"
+        with pytest.raises(ConfigError, match="refused a call with a wrong token"):
+            check_syncer(f"s@127.0.0.1:{port}", token="wrong")
+        with pytest.raises(ConfigError, match="no token for the syncer"):  # told before a call is made
+            check_syncer(f"s@127.0.0.1:{port}", token="")
+        with pytest.raises(ConfigError, match="serves the syncer 's', not 'other'"):
+            check_syncer(f"other@127.0.0.1:{port}", token="right")
+        with pytest.raises(ConfigError, match="syncer_shards=1, this learner 2"):
+            check_syncer(f"s@127.0.0.1:{port}", token="right", num_shards=2)
+        monkeypatch.setenv("DILOCO_SYNCER_TOKEN", "wrong")
+        with pytest.raises(ConfigError, match="wrong token"):
+            _site(tmp_path, token_cache, f"s@127.0.0.1:{port}").run(reuse=True)
+        assert not (tmp_path / "site").exists()
+    finally:
+        gateway.stop()

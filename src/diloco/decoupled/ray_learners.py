@@ -10,7 +10,7 @@ What runs where: the syncer is a named async actor (:mod:`.ray_transport`) that 
 (:mod:`.ray_shards`), shard s saving to ``out_dir/syncer/shard-<s>``, and the i-th syncer kill of the schedule
 kills shard i mod S. Learner m is an actor of its own (a process; on a
 cluster, wherever Ray places it) that runs the trainer's one loop on the config with ``learner=m`` and
-``syncer=NAME@ADDRESS`` (a site job, :class:`~diloco.train.trainer.Trainer`) in ``out_dir/learner-m``: its
+``syncer=NAME@ray:ADDRESS`` (a site job inside the cluster, :class:`~diloco.train.trainer.Trainer`) in ``out_dir/learner-m``: its
 config, metrics, checkpoints, summary and ``learner-m.jsonl`` (a ``joined`` row per process, a row per step).
 Every trainer setting holds (inner optimizer, bf16, compile, z-loss, gradient clipping, lr schedule,
 evaluation, the data sampler): this module adds only the faults, through the trainer's hooks
@@ -155,7 +155,7 @@ def _learner_pid(out: Path, m: int) -> int | None:
 
 
 def learner_configs(cfg: Any, *, chaos: Chaos, name: str, address: str) -> list[dict[str, Any]]:
-    """Each learner's site-job config: ``cfg`` with ``learner=m``, ``syncer=NAME@ADDRESS``, the chaos slow-downs
+    """Each learner's site-job config: ``cfg`` with ``learner=m``, ``syncer=NAME@ray:ADDRESS``, the chaos slow-downs
     as ``slowdown`` and (``threads=0``, auto) one torch thread per learner process."""
     base = cfg.to_dict()
     if chaos.slowdown:
@@ -167,7 +167,8 @@ def learner_configs(cfg: Any, *, chaos: Chaos, name: str, address: str) -> list[
             )
         base["slowdown"] = factors
     base["threads"] = cfg.threads or 1  # M learner processes share the machine
-    return [{**base, "learner": m, "syncer": f"{name}@{address}"} for m in range(cfg.replicas)]
+    # "ray:": inside the syncer's cluster the learners reach the actor through Ray (a site's address is gRPC's)
+    return [{**base, "learner": m, "syncer": f"{name}@ray:{address}"} for m in range(cfg.replicas)]
 
 
 def run_on_ray(

@@ -188,12 +188,17 @@ class DecoupledRuntime(MethodRuntime):
             check_syncer_memory(cfg, template, fragments, on_cluster=on_cluster)
 
     def check_reachable(self, cfg: Any) -> None:
-        if cfg.syncer:  # a site job: the service's gRPC endpoint answers, with this token and name (no Ray here)
-            from diloco.decoupled.rpc.probe import check_syncer
-
-            check_syncer(cfg.syncer, num_shards=cfg.syncer_shards)
-            return
         address = cfg.ray_address if cfg.decoupled_transport == "ray" else ""
+        if cfg.syncer:
+            from diloco.decoupled.service import RAY_SCHEME, parse_syncer
+
+            address = parse_syncer(cfg.syncer)[1]
+            if not address.startswith(RAY_SCHEME):  # a site job: the service's gRPC endpoint answers (no Ray here)
+                from diloco.decoupled.rpc.probe import check_syncer
+
+                check_syncer(cfg.syncer, num_shards=cfg.syncer_shards)
+                return
+            address = address.removeprefix(RAY_SCHEME)  # a learner of diloco chaos, inside the syncer's cluster
         if address:
             try:
                 from diloco.decoupled.ray_transport import check_address

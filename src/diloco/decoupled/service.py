@@ -2,17 +2,21 @@
 
 ::
 
-    diloco syncer --preset P [--set k=v ...] --out DIR          # on the machine that holds the syncer
+    diloco syncer --preset P [--set k=v ...] --out DIR [--port 7171]    # on the machine that holds the syncer
     # then, on each site m = 0..M-1 (the exact lines are printed, and kept in DIR/syncer.json):
-    torchrun --nproc-per-node R -m diloco train --preset P --method decoupled [--set k=v ...] \\
-        --set learner=m --set syncer=NAME@ADDRESS --out SITE_DIR
+    DILOCO_SYNCER_TOKEN=TOKEN torchrun --standalone --nproc-per-node R --max-restarts 3 -m diloco train \\
+        --preset P --method decoupled [--set k=v ...] --set learner=m --set syncer=NAME@HOST:PORT \\
+        --out SITE_DIR --resume auto
 
 :func:`run_service` resolves the run's config (``method=decoupled``, ``decoupled_transport=ray``), prepares
 its data and initial model exactly as ``diloco train`` does (:func:`diloco.train.inputs.prepare_inputs`), and
 starts the syncer as a named, detached Ray actor (:class:`~diloco.decoupled.ray_transport.SyncerActor`) that
 saves every merge to ``DIR/syncer`` and is restarted from there by Ray, as often as it dies (a SIGKILL of its
-process included). It runs on a new local Ray instance, or on the cluster at ``ray_address``. Everything (the
-config, the data, the model, ``DIR``, the Ray address) is checked before anything is written into ``DIR``,
+process included). It runs on a new local Ray instance, or on the cluster at ``ray_address`` (inside this site:
+no site joins it). Beside it, in this process, a gRPC gateway (:mod:`diloco.decoupled.rpc.gateway`) serves the
+sites' learners on ``--port`` (one TCP port, the one a firewall opens to the sites), every call carrying the
+token generated at the service's first start (kept in ``syncer.json`` for a resume). Everything (the config, the
+data, the model, ``DIR``, the port, the Ray address) is checked before anything is written into ``DIR``,
 which must be new or empty, or a previous ``diloco syncer`` run of the same config (it is then resumed from
 its newest syncer checkpoint; nothing a user wrote is overwritten).
 
@@ -22,12 +26,13 @@ At the end it writes ``DIR/merges.jsonl`` (one row per merge) and the final glob
 committed checkpoint of one replica (``DIR/checkpoints``, with ``DIR/config.json`` and ``DIR/tokenizer.json``,
 so ``diloco export DIR --out MODEL`` reads it), then stops the actor.
 
-Files in ``DIR``: ``config.json`` (the resolved config), ``syncer.json`` (what each site needs: the actor's
-name and namespace, the Ray address, where Ray's token lives, the learner command of each site, the config
+Files in ``DIR``: ``config.json`` (the resolved config), ``syncer.json`` (mode 0600: what each site needs: the
+syncer's ``NAME@HOST:PORT``, the port, the token, the whole learner command of each site, the config
 fingerprint), ``tokenizer.json``, ``syncer/`` (the actor's checkpoints, merge log and events), and at the end
 ``merges.jsonl``, ``checkpoints/`` and ``summary.json``.
 
-Learners (:func:`connect_learner`, which the trainer calls for ``--set syncer=NAME@ADDRESS``): a learner job
+Learners (:func:`connect_learner`, which the trainer calls for ``--set syncer=NAME@HOST:PORT``; over gRPC, no
+Ray at the site: :mod:`diloco.decoupled.rpc.client`): a learner job
 claims its index with a *session* (a random id) and the config's :func:`fingerprint`, and holds the claim
 with a heartbeat every ``HEARTBEAT_S`` from a daemon thread. The syncer refuses, as a ConfigError in the
 learner:
@@ -43,11 +48,11 @@ finished or left no longer counts toward the quorum (:meth:`~diloco.decoupled.sy
 channel's plain ``leave()`` (what :meth:`Learner.finish` and :meth:`Learner.close` call after the last step)
 says *finished*.
 
-Ray's token authentication stays as Ray sets it (on by default): each site needs the cluster's token where
-Ray reads it (``RAY_AUTH_TOKEN``, or the file ``~/.ray/auth_token``); ``syncer.json`` names which. An address
-where nothing, or something other than Ray, answers is refused within
-:data:`~diloco.decoupled.ray_transport.PROBE_TIMEOUT_S` seconds; Ray not installed is a ConfigError naming
-``pip install -e .[ray]``.
+A site's job probes its syncer before it writes anything (:mod:`diloco.decoupled.rpc.probe`): an address that
+drops packets or refuses, something else on the port, a wrong token and another run's syncer name are each
+refused within :data:`~diloco.decoupled.rpc.probe.PROBE_TIMEOUT_S` seconds with a message saying which. Ray not
+installed on the syncer's host is a ConfigError naming ``pip install -e .[ray]``; grpcio not installed at a site,
+one naming ``pip install -e .[site]``.
 """
 
 from __future__ import annotations
@@ -69,6 +74,9 @@ from diloco.errors import ConfigError
 #: ``syncer=NAME@ADDRESS``).
 SYNCER_ONLY_KEYS = ("ray_address", "decoupled_transport", "syncer_device")
 RAY_MISSING = "the syncer service needs Ray: pip install -e .[ray] (or ray>=2.9)"
+#: ``syncer=NAME@ray:GCS_ADDRESS``: a learner inside the syncer's own Ray cluster (``diloco chaos``) talks to the
+#: actor through Ray; any other address is a service's gRPC endpoint (a site, no Ray).
+RAY_SCHEME = "ray:"
 #: How often torchrun restarts a site's job in the printed command (each restart resumes its checkpoint).
 MAX_RESTARTS = 3
 
@@ -80,7 +88,7 @@ def parse_syncer(spec: str) -> tuple[str, str]:
     if not sep or not name or not address:
         raise ConfigError(
             f"syncer={spec!r}: give NAME@ADDRESS as `diloco syncer` printed it (e.g. "
-            f"diloco-syncer-1a2b3c@10.0.0.1:6379; also in its --out folder's syncer.json)"
+            f"diloco-syncer-1a2b3c@10.0.0.1:7171; also in its --out folder's syncer.json)"
         )
     return name, address
 
@@ -103,11 +111,26 @@ def connect_learner(
     token: str | None = None,
 ) -> Any:
     """Learner ``learner``'s channel to the service ``syncer`` (``NAME@HOST:PORT``) over gRPC
-    (:func:`diloco.decoupled.rpc.client.connect_site`: no Ray here), its index claimed and held by a heartbeat
+    (:func:`diloco.decoupled.rpc.client.connect_site`: no Ray here; ``NAME@ray:GCS_ADDRESS``, what ``diloco chaos``
+    gives its learners inside the syncer's Ray cluster: the actor's Ray channel), its index claimed and held by a heartbeat
     (module docstring). ``vocab_size``, ``data_digest``: the learner's data (``TokenData.vocab_size``,
     ``TokenData.digest()``), checked against the syncer's. ``token``: default ``DILOCO_SYNCER_TOKEN``. A refusal is
     a ConfigError saying why; the channel's ``leave()`` says the learner finished (``leave(finished=False)`` if it
     stops before its end)."""
+    name, address = parse_syncer(syncer)
+    if address.startswith(RAY_SCHEME):  # in-cluster (diloco chaos): this learner is a process of the syncer's cluster
+        _import_ray()
+        from diloco.decoupled.ray_shards import connect_shards
+        from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE
+
+        return connect_shards(
+            learner=learner,
+            name=name,
+            num_shards=cfg.syncer_shards,
+            namespace=DEFAULT_NAMESPACE,
+            address=address.removeprefix(RAY_SCHEME),
+            fingerprint=fingerprint(cfg, vocab_size=vocab_size, data_digest=data_digest),
+        )
     from diloco.decoupled.rpc.client import connect_site
 
     return connect_site(

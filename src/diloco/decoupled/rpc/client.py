@@ -47,6 +47,7 @@ CLIENT_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.enable_retries", 0),  # the retries are this module's (and say so)
+    ("grpc.use_local_subchannel_pool", 1),  # a link's connection state is its own (a probe's is not the next's)
 ]
 
 

@@ -32,7 +32,7 @@ def check_syncer(
         answer = link._calls["Ping"](_ping(name), timeout=timeout_s, metadata=link.metadata, wait_for_ready=False)
     except grpc.RpcError as exc:
         code, details = exc.code(), exc.details() or ""
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED or "timed out" in details.lower():
             raise ConfigError(
                 f"syncer={spec!r}: nothing answered at {host}:{port} within {timeout_s:g} s (the connection was "
                 f"not refused: its packets are dropped, by a firewall, or the host is down or not this address): "
