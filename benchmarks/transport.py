@@ -54,7 +54,11 @@ class Relay:
     def _accept(self) -> None:
         while True:
             client, _ = self.sock.accept()
-            server = socket.create_connection(("127.0.0.1", self.target))
+            try:
+                server = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:  # the gateway has stopped
+                client.close()
+                continue
             for a, b, way in ((client, server, 0), (server, client, 1)):
                 threading.Thread(target=self._pump, args=(a, b, way), daemon=True).start()
 
@@ -85,6 +89,7 @@ class Relay:
 
 _GRPC_JOIN = """
 import sys, time
+import torch  # a site's process has it already: not counted
 t0 = time.perf_counter()
 from diloco.decoupled.rpc.client import Link
 from diloco.decoupled.rpc.frames import unpack
@@ -94,6 +99,7 @@ print(time.perf_counter() - t0, "ray" in sys.modules)
 """
 _RAY_JOIN = """
 import sys, time
+import torch  # as above
 t0 = time.perf_counter()
 import ray
 ray.init(address=sys.argv[1], namespace="diloco", log_to_driver=False)
@@ -153,6 +159,7 @@ def main() -> None:
             name = f"bench-{codec_name}"
             syncer = Syncer(nn.Linear(1024, 1024), num_learners=1, quorum=1, codec=codec_name, merge="mean")
             handle = start_syncer(syncer, name=name)
+            ray.get(handle.pid.remote())  # the actor is up: its start is not a join's
             gateway = Gateway(ray_backend([handle], 1), name=name, token=TOKEN, host="127.0.0.1", port=0)
             relay = Relay(gateway.start())
             spec = f"{name}@127.0.0.1:{relay.port}"
@@ -204,6 +211,7 @@ def main() -> None:
                     row["gave_up_after_s"] = time.perf_counter() - t0
                     row["gave_up_message"] = str(exc)[:300]
                 relay.release()
+                short._stop.set()  # its heartbeat (the learner it stands for gave up)
                 row["gave_up_retries"] = short.link.retries
             else:
                 channel.leave(finished=False)

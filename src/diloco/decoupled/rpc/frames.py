@@ -10,6 +10,7 @@ is what the learner encoded, bit for bit, and the bytes on the wire are the payl
 from __future__ import annotations
 
 import json
+import math
 import struct
 from typing import Any
 
@@ -75,7 +76,9 @@ def unpack(data: bytes) -> tuple[dict[str, Any], list[torch.Tensor]]:
 # -- the messages ------------------------------------------------------------
 def pack_report(report: Report, *, syncer: str, shard: int) -> bytes:
     fields = {k: getattr(report, k) for k in ("learner", "fragment", "steps", "sent_after_step", "base_version")}
-    scalars = {"tokens": float(report.tokens), "step_time": float(report.step_time)}
+    # a step time that is not finite is no step time (the syncer reads only one > 0): strict JSON carries 0.0
+    step_time = float(report.step_time) if math.isfinite(report.step_time) else 0.0
+    scalars = {"tokens": float(report.tokens), "step_time": step_time}
     return pack({"syncer": syncer, "shard": shard, **fields, **scalars}, [report.payload])
 
 
