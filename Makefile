@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 # tcmalloc speeds up small-tensor CPU training here (see docs/results/performance.md); preloaded when present.
 RUN := LD_PRELOAD=$$(ls /usr/lib/*/libtcmalloc_minimal.so.4 2>/dev/null | head -n 1) $(PY)
 
-.PHONY: setup corpus demo test lint format docs bench clean
+.PHONY: setup corpus demo test stress lint format docs bench clean
 setup: $(VENV)/.installed $(VENV)/.corpus
 
 # The larger corpus (sources=large, docs/guides/data.md): texts from Debian packages, installed with apt as root
@@ -38,8 +38,17 @@ $(VENV)/.installed: pyproject.toml requirements-dev.txt
 demo: setup
 	$(RUN) -m diloco compare --preset demo
 
+# The suite, then the tests on emulated hosts (tests/hosts: network namespaces, root only; they skip saying so
+# otherwise), timed on a line of their own.
 test: setup lint
-	$(RUN) -m pytest
+	$(RUN) -m pytest --ignore=tests/hosts
+	@[ ! -d tests/hosts ] || $(RUN) -m pytest tests/hosts
+
+# The suite as other machines run it: under a one-core CPU hog, with the codecs' C loops built for AVX2 and for
+# SSE2, and with them off (scripts/stress_suite.py; ~5 suite runs). `make stress MODES="hog off"` for some of them.
+MODES ?= plain hog x86-64-v3 x86-64 off
+stress: setup
+	$(PY) scripts/stress_suite.py --modes $(MODES) -- --ignore=tests/hosts
 
 # ruff (pyproject.toml's [tool.ruff]): lint and format check, a few seconds; `make format` applies both.
 lint: setup

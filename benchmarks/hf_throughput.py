@@ -1,6 +1,6 @@
 """Tokens per second of a Hugging Face Llama under StreamingDiLoCo against a bare loop of the same model.
 
-The issue's goal: a ~100M-parameter HF Llama in bf16 under ``StreamingDiLoCo`` (H = 30, P = 4,
+The goal: a ~100M-parameter HF Llama in bf16 under ``StreamingDiLoCo`` (H = 30, P = 4,
 tau = 1, FP4 outer gradients) at >= 0.95x the bare loop's tokens/s. One replica (M = 1, the
 in-process communicator), so what is measured is the wrapper's own cost (outer gradients, FP4
 encode / decode, outer Nesterov step, merge), not a network. The two variants alternate round by
@@ -8,7 +8,7 @@ round (rounds of H steps, so every round holds the same syncs) so that load from
 hits both alike; the table gives the median and the best round.
 
     .venv/bin/python benchmarks/hf_throughput.py --preset tiny --rounds 4           # CPU smoke run (seconds)
-    .venv/bin/python benchmarks/hf_throughput.py --preset 100m --device cuda --bf16 # the issue's measurement
+    .venv/bin/python benchmarks/hf_throughput.py --preset 100m --device cuda --bf16 # the goal's measurement
 
 Prints a table and writes benchmarks/results/hf_throughput-<preset>-<device>.json.
 """

@@ -47,7 +47,7 @@ what that file holds and writes the run under ``runs["after"]``; ``--src DIR`` m
 e.g. the syncer before the streaming merge: ``git archive 286f9e9 src | tar -x -C /tmp/before`` and
 ``--src /tmp/before/src --label before``. The committed file holds the first rows (top level, measured before
 any syncer change, without ``malloc_trim``) and, under ``runs``, the syncer before and after the streaming merge
-measured by this version of the script in the same session.
+measured by this version of the script in one sitting on one machine.
 
 Memory after the streaming merge (one report decoded and folded at a time, learners at one version sharing one
 copy): the growth does not depend on M. ``cpu/M`` is the merge's CPU time per learner in memcpys (CPU time);

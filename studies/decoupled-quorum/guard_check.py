@@ -2,6 +2,9 @@
 
     PYTHONPATH=src python studies/decoupled-quorum/guard_check.py [--jobs 2] [--out guard-check.jsonl]
 
+Run it as a script, as above (not with ``-m``): Python then puts this folder first on the import path, so
+``run_study`` beside it imports as it does for ``benchmarks/chaos.py``'s helpers; no ``sys.path`` edit.
+
 Runs the study's configurations at today's defaults (guard="drop", guard_ratio 10, outer_scale="auto"), tau = 1,
 seed 0: M in {2, 3, 4, 8}, K in {1, ceil(M / 2), M}, merge mean and RDA, the study's settings otherwise
 (`run_study.py`'s BASE: tiny preset, global batch 24 x 400 steps, H = 8, one fragment). For each run it
@@ -21,9 +24,9 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from run_study import BASE, TIMEOUT_S, train_command
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from run_study import BASE, TIMEOUT_S, train_command  # noqa: E402
 
 
 def configs() -> list[dict]:

@@ -1,4 +1,4 @@
-"""Issue 15, the gap against tokens per parameter from finished runs: each run's cosine schedule completes at
+"""The gap against tokens per parameter from finished runs: each run's cosine schedule completes at
 its own budget, so its final gap is what a user training for that many tokens gets (the gap read off a long
 run's curve mid-way is not: its lr is still high there).
 
@@ -31,7 +31,7 @@ SOURCES = {  # method key -> the long run's grid whose settings every budget tak
     "streaming-m2-h100-fp4_e3m0": f"long-{SIZE}-streaming-m2-h100-fp4_e3m0-lr0.008-seed0",
 }
 SUMMARY = HERE / "budget-summary.json"
-TARGETS = {"streaming-m2-h30-fp4_e3m0": 1.0, "streaming-m2-h100-fp4_e3m0": 1.5}  # issue 15's loss targets, % vs DP
+TARGETS = {"streaming-m2-h30-fp4_e3m0": 1.0, "streaming-m2-h100-fp4_e3m0": 1.5}  # the study's loss targets, % vs DP
 
 
 def write() -> list[str]:

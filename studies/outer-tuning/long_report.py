@@ -1,4 +1,4 @@
-"""Point 4 of issue 15: the long runs against DP, beside the targets; curves and gaps as JSON and a plot.
+"""The long runs at 20 tokens per parameter against DP, beside the targets; curves and gaps as JSON and a plot.
 
     .venv/bin/python studies/outer-tuning/long_report.py      # reads the long runs of results-cpu.jsonl and the run folders
     .venv/bin/python studies/outer-tuning/long_report.py --markdown     # every setting's table (docs/results/tuning.md)
@@ -36,7 +36,7 @@ def dp_bytes_at_m2(summary: dict) -> float | None:
     )
 
 
-TARGETS = {  # method key -> (max final loss / DP's, min DP bytes / the method's), from issue 15
+TARGETS = {  # method key -> (max final loss / DP's, min DP bytes / the method's): the study's goals
     "streaming-m2-h30-fp4_e3m0": (1.01, 200.0),
     "streaming-m2-h100-fp4_e3m0": (1.015, 600.0),
     "diloco-m1-h30": (1.0, None),

@@ -1,4 +1,4 @@
-"""The staged search of issue 15 (point 3): print what the results say, and write the next stage's grids.
+"""The staged search of the outer optimizer: print what the results say, and write the next stage's grids.
 
 A full factorial (inner lr x outer lr x outer momentum x warmup, per method) is ~200 runs, hours on this
 machine; this search goes one coordinate at a time, each stage at the previous stage's best, and

@@ -4,6 +4,7 @@ by name. Skipped when Ray is not installed (it is the optional ``ray`` extra).""
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 import torch
@@ -168,12 +169,14 @@ def test_chaos_a_learner_killed_rejoins_and_a_killed_syncer_shard_holds_up_only_
 ):
     """Three learner processes (Ray actors, each running the trainer as a site job) on real text, quorum 1, steps
     padded to 0.2 s (an accelerator's step: the CPU is free meanwhile), the syncer as S = 2 shard actors (one per
-    fragment) and learners riding out late replies. SIGKILL learner 1 at 3 s: the other two never stop (no step
-    more than twice their typical step), Ray restarts it and it contributes again (weight > 0) within 5 s of
-    rejoining. SIGKILL the syncer at 7 s (its first kill: shard 0, fragment 0): while Ray restarts the shard,
-    fragment 1 (shard 1) goes on merging; shard 0 comes back from its checkpoint with every merge it had made and
-    both fragments' versions run 1, 2, 3, ... with none skipped or repeated. The run lasts 13 s, 6 s past the
-    syncer's kill: a 10 s run left no merge after the restart once, on a machine loaded with two training jobs."""
+    fragment) and learners riding out late replies. SIGKILL learner 1 at 3 s: the other two never wait for it (no
+    step of theirs lasts as long as its restart took), Ray restarts it and it contributes again (weight > 0).
+    SIGKILL the syncer at 7 s (its first kill: shard 0, fragment 0): while Ray restarts the shard, fragment 1
+    (shard 1) goes on merging; shard 0 comes back from its checkpoint with every merge it had made and both
+    fragments' versions run 1, 2, 3, ... with none skipped or repeated. The run stops on events, not on the clock:
+    once the restarted learner has contributed and shard 0 has merged again (120 s is only a deadline; on an idle
+    machine it stops near 10 s). How fast these happen (a survivor's worst step <= 2x typical, a rejoin within
+    seconds) is measured by ``benchmarks/chaos.py``, where a loaded machine cannot fail the suite."""
     from diloco.decoupled.chaos import Chaos
     from diloco.decoupled.chaos_logs import goodput, kept_steps, rejoin_seconds, survivor_stalls
     from diloco.decoupled.ray_learners import run_on_ray
@@ -188,21 +191,41 @@ def test_chaos_a_learner_killed_rejoins_and_a_killed_syncer_shard_holds_up_only_
         quorum=1,
         ride_out_steps=64,
         step_time=0.2,
-        steps=1000,  # the run ends at 13 s
+        steps=1000,  # stopped by the events below long before
         eval_every=1000,
     )
+
+    def rejoined_and_shard_0_merged_again(rows, merges, faults) -> bool:
+        back = faults[-1]["back_at"]
+        return rejoin_seconds(rows, merges, learner=1, incarnation=1) is not None and any(
+            m["fragment"] == 0 and m["at"] > back for m in merges
+        )
+
     chaos = Chaos(kills=((3.0, 1),), syncer_kills=(7.0,))
-    result = run_on_ray(cfg, out_dir=tmp_path / "run", cache_dir=token_cache, chaos=chaos, max_seconds=13.0)
+    result = run_on_ray(
+        cfg,
+        out_dir=tmp_path / "run",
+        cache_dir=token_cache,
+        chaos=chaos,
+        max_seconds=120.0,
+        stop_when=rejoined_and_shard_0_merged_again,
+    )
     learner_kill, syncer_kill = result.faults
     assert {r["learner"]: r["incarnation"] for r in result.learners} == {0: 0, 1: 1, 2: 0}
-    assert all(0 < r["steps"] < 1000 for r in result.learners)  # stopped by the clock, each flushed and left
+    assert all(0 < r["steps"] < 1000 for r in result.learners)  # stopped by the event, each flushed and left
+    assert result.wall_s < 120.0  # the event, not the deadline
 
+    joined = [r for r in result.rows if r.get("event") == "joined" and r["learner"] == 1]
+    restart_s = joined[1]["t"] - learner_kill["at"]  # kill to the new process' join: what a waiting survivor waits
     stalls = survivor_stalls(result.rows, kill_at=learner_kill["at"], killed=1, window_s=3.0, until=syncer_kill["at"])
     assert {s.learner for s in stalls} == {0, 2}
-    assert all(s.worst_step_ratio <= 2.0 for s in stalls), stalls
-    assert rejoin_seconds(result.rows, result.merges, learner=1, incarnation=1) <= 5.0
+    for s in stalls:  # a survivor that waited for learner 1 would have one step spanning (most of) its restart
+        typical = statistics.median(
+            r["dt"] for r in result.rows if r.get("learner") == s.learner and "dt" in r and r["t"] < s.kill_at
+        )
+        assert s.worst_step_ratio * typical < restart_s, (stalls, restart_s)
+    assert rejoin_seconds(result.rows, result.merges, learner=1, incarnation=1) is not None
     # the restart took no checkpoint (a decoupled learner writes one at its end only): it started again at step 1
-    joined = [r for r in result.rows if r.get("event") == "joined" and r["learner"] == 1]
     assert [(r["incarnation"], r["start_step"]) for r in joined] == [(0, 0), (1, 0)]
     assert joined[1]["pid"] != joined[0]["pid"] == learner_kill["pid"]
     # the steps of the killed process that reached the syncer are kept, the rest counted lost

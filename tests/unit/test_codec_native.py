@@ -224,3 +224,37 @@ def test_a_forked_child_on_one_thread_encodes(tmp_path):
     assert status == 0
     got = torch.frombuffer(bytearray((tmp_path / "child.bin").read_bytes()), dtype=torch.uint8)
     assert torch.equal(got, want)
+
+
+@needs_native
+def test_the_march_setting_builds_the_loops_for_that_cpu_into_a_file_of_their_own(tmp_path, monkeypatch):
+    """``DILOCO_NATIVE_MARCH=x86-64`` (how the stress script runs the suite as an SSE2-only CPU would): the loops are
+    built with that ``-march`` into a file of their own (this CPU's build is another), and give the reference's
+    bytes."""
+    if platform.machine() != "x86_64":
+        pytest.skip("x86-64 -march values")
+    built = []
+    real_build = native._build
+    monkeypatch.setattr(native, "_build", lambda cc, out, **kw: built.append(kw) or real_build(cc, out, **kw))
+    monkeypatch.setenv(native.ENV_CACHE, str(tmp_path))
+    x = torch.randn(5000, generator=torch.Generator().manual_seed(6))
+    monkeypatch.setenv(native.ENV_MARCH, "x86-64")
+    native.library.cache_clear()
+    try:
+        assert native.library() is not None
+        for name in NATIVE:
+            codec = get_codec(name)
+            assert same_bits(codec.encode(x), codec.encode_reference(x)), name
+            assert same_bits(codec.decode(codec.encode(x), 5000), codec.decode_reference(codec.encode(x), 5000)), name
+    finally:
+        native.library.cache_clear()
+    assert built == [{"march": "x86-64"}]
+    (so,) = tmp_path.glob("codecs-*.so")  # named by a key that holds the -march: this CPU's build is another file
+    monkeypatch.delenv(native.ENV_MARCH)
+    monkeypatch.setattr(native, "_build", lambda cc, out, **kw: built.append(out.name))
+    native.library.cache_clear()
+    try:
+        native.library()  # (fails to load the file the spy did not build: a warning, None)
+    finally:
+        native.library.cache_clear()
+    assert built[1] != so.name

@@ -3,28 +3,11 @@ gives back its grid files as they ran."""
 
 import json
 
-import pytest
+from _close import assert_tree_close
 
 from diloco.studies import STUDIES
 from diloco.studies.grid_files import grid_text, read_grids, write_grid_files
 from diloco.studies.outer_tuning import GRIDS, PARTS, part_of, records
-
-
-def _close(a, b, path="$"):
-    """Equal, floats to 1e-7 relative: the papers-law column is a least-squares fit whose last digits move with
-    the machine (2e-8 relative between the machine that wrote the summary and a 2-core CPU)."""
-    if isinstance(a, float) and isinstance(b, float):
-        assert a == pytest.approx(b, rel=1e-7, abs=1e-12), path
-    elif isinstance(a, dict) and isinstance(b, dict):
-        assert sorted(a) == sorted(b), path
-        for k in a:
-            _close(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, list) and isinstance(b, list):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, path
 
 
 def test_every_outer_tuning_record_belongs_to_one_part():
@@ -53,4 +36,4 @@ def test_the_frontier_summary_is_what_the_records_give(tmp_path, monkeypatch):
     monkeypatch.setattr(frontier_report, "write_json", lambda path, data: written.setdefault(path.name, data))
     monkeypatch.setattr(frontier_report, "_plot", lambda rows: None)
     assert frontier_report.main([]) == 0
-    _close(json.loads(json.dumps(written["frontier-summary.json"])), committed)
+    assert_tree_close(json.loads(json.dumps(written["frontier-summary.json"])), committed)

@@ -196,15 +196,22 @@ def test_the_shards_meet_both_bounds_and_name_the_one_that_sets_them(
     assert d["load_over_sync_every_steps"] == pytest.approx(fragments * merge_over_tau * tau / sync_every)
 
 
-def test_shards_that_do_not_divide_the_fragments_are_named_with_the_syncers_rule():
+def test_the_shards_are_the_fewest_that_meet_the_bounds_and_divide_the_fragments():
     _, sp = _plan(fragments=3, tau=1, sync_every=100, merge_over_tau=1.5)  # the merge bound: 2 shards, 3 fragments
-    assert sp.shards == 2 and sp.bound == "merge"
-    assert sp.shards_note is not None and "syncer_shards=2 does not divide num_fragments=3" in sp.shards_note
-    assert "one of [1, 3] or num_fragments to a multiple of 2" in sp.shards_note
-    assert sp.to_dict()["shards_note"] == sp.shards_note
+    assert (sp.shards_for_bounds, sp.shards, sp.bound) == (2, 3, "merge")
+    assert sp.shards_note == (
+        "the bounds need 2 shards; 2 does not divide the 3 fragments and shards own whole fragments, so 3, the fewest "
+        "that does"
+    )
+    assert sp.to_dict()["shards_note"] == sp.shards_note and sp.to_dict()["shards_for_bounds"] == 2
+    # more shards than fragments cannot be had: the bounds' count and the syncer's own rule, with its fix
+    _, sp = _plan(fragments=2, tau=1, sync_every=100, merge_over_tau=2.5)  # a merge takes 2.5 steps of 1: 3 shards
+    assert (sp.shards_for_bounds, sp.shards) == (3, 3)
+    assert "the bounds need 3 shards, more than the 2 fragments" in sp.shards_note
+    assert "syncer_shards=3 with num_fragments=2: a shard owns whole fragments" in sp.shards_note
 
 
-def test_a_7b_model_of_one_layer_fragments_needs_two_shards_for_its_load():
+def test_a_7b_model_of_one_layer_fragments_needs_two_shards_for_its_load_and_gets_three():
     """The decoupled guide's case: 32 block fragments of 2.19e8 values and the non-block one, M = 8, tau = 5, H = 100
     steps of 1 s."""
     cost = SYNCER_COSTS["fp4_e3m0"]
@@ -223,8 +230,8 @@ def test_a_7b_model_of_one_layer_fragments_needs_two_shards_for_its_load():
     assert sp.fragments == 33 and sp.merge_s == pytest.approx(t) and t < 5.0  # one merge fits in tau = 5 steps
     assert sp.load_s == pytest.approx(33 * t) and 100 < sp.load_s < 200  # but 33 of them do not fit in 100 s
     assert sp.load_s == pytest.approx(130.5, abs=0.05)  # the figure the guide quotes
-    assert (sp.shards_for_merge, sp.shards_for_load, sp.shards, sp.bound) == (1, 2, 2, "load")
-    assert "syncer_shards=2 does not divide num_fragments=33" in sp.shards_note  # 3 shards of 11 fragments do
+    assert (sp.shards_for_merge, sp.shards_for_load, sp.shards, sp.bound) == (1, 2, 3, "load")
+    assert "2 does not divide the 33 fragments" in sp.shards_note  # 3 shards of 11 fragments do
 
 
 def test_the_printed_plan_names_the_bound_that_sets_the_shards(tmp_path, capsys):
@@ -233,12 +240,12 @@ def test_the_printed_plan_names_the_bound_that_sets_the_shards(tmp_path, capsys)
     assert main([*args, "--fragment-layers", "1", "--out", str(tmp_path / "one")]) == 0
     out = capsys.readouterr().out
     assert re.search(
-        r"syncer shards needed +2  \(set by the load within H = 100 steps; a merge within tau needs 1\)", out
+        r"syncer shards needed +3  \(set by the load within H = 100 steps; a merge within tau needs 1\)", out
     )
     assert re.search(r"syncer merges per H steps +2\.18 min  \(33 merges, 1\.31 x H = 100 steps", out)
-    assert "syncer_shards=2 does not divide num_fragments=33" in out
+    assert "the bounds need 2 shards; 2 does not divide the 33 fragments" in out
     data = json.loads((tmp_path / "one" / "plan.json").read_text())["syncer"]
-    assert (data["shards_needed"], data["shards_bound"], data["sync_every"]) == (2, "load", 100)
+    assert (data["shards_needed"], data["shards_for_bounds"], data["shards_bound"]) == (3, 2, "load")
     assert "Decoupled DiLoCo's syncer" in (tmp_path / "one" / "plan.md").read_text()
     assert "set by the load within H = 100 steps" in (tmp_path / "one" / "plan.md").read_text()
     # three layers a fragment: the merge bound sets 3, which divides the 12 fragments
@@ -252,6 +259,16 @@ def test_the_printed_plan_names_the_bound_that_sets_the_shards(tmp_path, capsys)
     data = json.loads((tmp_path / "three" / "plan.json").read_text())["syncer"]
     assert (data["shards_needed"], data["shards_bound"], data["fragments"]) == (3, "merge", 12)
     assert data["shards_note"] is None
+
+
+def test_the_7b_plan_at_three_layers_a_fragment_asks_for_six_shards_of_its_twelve_fragments(tmp_path, capsys):
+    """H = 30 (the plan's default smallest): the load bound asks for 5 shards, which do not divide 12 fragments."""
+    args = ["plan", "--method", "decoupled", "--params", "7e9", "--layers", "32", "--step-time", "1.0"]
+    args += ["--workers", "8", "--tokens-per-step", "4e6", "--bandwidth", "1", "--no-plot"]
+    assert main([*args, "--out", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"syncer shards needed +6  \(set by the load within H = 30 steps", out)
+    assert "(the bounds need 5 shards; 5 does not divide the 12 fragments and shards own whole fragments, so 6" in out
 
 
 def test_the_planning_guide_shows_what_the_planner_prints(tmp_path, capsys):

@@ -76,7 +76,7 @@ SIZES = {
 
 # -- 1. the suite --------------------------------------------------------------------------------------------------------
 def run_suite(timeout_s: float) -> dict[str, Any]:
-    """``pytest tests/gpu`` in a subprocess (this worktree's code first on the path); its JUnit counts."""
+    """``pytest tests/gpu`` in a subprocess (this checkout's code first on the path); its JUnit counts."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "junit.xml"
         cmd = [

@@ -217,7 +217,7 @@ def format_syncer(sp: SyncerPlan) -> str:
         f"  syncer shards needed          {sp.shards:>10}  ({why})",
     ]
     if sp.shards_note is not None:
-        lines.append(f"  (shards own whole fragments: {sp.shards_note})")
+        lines.append(f"  ({sp.shards_note})")
     return "\n".join(lines)
 
 

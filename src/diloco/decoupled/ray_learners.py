@@ -33,6 +33,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,8 @@ from diloco.errors import ConfigError
 from diloco.files import write_json
 from diloco.train.trainer import TrainerCallback
 
+#: ``stop_when(rows, merges, faults)``: the learners' log rows, the merges so far and the faults carried out.
+StopWhen = Callable[[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]], bool]
 #: How long a learner waits for the driver's start (every learner joined) before it gives up.
 START_TIMEOUT_S = 600.0
 
@@ -180,13 +183,16 @@ def run_on_ray(
     max_seconds: float = 3600.0,
     total_tokens: int = 0,
     start_delay_s: float = 0.2,
+    stop_when: StopWhen | None = None,
 ) -> RayRunResult:
     """Run the config's ``replicas`` learners as Ray actors (site jobs of the trainer) and its syncer as a
     checkpointed actor, carrying out ``chaos``; see the module docstring. Ray must be initialised (the
     driver's cluster is the learners'). ``out_dir`` must be new or empty. The schedule's time 0 comes
     ``start_delay_s`` after every learner has joined; learners stop at ``steps``, ``max_seconds`` after the
     start, or (``total_tokens`` > 0) once the learners together have trained that many tokens that reached the
-    syncer (the driver leaves a ``STOP`` file in ``out_dir``). The eval loss is the threads run's: the syncer's
+    syncer (the driver leaves a ``STOP`` file in ``out_dir``), or once ``stop_when(rows, merges, faults)`` holds
+    after the last fault was carried out (an event rather than the clock: ``max_seconds`` is then a deadline).
+    The eval loss is the threads run's: the syncer's
     final parameters on the config's evaluation batches."""
     from diloco.decoupled.ray_syncers import syncers_for_ray
     from diloco.train.evaluation import evaluate_parameters
@@ -222,7 +228,9 @@ def run_on_ray(
     runs = [a.run.remote() for a in actors]
     try:
         started = _start_when_joined(out, M, runs, start_delay_s)
-        faults, wall = _carry_out(chaos, out, shards, runs, started, max_seconds=max_seconds, total_tokens=total_tokens)
+        faults, wall = _carry_out(
+            chaos, out, shards, runs, started, max_seconds=max_seconds, total_tokens=total_tokens, stop_when=stop_when
+        )
         learners = ray.get(runs)
         merges = [r.as_row() for r in shards.records()]
         params = shards.global_named_parameters()
@@ -266,10 +274,18 @@ def _start_when_joined(out: Path, M: int, runs: list, delay_s: float, timeout_s:
 
 
 def _carry_out(
-    chaos: Chaos, out: Path, shards: RayShards, runs: list, started: float, *, max_seconds: float, total_tokens: int
+    chaos: Chaos,
+    out: Path,
+    shards: RayShards,
+    runs: list,
+    started: float,
+    *,
+    max_seconds: float,
+    total_tokens: int,
+    stop_when: StopWhen | None = None,
 ) -> tuple[list[dict[str, Any]], float]:
-    """Carry out the faults that fall due and watch the token budget until every learner is done; the faults as
-    carried out and the wall seconds from the start."""
+    """Carry out the faults that fall due and watch the token budget (and ``stop_when``, once every fault is carried
+    out) until every learner is done; the faults as carried out and the wall seconds from the start."""
     M = len(runs)
     events = chaos.events(num_learners=M, duration_s=max_seconds)
     faults, pending, deadline = [], list(runs), started + max_seconds + 300
@@ -280,10 +296,12 @@ def _carry_out(
             faults.append(_fault(ev, out, shards.handles[shard], shard=shard, num_shards=shards.num_shards))
         if total_tokens and not (out / "STOP").exists() and _tokens_kept(out, M) >= total_tokens:
             (out / "STOP").write_text(f"{total_tokens} tokens trained\n")
+        if stop_when is not None and not events and not (out / "STOP").exists():
+            if stop_when(run_rows(out, M), [r.as_row() for r in shards.records()], faults):
+                (out / "STOP").write_text("the awaited event happened\n")
         nxt = started + events[0].at - time.time() if events else 1.0
-        _, pending = ray.wait(
-            pending, num_returns=len(pending), timeout=max(0.01, min(nxt, 0.25 if total_tokens else 1.0))
-        )
+        poll = 0.25 if total_tokens or stop_when is not None else 1.0
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=max(0.01, min(nxt, poll)))
         if time.time() > deadline:
             raise TimeoutError(f"learners still running {max_seconds + 300:.0f} s after the start; see {out}")
     return faults, time.time() - started

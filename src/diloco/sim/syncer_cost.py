@@ -27,8 +27,9 @@ Shards. S is the fewest shards that meet two bounds, and the plan names the one 
   ``(P / S) * t(n, M) <= H * step_time`` (S = ceil(P t / (H step_time)); every fragment charged at the largest's n).
   Splitting each fragment's values instead gives each host P merges of n / S values: the same load.
 
-Shards own whole fragments, so S must divide P (:func:`diloco.shard_rule.check_syncer_shards`); where the S found
-does not, the plan gives that rule's message (the fix: another fragment count or shard count).
+Shards own whole fragments, so S must divide P (:func:`diloco.shard_rule.check_syncer_shards`): the plan's S is the
+fewest that meets both bounds *and* divides P (the bounds' 5 becomes 6 for 12 fragments), and says so; where the
+bounds ask for more shards than there are fragments, it gives that rule's message (the fix: more fragments).
 """
 
 from __future__ import annotations
@@ -143,9 +144,16 @@ class SyncerPlan:
     sources: dict[str, str]
 
     @property
-    def shards(self) -> int:
-        """S: the fewest shards that meet both bounds."""
+    def shards_for_bounds(self) -> int:
+        """The fewest shards that meet both bounds, whether or not they divide the fragments."""
         return max(self.shards_for_merge, self.shards_for_load)
+
+    @property
+    def shards(self) -> int:
+        """S: the fewest shards that meet both bounds and divide the P fragments (shards own whole fragments); where
+        the bounds ask for more than P, their count (:attr:`shards_note` says what to change)."""
+        need = self.shards_for_bounds
+        return next((s for s in range(need, self.fragments + 1) if self.fragments % s == 0), need)
 
     @property
     def bound(self) -> str:
@@ -161,11 +169,18 @@ class SyncerPlan:
 
     @property
     def shards_note(self) -> str | None:
-        """The syncer's own message where S does not divide P (None where it does)."""
+        """Why S is not the bounds' own count (it is the next that divides the P fragments), or the syncer's own
+        message where no S <= P meets the bounds; None where the bounds' count divides P."""
+        need, fragments = self.shards_for_bounds, self.fragments
         try:
-            check_syncer_shards(self.shards, self.fragments)
+            check_syncer_shards(self.shards, fragments)
         except ConfigError as exc:
-            return str(exc)
+            return f"the bounds need {need} shards, more than the {fragments} fragments: {exc}"
+        if self.shards != need:
+            return (
+                f"the bounds need {need} shards; {need} does not divide the {fragments} fragments and shards own "
+                f"whole fragments, so {self.shards}, the fewest that does"
+            )
         return None
 
     def to_dict(self) -> dict[str, Any]:
@@ -184,6 +199,7 @@ class SyncerPlan:
             "load_over_sync_every_steps": self.load_s / (self.sync_every * self.step_time_s),
             "memory_bytes": self.memory_bytes,
             "shards_needed": self.shards,
+            "shards_for_bounds": self.shards_for_bounds,
             "shards_for_merge": self.shards_for_merge,
             "shards_for_load": self.shards_for_load,
             "shards_bound": self.bound,
@@ -260,7 +276,7 @@ def plan_syncer(
                 "dividing each fragment's values; syncer_shards owns whole fragments: S hosts then need fragments "
                 "S times smaller); load, (P / S) x t(n, M) <= H x the step time (each fragment merged once per H "
                 "steps, a shard merging one fragment at a time, every fragment charged at the largest's n); "
-                "S must divide P (diloco.shard_rule)"
+                "then the fewest such S that divides P (shards own whole fragments: diloco.shard_rule)"
             ),
             "learner_step_time": step_time_source,
         },

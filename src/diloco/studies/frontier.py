@@ -174,7 +174,7 @@ def method_name(rec: dict) -> str:
 
 
 TOKENS = "runs/frontier-tokens"
-#: the issue's methods (and top-k at twice SparseLoCo's density, the codec nearest the 0.5-bit target)
+#: the study's methods (and top-k at twice SparseLoCo's density, the codec nearest the 0.5-bit target)
 ORDER = (
     "dp",
     "streaming-fp4-tau1",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from diloco.studies.frontier_report import best_over_batches
 
-#: What the plot shows: the issue's methods at each size's best batch and lr (the other top-k ideas stay in the
+#: What the plot shows: the study's methods at each size's best batch and lr (the other top-k ideas stay in the
 #: table; they would crowd it out).
 PLOTTED = (
     "streaming-fp4-tau1",

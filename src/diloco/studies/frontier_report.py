@@ -16,7 +16,7 @@ Columns: the gap to the best DP at the same size and batch; bits per parameter p
 payload for the whole model, over its parameter count); bytes sent per replica over the run; the latency
 an exchange may take without stalling (tau inner steps); how often each value is sent over the run (outer
 syncs times top-k's density); and, beside every gap, the papers' scaling law for
-DiLoCo M = 2 at this N (their Table 4 fitted and extrapolated: the reference the issue of model size sets).
+DiLoCo M = 2 at this N (their Table 4 fitted and extrapolated: the reference this model size sets).
 The two targets: eager (tau = H) within 0.5 points of Streaming tau = 1; some codec at <= 0.5 bits per
 parameter within 0.3 points of FP4 Streaming. A missing run is reported as missing, never as met.
 """

@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 ENV_SWITCH = "DILOCO_NATIVE_CODECS"
 #: Where the built library is kept (default ``~/.cache/diloco``).
 ENV_CACHE = "DILOCO_KERNEL_CACHE"
+#: The ``-march`` the loops are built for (default ``native``, this CPU): ``x86-64-v3`` (AVX2) or ``x86-64`` (SSE2)
+#: run here what a narrower CPU runs, e.g. the test suite as such a CPU would (``scripts/stress_suite.sh``).
+ENV_MARCH = "DILOCO_NATIVE_MARCH"
 _HERE = Path(__file__).parent
 _SOURCES = (_HERE / "blocks.c", _HERE / "stat.c")
 _HEADERS = (_HERE / "common.h",)
@@ -73,6 +76,11 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
 def enabled() -> bool:
     """Whether the C loops may be used (``DILOCO_NATIVE_CODECS`` is not ``0``)."""
     return os.environ.get(ENV_SWITCH, "1").strip() != "0"
+
+
+def march_setting() -> str:
+    """The ``-march`` to build for: ``DILOCO_NATIVE_MARCH``, default ``native``."""
+    return os.environ.get(ENV_MARCH, "").strip() or "native"
 
 
 def _cpu_flags() -> str:
@@ -128,11 +136,13 @@ def library() -> ctypes.CDLL | None:
         return None
     try:
         sources = [f.read_bytes() for f in (*_SOURCES, *_HEADERS)]
-        key = hashlib.sha256(b"\0".join([*sources, " ".join(_FLAGS).encode(), cc.encode(), _cpu_flags().encode()]))
+        march = march_setting()
+        flags = " ".join(_FLAGS) + ("" if march == "native" else f" -march={march}")
+        key = hashlib.sha256(b"\0".join([*sources, flags.encode(), cc.encode(), _cpu_flags().encode()]))
         cache = Path(os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "diloco")
         path = cache / f"codecs-{key.hexdigest()[:16]}.so"
         if not path.exists():
-            _build(cc, path)
+            _build(cc, path, march=march)
         lib = ctypes.CDLL(str(path))
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", b"") or b""
@@ -168,12 +178,14 @@ def abs_bits_max(x: torch.Tensor) -> int:
 
 __all__ = [
     "ENV_CACHE",
+    "ENV_MARCH",
     "build_for",
     "ENV_SWITCH",
     "MIN_PARALLEL",
     "abs_bits_max",
     "enabled",
     "library",
+    "march_setting",
     "ptr",
     "threads",
     "usable",
