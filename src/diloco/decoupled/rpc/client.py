@@ -37,13 +37,21 @@ MAX_RESENDS = 5
 #: The deadline of one try of each call (seconds); a report's and a welcome's grow with their bytes.
 DEADLINES = {"Ping": 5.0, "Hello": LEASE_S + 30.0, "Heartbeat": 5.0, "Join": 120.0, "Report": 60.0}
 DEADLINES |= {"WaitReply": 60.0, "Leave": 60.0, "Hold": 60.0, "Status": 30.0}
+#: A connection's keepalive: a ping after this many seconds without one, and the seconds it may go unanswered
+#: before the connection is called dead (its calls fail UNAVAILABLE and are tried again on a new one).
+KEEPALIVE_S, PING_TIMEOUT_S = 10.0, 5.0
 CLIENT_OPTIONS = [
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),
-    ("grpc.keepalive_time_ms", 10000),
-    ("grpc.keepalive_timeout_ms", 5000),
+    ("grpc.keepalive_time_ms", int(1000 * KEEPALIVE_S)),
+    ("grpc.keepalive_timeout_ms", int(1000 * PING_TIMEOUT_S)),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    (
+        "grpc.http2.ping_timeout_ms",
+        int(1000 * PING_TIMEOUT_S),
+    ),  # a ping not answered in 5 s ends the connection (bytes the link holds
+    # are acknowledged by no one on a WAN that drops them: TCP_USER_TIMEOUT = keepalive_timeout catches those too)
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.enable_retries", 0),  # the retries are this module's (and say so)
@@ -108,7 +116,8 @@ class Link:
         grpc = self._grpc
         request = header if isinstance(header, bytes) else pack({"syncer": self.name, **header})
         timeout = DEADLINES[method] if timeout is None else timeout
-        give_up = time.monotonic() + (self.retry_for if retry_for is None else retry_for)
+        began = time.monotonic()
+        give_up = began + (self.retry_for if retry_for is None else retry_for)
         delay = 0.2
         while True:
             try:
@@ -126,7 +135,7 @@ class Link:
                     ) from None
                 if time.monotonic() + delay > give_up:
                     raise Unreachable(
-                        f"the syncer {self.spec} did not answer {method} for {self.retry_for if retry_for is None else retry_for:g} s "
+                        f"the syncer {self.spec} did not answer {method} for {time.monotonic() - began:.0f} s "
                         f"({self.retries} tries made again; last: {code.name}: {details}): the network to it is down "
                         f"or it stopped. The site's job stops here; torchrun --max-restarts restarts it and "
                         f"--resume auto resumes it from its newest checkpoint"
@@ -279,4 +288,15 @@ def connect_site(
     return sharded(channels)
 
 
-__all__ = ["DEADLINES", "MAX_RESENDS", "RETRY_FOR_S", "Link", "RpcChannel", "Unreachable", "connect_site", "parse_spec"]
+__all__ = [
+    "DEADLINES",
+    "KEEPALIVE_S",
+    "MAX_RESENDS",
+    "PING_TIMEOUT_S",
+    "RETRY_FOR_S",
+    "Link",
+    "RpcChannel",
+    "Unreachable",
+    "connect_site",
+    "parse_spec",
+]
