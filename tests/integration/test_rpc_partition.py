@@ -12,10 +12,10 @@ import torch
 
 pytest.importorskip("grpc")
 
-from diloco.decoupled.messages import Reply, Report, Welcome  # noqa: E402
-from diloco.decoupled.rpc.client import KEEPALIVE_S, PING_TIMEOUT_S, Unreachable, connect_site  # noqa: E402
-from diloco.decoupled.rpc.gateway import Gateway  # noqa: E402
-from diloco.decoupled.rpc.relay import Relay  # noqa: E402
+from diloco.decoupled.messages import Reply, Report, Welcome
+from diloco.decoupled.rpc.client import KEEPALIVE_S, PING_TIMEOUT_S, Unreachable, connect_site
+from diloco.decoupled.rpc.gateway import Gateway
+from diloco.decoupled.rpc.relay import Relay
 
 PAYLOAD = torch.arange(64, dtype=torch.uint8)
 
