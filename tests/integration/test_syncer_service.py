@@ -201,6 +201,8 @@ def test_a_wrong_token_or_name_is_refused_saying_so_before_out_is_written(tmp_pa
             check_syncer(f"other@127.0.0.1:{port}", token="right")
         with pytest.raises(ConfigError, match="syncer_shards=1, this learner 2"):
             check_syncer(f"s@127.0.0.1:{port}", token="right", num_shards=2)
+        with pytest.raises(ConfigError, match=f"cannot serve the sites on 127.0.0.1:{port} .*another --port"):
+            Gateway((backend, 1), name="s2", token="x", host="127.0.0.1", port=port).start()  # no second server
         monkeypatch.setenv("DILOCO_SYNCER_TOKEN", "wrong")
         with pytest.raises(ConfigError, match="wrong token"):
             _site(tmp_path, token_cache, f"s@127.0.0.1:{port}").run(reuse=True)

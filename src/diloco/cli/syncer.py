@@ -32,8 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--node-ip-address",
         default=None,
-        help="the address a new local Ray instance advertises to the sites, on a machine with several "
-        "(default: Ray's choice; Ray replaces a loopback address with the machine's own)",
+        help="the address a new local Ray instance advertises inside this site, on a machine with several "
+        "(default: Ray's choice; the sites are told --advertise, not Ray's address)",
     )
     p.add_argument(
         "--port",
