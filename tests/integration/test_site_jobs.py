@@ -62,14 +62,15 @@ def token(monkeypatch) -> str:
 def _start_syncer(cfg: TrainConfig, cache, name: str):
     """The syncer actor ``name`` and, as ``diloco syncer`` serves it, its gateway on a free port of loopback:
     (the actor, the inputs, the sites' ``NAME@127.0.0.1:PORT``, the gateway)."""
-    from diloco.decoupled.ray_transport import start_syncer
+    from diloco.decoupled.ray_shards import RayShards
     from diloco.decoupled.rpc.gateway import Gateway, ray_backend
-    from diloco.decoupled.trainer import make_syncer
+    from diloco.decoupled.trainer import make_syncers
     from diloco.train.inputs import prepare_inputs
 
     inputs = prepare_inputs(cfg, cache)
-    handle = start_syncer(make_syncer(cfg, inputs.model, inputs.fragments), name=name)
-    gateway = Gateway(ray_backend([handle], 1), name=name, token=TOKEN, host="127.0.0.1", port=0)
+    shards = RayShards.start(make_syncers(cfg, inputs.model, inputs.fragments), name=name)
+    handle = shards if shards.num_shards > 1 else shards.handles[0]
+    gateway = Gateway(ray_backend(shards.handles, shards.num_shards), name=name, token=TOKEN, host="127.0.0.1", port=0)
     port = gateway.start()
     return handle, inputs, f"{name}@127.0.0.1:{port}", gateway
 
@@ -252,3 +253,34 @@ def test_a_site_job_needs_no_ray(local_ray, tmp_path, token_cache, threads_run, 
     assert "ray modules loaded: []" in (tmp_path / "site-noray-0.log").read_text()
     assert len(got["merges"]) == threads_merges
     assert got["loss"] == run.final_eval_loss
+
+
+def test_site_jobs_of_a_sharded_syncer_give_the_threads_run(local_ray, tmp_path, token_cache, threads_run, token):
+    """syncer_shards=2 (one fragment a shard actor, both behind one gateway): each site's channel is a channel per
+    shard over the one gRPC link; with K = M a sharded syncer is one syncer, so the threads run to the bit."""
+    from diloco.train.evaluation import evaluate_parameters
+
+    run, threads_merges = threads_run
+    shards, inputs, spec, gateway = _start_syncer(tiny(syncer_shards=2), token_cache, "site-shards")
+    errors = []
+
+    def site(m: int) -> None:
+        try:
+            cfg = tiny(learner=m, syncer=spec, syncer_shards=2)
+            Trainer(cfg, tmp_path / f"site-{m}", cache_dir=token_cache, progress=False).run()
+        except BaseException as exc:  # reported below with the learner named
+            errors.append((m, exc))
+
+    jobs = [threading.Thread(target=site, args=(m,)) for m in range(M)]
+    for job in jobs:
+        job.start()
+    for job in jobs:
+        job.join()
+    assert not errors, errors
+    final = shards.global_named_parameters()
+    merges = len(shards.records())
+    shards.kill()
+    gateway.stop()
+    assert merges == threads_merges
+    loss = evaluate_parameters(inputs.model, final, inputs.val_batches, bf16=False, device=torch.device("cpu"))
+    assert loss == run.final_eval_loss
