@@ -329,7 +329,11 @@ def _run(
     host, port, advertise = endpoint
     port = port if port is not None else int((previous or {}).get("port", DEFAULT_PORT))
     handles: list[Any] = []  # the actors, once started: until then the sites' calls are answered "try again"
-    gateway = Gateway(ray_backend(handles, cfg.syncer_shards), name=name, token=token, host=host, port=port)
+    # a learner's calls at a shard: a heartbeat, a claim, and a wait for a reply per fragment in flight (each may take
+    # up to WAIT_REPLY_S): room for 8 a learner and shard
+    workers = max(64, 8 * cfg.replicas * cfg.syncer_shards)
+    backend = ray_backend(handles, cfg.syncer_shards)
+    gateway = Gateway(backend, name=name, token=token, host=host, port=port, workers=workers)
     gateway.start()  # a port in use is refused here, before `out` is written
     started_ray = not ray.is_initialized()
     try:
