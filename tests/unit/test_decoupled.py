@@ -126,8 +126,11 @@ def one_torch_thread():
 def test_straggler_quorum_one_with_grace_keeps_the_fast_learners_fast_and_full_quorum_waits(
     one_torch_thread, overwrite_after
 ):
-    """3 learners, one 3x slower (sleep per step). K = 1 + grace window: the fast ones keep >= 90 % of
-    their solo step rate; K = M: they wait for the slow one at every reply and fall to about 1/3.
+    """3 learners, one 3x slower (sleep per step). K = 1 + grace window: the fast ones never wait for the slow one
+    (under 10 % of their time waiting for replies); K = M: they wait for it at every reply (over 40 % of their time:
+    about 2/3 of it, less the tau = 2 steps of overlap). Shares of each learner's own time, so a loaded machine
+    that slows every step alike moves neither; the step rates are printed (on an idle machine the fast ones keep
+    0.95-1.02 of their solo rate at K = 1 and fall to 0.36-0.38 at K = M).
 
     The slow learner runs 20 steps under K = 1 (the time the fast ones take for 60) and 60 under K = M.
     """
@@ -144,8 +147,10 @@ def test_straggler_quorum_one_with_grace_keeps_the_fast_learners_fast_and_full_q
     print(
         f"{overwrite_after}: fast learners' step rate / solo: K=1 + grace {r1:.2f}, K=M {rm:.2f} (solo {solo_rate:.0f} steps/s)"
     )
-    assert r1 >= 0.9
-    assert rm < 0.5  # about 1/3: the tau = 2 steps of overlap let them run a little ahead
+    w1, wm = (max(out[m][1].wait_seconds / out[m][2] for m in (0, 1)) for out in (k1, km))
+    print(f"{overwrite_after}: the fast learners' largest share of time waiting: K=1 + grace {w1:.2f}, K=M {wm:.2f}")
+    assert w1 < 0.1
+    assert wm > 0.4
 
 
 class _ScriptedChannel:

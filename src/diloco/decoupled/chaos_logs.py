@@ -54,14 +54,22 @@ def step_row(
     compute_s: float,
     wait_s: float,
     loss: float,
+    blocked_s: float = 0.0,
+    cpu_s: float | None = None,
     tokens: int,
     staleness: int,
     synced: Sequence[int],
 ) -> dict[str, Any]:
     """One learner step as its log holds it (``learner-<m>.jsonl``, written by the trainer's
-    :class:`~diloco.decoupled.trainer.LearnerLog` for ``diloco train --method decoupled`` and ``diloco chaos``): ``t`` wall time at its end, ``dt`` its wall seconds, ``compute_s``,
-    ``wait_s`` seconds waited for replies in it, the loss, tokens, ``staleness`` (the most steps since the learner
-    last received any of its fragments) and the fragments whose reply it applied after it (``synced``)."""
+    :class:`~diloco.decoupled.trainer.LearnerLog` for ``diloco train --method decoupled`` and ``diloco chaos``): ``t``
+    wall time at its end, ``dt`` its wall seconds, split so that a stall has a name: ``compute_s`` (forward,
+    backward, optimizer; padded to ``step_time`` where the config pads), ``wait_s`` seconds waited for replies,
+    ``blocked_s`` seconds in the other calls to the syncer (sends, polls, holds: near 0 unless the syncer is
+    down, restarting or partitioned away), ``other_s`` the rest (evaluation, checkpoints, logging); ``cpu_s`` the
+    process' CPU seconds in the step (well below its compute seconds times its threads when other processes took
+    the cores: a step slowed by a loaded machine, not by the syncer); then the loss, tokens, ``staleness`` (the
+    most steps since the learner last received any of its fragments) and the fragments whose reply it applied
+    after it (``synced``)."""
     return {
         "learner": learner,
         "incarnation": incarnation,
@@ -70,6 +78,9 @@ def step_row(
         "dt": dt,
         "compute_s": compute_s,
         "wait_s": wait_s,
+        "blocked_s": blocked_s,
+        "other_s": max(0.0, dt - compute_s - wait_s - blocked_s),
+        "cpu_s": cpu_s,
         "loss": loss,
         "tokens": tokens,
         "staleness": staleness,

@@ -190,6 +190,17 @@ class Learner(ReplicaAlgorithm):
         self._busy_steps = 0
         self._last_return: float | None = None
         self.wait_seconds = 0.0  # time spent waiting for replies, in total
+        # time blocked in the other calls to the syncer (send, poll, hold, leave): near 0 while the link is up; a
+        # syncer that is down, restarting or partitioned away shows here, not as compute
+        self.blocked_seconds = 0.0
+
+    def _call(self, name: str, *args: Any) -> Any:
+        """``self.channel.<name>(*args)``, its time counted in :attr:`blocked_seconds`."""
+        before = time.monotonic()
+        try:
+            return getattr(self.channel, name)(*args)
+        finally:
+            self.blocked_seconds += time.monotonic() - before
 
     # -- the loop hook -------------------------------------------------------
     def after_optimizer_step(self, *, tokens: float | None = None) -> list[SyncReport]:
@@ -232,7 +243,7 @@ class Learner(ReplicaAlgorithm):
             self._send(p, t)
         for p in sorted(self._in_flight):
             if p not in self._arrived:
-                reply = self.channel.poll_reply(p)
+                reply = self._call("poll_reply", p)
                 if reply is not None:
                     self._arrived[p] = (t, reply)
         tau = self.schedule.overlap_steps
@@ -242,7 +253,7 @@ class Learner(ReplicaAlgorithm):
     def _ride_out_step(self, t: int) -> list[SyncReport]:
         reports = []
         for p in sorted(self._late):  # late replies: apply one that came; wait for one past its bound
-            reply = self.channel.poll_reply(p)
+            reply = self._call("poll_reply", p)
             if reply is None and t < self._late[p]:
                 continue
             if reply is None:
@@ -257,7 +268,7 @@ class Learner(ReplicaAlgorithm):
         for p in self.schedule.finishes(t):
             if p not in self._in_flight or p in self._late:
                 continue
-            reply = self.channel.poll_reply(p)
+            reply = self._call("poll_reply", p)
             if reply is None:  # late: ride it out for up to B steps
                 self._late[p] = t + self.ride_out_steps
                 self.ride_outs += 1
@@ -280,18 +291,18 @@ class Learner(ReplicaAlgorithm):
         if self.ride_out_steps:
             reports = []
             for p in sorted(self._late):  # past due: apply one that has come (a reply not yet due waits its step)
-                reply = self.channel.poll_reply(p)
+                reply = self._call("poll_reply", p)
                 if reply is not None:
                     del self._late[p]
                     reports.append(self._overwrite(p, self.step_count, reply))
             return reports
-        self.channel.hold(self.step_count)
+        self._call("hold", self.step_count)
         return self.flush()
 
     def close(self) -> list[SyncReport]:
         """Flush, then leave the syncer."""
         reports = self.flush()
-        self.channel.leave()
+        self._call("leave")
         return reports
 
     def finish(self) -> list[SyncReport]:
@@ -311,7 +322,8 @@ class Learner(ReplicaAlgorithm):
             payload = self.codec.encode(diff)
         step_time = self._busy / self._busy_steps if self._busy_steps else 0.0
         self._busy, self._busy_steps = 0.0, 0
-        self.channel.send(
+        self._call(
+            "send",
             Report(
                 learner=self.learner,
                 fragment=p,
@@ -321,7 +333,7 @@ class Learner(ReplicaAlgorithm):
                 step_time=step_time,
                 sent_after_step=t,
                 base_version=self.versions[p],
-            )
+            ),
         )
         self._in_flight[p] = t
         if self.stats is not None:  # the reply has the same size as the report

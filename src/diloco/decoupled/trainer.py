@@ -284,7 +284,8 @@ class LearnerLog:
         self.learner, self.append = learner, append
         self.path = Path(out_dir) / f"learner-{learner}.jsonl"
         self._file: Any = None
-        self._waited = 0.0
+        self._waited = self._blocked = 0.0
+        self._cpu = 0.0
 
     def start(self, algo: Learner, step: int) -> None:
         import os
@@ -298,6 +299,7 @@ class LearnerLog:
         else:
             cut = False
         self._file = open(self.path, "a" if append else "w", buffering=1)
+        self._waited, self._blocked, self._cpu = algo.wait_seconds, algo.blocked_seconds, time.process_time()
         self._write(
             {
                 "learner": self.learner,
@@ -315,9 +317,13 @@ class LearnerLog:
         self._file.write(("\n" if cut else "") + json.dumps(row, allow_nan=False) + "\n")
 
     def add(self, algo: Learner, step: int, out: Any) -> None:
+        import time
+
         from diloco.decoupled.chaos_logs import step_row
 
         wait, self._waited = algo.wait_seconds - self._waited, algo.wait_seconds
+        blocked, self._blocked = algo.blocked_seconds - self._blocked, algo.blocked_seconds
+        cpu, self._cpu = time.process_time() - self._cpu, time.process_time()
         self._write(
             step_row(
                 learner=self.learner,
@@ -326,6 +332,8 @@ class LearnerLog:
                 dt=out.step_time,
                 compute_s=out.compute_time,
                 wait_s=wait,
+                blocked_s=blocked,
+                cpu_s=cpu,
                 loss=out.loss,
                 tokens=out.tokens,
                 staleness=max(algo.steps),
