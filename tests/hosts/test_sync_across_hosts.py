@@ -168,12 +168,11 @@ def test_a_host_killed_whole_resumes_from_its_own_folder_and_ends_bit_for_bit_th
         _wait_committed(hosts[1], 8, procs)
         hosts[1].kill()
         killed_meta = ckpt.latest_meta(hosts[1].path("/tmp/run"))
-        assert killed_meta["step"] < 24  # mid-run
+        assert 8 <= killed_meta["step"] < 24  # mid-run
         again = hosts[1].run(cmd, env=_env(), cwd="/", name="again")
         reference = _reference(tmp_path / "reference", token_cache, *args[:-2])  # meanwhile
         _finish([procs[0], again])
         _assert_equal_to_reference(hosts, reference, 24)
-        out = procs[0].stderr_path.read_text()
-        assert "resuming" in out or "resume" in out.lower(), out[-3000:]
+        assert "CommError" in procs[0].stderr_path.read_text()  # host 0's worker stopped on the lost peer
         rows = [json.loads(line) for line in hosts[0].path("/tmp/run/metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows if "loss" in r] == list(range(1, 25))  # none lost, none twice
