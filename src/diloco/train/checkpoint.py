@@ -17,6 +17,10 @@ K. A crash at any moment leaves ``latest.json`` naming a complete checkpoint. A 
 own (:mod:`diloco.train.runtime`) writes its state into the step's folder after the barrier, before the record:
 the record lists those files too, so they are checked, kept and deleted with the step.
 
+Machines without a shared file system each keep a folder of their own under the same ``--out``
+(:mod:`diloco.train.run_folders`): each holds its own replicas' files, and its record of a step lists
+only those (``"folder_replicas": [1]``), so that resuming checks and loads what the folder holds.
+
 Resuming (:func:`find_resumable`) takes the newest recorded step whose files
 all match their records; a damaged newest one (a disk error, a truncated copy)
 is reported and the one before it is used. Loading uses ``weights_only=True``:
