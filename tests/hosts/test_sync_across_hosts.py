@@ -176,3 +176,32 @@ def test_a_host_killed_whole_resumes_from_its_own_folder_and_ends_bit_for_bit_th
         assert "CommError" in procs[0].stderr_path.read_text()  # host 0's worker stopped on the lost peer
         rows = [json.loads(line) for line in hosts[0].path("/tmp/run/metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows if "loss" in r] == list(range(1, 25))  # none lost, none twice
+
+
+@pytest.mark.slow  # four torchrun agents, two of which wait out the store's read timeout (~35 s)
+def test_an_endpoint_address_the_hostname_does_not_resolve_to_needs_is_host(token_cache: Path):
+    """torchrun's c10d agent hosts the rendezvous store only where the endpoint matches the machine's hostname or
+    an address that hostname resolves to. Host 0 gets a second address, 10.231.0.101, and the endpoint names it:
+    no agent hosts the store and both stop with RendezvousConnectionError; with ``--rdzv-conf is_host=1`` on host 0
+    (``is_host=0`` on host 1) the same command trains (docs/guides/distributed.md, "The rendezvous host")."""
+    import subprocess
+
+    with Hosts(2) as hosts:
+        subprocess.run(["ip", "-n", hosts[0].netns, "addr", "add", "10.231.0.101/24", "dev", "eth0"], check=True)
+        for is_host in (None, True):
+            procs = []
+            for i, h in enumerate(hosts):
+                conf = "read_timeout=5" + ("" if is_host is None else f",is_host={int(i == 0)}")
+                cmd = _torchrun(
+                    *_host_args("--set", "steps=2", "--set", "step_time=0", "--overwrite"),
+                    torchrun_opts=("--rdzv-conf", conf),
+                )
+                cmd[cmd.index("host0:29400")] = "10.231.0.101:29400"
+                procs += _start([h], cmd, token_cache)
+            if is_host is None:
+                for p in procs:
+                    assert p.wait(timeout=200) != 0
+                    assert "RendezvousConnectionError" in p.stderr_path.read_text(), _log(p)
+            else:
+                _finish(procs)
+                assert json.loads(hosts[0].path("/tmp/run/summary.json").read_text())["steps"] == 2
