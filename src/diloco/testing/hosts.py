@@ -198,8 +198,8 @@ class Host:
             _sh("ip", "-n", ns, "link", "set", dev, "txqueuelen", "1000")
             tc = ["ip", "netns", "exec", ns, "tc"]
             _sh(*tc, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "1")
-            _sh(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate)
-            _sh(*tc, "class", "change", "dev", dev, "classid", "1:1", "htb", "rate", rate, "burst", burst)
+            htb = ["htb", "rate", rate, "ceil", rate, "burst", burst, "cburst", burst]
+            _sh(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", *htb)
 
     def path(self, inside: str | Path) -> Path:
         """Where a path under the host's ``/tmp`` lies, seen from outside the host."""
