@@ -150,6 +150,13 @@ def test_two_hosts_each_with_its_own_out_equal_the_one_host_run_bit_for_bit(tmp_
         reference = _reference(tmp_path / "reference", token_cache, *args)  # meanwhile
         _finish(procs)
         _assert_equal_to_reference(hosts, reference, 16)
+        # `diloco export` of either machine's folder: the reference's global parameters, byte for byte
+        exported = []
+        for name, run in (("ref", reference), *((h.name, h.path("/tmp/run")) for h in hosts)):
+            with _single_thread():
+                assert cli_main(["export", str(run), "--out", str(tmp_path / f"export-{name}")]) == 0
+            exported.append((tmp_path / f"export-{name}" / "model.safetensors").read_bytes())
+        assert exported[1] == exported[0] and exported[2] == exported[0]
 
 
 @pytest.mark.slow  # three torchrun agents, a restart of host 0's worker, the rendezvous waiting for host 1 (~40 s)
