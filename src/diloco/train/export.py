@@ -81,7 +81,7 @@ def _checkpoint_meta(run_dir: Path, step: int | None) -> tuple[dict[str, Any], t
             f"{', '.join(map(str, steps))} (leave out --step for the latest)"
         )
     meta = ckpt._step_meta(run_dir, step)
-    for rank in range(int(meta.get("num_replicas", 1))):
+    for rank in meta.get("folder_replicas", range(int(meta.get("num_replicas", 1)))):  # this folder's replicas
         ckpt.verify_replica(run_dir, rank, step, meta)
     return meta, ()
 
@@ -165,7 +165,9 @@ def global_model(
     )
     if meta.get("format") == "dcp":  # FSDP workers: worker 0's shards read whole
         return _load_sharded(run_dir, model, meta, cfg), meta, cfg
-    state = ckpt.load_replica(run_dir, 0, int(meta["step"]))
+    # the global parameters are the same in every replica's file: replica 0's, or (a machine's own folder, without a
+    # shared file system) the first this folder holds
+    state = ckpt.load_replica(run_dir, int(meta.get("folder_replicas", [0])[0]), int(meta["step"]))
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as exc:
