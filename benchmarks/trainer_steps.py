@@ -4,7 +4,9 @@
 by far more than the 5 % it is meant to resolve. Here a bare step and a trainer step alternate (bare, trainer;
 then trainer, bare), each on its own model of the demo size (cpu-1m, vocab 4096, batch 16 x 128, DiLoCo M=1,
 H = 6), so a busy neighbour hits both members of a pair alike. Each step is timed by the wall clock and by this
-thread's CPU time (``--threads 1``, the default: then the CPU time is all the step's work).
+thread's CPU time (``--threads 1``, the default: then the CPU time is all the step's work). A second bare
+loop on its own model (the control) runs in the rotation too: its extra over the first is what this
+measurement cannot tell from zero (memory placement, cache, the order within a step).
 
   * bare step: next batch, forward, backward, clip, AdamW step, zero_grad;
   * trainer step: what the trainer's loop does per step (:mod:`diloco.train.trainer`): ``train_step`` (the
@@ -12,11 +14,13 @@ thread's CPU time (``--threads 1``, the default: then the CPU time is all the st
     ``step_record`` and ``StepTable.add`` (the merged row, its JSONL line written and flushed),
     ``check_training_loss``.
 
-Per step pair (the first left out: it holds the warm-up), the trainer's extra time; the median over the
+The three run in turn each step (bare, control, trainer; then trainer, bare, control; ...). Per step (the
+first left out: it holds the warm-up), the trainer's extra time over the bare step; the median over the
 steps without a sync is the trainer's own per-step work, the median over the sync steps (every H-th) the
 algorithm's sync, shared by H steps. Implied ratio = bare step / (bare step + own extra + sync extra / H).
+The control's extra (median over the same steps) is printed beside it.
 
-    .venv/bin/python benchmarks/trainer_steps.py            # ~2 min at 1 thread; results/trainer_steps.json
+    .venv/bin/python benchmarks/trainer_steps.py            # ~3 min at 1 thread; results/trainer_steps.json
     .venv/bin/python benchmarks/trainer_steps.py --quick
 """
 
@@ -27,6 +31,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -53,7 +58,7 @@ def _clocks() -> tuple[float, float]:
 
 
 def measure(cfg: TrainConfig, cache: Path, run_dir: Path) -> dict[str, list]:
-    """Per step: (wall, cpu) of the bare step and of the trainer step, and whether the trainer's step synced."""
+    """Per step: (wall, cpu) of the bare step, the control's and the trainer's, and whether the trainer's synced."""
     inputs = prepare_inputs(cfg, cache)
     run = Run(
         data=inputs.data,
@@ -67,19 +72,39 @@ def measure(cfg: TrainConfig, cache: Path, run_dir: Path) -> dict[str, list]:
     rep = build_replica(cfg, LocalGroup(1).communicators[0], None, run, device=CPU)
     sink = JSONLSink(run_dir / "metrics.jsonl")
     table = StepTable(1, sink, lambda row: None)
+
+    def trainer(step: int) -> bool:
+        out = train_step(rep, step, cfg=cfg, device=CPU)
+        table.add(rep.rank, step, step_record(rep, step, out))
+        check_training_loss(out.loss, step=step, replica=rep.rank, cfg=cfg)
+        return bool(out.synced_fragments)
+
+    steps = {"bare": bare_steps(cfg, inputs.data), "control": bare_steps(cfg, inputs.data), "trainer": trainer}
+    names = list(steps)
+    times: dict[str, list] = {**{name: [] for name in names}, "synced": []}
+    for step in range(1, cfg.total_steps + 1):
+        k = step % len(names)
+        for name in names[k:] + names[:k]:
+            t0 = _clocks()
+            synced = steps[name](step)
+            t1 = _clocks()
+            times[name].append((t1[0] - t0[0], t1[1] - t0[1]))
+            if name == "trainer":
+                times["synced"].append(synced)
+    sink.close()
+    return times
+
+
+def bare_steps(cfg: TrainConfig, data) -> Callable[[int], bool]:
+    """One bare step a call, of a model of its own (seeded as the trainer's) on the trainer's batches."""
     model = build_model(
-        cfg.model,
-        size=cfg.size,
-        vocab_size=inputs.data.vocab_size,
-        seq_len=cfg.seq_len,
-        seed=cfg.seed,
-        z_loss=cfg.z_loss,
+        cfg.model, size=cfg.size, vocab_size=data.vocab_size, seq_len=cfg.seq_len, seed=cfg.seed, z_loss=cfg.z_loss
     )
     opt = torch.optim.AdamW(
         model.parameters(), lr=cfg.inner_lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
     )
     sampler = ShardSampler(
-        inputs.data.train, rank=0, world_size=1, batch_size=cfg.global_batch, seq_len=cfg.seq_len, seed=cfg.seed
+        data.train, rank=0, world_size=1, batch_size=cfg.global_batch, seq_len=cfg.seq_len, seed=cfg.seed
     )
 
     def bare(step: int) -> bool:
@@ -91,36 +116,22 @@ def measure(cfg: TrainConfig, cache: Path, run_dir: Path) -> dict[str, list]:
         opt.zero_grad(set_to_none=True)
         return False
 
-    def trainer(step: int) -> bool:
-        out = train_step(rep, step, cfg=cfg, device=CPU)
-        table.add(rep.rank, step, step_record(rep, step, out))
-        check_training_loss(out.loss, step=step, replica=rep.rank, cfg=cfg)
-        return bool(out.synced_fragments)
-
-    times: dict[str, list] = {"bare": [], "trainer": [], "synced": []}
-    for step in range(1, cfg.total_steps + 1):
-        for name, fn in (("bare", bare), ("trainer", trainer))[:: 1 if step % 2 else -1]:
-            t0 = _clocks()
-            synced = fn(step)
-            t1 = _clocks()
-            times[name].append((t1[0] - t0[0], t1[1] - t0[1]))
-            if name == "trainer":
-                times["synced"].append(synced)
-    sink.close()
-    return times
+    return bare
 
 
 def summary(times: dict[str, list], clock: int, sync_every: int) -> dict[str, float]:
     """Medians (seconds) of one clock (0: wall, 1: CPU) over the pairs after the first, and the implied ratio."""
-    pairs = list(zip(times["bare"], times["trainer"], times["synced"]))[1:]
-    bare = statistics.median(b[clock] for b, _, _ in pairs)
-    own = [t[clock] - b[clock] for b, t, s in pairs if not s]
-    sync = [t[clock] - b[clock] for b, t, s in pairs if s]
+    pairs = list(zip(times["bare"], times["trainer"], times["synced"], times["control"]))[1:]
+    bare = statistics.median(b[clock] for b, _, _, _ in pairs)
+    own = [t[clock] - b[clock] for b, t, s, _ in pairs if not s]
+    sync = [t[clock] - b[clock] for b, t, s, _ in pairs if s]
+    control = [c[clock] - b[clock] for b, _, s, c in pairs if not s]
     own_extra = statistics.median(own)
     sync_extra = statistics.median(sync) if sync else 0.0
     return {
         "bare_step_s": bare,
-        "trainer_step_s": statistics.median(t[clock] for _, t, s in pairs if not s),
+        "trainer_step_s": statistics.median(t[clock] for _, t, s, _ in pairs if not s),
+        "control_extra_s": statistics.median(control),
         "own_extra_s": own_extra,
         "sync_extra_s": sync_extra,
         "pairs_without_sync": len(own),
@@ -153,11 +164,15 @@ def main() -> None:
         times = measure(cfg, args.cache_dir, Path(d))
     clocks = {"wall": summary(times, 0, cfg.sync_every), "cpu": summary(times, 1, cfg.sync_every)}
     print(f"{cfg.total_steps} step pairs (first left out), {args.threads} thread(s), H = {cfg.sync_every}")
-    print(f"{'clock':<5} {'bare ms':>8} {'trainer ms':>10} {'own extra':>10} {'sync extra':>11} {'implied ratio':>14}")
+    print(
+        f"{'clock':<5} {'bare ms':>8} {'trainer ms':>10} {'own extra':>10} {'sync extra':>11} {'implied ratio':>14}"
+        f" {'control extra':>14}"
+    )
     for name, c in clocks.items():
         print(
             f"{name:<5} {c['bare_step_s'] * 1e3:8.1f} {c['trainer_step_s'] * 1e3:10.1f} "
             f"{c['own_extra_s'] * 1e3:+9.2f}ms {c['sync_extra_s'] * 1e3:+9.2f}ms {c['implied_ratio']:14.4f}"
+            f" {c['control_extra_s'] * 1e3:+12.2f}ms"
         )
     after = os.getloadavg()
     print(f"load average before {load[0]:.2f}, after {after[0]:.2f} ({os.cpu_count()} cores)")
@@ -168,7 +183,7 @@ def main() -> None:
             "steps": cfg.total_steps,
             "threads": args.threads,
             "sync_every": cfg.sync_every,
-            "step_times_s": {k: times[k] for k in ("bare", "trainer")},
+            "step_times_s": {k: times[k] for k in ("bare", "control", "trainer")},
             "synced": times["synced"],
             "load_1min_before": load[0],
             "load_1min_after": after[0],
