@@ -330,9 +330,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "throughput.json")
     add_quick(ap, "overhead: 6 steps, 2 rounds, M=1 only; levers: cpu-1m, 8 steps, 1 round")
     args = ap.parse_args()
-    if args.quick:
+    if args.quick and args.part == "levers":
+        args.sizes, args.lever_steps, args.skip, args.rounds = ["cpu-1m"], [8], 2, 1
+    elif args.quick:
         args.steps, args.rounds, args.m1_only = 6, 2, True
-        args.sizes, args.lever_steps, args.skip = ["cpu-1m"], [8], 2
     if args.rounds < 1 or args.threads < 0:
         ap.error(f"--rounds {args.rounds} --threads {args.threads}: need rounds >= 1 and threads >= 0 (0: auto)")
     if args.part == "levers":
