@@ -27,7 +27,7 @@ rounds; its speed-ups are ratios of medians.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 .venv/bin/python benchmarks/throughput.py
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 .venv/bin/python benchmarks/throughput.py \
-        --m1-only --steps 40 --rounds 5
+        --m1-only --steps 30 --rounds 5
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 .venv/bin/python benchmarks/throughput.py \
         --part levers --rounds 2
 
