@@ -81,6 +81,21 @@ def test_rounds_alternate_and_the_ratio_is_of_medians_of_one_run():
     assert bench.ratio(timings["b"], timings["a"]) == 1.5
 
 
+def test_round_ratios_are_immune_to_a_round_that_drifted():
+    # The trainer runs at 0.95 of the bare loop whenever both run undisturbed. Round 1: a neighbour slowed the
+    # trainer alone to 57; round 2: the whole machine ran at 0.6 (bare 60, trainer 57). The median of the per-round
+    # ratios stays 0.95 (rounds 2 and 3); the ratio of the medians falls to 57 / 100 = 0.57.
+    bare, trainer = [100.0, 60.0, 100.0], [57.0, 57.0, 95.0]
+    ratios, median = bench.round_ratios(trainer, bare)
+    assert ratios == pytest.approx([0.57, 0.95, 0.95]) and median == pytest.approx(0.95)
+    assert bench.ratio(bench.summarize(trainer), bench.summarize(bare)) == pytest.approx(0.57)
+    assert bench.round_ratios([2.0, 3.0], [4.0, 4.0]) == ([0.5, 0.75], 0.625)  # an even count: the middle two's mean
+    with pytest.raises(ValueError, match="one value of each configuration per round, got 2 and 1"):
+        bench.round_ratios([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="denominators must be > 0"):
+        bench.round_ratios([1.0], [0.0])
+
+
 def test_write_result_is_strict_and_atomic(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
     path = bench.write_result("demo", {"x": 1.5, "rows": [{"a": None}]})

@@ -6,7 +6,8 @@
 * :func:`time_rounds` times several functions in alternating rounds (A, B, C, A, B, C, ...), so a
   slower or busier machine late in the run hits them alike; :func:`ratio` compares two timings of
   the same run by their medians. Compare within one run: machines are noisy, runs on different days
-  are not comparable.
+  are not comparable. :func:`round_ratios` compares two configurations round by round (each
+  round's own ratio, then their median): a machine that drifts between rounds moves neither.
 * :func:`write_result` writes strict JSON (NaN refused) atomically to ``benchmarks/results/<name>.json``
   (or ``--out``), one file a benchmark, replaced by a rerun.
 * :func:`format_table` / :func:`print_table` lay out rows (dicts) under columns.
@@ -117,6 +118,21 @@ def ratio(timing: Timing, baseline: Timing) -> float:
     return timing.median / baseline.median
 
 
+def round_ratios(numerators: Sequence[float], denominators: Sequence[float]) -> tuple[list[float], float]:
+    """Each round's ``numerators[r] / denominators[r]`` (two configurations measured in the same round r) and the
+    median of those ratios. Unlike the ratio of the two medians, a round in which the machine was slower for both,
+    or a disturbance that hit one configuration in one round, cannot move it past the other rounds' ratios."""
+    if len(numerators) != len(denominators) or not numerators:
+        raise ValueError(
+            f"round_ratios needs one value of each configuration per round, got {len(numerators)} and "
+            f"{len(denominators)}"
+        )
+    if any(d <= 0 for d in denominators):
+        raise ValueError(f"round_ratios: denominators must be > 0, got {list(denominators)}")
+    ratios = [n / d for n, d in zip(numerators, denominators, strict=True)]
+    return ratios, statistics.median(ratios)
+
+
 def machine() -> dict[str, Any]:
     """The machine a time was measured on, to quote beside it: Python, OS, processor, core count."""
     import os
@@ -203,6 +219,7 @@ __all__ = [
     "print_table",
     "ratio",
     "result_path",
+    "round_ratios",
     "summarize",
     "time_it",
     "time_rounds",
