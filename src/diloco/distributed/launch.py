@@ -144,7 +144,9 @@ def init_from_env(*, backend: str | None = None, timeout_s: float = 1800.0, keys
         keys_per_attempt: under torchrun, keep each restart's keys in the store apart (a prefix of the restart
             count), so a restarted rank never reads a dead predecessor's address. Every agent of a job must
             agree on the count: true for a job of fixed nodes, not for an elastic one a node may join
-            (``--elastic``: False; there, start the agents with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``).
+            (``--elastic``: False; there, start the agents with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), nor
+            for a node whose torchrun is started again (a machine that was lost). Agents started with
+            ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` give each round's workers a new store: no prefix is used.
 
     Uses the ``env://`` rendezvous, so under torchrun the ranks join the store its agent already
     hosts (``TORCHELASTIC_USE_AGENT_STORE``), which outlives any one rank: a survivor can still
@@ -162,7 +164,11 @@ def init_from_env(*, backend: str | None = None, timeout_s: float = 1800.0, keys
         bind_gloo_to_loopback_if_local(env.master_addr)
     timeout = timedelta(seconds=timeout_s)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is None or not keys_per_attempt:
+    # Workers given a store of their round's own (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: rank 0's worker hosts a new
+    # one each round) find no predecessor's keys there, and need no prefix; nor could they agree on one when one
+    # node's torchrun was started again (its restart count starts from 0, the others' do not).
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "true").lower() != "false"
+    if attempt is None or not keys_per_attempt or not agent_store:
         dist.init_process_group(
             backend, init_method="env://", rank=env.rank, world_size=env.world_size, timeout=timeout
         )

@@ -82,31 +82,54 @@ def _digest(path: Path) -> dict[str, Any]:
     return {"bytes": size, "sha256": h.hexdigest()}
 
 
-def commit(run_dir: Path, step: int, meta: dict[str, Any], *, keep: int = 2, extra: Sequence[str] = ()) -> None:
+def commit(
+    run_dir: Path,
+    step: int,
+    meta: dict[str, Any],
+    *,
+    keep: int = 2,
+    extra: Sequence[str] = (),
+    replicas: Sequence[int] | None = None,
+    prune: bool = True,
+) -> None:
     """Replica 0, after every replica saved ``step``: record the files' digests, make ``step`` the latest,
-    and keep only the last ``keep`` steps. ``extra``: more files of the step's folder to record (by name)."""
+    and keep only the last ``keep`` steps. ``extra``: more files of the step's folder to record (by name).
+
+    ``replicas``: the replicas whose files this folder holds, when each machine has a folder of its own
+    (:mod:`diloco.train.run_folders`; recorded as ``"folder_replicas"``); default every one. ``prune=False``: keep
+    the older steps (:func:`prune` deletes them once every folder has recorded this one)."""
     if keep < 1:
         raise ConfigError(f"keep={keep}: keep at least the checkpoint just written")
     n = int(meta.get("num_replicas", 1))
+    here = range(n) if replicas is None else list(replicas)
+    if replicas is not None:
+        meta = {**meta, "folder_replicas": list(here)}
     if meta.get("format") == "dcp":  # sharded: every file every rank wrote, by its path in the step's folder
         root = step_dir(run_dir, step)
         files = {
             p.relative_to(root).as_posix(): _digest(p)
-            for w in range(n)
+            for w in here
             for p in sorted((root / f"worker-{w}").rglob("*"))
             if p.is_file()
         }
     else:
-        files = {f"replica-{r}.pt": _digest(_replica_file(run_dir, step, r)) for r in range(n)}
+        files = {f"replica-{r}.pt": _digest(_replica_file(run_dir, step, r)) for r in here}
     for name in extra:
         assert name not in files, f"{name} is a replica's file"
         files[name] = _digest(step_dir(run_dir, step) / name)
     body = {"step": step, **meta, "files": files}
     write_json(_meta_file(run_dir, step), body)
     write_json(checkpoint_dir(run_dir) / "latest.json", body)
+    if prune:
+        prune_steps(run_dir, step, keep=keep)
+
+
+def prune_steps(run_dir: Path, step: int, *, keep: int) -> None:
+    """Delete the steps before ``step`` beyond the last ``keep``: each step's record first (a step without its
+    record is not resumable), then its folder."""
     for old in saved_steps(run_dir)[:-keep]:
         if old < step:
-            _meta_file(run_dir, old).unlink(missing_ok=True)  # first: a step without its record is not resumable
+            _meta_file(run_dir, old).unlink(missing_ok=True)
             shutil.rmtree(step_dir(run_dir, old), ignore_errors=True)
 
 
@@ -224,8 +247,9 @@ class Resumable:
         return int(self.meta["step"])
 
 
-def find_resumable(run_dir: Path) -> Resumable:
-    """The newest committed step whose meta and every replica file load, newest first.
+def find_resumable(run_dir: Path, *, upto: int | None = None) -> Resumable:
+    """The newest committed step whose meta and every replica file load, newest first (``upto``: no later
+    than that step, as the workers' folders agree on one: :func:`~diloco.train.run_folders.agree_plan`).
 
     Each replica file is checked against the size and SHA-256 recorded when it was written.
     Raises :class:`CheckpointError` naming every damaged step when none is usable.
@@ -241,15 +265,17 @@ def find_resumable(run_dir: Path) -> Resumable:
     for step in reversed(saved_steps(run_dir)):
         if committed is not None and step > committed:
             continue  # written after the last commit: an interrupted checkpoint, not a damaged one
+        if upto is not None and step > upto:
+            continue  # newer than another folder's newest
         try:
             meta = _step_meta(run_dir, step)
             if meta.get("format") == "dcp":
                 verify_files(run_dir, step, meta)
             else:
-                n = int(meta.get("num_replicas", 1))
-                for rank in range(n):
+                here = meta.get("folder_replicas", range(int(meta.get("num_replicas", 1))))  # this folder's
+                for rank in here:
                     verify_replica(run_dir, rank, step, meta)
-                replicas = {f"replica-{r}.pt" for r in range(n)}
+                replicas = {f"replica-{r}.pt" for r in here}
                 verify_files(run_dir, step, meta, names=[f for f in meta.get("files", {}) if f not in replicas])
         except (CheckpointError, ValueError, KeyError, TypeError) as exc:
             skipped.append(f"step {step}: {exc}")
@@ -320,6 +346,7 @@ __all__ = [
     "latest_meta",
     "load_latest",
     "load_replica",
+    "prune_steps",
     "save_replica",
     "saved_steps",
     "step_dir",

@@ -7,7 +7,9 @@ module is the trainer's side of them, for one :class:`~diloco.train.replica.Repl
 * :func:`save` writes the replica's state of a step (a worker's replicated ranks hold one
   state: its first rank writes it; sharded workers: every rank its shards, in the
   background with ``checkpoint_async``), and :func:`commit` makes the step the latest
-  once every process's files are written (after a barrier, replica 0 records it).
+  once every process's files are written (after a barrier, replica 0 records it; where
+  machines have folders of their own, each folder's lead records its own workers' files,
+  :mod:`diloco.train.run_folders`).
 * :func:`restore` reads the replica's state back; :func:`restore_resized` does so for a
   checkpoint written by another number of workers (an elastic restart) or, sharded,
   of ranks per worker.
@@ -23,6 +25,7 @@ from diloco.train import checkpoint as ckpt
 from diloco.train import sharded_checkpoint
 from diloco.train.config import TrainConfig
 from diloco.train.replica import Replica, Run
+from diloco.train.run_folders import Folder
 
 
 def run_record(cfg: TrainConfig, run: Run) -> dict[str, Any]:
@@ -59,10 +62,12 @@ def save(
     keep: int,
     last: bool,
     extra: Callable[[], Sequence[str]] | None = None,
+    folder: Folder | None = None,
 ) -> None:
     """Every replica writes its file (sharded workers: every rank its shards); after a barrier replica 0
     makes ``step`` the latest (:func:`commit`), keeping the last ``keep`` steps. ``extra`` (replica 0, after
-    the barrier): writes more files into the step's folder and names them, for the record.
+    the barrier): writes more files into the step's folder and names them, for the record. ``folder``: this
+    process's ``run_dir`` as the job found it (torchrun; None: one folder every replica shares).
 
     A background write (sharded, ``checkpoint_async``) that is not the ``last`` step's is committed after the
     next step instead (its writes overlap that step): it waits in ``rep.writing`` until then.
@@ -90,7 +95,7 @@ def save(
         assert extra is None, "a background checkpoint with files of the method's own is not built"
         rep.writing = (step, writing, record)  # committed after the next step (the writes overlap it)
     else:
-        commit(rep, step, writing, record, run_dir=run_dir, keep=keep, extra=extra)
+        commit(rep, step, writing, record, run_dir=run_dir, keep=keep, extra=extra, folder=folder)
 
 
 def commit(
@@ -102,16 +107,28 @@ def commit(
     run_dir: Path,
     keep: int,
     extra: Callable[[], Sequence[str]] | None = None,
+    folder: Folder | None = None,
 ) -> None:
     """Once every rank's files of ``step`` are written (a background write: its Future, ``writing``), replica 0
     writes the ``extra`` files (the method's own state, e.g. the decoupled syncer's), records the step with them
-    and makes it the latest, keeping the last ``keep`` steps."""
+    and makes it the latest, keeping the last ``keep`` steps.
+
+    Folders of the machines' own (``folder`` not shared): each folder's lead records its workers' files, and only
+    after a second barrier (every folder has recorded ``step``) does any delete its older steps."""
     if writing is not None:
         writing.result()
     rep.writing = None
     rep.barrier()  # every replica's file is on disk before the step becomes "latest"
-    if rep.evaluates:
-        ckpt.commit(run_dir, step, record, keep=keep, extra=extra() if extra is not None else ())
+    if folder is None or folder.shared:
+        if rep.evaluates:
+            ckpt.commit(run_dir, step, record, keep=keep, extra=extra() if extra is not None else ())
+        return
+    if folder.lead:
+        names = extra() if extra is not None and rep.evaluates else ()
+        ckpt.commit(run_dir, step, record, keep=keep, extra=names, replicas=folder.workers, prune=False)
+    rep.barrier()  # every folder has recorded the step: the older ones can go
+    if folder.lead:
+        ckpt.prune_steps(run_dir, step, keep=keep)
 
 
 def load(rep: Replica, step: int, *, run_dir: Path, worker: int, rank: int = 0) -> dict[str, Any]:

@@ -162,6 +162,7 @@ def plan_run_dir(
     reuse: bool = False,
     elastic: bool = False,
     replace_flag: str = "--overwrite",
+    upto: int | None = None,
 ) -> RunDirPlan:
     """Decide what to do with ``out_dir`` without writing anything; a ValueError says why not and how to fix it.
 
@@ -172,6 +173,7 @@ def plan_run_dir(
     ``elastic`` (a restart under TorchElastic): ``reuse`` where the number of workers (``replicas``)
     may differ from the saved run's; the checkpoint's own number is in the plan's ``meta``.
     ``replace_flag``: the caller's option that replaces a run, named in the error (``diloco compare``: --fresh).
+    ``upto``: resume no later than this step (the step the workers' folders agree on, :mod:`diloco.train.run_folders`).
     """
     out_dir = Path(out_dir)
     extra = ELASTIC_KEYS if elastic else ()
@@ -188,7 +190,7 @@ def plan_run_dir(
     present = existing_run_files(out_dir)
     new = cfg.to_dict()
     if resume:
-        return _plan_resume(out_dir, cfg, present, extra)
+        return _plan_resume(out_dir, cfg, present, extra, upto)
     if not present:
         return RunDirPlan(out_dir, "new")
     if overwrite:
@@ -210,7 +212,7 @@ def plan_run_dir(
         if (out_dir / "summary.json").exists():
             return RunDirPlan(out_dir, "finished", notices=(f"reusing the finished run in {out_dir}",))
         if _any_committed(out_dir):
-            return _plan_resume(out_dir, cfg, present, extra)
+            return _plan_resume(out_dir, cfg, present, extra, upto)
         return RunDirPlan(
             out_dir,
             "overwrite",
@@ -235,8 +237,10 @@ def _any_committed(out_dir: Path) -> bool:
     return root.is_dir() and ((root / "latest.json").exists() or any(root.glob("step-*.json")))
 
 
-def _plan_resume(out_dir: Path, cfg: TrainConfig, present: list[str], extra: tuple[str, ...] = ()) -> RunDirPlan:
-    found = ckpt.find_resumable(out_dir)  # raises "nothing to resume" when there is no checkpoint
+def _plan_resume(
+    out_dir: Path, cfg: TrainConfig, present: list[str], extra: tuple[str, ...] = (), upto: int | None = None
+) -> RunDirPlan:
+    found = ckpt.find_resumable(out_dir, upto=upto)  # raises "nothing to resume" when there is no checkpoint
     saved = _with_defaults(found.meta.get("config", {}))
     check_format(found.meta, cfg, out_dir)
     if cfg.worker_sharding == "fsdp":  # sharded checkpoints reshard onto any number of ranks per worker

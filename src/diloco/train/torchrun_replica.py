@@ -19,6 +19,7 @@ from diloco.train.metrics import MultiLogger
 from diloco.train.notices import speed_notices, tell, warning_notices
 from diloco.train.replica import Everyone
 from diloco.train.result import RunResult
+from diloco.train.run_folders import agree_plan, find_folders, where
 from diloco.train.step_log import StepTable, progress_bar, update_bar
 
 
@@ -54,7 +55,10 @@ class TorchrunReplica:
         and ``intra`` the worker's ranks.
 
         The lead process (worker 0's rank 0, the one that writes the run's files) holds the folder's
-        :class:`~diloco.train.rundir.RunDirLock` while it trains.
+        :class:`~diloco.train.rundir.RunDirLock` while it trains. Machines whose ``--out`` is a folder of their own
+        (no shared file system; found by :func:`~diloco.train.run_folders.find_folders`) each keep their workers'
+        checkpoints there, the first worker of each holding its lock, and resume from it
+        (:func:`~diloco.train.run_folders.agree_plan`).
         """
         try:
             if comm.rank == 0 and (intra is None or intra.rank == 0):
@@ -101,7 +105,13 @@ class TorchrunReplica:
         self.runtime.check_reachable(cfg)
         self.runtime.check_launch(cfg, torchrun=True, sharded=mesh is not None)
         lead = comm.rank == 0 and (intra is None or intra.rank == 0)
-        plan = self.plan(resume=resume, overwrite=overwrite, reuse=reuse, elastic=elastic)  # every process alike
+        # every process reads its --out (each machine may have its own), and all settle on one plan
+        plan = agree_plan(
+            lambda upto: self.plan(resume=resume, overwrite=overwrite, reuse=reuse, elastic=elastic, upto=upto),
+            comm,
+            intra,
+            self.out_dir,
+        )
         everyone = Everyone(comm, intra if mesh is not None else None)
         everyone.barrier()  # ... before the lead writes anything
         if lead:
@@ -116,6 +126,16 @@ class TorchrunReplica:
         if plan.action == "finished":
             return RunResult.from_dict(plan.summary) if lead else None
         run = self._prepare(plan, everyone, lead)
+        self._folder = folder = find_folders(comm, intra, self.out_dir, everyone.barrier)
+        if not folder.shared and elastic:
+            raise ConfigError(
+                f"--elastic needs one --out that every machine shares (a worker that joins reads worker 0's "
+                f"checkpoint), but {where(self.out_dir)} holds the files of workers {list(folder.workers)} only: "
+                f"put --out on a shared file system, or drop --elastic (torchrun --max-restarts with --resume auto "
+                f"restarts the same machines, each from its own folder)"
+            )
+        if folder.lead and not lead:  # a folder of this machine's own: what the lead writes into its folder
+            self._set_up_folder(plan, run.data)
         logger = self._logger(run.start_step, plan.action == "resume") if lead else MultiLogger()
         bar = progress_bar(self.progress and lead, cfg.total_steps, run.start_step, cfg.method)
         table = StepTable(1, logger, lambda row: update_bar(bar, row))

@@ -109,6 +109,7 @@ class Trainer(TrainerCheckpoints, TorchrunReplica):
         reuse: bool = False,
         elastic: bool = False,
         replace_flag: str = "--overwrite",
+        upto: int | None = None,
     ) -> RunDirPlan:
         """Check every setting and decide what to do with ``out_dir`` (see :func:`~diloco.train.rundir.plan_run_dir`).
 
@@ -123,6 +124,7 @@ class Trainer(TrainerCheckpoints, TorchrunReplica):
             reuse=reuse,
             elastic=elastic,
             replace_flag=replace_flag,
+            upto=upto,
         )
 
     def _validate(self) -> None:
@@ -156,15 +158,7 @@ class Trainer(TrainerCheckpoints, TorchrunReplica):
         check_same_data(plan, digest, self.out_dir)  # every process, before the lead touches the run directory
         self.runtime.check_inputs(cfg, template=inputs.model, fragments=inputs.fragments)  # e.g. the syncer's memory
         if lead:  # everything is validated and the data is ready: only now is the run directory touched
-            if plan.action == "overwrite":
-                clear_run(self.out_dir)
-            if plan.action == "resume" and (plan.meta or {}).get("format") == sharded_checkpoint.FORMAT:
-                ckpt.discard_uncommitted(self.out_dir, plan.start_step)  # before any rank writes one again
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            self._lock.acquire()  # a new run's folder exists only now; nothing has been written into it yet
-            write_json(self.out_dir / "config.json", cfg.to_dict())
-            if inputs.data.tokenizer is not None:  # the run's vocabulary travels with it (diloco export)
-                atomic_write_bytes(self.out_dir / "tokenizer.json", inputs.data.tokenizer.to_json().encode("utf-8"))
+            self._set_up_folder(plan, inputs.data)
         if comm is not None and lead:
             comm.barrier()
         # The template was built once and seeded (threads share torch's global RNG); replica 0's copy is
@@ -184,6 +178,20 @@ class Trainer(TrainerCheckpoints, TorchrunReplica):
             saved_ranks=int(meta.get("config", {}).get("ranks_per_worker", cfg.ranks_per_worker)),
             offset=max(cfg.learner, 0),
         )
+
+    def _set_up_folder(self, plan: RunDirPlan, data: Any) -> None:
+        """The lead's ``out_dir`` (or, under torchrun, a folder of a machine's own: :mod:`diloco.train.run_folders`):
+        the old run replaced (``overwrite``) or its uncommitted sharded steps deleted, the folder locked, the config and
+        the tokenizer written."""
+        if plan.action == "overwrite":
+            clear_run(self.out_dir)
+        if plan.action == "resume" and (plan.meta or {}).get("format") == sharded_checkpoint.FORMAT:
+            ckpt.discard_uncommitted(self.out_dir, plan.start_step)  # before any rank writes one again
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()  # a new run's folder exists only now; nothing has been written into it yet
+        write_json(self.out_dir / "config.json", self.cfg.to_dict())
+        if data.tokenizer is not None:  # the run's vocabulary travels with it (diloco export)
+            atomic_write_bytes(self.out_dir / "tokenizer.json", data.tokenizer.to_json().encode("utf-8"))
 
     def _logger(self, start_step: int, resume: bool) -> MultiLogger:
         sinks: list[MetricLogger] = [
@@ -372,7 +380,9 @@ class Trainer(TrainerCheckpoints, TorchrunReplica):
                     if rep.evaluates:
                         guard.check_eval(final_eval, step=step)
                 if rep.writing is not None:  # the checkpoint written in the background since the last step
-                    replica_checkpoint.commit(rep, *rep.writing, run_dir=self.out_dir, keep=cfg.keep_checkpoints)
+                    replica_checkpoint.commit(
+                        rep, *rep.writing, run_dir=self.out_dir, keep=cfg.keep_checkpoints, folder=self._folder
+                    )
                 if checkpoint_due:
                     if cfg.diverge_factor:  # every replica past the divergence checks before any writes this step
                         rep.barrier()

@@ -19,6 +19,7 @@ from diloco.train import replica_checkpoint
 from diloco.train.budget_checkpoints import FINAL_GLOBAL, CheckpointGate, final_record
 from diloco.train.config import TrainConfig
 from diloco.train.replica import Replica, Run
+from diloco.train.run_folders import Folder
 from diloco.train.runtime import Session
 
 
@@ -30,6 +31,7 @@ class TrainerCheckpoints:
     out_dir: Path
     _session: Session | None
     _gate: CheckpointGate | None = None  # learner_budget=tokens: the learners' periodic checkpoints
+    _folder: Folder | None = None  # torchrun: out_dir as the job found it (None: one folder every replica shares)
 
     def _checkpoint_due(self, rep: Replica, step: int, out: Any) -> bool:
         """Whether the replica writes a checkpoint after ``step`` (``out``: its outcome): every ``checkpoint_every``
@@ -55,6 +57,7 @@ class TrainerCheckpoints:
             keep=cfg.keep_checkpoints,
             last=step >= cfg.total_steps,
             extra=partial(session.save, self.out_dir, step) if session is not None else None,
+            folder=self._folder,
         )
 
     def _prepare_checkpoint(self, rep: Replica, out: Any) -> None:
