@@ -60,13 +60,15 @@ def learner_window(
 ) -> dict[str, float]:
     """A decoupled run's window from each learner's step rows (``compute_s``, ``dt``) and metrics rows
     (``bytes_sent``, cumulative): utilization (mean of the learners), tokens/s (sum of the learners' rates;
-    ``tokens_per_step`` is one learner's), compute seconds a step and bytes a learner sent a step (means)."""
-    utils, rates, computes, sent = [], [], [], []
+    ``tokens_per_step`` is one learner's), compute seconds a step, bytes a learner sent a step and the share of
+    its wall time a learner waited for replies (``wait_s``; means)."""
+    utils, rates, computes, sent, waits = [], [], [], [], []
     for rows in rows_by_learner.values():
         w = _window(rows, skip=skip, last=last, key="dt")
         compute = sum(float(r["compute_s"]) for r in w)
         wall = sum(float(r["dt"]) for r in w)
         utils.append(compute / wall)
+        waits.append(sum(float(r.get("wait_s", 0.0)) for r in w) / wall)
         rates.append(tokens_per_step * len(w) / wall)
         computes.append(compute / len(w))
         with_bytes = [r for r in w if "bytes_sent" in r]
@@ -81,6 +83,7 @@ def learner_window(
         "tokens_per_s": sum(rates),
         "compute_s_per_step": sum(computes) / n,
         "bytes_per_step": sum(sent) / len(sent) if sent else 0.0,
+        "wait_share": sum(waits) / n,
     }
 
 
