@@ -20,7 +20,7 @@ move too few bytes for 50 Mbit/s to matter: DP's fp32 gradients are 1.7 MB a wor
 ``step_time`` = 0.1 s (an accelerator's step: three hosts on two cores do not slow each other's compute),
 checkpoints only at the end. Columns: see :mod:`diloco.bench.hosts_table`.
 
-    sudo .venv/bin/python benchmarks/hosts_table.py            # 2 rates x 3 methods, ~6 minutes on 2 cores
+    sudo .venv/bin/python benchmarks/hosts_table.py            # 2 rates x 3 methods, 3-5 minutes on 2 cores
     sudo .venv/bin/python benchmarks/hosts_table.py --quick    # 50 Mbit/s, 16 steps: checks it runs
 
 Needs root (namespaces) and iproute2 / util-linux; refuses otherwise. Writes benchmarks/results/hosts_table.json.
@@ -154,6 +154,7 @@ def run_decoupled(hosts: list[Host], args: argparse.Namespace, run_id: str) -> d
     kept, _ = kept_steps(rows)
     span = max(float(r["t"]) for r in kept) - min(float(r["t"]) - float(r["dt"]) for r in kept)
     all_steps = sum(len(v) for v in by_learner.values())
+    starts = [min(float(r["t"]) - float(r["dt"]) for r in v) for v in by_learner.values()]
     summary = json.loads(hosts[0].path(f"/tmp/{run_id}-syncer/summary.json").read_text())
     site0 = json.loads((hosts[0].path(f"/tmp/{run_id}-site") / "summary.json").read_text())
     return got | {
@@ -164,6 +165,7 @@ def run_decoupled(hosts: list[Host], args: argparse.Namespace, run_id: str) -> d
         "goodput_tokens_per_s": len(kept) * per_learner_tokens / span,
         "useful_share": len(kept) / all_steps,
         "merges": summary.get("merges"),
+        "start_spread_s": max(starts) - min(starts),  # between the learners' first steps
     }
 
 
