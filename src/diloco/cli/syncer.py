@@ -33,11 +33,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the address a new local Ray instance advertises to the sites, on a machine with several "
         "(default: Ray's choice; Ray replaces a loopback address with the machine's own)",
     )
+    from diloco.decoupled.status.cli_args import add_status_args
+
+    add_status_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from diloco.decoupled.service import run_service
+    from diloco.decoupled.status.cli_args import status_kwargs
 
     cfg = service_config(load_preset(args.preset), overrides(args))
     summary = run_service(
@@ -49,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         poll_s=args.poll,
         node_ip_address=args.node_ip_address,
         echo=lambda line: print(line, flush=True),
+        **status_kwargs(args),
     )
     print(json.dumps(summary, indent=2), flush=True)
     return 0

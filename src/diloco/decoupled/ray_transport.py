@@ -36,6 +36,7 @@ import torch
 from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S, Membership
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
 from diloco.decoupled.ray_address import PROBE_TIMEOUT_S, check_address
+from diloco.decoupled.status.feed import StatusFeed, whoami
 from diloco.decoupled.syncer import Syncer
 from diloco.errors import ConfigError
 
@@ -50,7 +51,7 @@ MAX_RESENDS = 5
 
 
 @ray.remote
-class SyncerActor(Membership):
+class SyncerActor(Membership, StatusFeed):
     """A :class:`Syncer` behind Ray: join, report, wait_reply, leave (see the module docstring); the learner jobs'
     claims on their indices (hello, heartbeat, status) are :class:`~diloco.decoupled.membership.Membership`'s.
 
@@ -102,9 +103,11 @@ class SyncerActor(Membership):
 
     def _log(self, event: str, **fields: Any) -> None:
         """One row in ``checkpoint_dir/events.jsonl`` (what the syncer saw, for the record of a faulty run)."""
+        row = {"t": time.time(), "event": event, **fields}
+        self._feed_event(row)  # the status page's feed (diloco.decoupled.status)
         if self.checkpoint_dir is not None:
             with open(os.path.join(self.checkpoint_dir, "events.jsonl"), "a") as fh:
-                fh.write(json.dumps({"t": time.time(), "event": event, **fields}) + "\n")
+                fh.write(json.dumps(row) + "\n")
 
     def _condition(self) -> asyncio.Condition:
         if self._cond is None:  # created on the actor's event loop
@@ -171,6 +174,8 @@ class SyncerActor(Membership):
 
     async def report(self, report: Report) -> None:
         ignored = self.syncer.ignored_reports
+        versions = self.syncer.versions
+        stale = versions[report.fragment] - report.base_version if 0 <= report.fragment < len(versions) else None
         self._seen.add((report.learner, report.fragment))
         replies = self.syncer.receive(report)
         self._log(
@@ -179,6 +184,11 @@ class SyncerActor(Membership):
             fragment=report.fragment,
             base_version=report.base_version,
             ignored=self.syncer.ignored_reports > ignored,
+            step=report.sent_after_step,
+            steps=report.steps,
+            tokens=report.tokens,
+            step_time=report.step_time,
+            staleness=stale,
         )
         await self._deliver(replies)
         async with self._condition():  # a wait_reply that came first looks again
@@ -460,7 +470,7 @@ def connect(
     if fingerprint is None:
         return RayChannel(actor, learner)
     channel = RayChannel(actor, learner, session=uuid.uuid4().hex)
-    refused = ray.get(actor.hello.remote(learner, channel.session, fingerprint))
+    refused = ray.get(actor.hello.remote(learner, channel.session, fingerprint, whoami()))
     if refused is not None:
         raise ConfigError(refused)
     channel.start_heartbeat()

@@ -254,18 +254,26 @@ def run_service(
     poll_s: float = 5.0,
     node_ip_address: str | None = None,
     echo: Callable[[str], None] = print,
+    status_port: int | None = 0,
+    status_host: str = "0.0.0.0",
+    status_eval_s: float = 30.0,
 ) -> dict[str, Any]:
     """``diloco syncer`` (module docstring): start (or resume) the run's syncer service in ``out``, monitor it
     until every learner has finished, write the run's results; returns the summary (also ``summary.json``).
 
     ``cfg``: the run's config (:func:`diloco.cli.syncer.service_config`); ``preset`` and ``overrides`` (the ``--set`` items) are
     what the printed learner commands repeat. ``node_ip_address``: the address a new local Ray instance
-    advertises. A Ray instance this process already joined is used as it is."""
+    advertises. A Ray instance this process already joined is used as it is. ``status_port`` / ``status_host``: where
+    the run's status page and metrics are served (:mod:`diloco.decoupled.status`; port 0: a free one, None: none),
+    the loss plot's evaluation every ``status_eval_s`` seconds (0: none)."""
     out = Path(out)
     if cfg.method != "decoupled":
         raise ConfigError(f"method={cfg.method!r}: the syncer service runs method=decoupled")
     previous = plan_out(out, cfg)
+    from diloco.decoupled.status.monitor import StatusPage
     from diloco.train.rundir import RunDirLock
+
+    page = StatusPage.open(host=status_host, port=status_port, eval_every_s=status_eval_s)  # before `out` is written
 
     lock = RunDirLock(out)  # one monitor per folder: a second would start a second actor on the same checkpoints
     lock.acquire()  # (nothing to lock yet for a new folder: taken once it is created, below)
@@ -281,8 +289,10 @@ def run_service(
             node_ip_address=node_ip_address,
             echo=echo,
             lock=lock,
+            page=page,
         )
     finally:
+        page.close()
         lock.release()
 
 
@@ -298,6 +308,7 @@ def _run(
     node_ip_address: str | None,
     echo: Callable[[str], None],
     lock: Any,
+    page: Any,
 ) -> dict[str, Any]:
     from diloco.data.sources import check_sources
     from diloco.decoupled.trainer import write_merges
@@ -349,6 +360,7 @@ def _run(
             "ray": auth,
             "learners": commands,
             "fingerprint": prints,
+            "status_port": page.port,
         }
         out.mkdir(parents=True, exist_ok=True)  # everything is checked: only now is `out` written
         lock.acquire()
@@ -381,6 +393,7 @@ def _run(
         echo(f"learner commands, one per site (also in {out / 'syncer.json'}):")
         for line in commands:
             echo(f"  {line}")
+        page.start(shards, out=out, name=name, cfg=cfg, inputs=inputs, echo=echo)
         summary = _monitor(shards, num_learners=cfg.replicas, poll_s=poll_s, echo=echo)
         records = shards.records()
         named = shards.global_named_parameters()
@@ -388,12 +401,13 @@ def _run(
         write_final_checkpoint(
             out, cfg, inputs.model, named, vocab_size=vocab, data_digest=digest, step=cfg.total_steps
         )
-        shards.kill()
         import torch
 
         from diloco.train.evaluation import evaluate_parameters
 
         loss = evaluate_parameters(inputs.model, named, inputs.val_batches, bf16=cfg.bf16, device=torch.device("cpu"))
+        page.finish(shards, final_loss=loss)
+        shards.kill()
         summary = {**summary, "merges": len(records), "name": name, "address": address, "final_eval_loss": loss}
         write_json(out / "summary.json", summary)
         echo(f"diloco syncer: every learner finished; {len(records)} merges; results in {out}")
