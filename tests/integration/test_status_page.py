@@ -109,4 +109,31 @@ def test_the_status_page_follows_a_site_killed_and_rejoining(tmp_path, token_cac
     assert final["loss"] and final["loss"][-1]["loss"] == pytest.approx(
         json.loads((svc / "summary.json").read_text())["final_eval_loss"]
     )
+    # `diloco status` renders the page again from the folder: the same rows, merges and losses
+    from diloco.decoupled.status.offline import board_of_run
+
+    again = board_of_run(svc).snapshot()
+    keys = ("host", "state", "step", "tokens", "waiting_share", "staleness", "last_merge", "guard", "restarts")
+    assert [{k: r[k] for k in keys} for r in again["learners"]] == [{k: r[k] for k in keys} for r in final["learners"]]
+    assert again["merges"]["quorum_sizes"] == final["merges"]["quorum_sizes"] and again["loss"] == final["loss"]
     print(f"site 1 killed at step {step_at_kill}: its row said lost after {lost_after:.1f} s")
+
+
+def test_a_bad_status_port_is_refused_before_anything_is_written(tmp_path, capsys):
+    """``diloco syncer --status-port`` out of range, or taken by another process, is refused (exit 2, the port
+    named with the fix) before the run's folder (or anything else) is written."""
+    import socket
+
+    from diloco.cli import main
+
+    out = tmp_path / "svc"
+    common = ["syncer", "--preset", "tiny", "--out", str(out), "--cache-dir", str(tmp_path / "cache")]
+    assert main([*common, "--status-port", "70000"]) == 2
+    assert "--status-port 70000 is out of range: give 1..65535, or 0 for a free port" in capsys.readouterr().err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert main([*common, "--status-host", "127.0.0.1", "--status-port", str(port)]) == 2
+    assert f"--status-port {port} is taken on 127.0.0.1" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -128,3 +128,48 @@ def test_step_rates_span_at_least_their_span_and_restart_after_a_resume():
     series = [[0.0, 0], [2.0, 10], [5.0, 25], [6.0, 30], [11.0, 55], [12.0, 5], [20.0, 45]]
     assert step_rates(series, span_s=5.0) == [(5.0, 5.0), (11.0, 5.0), (20.0, 5.0)]
     assert all(math.isfinite(r) for _, r in step_rates(series))
+
+
+def test_the_page_of_a_finished_run_folds_its_folder_as_the_live_page_folded_the_feed(tmp_path, capsys):
+    """``diloco status DIR`` (:func:`board_of_run`) reads the events and merges the service left and gives the
+    figures the live board gave from the same rows."""
+    import json
+
+    from diloco.cli import main
+    from diloco.decoupled.status.offline import board_of_run
+
+    events = [
+        {"t": 0.0, "event": "started", "pid": 11, "restored_merges": None},
+        {"t": 0.5, "event": "hello", "learner": 0, "session": "s", "host": "h0 pid 1"},
+        {"t": 1.0, "event": "joined", "learner": 0, "incarnation": 0},
+        *[_report(1.0 + 1.25 * i, 0, 4 * i, staleness=i % 2) for i in range(1, 9)],
+        {"t": 12.0, "event": "left", "learner": 0, "finished": True},
+    ]
+    merges = [{"at": 3.0 + i, "fragment": i % 2, "version": 1 + i // 2, "learners": [0], "guard": []} for i in range(4)]
+    live = Board(num_learners=2, name="run")
+    for row in events:
+        live.observe(row)
+    for record in merges:
+        live.merged(record)
+    (tmp_path / "syncer").mkdir()
+    (tmp_path / "syncer" / "events.jsonl").write_text("".join(json.dumps(r) + "\n" for r in events))
+    (tmp_path / "merges.jsonl").write_text("".join(json.dumps(r) + "\n" for r in merges))
+    (tmp_path / "status-loss.jsonl").write_text(json.dumps({"t": 12.0, "tokens": 4096.0, "loss": 4.25}) + "\n")
+    (tmp_path / "config.json").write_text(json.dumps({"replicas": 2, "syncer_shards": 1}))
+    (tmp_path / "syncer.json").write_text(json.dumps({"name": "run"}))
+    (tmp_path / "summary.json").write_text("{}")
+    offline = board_of_run(tmp_path).snapshot()
+    expected = live.snapshot()
+    assert offline["learners"] == expected["learners"] and offline["merges"] == expected["merges"]
+    assert offline["learners"][0]["state"] == "finished" and offline["learners"][1]["state"] == "not joined"
+    assert offline["loss"] == [{"t": 12.0, "tokens": 4096.0, "loss": 4.25}] and offline["syncer"]["state"] == "stopped"
+    assert main(["status", str(tmp_path)]) == 0
+    assert '<tr id="learner-0" data-state="finished" data-step="32"' in (tmp_path / "status.html").read_text()
+    (tmp_path / "notes.html").write_text("mine")
+    assert main(["status", str(tmp_path), "--out", str(tmp_path / "notes.html")]) == 2
+    assert "is not a status page" in capsys.readouterr().err
+    assert (tmp_path / "notes.html").read_text() == "mine"  # a user's file is never overwritten
+    from diloco.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="holds no `diloco syncer` run"):
+        board_of_run(tmp_path / "syncer")

@@ -10,7 +10,7 @@ page and the metrics show, as plain data (strict JSON):
   said it stops without finishing; ``finished``; ``not joined``), its latest step and tokens, its waiting share,
   its staleness, the last merge it counted in, its guard events and its restarts;
 * the merges: per minute (the last minute) and their quorum sizes (how many learners each merged);
-* the syncer: ``active`` (answering) or ``not answering``, its epoch (1 + restarts), pid, checkpoint age.
+* the syncer: ``active`` (answering), ``not answering`` or ``stopped`` (the service ended), its epoch (1 + restarts), pid, checkpoint age.
 
 Waiting share: a report says how many steps the learner made since it last sent that fragment and its mean
 seconds of work per step; over the reports of the last :data:`WINDOW_S` seconds, the wall time not accounted for
@@ -93,6 +93,7 @@ class Board:
         self.started_at = started_at
         self.now = started_at or 0.0
         self.finished_run = False
+        self.ended = False  # the service ended (the syncer stopped with it)
 
     # -- input ---------------------------------------------------------------
     def observe(self, row: dict[str, Any]) -> None:
@@ -228,7 +229,11 @@ class Board:
                 "mean_sync_s": _mean([m[4] for m in self.merges[-100:]]),
             },
             "syncer": {
-                "state": "active" if self.answering else ("not answering" if self.answering is False else "unknown"),
+                "state": "stopped"
+                if self.ended
+                else "active"
+                if self.answering
+                else ("not answering" if self.answering is False else "unknown"),
                 "epoch": self.epoch,
                 "restarts": max(0, self.epoch - 1),
                 "pid": self.pid,

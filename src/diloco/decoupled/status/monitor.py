@@ -203,6 +203,8 @@ class StatusPage:
         self.poll_once(shards)
         if final_loss is not None:
             self._add_loss(final_loss)
+        with self._lock:
+            self.board.ended = True
         from diloco.files import atomic_write_bytes, write_json
 
         snap = self.snapshot()

@@ -26,7 +26,7 @@ th, td { padding: 0.3em 0.7em; border-bottom: 1px solid #ddd; text-align: right;
 th { background: #f3f4f8; } td.l, th.l { text-align: left; }
 .state { font-weight: 600; border-radius: 0.3em; padding: 0.1em 0.5em; }
 .live { background: #d7f5dd; color: #126b26; } .finished { background: #dde7fb; color: #1a3f8f; }
-.lost, .left { background: #fbdcdc; color: #8f1a1a; } .not-joined { background: #eee; color: #555; }
+.lost, .left { background: #fbdcdc; color: #8f1a1a; } .not-joined, .stopped { background: #eee; color: #555; }
 .active { background: #d7f5dd; color: #126b26; } .not-answering, .unknown { background: #fbdcdc; color: #8f1a1a; }
 .plots { display: flex; flex-wrap: wrap; gap: 1.5em; } .plots figure { margin: 0; }
 figcaption { font-size: 0.85em; color: #555; }
