@@ -173,3 +173,25 @@ def test_the_page_of_a_finished_run_folds_its_folder_as_the_live_page_folded_the
 
     with pytest.raises(ConfigError, match="holds no `diloco syncer` run"):
         board_of_run(tmp_path / "syncer")
+
+
+def test_the_metrics_reference_names_every_metric_served():
+    """docs/reference/metrics.md lists each family a scrape holds (a counter under its ``_total`` name)."""
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from diloco.decoupled.status.metrics import exposition
+
+    b = _board()
+    b.observe(_report(2.0, 0, 8))
+    b.merged({"at": 3.0, "fragment": 0, "version": 1, "learners": [0], "guard": [], "sync_time": 0.01})
+    b.poll({"live": [0], "finished": []}, now=3.0, checkpoint_age_s=1.0)
+    b.loss(t=3.0, loss=4.5)
+    b.status_busy_s, b.status_calls = 0.001, 3
+    reference = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "metrics.md").read_text()
+    families = list(text_string_to_metric_families(exposition(b.snapshot)[0].decode()))
+    assert len(families) >= 20
+    for family in families:
+        name = family.name + ("_total" if family.type == "counter" else "")
+        assert f"`{name}`" in reference, name

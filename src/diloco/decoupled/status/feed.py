@@ -16,7 +16,9 @@ import time
 import uuid
 from typing import Any
 
-#: Rows kept for the monitor (it reads every second; a merge or a report is one row).
+#: The events the actor logs right after saving a checkpoint.
+SAVED_WITH = ("merged", "joined", "left")
+#: Rows kept for the monitor (it reads every 2 s; a report or an event is one row).
 FEED_ROWS = 20_000
 
 
@@ -32,35 +34,43 @@ class StatusFeed:
     _feed_rows: list[dict[str, Any]] | None = None
     _feed_first = 0  # the index of the first row kept
     _feed_id = ""
+    _feed_saved_at: float | None = None  # wall time of the newest checkpoint
     _feed_busy_s = 0.0  # seconds this actor spent answering status_feed (what the page costs the syncer)
+    _feed_cpu_s = 0.0
     _feed_calls = 0
 
     def _feed_event(self, row: dict[str, Any]) -> None:
         if self._feed_rows is None:
             self._feed_rows, self._feed_id = [], uuid.uuid4().hex
         self._feed_rows.append(row)
+        if row.get("event") in SAVED_WITH:
+            self._feed_saved_at = row["t"]
         if len(self._feed_rows) > FEED_ROWS:
             drop = len(self._feed_rows) - FEED_ROWS // 2
             del self._feed_rows[:drop]
             self._feed_first += drop
 
     def _checkpoint_age(self) -> float | None:
-        from diloco.decoupled.checkpoint import saved_states
-
+        """Seconds since the newest checkpoint: the actor saves one right before it logs a merge, a join or a
+        leave (at its start: the age of the file it restored from, read once)."""
         if self.checkpoint_dir is None:
             return None
-        states = saved_states(self.checkpoint_dir)
-        try:
-            return max(0.0, time.time() - states[-1].stat().st_mtime) if states else None
-        except FileNotFoundError:  # replaced meanwhile
-            return None
+        if self._feed_saved_at is None:
+            from diloco.decoupled.checkpoint import saved_states
+
+            states = saved_states(self.checkpoint_dir)
+            try:
+                self._feed_saved_at = states[-1].stat().st_mtime if states else None
+            except FileNotFoundError:  # replaced meanwhile: the next call looks again
+                return None
+        return None if self._feed_saved_at is None else max(0.0, time.time() - self._feed_saved_at)
 
     async def status_feed(self, feed: str = "", cursor: int = 0, merges: int = 0) -> dict[str, Any]:
         """The rows after ``cursor`` of the feed ``feed`` (all kept rows when ``feed`` is another incarnation's),
         the merge records after the first ``merges`` (every merge, from the syncer's own records: a restarted
         syncer holds them all again), the membership status, the checkpoint's age and this feed's id; ``lost``:
         rows dropped before they were read."""
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.thread_time()
         if self._feed_rows is None:
             self._feed_rows, self._feed_id = [], uuid.uuid4().hex
         start = cursor if feed == self._feed_id else 0
@@ -76,10 +86,12 @@ class StatusFeed:
             "status": await self.status(),  # type: ignore[attr-defined]  (Membership's)
             "checkpoint_age_s": self._checkpoint_age(),
             "now": time.time(),
-            "busy_s": self._feed_busy_s,  # this actor's seconds in these calls before this one
+            "busy_s": self._feed_busy_s,  # this actor's seconds in these calls before this one (wall)
+            "cpu_s": self._feed_cpu_s,  # (its thread's CPU time: without the time other processes took)
             "calls": self._feed_calls,
         }
         self._feed_busy_s += time.perf_counter() - began
+        self._feed_cpu_s += time.thread_time() - began_cpu
         self._feed_calls += 1
         return answer
 

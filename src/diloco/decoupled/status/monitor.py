@@ -1,5 +1,5 @@
 """The live status page of a syncer service: a thread in ``diloco syncer``'s process (the run's monitor, which
-outlives a restart of the syncer actor) that reads the actor's feed every second and serves the page and the
+outlives a restart of the syncer actor) that reads the actor's feed every 2 s (:data:`POLL_S`) and serves the page and the
 metrics.
 
 ::
@@ -13,13 +13,14 @@ metrics.
 Routes (each asks for the token, :mod:`diloco.status.server`): ``/`` the page (reloads itself every
 :data:`REFRESH_S` s), ``/status.json`` the board's snapshot, ``/metrics`` Prometheus' text format
 (:mod:`diloco.decoupled.status.metrics`). A request reads the board as the last poll left it: serving the page
-calls nothing on the syncer, whose only cost is the poll (one small call per shard and second) and the
+calls nothing on the syncer, whose only cost is the poll (one small call per shard every 2 s: the page reloads as often) and the
 evaluation of its global parameters for the loss plot (every ``eval_every_s``; 0: never).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -33,25 +34,15 @@ from diloco.decoupled.status.metrics import exposition
 from diloco.decoupled.status.page import render
 from diloco.decoupled.status.plots import loss_svg, rate_svg
 from diloco.errors import ConfigError
-from diloco.status.server import StatusServer, open_socket, status_token
+from diloco.status.server import TOKEN_ENV, TOKEN_FILE, StatusServer, open_socket, status_token
 
 #: Seconds between the monitor's reads of the syncer's feed.
-POLL_S = 1.0
+POLL_S = 2.0
 #: Seconds between the page's reloads in a browser.
 REFRESH_S = 2
 #: The plots are drawn again at most this often (seconds).
 PLOT_EVERY_S = 5.0
 LOSS_FILE = "status-loss.jsonl"
-
-
-def global_loss(shards: Any, cfg: Any, inputs: Any) -> float:
-    """The validation loss of the syncer's global parameters now (on the monitor's CPU)."""
-    import torch
-
-    from diloco.train.evaluation import evaluate_parameters
-
-    named = shards.global_named_parameters()
-    return evaluate_parameters(inputs.model, named, inputs.val_batches, bf16=cfg.bf16, device=torch.device("cpu"))
 
 
 class StatusPage:
@@ -68,6 +59,7 @@ class StatusPage:
         self.out: Path | None = None
         self.polls = 0
         self.poll_seconds = 0.0  # the monitor's time in its calls to the syncer, in total
+        self.eval_fetch_s = 0.0  # the monitor's time fetching the global parameters for the loss plot
         self._feeds: list[tuple[str, int, int]] | None = None  # each shard's (feed, cursor, merges read)
         self._polling = threading.Lock()
 
@@ -122,7 +114,7 @@ class StatusPage:
         plot evaluates the syncer's global parameters on ``inputs``' validation batches (the run's ``cfg``)."""
         self.out = Path(out)
         self.board = Board(num_learners=cfg.replicas, name=name)
-        evaluate, eval_every_s = partial(global_loss, shards, cfg, inputs), self.eval_every_s
+        evaluate, eval_every_s = partial(self.global_loss, shards, cfg, inputs), self.eval_every_s
         if self.sock is None:
             return
         token = status_token(self.out)
@@ -132,7 +124,8 @@ class StatusPage:
         args = (shards, evaluate, eval_every_s)
         self._thread = threading.Thread(target=self._poll_loop, args=args, name="diloco-status-poll", daemon=True)
         self._thread.start()
-        echo(f"status page: {self.url('/')} (metrics: /metrics; token in {self.out / 'status-token'})")
+        where = "$" + TOKEN_ENV if os.environ.get(TOKEN_ENV, "").strip() else str(self.out / TOKEN_FILE)
+        echo(f"status page: {self.url('/')} (metrics: /metrics; token in {where})")
 
     def _poll_loop(self, shards: Any, evaluate: Callable[[], float] | None, eval_every_s: float) -> None:
         next_eval = time.monotonic() + (eval_every_s if eval_every_s > 0 else float("inf"))
@@ -172,9 +165,24 @@ class StatusPage:
                     "live": sorted(set.intersection(*(set(s["live"]) for s in each))),
                     "finished": sorted(set.intersection(*(set(s["finished"]) for s in each))),
                 }
+                self.board.status_busy_s = sum(g["busy_s"] for g in got)  # what the page costs the syncer
+                self.board.status_calls = sum(g["calls"] for g in got)
+                self.board.status_cpu_s = sum(g["cpu_s"] for g in got)
                 ages = [g["checkpoint_age_s"] for g in got if g["checkpoint_age_s"] is not None]
                 self.board.poll(status, now=time.time(), checkpoint_age_s=max(ages) if ages else None)
             self._feeds = [(g["feed"], g["next"], g["merges"]) for g in got]
+
+    def global_loss(self, shards: Any, cfg: Any, inputs: Any) -> float:
+        """The validation loss of the syncer's global parameters now (evaluated on the monitor's CPU; the
+        syncer's part, handing its parameters over, is timed in ``eval_fetch_s``)."""
+        import torch
+
+        from diloco.train.evaluation import evaluate_parameters
+
+        began = time.perf_counter()
+        named = shards.global_named_parameters()
+        self.eval_fetch_s += time.perf_counter() - began
+        return evaluate_parameters(inputs.model, named, inputs.val_batches, bf16=cfg.bf16, device=torch.device("cpu"))
 
     def _evaluate(self, evaluate: Callable[[], float]) -> None:
         try:
@@ -208,6 +216,7 @@ class StatusPage:
         from diloco.files import atomic_write_bytes, write_json
 
         snap = self.snapshot()
+        snap["monitor"] = {"polls": self.polls, "poll_s": self.poll_seconds, "eval_fetch_s": self.eval_fetch_s}
         write_json(self.out / "status.json", snap)
         atomic_write_bytes(self.out / "status.html", render(snap).encode("utf-8"))
 
