@@ -4,7 +4,7 @@ site jobs (torchrun, one rank each), every one a process on loopback, the page l
 Every learner's row is there with its live step; a scrape of ``/metrics`` parses with prometheus-client's parser
 and holds a series per learner; the page and the metrics refuse a request without the token (or with another).
 Site 1's whole job (its torchrun agent and rank) is SIGKILLed: its row says ``lost`` once its heartbeat's lease
-(LEASE_S = 5 s) has run out and the monitor has read it (polled every 2 s, the page reloading as often); the
+(LEASE_S = 5 s) has run out and the service's monitor has read it (`--poll 1`; the page reloads every 2 s); the
 site's job started again resumes from its checkpoint and its row is ``live`` again with one restart. The screenshot
 is saved (``tmp_path/status-page.png``; also to ``$DILOCO_STATUS_SCREENSHOT`` when set: how the deploy guide's
 image is made). After the run the service's folder holds the page as it ended, and ``diloco status`` renders it
@@ -29,7 +29,7 @@ from diloco.decoupled.membership import LEASE_S  # noqa: E402
 from diloco.decoupled.site_faults import DEFAULT_SETS  # noqa: E402
 from diloco.decoupled.status.drive import WatchedRun  # noqa: E402
 
-#: Seconds past the lease within which the row must say the site is lost: the monitor's poll (2 s), the claim's
+#: Seconds past the lease within which the row must say the site is lost: the monitor's poll (1 s), the claim's
 #: lapse seen twice a heartbeat apart, and slack for a loaded 2-core machine.
 LOST_SLACK_S = 6.0
 

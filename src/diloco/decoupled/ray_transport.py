@@ -36,7 +36,7 @@ import torch
 from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S, Membership
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
 from diloco.decoupled.ray_address import PROBE_TIMEOUT_S, check_address
-from diloco.decoupled.status.feed import StatusFeed, whoami
+from diloco.decoupled.status.host import whoami
 from diloco.decoupled.syncer import Syncer
 from diloco.errors import ConfigError
 
@@ -51,7 +51,7 @@ MAX_RESENDS = 5
 
 
 @ray.remote
-class SyncerActor(Membership, StatusFeed):
+class SyncerActor(Membership):
     """A :class:`Syncer` behind Ray: join, report, wait_reply, leave (see the module docstring); the learner jobs'
     claims on their indices (hello, heartbeat, status) are :class:`~diloco.decoupled.membership.Membership`'s.
 
@@ -103,11 +103,9 @@ class SyncerActor(Membership, StatusFeed):
 
     def _log(self, event: str, **fields: Any) -> None:
         """One row in ``checkpoint_dir/events.jsonl`` (what the syncer saw, for the record of a faulty run)."""
-        row = {"t": time.time(), "event": event, **fields}
-        self._feed_event(row)  # the status page's feed (diloco.decoupled.status)
         if self.checkpoint_dir is not None:
             with open(os.path.join(self.checkpoint_dir, "events.jsonl"), "a") as fh:
-                fh.write(json.dumps(row) + "\n")
+                fh.write(json.dumps({"t": time.time(), "event": event, **fields}) + "\n")
 
     def _condition(self) -> asyncio.Condition:
         if self._cond is None:  # created on the actor's event loop

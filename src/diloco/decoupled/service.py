@@ -393,8 +393,8 @@ def _run(
         echo(f"learner commands, one per site (also in {out / 'syncer.json'}):")
         for line in commands:
             echo(f"  {line}")
-        page.start(shards, out=out, name=name, cfg=cfg, inputs=inputs, echo=echo)
-        summary = _monitor(shards, num_learners=cfg.replicas, poll_s=poll_s, echo=echo)
+        page.start(out=out, name=name, cfg=cfg, inputs=inputs, echo=echo)
+        summary = _monitor(shards, num_learners=cfg.replicas, poll_s=poll_s, echo=echo, on_status=page.on_status)
         records = shards.records()
         named = shards.global_named_parameters()
         write_merges(out / "merges.jsonl", records)
@@ -406,7 +406,7 @@ def _run(
         from diloco.train.evaluation import evaluate_parameters
 
         loss = evaluate_parameters(inputs.model, named, inputs.val_batches, bf16=cfg.bf16, device=torch.device("cpu"))
-        page.finish(shards, final_loss=loss)
+        page.finish(final_loss=loss)
         shards.kill()
         summary = {**summary, "merges": len(records), "name": name, "address": address, "final_eval_loss": loss}
         write_json(out / "summary.json", summary)
@@ -417,8 +417,16 @@ def _run(
             ray.shutdown()
 
 
-def _monitor(shards: Any, *, num_learners: int, poll_s: float, echo: Callable[[str], None]) -> dict[str, Any]:
-    """Print the run's progress until every learner has finished (at every shard); the restarts seen."""
+def _monitor(
+    shards: Any,
+    *,
+    num_learners: int,
+    poll_s: float,
+    echo: Callable[[str], None],
+    on_status: Callable[[dict[str, Any] | None], None] = lambda status: None,
+) -> dict[str, Any]:
+    """Print the run's progress until every learner has finished (at every shard); the restarts seen.
+    ``on_status``: given each status read (None: the syncer did not answer), e.g. the status page's."""
     from ray.exceptions import GetTimeoutError
 
     start = time.monotonic()
@@ -428,7 +436,9 @@ def _monitor(shards: Any, *, num_learners: int, poll_s: float, echo: Callable[[s
             status = shards.status(timeout=max(30.0, 3 * poll_s))
         except GetTimeoutError:
             echo("diloco syncer: the syncer does not answer (restarting?); waiting")
+            on_status(None)
             continue
+        on_status(status)
         if pid is not None and status["pid"] != pid:
             restarts += 1
             echo(

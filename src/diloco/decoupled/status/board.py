@@ -1,8 +1,9 @@
 """The status board: a run's state folded from what reaches the syncer's host (pure; no I/O, no clock of its own).
 
-:meth:`Board.observe` takes the syncer's event rows (``events.jsonl``'s, or the live feed's: ``started``,
-``hello``, ``joined``, ``report``, ``merged``, ``left``, ``refused``), :meth:`Board.poll` the membership status
-the monitor reads every 2 s (who is heard from, who finished; ``None`` when the syncer does not answer), and
+:meth:`Board.observe` takes the syncer's event rows (``events.jsonl``: ``started``, ``hello``, ``joined``,
+``report``, ``merged``, ``left``, ``refused``), :meth:`Board.merged` its merge records, :meth:`Board.poll` the
+membership status the service's monitor reads every ``--poll`` seconds (who is heard from, who finished; ``None``
+when the syncer does not answer), and
 :meth:`Board.loss` the loss of the global parameters the monitor evaluates. :meth:`Board.snapshot` gives what the
 page and the metrics show, as plain data (strict JSON):
 
@@ -94,9 +95,6 @@ class Board:
         self.now = started_at or 0.0
         self.finished_run = False
         self.ended = False  # the service ended (the syncer stopped with it)
-        self.status_busy_s: float | None = None  # the syncer's seconds answering the monitor (this incarnation)
-        self.status_calls = 0
-        self.status_cpu_s: float | None = None  # (the CPU time of its thread in those calls)
 
     # -- input ---------------------------------------------------------------
     def observe(self, row: dict[str, Any]) -> None:
@@ -243,9 +241,6 @@ class Board:
                 "restored_merges": self.restored_merges,
                 "checkpoint_age_s": None if self.checkpoint_at is None else max(0.0, now - self.checkpoint_at),
                 "refused": self.refused,
-                "status_busy_s": self.status_busy_s,
-                "status_calls": self.status_calls,
-                "status_cpu_s": self.status_cpu_s,
             },
             "tokens": self.tokens(),
             "loss": [{"t": t, "tokens": k, "loss": v} for t, k, v in self.losses if math.isfinite(v)],

@@ -7,8 +7,7 @@ report), ``diloco_learner_last_merge_version``, ``diloco_learner_last_merge_age_
 ``diloco_learner_guard_events_total``, ``diloco_learner_restarts``, and ``diloco_learner_info`` (1, with its
 ``host``). The run: ``diloco_merges_total``, ``diloco_merges_per_minute``, ``diloco_merges_by_quorum_total``
 (label ``size``: the learners a merge took), ``diloco_tokens``, ``diloco_global_loss``, ``diloco_syncer_up``,
-``diloco_syncer_epoch``, ``diloco_syncer_restarts``, ``diloco_syncer_checkpoint_age_seconds``,
-``diloco_syncer_status_seconds_total`` (what answering the status monitor cost the syncer). A figure not known
+``diloco_syncer_epoch``, ``diloco_syncer_restarts``, ``diloco_syncer_checkpoint_age_seconds``. A figure not known
 yet (no report, no evaluation) has no sample.
 """
 
@@ -100,12 +99,6 @@ class BoardCollector:
         yield GaugeMetricFamily("diloco_syncer_up", "1 while the syncer answers", value=syncer["state"] == "active")
         yield GaugeMetricFamily("diloco_syncer_epoch", "the syncer's incarnation (1 + restarts)", value=syncer["epoch"])
         yield GaugeMetricFamily("diloco_syncer_restarts", "times the syncer restarted", value=syncer["restarts"])
-        if syncer["status_busy_s"] is not None:
-            yield CounterMetricFamily(
-                "diloco_syncer_status_seconds",
-                "seconds the syncer (this incarnation) spent answering the status monitor",
-                value=syncer["status_busy_s"],
-            )
         if syncer["checkpoint_age_s"] is not None:
             yield GaugeMetricFamily(
                 "diloco_syncer_checkpoint_age_seconds",

@@ -1,20 +1,23 @@
 """The live status page of a syncer service: a thread in ``diloco syncer``'s process (the run's monitor, which
-outlives a restart of the syncer actor) that reads the actor's feed every 2 s (:data:`POLL_S`) and serves the page and the
-metrics.
+outlives a restart of the syncer actor) that follows the run and serves the page and the metrics.
 
 ::
 
     page = StatusPage.open(host="0.0.0.0", port=8265)      # before the run's folder is written: a bad port refused
-    page.start(shards, out=out, name=name, num_learners=M, evaluate=fn, echo=print)   # prints the URL
-    ...                                                     # the run
+    page.start(out=out, name=name, cfg=cfg, inputs=inputs, echo=print)   # prints the URL
+    ...                                                     # the run; the monitor's loop calls page.on_status(...)
     page.finish(final_loss=...)                             # status.json and status.html in the run's folder
     page.close()
 
+It asks the syncer nothing: every :data:`POLL_S` seconds it reads what the syncer actor writes on this host anyway
+(:mod:`diloco.decoupled.status.files`: its events, the learners' reports among them, its merge records, the age of
+its newest checkpoint), and it takes the learners' liveness (their heartbeats' claims) from the status the service's
+monitor asks for every ``--poll`` seconds already (:meth:`StatusPage.on_status`). The loss plot evaluates the
+global parameters of the syncer's newest checkpoint (every ``eval_every_s``; 0: never), on this process's CPU.
+
 Routes (each asks for the token, :mod:`diloco.status.server`): ``/`` the page (reloads itself every
 :data:`REFRESH_S` s), ``/status.json`` the board's snapshot, ``/metrics`` Prometheus' text format
-(:mod:`diloco.decoupled.status.metrics`). A request reads the board as the last poll left it: serving the page
-calls nothing on the syncer, whose only cost is the poll (one small call per shard every 2 s: the page reloads as often) and the
-evaluation of its global parameters for the loss plot (every ``eval_every_s``; 0: never).
+(:mod:`diloco.decoupled.status.metrics`). A request reads the board as the last read left it.
 """
 
 from __future__ import annotations
@@ -25,19 +28,19 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from diloco.decoupled.status.board import Board
+from diloco.decoupled.status.files import Tail, checkpoint_age_s, global_parameters, shard_dirs
 from diloco.decoupled.status.metrics import exposition
 from diloco.decoupled.status.page import render
 from diloco.decoupled.status.plots import loss_svg, rate_svg
 from diloco.errors import ConfigError
 from diloco.status.server import TOKEN_ENV, TOKEN_FILE, StatusServer, open_socket, status_token
 
-#: Seconds between the monitor's reads of the syncer's feed.
-POLL_S = 2.0
+#: Seconds between the monitor's reads of the syncer's files.
+POLL_S = 1.0
 #: Seconds between the page's reloads in a browser.
 REFRESH_S = 2
 #: The plots are drawn again at most this often (seconds).
@@ -57,11 +60,11 @@ class StatusPage:
         self._thread: threading.Thread | None = None
         self._plots: tuple[float, tuple[str, str]] | None = None
         self.out: Path | None = None
-        self.polls = 0
-        self.poll_seconds = 0.0  # the monitor's time in its calls to the syncer, in total
-        self.eval_fetch_s = 0.0  # the monitor's time fetching the global parameters for the loss plot
-        self._feeds: list[tuple[str, int, int]] | None = None  # each shard's (feed, cursor, merges read)
-        self._polling = threading.Lock()
+        self._dirs: list[Path] = []
+        self._tails: list[tuple[Tail, Tail]] = []
+        self.reads = 0
+        self.read_s = 0.0  # this process's seconds reading the syncer's files, in total
+        self.eval_s = 0.0  # ... and evaluating its checkpoints for the loss plot
 
     @classmethod
     def open(cls, *, host: str = "0.0.0.0", port: int | None = 0, eval_every_s: float = 30.0) -> StatusPage:
@@ -100,96 +103,80 @@ class StatusPage:
         return exposition(self.snapshot)
 
     # -- running -------------------------------------------------------------
-    def start(
-        self,
-        shards: Any,
-        *,
-        out: Path,
-        name: str,
-        cfg: Any,
-        inputs: Any,
-        echo: Callable[[str], None] = print,
-    ) -> None:
-        """Start polling ``shards`` (:class:`~diloco.decoupled.ray_shards.RayShards`) and serving the page; the loss
-        plot evaluates the syncer's global parameters on ``inputs``' validation batches (the run's ``cfg``)."""
+    def start(self, *, out: Path, name: str, cfg: Any, inputs: Any, echo: Callable[[str], None] = print) -> None:
+        """Follow the run in ``out`` (its syncer's files under ``out/syncer``) and serve the page; the loss plot
+        evaluates the syncer's checkpoints on ``inputs``' validation batches (the run's ``cfg``)."""
         self.out = Path(out)
         self.board = Board(num_learners=cfg.replicas, name=name)
-        evaluate, eval_every_s = partial(self.global_loss, shards, cfg, inputs), self.eval_every_s
+        self._dirs = shard_dirs(self.out / "syncer", cfg.syncer_shards)
+        self._tails = [(Tail(d / "events.jsonl"), Tail(d / "records.jsonl")) for d in self._dirs]
         if self.sock is None:
             return
         token = status_token(self.out)
         self.server = StatusServer(
             self.sock, token=token, routes={"/": self._page, "/status.json": self._json, "/metrics": self._metrics}
         ).start()
-        args = (shards, evaluate, eval_every_s)
-        self._thread = threading.Thread(target=self._poll_loop, args=args, name="diloco-status-poll", daemon=True)
+        self._thread = threading.Thread(
+            target=self._follow, args=(cfg, inputs), name="diloco-status-follow", daemon=True
+        )
         self._thread.start()
         where = "$" + TOKEN_ENV if os.environ.get(TOKEN_ENV, "").strip() else str(self.out / TOKEN_FILE)
         echo(f"status page: {self.url('/')} (metrics: /metrics; token in {where})")
 
-    def _poll_loop(self, shards: Any, evaluate: Callable[[], float] | None, eval_every_s: float) -> None:
-        next_eval = time.monotonic() + (eval_every_s if eval_every_s > 0 else float("inf"))
-        while not self._stop.wait(POLL_S):
-            self.poll_once(shards)
-            if evaluate is not None and time.monotonic() >= next_eval:
-                next_eval = time.monotonic() + eval_every_s
-                self._evaluate(evaluate)
-
-    def poll_once(self, shards: Any) -> None:
-        """One read of every shard's feed (the rows since the last read), folded into the board."""
-        import ray
-
-        with self._polling:
-            feeds = self._feeds or [("", 0, 0)] * len(shards.handles)
-            began = time.perf_counter()
-            try:
-                calls = [h.status_feed.remote(*feed) for h, feed in zip(shards.handles, feeds, strict=True)]
-                got = ray.get(calls, timeout=10)
-            except Exception:  # the syncer restarting, or not answering
-                got = None
-            self.poll_seconds += time.perf_counter() - began
-            self.polls += 1
-            assert self.board is not None
+    def on_status(self, status: dict[str, Any] | None) -> None:
+        """The status the service's monitor got from the syncer (None: it did not answer): the learners' liveness."""
+        if self.board is not None:
             with self._lock:
-                if got is None:
-                    self.board.poll(None, now=time.time())
-                    return
-                for row in sorted((r for g in got for r in g["rows"]), key=lambda r: r.get("t", 0.0)):
-                    self.board.observe(row)
-                S = len(got)
-                records = [{**r, "fragment": r["fragment"] * S + s} for s, g in enumerate(got) for r in g["records"]]
-                for record in sorted(records, key=lambda r: r.get("at", 0.0)):  # (shard s's fragment p is p * S + s)
-                    self.board.merged(record)
-                each = [g["status"] for g in got]
-                status = {
-                    "live": sorted(set.intersection(*(set(s["live"]) for s in each))),
-                    "finished": sorted(set.intersection(*(set(s["finished"]) for s in each))),
-                }
-                self.board.status_busy_s = sum(g["busy_s"] for g in got)  # what the page costs the syncer
-                self.board.status_calls = sum(g["calls"] for g in got)
-                self.board.status_cpu_s = sum(g["cpu_s"] for g in got)
-                ages = [g["checkpoint_age_s"] for g in got if g["checkpoint_age_s"] is not None]
-                self.board.poll(status, now=time.time(), checkpoint_age_s=max(ages) if ages else None)
-            self._feeds = [(g["feed"], g["next"], g["merges"]) for g in got]
+                self.board.poll(status, now=time.time())
 
-    def global_loss(self, shards: Any, cfg: Any, inputs: Any) -> float:
-        """The validation loss of the syncer's global parameters now (evaluated on the monitor's CPU; the
-        syncer's part, handing its parameters over, is timed in ``eval_fetch_s``)."""
+    def _follow(self, cfg: Any, inputs: Any) -> None:
+        next_eval = time.monotonic() + (self.eval_every_s if self.eval_every_s > 0 else float("inf"))
+        while not self._stop.wait(POLL_S):
+            self.read()
+            if time.monotonic() >= next_eval:
+                self._evaluate(cfg, inputs)
+                next_eval = time.monotonic() + self.eval_every_s
+
+    def read(self) -> None:
+        """Fold what the syncer wrote since the last read into the board."""
+        began = time.perf_counter()
+        events = [row for tail, _ in self._tails for row in tail.read()]
+        S = len(self._tails)
+        records = [{**r, "fragment": r["fragment"] * S + s} for s, (_, t) in enumerate(self._tails) for r in t.read()]
+        age = checkpoint_age_s(self._dirs)
+        assert self.board is not None
+        with self._lock:
+            for row in sorted(events, key=lambda r: r.get("t", 0.0)):  # (shard s's fragment p is p * S + s)
+                self.board.observe(row)
+            for record in sorted(records, key=lambda r: r.get("at", 0.0)):
+                self.board.merged(record)
+            if age is not None:
+                self.board.checkpoint_at = time.time() - age
+            self.board.now = max(self.board.now, time.time())
+        self.reads += 1
+        self.read_s += time.perf_counter() - began
+
+    def _evaluate(self, cfg: Any, inputs: Any) -> None:
+        """The loss of the global parameters in the syncer's newest checkpoints (nothing while there are none)."""
         import torch
 
+        from diloco.algorithm.fragments import split_fragments
         from diloco.train.evaluation import evaluate_parameters
+        from diloco.train.inputs import run_fragments
 
         began = time.perf_counter()
-        named = shards.global_named_parameters()
-        self.eval_fetch_s += time.perf_counter() - began
-        return evaluate_parameters(inputs.model, named, inputs.val_batches, bf16=cfg.bf16, device=torch.device("cpu"))
-
-    def _evaluate(self, evaluate: Callable[[], float]) -> None:
+        model = inputs.model
+        fragments = split_fragments(
+            model, cfg.num_fragments, pattern=cfg.fragment_pattern, fragments=run_fragments(cfg, model)
+        )
         try:
-            loss = float(evaluate())
-        except Exception:  # the syncer restarting: the next evaluation tries again
-            return
-        self._add_loss(loss)
+            named = global_parameters(self._dirs, fragments)
+        except Exception:  # a checkpoint replaced while read: the next evaluation reads the next one
+            named = None
+        if named is not None:
+            loss = evaluate_parameters(model, named, inputs.val_batches, bf16=cfg.bf16, device=torch.device("cpu"))
+            self._add_loss(loss)
+        self.eval_s += time.perf_counter() - began
 
     def _add_loss(self, loss: float) -> None:
         assert self.board is not None and self.out is not None
@@ -199,16 +186,15 @@ class StatusPage:
         with open(self.out / LOSS_FILE, "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"t": t, "tokens": tokens, "loss": value}, allow_nan=False) + "\n")
 
-    def finish(self, shards: Any, *, final_loss: float | None = None) -> None:
-        """The run ended (its syncer still up): stop polling, take a last read, add the loss of the final
-        parameters, and write ``status.json`` and ``status.html`` (the page as the run ended) to the run's
-        folder."""
+    def finish(self, *, final_loss: float | None = None) -> None:
+        """The run ended: stop following, read the syncer's files a last time, add the loss of the final parameters,
+        and write ``status.json`` and ``status.html`` (the page as the run ended) to the run's folder."""
         if self.board is None or self.out is None:
             return
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=30)
-        self.poll_once(shards)
+            self._thread.join(timeout=60)
+        self.read()
         if final_loss is not None:
             self._add_loss(final_loss)
         with self._lock:
@@ -216,15 +202,15 @@ class StatusPage:
         from diloco.files import atomic_write_bytes, write_json
 
         snap = self.snapshot()
-        snap["monitor"] = {"polls": self.polls, "poll_s": self.poll_seconds, "eval_fetch_s": self.eval_fetch_s}
+        snap["monitor"] = {"reads": self.reads, "read_s": self.read_s, "eval_s": self.eval_s}
         write_json(self.out / "status.json", snap)
         atomic_write_bytes(self.out / "status.html", render(snap).encode("utf-8"))
 
     def close(self) -> None:
-        """Stop polling and serving (the socket is closed)."""
+        """Stop following and serving (the socket is closed)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=60)
         if self.server is not None:
             self.server.stop()
         elif self.sock is not None:
