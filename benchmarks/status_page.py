@@ -8,7 +8,8 @@ status the service's monitor reads every ``--poll`` seconds with or without a pa
 are the same in both runs; what could still cost it is the monitor's own work (reading, evaluating checkpoints
 every ``--status-eval`` seconds, drawing) taking the host's cores. Per run: the merges, the seconds they took
 (the records' ``sync_time``, summed) and per merge, the syncer actor's process CPU seconds (``/proc``, read until
-it stops) per merge, and the monitor's seconds reading and evaluating. The claim: the page's run costs the syncer
+it stops) per merge, the service's process CPU seconds (the monitor: with the page, its server, its reads of the
+syncer's files, its evaluations and drawing) and the machine's load when the run started. The claim: the page's run costs the syncer
 under 1 % of its merge time more than the run without, within what two runs of this machine differ by (printed:
 a tiny model merges in about 2 ms, and a loaded 2-core machine moves that by more than 1 %).
 
@@ -44,6 +45,7 @@ def _process_cpu_s(pid: int) -> float | None:
 
 def one_run(out: Path, *, sets: dict[str, Any], cache: Path, page: bool) -> dict[str, Any]:
     loads = {"/": 0, "/metrics": 0, "/status.json": 0}
+    load_avg = os.getloadavg()[0]
     extra = () if page else ("--no-status",)
     with WatchedRun(
         out=out, preset="tiny", sets=sets, cache_dir=cache, sites=3, status_eval_s=10, extra_args=extra
@@ -52,15 +54,16 @@ def one_run(out: Path, *, sets: dict[str, Any], cache: Path, page: bool) -> dict
         started = run.wait_for(
             "the syncer", lambda: [r for r in read_learner_log(events) if r["event"] == "started"], timeout=300
         )
-        pid, cpu = int(started[-1]["pid"]), {"s": 0.0}
+        pid, cpu = int(started[-1]["pid"]), {"s": 0.0, "service": 0.0}
+        service = run.procs["syncer"].pid
         stop = threading.Event()
 
         def watch() -> None:  # the actor's CPU until it stops (the service kills it at the end)
             while not stop.wait(0.2):
-                got = _process_cpu_s(pid)
+                got, mine = _process_cpu_s(pid), _process_cpu_s(service)
                 if got is None:
                     return
-                cpu["s"] = got
+                cpu["s"], cpu["service"] = got, mine or cpu["service"]
 
         def load() -> None:  # a browser (and a Prometheus) that never stops asking
             while not stop.wait(0.5):
@@ -93,6 +96,8 @@ def one_run(out: Path, *, sets: dict[str, Any], cache: Path, page: bool) -> dict
         "merge_ms_each": 1e3 * merge_s / len(merges),
         "syncer_cpu_s": cpu["s"],
         "syncer_cpu_ms_per_merge": 1e3 * cpu["s"] / len(merges),
+        "service_cpu_s": cpu["service"],
+        "load_1min": load_avg,
         "monitor_read_s": monitor.get("read_s"),
         "monitor_eval_s": monitor.get("eval_s"),
         "page_loads": loads["/"],
@@ -112,12 +117,13 @@ def main() -> None:
     cache = args.cache_dir or default_cache_dir()
     with tempfile.TemporaryDirectory() as tmp:
         rows = [
-            one_run(Path(tmp) / name, sets=sets, cache=cache, page=page) for name, page in (("a", True), ("b", False))
+            one_run(Path(tmp) / name, sets=sets, cache=cache, page=page) for name, page in (("a", False), ("b", True))
         ]
-    with_page, without = rows
+    without, with_page = rows
     change = {
         "merge_ms_each": with_page["merge_ms_each"] / without["merge_ms_each"] - 1,
         "syncer_cpu_ms_per_merge": with_page["syncer_cpu_ms_per_merge"] / without["syncer_cpu_ms_per_merge"] - 1,
+        "service_cpu_s": with_page["service_cpu_s"] - without["service_cpu_s"],
     }
     print_table(
         rows,
@@ -126,6 +132,8 @@ def main() -> None:
             ("merges", "merges", "d"),
             ("merge ms each", "merge_ms_each", ".2f"),
             ("syncer CPU ms / merge", "syncer_cpu_ms_per_merge", ".1f"),
+            ("service CPU s", "service_cpu_s", ".1f"),
+            ("load", "load_1min", ".1f"),
             ("monitor read s", "monitor_read_s", ".2f"),
             ("monitor eval s", "monitor_eval_s", ".2f"),
             ("pages", "page_loads", "d"),
@@ -136,7 +144,8 @@ def main() -> None:
     )
     print(
         f"with the page: merge time each {change['merge_ms_each']:+.1%}, the syncer's CPU per merge "
-        f"{change['syncer_cpu_ms_per_merge']:+.1%} (one run each; the calls the syncer answers are the same)"
+        f"{change['syncer_cpu_ms_per_merge']:+.1%}, the service's process {change['service_cpu_s']:+.1f} CPU s "
+        f"(one run each; the calls the syncer answers are the same)"
     )
     write_result("status_page", {"machine": machine(), "settings": sets, "rows": rows, "change": change}, out=args.out)
 

@@ -80,12 +80,16 @@ class WatchedRun:
             "1",
         ]
         args += ["--status-host", "127.0.0.1", "--status-eval", str(self.status_eval_s), *self.extra_args]
-        self._start("syncer", args)
-        info_path = self.out / "syncer" / "syncer.json"
-        self._wait("the syncer's syncer.json", info_path.is_file, timeout=300)
-        self.info = json.loads(info_path.read_text())
-        for m in range(self.sites):
-            self.start_site(m)
+        try:
+            self._start("syncer", args)
+            info_path = self.out / "syncer" / "syncer.json"
+            self._wait("the syncer's syncer.json", info_path.is_file, timeout=300)
+            self.info = json.loads(info_path.read_text())
+            for m in range(self.sites):
+                self.start_site(m)
+        except BaseException:  # (an interrupt too): nothing this run started is left behind
+            self.close()
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:

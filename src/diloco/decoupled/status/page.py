@@ -8,6 +8,7 @@ a finished run's folder (``diloco status DIR``) it is the same page without the 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import html
 from typing import Any
 
@@ -98,14 +99,19 @@ def _tokens(x: Any) -> str:
     return f"{x:.0f}"
 
 
-def render(snapshot: dict[str, Any], *, refresh_s: int = 0, plots: tuple[str, str] | None = None) -> str:
-    """The page of ``snapshot`` (:meth:`Board.snapshot`); ``plots``: the two SVGs, drawn already (else drawn here)."""
+@functools.cache
+def _template() -> Any:
+    """The page's template, compiled once."""
     import jinja2
 
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    return jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(TEMPLATE)
+
+
+def render(snapshot: dict[str, Any], *, refresh_s: int = 0, plots: tuple[str, str] | None = None) -> str:
+    """The page of ``snapshot`` (:meth:`Board.snapshot`); ``plots``: the two SVGs, drawn already (else drawn here)."""
     loss_plot, rate_plot = plots if plots is not None else (loss_svg(snapshot), rate_svg(snapshot))
     when = _dt.datetime.fromtimestamp(snapshot["now"], tz=_dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return env.from_string(TEMPLATE).render(
+    return _template().render(
         s=snapshot,
         refresh_s=int(refresh_s),
         when=html.escape(when),
