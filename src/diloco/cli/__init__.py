@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "train": "train one configuration (data-parallel, DiLoCo or Streaming DiLoCo)",
     "export": "write a run's global parameters as a model folder (Hugging Face format / safetensors)",
     "syncer": "run a Decoupled DiLoCo syncer as a service that learner jobs at each site join",
+    "status": "the status page of a `diloco syncer` run, rendered from its folder after the run",
     "chaos": "run Decoupled DiLoCo's learners as Ray processes and inject faults (kills, stragglers)",
     "compare": "train several methods on the same data and compare loss against bytes",
     "config": "print the resolved, validated config of a preset, method and --set overrides",

@@ -48,11 +48,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="the address the printed site commands connect to (default: this machine's address as Ray sees it)",
     )
+    from diloco.decoupled.status.cli_args import add_status_args
+
+    add_status_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from diloco.decoupled.service import run_service
+    from diloco.decoupled.status.cli_args import status_kwargs
 
     cfg = service_config(load_preset(args.preset), overrides(args))
     summary = run_service(
@@ -67,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         advertise=args.advertise,
         echo=lambda line: print(line, flush=True),
+        **status_kwargs(args),
     )
     print(json.dumps(summary, indent=2), flush=True)
     return 0

@@ -48,12 +48,15 @@ class Membership:
         self._claims.pop(learner, None)
         return True
 
-    async def hello(self, learner: int, session: str, fingerprint: dict[str, Any] | None = None) -> str | None:
+    async def hello(
+        self, learner: int, session: str, fingerprint: dict[str, Any] | None = None, host: str | None = None
+    ) -> str | None:
         """A learner job's claim on index ``learner`` before it joins: None when granted, else why it is refused
         (the caller raises it as a ConfigError). Refused: an index out of range, a ``fingerprint`` that differs
         from this syncer's (each key named with both values), a learner that has finished, and an index another
         session holds and was heard from within ``LEASE_S`` (waited for up to ``LEASE_S`` first: the job of a
-        killed learner that restarts at once gets in once its predecessor's claim lapses)."""
+        killed learner that restarts at once gets in once its predecessor's claim lapses). ``host``: where the job runs
+        (``host pid N``), for the status page."""
         num = self.syncer.num_learners
         if not isinstance(learner, int) or isinstance(learner, bool) or not 0 <= learner < num:
             return (
@@ -99,7 +102,7 @@ class Membership:
                     )
             await asyncio.sleep(0.1)
         self._claims[learner] = (session, time.monotonic())
-        self._log("hello", learner=learner, session=session)
+        self._log("hello", learner=learner, session=session, host=host)
         return None
 
     async def heartbeat(self, learner: int, session: str) -> bool:

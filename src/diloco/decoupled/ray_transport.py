@@ -36,6 +36,7 @@ import torch
 from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S, Membership
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
 from diloco.decoupled.ray_address import PROBE_TIMEOUT_S, check_address
+from diloco.decoupled.status.host import whoami
 from diloco.decoupled.syncer import Syncer
 from diloco.errors import ConfigError
 
@@ -171,6 +172,8 @@ class SyncerActor(Membership):
 
     async def report(self, report: Report) -> None:
         ignored = self.syncer.ignored_reports
+        versions = self.syncer.versions
+        stale = versions[report.fragment] - report.base_version if 0 <= report.fragment < len(versions) else None
         self._seen.add((report.learner, report.fragment))
         replies = self.syncer.receive(report)
         self._log(
@@ -179,6 +182,11 @@ class SyncerActor(Membership):
             fragment=report.fragment,
             base_version=report.base_version,
             ignored=self.syncer.ignored_reports > ignored,
+            step=report.sent_after_step,
+            steps=report.steps,
+            tokens=report.tokens,
+            step_time=report.step_time,
+            staleness=stale,
         )
         await self._deliver(replies)
         async with self._condition():  # a wait_reply that came first looks again
@@ -460,7 +468,7 @@ def connect(
     if fingerprint is None:
         return RayChannel(actor, learner)
     channel = RayChannel(actor, learner, session=uuid.uuid4().hex)
-    refused = ray.get(actor.hello.remote(learner, channel.session, fingerprint))
+    refused = ray.get(actor.hello.remote(learner, channel.session, fingerprint, whoami()))
     if refused is not None:
         raise ConfigError(refused)
     channel.start_heartbeat()

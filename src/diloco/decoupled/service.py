@@ -258,6 +258,9 @@ def run_service(
     port: int | None = None,
     advertise: str | None = None,
     echo: Callable[[str], None] = print,
+    status_port: int | None = 0,
+    status_host: str = "0.0.0.0",
+    status_eval_s: float = 30.0,
 ) -> dict[str, Any]:
     """``diloco syncer`` (module docstring): start (or resume) the run's syncer service in ``out``, monitor it
     until every learner has finished, write the run's results; returns the summary (also ``summary.json``).
@@ -266,12 +269,17 @@ def run_service(
     items) are what the printed learner commands repeat. The sites' endpoint: served on ``host``:``port`` (default
     :data:`~diloco.decoupled.rpc.DEFAULT_PORT`, or a resumed run's), printed as ``advertise`` (default: this
     machine's address as Ray sees it). ``node_ip_address``: the address a new local Ray instance advertises. A Ray
-    instance this process already joined is used as it is."""
+    instance this process already joined is used as it is. ``status_port`` / ``status_host``: where the run's
+    status page and metrics are served (:mod:`diloco.decoupled.status`; port 0: a free one, None: none), the loss
+    plot's evaluation every ``status_eval_s`` seconds (0: none)."""
     out = Path(out)
     if cfg.method != "decoupled":
         raise ConfigError(f"method={cfg.method!r}: the syncer service runs method=decoupled")
     previous = plan_out(out, cfg)
+    from diloco.decoupled.status.monitor import StatusPage
     from diloco.train.rundir import RunDirLock
+
+    page = StatusPage.open(host=status_host, port=status_port, eval_every_s=status_eval_s)  # before `out` is written
 
     lock = RunDirLock(out)  # one monitor per folder: a second would start a second actor on the same checkpoints
     lock.acquire()  # (nothing to lock yet for a new folder: taken once it is created, below)
@@ -288,8 +296,10 @@ def run_service(
             endpoint=(host, port, advertise),
             echo=echo,
             lock=lock,
+            page=page,
         )
     finally:
+        page.close()
         lock.release()
 
 
@@ -306,6 +316,7 @@ def _run(
     endpoint: tuple[str, int | None, str | None],
     echo: Callable[[str], None],
     lock: Any,
+    page: Any,
 ) -> dict[str, Any]:
     from diloco.data.sources import check_sources
     from diloco.decoupled.rpc.gateway import Gateway, ray_backend
@@ -369,6 +380,7 @@ def _run(
             "token_env": TOKEN_ENV,
             "learners": commands,
             "fingerprint": prints,
+            "status_port": page.port,
         }
         out.mkdir(parents=True, exist_ok=True)  # everything is checked: only now is `out` written
         lock.acquire()
@@ -402,19 +414,21 @@ def _run(
         echo(f"learner commands, one per site (also in {out / 'syncer.json'}; they hold the token):")
         for line in commands:
             echo(f"  {line}")
-        summary = _monitor(shards, num_learners=cfg.replicas, poll_s=poll_s, echo=echo)
+        page.start(out=out, name=name, cfg=cfg, inputs=inputs, echo=echo)
+        summary = _monitor(shards, num_learners=cfg.replicas, poll_s=poll_s, echo=echo, on_status=page.on_status)
         records = shards.records()
         named = shards.global_named_parameters()
         write_merges(out / "merges.jsonl", records)
         write_final_checkpoint(
             out, cfg, inputs.model, named, vocab_size=vocab, data_digest=digest, step=cfg.total_steps
         )
-        shards.kill()
         import torch
 
         from diloco.train.evaluation import evaluate_parameters
 
         loss = evaluate_parameters(inputs.model, named, inputs.val_batches, bf16=cfg.bf16, device=torch.device("cpu"))
+        page.finish(final_loss=loss)
+        shards.kill()
         summary = {**summary, "merges": len(records), "name": name, "address": spec, "final_eval_loss": loss}
         summary["gateway_calls"] = gateway.calls
         write_json(out / "summary.json", summary)
@@ -426,8 +440,16 @@ def _run(
             ray.shutdown()
 
 
-def _monitor(shards: Any, *, num_learners: int, poll_s: float, echo: Callable[[str], None]) -> dict[str, Any]:
-    """Print the run's progress until every learner has finished (at every shard); the restarts seen."""
+def _monitor(
+    shards: Any,
+    *,
+    num_learners: int,
+    poll_s: float,
+    echo: Callable[[str], None],
+    on_status: Callable[[dict[str, Any] | None], None] = lambda status: None,
+) -> dict[str, Any]:
+    """Print the run's progress until every learner has finished (at every shard); the restarts seen.
+    ``on_status``: given each status read (None: the syncer did not answer), e.g. the status page's."""
     from ray.exceptions import GetTimeoutError
 
     start = time.monotonic()
@@ -437,7 +459,9 @@ def _monitor(shards: Any, *, num_learners: int, poll_s: float, echo: Callable[[s
             status = shards.status(timeout=max(30.0, 3 * poll_s))
         except GetTimeoutError:
             echo("diloco syncer: the syncer does not answer (restarting?); waiting")
+            on_status(None)
             continue
+        on_status(status)
         if pid is not None and status["pid"] != pid:
             restarts += 1
             echo(

@@ -262,12 +262,16 @@ class TrainConfig:
     )
     val_fraction: float = _runtime(0.02, "share of the tokens held out for evaluation")
     tensorboard: bool = _runtime(False, "also write TensorBoard event files to OUT/tb")
+    metrics_port: int = _runtime(
+        -1, "serve each step's figures in Prometheus' format on this port, token-protected (0: a free one; -1: none)"
+    )
 
     def __post_init__(self) -> None:
         from diloco.data.sources import data_errors
         from diloco.models.sizes import size_blocks
         from diloco.train.checkpoint import checkpoint_errors
         from diloco.train.pace import pace_errors  # the trainer's callback: after torch, nearly free
+        from diloco.train.prometheus import metrics_port_errors
         from diloco.train.sharding import sharding_errors
         from diloco.wire.config_checks import codec_errors  # torch: only when a config is built
 
@@ -284,7 +288,7 @@ class TrainConfig:
                 errors.append(f"{f.name}={value}: must be a finite number")
         errors += optimizer_errors(self)
         errors += cooperation_errors(self) + fragment_errors(self, blocks) + _method_errors(self)
-        errors += pace_errors(self) + dc.learner_budget_errors(self)
+        errors += pace_errors(self) + dc.learner_budget_errors(self) + metrics_port_errors(self)
         errors += evaluation_errors(self) + checkpoint_errors(self) + threads_errors(self) + data_errors(self)
         if not errors:  # the schedule resolves only against valid H, P and tau
             errors += config_schedule_errors(self)

@@ -56,6 +56,7 @@ RUNTIME_KEYS: tuple[str, ...] = (
     "keep_checkpoints",
     "checkpoint_async",
     "tensorboard",
+    "metrics_port",
     "diverge_factor",
 )
 

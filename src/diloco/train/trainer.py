@@ -199,6 +199,10 @@ class Trainer(TrainerCheckpoints, TorchrunReplica):
         ]
         if self.cfg.tensorboard:
             sinks.append(TensorBoardSink(self.out_dir / "tb"))
+        if self.cfg.metrics_port >= 0:  # the per-step figures in Prometheus' format (diloco.train.prometheus)
+            from diloco.train.prometheus import PrometheusSink
+
+            sinks.append(PrometheusSink(self.out_dir, port=self.cfg.metrics_port))
         return MultiLogger(*sinks)
 
     def run(self, *, resume: bool = False, overwrite: bool = False, reuse: bool = False) -> RunResult:

@@ -18,6 +18,7 @@ A wrong token or syncer name is a ConfigError, never retried.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 import uuid
@@ -165,7 +166,10 @@ class RpcChannel:
         return {"shard": self.shard, "learner": self.learner, **fields}
 
     def hello(self, fingerprint: dict[str, Any] | None) -> str | None:
-        answer, _ = unpack(self.link.call("Hello", self._head(session=self.session, fingerprint=fingerprint)))
+        where = f"{socket.gethostname()} pid {os.getpid()}"  # for the status page's row
+        answer, _ = unpack(
+            self.link.call("Hello", self._head(session=self.session, fingerprint=fingerprint, host=where))
+        )
         return answer["refused"]
 
     def join(self) -> Welcome:

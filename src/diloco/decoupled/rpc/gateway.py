@@ -182,7 +182,7 @@ class Gateway:
         return pack({"syncer": self.name, "shards": self.shards, "time": time.time()})
 
     def _hello(self, header: dict, tensors: list, shard: int) -> bytes:
-        args = (int(header["learner"]), str(header["session"]), header.get("fingerprint"))
+        args = (int(header["learner"]), str(header["session"]), header.get("fingerprint"), header.get("host"))
         return pack({"refused": self.call(shard, "hello", args, LEASE_S + CALL_S)})
 
     def _heartbeat(self, header: dict, tensors: list, shard: int) -> bytes:
