@@ -33,6 +33,12 @@ $(VENV)/.installed: pyproject.toml requirements-dev.txt
 		[ "$$(id -u)" = 0 ] && (apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1 || \
 		(apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1)) && \
 		echo "installed tcmalloc (optional speed-up)" ) || echo "tcmalloc not installed (optional)"
+	@# headless Chromium: the tests that load the status page and the docs' home page in a browser (skipped without it)
+	@command -v chromium >/dev/null 2>&1 || ( command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+		(DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+		--no-install-recommends chromium >/dev/null 2>&1)) && echo "installed chromium (browser tests)" ) || \
+		echo "chromium not installed (its browser tests skip)"
 	touch $@
 
 demo: setup
