@@ -11,11 +11,11 @@ import pytest
 
 pytest.importorskip("ray")
 
-from _deploy import (  # noqa: E402
+from _deploy import (
     SERVICE_OUT,
     contiguous,
-    give_cache,
     fsdp_site,
+    give_cache,
     learner_log,
     printed_commands,
     ray_processes,
@@ -25,7 +25,7 @@ from _deploy import (  # noqa: E402
     wait,
 )
 
-from diloco.testing.hosts import Hosts, unavailable  # noqa: E402
+from diloco.testing.hosts import Hosts, unavailable
 
 pytestmark = [pytest.mark.hosts, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 

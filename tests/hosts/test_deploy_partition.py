@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from _deploy import (  # noqa: E402
+from _deploy import (
     SERVICE_OUT,
     contiguous,
     give_cache,
@@ -24,8 +24,8 @@ from _deploy import (  # noqa: E402
     weighted_after,
 )
 
-from diloco.decoupled.chaos_logs import final_steps  # noqa: E402
-from diloco.testing.hosts import Hosts, unavailable  # noqa: E402
+from diloco.decoupled.chaos_logs import final_steps
+from diloco.testing.hosts import Hosts, unavailable
 
 pytestmark = [pytest.mark.hosts, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 
