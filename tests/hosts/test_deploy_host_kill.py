@@ -76,7 +76,7 @@ def test_a_killed_rank_and_a_killed_site_host_rejoin_and_count_again(token_cache
         sites = [run_site(h1, lines[0], "site-0"), run_site(h2, lines[1], "site-1")]
         procs = [service, *sites]
         logs = [learner_log(h1, lines[0], 0), learner_log(h2, lines[1], 1)]
-        figures: dict[str, float] = {}
+        figures: dict[str, object] = {}
 
         # both at step 12: a rank of site 0 SIGKILLed inside host 1 (torchrun restarts its job), and host 2 killed
         # whole, then its printed command run there again (as its operator would, once the machine is back)
@@ -108,6 +108,7 @@ def test_a_killed_rank_and_a_killed_site_host_rejoin_and_count_again(token_cache
                 procs=procs,
             )
             figures[f"learner{m}_back_to_merge_s"] = t[0] - back[m]["t"]
+            figures[f"learner{m}_reached_resumed"] = (reached[m], back[m]["start_step"])
 
         for p in sites:
             assert p.wait(timeout=240) == 0, p.stderr_path.read_text()[-3000:]
