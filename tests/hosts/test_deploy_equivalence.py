@@ -45,7 +45,7 @@ SETS = {
 }
 
 
-@pytest.mark.slow  # ~60-90 s on 2 cores: Ray on host 0, a torchrun job of 1 rank and one of 2 ranks
+@pytest.mark.slow  # 31-40 s on 2 cores (load 4-12): Ray on host 0, a torchrun job of 1 rank and one of 2 ranks
 @pytest.mark.timeout(300)
 def test_sites_on_two_hosts_give_the_threads_run(tmp_path, token_cache):
     """K = M, mean merge, no grace window: every round merges the same two reports in learner order, so the sites on

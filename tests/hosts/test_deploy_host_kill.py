@@ -59,7 +59,7 @@ def _joined(log) -> list[dict]:
     return [r for r in rows(log) if r.get("event") == "joined"]
 
 
-@pytest.mark.slow  # ~90-120 s on 2 cores: Ray on host 0, two sites, a job restart and a host's reboot
+@pytest.mark.slow  # 44-51 s on 2 cores (load 4-12): Ray on host 0, two sites, a job restart and a host reboot
 @pytest.mark.timeout(420)
 def test_a_killed_rank_and_a_killed_site_host_rejoin_and_count_again(token_cache):
     """Once both learners passed step 12, learner 0's lead rank (host 1) is SIGKILLed, torchrun's agent restarts

@@ -47,7 +47,7 @@ SETS = {
 }
 
 
-@pytest.mark.slow  # ~120 s on 2 cores: Ray on host 0, two sites, and the 30 s partition itself
+@pytest.mark.slow  # 79-110 s on 2 cores (load 4-12): Ray on host 0, two sites, and the 30 s partition itself
 @pytest.mark.timeout(420)
 def test_a_site_cut_off_for_30_s_rides_it_out_and_merges_again_while_the_other_never_waits(token_cache):
     """K = 1: host 2 (learner 1) loses its link for 30 s after its step 8. Learner 1's job survives it (no restart:

@@ -45,7 +45,7 @@ def _seen(procs_texts: dict[str, tuple], began: float, timeout: float = 120.0) -
     return got
 
 
-@pytest.mark.slow  # ~60 s on 2 cores: Ray on host 0, then two sites refused (torchrun tries each 4 times)
+@pytest.mark.slow  # 46-94 s on 2 cores (load 4-12): Ray on host 0, two sites refused (torchrun tries each 4 times)
 @pytest.mark.timeout(300)
 def test_a_black_holed_syncer_and_a_wrong_token_are_refused_before_out_is_written(token_cache):
     """Host 1 runs its printed command while host 0 drops its packets: refused with the probe's message (nothing
