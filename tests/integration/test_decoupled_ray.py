@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 
 import pytest
 import torch
@@ -358,3 +359,33 @@ def test_diloco_train_decoupled_on_ray_resumes_from_a_checkpoint_bit_identical(l
     assert len(rows[0]) == len(rows[1]) > 0
     assert [json.loads(r)["learners"] for r in rows[0]] == [json.loads(r)["learners"] for r in rows[1]]
     assert {m for r in rows[0] for m in json.loads(r)["learners"]} == {0, 1}  # both learners' reports merged
+
+
+def test_a_reply_whose_answer_was_lost_is_given_again_until_the_learner_holds_it(local_ray):
+    """A learner's wait for a reply whose answer never reached it (a link cut while it was sent: what the 30 s
+    partition across hosts in tests/hosts/test_deploy_partition.py did) asks again: the actor gives the same reply
+    again, instead of nothing (its report, merged already, would then be ignored on every resend, and the learner
+    would stop). Once the learner's next report of the fragment is made against that version, it is dropped."""
+    from diloco.decoupled.messages import Report
+    from diloco.decoupled.ray_transport import start_syncer
+    from diloco.wire.registry import get_codec
+
+    syncer = Syncer(make_model(seed=0), num_learners=1, quorum=1, num_fragments=2, codec="fp32", grace_gamma=0.0)
+    handle = start_syncer(syncer, name="syncer-lost-reply", namespace="diloco-test")
+    try:
+        welcome = ray.get(handle.join.remote(0))
+        numel = welcome.fragments[0].numel()
+
+        def report(version: int) -> Report:
+            payload = get_codec("fp32").encode(torch.full((numel,), 1e-3))
+            return Report(0, 0, payload, 4, 64.0, 0.1, sent_after_step=4, base_version=version)
+
+        ray.get(handle.report.remote(report(0)))
+        first = ray.get(handle.wait_reply.remote(0, 0, time.time(), 0))
+        again = ray.get(handle.wait_reply.remote(0, 0, time.time(), 0))  # the first answer was lost on the way
+        assert first is not None and again is not None
+        assert first.version == again.version == 1 and torch.equal(first.payload, again.payload)
+        ray.get(handle.report.remote(report(1)))
+        assert ray.get(handle.wait_reply.remote(0, 0, time.time(), 1)).version == 2  # the new one, not the kept one
+    finally:
+        ray.kill(handle)

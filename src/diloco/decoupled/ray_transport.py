@@ -203,8 +203,9 @@ class SyncerActor(Membership):
         waits for it, unless the report was sent before this syncer started (a restarted syncer: the report
         went down with its predecessor) or has not come within ``RESEND_AFTER_S`` (a clock between machines
         off by more than that). A reply of a version the learner already holds (at most ``base_version``) is one
-        it took before this syncer restarted (the checkpoint that holds it was written before it was taken): it
-        answers an older report and is dropped."""
+        it took (before this syncer restarted, or in an earlier round): it answers an older report and is dropped.
+        A reply is kept after it is given, until then: a learner whose answer was lost on the way (a partition
+        while it was sent) asks again and gets it, instead of a report the syncer merged already being ignored."""
         key = (learner, fragment)
         lost = sent_at < self.started_at
 
@@ -220,7 +221,9 @@ class SyncerActor(Membership):
                 await asyncio.wait_for(self._condition().wait_for(answered), timeout=RESEND_AFTER_S)
             except TimeoutError:
                 pass
-            reply = self._replies.pop(key, None)
+            # kept, not taken: an answer lost on its way (a link cut while it was sent) is asked for again and
+            # given again; it goes once the learner's next wait shows it holds it (base_version, above)
+            reply = self._replies.get(key)
             self._seen.discard(key)
         if reply is None:
             self._log("no report to answer", learner=learner, fragment=fragment)
