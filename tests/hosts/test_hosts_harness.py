@@ -4,6 +4,7 @@ shaped links, cleanup. Real namespaces and real TCP; skipped without root or ipr
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -43,6 +44,11 @@ def test_two_hosts_reach_each_other_by_hostname_over_tcp_and_each_has_its_own_tm
             assert names[0] == h.name
             assert ("got.json" in names[1:]) == (h is h0)
         assert not h1.path("/tmp/got.json").exists()
+        # a working directory is the host's own: a relative path written there lands in the host's /tmp
+        marker = f"cwd-{os.getpid()}"
+        p = h1.run(["sh", "-c", f"pwd; touch {marker}"], cwd="/tmp")
+        assert p.wait(timeout=10) == 0 and p.stdout_path.read_text().strip() == "/tmp"
+        assert h1.path(f"/tmp/{marker}").exists() and not Path("/tmp", marker).exists()
 
 
 def test_kill_ends_every_process_of_the_host_at_once_and_run_boots_it_again():

@@ -141,8 +141,10 @@ class Host:
         self._runs += 1
         name = name or f"run{self._runs}"
         out, err = self.logs / f"{name}.out", self.logs / f"{name}.err"
-        cmd = ["nsenter", "--target", str(self._pid1), "--net", "--mount", "--uts", "--pid"]
-        cmd += [f"--wd={cwd}"] if cwd is not None else ["--wd=/"]
+        cmd = ["nsenter", "--target", str(self._pid1), "--net", "--mount", "--uts", "--pid", "--wd=/"]
+        # the working directory is entered inside the host (nsenter's --wd opens its path before it enters the
+        # host's mount namespace: a relative path would then land in this machine's /tmp, not the host's)
+        argv = ["sh", "-c", 'cd "$0" && exec "$@"', str(cwd), *argv] if cwd is not None else list(argv)
         with open(out, "wb") as fo, open(err, "wb") as fe:
             proc = subprocess.Popen([*cmd, "--", *argv], stdout=fo, stderr=fe, env=None if env is None else dict(env))
         proc.stdout_path, proc.stderr_path = out, err  # type: ignore[attr-defined]
