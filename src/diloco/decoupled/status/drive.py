@@ -27,6 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from diloco.decoupled.rpc import TOKEN_ENV
 from diloco.distributed.launch import child_environment, torchrun_command
 from diloco.errors import ConfigError
 
@@ -97,7 +98,7 @@ class WatchedRun:
 
     def start_site(self, m: int) -> None:
         """Start (or start again) site ``m``'s job."""
-        auth = {"RAY_AUTH_MODE": "token"} if self.info["ray"]["auth_mode"] == "token" else {}
+        auth = {TOKEN_ENV: self.info["token"]}  # the run's token, as the printed site command sets it
         args = ["train", "--method", "decoupled", *self.common, "--no-progress"]
         args += ["--set", f"learner={m}", "--set", f"syncer={self.info['syncer']}"]
         args += ["--out", str(self.out / f"site-{m}"), "--resume", "auto"]
