@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("plain", "hog", "x86-64-v3", "x86-64", "off")
-_SUMMARY = re.compile(r"^=+ (?P<body>.*\d+ (?:passed|failed).*) in (?P<secs>[\d.]+)s")
+_SUMMARY = re.compile(r"^=*\s*(?P<body>\d+ (?:passed|failed).*) in (?P<secs>[\d.]+)s")  # -q drops the ='s
 
 
 def cpu_model() -> str:
