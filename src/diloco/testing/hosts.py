@@ -38,6 +38,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -60,6 +61,12 @@ def unavailable() -> str | None:
     missing = [t for t in _TOOLS if shutil.which(t) is None]
     if missing:
         return f"emulated hosts need {', '.join(missing)} (apt-get install -y iproute2 util-linux)"
+    here = [str(p) for p in (Path(sys.executable), Path(__file__)) if Path("/tmp") in (p, *p.parents)]
+    if here:  # each host mounts a /tmp of its own over this one: what lies under it is not there in a host
+        return (
+            f"emulated hosts hide this machine's /tmp, and {here[0]} is under it: run from a checkout and a "
+            f"virtualenv outside /tmp"
+        )
     return None
 
 
