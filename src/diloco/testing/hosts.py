@@ -61,13 +61,17 @@ def unavailable() -> str | None:
     missing = [t for t in _TOOLS if shutil.which(t) is None]
     if missing:
         return f"emulated hosts need {', '.join(missing)} (apt-get install -y iproute2 util-linux)"
-    here = [str(p) for p in (Path(sys.executable), Path(__file__)) if Path("/tmp") in (p, *p.parents)]
-    if here:  # each host mounts a /tmp of its own over this one: what lies under it is not there in a host
-        return (
-            f"emulated hosts hide this machine's /tmp, and {here[0]} is under it: run from a checkout and a "
-            f"virtualenv outside /tmp"
-        )
     return None
+
+
+def _kept_from_outer_tmp() -> list[Path]:
+    """The folders of this machine's /tmp that every host keeps seeing under its own /tmp: the one holding this
+    Python (a virtualenv) and the one holding this package (a checkout), where they lie under /tmp."""
+    kept = []
+    for p in (Path(sys.executable).absolute(), Path(__file__).resolve()):
+        if Path("/tmp") in p.parents and len(p.parts) > 3:
+            kept.append(Path(*p.parts[:3]))  # /tmp/<first folder>
+    return sorted(set(kept))
 
 
 def _sh(*cmd: str) -> None:
@@ -110,9 +114,14 @@ class Host:
         """Start the host's first process (``run`` does it when the host is down)."""
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
+        # a checkout or virtualenv under this machine's /tmp stays visible in the host: bound into the host's
+        # own /tmp first, then that folder (with what is bound inside it: --rbind) mounted over /tmp
+        keep = "".join(
+            f"mkdir -p {self.tmp / k.name} && mount --bind {k} {self.tmp / k.name} && " for k in _kept_from_outer_tmp()
+        )
         script = (
-            f"hostname {self.name} && mount --bind {self._hosts.hosts_file} /etc/hosts && "
-            f"mount --bind {self.tmp} /tmp && echo up && exec sleep infinity"
+            f"hostname {self.name} && mount --bind {self._hosts.hosts_file} /etc/hosts && {keep}"
+            f"mount --rbind {self.tmp} /tmp && echo up && exec sleep infinity"
         )
         cmd = ["ip", "netns", "exec", self.netns, "unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc"]
         cmd += ["--kill-child", "sh", "-c", script]
