@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -82,4 +83,23 @@ class MergeRecord:
         return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in row.items()})
 
 
-__all__ = ["MergeRecord", "Reply", "Report", "Welcome"]
+#: How many times a learner's channel sends one report again before it gives up with an error.
+MAX_RESENDS = 5
+
+
+def resend(channel: Any, fragment: int) -> None:
+    """Send ``channel``'s last report of ``fragment`` again (a channel of either transport: Ray's or the sites'
+    gRPC one, each with ``learner``, ``resent``, ``_tries``, ``_sent`` and ``send``); past :data:`MAX_RESENDS`
+    tries, an error that says what to do."""
+    channel.resent += 1
+    channel._tries += 1
+    if channel._tries > MAX_RESENDS:
+        raise RuntimeError(
+            f"learner {channel.learner}: the syncer answered none of {MAX_RESENDS} sendings of its report of "
+            f"fragment {fragment} (made against version {channel._sent[fragment].base_version}): its state and "
+            f"this learner's disagree. Restart this learner (it joins again with the current global parameters)"
+        )
+    channel.send(channel._sent[fragment])
+
+
+__all__ = ["MAX_RESENDS", "MergeRecord", "Reply", "Report", "Welcome", "resend"]

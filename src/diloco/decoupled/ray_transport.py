@@ -34,7 +34,7 @@ import ray
 import torch
 
 from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S, Membership
-from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
+from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome, resend
 from diloco.decoupled.ray_address import PROBE_TIMEOUT_S, check_address
 from diloco.decoupled.status.host import whoami
 from diloco.decoupled.syncer import Syncer
@@ -46,8 +46,6 @@ DEFAULT_NAMESPACE = "diloco"
 _KEEP_ALIVE: list[Any] = []  # object refs restartable actors are rebuilt from
 #: How long a syncer waits for a report whose reply is asked for before it has come (see wait_reply).
 RESEND_AFTER_S = 30.0
-#: How many times a learner sends one report again before it gives up with an error.
-MAX_RESENDS = 5
 
 
 @ray.remote
@@ -387,16 +385,7 @@ class RayChannel:
         )
 
     def _resend(self, fragment: int) -> None:
-        self.resent += 1
-        self._tries += 1
-        if self._tries > MAX_RESENDS:
-            raise RuntimeError(
-                f"learner {self.learner}: the syncer answered none of {MAX_RESENDS} sendings of its "
-                f"report of fragment {fragment} (made against version "
-                f"{self._sent[fragment].base_version}): its state and this learner's disagree. "
-                f"Restart this learner (it joins again with the current global parameters)"
-            )
-        self.send(self._sent[fragment])
+        resend(self, fragment)
 
     def wait_reply(self, fragment: int) -> Reply:
         while (reply := ray.get(self._replies.pop(fragment))) is None:

@@ -26,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S
-from diloco.decoupled.messages import Reply, Report, Welcome
+from diloco.decoupled.messages import MAX_RESENDS, Reply, Report, Welcome, resend
 from diloco.decoupled.rpc import GRPC_MISSING, SERVICE, TOKEN_ENV
 from diloco.decoupled.rpc.frames import pack, pack_report, unpack, unpack_reply, unpack_welcome
 from diloco.errors import ConfigError
@@ -34,7 +34,6 @@ from diloco.errors import ConfigError
 #: Seconds a call keeps trying an unreachable service before the learner gives up (its job then stops).
 RETRY_FOR_S = 300.0
 #: How many times a learner sends one report again (the service held no such report) before it gives up.
-MAX_RESENDS = 5
 #: The deadline of one try of each call (seconds); a report's and a welcome's grow with their bytes.
 DEADLINES = {"Ping": 5.0, "Hello": LEASE_S + 30.0, "Heartbeat": 5.0, "Join": 120.0, "Report": 60.0}
 DEADLINES |= {"WaitReply": 60.0, "Leave": 60.0, "Hold": 60.0, "Status": 30.0}
@@ -197,15 +196,7 @@ class RpcChannel:
         return unpack_reply(self.link.call("WaitReply", ask))
 
     def _resend(self, fragment: int) -> None:
-        self.resent += 1
-        self._tries += 1
-        if self._tries > MAX_RESENDS:
-            raise RuntimeError(
-                f"learner {self.learner}: the syncer answered none of {MAX_RESENDS} sendings of its report of "
-                f"fragment {fragment} (made against version {self._sent[fragment].base_version}): its state and "
-                f"this learner's disagree. Restart this learner (it joins again with the current global parameters)"
-            )
-        self.send(self._sent[fragment])
+        resend(self, fragment)
 
     def wait_reply(self, fragment: int) -> Reply:
         while (reply := self._replies.pop(fragment).result()) is None:
