@@ -46,22 +46,22 @@ def _torchrun(*train_args: str, torchrun_opts: tuple[str, ...] = ()) -> list[str
     return [*head, *torchrun_opts, "-m", "diloco", "train", *COMMON, *train_args]
 
 
-def _env() -> dict[str, str]:
+def _env(**extra: str) -> dict[str, str]:
     drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "PYTHONPATH")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     # a restarted round's workers get a store of their own (docs/guides/elastic.md, "The joining node")
-    return {**env, "PYTHONPATH": SRC, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    return {**env, "PYTHONPATH": SRC, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **extra}
 
 
 def _host_args(*extra: str) -> list[str]:
     return ["--out", "/tmp/run", "--cache-dir", "/tmp/cache", *extra]
 
 
-def _start(hosts: list[Host], cmd: list[str], cache: Path) -> list:
+def _start(hosts: list[Host], cmd: list[str], cache: Path, **env: str) -> list:
     for h in hosts:
         if not h.path("/tmp/cache").exists():
             shutil.copytree(cache, h.path("/tmp/cache"))
-    return [h.run(cmd, env=_env(), cwd="/") for h in hosts]
+    return [h.run(cmd, env=_env(**env), cwd="/") for h in hosts]
 
 
 def _log(proc) -> str:
@@ -165,22 +165,25 @@ def test_a_host_killed_whole_resumes_from_its_own_folder_and_ends_bit_for_bit_th
 ):
     """Both hosts run the command with ``--resume auto`` (as a job that is restarted runs) under ``torchrun
     --max-restarts 3``. Host 1 is killed whole (every process of its PID namespace) once it has committed step 8;
-    host 0's worker stops on the lost peer and its agent restarts it, which waits in the rendezvous until host 1's
-    command runs again; both resume from step 8, each from its own folder."""
+    host 0's agent restarts its worker (stopped on the lost peer, or on host 1's command waiting in the rendezvous,
+    whichever comes first), which waits in the rendezvous until host 1's command runs again; both resume from step
+    8, each from its own folder. The agents log at INFO (``LOGLEVEL``) so that the restart is seen."""
     args = ["--set", "steps=24", "--set", "checkpoint_every=8", "--timeout", "30", "--resume", "auto"]
     opts = ("--max-restarts", "3")
     with Hosts(2) as hosts:
         cmd = _torchrun(*_host_args(*args), torchrun_opts=opts)
-        procs = _start(hosts, cmd, token_cache)
+        procs = _start(hosts, cmd, token_cache, LOGLEVEL="INFO")
         _wait_committed(hosts[1], 8, procs)
         hosts[1].kill()
         killed_meta = ckpt.latest_meta(hosts[1].path("/tmp/run"))
         assert 8 <= killed_meta["step"] < 24  # mid-run
-        again = hosts[1].run(cmd, env=_env(), cwd="/", name="again")
+        again = hosts[1].run(cmd, env=_env(LOGLEVEL="INFO"), cwd="/", name="again")
         reference = _reference(tmp_path / "reference", token_cache, *args[:-2])  # meanwhile
         _finish([procs[0], again])
         _assert_equal_to_reference(hosts, reference, 24)
-        assert "CommError" in procs[0].stderr_path.read_text()  # host 0's worker stopped on the lost peer
+        # host 0's agent restarted its worker: on the lost peer (the worker's CommError) or, when host 1's command
+        # joined first, on the new node waiting in the rendezvous; which comes first is a race (CI saw the second)
+        assert "will restart worker group" in procs[0].stderr_path.read_text()
         rows = [json.loads(line) for line in hosts[0].path("/tmp/run/metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows if "loss" in r] == list(range(1, 25))  # none lost, none twice
 
