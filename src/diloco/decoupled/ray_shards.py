@@ -94,6 +94,14 @@ class RayShards:
     def global_named_parameters(self) -> dict[str, Any]:
         return union(ray.get([h.global_named_parameters.remote() for h in self.handles]))
 
+    def learner_steps(self) -> dict[int, int]:
+        """Each learner's latest reported step at any shard (the steps the syncer counts as trained for it)."""
+        steps: dict[int, int] = {}
+        for each in ray.get([h.learner_steps.remote() for h in self.handles]):
+            for m, n in each.items():
+                steps[int(m)] = max(steps.get(int(m), 0), int(n))
+        return steps
+
     def pids(self) -> list[int]:
         return ray.get([h.pid.remote() for h in self.handles])
 

@@ -252,6 +252,10 @@ class SyncerActor(Membership):
     async def records(self) -> list[MergeRecord]:
         return list(self.syncer.records)
 
+    async def learner_steps(self) -> dict[int, int]:
+        """Each learner's latest step its reports were sent after (what the syncer counts as trained)."""
+        return dict(self.syncer.reached)
+
     async def global_named_parameters(self) -> dict[str, torch.Tensor]:
         return self.syncer.global_named_parameters()
 

@@ -320,6 +320,7 @@ def _run(
 ) -> dict[str, Any]:
     from diloco.data.sources import check_sources
     from diloco.decoupled.rpc.gateway import Gateway, ray_backend
+    from diloco.decoupled.site_budget import learner_counts
     from diloco.decoupled.trainer import write_merges
     from diloco.files import write_json
     from diloco.train.inputs import prepare_inputs
@@ -417,6 +418,7 @@ def _run(
         page.start(out=out, name=name, cfg=cfg, inputs=inputs, echo=echo)
         summary = _monitor(shards, num_learners=cfg.replicas, poll_s=poll_s, echo=echo, on_status=page.on_status)
         records = shards.records()
+        summary.update(learner_counts(cfg, shards.learner_steps()))  # each learner's steps and tokens, as counted
         named = shards.global_named_parameters()
         write_merges(out / "merges.jsonl", records)
         write_final_checkpoint(
