@@ -1,0 +1,78 @@
+"""The papers' quality claims study (studies/claims): the grids of its ablation from Streaming DiLoCo toward DiLoCo.
+
+Claim 1 of the Streaming DiLoCo paper: fragments, overlap and a 4-bit exchange reach about DiLoCo's quality. The
+ablation starts at the best Streaming point of studies/outer-tuning at ``cpu-0.25m`` (M = 2, H = 30, P = 3
+strided fragments, tau = 1, FP4 E3M0, alpha = 0.5, outer lr 0.7 with Nesterov 0.9, inner lr 0.008, global batch
+16 x 128, 20 tokens per parameter, warmup 120, bf16 + torch.compile, one thread, the large corpus: its record
+there, seed 0, is 4.5303) and changes one factor at a time toward DiLoCo, ending at DiLoCo itself at the same H
+and outer optimizer. Every point runs at seeds 0-4; the grids are ordered seed-major, so a sweep stopped part way
+has the same seeds of every factor.
+"""
+
+from __future__ import annotations
+
+from diloco.studies import STUDIES
+
+HERE = STUDIES / "claims"
+GRIDS = HERE / "grids.jsonl"
+SIZE = "cpu-0.25m"
+SEEDS = (0, 1, 2, 3, 4)
+
+BASE = {
+    "vocab_size": 4096,
+    "seq_len": 128,
+    "warmup_steps": 120,
+    "eval_every": 400,
+    "eval_batches": 16,
+    "threads": 1,
+    "sources": ["large"],
+    "bf16": True,
+    "compile": True,
+    "outer_momentum": 0.9,
+    "runs_dir": f"runs/claims/{SIZE}",
+}
+STREAM = {"num_fragments": 3, "overlap_steps": 1, "merge_alpha": 0.5, "codec": "fp4_e3m0"}
+
+#: factor -> (method, settings on top of BASE): the reference, then one change each, then DiLoCo
+ABLATION = {
+    "streaming-fp4": ("streaming", STREAM),
+    "P1": ("streaming", {**STREAM, "num_fragments": 1}),
+    "tau0": ("streaming", {**STREAM, "overlap_steps": 0}),
+    "fp32": ("streaming", {**STREAM, "codec": "fp32"}),
+    "alpha0": ("streaming", {**STREAM, "merge_alpha": 0.0}),
+    "alpha1": ("streaming", {**STREAM, "merge_alpha": 1.0}),
+    "diloco": ("diloco", {}),
+}
+
+
+def ablation_grids(seeds: tuple[int, ...] = SEEDS) -> dict[str, dict]:
+    """``{name: grid}``: one grid per factor and seed, seed-major."""
+    out = {}
+    for seed in seeds:
+        for factor, (method, extra) in ABLATION.items():
+            out[f"ablation-{SIZE}-{factor}-s{seed}"] = {
+                "_comment": f"Claim 1 ablation at {SIZE}: {factor} (one change from the best Streaming point).",
+                "runner": "train",
+                "sizes": [SIZE],
+                "global_batch": [16],
+                "tokens_per_param": 20.0,
+                "seed": seed,
+                "methods": [method],
+                "replicas": [2],
+                "sync_every": [30],
+                "outer_lr": [0.7],
+                "inner_lr": [0.008],
+                "base": {**BASE, **extra},
+            }
+    return out
+
+
+def factor_of(record: dict) -> str | None:
+    """The ablation factor a sweep record belongs to (None if it is none of them)."""
+    base = record.get("base", {})
+    for factor, (method, extra) in ABLATION.items():
+        want = {**BASE, **extra}
+        if record.get("method") == method and all(base.get(k) == v for k, v in want.items()):
+            if set(base) - set(want) <= {"seed"}:
+                return factor
+    return None
