@@ -76,3 +76,50 @@ def factor_of(record: dict) -> str | None:
             if set(base) - set(want) <= {"seed"}:
                 return factor
     return None
+
+
+def ablation_table(records: list[dict]) -> list[dict]:
+    """One row per factor with finished runs: the seeds, the mean eval loss and its standard error (s.d. / sqrt n),
+    and the difference of means to the reference (``streaming-fp4``) and to ``diloco`` in percent of theirs, with
+    the standard error of that difference (the two errors in quadrature). A seed's latest ok record counts."""
+    import math
+
+    by: dict[str, dict[int, float]] = {}
+    for r in records:
+        factor = factor_of(r)
+        if factor is not None and r.get("status") == "ok" and r.get("eval_loss") is not None:
+            by.setdefault(factor, {})[int(r["seed"])] = float(r["eval_loss"])
+
+    def stats(losses: list[float]) -> tuple[float, float]:
+        n = len(losses)
+        mean = sum(losses) / n
+        sd = math.sqrt(sum((x - mean) ** 2 for x in losses) / (n - 1)) if n > 1 else math.nan
+        return mean, sd / math.sqrt(n)
+
+    got = {f: stats(list(s.values())) for f, s in by.items()}
+
+    def diff(f: str, ref: str) -> tuple[float | None, float | None]:
+        if ref not in got or f == ref:
+            return None, None
+        (m, e), (mr, er) = got[f], got[ref]
+        return 100 * (m - mr) / mr, 100 * math.hypot(e, er) / mr
+
+    rows = []
+    for factor in ABLATION:
+        if factor in got:
+            mean, se = got[factor]
+            vs_ref, vs_ref_se = diff(factor, "streaming-fp4")
+            vs_dil, vs_dil_se = diff(factor, "diloco")
+            rows.append(
+                {
+                    "factor": factor,
+                    "seeds": sorted(by[factor]),
+                    "mean": mean,
+                    "se": None if math.isnan(se) else se,
+                    "vs_streaming_pct": vs_ref,
+                    "vs_streaming_se_pct": None if vs_ref_se is None or math.isnan(vs_ref_se) else vs_ref_se,
+                    "vs_diloco_pct": vs_dil,
+                    "vs_diloco_se_pct": None if vs_dil_se is None or math.isnan(vs_dil_se) else vs_dil_se,
+                }
+            )
+    return rows
