@@ -41,3 +41,19 @@ def test_the_table_gives_seed_means_their_errors_and_the_differences():
     assert rows["diloco"]["vs_streaming_pct"] == pytest.approx(100 * (4.0 - 4.1) / 4.1)
     assert rows["diloco"]["vs_streaming_se_pct"] == pytest.approx(100 * math.hypot(0.0, 0.1 / math.sqrt(3)) / 4.1)
     assert ref["vs_diloco_pct"] == pytest.approx(100 * 0.1 / 4.0) and ref["vs_streaming_pct"] is None
+
+
+def test_the_batch_bracket_scales_each_methods_lr_with_the_root_of_the_batch_and_brackets_it():
+    from diloco.studies.claims import BATCH_METHODS, BATCHES, batch_grids
+
+    grids = batch_grids()
+    assert len(grids) == len(BATCH_METHODS) * len(BATCHES)
+    for name, (method, m, lr16, _) in BATCH_METHODS.items():
+        for batch in BATCHES:
+            g = grids[f"batch-cpu-0.25m-{name}-b{batch}-s0"]
+            low, mid, high = g["inner_lr"]
+            assert (g["methods"], g["replicas"], g["global_batch"]) == ([method], [m], [batch])
+            assert mid == pytest.approx(lr16 * math.sqrt(batch / 16), rel=1e-5)
+            assert high / mid == pytest.approx(math.sqrt(2), rel=1e-4) and mid / low == pytest.approx(
+                math.sqrt(2), rel=1e-4
+            )

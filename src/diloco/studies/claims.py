@@ -67,6 +67,44 @@ def ablation_grids(seeds: tuple[int, ...] = SEEDS) -> dict[str, dict]:
     return out
 
 
+#: claim 3 (DiLoCo's best batch is larger than data-parallel's): method name -> (method, M, inner lr best at batch
+#: 16 in studies/outer-tuning at this size, outer momentum); each batch starts at that lr scaled by sqrt(batch / 16)
+#: and its two neighbours a factor sqrt(2) away, so every batch's lr is bracketed from the start
+BATCH_METHODS = {
+    "dp": ("dp", 1, 0.016, None),
+    "diloco-m1": ("diloco", 1, 0.016, 0.5),
+    "diloco-m2": ("diloco", 2, 0.008, 0.5),
+}
+BATCHES = (8, 16, 32, 64)
+
+
+def batch_grids(seed: int = 0) -> dict[str, dict]:
+    """``{name: grid}``: the batch bracket's first stage, one grid per method and batch, three inner lrs each."""
+    out = {}
+    for name, (method, m, lr16, momentum) in BATCH_METHODS.items():
+        for batch in BATCHES:
+            centre = lr16 * (batch / 16) ** 0.5
+            lrs = [round(centre * f, 6) for f in (2**-0.5, 1.0, 2**0.5)]
+            base = {k: v for k, v in BASE.items() if k != "outer_momentum"}
+            if momentum is not None:
+                base["outer_momentum"] = momentum
+            out[f"batch-{SIZE}-{name}-b{batch}-s{seed}"] = {
+                "_comment": f"Claim 3 batch bracket at {SIZE}: {name} at global batch {batch}, inner lr bracketed.",
+                "runner": "train",
+                "sizes": [SIZE],
+                "global_batch": [batch],
+                "tokens_per_param": 20.0,
+                "seed": seed,
+                "methods": [method],
+                "replicas": [m],
+                "sync_every": [30],
+                "outer_lr": [0.7],
+                "inner_lr": lrs,
+                "base": base,
+            }
+    return out
+
+
 def factor_of(record: dict) -> str | None:
     """The ablation factor a sweep record belongs to (None if it is none of them)."""
     base = record.get("base", {})
