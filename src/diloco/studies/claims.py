@@ -84,7 +84,7 @@ def batch_grids(seed: int = 0) -> dict[str, dict]:
     for name, (method, m, lr16, momentum) in BATCH_METHODS.items():
         for batch in BATCHES:
             centre = lr16 * (batch / 16) ** 0.5
-            lrs = [round(centre * f, 6) for f in (2**-0.5, 1.0, 2**0.5)]
+            lrs = [float(f"{centre * f:.6g}") for f in (2**-0.5, 1.0, 2**0.5)]
             base = {k: v for k, v in BASE.items() if k != "outer_momentum"}
             if momentum is not None:
                 base["outer_momentum"] = momentum
