@@ -15,7 +15,6 @@ import pytest
 import torch
 from _tiny import make_model
 
-from diloco.decoupled.lease_actor import LeaseLog
 from diloco.decoupled.learner_lease import (
     CONFIRM_S,
     LEASE_MARGIN_S,
@@ -23,6 +22,7 @@ from diloco.decoupled.learner_lease import (
     check_learner_lease,
     combine_summaries,
 )
+from diloco.decoupled.lease_actor import LeaseLog
 from diloco.decoupled.messages import Report
 from diloco.decoupled.syncer import Syncer
 from diloco.errors import ConfigError
