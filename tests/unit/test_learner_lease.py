@@ -220,10 +220,14 @@ def test_the_actor_carries_beats_of_the_claim_holder_and_logs_the_lease_events()
         def _log(self, event: str, **fields) -> None:
             self.logged.append((event, fields))
 
+        def _arm(self) -> None:
+            self.logged.append(("armed", {}))
+
     actor = Actor()
     for m in (0, 1):
         actor.syncer.join(m)
-    assert asyncio.run(actor.heartbeat(0, "s0")) and not asyncio.run(actor.heartbeat(1, "other"))
+    assert asyncio.run(actor.heartbeat(0, "s0")) and asyncio.run(actor.heartbeat(0, "s0"))  # armed once
+    assert not asyncio.run(actor.heartbeat(1, "other"))
     assert actor.syncer.next_deadline() == LEASE  # learner 0 is watched; learner 1 (no beat of its own) is not
     t[0] = LEASE
     actor.syncer.poll()
@@ -231,7 +235,10 @@ def test_the_actor_carries_beats_of_the_claim_holder_and_logs_the_lease_events()
     actor.syncer.poll()
     actor._log_lease()
     actor._log_lease()
-    assert actor.logged == [("lease left", {"learner": 0, "silent_s": LEASE + CONFIRM_S, "lease_s": LEASE})]
+    assert actor.logged == [
+        ("armed", {}),  # the first beat of the claim holder puts it under the lease: the timer is set
+        ("lease left", {"learner": 0, "silent_s": LEASE + CONFIRM_S, "lease_s": LEASE}),
+    ]
     assert asyncio.run(actor.learner_lease())["leaves"] == 1
 
 

@@ -82,6 +82,10 @@ class LearnerLease:
         self._heard[learner] = now
         self._suspect.pop(learner, None)
 
+    def watches(self, learner: int) -> bool:
+        """Whether ``learner`` is under the lease (it has beaten, and has not left since)."""
+        return learner in self._heard
+
     def heard(self, learner: int, now: float, *, step_time: float = 0.0) -> None:
         """A join, report or hold from ``learner`` (``step_time``: a report's seconds per step)."""
         self.slowest_step = max(self.slowest_step, float(step_time))

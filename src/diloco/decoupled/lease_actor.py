@@ -17,11 +17,17 @@ class LeaseLog(Membership):
 
     _lease_logged = 0
 
+    def _arm(self) -> None:
+        raise NotImplementedError
+
     async def heartbeat(self, learner: int, session: str) -> bool:
         """:meth:`Membership.heartbeat`; a beat of the session that holds ``learner`` is the syncer's sign of life."""
         held = await super().heartbeat(learner, session)
         if held:
+            first = not self.syncer.lease.watches(learner)
             self.syncer.heartbeat(learner)
+            if first:  # now under the lease: the syncer's timer must look at it (a beat after its join)
+                self._arm()
         return held
 
     def _log_lease(self) -> None:
