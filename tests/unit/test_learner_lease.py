@@ -149,6 +149,32 @@ def test_a_slow_learner_that_beats_is_not_dropped():
     assert _merges(syncer) == [(0, 1, 2)]
 
 
+def test_a_syncer_that_hears_from_no_one_drops_no_one():
+    """The syncer's process starved (or its host cut off) for 3 leases: no learner was heard, so no look counts and
+    nobody leaves. When the beats come back, learners 0 and 1 first: a look then finds learner 2 past its lease,
+    but its beat comes before the confirming look, so it stays; the round merges all three."""
+    t = [0.0]
+    syncer = _syncer(t)
+    for m in (0, 1):
+        syncer.receive(_report(syncer, m, step=8))
+    for _ in range(3):
+        t[0] = syncer.next_deadline()
+        assert t[0] <= 3 * LEASE + CONFIRM_S and syncer.poll() == []
+    t[0] = 3 * LEASE + 5.0
+    assert syncer.poll() == [] and syncer.lease._suspect == {}
+    for m in (0, 1):
+        syncer.heartbeat(m)
+    assert syncer.poll() == [] and set(syncer.lease._suspect) == {2}  # first look: suspected
+    t[0] += 1.0
+    syncer.heartbeat(2)  # its beat, queued behind the others'
+    t[0] += CONFIRM_S
+    for m in (0, 1):
+        syncer.heartbeat(m)
+    assert syncer.poll() == [] and syncer.members == {0, 1, 2} and syncer.lease.leaves == 0
+    syncer.receive(_report(syncer, 2, step=8))
+    assert _merges(syncer) == [(0, 1, 2)]
+
+
 def test_a_learner_that_never_beats_is_never_timed_out():
     """The threads transport's learners (threads of one process) send no heartbeat: however long one is silent, the
     round waits for it, and the lease asks the syncer's timer for nothing."""
@@ -181,6 +207,8 @@ def test_a_restored_syncer_keeps_the_lease_and_watches_its_learners_from_its_sta
         syncer.heartbeat(m)
     syncer.poll()
     t[0] = 23.0
+    for m in (0, 1):
+        syncer.heartbeat(m)
     syncer.poll()
     assert syncer.lease.leaves == 1
     syncer.join(2)
@@ -227,16 +255,17 @@ def test_the_actor_carries_beats_of_the_claim_holder_and_logs_the_lease_events()
     for m in (0, 1):
         actor.syncer.join(m)
     assert asyncio.run(actor.heartbeat(0, "s0")) and asyncio.run(actor.heartbeat(0, "s0"))  # armed once
-    assert not asyncio.run(actor.heartbeat(1, "other"))
+    assert not asyncio.run(actor.heartbeat(1, "other")) and not actor.syncer.lease.watches(1)
     assert actor.syncer.next_deadline() == LEASE  # learner 0 is watched; learner 1 (no beat of its own) is not
-    t[0] = LEASE
-    actor.syncer.poll()
-    t[0] = LEASE + CONFIRM_S
-    actor.syncer.poll()
+    for now in (LEASE, LEASE + CONFIRM_S):  # learner 1's job beats; learner 0's is silent
+        t[0] = now
+        assert asyncio.run(actor.heartbeat(1, "s1"))
+        actor.syncer.poll()
     actor._log_lease()
     actor._log_lease()
     assert actor.logged == [
-        ("armed", {}),  # the first beat of the claim holder puts it under the lease: the timer is set
+        ("armed", {}),  # the first beat of a claim holder puts it under the lease: the timer is set
+        ("armed", {}),
         ("lease left", {"learner": 0, "silent_s": LEASE + CONFIRM_S, "lease_s": LEASE}),
     ]
     assert asyncio.run(actor.learner_lease())["leaves"] == 1
@@ -246,8 +275,9 @@ def test_shards_summaries_combine():
     a, b = LearnerLease(LEASE), LearnerLease(LEASE)
     for lease in (a, b):
         lease.beat(1, 0.0)
-        lease.expire(LEASE, [1])
-        lease.expire(LEASE + CONFIRM_S, [1])
+        for now in (LEASE, LEASE + CONFIRM_S):
+            lease.beat(0, now)
+            lease.expire(now, [0, 1])
     both = combine_summaries([a.summary(), b.summary()])
     assert both["leaves"] == 2 and [e["shard"] for e in both["events"]] == [0, 1]
     assert combine_summaries([a.summary()]) == a.summary()

@@ -5,7 +5,8 @@ A learner job that holds its index with a session beats every :data:`~diloco.dec
 when it joins or reports. :class:`LearnerLease` keeps, on the syncer's injected clock, when each learner
 was last heard from. A member that has beaten at least once and is then silent for ``learner_lease`` seconds, as
 seen at two of the syncer's looks :data:`CONFIRM_S` apart (heartbeats that queued while the syncer was busy with
-a merge or a checkpoint are taken in between), *leaves*: the syncer drops it as :meth:`Syncer.leave
+a merge or a checkpoint are taken in between), each while another learner was heard from within the last
+:data:`CONFIRM_S` (a syncer that hears from no one, starved or cut off itself, drops no one), *leaves*: the syncer drops it as :meth:`Syncer.leave
 <diloco.decoupled.syncer.Syncer.leave>` does (its reports in open rounds go, the rounds no longer wait for it), so
 with K = M the others merge without it: K = M means "every learner alive". It comes back as a restarted learner
 does: its job joins again (:meth:`Syncer.join <diloco.decoupled.syncer.Syncer.join>`: the current global
@@ -67,6 +68,7 @@ class LearnerLease:
         self.setting = check_learner_lease(setting)
         self.slowest_step = 0.0  # the slowest Report.step_time seen (the automatic lease's base)
         self._heard: dict[int, float] = {}  # learner (that has beaten) -> clock time last heard from
+        self._last: dict[int, float] = {}  # any learner -> clock time last heard from (a beat, join or report)
         self._suspect: dict[int, float] = {}  # learner -> when a look first found it past its lease
         self.lapsed: dict[int, float] = {}  # learner -> its silence when it left (until it joins again)
         self.events: list[dict[str, Any]] = []
@@ -79,7 +81,7 @@ class LearnerLease:
 
     def beat(self, learner: int, now: float) -> None:
         """A heartbeat: ``learner`` is under the lease from now on."""
-        self._heard[learner] = now
+        self._heard[learner] = self._last[learner] = now
         self._suspect.pop(learner, None)
 
     def watches(self, learner: int) -> bool:
@@ -89,6 +91,7 @@ class LearnerLease:
     def heard(self, learner: int, now: float, *, step_time: float = 0.0) -> None:
         """A join, report or hold from ``learner`` (``step_time``: a report's seconds per step)."""
         self.slowest_step = max(self.slowest_step, float(step_time))
+        self._last[learner] = now
         if learner in self._heard:
             self.beat(learner, now)
 
@@ -104,15 +107,20 @@ class LearnerLease:
         """``learner`` left by itself (finished, or stopping): no longer watched."""
         self._heard.pop(learner, None)
         self._suspect.pop(learner, None)
+        self._last.pop(learner, None)
+
+    def _others_heard(self, learner: int, now: float, members: set[int]) -> bool:
+        """Whether a member other than ``learner`` was heard from within the last ``CONFIRM_S``."""
+        return any(now - t <= CONFIRM_S for o, t in self._last.items() if o != learner and o in members)
 
     def expire(self, now: float, members: Iterable[int]) -> list[int]:
-        """The ``members`` that leave now: beaten before, silent past the lease at two looks ``CONFIRM_S`` apart
-        (each an event)."""
-        gone = []
-        for m in sorted(set(members) & set(self._heard)):
+        """The ``members`` that leave now: beaten before, silent past the lease at two looks ``CONFIRM_S`` apart,
+        each while another member was heard from lately (each leave an event)."""
+        gone, members = [], set(members)
+        for m in sorted(members & set(self._heard)):
             silent = now - self._heard[m]
-            if silent < self.seconds:
-                self._suspect.pop(m, None)
+            if silent < self.seconds or not self._others_heard(m, now, members):
+                self._suspect.pop(m, None)  # (nobody else heard either: this look does not count)
             elif m not in self._suspect:
                 self._suspect[m] = now
             elif now - self._suspect[m] >= CONFIRM_S:
@@ -125,12 +133,14 @@ class LearnerLease:
             self.events.append({"event": "lease left", "learner": m, "silent_s": silent, "lease_s": self.seconds})
         return gone
 
-    def due(self, members: Iterable[int]) -> list[float]:
-        """When the next look is due for each of ``members`` under the lease (clock seconds)."""
-        return [
-            self._suspect[m] + CONFIRM_S if m in self._suspect else self._heard[m] + self.seconds
-            for m in set(members) & set(self._heard)
-        ]
+    def due(self, members: Iterable[int], now: float) -> list[float]:
+        """When the next look is due for each of ``members`` under the lease (clock seconds): its lease's end, the
+        confirming look, or (past its lease at a look that did not count) ``CONFIRM_S`` from ``now``."""
+        out = []
+        for m in set(members) & set(self._heard):
+            end = self._heard[m] + self.seconds
+            out.append(self._suspect[m] + CONFIRM_S if m in self._suspect else end if end > now else now + CONFIRM_S)
+        return out
 
     def refusal(self, learner: int) -> str:
         """Why a report from ``learner``, not a member, is refused (it left by its lease, or has not joined)."""
@@ -169,6 +179,7 @@ class LearnerLease:
         if state is None:
             return
         self._heard = {int(m): now for m in state["watched"]}
+        self._last = dict(self._heard)
         self._suspect = {}
         self.lapsed = {int(m): float(s) for m, s in state["lapsed"].items()}
         self.slowest_step = float(state["slowest_step"])

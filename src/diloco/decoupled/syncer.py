@@ -326,7 +326,7 @@ class Syncer:
     def next_deadline(self) -> float | None:
         """When the earliest open grace window ends or the learner lease is next looked at (clock seconds), or None."""
         ends = [r.quorum_at + r.window for r in self._rounds.values() if r.reports and r.quorum_at is not None]
-        return min(ends + self.lease.due(self.members), default=None)
+        return min(ends + self.lease.due(self.members, self.clock()), default=None)
 
     # -- the merge -----------------------------------------------------------
     @torch.no_grad()
