@@ -89,7 +89,7 @@ class LearnerLease:
         return learner in self._heard
 
     def heard(self, learner: int, now: float, *, step_time: float = 0.0) -> None:
-        """A join, report or hold from ``learner`` (``step_time``: a report's seconds per step)."""
+        """A join or report from ``learner`` (``step_time``: a report's seconds per step)."""
         self.slowest_step = max(self.slowest_step, float(step_time))
         self._last[learner] = now
         if learner in self._heard:
