@@ -16,6 +16,7 @@ from typing import Any
 import ray
 
 from diloco.decoupled.learner import Channel
+from diloco.decoupled.learner_lease import combine_summaries
 from diloco.decoupled.messages import MergeRecord
 from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, RayChannel, connect, start_syncer
 from diloco.decoupled.shards import combine_records, shard_name, sharded, union
@@ -122,6 +123,10 @@ class RayShards:
             "pid": [s["pid"] for s in each],
             "restored_merges": None if all(r is None for r in restored) else restored,
         }
+
+    def lease_summary(self) -> dict[str, Any]:
+        """The learner lease's summary (:func:`~diloco.decoupled.learner_lease.combine_summaries` of the shards')."""
+        return combine_summaries(ray.get([h.learner_lease.remote() for h in self.handles]))
 
     def kill(self, *, no_restart: bool = True) -> None:
         for h in self.handles:

@@ -72,7 +72,7 @@ from diloco.errors import ConfigError
 
 #: The keys a site's learner command must not repeat from the syncer's overrides (the syncer's address goes in
 #: ``syncer=NAME@ADDRESS``).
-SYNCER_ONLY_KEYS = ("ray_address", "decoupled_transport", "syncer_device")
+SYNCER_ONLY_KEYS = ("ray_address", "decoupled_transport", "syncer_device", "learner_lease")
 RAY_MISSING = "the syncer service needs Ray: pip install -e .[ray] (or ray>=2.9)"
 #: ``syncer=NAME@ray:GCS_ADDRESS``: a learner inside the syncer's own Ray cluster (``diloco chaos``) talks to the
 #: actor through Ray; any other address is a service's gRPC endpoint (a site, no Ray).
@@ -417,7 +417,7 @@ def _run(
             echo(f"  {line}")
         page.start(out=out, name=name, cfg=cfg, inputs=inputs, echo=echo)
         summary = _monitor(shards, num_learners=cfg.replicas, poll_s=poll_s, echo=echo, on_status=page.on_status)
-        records = shards.records()
+        records, lease = shards.records(), shards.lease_summary()  # (lease: the learner lease's leaves and joins)
         summary.update(learner_counts(cfg, shards.learner_steps()))  # each learner's steps and tokens, as counted
         named = shards.global_named_parameters()
         write_merges(out / "merges.jsonl", records)
@@ -432,7 +432,7 @@ def _run(
         page.finish(final_loss=loss)
         shards.kill()
         summary = {**summary, "merges": len(records), "name": name, "address": spec, "final_eval_loss": loss}
-        summary["gateway_calls"] = gateway.calls
+        summary["gateway_calls"], summary["learner_lease"] = gateway.calls, lease
         write_json(out / "summary.json", summary)
         echo(f"diloco syncer: every learner finished; {len(records)} merges; results in {out}")
         return summary
