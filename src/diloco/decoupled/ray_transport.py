@@ -33,7 +33,7 @@ from typing import Any
 import ray
 import torch
 
-from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S, Membership
+from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S, Membership, claims_state, restore_claims
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome, resend
 from diloco.decoupled.ray_address import PROBE_TIMEOUT_S, check_address
 from diloco.decoupled.status.host import whoami
@@ -95,6 +95,7 @@ class SyncerActor(Membership):
                 self._records_written = len(syncer.records)
                 self._replies = {(int(r["learner"]), int(r["fragment"])): Reply(**r) for r in state["replies"]}
                 self._finished = {int(m) for m in state.get("finished", [])}
+                self._claims = restore_claims(state.get("claims"), time.monotonic())  # a fresh lease from now
                 self.restored_merges = len(syncer.records)
             self._log("started", restored_merges=self.restored_merges, pid=os.getpid())
         _warm_up()
@@ -104,6 +105,10 @@ class SyncerActor(Membership):
         if self.checkpoint_dir is not None:
             with open(os.path.join(self.checkpoint_dir, "events.jsonl"), "a") as fh:
                 fh.write(json.dumps({"t": time.time(), "event": event, **fields}) + "\n")
+
+    def _claims_changed(self) -> None:
+        if self.checkpoint_dir is not None:  # (a claim is saved with the state: it survives a restart)
+            self._save()
 
     def _condition(self) -> asyncio.Condition:
         if self._cond is None:  # created on the actor's event loop
@@ -126,6 +131,7 @@ class SyncerActor(Membership):
                 "syncer": self.syncer.state_dict(records=False),
                 "replies": replies,
                 "finished": sorted(self._finished),
+                "claims": claims_state(self._claims),
             },
             merges=len(self.syncer.records),
             keep=self.keep,
