@@ -1,7 +1,8 @@
 """The ``diloco syncer`` monitor SIGKILLed mid-run and started again with the same arguments (one host, loopback):
 the service (a local Ray instance, the syncer a detached actor, the gRPC gateway) and two site jobs running the
-commands it printed (torchrun, one rank each, no Ray at the site). Across emulated hosts:
-tests/hosts/test_deploy_monitor_restart.py. Skipped when Ray is not installed."""
+training run of the commands it printed (one process each, over gRPC, no Ray at the site; torchrun's agent left out
+for time: the printed commands as they are run across emulated hosts, tests/hosts/test_deploy_monitor_restart.py).
+Skipped when Ray is not installed."""
 
 from __future__ import annotations
 
