@@ -3,8 +3,8 @@
 The monitor (:func:`diloco.decoupled.service.run_service`) holds three things in its process: the local Ray
 instance it started (the syncer's actors live there), the gRPC gateway the sites call, and the status page. A
 SIGKILL of the monitor takes all three down: Ray's head processes share the fate of the process that started them
-(the GCS server and the raylet are its children, and are ended with it), so the detached syncer actor goes with
-them, and the sites' calls are refused. What survives is on disk: ``DIR/syncer`` holds every merge (each saved,
+(the GCS server and the raylet are its children, and are ended with it; two of the raylet's agents were seen to
+outlive it by about 40 s, then end), so the detached syncer actor goes with them, and the sites' calls are refused. What survives is on disk: ``DIR/syncer`` holds every merge (each saved,
 with its record, before its replies leave the syncer) and the learners' claims and finished flags, and
 ``DIR/syncer.json`` the syncer's name, port and token.
 
