@@ -5,7 +5,15 @@ restarts its job, which resumes from its checkpoint) and then the syncer's proce
 checkpoint). One row per run: the final loss of the syncer's parameters, each learner's waiting share and worst
 step after each fault over its typical step, the restarted learner's seconds to its first merge, wall time.
 
-    python benchmarks/site_faults.py            # both runs, about 80 s on 2 cores
+A third row, "K = M, a site lost for good" (:mod:`diloco.decoupled.site_lost`): three one-rank sites, every merge
+waiting for every learner alive; site 2's whole job is SIGKILLed after step 12 and not restarted, so the others wait
+for it until the learner lease (auto: 5 s above the slowest step) lets it go. Its figures: the lease, the seconds
+from the kill to the first merge without it (about the lease + 2 s of confirmation + one round), a round (the median
+seconds between merges before the kill), and, once its command is run again, the seconds from its join to its first
+merge with weight > 0.
+
+    python benchmarks/site_faults.py                  # the three runs, about 150 s on 2 cores
+    python benchmarks/site_faults.py --runs lost      # only the lost site's row (--out elsewhere to keep the file)
 """
 
 from __future__ import annotations
@@ -16,21 +24,27 @@ from pathlib import Path
 
 from diloco.bench import add_out, machine, print_table, write_result
 from diloco.decoupled.site_faults import DEFAULT_SETS, Site, run_sites
+from diloco.decoupled.site_lost import LOST_SETS, run_site_lost
 from diloco.files import default_cache_dir
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache-dir", type=Path, default=None, help="token cache (default: the CLI's)")
+    ap.add_argument(
+        "--runs", nargs="+", choices=("none", "killed", "lost"), default=["none", "killed", "lost"], help="which rows"
+    )
     add_out(ap, "site_faults")
     args = ap.parse_args()
     sites = [Site(0, ranks=2, sharding="fsdp"), Site(1, ranks=2)]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, faults in (
-            ("no faults", {}),
-            ("rank and syncer killed", {"kill_learner": (1, 12), "kill_syncer": True}),
+        for key, name, faults in (
+            ("none", "no faults", {}),
+            ("killed", "rank and syncer killed", {"kill_learner": (1, 12), "kill_syncer": True}),
         ):
+            if key not in args.runs:
+                continue
             got = run_sites(
                 preset="tiny",
                 sets=DEFAULT_SETS,
@@ -59,6 +73,11 @@ def main() -> None:
                     "faults": got["faults"],
                 }
             )
+        if "lost" in args.runs:
+            got = run_site_lost(
+                preset="tiny", sets=LOST_SETS, out=Path(tmp) / "lost", cache_dir=args.cache_dir or default_cache_dir()
+            )
+            rows.append({"run": "K = M, a site lost for good", **got})
     print_table(
         rows,
         [
@@ -72,11 +91,17 @@ def main() -> None:
             ("L1 worst/typ (syncer kill)", "learner1_worst_after_syncer_kill", ".2f"),
             ("restart: from step", "restarted_from_step", ""),
             ("first merge s", "first_merge_after_restart_s", ".1f"),
+            ("lease s", "lease_s", ".1f"),
+            ("round s", "round_s", ".2f"),
+            ("kill -> merge without it s", "kill_to_merge_without_s", ".1f"),
+            ("join -> counted s", "join_to_counted_s", ".1f"),
             ("wall s", "wall_s", ".1f"),
         ],
-        title="site jobs (2 sites x 2 gloo ranks, site 0 FSDP), K = 1, steps padded to 0.15 s",
+        title="site jobs: 2 sites x 2 gloo ranks (site 0 FSDP), K = 1, steps padded to 0.15 s; "
+        "K = M: 3 sites x 1 rank, steps padded to 0.1 s",
     )
-    write_result("site_faults", {"machine": machine(), "settings": DEFAULT_SETS, "rows": rows}, out=args.out)
+    settings = {"faults": DEFAULT_SETS, "lost": LOST_SETS}
+    write_result("site_faults", {"machine": machine(), "settings": settings, "rows": rows}, out=args.out)
 
 
 if __name__ == "__main__":

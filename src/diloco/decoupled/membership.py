@@ -23,7 +23,8 @@ import time
 from typing import Any
 
 #: Seconds a learner's claim on its index lasts after it was last heard from (a join or a heartbeat): a second
-#: job claiming a live learner's index waits this long for the claim to lapse, then is refused.
+#: job claiming a live learner's index waits this long for the claim to lapse, then is refused. (Not the learner
+#: lease, :mod:`diloco.decoupled.learner_lease`: that one decides whom a merge waits for, this one who holds an index.)
 LEASE_S = 5.0
 #: Seconds between the heartbeats of a learner connected with a session (``connect`` with ``session=``).
 HEARTBEAT_S = 1.0
@@ -46,11 +47,13 @@ def restore_claims(saved: dict[str, str] | None, now: float) -> dict[int, tuple[
 class Membership:
     """The claims part of the syncer actor (module docstring). The actor sets ``fingerprint`` (the config keys
     learners must match, or None), ``_claims`` (learner -> (session, monotonic time last heard from)) and
-    ``_finished``, and provides ``syncer``, ``restored_merges`` and ``_log``."""
+    ``_finished``, and provides ``syncer``, ``restored_merges``, ``checkpoint_dir``, ``_save`` (its state, the
+    claims included: :func:`claims_state`) and ``_log``."""
 
     syncer: Any
     fingerprint: dict[str, Any] | None
     restored_merges: int | None
+    checkpoint_dir: str | None
     _claims: dict[int, tuple[str, float]]
     _finished: set[int]
 
@@ -58,7 +61,12 @@ class Membership:
         raise NotImplementedError
 
     def _claims_changed(self) -> None:
-        """A claim changed hands (granted to a new session): the actor saves its state, claims included."""
+        """A claim changed hands (granted to a new session): the actor's state, claims included, is saved."""
+        if self.checkpoint_dir is not None:
+            self._save()
+
+    def _save(self) -> None:
+        raise NotImplementedError
 
     def _release(self, learner: int, session: str | None) -> bool:
         """A ``leave`` from ``session``: whether it may go on (it still holds ``learner``'s index, or came without a

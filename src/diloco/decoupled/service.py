@@ -19,22 +19,21 @@ generated at the service's first start (kept in ``syncer.json`` for a resume). E
 the model, ``DIR``, the port, the Ray address) is checked before anything is written into ``DIR``: new or empty,
 or a ``diloco syncer`` run of the same config (resumed from its newest checkpoint; nothing a user wrote is lost).
 
-It then stays in the foreground as the run's monitor, printing the merges so far and the learners live and
-finished every ``poll_s`` seconds, until each of the M learners has *finished* (left after its last step). A monitor
-killed mid-run is started again with the same ``--out`` and resumes the run (:mod:`~diloco.decoupled.monitor_ledger`).
-At the end it writes ``DIR/merges.jsonl`` (one row per merge) and the final global parameters as a committed
-checkpoint of one replica (``DIR/checkpoints``, with ``DIR/config.json`` and ``DIR/tokenizer.json``, so
-``diloco export DIR --out MODEL`` reads it), then stops the actor.
+It then stays in the foreground as the run's monitor, printing the merges so far and the learners live and finished
+every ``poll_s`` seconds, until each of the M learners has *finished* (left after its last step). Killed, it resumes
+when run again (:mod:`~diloco.decoupled.monitor_ledger`). At the end it writes ``DIR/merges.jsonl`` and the final global
+parameters as a committed checkpoint of one replica (``DIR/checkpoints``, with ``DIR/config.json`` and
+``DIR/tokenizer.json``, so ``diloco export DIR --out MODEL`` reads it), then stops the actor.
 
 Files in ``DIR``: ``config.json`` (the resolved config), ``syncer.json`` (mode 0600: what each site needs: the
 syncer's ``NAME@HOST:PORT``, the port, the token, the whole learner command of each site, the config fingerprint),
 ``tokenizer.json``, ``syncer/`` (the actor's checkpoints, merge log and events), ``monitor.json`` (the monitor's
 counts), and at the end ``merges.jsonl``, ``checkpoints/`` and ``summary.json``.
 
-Learners (:func:`connect_learner`, which the trainer calls for ``--set syncer=NAME@HOST:PORT``; over gRPC, no
-Ray at the site: :mod:`diloco.decoupled.rpc.client`): a learner job claims its index with a *session* (a random id)
-and the config's :func:`fingerprint`, and holds the claim with a heartbeat every ``HEARTBEAT_S`` from a daemon
-thread (the claims are saved with the syncer's state: they survive its restart). Refused, as a ConfigError:
+Learners (:func:`connect_learner`, which the trainer calls for ``--set syncer=NAME@HOST:PORT``; over gRPC, no Ray at
+the site: :mod:`diloco.decoupled.rpc.client`): a learner job claims its index with a *session* (a random id) and the
+config's :func:`fingerprint`, and holds the claim with a heartbeat every ``HEARTBEAT_S`` from a daemon thread (the
+claims are saved with the syncer's state: they survive its restart). Refused, as a ConfigError:
 
 * a fingerprint that differs from its own (each differing key named, with both values);
 * an index outside 0..M-1;
@@ -46,11 +45,10 @@ A learner that leaves without finishing (``channel.leave(finished=False)``) or d
 finished or left no longer counts toward the quorum (:meth:`~diloco.decoupled.syncer.Syncer.leave`). A channel's
 plain ``leave()`` (what :meth:`Learner.finish` and :meth:`Learner.close` call after the last step) says *finished*.
 
-A site's job probes its syncer before it writes anything (:mod:`diloco.decoupled.rpc.probe`): an address that
-drops packets or refuses, something else on the port, a wrong token and another run's syncer name are each
-refused within :data:`~diloco.decoupled.rpc.probe.PROBE_TIMEOUT_S` seconds with a message saying which. Ray not
-installed on the syncer's host is a ConfigError naming ``pip install -e .[ray]``; grpcio not installed at a site,
-one naming ``pip install -e .[site]``.
+A site's job probes its syncer before it writes anything (:mod:`diloco.decoupled.rpc.probe`): an address that drops
+packets or refuses, something else on the port, a wrong token and another run's syncer name are each refused within
+:data:`~diloco.decoupled.rpc.probe.PROBE_TIMEOUT_S` seconds with a message saying which. Ray not installed on the
+syncer's host is a ConfigError naming ``pip install -e .[ray]``; grpcio not installed at a site, ``.[site]``.
 """
 
 from __future__ import annotations
@@ -70,7 +68,7 @@ from diloco.errors import ConfigError
 
 #: The keys a site's learner command must not repeat from the syncer's overrides (the syncer's address goes in
 #: ``syncer=NAME@ADDRESS``).
-SYNCER_ONLY_KEYS = ("ray_address", "decoupled_transport", "syncer_device")
+SYNCER_ONLY_KEYS = ("ray_address", "decoupled_transport", "syncer_device", "learner_lease")
 RAY_MISSING = "the syncer service needs Ray: pip install -e .[ray] (or ray>=2.9)"
 #: ``syncer=NAME@ray:GCS_ADDRESS``: a learner inside the syncer's own Ray cluster (``diloco chaos``) talks to the
 #: actor through Ray; any other address is a service's gRPC endpoint (a site, no Ray).
@@ -318,6 +316,7 @@ def _run(
 ) -> dict[str, Any]:
     from diloco.data.sources import check_sources
     from diloco.decoupled.rpc.gateway import Gateway, ray_backend
+    from diloco.decoupled.site_budget import learner_counts
     from diloco.decoupled.trainer import write_merges
     from diloco.files import write_json
     from diloco.train.inputs import prepare_inputs
@@ -419,7 +418,8 @@ def _run(
         page.start(out=out, name=name, cfg=cfg, inputs=inputs, echo=echo)
         on_status = ledger.chain(page.on_status, gateway)  # each status read: the page's, then the ledger's
         summary = _monitor(shards, num_learners=cfg.replicas, poll_s=poll_s, echo=echo, on_status=on_status)
-        records = shards.records()
+        records, lease = shards.records(), shards.lease_summary()  # (lease: the learner lease's leaves and joins)
+        summary.update(learner_counts(cfg, shards.learner_steps()))  # each learner's steps and tokens, as counted
         named = shards.global_named_parameters()
         write_merges(out / "merges.jsonl", records)
         write_final_checkpoint(
@@ -433,7 +433,7 @@ def _run(
         page.finish(final_loss=loss)
         shards.kill()
         summary = {**summary, "merges": len(records), "name": name, "address": spec, "final_eval_loss": loss}
-        summary |= ledger.totals(gateway.calls)  # (restarts and calls of every start of this monitor)
+        summary |= ledger.totals(gateway.calls) | {"learner_lease": lease}  # (ledger: every start of this monitor)
         write_json(out / "summary.json", summary)
         echo(f"diloco syncer: every learner finished; {len(records)} merges; results in {out}")
         return summary
