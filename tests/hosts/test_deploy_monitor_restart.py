@@ -86,7 +86,7 @@ def _head(h0) -> list[str]:
     return [c for c in ray_processes(h0) if "gcs_server" in c or "raylet" in c]
 
 
-@pytest.mark.slow  # ~60-90 s on 2 cores: two starts of the service (Ray each), two sites, a threads run
+@pytest.mark.slow  # 66-88 s on 2 cores (load 9-13): two starts of the service (Ray each), two sites, a threads run
 @pytest.mark.timeout(420)
 def test_a_killed_monitor_started_again_ends_the_run_as_an_uninterrupted_one(tmp_path, token_cache):
     """Once the syncer merged 4 times, host 0's monitor process is SIGKILLed: its Ray head (GCS server, raylet)

@@ -32,7 +32,7 @@ def test_the_claims_pair_keeps_each_session_and_starts_a_fresh_lease():
     assert restore_claims(None, now=100.0) == {}  # a checkpoint written before claims were saved
 
 
-@pytest.mark.slow  # ~10 s on 2 cores: the actor's restart (2-3 s) and the lease B waits out (LEASE_S = 5 s)
+@pytest.mark.slow  # 12-17 s on 2 cores (load 6-9): the actor's restart (2-3 s), the lease B waits out (LEASE_S = 5 s)
 def test_a_live_learners_index_is_refused_to_a_second_job_right_after_a_syncer_restart(local_ray, tmp_path):
     """Job A claims learner 0 (a session, as a site job does) and its claim is saved with the syncer's state. The
     actor's process is killed and Ray restarts it from its checkpoint; job B's claim on index 0 is the first call

@@ -32,7 +32,7 @@ SETS = {
 MERGES = STEPS // SETS["sync_every"] * SETS["num_fragments"]  # one merge per fragment per round, both learners in it
 
 
-@pytest.mark.slow  # ~40-110 s on 2 cores (load 5-15): two starts of the service (Ray each), two learner processes
+@pytest.mark.slow  # 68-110 s on 2 cores (load 8-15): two starts of the service (Ray each), two learner processes
 @pytest.mark.timeout(400)
 def test_a_killed_monitor_started_again_ends_the_run_as_the_threads_run(tmp_path, token_cache):
     """Once the syncer merged twice, the monitor's process is SIGKILLed: its Ray instance (GCS server, raylet) and
