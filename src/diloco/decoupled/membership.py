@@ -7,6 +7,12 @@ lapses :data:`LEASE_S` after its session was last heard from, so the job of a ki
 once gets in, while a second job started on a live learner's index is refused. :class:`Membership` is a part of
 the syncer actor (:class:`~diloco.decoupled.ray_transport.SyncerActor`), which runs these calls on its event
 loop with the syncer's.
+
+The claims outlive the actor: each learner index's session is part of the syncer's checkpointed state
+(:func:`claims_state` / :func:`restore_claims`, saved whenever a claim changes hands), and a restored syncer (Ray's
+restart of the actor, or a restarted ``diloco syncer`` monitor) starts a fresh lease for each at restore time. A
+second job claiming a live learner's index is refused across a restart as before it, while the live learner's
+heartbeats, which reach the restored syncer within the lease, keep its claim.
 """
 
 from __future__ import annotations
@@ -24,18 +30,42 @@ LEASE_S = 5.0
 HEARTBEAT_S = 1.0
 
 
+def claims_state(claims: dict[int, tuple[str, float]]) -> dict[str, str]:
+    """The claims as saved (strict JSON, also what a replica of the syncer's state carries): learner index (a
+    string) -> the session holding it. The times last heard from are not saved: they are this process's
+    monotonic clock, meaningless to another (:func:`restore_claims` starts a fresh lease instead)."""
+    return {str(m): session for m, (session, _) in sorted(claims.items())}
+
+
+def restore_claims(saved: dict[str, str] | None, now: float) -> dict[int, tuple[str, float]]:
+    """:func:`claims_state`'s claims, each heard from at ``now`` (the restore's monotonic time): a fresh lease of
+    ``LEASE_S``, in which a live learner's heartbeat comes and holds it, and after which a dead learner's lapses.
+    ``saved`` None (a checkpoint written before claims were saved): no claims."""
+    return {int(m): (str(session), now) for m, session in (saved or {}).items()}
+
+
 class Membership:
     """The claims part of the syncer actor (module docstring). The actor sets ``fingerprint`` (the config keys
     learners must match, or None), ``_claims`` (learner -> (session, monotonic time last heard from)) and
-    ``_finished``, and provides ``syncer``, ``restored_merges`` and ``_log``."""
+    ``_finished``, and provides ``syncer``, ``restored_merges``, ``checkpoint_dir``, ``_save`` (its state, the
+    claims included: :func:`claims_state`) and ``_log``."""
 
     syncer: Any
     fingerprint: dict[str, Any] | None
     restored_merges: int | None
+    checkpoint_dir: str | None
     _claims: dict[int, tuple[str, float]]
     _finished: set[int]
 
     def _log(self, event: str, **fields: Any) -> None:
+        raise NotImplementedError
+
+    def _claims_changed(self) -> None:
+        """A claim changed hands (granted to a new session): the actor's state, claims included, is saved."""
+        if self.checkpoint_dir is not None:
+            self._save()
+
+    def _save(self) -> None:
         raise NotImplementedError
 
     def _release(self, learner: int, session: str | None) -> bool:
@@ -102,19 +132,26 @@ class Membership:
                         f"give this job another --set learner=0..{num - 1}, or stop the other job first"
                     )
             await asyncio.sleep(0.1)
+        changed = self._claims.get(learner, (None,))[0] != session
         self._claims[learner] = (session, time.monotonic())
         self._log("hello", learner=learner, session=session, host=host)
+        if changed:  # on disk before the job is told it holds the index: a syncer restored after this keeps it
+            self._claims_changed()
         return None
 
     async def heartbeat(self, learner: int, session: str) -> bool:
-        """``session`` is alive; True while it holds ``learner``'s index (a restarted syncer, which has lost
-        the claims, gives the index back to the session that beats for it)."""
+        """``session`` is alive; True while it holds ``learner``'s index (a syncer restored from a checkpoint
+        that holds no claim for it, one written before claims were saved, gives the index to the session that
+        beats for it)."""
         claim = self._claims.get(learner)
-        if claim is None and learner not in self._finished:
+        regained = claim is None and learner not in self._finished
+        if regained:
             claim = (session, 0.0)
         if claim is None or claim[0] != session:
             return False
         self._claims[learner] = (session, time.monotonic())
+        if regained:
+            self._claims_changed()
         return True
 
     async def status(self) -> dict[str, Any]:
@@ -132,4 +169,4 @@ class Membership:
         }
 
 
-__all__ = ["HEARTBEAT_S", "LEASE_S", "Membership"]
+__all__ = ["HEARTBEAT_S", "LEASE_S", "Membership", "claims_state", "restore_claims"]

@@ -34,7 +34,7 @@ import ray
 import torch
 
 from diloco.decoupled.lease_actor import LeaseLog
-from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S
+from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S, claims_state, restore_claims
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome, resend
 from diloco.decoupled.ray_address import PROBE_TIMEOUT_S, check_address
 from diloco.decoupled.status.host import whoami
@@ -97,6 +97,7 @@ class SyncerActor(LeaseLog):
                 self._records_written = len(syncer.records)
                 self._replies = {(int(r["learner"]), int(r["fragment"])): Reply(**r) for r in state["replies"]}
                 self._finished = {int(m) for m in state.get("finished", [])}
+                self._claims = restore_claims(state.get("claims"), time.monotonic())  # a fresh lease from now
                 self.restored_merges = len(syncer.records)
                 self._lease_logged = len(syncer.lease.events)  # written by its predecessor
             self._log(
@@ -134,6 +135,7 @@ class SyncerActor(LeaseLog):
                 "syncer": self.syncer.state_dict(records=False),
                 "replies": replies,
                 "finished": sorted(self._finished),
+                "claims": claims_state(self._claims),
             },
             merges=len(self.syncer.records),
             keep=self.keep,

@@ -8,34 +8,32 @@
         --preset P --method decoupled [--set k=v ...] --set learner=m --set syncer=NAME@HOST:PORT \\
         --out SITE_DIR --resume auto
 
-:func:`run_service` resolves the run's config (``method=decoupled``, ``decoupled_transport=ray``), prepares
-its data and initial model exactly as ``diloco train`` does (:func:`diloco.train.inputs.prepare_inputs`), and
-starts the syncer as a named, detached Ray actor (:class:`~diloco.decoupled.ray_transport.SyncerActor`) that
-saves every merge to ``DIR/syncer`` and is restarted from there by Ray, as often as it dies (a SIGKILL of its
-process included). It runs on a new local Ray instance, or on the cluster at ``ray_address`` (inside this site:
-no site joins it). Beside it, in this process, a gRPC gateway (:mod:`diloco.decoupled.rpc.gateway`) serves the
-sites' learners on ``--port`` (one TCP port, the one a firewall opens to the sites), every call carrying the
-token generated at the service's first start (kept in ``syncer.json`` for a resume). Everything (the config, the
-data, the model, ``DIR``, the port, the Ray address) is checked before anything is written into ``DIR``,
-which must be new or empty, or a previous ``diloco syncer`` run of the same config (it is then resumed from
-its newest syncer checkpoint; nothing a user wrote is overwritten).
+:func:`run_service` resolves the run's config (``method=decoupled``, ``decoupled_transport=ray``), prepares its
+data and initial model exactly as ``diloco train`` does (:func:`diloco.train.inputs.prepare_inputs`), and starts
+the syncer as a named, detached Ray actor (:class:`~diloco.decoupled.ray_transport.SyncerActor`) that saves every
+merge to ``DIR/syncer`` and is restarted from there by Ray, as often as it dies (a SIGKILL of its process
+included). It runs on a new local Ray instance, or on the cluster at ``ray_address`` (inside this site: no site
+joins it). Beside it, in this process, a gRPC gateway (:mod:`diloco.decoupled.rpc.gateway`) serves the sites'
+learners on ``--port`` (one TCP port, the one a firewall opens to the sites), every call carrying the token
+generated at the service's first start (kept in ``syncer.json`` for a resume). Everything (the config, the data,
+the model, ``DIR``, the port, the Ray address) is checked before anything is written into ``DIR``: new or empty,
+or a ``diloco syncer`` run of the same config (resumed from its newest checkpoint; nothing a user wrote is lost).
 
-It then stays in the foreground as the run's monitor, printing the merges so far and the learners live and
-finished every ``poll_s`` seconds, until each of the M learners has *finished* (left after its last step).
-At the end it writes ``DIR/merges.jsonl`` (one row per merge) and the final global parameters as a
-committed checkpoint of one replica (``DIR/checkpoints``, with ``DIR/config.json`` and ``DIR/tokenizer.json``,
-so ``diloco export DIR --out MODEL`` reads it), then stops the actor.
+It then stays in the foreground as the run's monitor, printing the merges so far and the learners live and finished
+every ``poll_s`` seconds, until each of the M learners has *finished* (left after its last step). Killed, it resumes
+when run again (:mod:`~diloco.decoupled.monitor_ledger`). At the end it writes ``DIR/merges.jsonl`` and the final global
+parameters as a committed checkpoint of one replica (``DIR/checkpoints``, with ``DIR/config.json`` and
+``DIR/tokenizer.json``, so ``diloco export DIR --out MODEL`` reads it), then stops the actor.
 
 Files in ``DIR``: ``config.json`` (the resolved config), ``syncer.json`` (mode 0600: what each site needs: the
-syncer's ``NAME@HOST:PORT``, the port, the token, the whole learner command of each site, the config
-fingerprint), ``tokenizer.json``, ``syncer/`` (the actor's checkpoints, merge log and events), and at the end
-``merges.jsonl``, ``checkpoints/`` and ``summary.json``.
+syncer's ``NAME@HOST:PORT``, the port, the token, the whole learner command of each site, the config fingerprint),
+``tokenizer.json``, ``syncer/`` (the actor's checkpoints, merge log and events), ``monitor.json`` (the monitor's
+counts), and at the end ``merges.jsonl``, ``checkpoints/`` and ``summary.json``.
 
-Learners (:func:`connect_learner`, which the trainer calls for ``--set syncer=NAME@HOST:PORT``; over gRPC, no
-Ray at the site: :mod:`diloco.decoupled.rpc.client`): a learner job
-claims its index with a *session* (a random id) and the config's :func:`fingerprint`, and holds the claim
-with a heartbeat every ``HEARTBEAT_S`` from a daemon thread. The syncer refuses, as a ConfigError in the
-learner:
+Learners (:func:`connect_learner`, which the trainer calls for ``--set syncer=NAME@HOST:PORT``; over gRPC, no Ray at
+the site: :mod:`diloco.decoupled.rpc.client`): a learner job claims its index with a *session* (a random id) and the
+config's :func:`fingerprint`, and holds the claim with a heartbeat every ``HEARTBEAT_S`` from a daemon thread (the
+claims are saved with the syncer's state: they survive its restart). Refused, as a ConfigError:
 
 * a fingerprint that differs from its own (each differing key named, with both values);
 * an index outside 0..M-1;
@@ -44,15 +42,13 @@ learner:
 * a learner that has finished (its last ``leave`` said so): it cannot join again.
 
 A learner that leaves without finishing (``channel.leave(finished=False)``) or dies may come back; one that
-finished or left no longer counts toward the quorum (:meth:`~diloco.decoupled.syncer.Syncer.leave`). A
-channel's plain ``leave()`` (what :meth:`Learner.finish` and :meth:`Learner.close` call after the last step)
-says *finished*.
+finished or left no longer counts toward the quorum (:meth:`~diloco.decoupled.syncer.Syncer.leave`). A channel's
+plain ``leave()`` (what :meth:`Learner.finish` and :meth:`Learner.close` call after the last step) says *finished*.
 
-A site's job probes its syncer before it writes anything (:mod:`diloco.decoupled.rpc.probe`): an address that
-drops packets or refuses, something else on the port, a wrong token and another run's syncer name are each
-refused within :data:`~diloco.decoupled.rpc.probe.PROBE_TIMEOUT_S` seconds with a message saying which. Ray not
-installed on the syncer's host is a ConfigError naming ``pip install -e .[ray]``; grpcio not installed at a site,
-one naming ``pip install -e .[site]``.
+A site's job probes its syncer before it writes anything (:mod:`diloco.decoupled.rpc.probe`): an address that drops
+packets or refuses, something else on the port, a wrong token and another run's syncer name are each refused within
+:data:`~diloco.decoupled.rpc.probe.PROBE_TIMEOUT_S` seconds with a message saying which. Ray not installed on the
+syncer's host is a ConfigError naming ``pip install -e .[ray]``; grpcio not installed at a site, ``.[site]``.
 """
 
 from __future__ import annotations
@@ -67,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from diloco.decoupled.fingerprint import DATA_KEYS, FINGERPRINT_KEYS, describe_differences, fingerprint
-from diloco.decoupled.rpc import DEFAULT_PORT, TOKEN_ENV
+from diloco.decoupled.rpc import TOKEN_ENV
 from diloco.errors import ConfigError
 
 #: The keys a site's learner command must not repeat from the syncer's overrides (the syncer's address goes in
@@ -332,6 +328,7 @@ def _run(
     check_sources(cfg.sources)
     inputs = prepare_inputs(cfg, cache_dir)  # the data and the seeded model, as `diloco train` builds them
     from diloco.decoupled.capacity import check_syncer_memory
+    from diloco.decoupled.monitor_ledger import MonitorLedger, resume_port
 
     # this host (or, on a Ray cluster, each of its nodes) holds the syncer: checked before `out` is written
     check_syncer_memory(cfg, inputs.model, inputs.fragments, on_cluster=bool(cfg.ray_address))
@@ -339,7 +336,7 @@ def _run(
     name = previous["name"] if previous else f"diloco-syncer-{uuid.uuid4().hex[:12]}"
     token = (previous or {}).get("token") or secrets.token_urlsafe(24)  # a resumed run keeps its sites' token
     host, port, advertise = endpoint
-    port = port if port is not None else int((previous or {}).get("port", DEFAULT_PORT))
+    port = resume_port(port, previous)  # a resumed run serves where its sites were told (monitor_ledger.py)
     handles: list[Any] = []  # the actors, once started: until then the sites' calls are answered "try again"
     # a learner's calls at a shard: a heartbeat, a claim, and a wait for a reply per fragment in flight (each may take
     # up to WAIT_REPLY_S): room for 8 a learner and shard
@@ -390,10 +387,13 @@ def _run(
             (out / "tokenizer.json").write_text(inputs.data.tokenizer.to_json(), encoding="utf-8")
         write_json(out / "syncer.json", info)
         os.chmod(out / "syncer.json", 0o600)  # it holds the token
+        ledger = MonitorLedger(out, resumed=previous is not None)  # counts kept across this monitor's restarts
         try:  # a resumed run whose detached actors still run
             shards = RayShards.find(name, cfg.syncer_shards, namespace=namespace)
             echo(f"diloco syncer: {name} still runs; monitoring it")
         except ValueError:
+            if previous is not None:  # (a local Ray instance ends with the monitor that started it)
+                echo(f"diloco syncer: resuming {name}: its actors are gone; restored from {out / 'syncer'}")
             from functools import partial
 
             shards = RayShards.start(
@@ -416,7 +416,8 @@ def _run(
         for line in commands:
             echo(f"  {line}")
         page.start(out=out, name=name, cfg=cfg, inputs=inputs, echo=echo)
-        summary = _monitor(shards, num_learners=cfg.replicas, poll_s=poll_s, echo=echo, on_status=page.on_status)
+        on_status = ledger.chain(page.on_status, gateway)  # each status read: the page's, then the ledger's
+        summary = _monitor(shards, num_learners=cfg.replicas, poll_s=poll_s, echo=echo, on_status=on_status)
         records, lease = shards.records(), shards.lease_summary()  # (lease: the learner lease's leaves and joins)
         summary.update(learner_counts(cfg, shards.learner_steps()))  # each learner's steps and tokens, as counted
         named = shards.global_named_parameters()
@@ -432,7 +433,7 @@ def _run(
         page.finish(final_loss=loss)
         shards.kill()
         summary = {**summary, "merges": len(records), "name": name, "address": spec, "final_eval_loss": loss}
-        summary["gateway_calls"], summary["learner_lease"] = gateway.calls, lease
+        summary |= ledger.totals(gateway.calls) | {"learner_lease": lease}  # (ledger: every start of this monitor)
         write_json(out / "summary.json", summary)
         echo(f"diloco syncer: every learner finished; {len(records)} merges; results in {out}")
         return summary

@@ -29,7 +29,7 @@ from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S
 from diloco.decoupled.messages import MAX_RESENDS, Reply, Report, Welcome, resend
 from diloco.decoupled.rpc import GRPC_MISSING, SERVICE, TOKEN_ENV
 from diloco.decoupled.rpc.frames import pack, pack_report, unpack, unpack_reply, unpack_welcome
-from diloco.errors import ConfigError
+from diloco.errors import ConfigError, RunError
 
 #: Seconds a call keeps trying an unreachable service before the learner gives up (its job then stops).
 RETRY_FOR_S = 300.0
@@ -71,8 +71,9 @@ def parse_spec(spec: str) -> tuple[str, str, int]:
     return name, host.strip("[]"), int(port)
 
 
-class Unreachable(RuntimeError):
-    """The service did not answer a call within its retries (what it last said is in the message)."""
+class Unreachable(RunError):
+    """The service did not answer a call within its retries (what it last said is in the message): a failure
+    outside the code (its monitor down longer than that, a partition), not a bug (the CLI raises it on as such)."""
 
 
 class Link:
