@@ -16,7 +16,8 @@ monitor asks for every ``--poll`` seconds already (:meth:`StatusPage.on_status`)
 global parameters of the syncer's newest checkpoint (every ``eval_every_s``; 0: never), on this process's CPU.
 
 Routes (each asks for the token, :mod:`diloco.status.server`): ``/`` the page (reloads itself every
-:data:`REFRESH_S` s), ``/status.json`` the board's snapshot, ``/metrics`` Prometheus' text format
+:data:`REFRESH_S` s), ``/status.json`` the board's snapshot (and ``monitor``: the CPU the monitor spent so far, per
+kind of work), ``/metrics`` Prometheus' text format
 (:mod:`diloco.decoupled.status.metrics`). A request reads the board as the last read left it.
 """
 
@@ -94,11 +95,21 @@ class StatusPage:
 
     def _page(self, query: dict[str, str]) -> tuple[str, str]:
         snap = self.snapshot()
-        plots = self.plots.svgs(snap, measure=lambda: self.cpu.measure("plots"))  # (counted in the page's CPU too)
+        # each drawing counted in the page's CPU and as "plots" too; the page's first ones (importing matplotlib, its
+        # fonts, the figures) apart, as "plots (first)": a cost once per process, not per page viewed
+        kind = "plots" if any(self.plots.draws.values()) else "plots (first)"
+        plots = self.plots.svgs(snap, measure=lambda: self.cpu.measure(kind))
         return render(snap, refresh_s=REFRESH_S, plots=plots), "text/html; charset=utf-8"
 
     def _json(self, query: dict[str, str]) -> tuple[str, str]:
-        return json.dumps(self.snapshot(), allow_nan=False), "application/json"
+        return json.dumps({**self.snapshot(), "monitor": self.monitor_row()}, allow_nan=False), "application/json"
+
+    def monitor_row(self) -> dict[str, Any]:
+        """The monitor's own work so far: its reads, and the CPU seconds and calls of each kind of its work
+        (:class:`CpuMeter`; the server's thread, aiohttp's own work, as ``server_thread_cpu_s``)."""
+        row = {"reads": self.reads, "read_s": self.read_s, "eval_s": self.eval_s, **self.cpu.as_row()}
+        row["server_thread_cpu_s"] = thread_cpu_s(self.server.thread if self.server is not None else None)
+        return row
 
     def _metrics(self, query: dict[str, str]) -> tuple[bytes, str]:
         return exposition(self.snapshot)
@@ -213,7 +224,7 @@ class StatusPage:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
-        server_cpu_s = thread_cpu_s(self.server.thread if self.server is not None else None)  # (before the read)
+        monitor = self.monitor_row()  # (the server's thread before the read)
         self.read()
         if final_loss is not None:
             self._add_loss(final_loss)
@@ -222,8 +233,7 @@ class StatusPage:
         from diloco.files import atomic_write_bytes, write_json
 
         snap = self.snapshot()
-        snap["monitor"] = {"reads": self.reads, "read_s": self.read_s, "eval_s": self.eval_s, **self.cpu.as_row()}
-        snap["monitor"]["server_thread_cpu_s"] = server_cpu_s  # aiohttp's own work (the routes run in its pool)
+        snap["monitor"] = {**self.monitor_row(), "server_thread_cpu_s": monitor["server_thread_cpu_s"]}
         write_json(self.out / "status.json", snap)
         atomic_write_bytes(self.out / "status.html", render(snap).encode("utf-8"))
 
