@@ -107,6 +107,8 @@ def one_run(out: Path, *, sets: dict[str, Any], cache: Path) -> dict[str, Any]:
                 r += 1
 
         run.wait_status()
+        # the rounds begin once the syncer merges (before, the sites are still starting: nothing to compare)
+        run.wait_for("the first merge", lambda: run.snapshot()["merges"]["total"] > 0, timeout=300)
         for path in ("/", "/metrics"):  # opened once before the rounds: the one-time costs (imports, first plots)
             assert run.get(path)[0] == 200
         first = run.snapshot()["monitor"]  # the monitor's CPU so far, per kind of work
@@ -475,7 +477,7 @@ def main() -> None:
     payload = {
         "machine": machine(),
         "settings": {**sets, "phase_s": PHASE_S, "refresh_s": REFRESH_S, "scrape_s": SCRAPE_S},
-        "run": r,
+        "run": {k: v for k, v in r.items() if k != "merge_rows"},  # (each merge: in the rounds' medians)
         "per_work": per,
         "before_after": {**before_after, "rows": ba},
         "figures": f,
