@@ -78,3 +78,17 @@ def test_a_reused_figure_draws_the_svg_a_fresh_figure_draws():
     assert plots.draws == {"loss": 3, "rate": 3}
     assert reused == (loss_svg(snap), rate_svg(snap))
     assert "learner 2" in reused[1] and "no reports yet" not in reused[1]
+
+
+def test_a_learner_shown_late_keeps_its_colour_and_its_place_in_the_legend():
+    plots = Plots()
+    early = _snapshot(60, 3)
+    early["series"]["1"] = []  # learner 1 has no report yet
+    plots.svgs(early)
+    late = plots.svgs(_snapshot(60, 3))[1]
+    fresh = rate_svg(_snapshot(60, 3))
+    for svg in (late, fresh):
+        assert svg.index("learner 0") < svg.index("learner 1") < svg.index("learner 2")
+    colours = ("#1f77b4", "#ff7f0e", "#2ca02c")  # matplotlib's C0, C1, C2: learner m's is Cm
+    assert [late.count(c) > 0 for c in colours] == [True] * 3
+    assert [late.count(c) for c in colours] == [fresh.count(c) for c in colours]

@@ -140,24 +140,26 @@ class _RatePlot:
 
     def draw(self, points: tuple[tuple[str, tuple[float, ...], tuple[float, ...]], ...]) -> str:
         ax, shown = self.f.ax, {m for m, _, _ in points}
+        changed = False  # the learners shown (the legend's entries)
         for m in list(self.lines):
             if m not in shown:
                 self.lines.pop(m).remove()
-        added = False
+                changed = True
         for m, xs, ys in points:
             if m not in self.lines:
-                (self.lines[m],) = ax.plot([], [], label=f"learner {m}", markersize=3)
-                added = True
+                # learner m's colour is its own, whichever learners were shown before
+                (self.lines[m],) = ax.plot([], [], label=f"learner {m}", markersize=3, color=f"C{int(m) % 10}")
+                changed = True
             line = self.lines[m]
             line.set_data(xs, ys)
             line.set_marker("." if len(xs) <= MARKERS_UP_TO else "None")
-        if added or (ax.get_legend() is not None) != bool(self.lines):
+        if changed:
             if ax.get_legend() is not None:
                 ax.get_legend().remove()
             if self.lines:
                 # above the axes, in a row: it never hides a line, and "best" would search the lines' points
                 ax.legend(
-                    loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=len(self.lines), fontsize=_FONT, frameon=False,
+                    handles=[self.lines[m] for m in sorted(self.lines, key=int)], loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=len(self.lines), fontsize=_FONT, frameon=False,
                     borderaxespad=0.2, handlelength=1.5,
                 )  # fmt: skip
         self.f.empty.set_visible(not points)
