@@ -16,7 +16,8 @@ monitor asks for every ``--poll`` seconds already (:meth:`StatusPage.on_status`)
 global parameters of the syncer's newest checkpoint (every ``eval_every_s``; 0: never), on this process's CPU.
 
 Routes (each asks for the token, :mod:`diloco.status.server`): ``/`` the page (reloads itself every
-:data:`REFRESH_S` s), ``/status.json`` the board's snapshot, ``/metrics`` Prometheus' text format
+:data:`REFRESH_S` s), ``/status.json`` the board's snapshot (and ``monitor``: the CPU the monitor spent so far, per
+kind of work), ``/metrics`` Prometheus' text format
 (:mod:`diloco.decoupled.status.metrics`). A request reads the board as the last read left it.
 """
 
@@ -36,7 +37,7 @@ from diloco.decoupled.status.cpu import CpuMeter, thread_cpu_s
 from diloco.decoupled.status.files import Tail, checkpoint_age_s, global_parameters, shard_dirs
 from diloco.decoupled.status.metrics import exposition
 from diloco.decoupled.status.page import render
-from diloco.decoupled.status.plots import loss_svg, rate_svg
+from diloco.decoupled.status.plots import Plots
 from diloco.errors import ConfigError
 from diloco.status.server import TOKEN_ENV, TOKEN_FILE, StatusServer, open_socket, status_token
 
@@ -44,8 +45,8 @@ from diloco.status.server import TOKEN_ENV, TOKEN_FILE, StatusServer, open_socke
 POLL_S = 1.0
 #: Seconds between the page's reloads in a browser.
 REFRESH_S = 2
-#: The plots are drawn again at most this often (seconds), and only when a page is asked for and their data grew
-#: (drawing both takes about 0.3 s of CPU here).
+#: Each plot is drawn again at most this often (seconds), and only when a page is asked for and the points it shows
+#: changed; between, the page shows the SVG drawn last (:class:`~diloco.decoupled.status.plots.Plots`).
 PLOT_EVERY_S = 15.0
 LOSS_FILE = "status-loss.jsonl"
 
@@ -60,7 +61,7 @@ class StatusPage:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._plots: tuple[float, tuple[int, int], tuple[str, str]] | None = None  # (drawn at, of, svgs)
+        self.plots = Plots(min_interval_s=PLOT_EVERY_S)  # the page's plots, drawn again only on new points
         self.out: Path | None = None
         self._dirs: list[Path] = []
         self._tails: list[tuple[Tail, Tail]] = []
@@ -94,14 +95,21 @@ class StatusPage:
 
     def _page(self, query: dict[str, str]) -> tuple[str, str]:
         snap = self.snapshot()
-        now, grown = time.monotonic(), (len(snap["loss"]), sum(len(s) for s in snap["series"].values()))
-        if self._plots is None or (now - self._plots[0] >= PLOT_EVERY_S and grown != self._plots[1]):
-            with self.cpu.measure("plots"):  # (counted in the page's CPU too)
-                self._plots = (now, grown, (loss_svg(snap), rate_svg(snap)))
-        return render(snap, refresh_s=REFRESH_S, plots=self._plots[2]), "text/html; charset=utf-8"
+        # each drawing counted in the page's CPU and as "plots" too; the page's first ones (importing matplotlib, its
+        # fonts, the figures) apart, as "plots (first)": a cost once per process, not per page viewed
+        kind = "plots" if any(self.plots.draws.values()) else "plots (first)"
+        plots = self.plots.svgs(snap, measure=lambda: self.cpu.measure(kind))
+        return render(snap, refresh_s=REFRESH_S, plots=plots), "text/html; charset=utf-8"
 
     def _json(self, query: dict[str, str]) -> tuple[str, str]:
-        return json.dumps(self.snapshot(), allow_nan=False), "application/json"
+        return json.dumps({**self.snapshot(), "monitor": self.monitor_row()}, allow_nan=False), "application/json"
+
+    def monitor_row(self) -> dict[str, Any]:
+        """The monitor's own work so far: its reads, and the CPU seconds and calls of each kind of its work
+        (:class:`CpuMeter`; the server's thread, aiohttp's own work, as ``server_thread_cpu_s``)."""
+        row = {"reads": self.reads, "read_s": self.read_s, "eval_s": self.eval_s, **self.cpu.as_row()}
+        row["server_thread_cpu_s"] = thread_cpu_s(self.server.thread if self.server is not None else None)
+        return row
 
     def _metrics(self, query: dict[str, str]) -> tuple[bytes, str]:
         return exposition(self.snapshot)
@@ -216,7 +224,7 @@ class StatusPage:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
-        server_cpu_s = thread_cpu_s(self.server.thread if self.server is not None else None)  # (before the read)
+        monitor = self.monitor_row()  # (the server's thread before the read)
         self.read()
         if final_loss is not None:
             self._add_loss(final_loss)
@@ -225,8 +233,7 @@ class StatusPage:
         from diloco.files import atomic_write_bytes, write_json
 
         snap = self.snapshot()
-        snap["monitor"] = {"reads": self.reads, "read_s": self.read_s, "eval_s": self.eval_s, **self.cpu.as_row()}
-        snap["monitor"]["server_thread_cpu_s"] = server_cpu_s  # aiohttp's own work (the routes run in its pool)
+        snap["monitor"] = {**self.monitor_row(), "server_thread_cpu_s": monitor["server_thread_cpu_s"]}
         write_json(self.out / "status.json", snap)
         atomic_write_bytes(self.out / "status.html", render(snap).encode("utf-8"))
 
