@@ -31,6 +31,12 @@ syncer's ``NAME@HOST:PORT``, the port, the token, the whole learner command of e
 fingerprint), ``tokenizer.json``, ``syncer/`` (the actor's checkpoints, merge log and events), and at the end
 ``merges.jsonl``, ``checkpoints/`` and ``summary.json``.
 
+A standby (``diloco syncer --standby-of NAME@HOST:PORT --out DIR2`` on another host: :mod:`diloco.decoupled.standby`)
+holds a copy of the syncer's checkpoint files, taken before any learner is told of a merge
+(:mod:`diloco.decoupled.rpc.replicate`); the service then lists it in the printed commands with ``--standby
+HOST2:PORT2`` (``syncer=NAME@HOST:PORT,HOST2:PORT2``). A standby that took over serves ``epoch`` + 1; a service
+told of a newer epoch by a learner stops merging and ends (summary ``fenced_by``).
+
 Learners (:func:`connect_learner`, which the trainer calls for ``--set syncer=NAME@HOST:PORT``; over gRPC, no
 Ray at the site: :mod:`diloco.decoupled.rpc.client`): a learner job
 claims its index with a *session* (a random id) and the config's :func:`fingerprint`, and holds the claim
@@ -261,6 +267,8 @@ def run_service(
     status_port: int | None = 0,
     status_host: str = "0.0.0.0",
     status_eval_s: float = 30.0,
+    epoch: int = 0,
+    standby: str | None = None,
 ) -> dict[str, Any]:
     """``diloco syncer`` (module docstring): start (or resume) the run's syncer service in ``out``, monitor it
     until every learner has finished, write the run's results; returns the summary (also ``summary.json``).
@@ -271,11 +279,20 @@ def run_service(
     machine's address as Ray sees it). ``node_ip_address``: the address a new local Ray instance advertises. A Ray
     instance this process already joined is used as it is. ``status_port`` / ``status_host``: where the run's
     status page and metrics are served (:mod:`diloco.decoupled.status`; port 0: a free one, None: none), the loss
-    plot's evaluation every ``status_eval_s`` seconds (0: none)."""
+    plot's evaluation every ``status_eval_s`` seconds (0: none). ``epoch``: the syncer's epoch (a standby that
+    takes over gives the active's + 1; a resumed run keeps its own if newer); ``standby``: a standby's ``HOST:PORT``,
+    listed after this service's address in the printed learner commands."""
     out = Path(out)
     if cfg.method != "decoupled":
         raise ConfigError(f"method={cfg.method!r}: the syncer service runs method=decoupled")
     previous = plan_out(out, cfg)
+    if previous and previous.get("role") == "standby" and epoch <= int(previous.get("epoch", 0)):
+        raise ConfigError(
+            f"--out {out} is a standby's copy of the syncer {previous.get('name')} (epoch {previous.get('epoch', 0)}): "
+            f"run it as `diloco syncer --standby-of {previous.get('active')} --out {out}`; it takes over by itself "
+            f"when the active is lost"
+        )
+    epoch = max(int(epoch), int((previous or {}).get("epoch", 0)))
     from diloco.decoupled.status.monitor import StatusPage
     from diloco.train.rundir import RunDirLock
 
@@ -297,6 +314,8 @@ def run_service(
             echo=echo,
             lock=lock,
             page=page,
+            epoch=epoch,
+            standby=standby,
         )
     finally:
         page.close()
@@ -317,6 +336,8 @@ def _run(
     echo: Callable[[str], None],
     lock: Any,
     page: Any,
+    epoch: int = 0,
+    standby: str | None = None,
 ) -> dict[str, Any]:
     from diloco.data.sources import check_sources
     from diloco.decoupled.rpc.gateway import Gateway, ray_backend
@@ -344,7 +365,12 @@ def _run(
     # up to WAIT_REPLY_S): room for 8 a learner and shard
     workers = max(64, 8 * cfg.replicas * cfg.syncer_shards)
     backend = ray_backend(handles, cfg.syncer_shards)
-    gateway = Gateway(backend, name=name, token=token, host=host, port=port, workers=workers)
+    from diloco.decoupled.rpc.replicate import Replicator
+
+    replicator = Replicator(out / "syncer", num_shards=cfg.syncer_shards, info={})  # info: once it is known (below)
+    gateway = Gateway(
+        backend, name=name, token=token, host=host, port=port, workers=workers, epoch=epoch, replicator=replicator
+    )
     gateway.start()  # a port in use is refused here, before `out` is written
     started_ray = not ray.is_initialized()
     try:
@@ -356,7 +382,7 @@ def _run(
             ray.init(address=cfg.ray_address or None, **kw)
         namespace = ray.get_runtime_context().namespace or DEFAULT_NAMESPACE
         advertise = advertise or (previous or {}).get("advertise") or ray.util.get_node_ip_address()
-        spec = f"{name}@{advertise}:{gateway.port}"
+        spec = f"{name}@{advertise}:{gateway.port}" + (f",{standby}" if standby else "")
         prints = fingerprint(cfg, vocab_size=vocab, data_digest=digest)
         commands = [
             learner_command(
@@ -381,7 +407,11 @@ def _run(
             "learners": commands,
             "fingerprint": prints,
             "status_port": page.port,
+            "epoch": epoch,
+            "preset": preset,
+            "overrides": list(overrides),
         }
+        replicator.info = {k: v for k, v in info.items() if k != "token"} | {"config": cfg.to_dict()}
         out.mkdir(parents=True, exist_ok=True)  # everything is checked: only now is `out` written
         lock.acquire()
         write_json(out / "config.json", cfg.to_dict())
@@ -409,13 +439,30 @@ def _run(
         echo(
             f"diloco syncer: {name} runs (pid {status['pid']}"
             + (f", resumed from {status['restored_merges']} merges" if status["restored_merges"] is not None else "")
-            + f"); the sites connect to {advertise}:{gateway.port} (TCP, gRPC; served on {host}:{gateway.port})"
+            + f"); the sites connect to {advertise}:{gateway.port} (TCP, gRPC; served on {host}:{gateway.port}; "
+            f"epoch {epoch})"
         )
         echo(f"learner commands, one per site (also in {out / 'syncer.json'}; they hold the token):")
         for line in commands:
             echo(f"  {line}")
         page.start(out=out, name=name, cfg=cfg, inputs=inputs, echo=echo)
-        summary = _monitor(shards, num_learners=cfg.replicas, poll_s=poll_s, echo=echo, on_status=page.on_status)
+        summary = _monitor(
+            shards,
+            num_learners=cfg.replicas,
+            poll_s=poll_s,
+            echo=echo,
+            on_status=page.on_status,
+            fenced=lambda: gateway.fenced_by,
+        )
+        if summary.get("fenced_by") is not None:  # a standby took over: it finishes the run, this one writes no result
+            shards.kill()
+            summary |= {"name": name, "address": spec, "epoch": epoch, "replication": replicator.stats()}
+            write_json(out / "summary.json", summary)
+            echo(
+                f"diloco syncer: a learner named epoch {summary['fenced_by']} (a standby took over from this syncer "
+                f"of epoch {epoch}): this syncer stops; the standby finishes the run"
+            )
+            return summary
         records = shards.records()
         named = shards.global_named_parameters()
         write_merges(out / "merges.jsonl", records)
@@ -431,6 +478,7 @@ def _run(
         shards.kill()
         summary = {**summary, "merges": len(records), "name": name, "address": spec, "final_eval_loss": loss}
         summary["gateway_calls"] = gateway.calls
+        summary |= {"epoch": epoch, "replication": replicator.stats()}
         write_json(out / "summary.json", summary)
         echo(f"diloco syncer: every learner finished; {len(records)} merges; results in {out}")
         return summary
@@ -447,14 +495,18 @@ def _monitor(
     poll_s: float,
     echo: Callable[[str], None],
     on_status: Callable[[dict[str, Any] | None], None] = lambda status: None,
+    fenced: Callable[[], int | None] = lambda: None,
 ) -> dict[str, Any]:
     """Print the run's progress until every learner has finished (at every shard); the restarts seen.
-    ``on_status``: given each status read (None: the syncer did not answer), e.g. the status page's."""
+    ``on_status``: given each status read (None: the syncer did not answer), e.g. the status page's. ``fenced``:
+    a newer epoch a learner named (the run is then left to the standby that took over), or None."""
     from ray.exceptions import GetTimeoutError
 
     start = time.monotonic()
     pid, restarts, last, last_at = None, 0, "", 0.0
     while True:
+        if fenced() is not None:
+            return {"learners": num_learners, "syncer_restarts": restarts, "fenced_by": fenced()}
         try:
             status = shards.status(timeout=max(30.0, 3 * poll_s))
         except GetTimeoutError:
