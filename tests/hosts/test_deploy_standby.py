@@ -38,7 +38,7 @@ def test_the_standby_takes_over_when_the_active_host_is_lost_and_the_run_finishe
     the standby's merge versions run without a gap, it had every merge the active made before the kill that a
     learner could have been told of (its copy's records are the active's first rows, bit for bit as JSON), and
     it merged again after the kill."""
-    got = run_standby_deploy(token_cache=token_cache, sets=SETS, kill_at_step=16, takeover_s=5.0)
+    got = run_standby_deploy(token_cache=token_cache, sets=SETS, kill_at_step=16, takeover_s=3.0)
     assert got["finished"] and got["epoch"] == 1
     merges, active = got["merges"], got["active_rows"]
     assert contiguous(merges), [(r["fragment"], r["version"]) for r in merges]

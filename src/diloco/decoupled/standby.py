@@ -37,8 +37,8 @@ from diloco.errors import ConfigError
 #: Seconds without an answer from the active before the standby takes over. The active lets a silent standby go
 #: after :data:`~diloco.decoupled.rpc.replicate.STANDBY_LOST_S`; both are far above a copy's round trip.
 TAKEOVER_S = 10.0
-#: Seconds the standby waits for the active's first answer when it starts.
-FIRST_COPY_S = 30.0
+#: Seconds the standby waits for the active's first answer when it starts (the active may be starting too).
+FIRST_COPY_S = 120.0
 
 
 def _plan(out: Path, name: str) -> None:
@@ -104,13 +104,16 @@ def run_standby(
     out = Path(out)
     _plan(out, name)
     follower = Follower(Link(active, token=token, retry_for=0.0), out / "syncer", standby=whoami())
-    try:
+    try:  # (the active may be starting: tried again for FIRST_COPY_S)
+        follower.link.retry_for = FIRST_COPY_S
         follower.pull(timeout=FIRST_COPY_S)
     except Unreachable as exc:
         raise ConfigError(
             f"--standby-of {active}: the active syncer does not answer ({exc}); start the standby once the active "
             f"runs (`diloco syncer` printed its address)"
         ) from None
+    finally:
+        follower.link.retry_for = 0.0
     info = follower.info or {}
     cfg = TrainConfig.from_dict(info["config"])
     epoch = int(info.get("epoch", 0))

@@ -68,6 +68,13 @@ def _printed(proc) -> list[str] | None:
     return got if got and "--resume auto" in got[-1] else None
 
 
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _site_out(line: str) -> str:
     import shlex
 
@@ -88,19 +95,18 @@ def run_standby_deploy(
         argv = [sys.executable, "-m", "diloco", "syncer", "--preset", "tiny", *args, "--poll", "1"]
         argv += ["--host", "0.0.0.0", "--advertise", h0.address, "--port", str(PORT), "--out", ACTIVE_OUT]
         active = h0.run([*argv, "--standby", f"{h1.address}:{PORT}"], env=_env(), name="active")
-        lines = _wait("the active's printed learner commands", lambda: _printed(active), timeout=240, procs=[active])
-        info = json.loads(h0.path(f"{ACTIVE_OUT}/syncer.json").read_text())
-        assert f"syncer={info['name']}@{h0.address}:{PORT},{h1.address}:{PORT}" in lines[0], lines[0]
+        info = _wait(  # written once everything is checked, before Ray starts: the standby starts beside it
+            "the active's syncer.json",
+            lambda: _json(h0.path(f"{ACTIVE_OUT}/syncer.json")),
+            timeout=240,
+            procs=[active],
+        )
         argv = [sys.executable, "-m", "diloco", "syncer", "--standby-of", f"{info['name']}@{h0.address}:{PORT}"]
         argv += ["--out", STANDBY_OUT, "--port", str(PORT), "--host", "0.0.0.0", "--advertise", h1.address]
         argv += ["--poll", "1", "--takeover-after", str(takeover_s)]
         standby = h1.run(argv, env=_env(info["token"]), name="standby")
-        _wait(
-            "the standby following",
-            lambda: "diloco syncer: standby of" in standby.stdout_path.read_text(errors="replace"),
-            timeout=240,
-            procs=[active, standby],
-        )
+        lines = _wait("the active's printed learner commands", lambda: _printed(active), timeout=240, procs=[active])
+        assert f"syncer={info['name']}@{h0.address}:{PORT},{h1.address}:{PORT}" in lines[0], lines[0]
         began = time.time()
         jobs = [
             h.run(["sh", "-c", f"cd /tmp && {lines[m]}"], env=_env(), name=f"site-{m}")
@@ -108,6 +114,12 @@ def run_standby_deploy(
         ]
         logs = [h.path(_site_out(lines[m])) / f"learner-{m}.jsonl" for m, h in enumerate(site_hosts)]
         procs = [active, standby, *jobs]
+        _wait(
+            "the standby following",
+            lambda: "diloco syncer: standby of" in standby.stdout_path.read_text(errors="replace"),
+            timeout=240,
+            procs=procs,
+        )
 
         def reached(step: int) -> bool:
             return all(any(r.get("step", 0) >= step for r in read_learner_log(log)) for log in logs)
@@ -131,7 +143,8 @@ def run_standby_deploy(
         summary = json.loads((out / "summary.json").read_text())
         merges = read_learner_log(out / "merges.jsonl")
         events = read_learner_log(out / "syncer" / "events.jsonl")
-        restored = next(e["restored_merges"] for e in events if e.get("event") == "started")
+        started = next(e for e in events if e.get("event") == "started")
+        restored = started["restored_merges"]
         after = [r["at"] for r in merges if r["at"] > killed_at]
         learners = []
         for log in logs:
@@ -156,6 +169,7 @@ def run_standby_deploy(
             "lost_merges": len(active_rows) - (restored or 0),  # made by the active, told to no learner
             "learners": learners,
             "takeover_s": took_over_at - killed_at,
+            "actor_started_after_kill_s": started["t"] - killed_at,
             "first_merge_after_kill_s": (after[0] - killed_at) if after else None,
             "replication": summary.get("replication"),
             "standby": summary.get("standby"),

@@ -255,7 +255,7 @@ class Follower:
     def pull(self, timeout: float) -> bool:
         """One Replicate call; True when it brought a new copy (written before this returns)."""
         request = {"have": self.seq, "records": records_held(self.root, self._dirs), "standby": self.standby}
-        answer = self.link.call("Replicate", request, timeout=timeout, retry_for=0.0)
+        answer = self.link.call("Replicate", request, timeout=timeout)
         self.heard_at = time.monotonic()
         header, tensors = unpack(answer)
         self.epoch = int(header.get("epoch", self.epoch))
