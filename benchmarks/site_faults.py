@@ -5,7 +5,15 @@ restarts its job, which resumes from its checkpoint) and then the syncer's proce
 checkpoint). One row per run: the final loss of the syncer's parameters, each learner's waiting share and worst
 step after each fault over its typical step, the restarted learner's seconds to its first merge, wall time.
 
-    python benchmarks/site_faults.py            # both runs, about 80 s on 2 cores
+Rows "active syncer host lost, standby takes over (K = 1, 2)" (root only: emulated hosts,
+:mod:`diloco.testing.standby_hosts`): the active syncer on host 0, its standby (``--standby-of``) on host 1, a site of
+one rank on each of hosts 2 and 3; host 0 killed whole at step 24 of 128. Each learner's worst step after the kill
+over its typical step (it rides the switch out: ``ride_out_steps`` = 96 steps of 0.15 s, more than the takeover
+takes), the seconds from the kill to the takeover, to the standby's actor started from its copy and to its first
+merge, the merges the active made that the standby lacked (told to no learner), the bytes of a copy.
+
+    python benchmarks/site_faults.py            # all runs, about 80 s on 2 cores, plus ~70 s a standby row
+    python benchmarks/site_faults.py --only standby   # -> benchmarks/results/site_faults_standby.json
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from diloco.bench import add_out, machine, print_table, write_result
+from diloco.bench import add_out, machine, print_table, result_path, write_result
 from diloco.decoupled.site_faults import DEFAULT_SETS, Site, run_sites
 from diloco.files import default_cache_dir
 
@@ -22,14 +30,21 @@ from diloco.files import default_cache_dir
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache-dir", type=Path, default=None, help="token cache (default: the CLI's)")
+    ap.add_argument("--only", choices=("sites", "standby"), default=None, help="only these rows")
     add_out(ap, "site_faults")
     args = ap.parse_args()
+    if args.only == "standby" and args.out == result_path("site_faults"):  # the other rows' result is kept
+        args.out = result_path("site_faults_standby")
     sites = [Site(0, ranks=2, sharding="fsdp"), Site(1, ranks=2)]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, faults in (
-            ("no faults", {}),
-            ("rank and syncer killed", {"kill_learner": (1, 12), "kill_syncer": True}),
+            ()
+            if args.only == "standby"
+            else (
+                ("no faults", {}),
+                ("rank and syncer killed", {"kill_learner": (1, 12), "kill_syncer": True}),
+            )
         ):
             got = run_sites(
                 preset="tiny",
@@ -59,6 +74,8 @@ def main() -> None:
                     "faults": got["faults"],
                 }
             )
+        if args.only != "sites":
+            rows += standby_rows(Path(tmp))
     print_table(
         rows,
         [
@@ -71,12 +88,75 @@ def main() -> None:
             ("L0 worst/typ (syncer kill)", "learner0_worst_after_syncer_kill", ".2f"),
             ("L1 worst/typ (syncer kill)", "learner1_worst_after_syncer_kill", ".2f"),
             ("restart: from step", "restarted_from_step", ""),
+            ("lost merges", "lost_merges", ""),
+            ("takeover s", "takeover_s", ".1f"),
             ("first merge s", "first_merge_after_restart_s", ".1f"),
             ("wall s", "wall_s", ".1f"),
         ],
         title="site jobs (2 sites x 2 gloo ranks, site 0 FSDP), K = 1, steps padded to 0.15 s",
     )
-    write_result("site_faults", {"machine": machine(), "settings": DEFAULT_SETS, "rows": rows}, out=args.out)
+    settings = {"sites": DEFAULT_SETS, "standby": STANDBY_SETS}
+    write_result("site_faults", {"machine": machine(), "settings": settings, "rows": rows}, out=args.out)
+
+
+#: The standby rows' run: K = 1 or 2 of M = 2 one-rank sites, riding a takeover out (module docstring).
+STANDBY_SETS = {
+    "replicas": 2,
+    "global_batch": 8,
+    "sync_every": 8,
+    "num_fragments": 2,
+    "overlap_steps": 1,
+    "steps": 128,
+    "eval_every": 128,
+    "checkpoint_every": 16,
+    "step_time": 0.15,
+    "ride_out_steps": 96,
+    "threads": 1,
+}
+
+
+def standby_rows(tmp: Path) -> list[dict]:
+    """The rows "active syncer host lost, standby takes over" (none, saying why, without emulated hosts)."""
+    from diloco.testing.hosts import unavailable
+
+    why = unavailable()
+    if why is not None:
+        print(f"standby rows skipped: {why}")
+        return []
+    from diloco.data import prepare_tokens
+    from diloco.testing.standby_hosts import contiguous, run_standby_deploy
+    from diloco.train.config import TrainConfig, load_preset
+
+    cfg = TrainConfig.from_dict(load_preset("tiny")["base"])
+    cache = tmp / "token-cache"
+    prepare_tokens(cfg.sources, cfg.vocab_size, cache, val_fraction=cfg.val_fraction)
+    rows = []
+    for quorum in (1, 2):
+        got = run_standby_deploy(
+            token_cache=cache, sets={**STANDBY_SETS, "quorum": quorum}, kill_at_step=24, takeover_s=3.0
+        )
+        copied = got["standby"] or {}
+        worst = [x["worst_over_typical_after_kill"] for x in got["learners"]]
+        rows.append(
+            {
+                "run": f"active syncer host lost, standby takes over (K = {quorum})",
+                "final_eval_loss": None,
+                "merges": len(got["merges"]),
+                "versions_contiguous": contiguous(got["merges"]),
+                "learner0_worst_after_syncer_kill": worst[0],
+                "learner1_worst_after_syncer_kill": worst[1],
+                "lost_merges": got["lost_merges"],
+                "restored_merges": got["restored_merges"],
+                "takeover_s": got["takeover_s"],
+                "actor_started_after_kill_s": got["actor_started_after_kill_s"],
+                "first_merge_after_restart_s": got["first_merge_after_kill_s"],
+                "every_step_once": all(x["steps"] == list(range(1, 129)) for x in got["learners"]),
+                "copies": copied.get("copies"),
+                "bytes_per_copy": copied.get("bytes_received", 0) / max(1, copied.get("copies") or 0),
+                "wall_s": got["wall_s"],
+            }
+        )
+    return rows
 
 
 if __name__ == "__main__":
