@@ -31,11 +31,8 @@ syncer's ``NAME@HOST:PORT``, the port, the token, the whole learner command of e
 fingerprint), ``tokenizer.json``, ``syncer/`` (the actor's checkpoints, merge log and events), and at the end
 ``merges.jsonl``, ``checkpoints/`` and ``summary.json``.
 
-A standby (``diloco syncer --standby-of NAME@HOST:PORT --out DIR2`` on another host: :mod:`diloco.decoupled.standby`)
-holds a copy of the syncer's checkpoint files, taken before any learner is told of a merge
-(:mod:`diloco.decoupled.rpc.replicate`); the service then lists it in the printed commands with ``--standby
-HOST2:PORT2`` (``syncer=NAME@HOST:PORT,HOST2:PORT2``). A standby that took over serves ``epoch`` + 1; a service
-told of a newer epoch by a learner stops merging and ends (summary ``fenced_by``).
+A standby (``--standby-of``, another host: :mod:`diloco.decoupled.standby`) holds a copy of the syncer's state and
+takes over at ``epoch`` + 1; a service a learner names a newer epoch to stops (summary ``fenced_by``).
 
 Learners (:func:`connect_learner`, which the trainer calls for ``--set syncer=NAME@HOST:PORT``; over gRPC, no
 Ray at the site: :mod:`diloco.decoupled.rpc.client`): a learner job
@@ -74,6 +71,7 @@ from typing import Any
 
 from diloco.decoupled.fingerprint import DATA_KEYS, FINGERPRINT_KEYS, describe_differences, fingerprint
 from diloco.decoupled.rpc import DEFAULT_PORT, TOKEN_ENV
+from diloco.decoupled.run_folder import plan_out
 from diloco.errors import ConfigError
 
 #: The keys a site's learner command must not repeat from the syncer's overrides (the syncer's address goes in
@@ -172,39 +170,6 @@ def learner_command(
     return shlex.join(words)
 
 
-def _config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    return [
-        f"{k}: {old.get(k)!r} there, {new.get(k)!r} now"
-        for k in sorted(set(old) | set(new))
-        if old.get(k) != new.get(k)
-    ]
-
-
-def plan_out(out: Path, cfg: Any) -> dict[str, Any] | None:
-    """Reads only: None for a new or empty ``out``; the previous ``syncer.json`` when ``out`` holds a
-    ``diloco syncer`` run of this same config (resumed); else a ConfigError (nothing is overwritten)."""
-    from diloco.files import read_json
-
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file: give a new or empty folder")
-    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
-    if not held:
-        return None
-    if not (out / "syncer.json").is_file() or not (out / "config.json").is_file():
-        shown = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
-        raise ConfigError(
-            f"--out {out} holds files ({shown}) but no `diloco syncer` run: give a new or empty folder "
-            f"(nothing is overwritten)"
-        )
-    differences = _config_differences(read_json(out / "config.json"), cfg.to_dict())
-    if differences:
-        raise ConfigError(
-            f"--out {out} holds a syncer run of another config ({'; '.join(differences)}): resume it with "
-            f"its own settings, or give a new --out"
-        )
-    return read_json(out / "syncer.json")
-
-
 def build_syncer(config: dict[str, Any], vocab_size: int, shard: int = 0) -> Any:
     """The run's syncer (shard ``shard`` of its ``syncer_shards``), from its config (a dict) and the data's
     vocabulary: what the actor runs (built in the actor's process, so that Ray can restart it without the process
@@ -223,32 +188,6 @@ def build_syncer(config: dict[str, Any], vocab_size: int, shard: int = 0) -> Any
         )
     )
     return make_syncers(cfg, model, run_fragments(cfg, model), only=shard)[0]
-
-
-def write_final_checkpoint(
-    out: Path, cfg: Any, template: Any, named: dict[str, Any], *, vocab_size: int, data_digest: str, step: int
-) -> None:
-    """The syncer's global parameters ``named`` as replica 0's committed checkpoint of ``step`` in ``out``
-    (what ``diloco export`` reads: the model's state with the global values, and each fragment's flat copy)."""
-    import copy
-
-    import torch
-
-    from diloco.algorithm.fragments import flatten, split_fragments
-    from diloco.train import checkpoint as ckpt
-    from diloco.train.inputs import run_fragments
-
-    model = copy.deepcopy(template)
-    params = dict(model.named_parameters())
-    assert set(named) == set(params), sorted(set(named) ^ set(params))[:4]
-    with torch.no_grad():
-        for name, value in named.items():
-            params[name].copy_(value)
-    frags = split_fragments(model, cfg.num_fragments, pattern=cfg.fragment_pattern, fragments=run_fragments(cfg, model))
-    state = {"model": model.state_dict(), "algorithm": {"global": [flatten(f.params) for f in frags]}}
-    ckpt.save_replica(out, step, 0, state)
-    meta = {"config": cfg.to_dict(), "num_replicas": 1, "vocab_size": int(vocab_size), "data_digest": data_digest}
-    ckpt.commit(out, step, meta, keep=1)
 
 
 def run_service(
@@ -286,13 +225,9 @@ def run_service(
     if cfg.method != "decoupled":
         raise ConfigError(f"method={cfg.method!r}: the syncer service runs method=decoupled")
     previous = plan_out(out, cfg)
-    if previous and previous.get("role") == "standby" and epoch <= int(previous.get("epoch", 0)):
-        raise ConfigError(
-            f"--out {out} is a standby's copy of the syncer {previous.get('name')} (epoch {previous.get('epoch', 0)}): "
-            f"run it as `diloco syncer --standby-of {previous.get('active')} --out {out}`; it takes over by itself "
-            f"when the active is lost"
-        )
-    epoch = max(int(epoch), int((previous or {}).get("epoch", 0)))
+    from diloco.decoupled.standby import service_epoch
+
+    epoch = service_epoch(out, previous, epoch)  # (a standby's folder is refused: it takes over by itself)
     from diloco.decoupled.status.monitor import StatusPage
     from diloco.train.rundir import RunDirLock
 
@@ -341,6 +276,7 @@ def _run(
 ) -> dict[str, Any]:
     from diloco.data.sources import check_sources
     from diloco.decoupled.rpc.gateway import Gateway, ray_backend
+    from diloco.decoupled.run_folder import write_final_checkpoint
     from diloco.decoupled.trainer import write_merges
     from diloco.files import write_json
     from diloco.train.inputs import prepare_inputs
@@ -365,9 +301,9 @@ def _run(
     # up to WAIT_REPLY_S): room for 8 a learner and shard
     workers = max(64, 8 * cfg.replicas * cfg.syncer_shards)
     backend = ray_backend(handles, cfg.syncer_shards)
-    from diloco.decoupled.rpc.replicate import Replicator
+    from diloco.decoupled.rpc.replicate import replicator_for
 
-    replicator = Replicator(out / "syncer", num_shards=cfg.syncer_shards, info={})  # info: once it is known (below)
+    replicator = replicator_for(cfg, out / "syncer")  # (its info once known, below; None on a Ray cluster)
     gateway = Gateway(
         backend, name=name, token=token, host=host, port=port, workers=workers, epoch=epoch, replicator=replicator
     )
@@ -411,7 +347,8 @@ def _run(
             "preset": preset,
             "overrides": list(overrides),
         }
-        replicator.info = {k: v for k, v in info.items() if k != "token"} | {"config": cfg.to_dict()}
+        if replicator is not None:
+            replicator.info = {k: v for k, v in info.items() if k != "token"} | {"config": cfg.to_dict()}
         out.mkdir(parents=True, exist_ok=True)  # everything is checked: only now is `out` written
         lock.acquire()
         write_json(out / "config.json", cfg.to_dict())
@@ -455,14 +392,9 @@ def _run(
             fenced=lambda: gateway.fenced_by,
         )
         if summary.get("fenced_by") is not None:  # a standby took over: it finishes the run, this one writes no result
-            shards.kill()
-            summary |= {"name": name, "address": spec, "epoch": epoch, "replication": replicator.stats()}
-            write_json(out / "summary.json", summary)
-            echo(
-                f"diloco syncer: a learner named epoch {summary['fenced_by']} (a standby took over from this syncer "
-                f"of epoch {epoch}): this syncer stops; the standby finishes the run"
-            )
-            return summary
+            from diloco.decoupled.standby import end_fenced
+
+            return end_fenced(shards, summary | {"name": name, "address": spec}, out, epoch, replicator, echo)
         records = shards.records()
         named = shards.global_named_parameters()
         write_merges(out / "merges.jsonl", records)
@@ -478,7 +410,7 @@ def _run(
         shards.kill()
         summary = {**summary, "merges": len(records), "name": name, "address": spec, "final_eval_loss": loss}
         summary["gateway_calls"] = gateway.calls
-        summary |= {"epoch": epoch, "replication": replicator.stats()}
+        summary |= {"epoch": epoch, "replication": replicator and replicator.stats()}
         write_json(out / "summary.json", summary)
         echo(f"diloco syncer: every learner finished; {len(records)} merges; results in {out}")
         return summary
@@ -544,5 +476,4 @@ __all__ = [
     "parse_syncer",
     "plan_out",
     "run_service",
-    "write_final_checkpoint",
 ]

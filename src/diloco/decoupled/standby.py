@@ -112,6 +112,8 @@ def run_standby(
             f"--standby-of {active}: the active syncer does not answer ({exc}); start the standby once the active "
             f"runs (`diloco syncer` printed its address)"
         ) from None
+    except RuntimeError as exc:  # (what the active refused: no copy to give)
+        raise ConfigError(f"--standby-of {active}: {exc}") from None
     finally:
         follower.link.retry_for = 0.0
     info = follower.info or {}
@@ -204,4 +206,34 @@ def _prepare(cfg: Any, cache_dir: Path | str, node_ip_address: str | None) -> bo
     return True
 
 
-__all__ = ["FIRST_COPY_S", "TAKEOVER_S", "run_standby"]
+def service_epoch(out: Path, previous: dict[str, Any] | None, epoch: int) -> int:
+    """The epoch a service in ``out`` runs at: ``epoch``, or the resumed run's if newer. A standby's folder (not taken
+    over yet) is refused unless its takeover starts it (at the epoch it copied + 1)."""
+    held = int((previous or {}).get("epoch", 0))
+    if previous and previous.get("role") == "standby" and epoch <= held:
+        raise ConfigError(
+            f"--out {out} is a standby's copy of the syncer {previous.get('name')} (epoch {held}): run it as "
+            f"`diloco syncer --standby-of {previous.get('active')} --out {out}`; it takes over by itself when the "
+            f"active is lost"
+        )
+    return max(int(epoch), held)
+
+
+def end_fenced(
+    shards: Any, summary: dict[str, Any], out: Path, epoch: int, replicator: Any, echo: Callable[[str], None]
+) -> dict[str, Any]:
+    """A service that a learner told of a newer epoch (a standby took over from it): it stops its syncer and writes
+    its summary (``fenced_by``), and no result: the standby finishes the run."""
+    from diloco.files import write_json
+
+    shards.kill()
+    summary = summary | {"epoch": epoch, "replication": replicator and replicator.stats()}
+    write_json(out / "summary.json", summary)
+    echo(
+        f"diloco syncer: a learner named epoch {summary['fenced_by']} (a standby took over from this syncer of epoch "
+        f"{epoch}): this syncer merges no more and stops; the standby finishes the run"
+    )
+    return summary
+
+
+__all__ = ["FIRST_COPY_S", "TAKEOVER_S", "end_fenced", "run_standby", "service_epoch"]

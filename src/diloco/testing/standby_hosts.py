@@ -95,18 +95,21 @@ def run_standby_deploy(
         argv = [sys.executable, "-m", "diloco", "syncer", "--preset", "tiny", *args, "--poll", "1"]
         argv += ["--host", "0.0.0.0", "--advertise", h0.address, "--port", str(PORT), "--out", ACTIVE_OUT]
         active = h0.run([*argv, "--standby", f"{h1.address}:{PORT}"], env=_env(), name="active")
-        info = _wait(  # written once everything is checked, before Ray starts: the standby starts beside it
-            "the active's syncer.json",
-            lambda: _json(h0.path(f"{ACTIVE_OUT}/syncer.json")),
-            timeout=240,
-            procs=[active],
-        )
+        lines = _wait("the active's printed learner commands", lambda: _printed(active), timeout=240, procs=[active])
+        info = json.loads(h0.path(f"{ACTIVE_OUT}/syncer.json").read_text())
+        assert f"syncer={info['name']}@{h0.address}:{PORT},{h1.address}:{PORT}" in lines[0], lines[0]
+        # the standby once the active's Ray is up (two Ray instances starting at once on 2 loaded cores: one timed
+        # out waiting for its GCS), and the sites once the standby follows
         argv = [sys.executable, "-m", "diloco", "syncer", "--standby-of", f"{info['name']}@{h0.address}:{PORT}"]
         argv += ["--out", STANDBY_OUT, "--port", str(PORT), "--host", "0.0.0.0", "--advertise", h1.address]
         argv += ["--poll", "1", "--takeover-after", str(takeover_s)]
         standby = h1.run(argv, env=_env(info["token"]), name="standby")
-        lines = _wait("the active's printed learner commands", lambda: _printed(active), timeout=240, procs=[active])
-        assert f"syncer={info['name']}@{h0.address}:{PORT},{h1.address}:{PORT}" in lines[0], lines[0]
+        _wait(
+            "the standby following",
+            lambda: "diloco syncer: standby of" in standby.stdout_path.read_text(errors="replace"),
+            timeout=240,
+            procs=[active, standby],
+        )
         began = time.time()
         jobs = [
             h.run(["sh", "-c", f"cd /tmp && {lines[m]}"], env=_env(), name=f"site-{m}")
@@ -114,12 +117,6 @@ def run_standby_deploy(
         ]
         logs = [h.path(_site_out(lines[m])) / f"learner-{m}.jsonl" for m, h in enumerate(site_hosts)]
         procs = [active, standby, *jobs]
-        _wait(
-            "the standby following",
-            lambda: "diloco syncer: standby of" in standby.stdout_path.read_text(errors="replace"),
-            timeout=240,
-            procs=procs,
-        )
 
         def reached(step: int) -> bool:
             return all(any(r.get("step", 0) >= step for r in read_learner_log(log)) for log in logs)

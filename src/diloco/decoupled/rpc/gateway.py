@@ -249,7 +249,10 @@ class Gateway:
 
     def _replicate(self, header: dict, tensors: list, shard: int) -> bytes:
         if self.replicator is None:
-            raise RuntimeError(f"the syncer {self.name} keeps no standby (it is one, or it does not replicate)")
+            raise RuntimeError(
+                f"the syncer {self.name} keeps no standby: its actor runs on a Ray cluster (ray_address), whose "
+                f"checkpoint files lie on another node; run the syncer on a local Ray instance to have a standby"
+            )
         return self.replicator.serve(header)
 
 

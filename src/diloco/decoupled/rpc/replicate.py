@@ -200,6 +200,15 @@ class Replicator:
         }
 
 
+def replicator_for(cfg: Any, root: Path | str) -> Replicator | None:
+    """The service's replicator of its syncer's checkpoint folder ``root`` (its ``info`` set once the service
+    knows it), or None where the actor runs on a Ray cluster (``ray_address``): its files are then on another node,
+    not this process's to copy, and a standby is refused saying so."""
+    if cfg.ray_address:
+        return None
+    return Replicator(root, num_shards=cfg.syncer_shards, info={})
+
+
 def _bytes(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
 
@@ -297,5 +306,6 @@ __all__ = [
     "Replicator",
     "apply_copy",
     "records_held",
+    "replicator_for",
     "shard_dirs",
 ]
