@@ -115,7 +115,7 @@ def test_every_answer_waits_for_the_standby_so_its_copy_equals_the_active_after_
     """Right after each round's replies reach the learners (no wait of the test's own), the standby's checkpoint is
     the active's: the same file, every tensor bit-identical (Theta, the outer momentum, the learners' bases, the
     replies held), the same merge records; the merge count grows by 2 a round. Each answer was held for the copy
-    (answers_gated counts them), and each copy is the whole state file (bytes per copy >= the file's size)."""
+    (answers_gated counts them), and each copy is the whole state file."""
     actor, gateway, replicator, follower, _, _ = pair
     channels = [connect_site(learner=m, syncer=f"s@127.0.0.1:{gateway.port}", token="t") for m in range(M)]
     versions = [list(ch.join().versions) for ch in channels]
@@ -127,7 +127,11 @@ def test_every_answer_waits_for_the_standby_so_its_copy_equals_the_active_after_
     assert len(actor.actor.syncer.records) == 6
     stats = replicator.stats()
     assert stats["answers_gated"] >= 2 + 3 * 2 * M and stats["standby_let_go"] == 0
-    assert stats["bytes_sent"] >= 6 * saved_states(tmp_path / "active")[-1].stat().st_size
+    # a copy per round at least (the round's replies wait for one taken after its merges; the two merges of a round
+    # may share one), each the whole state file: after the first merge its tensors keep their shapes (Theta, the
+    # momentum, each learner's bases and replies), so each such copy is the newest file's size less a few scalars
+    assert stats["copies"] >= 1 + 3
+    assert stats["bytes_sent"] >= 3 * (saved_states(tmp_path / "active")[-1].stat().st_size - 1024)
     assert follower.info == {"epoch": 0, "name": "s"}
     for ch in channels:
         ch.leave()
