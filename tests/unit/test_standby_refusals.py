@@ -1,0 +1,48 @@
+"""What ``diloco syncer --standby-of`` refuses, before it writes anything, and the epoch a service runs at."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diloco.cli import main
+from diloco.decoupled.standby import run_standby, service_epoch
+from diloco.errors import ConfigError
+
+
+def test_a_standby_folder_is_refused_as_an_active_until_its_takeover_and_a_resumed_epoch_is_kept(tmp_path):
+    standby = {"name": "s", "role": "standby", "epoch": 2, "active": "s@a:7171"}
+    with pytest.raises(ConfigError, match=r"standby's copy of the syncer s \(epoch 2\).*--standby-of s@a:7171"):
+        service_epoch(tmp_path, standby, 0)
+    assert service_epoch(tmp_path, standby, 3) == 3  # its takeover
+    assert service_epoch(tmp_path, {"name": "s", "epoch": 3}, 0) == 3  # the new active, resumed
+    assert service_epoch(tmp_path, None, 0) == 0
+
+
+def test_a_standby_without_a_token_of_two_addresses_or_in_another_folder_is_refused(tmp_path, monkeypatch):
+    monkeypatch.delenv("DILOCO_SYNCER_TOKEN", raising=False)
+    with pytest.raises(ConfigError, match="needs the active syncer's token"):
+        run_standby("s@127.0.0.1:1", out=tmp_path / "new", cache_dir=tmp_path)
+    with pytest.raises(ConfigError, match="the active syncer's one address"):
+        run_standby("s@127.0.0.1:1,127.0.0.1:2", out=tmp_path / "new", cache_dir=tmp_path, token="t")
+    with pytest.raises(ConfigError, match="--takeover-after 0"):
+        run_standby("s@127.0.0.1:1", out=tmp_path / "new", cache_dir=tmp_path, token="t", takeover_s=0)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="holds files but no standby of the syncer s"):
+        run_standby("s@127.0.0.1:1", out=tmp_path / "mine", cache_dir=tmp_path, token="t")
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "syncer.json").write_text(json.dumps({"name": "s", "epoch": 1}))
+    with pytest.raises(ConfigError, match=r"took over already \(epoch 1\).*no --standby-of"):
+        run_standby("s@127.0.0.1:1", out=taken, cache_dir=tmp_path, token="t")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "mine" and not (tmp_path / "new").exists()
+
+
+def test_the_cli_refuses_settings_a_standby_takes_from_its_active(tmp_path, capsys):
+    out = str(tmp_path / "o")
+    assert main(["syncer", "--standby-of", "s@127.0.0.1:1", "--set", "replicas=2", "--out", out]) == 2
+    assert "takes the run's config from the active syncer: drop --set" in capsys.readouterr().err
+    assert main(["syncer", "--takeover-after", "3", "--out", out]) == 2
+    assert "--takeover-after is a standby's setting" in capsys.readouterr().err
