@@ -17,7 +17,6 @@ STEPS = 64
 SETS = {
     "replicas": 2,
     "global_batch": 8,
-    "quorum": 1,
     "sync_every": 8,
     "num_fragments": 2,
     "overlap_steps": 1,
@@ -30,15 +29,17 @@ SETS = {
 }
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 55-65 s each on 2 cores at load 7-11: two Ray instances, four hosts
 @pytest.mark.timeout(480)
-def test_the_standby_takes_over_when_the_active_host_is_lost_and_the_run_finishes(token_cache):
-    """Host 0 (the active syncer, its Ray with it) is killed once both learners passed step 16. The standby takes
+@pytest.mark.parametrize("quorum", [1, 2])
+def test_the_standby_takes_over_when_the_active_host_is_lost_and_the_run_finishes(token_cache, quorum):
+    """K = 1 and K = 2 of M = 2. Host 0 (the active syncer, its Ray with it) is killed once both learners passed
+    step 16. The standby takes
     over at epoch 1 from its copy; both site jobs finish without a restart (every step of each learner done once),
     the standby's merge versions run without a gap, it had every merge the active made before the kill that a
     learner could have been told of (its copy's records are the active's first rows, bit for bit as JSON), and
     it merged again after the kill."""
-    got = run_standby_deploy(token_cache=token_cache, sets=SETS, kill_at_step=16, takeover_s=3.0)
+    got = run_standby_deploy(token_cache=token_cache, sets={**SETS, "quorum": quorum}, kill_at_step=16, takeover_s=3.0)
     assert got["finished"] and got["epoch"] == 1
     merges, active = got["merges"], got["active_rows"]
     assert contiguous(merges), [(r["fragment"], r["version"]) for r in merges]
@@ -52,7 +53,7 @@ def test_the_standby_takes_over_when_the_active_host_is_lost_and_the_run_finishe
         assert learner["steps"] == list(range(1, STEPS + 1)) and learner["superseded"] == 0
     assert got["replication"] is not None or got["standby"]["copies"] >= got["restored_merges"]
     print(
-        f"standby takeover: takeover {got['takeover_s']:.1f} s, first merge {got['first_merge_after_kill_s']:.1f} s "
+        f"standby takeover (K = {quorum}): takeover {got['takeover_s']:.1f} s, first merge {got['first_merge_after_kill_s']:.1f} s "
         f"after the kill, lost {got['lost_merges']}, worst/typical "
         f"{[round(x['worst_over_typical_after_kill'], 2) for x in got['learners']]}, wall {got['wall_s']:.0f} s"
     )
