@@ -37,6 +37,7 @@ say so. One standby per active.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
@@ -131,8 +132,9 @@ class Replicator:
             self.gate_waits_s += time.monotonic() - began
 
     def serve(self, header: dict[str, Any]) -> bytes:
-        """One Replicate call: the standby says which copy it holds (``have``: its seq, -1 for none; ``records``: the
-        length of each folder's records file); answered with a newer copy, or ``unchanged`` after :data:`HOLD_S`."""
+        """One Replicate call: the standby says which copy it holds (``have``: its seq, -1 for none; ``records``,
+        ``records_sha``: the length and SHA-256 of each folder's records log); answered with a newer copy, or
+        ``unchanged`` after :data:`HOLD_S`."""
         if not self.info:
             raise ConnectionError("the syncer is starting (no copy to give yet)")
         have = int(header.get("have", -1))
@@ -163,7 +165,7 @@ class Replicator:
                 continue
 
     def _copy(self, stats: tuple, stat_at: float, header: dict[str, Any]) -> bytes:
-        held = list(header.get("records") or [])
+        held, digests = list(header.get("records") or []), list(header.get("records_sha") or [])
         folders, tensors = [], []
         for i, (name, d) in enumerate(self.dirs):
             states = saved_states(d)
@@ -172,8 +174,9 @@ class Replicator:
             records = path.read_bytes() if path.exists() else b""
             records = records[: records.rfind(b"\n") + 1]  # whole rows only
             offset = int(held[i]) if i < len(held) else 0
-            if offset > len(records):  # the standby's log is not a prefix of ours: send it whole
-                offset = 0
+            digest = digests[i] if i < len(digests) else None
+            if offset > len(records) or hashlib.sha256(records[:offset]).hexdigest() != digest:
+                offset = 0  # the standby's log is not a prefix of ours (ours was cut by a restart): sent whole
             folders.append({"dir": name, "state": states[-1].name if states else None, "records_from": offset})
             tensors += [_bytes(state), _bytes(records[offset:])]
         with self._cond:
@@ -238,13 +241,17 @@ def apply_copy(root: Path | str, header: dict[str, Any], tensors: list[torch.Ten
                 old.unlink(missing_ok=True)
 
 
-def records_held(root: Path | str, header_dirs: list[str]) -> list[int]:
+def records_held(root: Path | str, header_dirs: list[str]) -> tuple[list[int], list[str]]:
+    """The length and SHA-256 of each folder's records log at the standby (the active sends the rows after it, or
+    the whole log where the standby's is no prefix of its own)."""
     root = Path(root)
-    sizes = []
+    sizes, digests = [], []
     for name in header_dirs:
         path = (root / name if name else root) / RECORDS
-        sizes.append(path.stat().st_size if path.exists() else 0)
-    return sizes
+        data = path.read_bytes() if path.exists() else b""
+        sizes.append(len(data))
+        digests.append(hashlib.sha256(data).hexdigest())
+    return sizes, digests
 
 
 class Follower:
@@ -263,7 +270,8 @@ class Follower:
 
     def pull(self, timeout: float) -> bool:
         """One Replicate call; True when it brought a new copy (written before this returns)."""
-        request = {"have": self.seq, "records": records_held(self.root, self._dirs), "standby": self.standby}
+        sizes, digests = records_held(self.root, self._dirs)
+        request = {"have": self.seq, "records": sizes, "records_sha": digests, "standby": self.standby}
         answer = self.link.call("Replicate", request, timeout=timeout)
         self.heard_at = time.monotonic()
         header, tensors = unpack(answer)
