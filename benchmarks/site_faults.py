@@ -13,7 +13,7 @@ takes), the seconds from the kill to the takeover, to the standby's actor starte
 merge, the merges the active made that the standby lacked (told to no learner), the bytes of a copy.
 
     python benchmarks/site_faults.py            # all runs, about 80 s on 2 cores, plus ~70 s a standby row
-    python benchmarks/site_faults.py --only standby   # -> benchmarks/results/site_faults_standby.json
+    python benchmarks/site_faults.py --only standby   # these rows replaced in the result, the others kept
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from diloco.bench import add_out, machine, print_table, result_path, write_result
+from diloco.bench import add_out, machine, print_table, write_result
 from diloco.decoupled.site_faults import DEFAULT_SETS, Site, run_sites
 from diloco.files import default_cache_dir
 
@@ -33,8 +33,6 @@ def main() -> None:
     ap.add_argument("--only", choices=("sites", "standby"), default=None, help="only these rows")
     add_out(ap, "site_faults")
     args = ap.parse_args()
-    if args.only == "standby" and args.out == result_path("site_faults"):  # the other rows' result is kept
-        args.out = result_path("site_faults_standby")
     sites = [Site(0, ranks=2, sharding="fsdp"), Site(1, ranks=2)]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -96,7 +94,22 @@ def main() -> None:
         title="site jobs (2 sites x 2 gloo ranks, site 0 FSDP), K = 1, steps padded to 0.15 s",
     )
     settings = {"sites": DEFAULT_SETS, "standby": STANDBY_SETS}
-    write_result("site_faults", {"machine": machine(), "settings": settings, "rows": rows}, out=args.out)
+    write_result("site_faults", kept_rows(args.out, rows, only=args.only) | {"settings": settings}, out=args.out)
+
+
+def kept_rows(path: Path, rows: list[dict], *, only: str | None) -> dict:
+    """The result to write: ``rows``, and with ``--only`` the previous result's other rows (each with the machine it
+    ran on), so one file holds every row."""
+    import json
+
+    here = machine()
+    fresh = [{**r, "machine": here} for r in rows]
+    if only is None or not Path(path).is_file():
+        return {"machine": here, "rows": fresh}
+    previous = json.loads(Path(path).read_text())
+    names = {r["run"] for r in rows}
+    old = [{"machine": previous.get("machine"), **r} for r in previous.get("rows", []) if r["run"] not in names]
+    return {"machine": here, "rows": old + fresh}
 
 
 #: The standby rows' run: K = 1 or 2 of M = 2 one-rank sites, riding a takeover out (module docstring).
