@@ -53,7 +53,8 @@ def test_the_standby_takes_over_when_the_active_host_is_lost_and_the_run_finishe
         assert learner["steps"] == list(range(1, STEPS + 1)) and learner["superseded"] == 0
     assert got["replication"] is not None or got["standby"]["copies"] >= got["restored_merges"]
     print(
-        f"standby takeover (K = {quorum}): takeover {got['takeover_s']:.1f} s, first merge {got['first_merge_after_kill_s']:.1f} s "
+        f"standby takeover (K = {quorum}): takeover {got['takeover_s']:.1f} s, actor up "
+        f"{got['actor_started_after_kill_s']:.1f} s, first merge {got['first_merge_after_kill_s']:.1f} s "
         f"after the kill, lost {got['lost_merges']}, worst/typical "
         f"{[round(x['worst_over_typical_after_kill'], 2) for x in got['learners']]}, wall {got['wall_s']:.0f} s"
     )
