@@ -36,12 +36,13 @@ def test_each_shards_folder_is_copied_its_new_rows_appended_and_a_log_that_is_no
     """Two shards: after each write the standby's folders equal the active's (the newest state byte for byte, the
     records log); a second copy sends only the new rows (fewer bytes than the first); and when the active's log
     is rewritten (a restarted actor drops rows whose state never reached its disk), the standby's log, no longer a
-    prefix of it (its length and SHA-256 say so), is replaced whole, whether the new log is shorter or longer. A call with nothing new is answered ``unchanged``."""
+    prefix of it (its length and SHA-256 say so), is replaced whole, whether the new log is shorter or longer. A call with nothing new is answered ``unchanged``; a
+    second standby is refused while the first is attached."""
     active, standby = tmp_path / "active", tmp_path / "standby"
     replicator = Replicator(active, num_shards=2, info={"epoch": 3, "name": "s"})
     gateway = Gateway((_backend, 2), name="s", token="t", host="127.0.0.1", port=0, epoch=3, replicator=replicator)
     gateway.start()
-    follower = Follower(Link(f"s@127.0.0.1:{gateway.port}", token="t", retry_for=0.0), standby)
+    follower = Follower(Link(f"s@127.0.0.1:{gateway.port}", token="t", retry_for=0.0), standby, standby="a")
     try:
         dirs = [d for _, d in shard_dirs(active, 2)]
         assert [d.name for d in dirs] == ["shard-0", "shard-1"]
@@ -52,6 +53,10 @@ def test_each_shards_folder_is_copied_its_new_rows_appended_and_a_log_that_is_no
         for d in dirs:
             _same(d, standby / d.name)
         assert not follower.pull(timeout=5.0)  # nothing new: "unchanged", after HOLD_S
+        other = Follower(Link(f"s@127.0.0.1:{gateway.port}", token="t", retry_for=0.0), tmp_path / "other", standby="b")
+        with pytest.raises(RuntimeError, match=r"has a standby already \(a\): one standby per active"):
+            other.pull(timeout=5.0)
+        other.link.close()
 
         for n, d in enumerate(dirs):
             _write(d, 2, [{"fragment": n, "version": 2}])

@@ -103,7 +103,8 @@ def run_standby(
         )
     out = Path(out)
     _plan(out, name)
-    follower = Follower(Link(active, token=token, retry_for=0.0), out / "syncer", standby=whoami())
+    who = f"{whoami().rsplit(' pid ', 1)[0]}:{out.resolve()}"  # this host and folder (a restart is the same standby)
+    follower = Follower(Link(active, token=token, retry_for=0.0), out / "syncer", standby=who)
     try:  # (the active may be starting: tried again for FIRST_COPY_S)
         follower.link.retry_for = FIRST_COPY_S
         follower.pull(timeout=FIRST_COPY_S)

@@ -139,9 +139,15 @@ class Replicator:
             raise ConnectionError("the syncer is starting (no copy to give yet)")
         have = int(header.get("have", -1))
         end = time.monotonic() + HOLD_S
+        who = str(header.get("standby", ""))
         with self._cond:
+            if self.attached() and self.standby is not None and who != self.standby:
+                raise RuntimeError(
+                    f"this syncer has a standby already ({self.standby}): one standby per active; stop this one, or "
+                    f"that one and start this one {self.lost_after_s:g} s later"
+                )
             self._heard = time.monotonic()
-            self.standby = str(header.get("standby", "")) or self.standby
+            self.standby = who
             if self._sent is not None and have == self._sent["seq"] and have > self._acked_seq:
                 self._acked_seq = have
                 self._acked_at = max(self._acked_at, self._sent["stat_at"])
