@@ -45,16 +45,19 @@ demo: setup
 	$(RUN) -m diloco compare --preset demo
 
 # The suite, then the tests on emulated hosts (tests/hosts: network namespaces, root only; they skip saying so
-# otherwise), timed on a line of their own.
+# otherwise), timed on a line of their own. The suite runs two tests at a time (pytest-xdist): many of its tests
+# wait on subprocesses, Ray and padded steps, which leaves a core free for the other (TEST_JOBS=0: one at a time).
+TEST_JOBS ?= 2
+XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist worksteal)
 test: setup lint
-	$(RUN) -m pytest --ignore=tests/hosts
+	$(RUN) -m pytest --ignore=tests/hosts $(XDIST)
 	@[ ! -d tests/hosts ] || $(RUN) -m pytest tests/hosts
 
 # The suite as other machines run it: under a one-core CPU hog, with the codecs' C loops built for AVX2 and for
 # SSE2, and with them off (scripts/stress_suite.py; ~5 suite runs). `make stress MODES="hog off"` for some of them.
 MODES ?= plain hog x86-64-v3 x86-64 off
 stress: setup
-	$(PY) scripts/stress_suite.py --modes $(MODES) -- --ignore=tests/hosts
+	$(PY) scripts/stress_suite.py --modes $(MODES) -- --ignore=tests/hosts $(XDIST)
 
 # ruff (pyproject.toml's [tool.ruff]): lint and format check, a few seconds; `make format` applies both.
 lint: setup

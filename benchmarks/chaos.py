@@ -63,7 +63,7 @@ waiting-share column (each learner's share of its step time spent waiting for re
 checkpoint), seeds 0, 1 and 2 each, their final loss paired by seed; ``decoupled-alone`` (``late_reports=alone``);
 ``decoupled-khalf`` and ``-khalf-alone`` (K = M / 2 with ``next`` and ``alone``); a 3x straggler at K = 1 with
 each learner's own ``--steps`` (``decoupled-default``) and at K = M (``decoupled-k=m-default``), and with the
-budget shared (``learner_budget=tokens``: refused for site jobs, so in one ``diloco train`` process with the
+budget shared (``learner_budget=tokens``: measured before site jobs took it, so in one ``diloco train`` process with the
 learners as threads, ``benchmarks/chaos_threads.py``: ``threads-tokens``, beside K = M there, ``threads-k=m``);
 and M = 3, K = 2 with ``next`` and ``alone`` (``decoupled-k2``, ``-k2-alone``: a slot's three reports, of which
 the third misses the merge). Its runs file is ``chaos-runs-trainer.jsonl``.
@@ -131,7 +131,7 @@ METHODS = {
 }
 
 # rows whose learners are threads of one `diloco train` process (benchmarks/chaos_threads.py): the config of
-# the method named; learner_budget=tokens is refused for site jobs, so its straggler rows run there, beside K = M
+# the method named; learner_budget=tokens (measured before site jobs took it) has its straggler rows there, beside K = M
 THREADS = {"threads-tokens": "decoupled-tokens", "threads-k=m": "decoupled-k=m-default"}
 DP_METHODS = {"dp": None, "dp-ckpt16": 16}  # data-parallel under TorchElastic: checkpoint_every (None: the default)
 

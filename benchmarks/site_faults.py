@@ -5,6 +5,13 @@ restarts its job, which resumes from its checkpoint) and then the syncer's proce
 checkpoint). One row per run: the final loss of the syncer's parameters, each learner's waiting share and worst
 step after each fault over its typical step, the restarted learner's seconds to its first merge, wall time.
 
+A third row, "K = M, a site lost for good" (:mod:`diloco.decoupled.site_lost`): three one-rank sites, every merge
+waiting for every learner alive; site 2's whole job is SIGKILLed after step 12 and not restarted, so the others wait
+for it until the learner lease (auto: 5 s above the slowest step) lets it go. Its figures: the lease, the seconds
+from the kill to the first merge without it (about the lease + 2 s of confirmation + one round), a round (the median
+seconds between merges before the kill), and, once its command is run again, the seconds from its join to its first
+merge with weight > 0.
+
 Rows "active syncer host lost, standby takes over (K = 1, 2)" (root only: emulated hosts,
 :mod:`diloco.testing.standby_hosts`): the active syncer on host 0, its standby (``--standby-of``) on host 1, a site of
 one rank on each of hosts 2 and 3; host 0 killed whole at step 24 of 128. Each learner's worst step after the kill
@@ -12,8 +19,9 @@ over its typical step (it rides the switch out: ``ride_out_steps`` = 96 steps of
 takes), the seconds from the kill to the takeover, to the standby's actor started from its copy and to its first
 merge, the merges the active made that the standby lacked (told to no learner), the bytes of a copy.
 
-    python benchmarks/site_faults.py            # all runs, about 80 s on 2 cores, plus ~70 s a standby row
-    python benchmarks/site_faults.py --only standby   # these rows replaced in the result, the others kept
+    python benchmarks/site_faults.py                  # every run, about 150 s on 2 cores, plus ~90 s as root
+    python benchmarks/site_faults.py --runs lost      # only the lost site's row (the file's other rows are kept)
+    python benchmarks/site_faults.py --runs standby   # only the standby rows (the same)
 """
 
 from __future__ import annotations
@@ -24,26 +32,31 @@ from pathlib import Path
 
 from diloco.bench import add_out, machine, print_table, write_result
 from diloco.decoupled.site_faults import DEFAULT_SETS, Site, run_sites
+from diloco.decoupled.site_lost import LOST_SETS, run_site_lost
 from diloco.files import default_cache_dir
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache-dir", type=Path, default=None, help="token cache (default: the CLI's)")
-    ap.add_argument("--only", choices=("sites", "standby"), default=None, help="only these rows")
+    ap.add_argument(
+        "--runs",
+        nargs="+",
+        choices=("none", "killed", "lost", "standby"),
+        default=["none", "killed", "lost", "standby"],
+        help="which rows (the result file's other rows are kept)",
+    )
     add_out(ap, "site_faults")
     args = ap.parse_args()
     sites = [Site(0, ranks=2, sharding="fsdp"), Site(1, ranks=2)]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, faults in (
-            ()
-            if args.only == "standby"
-            else (
-                ("no faults", {}),
-                ("rank and syncer killed", {"kill_learner": (1, 12), "kill_syncer": True}),
-            )
+        for key, name, faults in (
+            ("none", "no faults", {}),
+            ("killed", "rank and syncer killed", {"kill_learner": (1, 12), "kill_syncer": True}),
         ):
+            if key not in args.runs:
+                continue
             got = run_sites(
                 preset="tiny",
                 sets=DEFAULT_SETS,
@@ -72,7 +85,12 @@ def main() -> None:
                     "faults": got["faults"],
                 }
             )
-        if args.only != "sites":
+        if "lost" in args.runs:
+            got = run_site_lost(
+                preset="tiny", sets=LOST_SETS, out=Path(tmp) / "lost", cache_dir=args.cache_dir or default_cache_dir()
+            )
+            rows.append({"run": "K = M, a site lost for good", **got})
+        if "standby" in args.runs:
             rows += standby_rows(Path(tmp))
     print_table(
         rows,
@@ -86,25 +104,30 @@ def main() -> None:
             ("L0 worst/typ (syncer kill)", "learner0_worst_after_syncer_kill", ".2f"),
             ("L1 worst/typ (syncer kill)", "learner1_worst_after_syncer_kill", ".2f"),
             ("restart: from step", "restarted_from_step", ""),
+            ("first merge s", "first_merge_after_restart_s", ".1f"),
+            ("lease s", "lease_s", ".1f"),
+            ("round s", "round_s", ".2f"),
+            ("kill -> merge without it s", "kill_to_merge_without_s", ".1f"),
+            ("join -> counted s", "join_to_counted_s", ".1f"),
             ("lost merges", "lost_merges", ""),
             ("takeover s", "takeover_s", ".1f"),
-            ("first merge s", "first_merge_after_restart_s", ".1f"),
             ("wall s", "wall_s", ".1f"),
         ],
-        title="site jobs (2 sites x 2 gloo ranks, site 0 FSDP), K = 1, steps padded to 0.15 s",
+        title="site jobs: 2 sites x 2 gloo ranks (site 0 FSDP), K = 1, steps padded to 0.15 s; "
+        "K = M: 3 sites x 1 rank, steps padded to 0.1 s",
     )
-    settings = {"sites": DEFAULT_SETS, "standby": STANDBY_SETS}
-    write_result("site_faults", kept_rows(args.out, rows, only=args.only) | {"settings": settings}, out=args.out)
+    settings = {"faults": DEFAULT_SETS, "lost": LOST_SETS, "standby": STANDBY_SETS}
+    write_result("site_faults", kept_rows(args.out, rows) | {"settings": settings}, out=args.out)
 
 
-def kept_rows(path: Path, rows: list[dict], *, only: str | None) -> dict:
-    """The result to write: ``rows``, and with ``--only`` the previous result's other rows (each with the machine it
-    ran on), so one file holds every row."""
+def kept_rows(path: Path, rows: list[dict]) -> dict:
+    """The result to write: ``rows``, and the previous result's other rows (each with the machine it ran on), so
+    one file holds every row whichever ``--runs`` were run."""
     import json
 
     here = machine()
     fresh = [{**r, "machine": here} for r in rows]
-    if only is None or not Path(path).is_file():
+    if not Path(path).is_file():
         return {"machine": here, "rows": fresh}
     previous = json.loads(Path(path).read_text())
     names = {r["run"] for r in rows}

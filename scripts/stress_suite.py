@@ -3,6 +3,7 @@ and with them off; print one line per run and write them as JSON.
 
     make stress                                           # every mode below, one after another (~40 min)
     .venv/bin/python scripts/stress_suite.py --modes hog off
+    .venv/bin/python scripts/stress_suite.py --modes plain plain plain   # three runs in a row
     .venv/bin/python scripts/stress_suite.py --modes x86-64-v3 -- tests/unit -x   # pytest arguments after --
 
 Modes (each a full ``pytest`` run, as ``make test`` runs it, tcmalloc preloaded where installed):
@@ -76,14 +77,14 @@ def parse_summary(text: str) -> dict[str, object]:
     return {}
 
 
-def run_mode(mode: str, pytest_args: list[str], logs: Path, cache_root: Path) -> dict[str, object]:
+def run_mode(mode: str, pytest_args: list[str], logs: Path, cache_root: Path, nth: int = 1) -> dict[str, object]:
     env = mode_env(mode, cache_root)
     if "DILOCO_NATIVE_MARCH" in env:
         check_build(env)
     hog = None
     if mode == "hog":  # one busy core for the run's length, stopped by its pid below
         hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    log = logs / f"{mode}.log"
+    log = logs / (f"{mode}.log" if nth == 1 else f"{mode}-{nth}.log")  # a mode given twice: a log each
     began = time.monotonic()
     try:
         with open(log, "w") as f:
@@ -120,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{machine['cpu']}, {machine['cores']} cores; logs in {args.logs}", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="stress-kernels-") as cache_root:
-        for mode in args.modes:
-            row = run_mode(mode, pytest_args, args.logs, Path(cache_root))
+        for i, mode in enumerate(args.modes):
+            row = run_mode(mode, pytest_args, args.logs, Path(cache_root), nth=args.modes[: i + 1].count(mode))
             rows.append(row)
             counts = ", ".join(f"{n} {k}" for k, n in row.get("counts", {}).items()) or "no summary line"
             test_s = row.get("test_s")

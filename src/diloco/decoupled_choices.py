@@ -80,11 +80,11 @@ def learner_budget_errors(cfg: Any) -> list[str]:
             f"learner_budget=tokens with method={cfg.method!r}: only decoupled learners run on their own clocks; a "
             f"synchronous method's replicas all train `steps`. Set method=decoupled or learner_budget=steps"
         ]
-    if cfg.syncer or cfg.ranks_per_worker != 1:
-        setting = f"syncer={cfg.syncer!r}" if cfg.syncer else f"ranks_per_worker={cfg.ranks_per_worker}"
+    if cfg.ranks_per_worker != 1:
         return [
-            f"learner_budget=tokens with {setting}: the budget is built for learners in one job (threads, or "
-            f"decoupled_transport=ray), not for site jobs or learners of several ranks; set learner_budget=steps"
+            f"learner_budget=tokens with ranks_per_worker={cfg.ranks_per_worker}: the budget is built for learners "
+            f"of one rank (threads, decoupled_transport=ray, or site jobs of one rank each), not for learners of "
+            f"several ranks; set ranks_per_worker=1 or learner_budget=steps"
         ]
     return []
 

@@ -30,7 +30,9 @@ from diloco.testing.hosts import Hosts, unavailable
 pytestmark = [pytest.mark.hosts, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 
 PARTITION_S = 30.0
-STEPS = 200  # learner 0 trains for longer than the partition lasts (>= 30 s of padding alone)
+STEPS = 120  # learner 0 trains for longer than the partition lasts (48 s of padding alone)
+REJOIN_S = 10.0  # after the heal, learner 1 contributes to a merge within this (gRPC reconnect backoff <= 2 s)
+WORST_STEP = 2.0  # learner 0's worst step during the cut, against its median
 SETS = {
     "replicas": 2,
     "global_batch": 8,
@@ -40,22 +42,23 @@ SETS = {
     "overlap_steps": 1,
     "steps": STEPS,
     "eval_every": STEPS,
-    "checkpoint_every": 50,
-    "step_time": 0.15,
+    "checkpoint_every": 40,
+    "step_time": 0.4,  # an accelerator's step: what a step costs the CPU here is noise beside it
     "ride_out_steps": 16,
     "threads": 1,
 }
 
 
-@pytest.mark.slow  # 79-110 s on 2 cores (load 4-12): Ray on host 0, two sites, and the 30 s partition itself
+@pytest.mark.slow  # ~80 s on 2 cores: Ray on host 0, two sites, and the 30 s partition itself
 @pytest.mark.timeout(420)
 def test_a_site_cut_off_for_30_s_rides_it_out_and_merges_again_while_the_other_never_waits(token_cache):
     """K = 1: host 2 (learner 1) loses its link for 30 s after its step 8. Learner 1's job survives it (no restart:
-    one joined row) and, once healed, reconnects and contributes a merge of weight > 0 again (seconds from the heal
-    recorded; the target is 10 s, asserted within 90 s, beyond gRPC's reconnect backoff on a loaded machine).
-    Learner 0 (host 1) never waits: it keeps stepping and its merges keep landing during the partition (events,
-    not clocks; its worst step in the window against its median is recorded: the target is <= 2x). No merge is
-    lost: the versions run without a gap, and both learners do all their steps once."""
+    one joined row) and, once healed, reconnects and contributes a merge of weight > 0 again within 10 s of the
+    heal (1.0-1.2 s measured on an idle machine). Learner 0 (host 1) never waits: it keeps stepping and its
+    merges keep landing during the partition, and its worst step in the window is <= 2x its median (steps
+    padded to 0.4 s, an accelerator's step: at 0.15 s, CPU contention of the three hosts on 2 cores alone moved
+    it to 4.7x under load 6). No merge is lost: the versions run without a gap, and both learners do all their
+    steps once."""
     with Hosts(3) as (h0, h1, h2):
         service = start_service(h0, token_cache, SETS)
         lines, service = printed_commands(h0, service, token_cache=token_cache, sets=SETS)
@@ -87,6 +90,10 @@ def test_a_site_cut_off_for_30_s_rides_it_out_and_merges_again_while_the_other_n
         typical = median(r["dt"] for r in steps0)
         worst = max(r["dt"] for r in during) / typical
         assert contiguous(merges)
+        assert rejoin_s <= REJOIN_S, f"learner 1 merged {rejoin_s:.1f} s after the heal (target {REJOIN_S:g} s)"
+        assert worst <= WORST_STEP, (
+            f"learner 0's worst step during the cut was {worst:.2f}x its median ({typical:.3f} s)"
+        )
         for m, log in enumerate(logs):
             assert [r["step"] for r in final_steps(rows(log))[0]] == list(range(1, STEPS + 1)), m
         assert len([r for r in rows(logs[1]) if r.get("event") == "joined"]) == 1  # rode it out: never restarted

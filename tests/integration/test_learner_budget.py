@@ -125,7 +125,6 @@ def test_a_straggler_with_checkpoints_ends_on_a_final_one_that_resumes_as_finish
         (dict(learner_budget="tokenz"), "learner_budget='tokenz': choose steps"),
         (dict(learner_budget="tokens", method="streaming"), "learner_budget=tokens with method='streaming'"),
         (dict(learner_budget="tokens", ranks_per_worker=2), "with ranks_per_worker=2: the budget is built"),
-        (dict(learner_budget="tokens", learner=0, syncer="s@127.0.0.1:1"), "not for site jobs"),
     ],
 )
 def test_bad_learner_budgets_are_refused_naming_the_value(kw, message):
@@ -140,3 +139,6 @@ def test_a_token_budget_under_torchrun_is_refused_before_anything_runs():
     RUNTIME.check_launch(cfg, torchrun=False, sharded=False)
     with pytest.raises(ValueError, match="learner_budget=tokens is built for learners on threads"):
         RUNTIME.check_launch(cfg, torchrun=True, sharded=False)
+    # a site job of one rank is one learner per torchrun job (the service counts the budget: test_site_budget.py)
+    RUNTIME.check_launch(tiny(replicas=2, steps=16, learner_budget="tokens", learner=0, syncer="s@127.0.0.1:1"),
+                         torchrun=True, sharded=False)  # fmt: skip

@@ -32,6 +32,7 @@ def check_quorum(quorum: int, num_learners: int) -> None:
 def decoupled_errors(cfg: Any) -> list[str]:
     """What ``method='decoupled'`` cannot run with (each message names the value and the fix)."""
     from diloco.decoupled.grace import check_grace
+    from diloco.decoupled.learner_lease import check_learner_lease
     from diloco.decoupled.merge import check_merge
     from diloco.decoupled.outer_scale import check_outer_scale
 
@@ -55,10 +56,11 @@ def decoupled_errors(cfg: Any) -> list[str]:
             f"ride_out_steps={cfg.ride_out_steps}: give the steps to train on while a reply is late, >= 0 "
             f"(0: wait at once)"
         )
-    try:
-        check_late_reports(cfg.late_reports)
-    except ValueError as exc:
-        errors.append(str(exc))
+    for check, value in ((check_late_reports, cfg.late_reports), (check_learner_lease, cfg.learner_lease)):
+        try:
+            check(value)
+        except ValueError as exc:
+            errors.append(str(exc))
     for check, value in (
         (check_overwrite_after, cfg.overwrite_after),
         (check_outer_gradient, cfg.outer_gradient),

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from diloco.decoupled.site_budget import budget_fingerprint
+
 #: The config keys the merge depends on (a learner whose values differ from the syncer's is refused), besides
 #: the data the learner loaded (``data_vocab_size`` and ``data_digest``, compared where the learner gives them):
 #: the model and its initial parameters' shapes, M and the quorum, the fragments and their schedule, the wire
@@ -57,6 +59,7 @@ def fingerprint(cfg: Any, *, vocab_size: int | None = None, data_digest: str | N
     """The values of :data:`FINGERPRINT_KEYS` in ``cfg`` (a TrainConfig), plus the data's vocabulary size and
     digest (``TokenData.vocab_size`` / ``digest()``) where given. Plain JSON values."""
     out = {key: _plain(getattr(cfg, key)) for key in FINGERPRINT_KEYS}
+    out.update(budget_fingerprint(cfg))  # learner_budget=tokens: every site counts the same shared budget
     out["data_vocab_size"] = None if vocab_size is None else int(vocab_size)
     out["data_digest"] = data_digest
     return out

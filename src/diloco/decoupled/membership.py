@@ -17,7 +17,8 @@ import time
 from typing import Any
 
 #: Seconds a learner's claim on its index lasts after it was last heard from (a join or a heartbeat): a second
-#: job claiming a live learner's index waits this long for the claim to lapse, then is refused.
+#: job claiming a live learner's index waits this long for the claim to lapse, then is refused. (Not the learner
+#: lease, :mod:`diloco.decoupled.learner_lease`: that one decides whom a merge waits for, this one who holds an index.)
 LEASE_S = 5.0
 #: Seconds between the heartbeats of a learner connected with a session (``connect`` with ``session=``).
 HEARTBEAT_S = 1.0

@@ -233,7 +233,7 @@ def run_on_ray(
         )
         learners = ray.get(runs)
         merges = [r.as_row() for r in shards.records()]
-        params = shards.global_named_parameters()
+        params, lease = shards.global_named_parameters(), shards.lease_summary()
     finally:
         for a in actors:
             ray.kill(a, no_restart=True)
@@ -251,6 +251,7 @@ def run_on_ray(
         **summarize(rows, merges, faults, num_learners=M, wall_s=wall),
         "corrupted_reports": sum(r.get("corrupted", 0) for r in learners),
         "guard_events": [e for r in merges for e in r.get("guard", ())],
+        "learner_lease": lease,
     }
     write_json(out / "summary.json", summary)
     return RayRunResult(params, loss, merges, rows, faults, started, wall, learners, summary)

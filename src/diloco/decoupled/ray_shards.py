@@ -16,6 +16,7 @@ from typing import Any
 import ray
 
 from diloco.decoupled.learner import Channel
+from diloco.decoupled.learner_lease import combine_summaries
 from diloco.decoupled.messages import MergeRecord
 from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, RayChannel, connect, start_syncer
 from diloco.decoupled.shards import combine_records, shard_name, sharded, union
@@ -94,6 +95,14 @@ class RayShards:
     def global_named_parameters(self) -> dict[str, Any]:
         return union(ray.get([h.global_named_parameters.remote() for h in self.handles]))
 
+    def learner_steps(self) -> dict[int, int]:
+        """Each learner's latest reported step at any shard (the steps the syncer counts as trained for it)."""
+        steps: dict[int, int] = {}
+        for each in ray.get([h.learner_steps.remote() for h in self.handles]):
+            for m, n in each.items():
+                steps[int(m)] = max(steps.get(int(m), 0), int(n))
+        return steps
+
     def pids(self) -> list[int]:
         return ray.get([h.pid.remote() for h in self.handles])
 
@@ -114,6 +123,10 @@ class RayShards:
             "pid": [s["pid"] for s in each],
             "restored_merges": None if all(r is None for r in restored) else restored,
         }
+
+    def lease_summary(self) -> dict[str, Any]:
+        """The learner lease's summary (:func:`~diloco.decoupled.learner_lease.combine_summaries` of the shards')."""
+        return combine_summaries(ray.get([h.learner_lease.remote() for h in self.handles]))
 
     def kill(self, *, no_restart: bool = True) -> None:
         for h in self.handles:

@@ -33,7 +33,8 @@ from typing import Any
 import ray
 import torch
 
-from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S, Membership
+from diloco.decoupled.lease_actor import LeaseLog
+from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome, resend
 from diloco.decoupled.ray_address import PROBE_TIMEOUT_S, check_address
 from diloco.decoupled.status.host import whoami
@@ -49,9 +50,10 @@ RESEND_AFTER_S = 30.0
 
 
 @ray.remote
-class SyncerActor(Membership):
+class SyncerActor(LeaseLog):
     """A :class:`Syncer` behind Ray: join, report, wait_reply, leave (see the module docstring); the learner jobs'
-    claims on their indices (hello, heartbeat, status) are :class:`~diloco.decoupled.membership.Membership`'s.
+    claims on their indices (hello, heartbeat, status) are :class:`~diloco.decoupled.membership.Membership`'s; the
+    learner lease's heartbeats and events (``learner_lease``) :class:`~diloco.decoupled.lease_actor.LeaseLog`'s.
 
     With ``checkpoint_dir``, every merge is saved there (atomic, the newest ``keep`` kept) before its
     replies are handed out, and the actor is started with unlimited restarts: a restarted actor loads the
@@ -96,7 +98,13 @@ class SyncerActor(Membership):
                 self._replies = {(int(r["learner"]), int(r["fragment"])): Reply(**r) for r in state["replies"]}
                 self._finished = {int(m) for m in state.get("finished", [])}
                 self.restored_merges = len(syncer.records)
-            self._log("started", restored_merges=self.restored_merges, pid=os.getpid())
+                self._lease_logged = len(syncer.lease.events)  # written by its predecessor
+            self._log(
+                "started",
+                restored_merges=self.restored_merges,
+                pid=os.getpid(),
+                learner_lease=syncer.lease.setting or "auto",
+            )
         _warm_up()
 
     def _log(self, event: str, **fields: Any) -> None:
@@ -132,6 +140,7 @@ class SyncerActor(Membership):
         )
 
     async def _deliver(self, replies: list[Reply]) -> None:
+        self._log_lease()  # the learner lease's leaves and joins (before the merges they let through)
         if replies:
             # no await between taking the replies and saving: no call sees a reply that is not on disk
             for r in replies:
@@ -251,6 +260,10 @@ class SyncerActor(Membership):
 
     async def records(self) -> list[MergeRecord]:
         return list(self.syncer.records)
+
+    async def learner_steps(self) -> dict[int, int]:
+        """Each learner's latest step its reports were sent after (what the syncer counts as trained)."""
+        return dict(self.syncer.reached)
 
     async def global_named_parameters(self) -> dict[str, torch.Tensor]:
         return self.syncer.global_named_parameters()

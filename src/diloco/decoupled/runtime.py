@@ -171,11 +171,11 @@ class DecoupledRuntime(MethodRuntime):
         return decoupled_errors(cfg)
 
     def check_launch(self, cfg: Any, *, torchrun: bool, sharded: bool) -> None:
-        if torchrun and cfg.learner_budget == "tokens":
+        if torchrun and cfg.learner_budget == "tokens" and not (cfg.syncer and cfg.ranks_per_worker == 1):
             raise ConfigError(
                 "learner_budget=tokens is built for learners on threads of one process (decoupled_transport threads "
-                "or ray), not for one learner per torchrun process: launch without torchrun, or set "
-                "learner_budget=steps"
+                "or ray) or for site jobs of one rank (syncer=NAME@HOST:PORT), not for one learner per torchrun "
+                "process of one job: launch without torchrun, or set learner_budget=steps"
             )
 
     def check_inputs(self, cfg: Any, *, template: torch.nn.Module, fragments: list[list[str]] | None) -> None:

@@ -76,7 +76,7 @@ from diloco.errors import ConfigError
 
 #: The keys a site's learner command must not repeat from the syncer's overrides (the syncer's address goes in
 #: ``syncer=NAME@ADDRESS``).
-SYNCER_ONLY_KEYS = ("ray_address", "decoupled_transport", "syncer_device")
+SYNCER_ONLY_KEYS = ("ray_address", "decoupled_transport", "syncer_device", "learner_lease")
 RAY_MISSING = "the syncer service needs Ray: pip install -e .[ray] (or ray>=2.9)"
 #: ``syncer=NAME@ray:GCS_ADDRESS``: a learner inside the syncer's own Ray cluster (``diloco chaos``) talks to the
 #: actor through Ray; any other address is a service's gRPC endpoint (a site, no Ray).
@@ -277,6 +277,7 @@ def _run(
     from diloco.data.sources import check_sources
     from diloco.decoupled.rpc.gateway import Gateway, ray_backend
     from diloco.decoupled.run_folder import write_final_checkpoint
+    from diloco.decoupled.site_budget import learner_counts
     from diloco.decoupled.trainer import write_merges
     from diloco.files import write_json
     from diloco.train.inputs import prepare_inputs
@@ -395,7 +396,8 @@ def _run(
             from diloco.decoupled.standby import end_fenced
 
             return end_fenced(shards, summary | {"name": name, "address": spec}, out, epoch, replicator, echo)
-        records = shards.records()
+        records, lease = shards.records(), shards.lease_summary()  # (lease: the learner lease's leaves and joins)
+        summary.update(learner_counts(cfg, shards.learner_steps()))  # each learner's steps and tokens, as counted
         named = shards.global_named_parameters()
         write_merges(out / "merges.jsonl", records)
         write_final_checkpoint(
@@ -409,7 +411,7 @@ def _run(
         page.finish(final_loss=loss)
         shards.kill()
         summary = {**summary, "merges": len(records), "name": name, "address": spec, "final_eval_loss": loss}
-        summary["gateway_calls"] = gateway.calls
+        summary["gateway_calls"], summary["learner_lease"] = gateway.calls, lease
         summary |= {"epoch": epoch, "replication": replicator and replicator.stats()}
         write_json(out / "summary.json", summary)
         echo(f"diloco syncer: every learner finished; {len(records)} merges; results in {out}")

@@ -23,17 +23,17 @@ ends or when every joined learner has reported. The merge:
 A learner's report never waits for more than one round: it has at most one report per fragment in
 flight (it needs the reply before it sends that fragment again).
 
-Failures. A learner that joins again (restarted after a crash) is welcomed with the current global
-fragments; whatever it had in open rounds is dropped, and its next reports count from zero steps, so it
-carries no weight until it has done work. It is also given the step the others have reached (the latest
-step a member's report was sent after), so that its schedule runs in phase with theirs, and the rounds
-already open when it joined do not wait for it: with K = M, a learner out of phase would wait for a
-fragment the other has not reached while the other waits for one it has passed. (A learner's first
-join starts at step 0 and open rounds wait for it, so that learners started together stay in step
-however their threads or processes happen to start.) A report carries the version of the fragment the learner held
-when it sent it: one that does not match what the syncer gave that learner (a copy sent again after it
-was merged, e.g. a retry after a syncer restart) is ignored, so sending a report twice is harmless.
-:meth:`Syncer.state_dict` holds everything but the open rounds (their learners send again), so a syncer
+Failures. A learner that joins again (restarted after a crash) is welcomed with the current global fragments; whatever
+it had in open rounds is dropped, and its next reports count from zero steps, so it carries no weight until it has
+done work. It is also given the step the others have reached (the latest step a member's report was sent after), so
+that its schedule runs in phase with theirs, and the rounds already open when it joined do not wait for it: with
+K = M, a learner out of phase would wait for a fragment the other has not reached while the other waits for one it
+has passed. (A learner's first join starts at step 0 and open rounds wait for it, so that learners started together
+stay in step however their threads or processes happen to start.) A learner whose job beats (:meth:`heartbeat`) and
+falls silent past the learner lease leaves as by :meth:`leave` (:mod:`diloco.decoupled.learner_lease`). A report
+carries the version of the fragment the learner held when it sent it: one that does not match what the syncer gave
+that learner (a copy sent again after it was merged, e.g. a retry after a syncer restart) is ignored, so sending a
+report twice is harmless. :meth:`Syncer.state_dict` holds everything but the open rounds (their learners send again), so a syncer
 restored from it loses only the time it was down. Memory: besides Theta and the outer-optimizer state, the syncer
 keeps the copy of each fragment each learner holds (to form Delta_m against its own Theta_p); learners that hold the
 same copy (the same version, received in the same merge; with the lossless ``fp32`` codec, Theta itself) share one
@@ -48,7 +48,6 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -61,29 +60,16 @@ from diloco.decoupled.config_checks import check_late_reports, check_quorum
 from diloco.decoupled.copies import Shared, copy_bases, is_lossless, reply_payload
 from diloco.decoupled.fold import Scratch, fold_round, record_verdicts
 from diloco.decoupled.grace import DEFAULT_EMA_DECAY, DEFAULT_GRACE_GAMMA, GraceWindow
+from diloco.decoupled.learner_lease import LearnerLease
 from diloco.decoupled.merge import check_merge
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome
 from diloco.decoupled.outer_scale import check_outer_scale, outer_step_share
+from diloco.decoupled.rounds import Round, embedding_names
 from diloco.decoupled.syncer_device import DEFAULT_SYNCER_DEVICE, resolve_syncer_device, to_host
 from diloco.decoupled_choices import check_outer_gradient
 from diloco.errors import ConfigError
 from diloco.wire.codec import Codec, all_finite
 from diloco.wire.registry import get_codec
-
-
-def embedding_names(model: nn.Module) -> set[str]:
-    """Names of the trainable parameters that belong to an ``nn.Embedding`` (tied aliases included)."""
-    ids = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
-    return {n for n, p in model.named_parameters() if id(p) in ids}
-
-
-@dataclass
-class Round:
-    reports: dict[int, Report] = field(default_factory=dict)
-    excused: set[int] = field(default_factory=set)  # learners that joined again while it was open: not waited for
-    opened_at: float = 0.0
-    quorum_at: float | None = None
-    window: float = 0.0
 
 
 class Syncer:
@@ -126,7 +112,8 @@ class Syncer:
             learner waits a round for a partner, for about 1 % more loss at equal tokens (the decoupled guide).
         device: where the state and the merge live (:mod:`diloco.decoupled.syncer_device`): ``"cpu"`` (default),
             ``"auto"`` or a torch device; what leaves the syncer (replies, welcomes, state) is on the CPU.
-        clock: seconds, monotonic (default ``time.monotonic``).
+        learner_lease: the failure detector's lease, seconds (0: auto): :mod:`diloco.decoupled.learner_lease`.
+        clock: seconds, monotonic (default ``time.monotonic``): rounds, grace windows and the learner lease.
     """
 
     def __init__(
@@ -150,6 +137,7 @@ class Syncer:
         guard_ratio: float = DEFAULT_GUARD_RATIO,
         late_reports: str = "next",
         device: str | torch.device = DEFAULT_SYNCER_DEVICE,
+        learner_lease: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         quorum = num_learners if quorum is None else quorum
@@ -164,6 +152,7 @@ class Syncer:
         self.grace = GraceWindow(gamma=float(grace_gamma), overlap_steps=overlap_steps, decay=float(grace_ema_decay))
         self.guard = NormGuard(action=guard, max_ratio=float(guard_ratio), who="learner")
         self.clock = clock
+        self.lease = LearnerLease(learner_lease)  # the failure detector: a silent learner leaves the quorum
         self.device = resolve_syncer_device(device)
         self.fragments: list[Fragment] = split_fragments(
             model, num_fragments, pattern=fragment_pattern, fragments=fragments
@@ -205,6 +194,7 @@ class Syncer:
         self._holding.pop(learner, None)
         self._last_sent.pop(learner, None)
         self._left.discard(learner)
+        self.lease.joined(learner, self.clock())
         self.members.add(learner)
         self._base[learner] = list(self._snapshot)
         self._held[learner] = list(self.versions)
@@ -219,6 +209,15 @@ class Syncer:
 
     def leave(self, learner: int) -> list[Reply]:
         """Learner ``learner`` stops (its unmerged reports are dropped); rounds it held up may merge now."""
+        self._drop(learner)
+        return self.poll()
+
+    def heartbeat(self, learner: int) -> None:
+        """Learner ``learner`` is alive (its job's heartbeat): from its first beat it is under the learner lease."""
+        self.lease.beat(learner, self.clock())
+
+    def _drop(self, learner: int) -> None:
+        self.lease.left(learner)
         self.members.discard(learner)
         self._base.pop(learner, None)
         self._held.pop(learner, None)
@@ -226,7 +225,6 @@ class Syncer:
         self._holding.pop(learner, None)
         self._drop_reports(learner)
         self._left.add(learner)
-        return self.poll()
 
     def hold(self, learner: int, step: int) -> list[Reply]:
         """Learner ``learner`` is at a checkpoint after its step ``step``: it has sent every report of its steps up
@@ -263,7 +261,8 @@ class Syncer:
     def receive(self, report: Report) -> list[Reply]:
         """Take one learner's report; returns the replies of any merge it completes."""
         if report.learner not in self.members:
-            raise ConfigError(f"a report from learner {report.learner}, which has not joined: join first")
+            raise ConfigError(self.lease.refusal(report.learner))
+        self.lease.heard(report.learner, self.clock(), step_time=report.step_time)
         if report.base_version != self._held[report.learner][report.fragment] or self.expects(
             report.learner, report.fragment
         ):
@@ -305,6 +304,8 @@ class Syncer:
     def poll(self) -> list[Reply]:
         """Merge every round whose quorum is in and whose grace window has ended (or is full)."""
         now = self.clock()
+        for m in self.lease.expire(now, self.members):  # silent past the learner lease: it leaves the quorum
+            self._drop(m)
         replies: list[Reply] = []
         for p in sorted(self._rounds):
             rnd = self._rounds[p]
@@ -323,9 +324,9 @@ class Syncer:
         return replies
 
     def next_deadline(self) -> float | None:
-        """When the earliest open grace window ends (clock seconds), or None."""
+        """When the earliest open grace window ends or the learner lease is next looked at (clock seconds), or None."""
         ends = [r.quorum_at + r.window for r in self._rounds.values() if r.reports and r.quorum_at is not None]
-        return min(ends, default=None)
+        return min(ends + self.lease.due(self.members, self.clock()), default=None)
 
     # -- the merge -----------------------------------------------------------
     @torch.no_grad()
@@ -456,6 +457,7 @@ class Syncer:
             "ignored_reports": self.ignored_reports,
             "guard": self.guard.state_dict(),
             "refused_merges": self.refused_merges,
+            "learner_lease": self.lease.state_dict(self.members),
         }
         return state if self.device.type == "cpu" else to_host(state)
 
@@ -488,6 +490,7 @@ class Syncer:
         if "guard" in state:  # a state written before the guard existed: the guard starts afresh
             self.guard.load_state_dict(state["guard"])
         self.refused_merges = int(state.get("refused_merges", 0))  # absent in states written before it existed
+        self.lease.load_state_dict(state.get("learner_lease"), self.clock())  # (None: written before it existed)
 
     def fragment_sizes(self) -> Sequence[int]:
         return [g.numel() for g in self.global_flat]

@@ -80,6 +80,7 @@ def make_syncer(
         guard_ratio=cfg.guard_ratio,
         late_reports=cfg.late_reports,
         device=cfg.syncer_device,
+        learner_lease=cfg.learner_lease,
     )
     if state is not None:
         restore_syncer(cfg, syncer, state)

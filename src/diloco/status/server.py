@@ -107,6 +107,11 @@ class StatusServer:
         shown = f"[{host}]" if ":" in host else host
         return f"http://{shown}:{self.port}{path}?token={self.token}"
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The thread that serves (its event loop); the routes run in the loop's default thread pool."""
+        return self._thread
+
     def _app(self) -> Any:
         from aiohttp import web
 

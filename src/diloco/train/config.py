@@ -177,6 +177,10 @@ class TrainConfig:
         "decoupled, K < M: a report after its slot's merge waits for the next quorum (next) or merges alone at once (alone)",
         choices=dc.LATE_REPORTS,
     )
+    learner_lease: float = _cooperate(
+        0.0,
+        "decoupled: seconds a learner's heartbeats may stop before it leaves the quorum; 0 = auto (5 s above the slowest step)",
+    )
     overwrite_after: dc.OverwriteAfter = _cooperate(
         "send",
         "decoupled: a learner overwrites a fragment tau steps after sending it (send) or after its reply arrives (arrival)",

@@ -15,6 +15,7 @@ import torch
 
 from diloco.comm.base import Communicator
 from diloco.errors import ConfigError
+from diloco.train.budget_checkpoints import CheckpointGate
 from diloco.train.metrics import MultiLogger
 from diloco.train.notices import speed_notices, tell, warning_notices
 from diloco.train.replica import Everyone
@@ -141,9 +142,14 @@ class TorchrunReplica:
         table = StepTable(1, logger, lambda row: update_bar(bar, row))
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        # a site job of one rank with a token budget (check_launch refuses the others): it ends at a step of its own
+        self._gate = CheckpointGate(1) if cfg.learner_budget == "tokens" else None
         try:
             with self._open_session(run, comm, intra) as session:  # the method's service, if it has one
                 out = self._replica_loop(comm, run=run, table=table, logger=logger, intra=intra, mesh=mesh)
+                final = self._save_final([out], session) if self._gate is not None else None
+            if final is not None:  # its final checkpoint: this learner's state at its last step
+                self._commit_final(run, [out], *final, session)
             times = session.learner_times(out) if session is not None else None  # a collective of every process
             if lead and session is not None:
                 self._service_result(out, run, session, times or [])

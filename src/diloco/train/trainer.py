@@ -367,7 +367,7 @@ class Trainer(TrainerCheckpoints, TorchrunReplica):
             # learner_budget=tokens: a learner ends when its syncer counts the shared budget trained (out.last), its
             # step before or after `steps`; checkpoints only where every learner is (self._gate), a final one after
             budget = cfg.learner_budget == "tokens"
-            assert not budget or self._gate is not None, "a token budget's learners run as threads of one process"
+            assert not budget or self._gate is not None, "a token budget's learners: threads, or a site job's one"
             for step in (
                 itertools.count(run.start_step + 1) if budget else range(run.start_step + 1, cfg.total_steps + 1)
             ):
@@ -457,9 +457,10 @@ def _after_compute(callbacks: Sequence[TrainerCallback], compute_s: float, *, st
 
 def _tokens(cfg: TrainConfig, rank0: dict[str, Any]) -> int:
     """The run's tokens: the steps of every learner of the run, each on its share of the batch (decoupled: they may
-    differ), else replica 0's steps of the global batch."""
+    differ; a site job's with a token budget, its own learner's: the run's are counted at the service), else
+    replica 0's steps of the global batch."""
     learner_steps = rank0.get("learner_steps")
-    if learner_steps is not None and len(learner_steps) == cfg.replicas:
+    if learner_steps is not None and (len(learner_steps) == cfg.replicas or cfg.learner_budget == "tokens"):
         return sum(learner_steps) * cfg.batch_per_replica * cfg.seq_len
     return rank0.get("steps", cfg.total_steps) * cfg.tokens_per_step
 

@@ -80,6 +80,7 @@ class WatchedRun:
             "--poll",
             "1",
         ]
+        args += ["--port", "0", "--host", "127.0.0.1", "--advertise", "127.0.0.1"]  # loopback, any free port
         args += ["--status-host", "127.0.0.1", "--status-eval", str(self.status_eval_s), *self.extra_args]
         try:
             self._start("syncer", args)

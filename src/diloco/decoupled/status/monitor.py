@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from diloco.decoupled.status.board import Board
+from diloco.decoupled.status.cpu import CpuMeter, thread_cpu_s
 from diloco.decoupled.status.files import Tail, checkpoint_age_s, global_parameters, shard_dirs
 from diloco.decoupled.status.metrics import exposition
 from diloco.decoupled.status.page import render
@@ -66,6 +67,7 @@ class StatusPage:
         self.reads = 0
         self.read_s = 0.0  # this process's seconds reading the syncer's files, in total
         self.eval_s = 0.0  # ... and evaluating its checkpoints for the loss plot
+        self.cpu = CpuMeter()  # the CPU seconds of each route's requests, the reads and the evaluations
 
     @classmethod
     def open(cls, *, host: str = "0.0.0.0", port: int | None = 0, eval_every_s: float = 30.0) -> StatusPage:
@@ -94,7 +96,8 @@ class StatusPage:
         snap = self.snapshot()
         now, grown = time.monotonic(), (len(snap["loss"]), sum(len(s) for s in snap["series"].values()))
         if self._plots is None or (now - self._plots[0] >= PLOT_EVERY_S and grown != self._plots[1]):
-            self._plots = (now, grown, (loss_svg(snap), rate_svg(snap)))
+            with self.cpu.measure("plots"):  # (counted in the page's CPU too)
+                self._plots = (now, grown, (loss_svg(snap), rate_svg(snap)))
         return render(snap, refresh_s=REFRESH_S, plots=self._plots[2]), "text/html; charset=utf-8"
 
     def _json(self, query: dict[str, str]) -> tuple[str, str]:
@@ -102,6 +105,16 @@ class StatusPage:
 
     def _metrics(self, query: dict[str, str]) -> tuple[bytes, str]:
         return exposition(self.snapshot)
+
+    def _routes(self) -> dict[str, Callable[[dict[str, str]], tuple[Any, str]]]:
+        return {"/": self._page, "/status.json": self._json, "/metrics": self._metrics}
+
+    def _metered(self, kind: str, route: Callable[[dict[str, str]], tuple[Any, str]]) -> Any:
+        def metered(query: dict[str, str]) -> tuple[Any, str]:
+            with self.cpu.measure(kind):
+                return route(query)
+
+        return metered
 
     # -- running -------------------------------------------------------------
     def start(self, *, out: Path, name: str, cfg: Any, inputs: Any, echo: Callable[[str], None] = print) -> None:
@@ -115,7 +128,7 @@ class StatusPage:
             return
         token = status_token(self.out)
         self.server = StatusServer(
-            self.sock, token=token, routes={"/": self._page, "/status.json": self._json, "/metrics": self._metrics}
+            self.sock, token=token, routes={path: self._metered(path, route) for path, route in self._routes().items()}
         ).start()
         self._thread = threading.Thread(
             target=self._follow, args=(cfg, inputs), name="diloco-status-follow", daemon=True
@@ -140,6 +153,10 @@ class StatusPage:
 
     def read(self) -> None:
         """Fold what the syncer wrote since the last read into the board."""
+        with self.cpu.measure("read"):
+            self._read()
+
+    def _read(self) -> None:
         began = time.perf_counter()
         events = [row for tail, _ in self._tails for row in tail.read()]
         S = len(self._tails)
@@ -159,6 +176,10 @@ class StatusPage:
 
     def _evaluate(self, cfg: Any, inputs: Any) -> None:
         """The loss of the global parameters in the syncer's newest checkpoints (nothing while there are none)."""
+        with self.cpu.measure("eval"):
+            self._evaluate_now(cfg, inputs)
+
+    def _evaluate_now(self, cfg: Any, inputs: Any) -> None:
         import torch
 
         from diloco.algorithm.fragments import split_fragments
@@ -195,6 +216,7 @@ class StatusPage:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
+        server_cpu_s = thread_cpu_s(self.server.thread if self.server is not None else None)  # (before the read)
         self.read()
         if final_loss is not None:
             self._add_loss(final_loss)
@@ -203,7 +225,8 @@ class StatusPage:
         from diloco.files import atomic_write_bytes, write_json
 
         snap = self.snapshot()
-        snap["monitor"] = {"reads": self.reads, "read_s": self.read_s, "eval_s": self.eval_s}
+        snap["monitor"] = {"reads": self.reads, "read_s": self.read_s, "eval_s": self.eval_s, **self.cpu.as_row()}
+        snap["monitor"]["server_thread_cpu_s"] = server_cpu_s  # aiohttp's own work (the routes run in its pool)
         write_json(self.out / "status.json", snap)
         atomic_write_bytes(self.out / "status.html", render(snap).encode("utf-8"))
 

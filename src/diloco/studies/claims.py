@@ -1,0 +1,163 @@
+"""The papers' quality claims study (studies/claims): the grids of its ablation from Streaming DiLoCo toward DiLoCo.
+
+Claim 1 of the Streaming DiLoCo paper: fragments, overlap and a 4-bit exchange reach about DiLoCo's quality. The
+ablation starts at the best Streaming point of studies/outer-tuning at ``cpu-0.25m`` (M = 2, H = 30, P = 3
+strided fragments, tau = 1, FP4 E3M0, alpha = 0.5, outer lr 0.7 with Nesterov 0.9, inner lr 0.008, global batch
+16 x 128, 20 tokens per parameter, warmup 120, bf16 + torch.compile, one thread, the large corpus: its record
+there, seed 0, is 4.5303) and changes one factor at a time toward DiLoCo, ending at DiLoCo itself at the same H
+and outer optimizer. Every point runs at seeds 0-4; the grids are ordered seed-major, so a sweep stopped part way
+has the same seeds of every factor.
+"""
+
+from __future__ import annotations
+
+from diloco.studies import STUDIES
+
+HERE = STUDIES / "claims"
+GRIDS = HERE / "grids.jsonl"
+SIZE = "cpu-0.25m"
+SEEDS = (0, 1, 2, 3, 4)
+
+BASE = {
+    "vocab_size": 4096,
+    "seq_len": 128,
+    "warmup_steps": 120,
+    "eval_every": 400,
+    "eval_batches": 16,
+    "threads": 1,
+    "sources": ["large"],
+    "bf16": True,
+    "compile": True,
+    "outer_momentum": 0.9,
+    "runs_dir": f"runs/claims/{SIZE}",
+}
+STREAM = {"num_fragments": 3, "overlap_steps": 1, "merge_alpha": 0.5, "codec": "fp4_e3m0"}
+
+#: factor -> (method, settings on top of BASE): the reference, then one change each, then DiLoCo
+ABLATION = {
+    "streaming-fp4": ("streaming", STREAM),
+    "P1": ("streaming", {**STREAM, "num_fragments": 1}),
+    "tau0": ("streaming", {**STREAM, "overlap_steps": 0}),
+    "fp32": ("streaming", {**STREAM, "codec": "fp32"}),
+    "alpha0": ("streaming", {**STREAM, "merge_alpha": 0.0}),
+    "alpha1": ("streaming", {**STREAM, "merge_alpha": 1.0}),
+    "diloco": ("diloco", {}),
+}
+
+
+def ablation_grids(seeds: tuple[int, ...] = SEEDS) -> dict[str, dict]:
+    """``{name: grid}``: one grid per factor and seed, seed-major."""
+    out = {}
+    for seed in seeds:
+        for factor, (method, extra) in ABLATION.items():
+            out[f"ablation-{SIZE}-{factor}-s{seed}"] = {
+                "_comment": f"Claim 1 ablation at {SIZE}: {factor} (one change from the best Streaming point).",
+                "runner": "train",
+                "sizes": [SIZE],
+                "global_batch": [16],
+                "tokens_per_param": 20.0,
+                "seed": seed,
+                "methods": [method],
+                "replicas": [2],
+                "sync_every": [30],
+                "outer_lr": [0.7],
+                "inner_lr": [0.008],
+                "base": {**BASE, **extra},
+            }
+    return out
+
+
+#: claim 3 (DiLoCo's best batch is larger than data-parallel's): method name -> (method, M, inner lr best at batch
+#: 16 in studies/outer-tuning at this size, outer momentum); each batch starts at that lr scaled by sqrt(batch / 16)
+#: and its two neighbours a factor sqrt(2) away, so every batch's lr is bracketed from the start
+BATCH_METHODS = {
+    "dp": ("dp", 1, 0.016, None),
+    "diloco-m1": ("diloco", 1, 0.016, 0.5),
+    "diloco-m2": ("diloco", 2, 0.008, 0.5),
+}
+BATCHES = (8, 16, 32, 64)
+
+
+def batch_grids(seed: int = 0) -> dict[str, dict]:
+    """``{name: grid}``: the batch bracket's first stage, one grid per method and batch, three inner lrs each."""
+    out = {}
+    for name, (method, m, lr16, momentum) in BATCH_METHODS.items():
+        for batch in BATCHES:
+            centre = lr16 * (batch / 16) ** 0.5
+            lrs = [float(f"{centre * f:.6g}") for f in (2**-0.5, 1.0, 2**0.5)]
+            base = {k: v for k, v in BASE.items() if k != "outer_momentum"}
+            if momentum is not None:
+                base["outer_momentum"] = momentum
+            out[f"batch-{SIZE}-{name}-b{batch}-s{seed}"] = {
+                "_comment": f"Claim 3 batch bracket at {SIZE}: {name} at global batch {batch}, inner lr bracketed.",
+                "runner": "train",
+                "sizes": [SIZE],
+                "global_batch": [batch],
+                "tokens_per_param": 20.0,
+                "seed": seed,
+                "methods": [method],
+                "replicas": [m],
+                "sync_every": [30],
+                "outer_lr": [0.7],
+                "inner_lr": lrs,
+                "base": base,
+            }
+    return out
+
+
+def factor_of(record: dict) -> str | None:
+    """The ablation factor a sweep record belongs to (None if it is none of them)."""
+    base = record.get("base", {})
+    for factor, (method, extra) in ABLATION.items():
+        want = {**BASE, **extra}
+        if record.get("method") == method and all(base.get(k) == v for k, v in want.items()):
+            if set(base) - set(want) <= {"seed"}:
+                return factor
+    return None
+
+
+def ablation_table(records: list[dict]) -> list[dict]:
+    """One row per factor with finished runs: the seeds, the mean eval loss and its standard error (s.d. / sqrt n),
+    and the difference of means to the reference (``streaming-fp4``) and to ``diloco`` in percent of theirs, with
+    the standard error of that difference (the two errors in quadrature). A seed's latest ok record counts."""
+    import math
+
+    by: dict[str, dict[int, float]] = {}
+    for r in records:
+        factor = factor_of(r)
+        if factor is not None and r.get("status") == "ok" and r.get("eval_loss") is not None:
+            by.setdefault(factor, {})[int(r["seed"])] = float(r["eval_loss"])
+
+    def stats(losses: list[float]) -> tuple[float, float]:
+        n = len(losses)
+        mean = sum(losses) / n
+        sd = math.sqrt(sum((x - mean) ** 2 for x in losses) / (n - 1)) if n > 1 else math.nan
+        return mean, sd / math.sqrt(n)
+
+    got = {f: stats(list(s.values())) for f, s in by.items()}
+
+    def diff(f: str, ref: str) -> tuple[float | None, float | None]:
+        if ref not in got or f == ref:
+            return None, None
+        (m, e), (mr, er) = got[f], got[ref]
+        return 100 * (m - mr) / mr, 100 * math.hypot(e, er) / mr
+
+    rows = []
+    for factor in ABLATION:
+        if factor in got:
+            mean, se = got[factor]
+            vs_ref, vs_ref_se = diff(factor, "streaming-fp4")
+            vs_dil, vs_dil_se = diff(factor, "diloco")
+            rows.append(
+                {
+                    "factor": factor,
+                    "seeds": sorted(by[factor]),
+                    "mean": mean,
+                    "se": None if math.isnan(se) else se,
+                    "vs_streaming_pct": vs_ref,
+                    "vs_streaming_se_pct": None if vs_ref_se is None or math.isnan(vs_ref_se) else vs_ref_se,
+                    "vs_diloco_pct": vs_dil,
+                    "vs_diloco_se_pct": None if vs_dil_se is None or math.isnan(vs_dil_se) else vs_dil_se,
+                }
+            )
+    return rows
