@@ -46,3 +46,31 @@ def test_the_cli_refuses_settings_a_standby_takes_from_its_active(tmp_path, caps
     assert "takes the run's config from the active syncer: drop --set" in capsys.readouterr().err
     assert main(["syncer", "--takeover-after", "3", "--out", out]) == 2
     assert "--takeover-after is a standby's setting" in capsys.readouterr().err
+
+
+def test_an_active_that_gives_no_copy_or_never_answers_is_refused_and_no_folder_is_left(tmp_path, monkeypatch):
+    """A real gateway on loopback: one without a replicator (a syncer on a Ray cluster) refuses saying why; another
+    run's name is refused; nothing answering is refused once FIRST_COPY_S is out. The folder the standby made for
+    itself is gone again each time."""
+    pytest.importorskip("grpc")
+    import socket
+
+    from diloco.decoupled import standby
+    from diloco.decoupled.rpc.gateway import Gateway
+
+    gateway = Gateway((lambda *a: None, 1), name="s", token="t", host="127.0.0.1", port=0)
+    gateway.start()
+    try:
+        with pytest.raises(ConfigError, match="keeps no standby: its actor runs on a Ray cluster"):
+            run_standby(f"s@127.0.0.1:{gateway.port}", out=tmp_path / "a", cache_dir=tmp_path, token="t")
+        with pytest.raises(ConfigError, match="serves the syncer 's', not 'other'"):
+            run_standby(f"other@127.0.0.1:{gateway.port}", out=tmp_path / "a", cache_dir=tmp_path, token="t")
+    finally:
+        gateway.stop()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        nothing = sock.getsockname()[1]
+    monkeypatch.setattr(standby, "FIRST_COPY_S", 0.5)
+    with pytest.raises(ConfigError, match="the active syncer does not answer"):
+        run_standby(f"s@127.0.0.1:{nothing}", out=tmp_path / "a", cache_dir=tmp_path, token="t")
+    assert not (tmp_path / "a").exists()

@@ -105,23 +105,30 @@ def run_standby(
     _plan(out, name)
     who = f"{whoami().rsplit(' pid ', 1)[0]}:{out.resolve()}"  # this host and folder (a restart is the same standby)
     follower = Follower(Link(active, token=token, retry_for=0.0), out / "syncer", standby=who)
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    lock, started_ray = RunDirLock(out), False
+    lock.acquire()  # one standby per folder (dropped before the takeover's service takes it again)
     try:  # (the active may be starting: tried again for FIRST_COPY_S)
         follower.link.retry_for = FIRST_COPY_S
         follower.pull(timeout=FIRST_COPY_S)
-    except Unreachable as exc:
-        raise ConfigError(
-            f"--standby-of {active}: the active syncer does not answer ({exc}); start the standby once the active "
-            f"runs (`diloco syncer` printed its address)"
-        ) from None
-    except RuntimeError as exc:  # (what the active refused: no copy to give)
+    except (Unreachable, RuntimeError, ConfigError) as exc:  # no answer, or refused (token, name, no copy to give)
+        lock.release()
+        follower.link.close()
+        if created and not any(out.iterdir()):
+            out.rmdir()  # (a folder this call made, left as it was)
+        if isinstance(exc, ConfigError):
+            raise
+        if isinstance(exc, Unreachable):
+            raise ConfigError(
+                f"--standby-of {active}: the active syncer does not answer ({exc}); start the standby once the "
+                f"active runs (`diloco syncer` printed its address)"
+            ) from None
         raise ConfigError(f"--standby-of {active}: {exc}") from None
-    finally:
-        follower.link.retry_for = 0.0
+    follower.link.retry_for = 0.0
     info = follower.info or {}
     cfg = TrainConfig.from_dict(info["config"])
     epoch = int(info.get("epoch", 0))
-    lock = RunDirLock(out)
-    lock.acquire()  # one standby per folder (dropped before the takeover's service takes it again)
     try:
         write_json(out / "config.json", cfg.to_dict())
         local = {"name": name, "token": token, "role": "standby", "active": active, "epoch": epoch}
@@ -177,7 +184,7 @@ def run_standby(
     finally:
         lock.release()
         follower.link.close()
-        if "started_ray" in locals() and started_ray:
+        if started_ray:
             import ray
 
             ray.shutdown()
