@@ -74,3 +74,29 @@ def test_an_active_that_gives_no_copy_or_never_answers_is_refused_and_no_folder_
     with pytest.raises(ConfigError, match="the active syncer does not answer"):
         run_standby(f"s@127.0.0.1:{nothing}", out=tmp_path / "a", cache_dir=tmp_path, token="t")
     assert not (tmp_path / "a").exists()
+
+
+def test_a_service_told_of_a_newer_epoch_stops_its_syncer_and_writes_its_summary_but_no_result(tmp_path):
+    """The monitor's loop returns at once when its gateway was fenced (before it asks the syncer anything), and the
+    fenced end kills the syncer's actors and writes summary.json with ``fenced_by``, no merges.jsonl or checkpoint
+    (the standby that took over writes those). The actors are a stand-in recording the calls it gets."""
+    pytest.importorskip("ray")
+    from diloco.decoupled.service import _monitor
+    from diloco.decoupled.standby import end_fenced
+
+    class Shards:
+        calls: list[str] = []
+
+        def status(self, timeout=None):
+            self.calls.append("status")
+
+        def kill(self):
+            self.calls.append("kill")
+
+    shards, said = Shards(), []
+    summary = _monitor(shards, num_learners=2, poll_s=0.01, echo=said.append, fenced=lambda: 2)
+    assert summary["fenced_by"] == 2 and shards.calls == []
+    got = end_fenced(shards, summary | {"name": "s"}, tmp_path, 1, None, said.append)
+    assert shards.calls == ["kill"] and got["epoch"] == 1 and got["replication"] is None
+    assert json.loads((tmp_path / "summary.json").read_text())["fenced_by"] == 2
+    assert not (tmp_path / "merges.jsonl").exists() and "merges no more and stops" in said[-1]
