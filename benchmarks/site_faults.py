@@ -12,8 +12,16 @@ from the kill to the first merge without it (about the lease + 2 s of confirmati
 seconds between merges before the kill), and, once its command is run again, the seconds from its join to its first
 merge with weight > 0.
 
-    python benchmarks/site_faults.py                  # the three runs, about 150 s on 2 cores
-    python benchmarks/site_faults.py --runs lost      # only the lost site's row (--out elsewhere to keep the file)
+Rows "active syncer host lost, standby takes over (K = 1, 2)" (root only: emulated hosts,
+:mod:`diloco.testing.standby_hosts`): the active syncer on host 0, its standby (``--standby-of``) on host 1, a site of
+one rank on each of hosts 2 and 3; host 0 killed whole at step 24 of 128. Each learner's worst step after the kill
+over its typical step (it rides the switch out: ``ride_out_steps`` = 96 steps of 0.15 s, more than the takeover
+takes), the seconds from the kill to the takeover, to the standby's actor started from its copy and to its first
+merge, the merges the active made that the standby lacked (told to no learner), the bytes of a copy.
+
+    python benchmarks/site_faults.py                  # every run, about 150 s on 2 cores, plus ~90 s as root
+    python benchmarks/site_faults.py --runs lost      # only the lost site's row (the file's other rows are kept)
+    python benchmarks/site_faults.py --runs standby   # only the standby rows (the same)
 """
 
 from __future__ import annotations
@@ -32,7 +40,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache-dir", type=Path, default=None, help="token cache (default: the CLI's)")
     ap.add_argument(
-        "--runs", nargs="+", choices=("none", "killed", "lost"), default=["none", "killed", "lost"], help="which rows"
+        "--runs",
+        nargs="+",
+        choices=("none", "killed", "lost", "standby"),
+        default=["none", "killed", "lost", "standby"],
+        help="which rows (the result file's other rows are kept)",
     )
     add_out(ap, "site_faults")
     args = ap.parse_args()
@@ -78,6 +90,8 @@ def main() -> None:
                 preset="tiny", sets=LOST_SETS, out=Path(tmp) / "lost", cache_dir=args.cache_dir or default_cache_dir()
             )
             rows.append({"run": "K = M, a site lost for good", **got})
+        if "standby" in args.runs:
+            rows += standby_rows(Path(tmp))
     print_table(
         rows,
         [
@@ -95,13 +109,90 @@ def main() -> None:
             ("round s", "round_s", ".2f"),
             ("kill -> merge without it s", "kill_to_merge_without_s", ".1f"),
             ("join -> counted s", "join_to_counted_s", ".1f"),
+            ("lost merges", "lost_merges", ""),
+            ("takeover s", "takeover_s", ".1f"),
             ("wall s", "wall_s", ".1f"),
         ],
         title="site jobs: 2 sites x 2 gloo ranks (site 0 FSDP), K = 1, steps padded to 0.15 s; "
         "K = M: 3 sites x 1 rank, steps padded to 0.1 s",
     )
-    settings = {"faults": DEFAULT_SETS, "lost": LOST_SETS}
-    write_result("site_faults", {"machine": machine(), "settings": settings, "rows": rows}, out=args.out)
+    settings = {"faults": DEFAULT_SETS, "lost": LOST_SETS, "standby": STANDBY_SETS}
+    write_result("site_faults", kept_rows(args.out, rows) | {"settings": settings}, out=args.out)
+
+
+def kept_rows(path: Path, rows: list[dict]) -> dict:
+    """The result to write: ``rows``, and the previous result's other rows (each with the machine it ran on), so
+    one file holds every row whichever ``--runs`` were run."""
+    import json
+
+    here = machine()
+    fresh = [{**r, "machine": here} for r in rows]
+    if not Path(path).is_file():
+        return {"machine": here, "rows": fresh}
+    previous = json.loads(Path(path).read_text())
+    names = {r["run"] for r in rows}
+    old = [{"machine": previous.get("machine"), **r} for r in previous.get("rows", []) if r["run"] not in names]
+    return {"machine": here, "rows": old + fresh}
+
+
+#: The standby rows' run: K = 1 or 2 of M = 2 one-rank sites, riding a takeover out (module docstring).
+STANDBY_SETS = {
+    "replicas": 2,
+    "global_batch": 8,
+    "sync_every": 8,
+    "num_fragments": 2,
+    "overlap_steps": 1,
+    "steps": 128,
+    "eval_every": 128,
+    "checkpoint_every": 16,
+    "step_time": 0.15,
+    "ride_out_steps": 96,
+    "threads": 1,
+}
+
+
+def standby_rows(tmp: Path) -> list[dict]:
+    """The rows "active syncer host lost, standby takes over" (none, saying why, without emulated hosts)."""
+    from diloco.testing.hosts import unavailable
+
+    why = unavailable()
+    if why is not None:
+        print(f"standby rows skipped: {why}")
+        return []
+    from diloco.data import prepare_tokens
+    from diloco.testing.standby_hosts import contiguous, run_standby_deploy
+    from diloco.train.config import TrainConfig, load_preset
+
+    cfg = TrainConfig.from_dict(load_preset("tiny")["base"])
+    cache = tmp / "token-cache"
+    prepare_tokens(cfg.sources, cfg.vocab_size, cache, val_fraction=cfg.val_fraction)
+    rows = []
+    for quorum in (1, 2):
+        got = run_standby_deploy(
+            token_cache=cache, sets={**STANDBY_SETS, "quorum": quorum}, kill_at_step=24, takeover_s=3.0
+        )
+        copied = got["standby"] or {}
+        worst = [x["worst_over_typical_after_kill"] for x in got["learners"]]
+        rows.append(
+            {
+                "run": f"active syncer host lost, standby takes over (K = {quorum})",
+                "final_eval_loss": None,
+                "merges": len(got["merges"]),
+                "versions_contiguous": contiguous(got["merges"]),
+                "learner0_worst_after_syncer_kill": worst[0],
+                "learner1_worst_after_syncer_kill": worst[1],
+                "lost_merges": got["lost_merges"],
+                "restored_merges": got["restored_merges"],
+                "takeover_s": got["takeover_s"],
+                "actor_started_after_kill_s": got["actor_started_after_kill_s"],
+                "first_merge_after_restart_s": got["first_merge_after_kill_s"],
+                "every_step_once": all(x["steps"] == list(range(1, 129)) for x in got["learners"]),
+                "copies": copied.get("copies"),
+                "bytes_per_copy": copied.get("bytes_received", 0) / max(1, copied.get("copies") or 0),
+                "wall_s": got["wall_s"],
+            }
+        )
+    return rows
 
 
 if __name__ == "__main__":

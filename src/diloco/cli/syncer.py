@@ -48,6 +48,28 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="the address the printed site commands connect to (default: this machine's address as Ray sees it)",
     )
+    p.add_argument(
+        "--standby",
+        default=None,
+        metavar="HOST:PORT",
+        help="where this run's standby serves once it takes over (`diloco syncer --standby-of` there): listed after "
+        "this service's address in the printed site commands (syncer=NAME@HOST:PORT,HOST2:PORT2)",
+    )
+    p.add_argument(
+        "--standby-of",
+        default=None,
+        metavar="NAME@HOST:PORT",
+        help="run as the standby of the active syncer at this address (with its token in DILOCO_SYNCER_TOKEN): keep "
+        "a copy of its state in --out, and take over (epoch + 1, serving --port) when it has not answered for "
+        "--takeover-after seconds. The run's config comes from the active: no --set",
+    )
+    p.add_argument(
+        "--takeover-after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with --standby-of: seconds of silence from the active before the standby takes over (default 10)",
+    )
     from diloco.decoupled.status.cli_args import add_status_args
 
     add_status_args(p)
@@ -58,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
     from diloco.decoupled.service import run_service
     from diloco.decoupled.status.cli_args import status_kwargs
 
+    if args.standby_of is not None:
+        return _standby(args)
+    if args.takeover_after is not None:
+        raise ConfigError("--takeover-after is a standby's setting: give it with --standby-of NAME@HOST:PORT")
     cfg = service_config(load_preset(args.preset), overrides(args))
     summary = run_service(
         cfg,
@@ -71,10 +97,37 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         advertise=args.advertise,
         echo=lambda line: print(line, flush=True),
+        standby=args.standby,
         **status_kwargs(args),
     )
     print(json.dumps(summary, indent=2), flush=True)
-    return 0
+    return 1 if summary.get("fenced_by") is not None else 0
+
+
+def _standby(args: argparse.Namespace) -> int:
+    from diloco.decoupled.standby import TAKEOVER_S, run_standby
+    from diloco.decoupled.status.cli_args import status_kwargs
+
+    if args.overrides or args.standby:
+        raise ConfigError(
+            "--standby-of takes the run's config from the active syncer: drop "
+            + ("--set" if args.overrides else "--standby")
+        )
+    summary = run_standby(
+        args.standby_of,
+        out=args.out,
+        cache_dir=cache_dir(args),
+        takeover_s=TAKEOVER_S if args.takeover_after is None else args.takeover_after,
+        host=args.host,
+        port=args.port,
+        advertise=args.advertise,
+        node_ip_address=args.node_ip_address,
+        poll_s=args.poll,
+        echo=lambda line: print(line, flush=True),
+        **status_kwargs(args),
+    )
+    print(json.dumps(summary, indent=2), flush=True)
+    return 1 if summary.get("fenced_by") is not None else 0
 
 
 def service_config(preset: dict[str, Any], extra: dict[str, Any]) -> Any:

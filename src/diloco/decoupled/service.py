@@ -30,6 +30,9 @@ syncer's ``NAME@HOST:PORT``, the port, the token, the whole learner command of e
 ``tokenizer.json``, ``syncer/`` (the actor's checkpoints, merge log and events), ``monitor.json`` (the monitor's
 counts), and at the end ``merges.jsonl``, ``checkpoints/`` and ``summary.json``.
 
+A standby (``--standby-of``, another host: :mod:`diloco.decoupled.standby`) holds a copy of the syncer's state and
+takes over at ``epoch`` + 1; a service a learner names a newer epoch to stops (summary ``fenced_by``).
+
 Learners (:func:`connect_learner`, which the trainer calls for ``--set syncer=NAME@HOST:PORT``; over gRPC, no Ray at
 the site: :mod:`diloco.decoupled.rpc.client`): a learner job claims its index with a *session* (a random id) and the
 config's :func:`fingerprint`, and holds the claim with a heartbeat every ``HEARTBEAT_S`` from a daemon thread (the
@@ -64,6 +67,7 @@ from typing import Any
 
 from diloco.decoupled.fingerprint import DATA_KEYS, FINGERPRINT_KEYS, describe_differences, fingerprint
 from diloco.decoupled.rpc import TOKEN_ENV
+from diloco.decoupled.run_folder import plan_out
 from diloco.errors import ConfigError
 
 #: The keys a site's learner command must not repeat from the syncer's overrides (the syncer's address goes in
@@ -162,39 +166,6 @@ def learner_command(
     return shlex.join(words)
 
 
-def _config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    return [
-        f"{k}: {old.get(k)!r} there, {new.get(k)!r} now"
-        for k in sorted(set(old) | set(new))
-        if old.get(k) != new.get(k)
-    ]
-
-
-def plan_out(out: Path, cfg: Any) -> dict[str, Any] | None:
-    """Reads only: None for a new or empty ``out``; the previous ``syncer.json`` when ``out`` holds a
-    ``diloco syncer`` run of this same config (resumed); else a ConfigError (nothing is overwritten)."""
-    from diloco.files import read_json
-
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file: give a new or empty folder")
-    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
-    if not held:
-        return None
-    if not (out / "syncer.json").is_file() or not (out / "config.json").is_file():
-        shown = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
-        raise ConfigError(
-            f"--out {out} holds files ({shown}) but no `diloco syncer` run: give a new or empty folder "
-            f"(nothing is overwritten)"
-        )
-    differences = _config_differences(read_json(out / "config.json"), cfg.to_dict())
-    if differences:
-        raise ConfigError(
-            f"--out {out} holds a syncer run of another config ({'; '.join(differences)}): resume it with "
-            f"its own settings, or give a new --out"
-        )
-    return read_json(out / "syncer.json")
-
-
 def build_syncer(config: dict[str, Any], vocab_size: int, shard: int = 0) -> Any:
     """The run's syncer (shard ``shard`` of its ``syncer_shards``), from its config (a dict) and the data's
     vocabulary: what the actor runs (built in the actor's process, so that Ray can restart it without the process
@@ -215,32 +186,6 @@ def build_syncer(config: dict[str, Any], vocab_size: int, shard: int = 0) -> Any
     return make_syncers(cfg, model, run_fragments(cfg, model), only=shard)[0]
 
 
-def write_final_checkpoint(
-    out: Path, cfg: Any, template: Any, named: dict[str, Any], *, vocab_size: int, data_digest: str, step: int
-) -> None:
-    """The syncer's global parameters ``named`` as replica 0's committed checkpoint of ``step`` in ``out``
-    (what ``diloco export`` reads: the model's state with the global values, and each fragment's flat copy)."""
-    import copy
-
-    import torch
-
-    from diloco.algorithm.fragments import flatten, split_fragments
-    from diloco.train import checkpoint as ckpt
-    from diloco.train.inputs import run_fragments
-
-    model = copy.deepcopy(template)
-    params = dict(model.named_parameters())
-    assert set(named) == set(params), sorted(set(named) ^ set(params))[:4]
-    with torch.no_grad():
-        for name, value in named.items():
-            params[name].copy_(value)
-    frags = split_fragments(model, cfg.num_fragments, pattern=cfg.fragment_pattern, fragments=run_fragments(cfg, model))
-    state = {"model": model.state_dict(), "algorithm": {"global": [flatten(f.params) for f in frags]}}
-    ckpt.save_replica(out, step, 0, state)
-    meta = {"config": cfg.to_dict(), "num_replicas": 1, "vocab_size": int(vocab_size), "data_digest": data_digest}
-    ckpt.commit(out, step, meta, keep=1)
-
-
 def run_service(
     cfg: Any,
     *,
@@ -257,6 +202,8 @@ def run_service(
     status_port: int | None = 0,
     status_host: str = "0.0.0.0",
     status_eval_s: float = 30.0,
+    epoch: int = 0,
+    standby: str | None = None,
 ) -> dict[str, Any]:
     """``diloco syncer`` (module docstring): start (or resume) the run's syncer service in ``out``, monitor it
     until every learner has finished, write the run's results; returns the summary (also ``summary.json``).
@@ -267,11 +214,16 @@ def run_service(
     machine's address as Ray sees it). ``node_ip_address``: the address a new local Ray instance advertises. A Ray
     instance this process already joined is used as it is. ``status_port`` / ``status_host``: where the run's
     status page and metrics are served (:mod:`diloco.decoupled.status`; port 0: a free one, None: none), the loss
-    plot's evaluation every ``status_eval_s`` seconds (0: none)."""
+    plot's evaluation every ``status_eval_s`` seconds (0: none). ``epoch``: the syncer's epoch (a standby that
+    takes over gives the active's + 1; a resumed run keeps its own if newer); ``standby``: a standby's ``HOST:PORT``,
+    listed after this service's address in the printed learner commands."""
     out = Path(out)
     if cfg.method != "decoupled":
         raise ConfigError(f"method={cfg.method!r}: the syncer service runs method=decoupled")
     previous = plan_out(out, cfg)
+    from diloco.decoupled.standby import service_epoch
+
+    epoch = service_epoch(out, previous, epoch)  # (a standby's folder is refused: it takes over by itself)
     from diloco.decoupled.status.monitor import StatusPage
     from diloco.train.rundir import RunDirLock
 
@@ -293,6 +245,8 @@ def run_service(
             echo=echo,
             lock=lock,
             page=page,
+            epoch=epoch,
+            standby=standby,
         )
     finally:
         page.close()
@@ -313,9 +267,12 @@ def _run(
     echo: Callable[[str], None],
     lock: Any,
     page: Any,
+    epoch: int = 0,
+    standby: str | None = None,
 ) -> dict[str, Any]:
     from diloco.data.sources import check_sources
     from diloco.decoupled.rpc.gateway import Gateway, ray_backend
+    from diloco.decoupled.run_folder import write_final_checkpoint
     from diloco.decoupled.site_budget import learner_counts
     from diloco.decoupled.trainer import write_merges
     from diloco.files import write_json
@@ -342,7 +299,12 @@ def _run(
     # up to WAIT_REPLY_S): room for 8 a learner and shard
     workers = max(64, 8 * cfg.replicas * cfg.syncer_shards)
     backend = ray_backend(handles, cfg.syncer_shards)
-    gateway = Gateway(backend, name=name, token=token, host=host, port=port, workers=workers)
+    from diloco.decoupled.rpc.replicate import replicator_for
+
+    replicator = replicator_for(cfg, out / "syncer")  # (its info once known, below; None on a Ray cluster)
+    gateway = Gateway(
+        backend, name=name, token=token, host=host, port=port, workers=workers, epoch=epoch, replicator=replicator
+    )
     gateway.start()  # a port in use is refused here, before `out` is written
     started_ray = not ray.is_initialized()
     try:
@@ -354,7 +316,7 @@ def _run(
             ray.init(address=cfg.ray_address or None, **kw)
         namespace = ray.get_runtime_context().namespace or DEFAULT_NAMESPACE
         advertise = advertise or (previous or {}).get("advertise") or ray.util.get_node_ip_address()
-        spec = f"{name}@{advertise}:{gateway.port}"
+        spec = f"{name}@{advertise}:{gateway.port}" + (f",{standby}" if standby else "")
         prints = fingerprint(cfg, vocab_size=vocab, data_digest=digest)
         commands = [
             learner_command(
@@ -379,7 +341,12 @@ def _run(
             "learners": commands,
             "fingerprint": prints,
             "status_port": page.port,
+            "epoch": epoch,
+            "preset": preset,
+            "overrides": list(overrides),
         }
+        if replicator is not None:
+            replicator.info = {k: v for k, v in info.items() if k != "token"} | {"config": cfg.to_dict()}
         out.mkdir(parents=True, exist_ok=True)  # everything is checked: only now is `out` written
         lock.acquire()
         write_json(out / "config.json", cfg.to_dict())
@@ -410,14 +377,26 @@ def _run(
         echo(
             f"diloco syncer: {name} runs (pid {status['pid']}"
             + (f", resumed from {status['restored_merges']} merges" if status["restored_merges"] is not None else "")
-            + f"); the sites connect to {advertise}:{gateway.port} (TCP, gRPC; served on {host}:{gateway.port})"
+            + f"); the sites connect to {advertise}:{gateway.port} (TCP, gRPC; served on {host}:{gateway.port}; "
+            f"epoch {epoch})"
         )
         echo(f"learner commands, one per site (also in {out / 'syncer.json'}; they hold the token):")
         for line in commands:
             echo(f"  {line}")
         page.start(out=out, name=name, cfg=cfg, inputs=inputs, echo=echo)
         on_status = ledger.chain(page.on_status, gateway)  # each status read: the page's, then the ledger's
-        summary = _monitor(shards, num_learners=cfg.replicas, poll_s=poll_s, echo=echo, on_status=on_status)
+        summary = _monitor(
+            shards,
+            num_learners=cfg.replicas,
+            poll_s=poll_s,
+            echo=echo,
+            on_status=on_status,
+            fenced=lambda: gateway.fenced_by,
+        )
+        if summary.get("fenced_by") is not None:  # a standby took over: it finishes the run, this one writes no result
+            from diloco.decoupled.standby import end_fenced
+
+            return end_fenced(shards, summary | {"name": name, "address": spec}, out, epoch, replicator, echo)
         records, lease = shards.records(), shards.lease_summary()  # (lease: the learner lease's leaves and joins)
         summary.update(learner_counts(cfg, shards.learner_steps()))  # each learner's steps and tokens, as counted
         named = shards.global_named_parameters()
@@ -434,6 +413,7 @@ def _run(
         shards.kill()
         summary = {**summary, "merges": len(records), "name": name, "address": spec, "final_eval_loss": loss}
         summary |= ledger.totals(gateway.calls) | {"learner_lease": lease}  # (ledger: every start of this monitor)
+        summary |= {"epoch": epoch, "replication": replicator and replicator.stats()}
         write_json(out / "summary.json", summary)
         echo(f"diloco syncer: every learner finished; {len(records)} merges; results in {out}")
         return summary
@@ -450,14 +430,18 @@ def _monitor(
     poll_s: float,
     echo: Callable[[str], None],
     on_status: Callable[[dict[str, Any] | None], None] = lambda status: None,
+    fenced: Callable[[], int | None] = lambda: None,
 ) -> dict[str, Any]:
     """Print the run's progress until every learner has finished (at every shard); the restarts seen.
-    ``on_status``: given each status read (None: the syncer did not answer), e.g. the status page's."""
+    ``on_status``: given each status read (None: the syncer did not answer), e.g. the status page's. ``fenced``:
+    a newer epoch a learner named (the run is then left to the standby that took over), or None."""
     from ray.exceptions import GetTimeoutError
 
     start = time.monotonic()
     pid, restarts, last, last_at = None, 0, "", 0.0
     while True:
+        if fenced() is not None:
+            return {"learners": num_learners, "syncer_restarts": restarts, "fenced_by": fenced()}
         try:
             status = shards.status(timeout=max(30.0, 3 * poll_s))
         except GetTimeoutError:
@@ -495,5 +479,4 @@ __all__ = [
     "parse_syncer",
     "plan_out",
     "run_service",
-    "write_final_checkpoint",
 ]

@@ -6,6 +6,8 @@ no Ray cluster spanning sites (Ray stays inside the syncer's host, where the ser
 * :mod:`.frames`: the messages as bytes (a small strict-JSON header, then the tensors' raw bytes; no pickle).
 * :mod:`.gateway`: the server, in the ``diloco syncer`` process, that forwards each call to the syncer actor(s).
 * :mod:`.client`: a learner's :class:`~diloco.decoupled.learner.Channel` over it (deadlines, retries, the token).
+* :mod:`.replicate`: the active syncer's state copied to a standby (``diloco syncer --standby-of``) before a
+  learner is answered, and the epoch that fences a former active.
 * :mod:`.probe`: is a ``syncer=NAME@HOST:PORT`` worth starting for (answers, the name, the token), before any
   file is written.
 
@@ -19,7 +21,10 @@ TOKEN_ENV = "DILOCO_SYNCER_TOKEN"
 DEFAULT_PORT = 7171
 #: gRPC's service name: each call is ``/diloco.Syncer/<Method>``.
 SERVICE = "diloco.Syncer"
-METHODS = ("Ping", "Hello", "Heartbeat", "Join", "Report", "WaitReply", "Leave", "Hold", "Status")
+METHODS = ("Ping", "Hello", "Heartbeat", "Join", "Report", "WaitReply", "Leave", "Hold", "Status", "Replicate")
+#: gRPC metadata: the syncer's epoch on every answer (trailing), the newest epoch a learner has seen on every call
+#: (:mod:`.replicate`: a standby that took over serves epoch + 1; an older one is ignored, and refuses).
+EPOCH_KEY = "diloco-epoch"
 GRPC_MISSING = "a site's learner talks to the syncer over gRPC: pip install -e .[site] (or grpcio>=1.60)"
 
-__all__ = ["DEFAULT_PORT", "GRPC_MISSING", "METHODS", "SERVICE", "TOKEN_ENV"]
+__all__ = ["DEFAULT_PORT", "EPOCH_KEY", "GRPC_MISSING", "METHODS", "SERVICE", "TOKEN_ENV"]

@@ -27,7 +27,7 @@ from typing import Any
 
 from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S
 from diloco.decoupled.messages import MAX_RESENDS, Reply, Report, Welcome, resend
-from diloco.decoupled.rpc import GRPC_MISSING, SERVICE, TOKEN_ENV
+from diloco.decoupled.rpc import EPOCH_KEY, GRPC_MISSING, SERVICE, TOKEN_ENV
 from diloco.decoupled.rpc.frames import pack, pack_report, unpack, unpack_reply, unpack_welcome
 from diloco.errors import ConfigError, RunError
 
@@ -36,7 +36,7 @@ RETRY_FOR_S = 300.0
 #: How many times a learner sends one report again (the service held no such report) before it gives up.
 #: The deadline of one try of each call (seconds); a report's and a welcome's grow with their bytes.
 DEADLINES = {"Ping": 5.0, "Hello": LEASE_S + 30.0, "Heartbeat": 5.0, "Join": 120.0, "Report": 60.0}
-DEADLINES |= {"WaitReply": 60.0, "Leave": 60.0, "Hold": 60.0, "Status": 30.0}
+DEADLINES |= {"WaitReply": 60.0, "Leave": 60.0, "Hold": 60.0, "Status": 30.0, "Replicate": 30.0}
 #: A connection's keepalive: a ping after this many seconds without one, and the seconds it may go unanswered
 #: before the connection is called dead (its calls fail UNAVAILABLE and are tried again on a new one).
 KEEPALIVE_S, PING_TIMEOUT_S = 10.0, 5.0
@@ -59,16 +59,31 @@ CLIENT_OPTIONS = [
 ]
 
 
-def parse_spec(spec: str) -> tuple[str, str, int]:
-    """``NAME@HOST:PORT`` -> (name, host, port); a ConfigError naming the form otherwise."""
-    name, sep, address = str(spec).partition("@")
-    host, _, port = address.rpartition(":")
-    if not sep or not name or not host or not port.isdigit():
+def parse_addresses(spec: str) -> tuple[str, list[tuple[str, int]]]:
+    """``NAME@HOST:PORT[,HOST2:PORT2...]`` -> (name, [(host, port), ...]): the active syncer's address, then its
+    standbys' (``diloco syncer --standby-of``); a ConfigError naming the form otherwise."""
+    name, sep, addresses = str(spec).partition("@")
+    found = []
+    for address in addresses.split(",") if sep and name else []:
+        host, _, port = address.strip().rpartition(":")
+        if not host or not port.isdigit():
+            found = []
+            break
+        found.append((host.strip("[]"), int(port)))
+    if not found:
         raise ConfigError(
             f"syncer={spec!r}: give NAME@ADDRESS as `diloco syncer` printed it (e.g. "
-            f"diloco-syncer-1a2b3c@10.0.0.1:7171; also in its --out folder's syncer.json)"
+            f"diloco-syncer-1a2b3c@10.0.0.1:7171, or with a standby diloco-syncer-1a2b3c@10.0.0.1:7171,10.0.0.2:7171; "
+            f"also in its --out folder's syncer.json)"
         )
-    return name, host.strip("[]"), int(port)
+    return name, found
+
+
+def parse_spec(spec: str) -> tuple[str, str, int]:
+    """``NAME@HOST:PORT`` -> (name, host, port) (the first address of a list); a ConfigError naming the form
+    otherwise."""
+    name, addresses = parse_addresses(spec)
+    return name, *addresses[0]
 
 
 class Unreachable(RunError):
@@ -77,7 +92,9 @@ class Unreachable(RunError):
 
 
 class Link:
-    """One gRPC connection to a syncer service, carrying the token on every call (module docstring)."""
+    """gRPC connections to a syncer service (its active address, then its standbys'), carrying the token and the
+    newest epoch seen on every call (module docstring). A call that finds one address unreachable (or answering
+    with an epoch older than the newest seen: a former active, whose connection is dropped) goes on at the next."""
 
     def __init__(self, spec: str, *, token: str | None = None, retry_for: float = RETRY_FOR_S) -> None:
         try:
@@ -86,23 +103,65 @@ class Link:
             raise ConfigError(GRPC_MISSING) from None
         self._grpc = grpc
         self.spec = spec
-        self.name, host, port = parse_spec(spec)
-        self.target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.name, addresses = parse_addresses(spec)
+        self.targets = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in addresses]
         token = token if token is not None else os.environ.get(TOKEN_ENV, "")
         if not token:
             raise ConfigError(
                 f"no token for the syncer {spec}: run the site's command as `diloco syncer` printed it (it sets "
                 f"{TOKEN_ENV}=...; the token is also in the service's --out/syncer.json)"
             )
-        self.metadata = (("diloco-token", token),)
+        self.token = token
         self.retry_for = retry_for
         self.retries = 0  # tries that failed and were made again
+        self.switches = 0  # times a call went on at the next address
+        self.stale_answers = 0  # answers ignored for an epoch older than the newest seen
+        self.epoch = -1  # the newest epoch a syncer answered with (-1: none yet)
         self.bytes_sent = self.bytes_received = 0
-        self.channel = grpc.insecure_channel(self.target, options=CLIENT_OPTIONS)
-        self._calls = {m: self.channel.unary_unary(f"/{SERVICE}/{m}") for m in DEADLINES}
+        self._at = 0  # the address calls go to now
+        self._lock = threading.Lock()
+        self._channels: dict[int, Any] = {}
+        self._stubs: dict[int, dict[str, Any]] = {}
+
+    @property
+    def target(self) -> str:
+        return self.targets[self._at]
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("diloco-token", self.token), (EPOCH_KEY, str(max(self.epoch, 0))))
+
+    def stub(self, method: str, at: int | None = None) -> Any:
+        """The callable of ``method`` at address ``at`` (default: the current one), on a connection kept open."""
+        at = self._at if at is None else at
+        with self._lock:
+            if at not in self._channels:
+                self._channels[at] = self._grpc.insecure_channel(self.targets[at], options=CLIENT_OPTIONS)
+                self._stubs[at] = {m: self._channels[at].unary_unary(f"/{SERVICE}/{m}") for m in DEADLINES}
+            return self._stubs[at][method]
+
+    def _drop(self, at: int) -> None:
+        """Close the connection to address ``at`` and go on at the next address (unless another call moved on)."""
+        with self._lock:
+            channel = self._channels.pop(at, None)
+            self._stubs.pop(at, None)
+            if self._at == at and len(self.targets) > 1:
+                self._at = (at + 1) % len(self.targets)
+                self.switches += 1
+        if channel is not None:
+            channel.close()
+
+    def _next(self, at: int) -> None:
+        with self._lock:
+            if self._at == at and len(self.targets) > 1:
+                self._at = (at + 1) % len(self.targets)
+                self.switches += 1
 
     def close(self) -> None:
-        self.channel.close()
+        with self._lock:
+            channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
+        for channel in channels:
+            channel.close()
 
     def call(
         self,
@@ -113,7 +172,8 @@ class Link:
         retry_for: float | None = None,
     ) -> bytes:
         """One call (its request a header, or a frame already packed), tried again while the service is
-        unreachable for up to ``retry_for`` seconds (module docstring); the answer's bytes."""
+        unreachable for up to ``retry_for`` seconds (module docstring), at the next address after each failure;
+        the answer's bytes."""
         grpc = self._grpc
         request = header if isinstance(header, bytes) else pack({"syncer": self.name, **header})
         timeout = DEADLINES[method] if timeout is None else timeout
@@ -121,29 +181,52 @@ class Link:
         give_up = began + (self.retry_for if retry_for is None else retry_for)
         delay = 0.2
         while True:
+            at = self._at
             try:
-                answer = self._calls[method](request, timeout=timeout, metadata=self.metadata)
-                self.bytes_sent += len(request)
-                self.bytes_received += len(answer)
-                return answer
+                answer, call = self.stub(method, at).with_call(request, timeout=timeout, metadata=self.metadata)
+                epoch = answer_epoch(call)
+                if accept_epoch(self.epoch, epoch):
+                    self.epoch = max(self.epoch, epoch)
+                    self.bytes_sent += len(request)
+                    self.bytes_received += len(answer)
+                    return answer
+                self.stale_answers += 1  # a former active (module docstring): dropped, and the call goes on
+                self._drop(at)
+                code, details = grpc.StatusCode.UNAVAILABLE, f"epoch {epoch} is older than {self.epoch}: ignored"
             except grpc.RpcError as exc:
                 code, details = exc.code(), exc.details()
                 if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.NOT_FOUND):
                     raise ConfigError(details) from None
                 if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     raise RuntimeError(
-                        f"the syncer at {self.target} answered {method} with {code.name}: {details}"
+                        f"the syncer at {self.targets[at]} answered {method} with {code.name}: {details}"
                     ) from None
-                if time.monotonic() + delay > give_up:
-                    raise Unreachable(
-                        f"the syncer {self.spec} did not answer {method} for {time.monotonic() - began:.0f} s "
-                        f"({self.retries} tries made again; last: {code.name}: {details}): the network to it is down "
-                        f"or it stopped. The site's job stops here; torchrun --max-restarts restarts it and "
-                        f"--resume auto resumes it from its newest checkpoint"
-                    ) from None
-                self.retries += 1
+                self._next(at)
+            if time.monotonic() + delay > give_up:
+                raise Unreachable(
+                    f"the syncer {self.spec} did not answer {method} for {time.monotonic() - began:.0f} s "
+                    f"({self.retries} tries made again; last: {code.name}: {details}): the network to it is down "
+                    f"or it stopped. The site's job stops here; torchrun --max-restarts restarts it and "
+                    f"--resume auto resumes it from its newest checkpoint"
+                ) from None
+            self.retries += 1
+            if self._at == 0 or len(self.targets) == 1:  # each address tried once since the last pause
                 time.sleep(delay)
                 delay = min(2 * delay, 2.0)
+
+
+def answer_epoch(call: Any) -> int:
+    """The epoch a syncer's answer carries (trailing metadata; 0 from a syncer that sends none)."""
+    try:
+        return int(dict(call.trailing_metadata() or ()).get(EPOCH_KEY, 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def accept_epoch(newest: int, epoch: int) -> bool:
+    """The fencing rule, a learner's side: an answer of an epoch older than the newest one seen is ignored (a former
+    active that came back after a standby took over); one as new or newer is taken (and becomes the newest)."""
+    return epoch >= newest
 
 
 class RpcChannel:
@@ -189,11 +272,13 @@ class RpcChannel:
             frame = pack_report(report, syncer=self.link.name, shard=self.shard)
             timeout = DEADLINES["Report"] + len(frame) / 1e6  # at least 1 MB/s
             (answer, _) = unpack(self.link.call("Report", frame, timeout=timeout))
+            at_epoch = self.link.epoch  # the epoch of the syncer that took it (a standby that took over after: lost)
             delivered.set_result(None)
         except BaseException as exc:
             delivered.set_exception(exc)
             raise
         ask = self._head(fragment=report.fragment, at=answer["at"], base_version=report.base_version)
+        ask["at_epoch"] = at_epoch
         return unpack_reply(self.link.call("WaitReply", ask))
 
     def _resend(self, fragment: int) -> None:
@@ -291,6 +376,9 @@ __all__ = [
     "PING_TIMEOUT_S",
     "RETRY_FOR_S",
     "Link",
+    "accept_epoch",
+    "answer_epoch",
+    "parse_addresses",
     "RpcChannel",
     "Unreachable",
     "connect_site",

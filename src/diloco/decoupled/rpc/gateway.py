@@ -17,6 +17,13 @@ Every call is checked before it reaches the backend: the token (gRPC metadata ``
 ``UNAUTHENTICATED`` when wrong or missing), the syncer's name (``NOT_FOUND``: a site started with another run's
 command) and the shard (``INVALID_ARGUMENT``). A backend that does not answer in time or is restarting is
 ``UNAVAILABLE`` (the learner retries); what the syncer refuses is ``FAILED_PRECONDITION`` with its message.
+
+Epochs (:mod:`.replicate`): every answer carries the gateway's ``epoch`` (trailing metadata ``diloco-epoch``), every
+learner's call the newest epoch it has seen. A call that has seen a newer epoch than this gateway's fences it: a
+standby took over from this syncer, so from then on it answers every call ``UNAVAILABLE`` (the learner goes on at
+its next address) and merges nothing more. With a ``replicator`` (a standby attached), an answer that tells a
+learner of the syncer's state (a join's welcome, a merge's reply, a leave, a hold) waits until the standby holds
+that state (:meth:`~diloco.decoupled.rpc.replicate.Replicator.gate`).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from diloco.decoupled.membership import LEASE_S
-from diloco.decoupled.rpc import DEFAULT_PORT, GRPC_MISSING, METHODS, SERVICE
+from diloco.decoupled.rpc import DEFAULT_PORT, EPOCH_KEY, GRPC_MISSING, METHODS, SERVICE
 from diloco.decoupled.rpc.frames import (
     FrameError,
     pack,
@@ -98,11 +105,15 @@ class Gateway:
         host: str = "0.0.0.0",
         port: int = DEFAULT_PORT,
         workers: int = 64,
+        epoch: int = 0,
+        replicator: Any = None,
     ) -> None:
         assert token, "a gateway needs a token"
         (self.call, self.shards), self.name, self.token = backend, name, token
         self.host, self.port, self.workers = host, port, workers
         self.calls = 0
+        self.epoch, self.replicator = int(epoch), replicator
+        self.fenced_by: int | None = None  # the newer epoch a learner named (module docstring); None: not fenced
         self._server: Any = None
 
     # -- the server ------------------------------------------------------------
@@ -149,6 +160,16 @@ class Gateway:
                     f"the syncer {self.name} refused a call with {why}: run the site with the token `diloco syncer` "
                     f"printed (DILOCO_SYNCER_TOKEN=... in its learner command; also in its --out's syncer.json)",
                 )
+            context.set_trailing_metadata(((EPOCH_KEY, str(self.epoch)),))
+            seen = _epoch_of(dict(context.invocation_metadata()).get(EPOCH_KEY))
+            if seen > self.epoch:
+                self.fenced_by = max(seen, self.fenced_by or 0)
+            if self.fenced_by is not None:
+                context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"the syncer {self.name} of epoch {self.epoch} was replaced by a standby that took over (epoch "
+                    f"{self.fenced_by}): it merges nothing more; the learner goes on at its next address",
+                )
             try:
                 header, tensors = unpack(request)
             except FrameError as exc:
@@ -178,8 +199,13 @@ class Gateway:
         return handle
 
     # -- the calls -------------------------------------------------------------
+    def _gate(self, since: float) -> None:
+        """Wait until the standby (if one is attached) holds the state as of ``since`` (monotonic)."""
+        if self.replicator is not None:
+            self.replicator.gate(since)
+
     def _ping(self, header: dict, tensors: list, shard: int) -> bytes:
-        return pack({"syncer": self.name, "shards": self.shards, "time": time.time()})
+        return pack({"syncer": self.name, "shards": self.shards, "time": time.time(), "epoch": self.epoch})
 
     def _hello(self, header: dict, tensors: list, shard: int) -> bytes:
         args = (int(header["learner"]), str(header["session"]), header.get("fingerprint"), header.get("host"))
@@ -190,7 +216,9 @@ class Gateway:
         return pack({"held": bool(held)})
 
     def _join(self, header: dict, tensors: list, shard: int) -> bytes:
-        return pack_welcome(self.call(shard, "join", (int(header["learner"]),), CALL_S))
+        welcome = self.call(shard, "join", (int(header["learner"]),), CALL_S)
+        self._gate(time.monotonic())
+        return pack_welcome(welcome)
 
     def _report(self, header: dict, tensors: list, shard: int) -> bytes:
         at = time.time()  # this host's clock: what the actor compares with its start (no clock across the WAN)
@@ -198,20 +226,41 @@ class Gateway:
         return pack({"at": at})
 
     def _waitreply(self, header: dict, tensors: list, shard: int) -> bytes:
-        args = (int(header["learner"]), int(header["fragment"]), float(header["at"]), int(header["base_version"]))
-        return pack_reply(self.call(shard, "wait_reply", args, WAIT_REPLY_S))
+        # a report taken by the syncer of an older epoch went down with it: sent "before this syncer started"
+        at = float(header["at"]) if int(header.get("at_epoch", self.epoch)) >= self.epoch else 0.0
+        args = (int(header["learner"]), int(header["fragment"]), at, int(header["base_version"]))
+        reply = self.call(shard, "wait_reply", args, WAIT_REPLY_S)
+        self._gate(time.monotonic())
+        return pack_reply(reply)
 
     def _leave(self, header: dict, tensors: list, shard: int) -> bytes:
         session = header.get("session")
         self.call(shard, "leave", (int(header["learner"]), bool(header["finished"]), session), CALL_S)
+        self._gate(time.monotonic())
         return pack({})
 
     def _hold(self, header: dict, tensors: list, shard: int) -> bytes:
         self.call(shard, "hold", (int(header["learner"]), int(header["step"])), CALL_S)
+        self._gate(time.monotonic())
         return pack({})
 
     def _status(self, header: dict, tensors: list, shard: int) -> bytes:
         return pack(self.call(shard, "status", (), CALL_S))
+
+    def _replicate(self, header: dict, tensors: list, shard: int) -> bytes:
+        if self.replicator is None:
+            raise RuntimeError(
+                f"the syncer {self.name} keeps no standby: its actor runs on a Ray cluster (ray_address), whose "
+                f"checkpoint files lie on another node; run the syncer on a local Ray instance to have a standby"
+            )
+        return self.replicator.serve(header)
+
+
+def _epoch_of(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 __all__ = ["CALL_S", "Gateway", "SERVER_OPTIONS", "WAIT_REPLY_S", "ray_backend"]

@@ -12,7 +12,7 @@ says which of these it is, so a site job does not train into a service it can ne
 
 from __future__ import annotations
 
-from diloco.decoupled.rpc.client import Link, parse_spec
+from diloco.decoupled.rpc.client import Link, parse_addresses
 from diloco.decoupled.rpc.frames import FrameError, unpack
 from diloco.errors import ConfigError
 
@@ -23,13 +23,41 @@ PROBE_TIMEOUT_S = 5.0
 def check_syncer(
     spec: str, *, token: str | None = None, num_shards: int | None = None, timeout_s: float = PROBE_TIMEOUT_S
 ) -> dict:
-    """The service's ping answer (its name, shards, clock), or a ConfigError saying why not (module docstring)."""
+    """The service's ping answer (its name, shards, clock, epoch), or a ConfigError saying why not (module
+    docstring). With several addresses (the active's, then a standby's) the first that answers as this run's syncer
+    does is taken (a standby does not serve until it takes over); when none does, each one's reason is given."""
+    name, addresses = parse_addresses(spec)
+    link = Link(spec, token=token, retry_for=0.0)
+    why: list[ConfigError] = []
+    try:
+        for at, (host, port) in enumerate(addresses):
+            try:
+                header = _probe(
+                    link, at, spec if len(addresses) == 1 else f"{name}@{host}:{port}", host, port, timeout_s
+                )
+            except ConfigError as exc:
+                why.append(exc)
+                continue
+            if num_shards is not None and header.get("shards") != num_shards:
+                raise ConfigError(
+                    f"syncer={spec!r} has syncer_shards={header.get('shards')}, this learner {num_shards}: start the "
+                    f"learner with the syncer's settings (the command `diloco syncer` printed)"
+                )
+            return header
+    finally:
+        link.close()
+    if len(why) == 1:
+        raise why[0]
+    raise ConfigError(f"syncer={spec!r}: no address answers as this run's syncer: " + "; ".join(map(str, why)))
+
+
+def _probe(link: Link, at: int, spec: str, host: str, port: int, timeout_s: float) -> dict:
     import grpc
 
-    name, host, port = parse_spec(spec)
-    link = Link(spec, token=token, retry_for=0.0)
     try:
-        answer = link._calls["Ping"](_ping(name), timeout=timeout_s, metadata=link.metadata, wait_for_ready=False)
+        answer = link.stub("Ping", at)(
+            _ping(link.name), timeout=timeout_s, metadata=link.metadata, wait_for_ready=False
+        )
     except grpc.RpcError as exc:
         code, details = exc.code(), exc.details() or ""
         if code == grpc.StatusCode.DEADLINE_EXCEEDED or "timed out" in details.lower():
@@ -52,17 +80,10 @@ def check_syncer(
             f"syncer={spec!r}: something answers at {host}:{port} but not as a diloco syncer does "
             f"({code.name}: {details[:200]}): give the address `diloco syncer` printed"
         ) from None
-    finally:
-        link.close()
     try:
         header, _ = unpack(answer)
     except FrameError as exc:
         raise ConfigError(f"syncer={spec!r}: {host}:{port} answers, but not as a diloco syncer does ({exc})") from None
-    if num_shards is not None and header.get("shards") != num_shards:
-        raise ConfigError(
-            f"syncer={spec!r} has syncer_shards={header.get('shards')}, this learner {num_shards}: start the learner "
-            f"with the syncer's settings (the command `diloco syncer` printed)"
-        )
     return header
 
 

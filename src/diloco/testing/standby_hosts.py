@@ -1,0 +1,203 @@
+"""An active syncer's host lost mid-run, its standby taking over, on emulated hosts (:mod:`diloco.testing.hosts`,
+root only): what tests/hosts/test_deploy_standby.py asserts and benchmarks/site_faults.py times.
+
+Host 0 runs ``diloco syncer ... --standby HOST1:7171`` (the active), host 1 ``diloco syncer --standby-of
+NAME@HOST0:7171`` (with the token the active wrote in its syncer.json), hosts 2.. each a site's printed command
+(``syncer=NAME@HOST0:7171,HOST1:7171``). Once every learner passed ``kill_at_step``, host 0 is killed whole (every
+process of it, Ray included, at once). :func:`run_standby_deploy` returns what the run left: the merges the standby
+ended with (and whether their versions run without a gap), the merges the active made, the ones the standby held
+when it took over and the ones it had not (made by the active but told to no learner), each learner's final
+trajectory, its worst step after the kill over its typical step, and the seconds from the kill to the standby's
+takeover and to its first merge.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from diloco.decoupled.chaos_logs import final_steps, read_learner_log
+from diloco.testing.hosts import Hosts
+
+PORT = 7171
+ACTIVE_OUT, STANDBY_OUT = "/tmp/svc", "/tmp/standby"
+
+
+def _env(token: str | None = None) -> dict[str, str]:
+    """As tests/hosts/_deploy.py's host_env: this tree and venv, the host's own token cache, the token if given."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
+    env["DILOCO_CACHE"] = "/tmp/cache"
+    env.pop("DILOCO_SYNCER_TOKEN", None)
+    if token:
+        env["DILOCO_SYNCER_TOKEN"] = token
+    env.setdefault("RAY_gcs_server_port_wait_time_s", "120")
+    return env
+
+
+def _wait(what: str, check, *, timeout: float, procs=(), every: float = 0.2) -> Any:
+    end = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        for p in procs:
+            if p.poll() not in (None, 0):
+                text = (
+                    p.stderr_path.read_text(errors="replace")[-3000:]
+                    + p.stdout_path.read_text(errors="replace")[-2000:]
+                )
+                raise AssertionError(f"{p.args[-1]} exited {p.returncode} waiting for {what}:\n{text}")
+        if time.monotonic() >= end:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every)
+
+
+#: What Ray says when its own startup timed out on an overloaded machine (its GCS, its node info): the process is
+#: started again, once, as tests/hosts/_deploy.py does for the service.
+RAY_STARTUP = ("timed out during startup", "gcs_server_port", "Failed to get node info", "Timed out waiting for file")
+
+
+def _started(host, argv, env, name: str, what, *, procs=()) -> Any:
+    """``argv`` run on ``host`` until ``what(proc)`` is truthy; started again once where Ray's startup failed."""
+    proc = host.run(argv, env=env, name=name)
+    try:
+        return proc, _wait(name, lambda: what(proc), timeout=240, procs=[*procs, proc])
+    except AssertionError as exc:
+        if not any(s in str(exc) for s in RAY_STARTUP):
+            raise
+    proc = host.run(argv, env=env, name=f"{name}-again")
+    return proc, _wait(name, lambda: what(proc), timeout=240, procs=[*procs, proc])
+
+
+def _printed(proc) -> list[str] | None:
+    text = proc.stdout_path.read_text(errors="replace").splitlines()
+    at = next((i for i, line in enumerate(text) if line.startswith("learner commands, one per site")), None)
+    if at is None:
+        return None
+    got = [line.strip() for line in text[at + 1 :] if line.startswith("  ")]
+    return got if got and "--resume auto" in got[-1] else None
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _site_out(line: str) -> str:
+    import shlex
+
+    words = shlex.split(line)
+    return str(Path("/tmp") / words[words.index("--out") + 1])
+
+
+def run_standby_deploy(
+    *, token_cache: Path, sets: dict[str, Any], kill_at_step: int, takeover_s: float = 5.0, sites: int = 2
+) -> dict[str, Any]:
+    """The scenario of the module docstring; returns its figures (raises AssertionError naming what did not come)."""
+    args = [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
+    with Hosts(2 + sites) as hosts:
+        h0, h1, site_hosts = hosts[0], hosts[1], hosts[2:]
+        for h in hosts:
+            h.tmp.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(token_cache, h.path("/tmp/cache"), dirs_exist_ok=True)
+        argv = [sys.executable, "-m", "diloco", "syncer", "--preset", "tiny", *args, "--poll", "1"]
+        argv += ["--host", "0.0.0.0", "--advertise", h0.address, "--port", str(PORT), "--out", ACTIVE_OUT]
+        active, lines = _started(h0, [*argv, "--standby", f"{h1.address}:{PORT}"], _env(), "active", _printed)
+        info = json.loads(h0.path(f"{ACTIVE_OUT}/syncer.json").read_text())
+        assert f"syncer={info['name']}@{h0.address}:{PORT},{h1.address}:{PORT}" in lines[0], lines[0]
+        # the standby once the active's Ray is up (two Ray instances starting at once on 2 loaded cores: one timed
+        # out waiting for its GCS), and the sites once the standby follows
+        argv = [sys.executable, "-m", "diloco", "syncer", "--standby-of", f"{info['name']}@{h0.address}:{PORT}"]
+        argv += ["--out", STANDBY_OUT, "--port", str(PORT), "--host", "0.0.0.0", "--advertise", h1.address]
+        argv += ["--poll", "1", "--takeover-after", str(takeover_s)]
+        standby, _ = _started(
+            h1,
+            argv,
+            _env(info["token"]),
+            "standby",
+            lambda p: "diloco syncer: standby of" in p.stdout_path.read_text(errors="replace"),
+            procs=[active],
+        )
+        began = time.time()
+        jobs = [
+            h.run(["sh", "-c", f"cd /tmp && {lines[m]}"], env=_env(), name=f"site-{m}")
+            for m, h in enumerate(site_hosts)
+        ]
+        logs = [h.path(_site_out(lines[m])) / f"learner-{m}.jsonl" for m, h in enumerate(site_hosts)]
+        procs = [active, standby, *jobs]
+
+        def reached(step: int) -> bool:
+            return all(any(r.get("step", 0) >= step for r in read_learner_log(log)) for log in logs)
+
+        _wait(f"every learner at step {kill_at_step}", lambda: reached(kill_at_step), timeout=240, procs=procs)
+        h0.kill()
+        killed_at = time.time()
+        active_rows = read_learner_log(h0.path(f"{ACTIVE_OUT}/syncer/records.jsonl"))
+        procs = [standby, *jobs]
+        _wait(
+            "the standby's takeover",
+            lambda: "taking over as epoch" in standby.stdout_path.read_text(),
+            timeout=120,
+            procs=procs,
+        )
+        took_over_at = time.time()
+        for job in jobs:
+            assert job.wait(timeout=300) == 0, job.stderr_path.read_text(errors="replace")[-3000:]
+        assert standby.wait(timeout=120) == 0, standby.stderr_path.read_text(errors="replace")[-3000:]
+        out = h1.path(STANDBY_OUT)
+        summary = json.loads((out / "summary.json").read_text())
+        merges = read_learner_log(out / "merges.jsonl")
+        events = read_learner_log(out / "syncer" / "events.jsonl")
+        started = next(e for e in events if e.get("event") == "started")
+        restored = started["restored_merges"]
+        after = [r["at"] for r in merges if r["at"] > killed_at]
+        learners = []
+        for log in logs:
+            steps, superseded = final_steps(read_learner_log(log))
+            dts = [r["dt"] for r in steps]
+            typical = median(dts) if dts else 0.0
+            worst = max((r["dt"] for r in steps if r["t"] > killed_at), default=0.0)
+            learners.append(
+                {
+                    "steps": [r["step"] for r in steps],
+                    "superseded": superseded,
+                    "typical_step_s": typical,
+                    "worst_over_typical_after_kill": worst / typical if typical else None,
+                }
+            )
+        return {
+            "finished": "every learner finished" in standby.stdout_path.read_text(),
+            "epoch": summary.get("epoch"),
+            "merges": merges,
+            "active_rows": active_rows,
+            "restored_merges": restored,
+            "lost_merges": len(active_rows) - (restored or 0),  # made by the active, told to no learner
+            "learners": learners,
+            "takeover_s": took_over_at - killed_at,
+            "actor_started_after_kill_s": started["t"] - killed_at,
+            "first_merge_after_kill_s": (after[0] - killed_at) if after else None,
+            "replication": summary.get("replication"),
+            "standby": summary.get("standby"),
+            "wall_s": time.time() - began,
+        }
+
+
+def contiguous(merges: list[dict[str, Any]]) -> bool:
+    """Every fragment's merge versions run 1, 2, ... without a gap or a repeat."""
+    return all(
+        [r["version"] for r in merges if r["fragment"] == p]
+        == list(range(1, 1 + sum(r["fragment"] == p for r in merges)))
+        for p in {r["fragment"] for r in merges}
+    )
+
+
+__all__ = ["ACTIVE_OUT", "PORT", "STANDBY_OUT", "contiguous", "run_standby_deploy"]

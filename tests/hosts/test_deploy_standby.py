@@ -1,0 +1,60 @@
+"""An active syncer whose host is lost mid-run, and its standby taking over (:mod:`diloco.testing.standby_hosts`:
+the active on host 0, the standby on host 1, a site on each of hosts 2 and 3 running the printed command). Root only.
+Events and counts here; the seconds (takeover, worst step over typical) are benchmarks/site_faults.py's row."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ray")
+
+from diloco.testing.hosts import unavailable
+from diloco.testing.standby_hosts import contiguous, run_standby_deploy
+
+pytestmark = [pytest.mark.hosts, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
+
+STEPS = 64
+SETS = {
+    "replicas": 2,
+    "global_batch": 8,
+    "sync_every": 8,
+    "num_fragments": 2,
+    "overlap_steps": 1,
+    "steps": STEPS,
+    "eval_every": STEPS,
+    "checkpoint_every": 8,
+    "step_time": 0.15,
+    "ride_out_steps": 16,
+    "threads": 1,
+}
+
+
+@pytest.mark.slow  # 55-65 s each on 2 cores at load 7-11: two Ray instances, four hosts
+@pytest.mark.timeout(480)
+@pytest.mark.parametrize("quorum", [1, 2])
+def test_the_standby_takes_over_when_the_active_host_is_lost_and_the_run_finishes(token_cache, quorum):
+    """K = 1 and K = 2 of M = 2. Host 0 (the active syncer, its Ray with it) is killed once both learners passed
+    step 16. The standby takes
+    over at epoch 1 from its copy; both site jobs finish without a restart (every step of each learner done once),
+    the standby's merge versions run without a gap, it had every merge the active made before the kill that a
+    learner could have been told of (its copy's records are the active's first rows, bit for bit as JSON), and
+    it merged again after the kill."""
+    got = run_standby_deploy(token_cache=token_cache, sets={**SETS, "quorum": quorum}, kill_at_step=16, takeover_s=3.0)
+    assert got["finished"] and got["epoch"] == 1
+    merges, active = got["merges"], got["active_rows"]
+    assert contiguous(merges), [(r["fragment"], r["version"]) for r in merges]
+    assert got["restored_merges"] >= 2 and merges[: got["restored_merges"]] == active[: got["restored_merges"]]
+    # the active's merges the standby did not hold: at most one a fragment (made, its state written, the host lost
+    # before the copy: no learner got its reply); each was made again by the standby under the same version
+    assert 0 <= got["lost_merges"] <= SETS["num_fragments"], got["lost_merges"]
+    assert got["first_merge_after_kill_s"] is not None
+    assert len(merges) > len(active)
+    for learner in got["learners"]:
+        assert learner["steps"] == list(range(1, STEPS + 1)) and learner["superseded"] == 0
+    assert got["replication"] is not None or got["standby"]["copies"] >= got["restored_merges"]
+    print(
+        f"standby takeover (K = {quorum}): takeover {got['takeover_s']:.1f} s, actor up "
+        f"{got['actor_started_after_kill_s']:.1f} s, first merge {got['first_merge_after_kill_s']:.1f} s "
+        f"after the kill, lost {got['lost_merges']}, worst/typical "
+        f"{[round(x['worst_over_typical_after_kill'], 2) for x in got['learners']]}, wall {got['wall_s']:.0f} s"
+    )
