@@ -280,4 +280,33 @@ def test_the_planning_guide_shows_what_the_planner_prints(tmp_path, capsys):
     assert main([*args, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     block = out[out.index("syncer (method=decoupled)") :].split("\n\n")[0]
-    assert len(block.splitlines()) == 6 and block in doc  # no note: the 3 shards divide the 12 fragments
+    assert len(block.splitlines()) == 8 and block in doc  # no note (the 3 shards divide the 12 fragments); the standby
+
+
+def test_the_standby_gets_a_shards_state_after_each_of_its_merges_and_the_plan_says_whether_the_link_keeps_up():
+    from diloco.cli.plan_report import format_syncer
+    from diloco.sim.syncer_cost import SYNCER_COSTS, plan_syncer
+
+    sp = plan_syncer(
+        num_params=7e9,
+        non_block_params=2.6e8,
+        num_layers=32,
+        fragment_layers=3,
+        learners=8,
+        tau=5,
+        sync_every=30,
+        step_time_s=1.0,
+        step_time_source="given",
+    )
+    lossy = SYNCER_COSTS["fp4_e3m0"].lossy
+    assert sp.state_bytes == pytest.approx(4 * 7e9 * (3 + lossy))  # Theta, its copy, the momentum (+ a shared copy)
+    assert sp.standby_copy_bytes == pytest.approx(sp.state_bytes / sp.shards)
+    assert sp.shard_merge_interval_s == pytest.approx(30 * 1.0 * sp.shards / sp.fragments)
+    assert sp.to_dict()["standby_copy_bytes"] == sp.standby_copy_bytes
+    slow, fast = 1e9, 1e9 * 8 * sp.standby_copy_bytes / sp.shard_merge_interval_s / 1e9 * 2  # a copy: 10x, 0.5x
+    text = format_syncer(sp, [slow, fast])
+    assert "standby syncer, per shard" in text and "--standby-of" in text
+    lines = [line for line in text.splitlines() if " a copy, " in line]
+    ratio = 8 * sp.standby_copy_bytes / slow / sp.shard_merge_interval_s
+    assert f"{ratio:.3g} x the time between merges (does not keep up" in lines[0]
+    assert "0.5 x the time between merges (keeps up)" in lines[1]

@@ -314,13 +314,13 @@ def run(args: argparse.Namespace) -> int:
         print(format_measured(plan.measured))
     if syncer is not None:
         print()
-        print(format_syncer(syncer))
+        print(format_syncer(syncer, bws))
     print()
     print(format_sources(plan))
     data, md = plan.to_dict(), markdown(plan)
     if syncer is not None:
         data["syncer"] = syncer.to_dict()
-        md += "\n## Decoupled DiLoCo's syncer\n\n```\n" + format_syncer(syncer) + "\n```\n"
+        md += "\n## Decoupled DiLoCo's syncer\n\n```\n" + format_syncer(syncer, bws) + "\n```\n"
     if failures is not None:
         report = goodput_report(failures[0], args.workers, failures[1])
         print()

@@ -4,6 +4,7 @@ command)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from diloco.cli.simulate import format_duration, format_gbps
@@ -193,8 +194,9 @@ def _bytes(n: float) -> str:
     return f"{n:.3g} B"
 
 
-def format_syncer(sp: SyncerPlan) -> str:
-    """The syncer's costs beside the learners' step time, and which bound sets its shard count."""
+def format_syncer(sp: SyncerPlan, bandwidths_bps: Sequence[float] = ()) -> str:
+    """The syncer's costs beside the learners' step time, which bound sets its shard count, and where a standby runs
+    and what its copies cost at each link bandwidth."""
     budget, period = sp.tau * sp.step_time_s, sp.sync_every * sp.step_time_s
     # syncer_shards owns whole fragments: the merge bound's S hosts need fragments S times smaller there
     smaller = f", fragments {sp.shards_for_merge}x smaller on syncer_shards" if sp.shards_for_merge > 1 else ""
@@ -218,6 +220,19 @@ def format_syncer(sp: SyncerPlan) -> str:
     ]
     if sp.shards_note is not None:
         lines.append(f"  ({sp.shards_note})")
+    lines.append(
+        f"  standby syncer, per shard     {_bytes(sp.standby_copy_bytes):>10}  a copy after each of the shard's merges "
+        f"(one every {format_duration(sp.shard_merge_interval_s)}); on a host of another site than the active's "
+        "(diloco syncer --standby-of), with as much memory as the syncer"
+    )
+    for bw in bandwidths_bps:
+        copy_s = 8 * sp.standby_copy_bytes / bw
+        ratio = copy_s / sp.shard_merge_interval_s
+        verdict = "keeps up" if ratio <= 1 else "does not keep up: each reply waits for the copy"
+        lines.append(
+            f"    at {format_gbps(bw)}: {format_duration(copy_s)} a copy, {ratio:.3g} x the time between merges "
+            f"({verdict})"
+        )
     return "\n".join(lines)
 
 

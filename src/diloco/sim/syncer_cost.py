@@ -142,6 +142,7 @@ class SyncerPlan:
     shards_for_merge: int  # the fewest S with t(n / S, M) <= tau steps
     shards_for_load: int  # the fewest S with (P / S) t(n, M) <= H steps
     sources: dict[str, str]
+    state_bytes: float = 0.0  # the syncer's FP32 state at rest (memory_bytes less a merge's working set)
 
     @property
     def shards_for_bounds(self) -> int:
@@ -183,6 +184,17 @@ class SyncerPlan:
             )
         return None
 
+    @property
+    def standby_copy_bytes(self) -> float:
+        """What a standby syncer receives after each merge of a shard: that shard's whole state (the standby copies
+        the active's newest checkpoint, diloco.decoupled.rpc.replicate), its share of :attr:`state_bytes`."""
+        return self.state_bytes / self.shards
+
+    @property
+    def shard_merge_interval_s(self) -> float:
+        """Seconds between two merges of one shard: it owns P / S fragments, each merged once per H steps."""
+        return self.sync_every * self.step_time_s * self.shards / self.fragments
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "codec": self.codec,
@@ -204,6 +216,8 @@ class SyncerPlan:
             "shards_for_load": self.shards_for_load,
             "shards_bound": self.bound,
             "shards_note": self.shards_note,
+            "standby_copy_bytes": self.standby_copy_bytes,
+            "shard_merge_interval_s": self.shard_merge_interval_s,
             "sources": dict(self.sources),
         }
 
@@ -256,6 +270,7 @@ def plan_syncer(
         step_time_source=step_time_source,
         merge_s=merge_s,
         memory_bytes=memory_bytes(cost, num_params=num_params, fragment_values=fragment_values),
+        state_bytes=memory_bytes(cost, num_params=num_params, fragment_values=0.0),
         shards_for_merge=shards_needed(cost, values=fragment_values, learners=learners, budget_s=tau * step_time_s),
         shards_for_load=shards_needed(
             cost, values=fragments * fragment_values, learners=learners, budget_s=sync_every * step_time_s
