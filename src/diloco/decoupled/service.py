@@ -68,7 +68,7 @@ from typing import Any
 from diloco.decoupled.fingerprint import DATA_KEYS, FINGERPRINT_KEYS, describe_differences, fingerprint
 from diloco.decoupled.rpc import TOKEN_ENV
 from diloco.decoupled.run_folder import plan_out
-from diloco.errors import ConfigError
+from diloco.errors import ConfigError, RunError
 
 #: The keys a site's learner command must not repeat from the syncer's overrides (the syncer's address goes in
 #: ``syncer=NAME@ADDRESS``).
@@ -313,7 +313,14 @@ def _run(
             kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "namespace": DEFAULT_NAMESPACE}
             if node_ip_address and not cfg.ray_address:
                 kw["_node_ip_address"] = node_ip_address
-            ray.init(address=cfg.ray_address or None, **kw)
+            try:
+                ray.init(address=cfg.ray_address or None, **kw)
+            except Exception as exc:  # (a timeout of Ray's own start on a busy machine: not a bug of ours)
+                raise RunError(
+                    f"Ray did not {'join ' + cfg.ray_address if cfg.ray_address else 'start'} ({type(exc).__name__}: "
+                    f"{exc}); nothing was written to {out}: run the same command again (on a busy machine Ray's start "
+                    "can time out)"
+                ) from exc
         namespace = ray.get_runtime_context().namespace or DEFAULT_NAMESPACE
         advertise = advertise or (previous or {}).get("advertise") or ray.util.get_node_ip_address()
         spec = f"{name}@{advertise}:{gateway.port}" + (f",{standby}" if standby else "")
