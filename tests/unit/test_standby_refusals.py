@@ -81,7 +81,7 @@ def test_a_service_told_of_a_newer_epoch_stops_its_syncer_and_writes_its_summary
     fenced end kills the syncer's actors and writes summary.json with ``fenced_by``, no merges.jsonl or checkpoint
     (the standby that took over writes those). The actors are a stand-in recording the calls it gets."""
     pytest.importorskip("ray")
-    from diloco.decoupled.service import _monitor
+    from diloco.decoupled.service import watch_run
     from diloco.decoupled.standby import end_fenced
 
     class Shards:
@@ -94,7 +94,7 @@ def test_a_service_told_of_a_newer_epoch_stops_its_syncer_and_writes_its_summary
             self.calls.append("kill")
 
     shards, said = Shards(), []
-    summary = _monitor(shards, num_learners=2, poll_s=0.01, echo=said.append, fenced=lambda: 2)
+    summary = watch_run(shards, num_learners=2, poll_s=0.01, echo=said.append, fenced=lambda: 2)
     assert summary["fenced_by"] == 2 and shards.calls == []
     got = end_fenced(shards, summary | {"name": "s"}, tmp_path, 1, None, said.append)
     assert shards.calls == ["kill"] and got["epoch"] == 1 and got["replication"] is None

@@ -392,7 +392,7 @@ def _run(
             echo(f"  {line}")
         page.start(out=out, name=name, cfg=cfg, inputs=inputs, echo=echo)
         on_status = ledger.chain(page.on_status, gateway)  # each status read: the page's, then the ledger's
-        summary = _monitor(
+        summary = watch_run(
             shards,
             num_learners=cfg.replicas,
             poll_s=poll_s,
@@ -430,7 +430,7 @@ def _run(
             ray.shutdown()
 
 
-def _monitor(
+def watch_run(
     shards: Any,
     *,
     num_learners: int,
@@ -486,4 +486,5 @@ __all__ = [
     "parse_syncer",
     "plan_out",
     "run_service",
+    "watch_run",
 ]
