@@ -1,6 +1,6 @@
 """Learner claims survive a syncer restart: a second job is refused a live learner's index right after the syncer
 actor was restarted from its checkpoint (a real local Ray instance; the restart is Ray's, of the actor's process).
-The same across a restarted ``diloco syncer`` monitor: test_monitor_restart.py. Skipped when Ray is not installed."""
+The same across a restarted ``diloco syncer`` monitor: tests/hosts/test_deploy_monitor_restart.py. Skipped when Ray is not installed."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What a ``diloco syncer`` monitor keeps across its own restarts (:mod:`diloco.decoupled.monitor_ledger`): the port
-its sites were told, and its counts in ``DIR/monitor.json``. The restart itself: test_monitor_restart.py."""
+its sites were told, and its counts in ``DIR/monitor.json``. The restart itself: tests/hosts/test_deploy_monitor_restart.py."""
 
 from __future__ import annotations
 
