@@ -79,7 +79,11 @@ def test_a_site_lost_for_good_leaves_at_k_equals_m_and_its_command_run_again_cou
         killed_at = time.time()
         sites_h[2].kill()  # every process of learner 2's site at once, for good
         procs = [service, *sites[:2]]
-        left = wait("learner 2's leave", lambda: _lease(h0, "lease left", 2, killed_at), timeout=120, procs=procs)
+        try:
+            left = wait("learner 2's leave", lambda: _lease(h0, "lease left", 2, killed_at), timeout=120, procs=procs)
+        except AssertionError as exc:  # what the syncer saw, to tell a lease that never lapsed from one not written
+            seen = [e for e in _events(h0) if e.get("t", 0) > killed_at - 5]
+            raise AssertionError(f"{exc}\nthe syncer's events from 5 s before the kill: {seen[-20:]}") from None
 
         def after_leave() -> list[dict]:
             return [e for e in _events(h0) if e["event"] == "merged" and e["t"] > left["t"]]

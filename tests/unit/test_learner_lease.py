@@ -281,3 +281,37 @@ def test_shards_summaries_combine():
     both = combine_summaries([a.summary(), b.summary()])
     assert both["leaves"] == 2 and [e["shard"] for e in both["events"]] == [0, 1]
     assert combine_summaries([a.summary()]) == a.summary()
+
+
+def test_a_claim_granted_puts_its_learner_under_the_lease_so_one_dead_before_its_first_beat_leaves_too():
+    """A site job that claims its index (``hello`` with a session) and dies before its first heartbeat: its claim
+    is its first sign of life, so it leaves at its lease like any silent learner (across emulated hosts a learner
+    killed a second after it joined was never watched, and at K = M every merge waited for it for good)."""
+    t = [0.0]
+
+    class Actor(LeaseLog):
+        def __init__(self) -> None:
+            self.syncer = Syncer(make_model(), num_learners=2, learner_lease=LEASE, clock=lambda: t[0])
+            self.fingerprint, self.restored_merges = None, None
+            self._claims, self._finished, self.logged = {}, set(), []
+
+        def _log(self, event: str, **fields) -> None:
+            self.logged.append((event, fields))
+
+        def _arm(self) -> None:
+            self.logged.append(("armed", {}))
+
+        def _claims_changed(self) -> None:
+            pass
+
+    actor = Actor()
+    assert asyncio.run(actor.hello(0, "s0")) is None and asyncio.run(actor.hello(1, "s1")) is None
+    assert actor.syncer.lease.watches(0) and actor.syncer.lease.watches(1)
+    for m in (0, 1):
+        actor.syncer.join(m)
+    for now in (LEASE, LEASE + CONFIRM_S):  # learner 1 beats; learner 0 never did
+        t[0] = now
+        assert asyncio.run(actor.heartbeat(1, "s1"))
+        actor.syncer.poll()
+    actor._log_lease()
+    assert ("lease left", {"learner": 0, "silent_s": LEASE + CONFIRM_S, "lease_s": LEASE}) in actor.logged

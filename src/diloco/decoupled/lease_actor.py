@@ -20,6 +20,20 @@ class LeaseLog(Membership):
     def _arm(self) -> None:
         raise NotImplementedError
 
+    async def hello(
+        self, learner: int, session: str, fingerprint: dict[str, Any] | None = None, host: str | None = None
+    ) -> str | None:
+        """:meth:`Membership.hello`; a granted claim is the learner's first sign of life under the lease (a job that
+        claims with a session heartbeats from then on): one that dies before its first beat leaves by its lease too
+        (it was never watched, and at K = M every merge waited for it for good)."""
+        refused = await super().hello(learner, session, fingerprint, host)
+        if refused is None:
+            first = not self.syncer.lease.watches(learner)
+            self.syncer.heartbeat(learner)
+            if first:
+                self._arm()
+        return refused
+
     async def heartbeat(self, learner: int, session: str) -> bool:
         """:meth:`Membership.heartbeat`; a beat of the session that holds ``learner`` is the syncer's sign of life."""
         held = await super().heartbeat(learner, session)
