@@ -47,7 +47,7 @@ demo: setup
 # The suite, then the tests on emulated hosts (tests/hosts: network namespaces, root only; they skip saying so
 # otherwise), timed on a line of their own. The suite runs two tests at a time (pytest-xdist): many of its tests
 # wait on subprocesses, Ray and padded steps, which leaves a core free for the other (TEST_JOBS=0: one at a time);
-# the tests that share a Ray instance run in one worker (tests/conftest.py).
+# each module's tests run in one worker, and the modules that share a Ray instance in one (tests/conftest.py).
 TEST_JOBS ?= 2
 XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadgroup)
 test: setup lint

@@ -48,7 +48,7 @@ def test_the_status_page_follows_a_site_killed_and_rejoining(tmp_path, token_cac
     browser = find_chromium()
     if browser is None:
         pytest.skip("no Chromium: apt-get install chromium (Debian) to run this test")
-    sets = {**DEFAULT_SETS, "steps": 250, "step_time": 0.1, "eval_every": 250}
+    sets = {**DEFAULT_SETS, "steps": 256, "step_time": 0.1, "eval_every": 256}
     out = tmp_path / "run"
     with WatchedRun(out=out, preset="tiny", sets=sets, cache_dir=token_cache, sites=2, status_eval_s=5) as run:
         run.wait_status()
@@ -104,7 +104,7 @@ def test_the_status_page_follows_a_site_killed_and_rejoining(tmp_path, token_cac
     svc = out / "syncer"
     final = json.loads((svc / "status.json").read_text())
     assert [r["state"] for r in final["learners"]] == ["finished", "finished"]
-    assert final["learners"][1]["restarts"] == 1 and final["learners"][1]["step"] == 250
+    assert final["learners"][1]["restarts"] == 1 and final["learners"][1]["step"] == 256
     assert final["merges"]["total"] == len((svc / "merges.jsonl").read_text().splitlines())
     assert final["loss"] and final["loss"][-1]["loss"] == pytest.approx(
         json.loads((svc / "summary.json").read_text())["final_eval_loss"]
