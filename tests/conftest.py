@@ -34,15 +34,10 @@ def _module(item: pytest.Item) -> str:
 
 def pytest_collection_modifyitems(config, items: list[pytest.Item]) -> None:
     """The modules whose tests use ``local_ray`` run one after another (from where the first of them stood, each in
-    its own order), so that they share one Ray instance instead of starting one each (~3.5 s a start and stop); with
-    pytest-xdist (``--dist loadgroup``) they form one group, which one worker runs in that order, and every other
-    module is a group of its own."""
+    its own order), so that they share one Ray instance instead of starting one each (~3.5 s a start and stop); under
+    pytest-xdist each worker keeps that order among the tests it is given."""
     _RAY_MODULES.clear()
     _RAY_MODULES.update(_module(i) for i in items if "local_ray" in getattr(i, "fixturenames", ()))
-    for item in items:  # under pytest-xdist (`make test`, --dist loadgroup): a module's tests in one worker (its
-        # module-scoped fixtures, e.g. the FSDP runs, are built once, not once per worker), and those modules together
-        module = _module(item)
-        item.add_marker(pytest.mark.xdist_group("ray" if module in _RAY_MODULES else module))
     if len(_RAY_MODULES) > 1:
         first = next(n for n, i in enumerate(items) if _module(i) in _RAY_MODULES)
         moved = [i for i in items if _module(i) in _RAY_MODULES]
