@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -61,6 +62,7 @@ def _ray_instance(tmp_path_factory):
 
     def start() -> str:
         if not ray.is_initialized():
+            os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")  # as diloco's own starts of Ray
             ray.init(
                 num_cpus=2,
                 include_dashboard=False,

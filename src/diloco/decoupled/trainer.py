@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -263,6 +264,7 @@ def chaos_run(
         check_address(cfg.ray_address or None)  # before anything is prepared or written
     started_ray = not ray.is_initialized()
     if started_ray:
+        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")  # Ray's own 30 s: short on busy cores
         ray.init(address=cfg.ray_address or None, include_dashboard=False, log_to_driver=False)
     try:
         result = run_on_ray(cfg, out_dir=out, cache_dir=cache_dir, chaos=chaos, max_seconds=max_seconds)
