@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -62,8 +61,10 @@ def _ray_instance(tmp_path_factory):
 
     def start() -> str:
         if not ray.is_initialized():
-            os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")  # as diloco's own starts of Ray
-            ray.init(
+            from diloco.decoupled.ray_start import start_ray
+
+            start_ray(  # as diloco's own starts of Ray: Ray's start-up timeouts on a busy machine retried
+                None,
                 num_cpus=2,
                 include_dashboard=False,
                 namespace="diloco-test",

@@ -37,6 +37,7 @@ from diloco.decoupled.lease_actor import LeaseLog
 from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S, claims_state, restore_claims
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome, resend
 from diloco.decoupled.ray_address import PROBE_TIMEOUT_S, check_address
+from diloco.decoupled.ray_start import start_ray
 from diloco.decoupled.status.host import whoami
 from diloco.decoupled.syncer import Syncer
 from diloco.errors import ConfigError
@@ -299,7 +300,7 @@ def init(*, address: str | None = None, namespace: str = DEFAULT_NAMESPACE) -> N
     if not ray.is_initialized():
         check_address(address)
         try:
-            ray.init(address=address, namespace=namespace)
+            start_ray(address, namespace=namespace)  # a local start: Ray's start-up timeouts retried
         except ConnectionError as exc:
             if not address:
                 raise

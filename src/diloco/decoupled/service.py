@@ -313,9 +313,10 @@ def _run(
             kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "namespace": DEFAULT_NAMESPACE}
             if node_ip_address and not cfg.ray_address:
                 kw["_node_ip_address"] = node_ip_address
-            os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")  # Ray's own 30 s: short on busy cores
+            from diloco.decoupled.ray_start import start_ray
+
             try:
-                ray.init(address=cfg.ray_address or None, **kw)
+                start_ray(cfg.ray_address or None, **kw)  # Ray's start-up timeouts on a busy machine: retried
             except Exception as exc:  # (a timeout of Ray's own start on a busy machine: not a bug of ours)
                 raise RunError(
                     f"Ray did not {'join ' + cfg.ray_address if cfg.ray_address else 'start'} ({type(exc).__name__}: "

@@ -210,7 +210,9 @@ def _prepare(cfg: Any, cache_dir: Path | str, node_ip_address: str | None) -> bo
     kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "namespace": DEFAULT_NAMESPACE}
     if node_ip_address and not cfg.ray_address:
         kw["_node_ip_address"] = node_ip_address
-    ray.init(address=cfg.ray_address or None, **kw)
+    from diloco.decoupled.ray_start import start_ray
+
+    start_ray(cfg.ray_address or None, **kw)  # Ray's start-up timeouts on a busy machine: retried
     return True
 
 

@@ -264,8 +264,9 @@ def chaos_run(
         check_address(cfg.ray_address or None)  # before anything is prepared or written
     started_ray = not ray.is_initialized()
     if started_ray:
-        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")  # Ray's own 30 s: short on busy cores
-        ray.init(address=cfg.ray_address or None, include_dashboard=False, log_to_driver=False)
+        from diloco.decoupled.ray_start import start_ray
+
+        start_ray(cfg.ray_address or None, include_dashboard=False, log_to_driver=False)
     try:
         result = run_on_ray(cfg, out_dir=out, cache_dir=cache_dir, chaos=chaos, max_seconds=max_seconds)
     finally:
@@ -291,7 +292,6 @@ class LearnerLog:
         self._cpu = 0.0
 
     def start(self, algo: Learner, step: int) -> None:
-        import os
         import time
 
         append = self.append or algo.incarnation > 0
