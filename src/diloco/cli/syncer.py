@@ -9,6 +9,7 @@ from typing import Any
 
 from diloco.cli._common import add_config_args, cache_dir, load_preset, overrides, resolve
 from diloco.decoupled.rpc import DEFAULT_PORT
+from diloco.decoupled.rpc.bind import DEFAULT_HOST
 from diloco.errors import ConfigError
 
 
@@ -42,11 +43,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"the TCP port the sites' learners connect to (gRPC; the one a firewall opens to the sites; default "
         f"{DEFAULT_PORT}, or the port of the run being resumed; 0: any free port)",
     )
-    p.add_argument("--host", default="0.0.0.0", help="the address to serve the sites on (default: all of this host's)")
+    p.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help=f"the address to serve the sites on (default {DEFAULT_HOST}: this machine only; 0.0.0.0: every address "
+        "of this host, for sites on other hosts)",
+    )
     p.add_argument(
         "--advertise",
         default=None,
-        help="the address the printed site commands connect to (default: this machine's address as Ray sees it)",
+        help="the address the printed site commands connect to (default: --host's, or this machine's address as Ray "
+        "sees it with --host 0.0.0.0)",
     )
     p.add_argument(
         "--standby",

@@ -67,6 +67,7 @@ from typing import Any
 
 from diloco.decoupled.fingerprint import DATA_KEYS, FINGERPRINT_KEYS, describe_differences, fingerprint
 from diloco.decoupled.rpc import TOKEN_ENV
+from diloco.decoupled.rpc.bind import DEFAULT_HOST, check_endpoint, sites_address
 from diloco.decoupled.run_folder import plan_out
 from diloco.errors import ConfigError, RunError
 
@@ -195,12 +196,12 @@ def run_service(
     cache_dir: Path | str,
     poll_s: float = 5.0,
     node_ip_address: str | None = None,
-    host: str = "0.0.0.0",
+    host: str = DEFAULT_HOST,
     port: int | None = None,
     advertise: str | None = None,
     echo: Callable[[str], None] = print,
     status_port: int | None = 0,
-    status_host: str = "0.0.0.0",
+    status_host: str = DEFAULT_HOST,
     status_eval_s: float = 30.0,
     epoch: int = 0,
     standby: str | None = None,
@@ -210,8 +211,8 @@ def run_service(
 
     ``cfg``: the run's config (:func:`diloco.cli.syncer.service_config`); ``preset`` and ``overrides`` (the ``--set``
     items) are what the printed learner commands repeat. The sites' endpoint: served on ``host``:``port`` (default
-    :data:`~diloco.decoupled.rpc.DEFAULT_PORT`, or a resumed run's), printed as ``advertise`` (default: this
-    machine's address as Ray sees it). ``node_ip_address``: the address a new local Ray instance advertises. A Ray
+    loopback and :data:`~diloco.decoupled.rpc.DEFAULT_PORT`, or a resumed run's port), printed as ``advertise``
+    (:mod:`diloco.decoupled.rpc.bind`). ``node_ip_address``: the address a new local Ray instance advertises. A Ray
     instance this process already joined is used as it is. ``status_port`` / ``status_host``: where the run's
     status page and metrics are served (:mod:`diloco.decoupled.status`; port 0: a free one, None: none), the loss
     plot's evaluation every ``status_eval_s`` seconds (0: none). ``epoch``: the syncer's epoch (a standby that
@@ -221,6 +222,8 @@ def run_service(
     if cfg.method != "decoupled":
         raise ConfigError(f"method={cfg.method!r}: the syncer service runs method=decoupled")
     previous = plan_out(out, cfg)
+    check_endpoint(host, advertise)
+    check_endpoint(host, (previous or {}).get("advertise") if not advertise else None, what="the resumed run's address")
     from diloco.decoupled.standby import service_epoch
 
     epoch = service_epoch(out, previous, epoch)  # (a standby's folder is refused: it takes over by itself)
@@ -324,7 +327,7 @@ def _run(
                     "can time out)"
                 ) from exc
         namespace = ray.get_runtime_context().namespace or DEFAULT_NAMESPACE
-        advertise = advertise or (previous or {}).get("advertise") or ray.util.get_node_ip_address()
+        advertise = sites_address(host, advertise or (previous or {}).get("advertise"), ray.util.get_node_ip_address)
         spec = f"{name}@{advertise}:{gateway.port}" + (f",{standby}" if standby else "")
         prints = fingerprint(cfg, vocab_size=vocab, data_digest=digest)
         commands = [

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from diloco.decoupled.rpc import TOKEN_ENV
+from diloco.decoupled.rpc.bind import DEFAULT_HOST, check_endpoint, is_loopback
 from diloco.errors import ConfigError
 
 #: Seconds without an answer from the active before the standby takes over. The active lets a silent standby go
@@ -69,7 +70,7 @@ def run_standby(
     cache_dir: Path | str,
     token: str | None = None,
     takeover_s: float = TAKEOVER_S,
-    host: str = "0.0.0.0",
+    host: str = DEFAULT_HOST,
     port: int | None = None,
     advertise: str | None = None,
     node_ip_address: str | None = None,
@@ -100,6 +101,13 @@ def run_standby(
         raise ConfigError(
             f"a standby needs the active syncer's token: run it with {TOKEN_ENV}=... (the token the active printed, "
             f"also in its --out's syncer.json)"
+        )
+    check_endpoint(host, advertise)
+    if is_loopback(host) and not is_loopback(addresses[0][0]):
+        raise ConfigError(
+            f"--standby-of {active}: the active serves its sites from another host, and this standby serves them "
+            f"once it takes over, but it would serve only {host} (--host; {DEFAULT_HOST} by default). Give --host "
+            "0.0.0.0 (every address of this host) or --host one of its addresses"
         )
     out = Path(out)
     _plan(out, name)

@@ -18,7 +18,7 @@ def add_status_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--status-host",
         default=None,
-        help="the address the status page listens on (default: --node-ip-address if given, else every address)",
+        help="the address the status page listens on (default: --host's, loopback unless given)",
     )
     p.add_argument(
         "--status-eval",
@@ -31,7 +31,7 @@ def add_status_args(p: argparse.ArgumentParser) -> None:
 
 def status_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """``run_service``'s status keywords from the parsed options."""
-    host = args.status_host or args.node_ip_address or "0.0.0.0"
+    host = args.status_host or args.host
     return {
         "status_port": None if args.no_status else args.status_port,
         "status_host": host,
