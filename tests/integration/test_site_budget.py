@@ -145,7 +145,9 @@ def test_site_jobs_in_step_spend_the_budget_as_the_threads_run_to_the_bit(
 def test_a_slow_site_trains_fewer_steps_and_the_sites_together_spend_the_budget(
     local_ray, tmp_path, token_cache, monkeypatch
 ):
-    """K = 1, site 1's steps padded 4 times longer: site 0 trains past `steps`, site 1 stops before it. The
+    """K = 1, site 1's steps padded 4 times longer: site 0 trains more steps than site 1, so past `steps` (the
+    two together spend at least the budget; whether site 1 also stops before `steps` depends on the syncer's pace
+    on a loaded machine: its replies held both sites to 18 and 16 steps of 16 at a load of 17). The
     bounds, from the protocol (not from timing): a learner ends only on a reply that counts the budget trained, so
     the syncer's count C is at least the budget B (M x steps); it ends on the first such reply, and a reply comes
     for each report, so each learner's count passes the step at which the count reached B by at most one report
@@ -154,12 +156,12 @@ def test_a_slow_site_trains_fewer_steps_and_the_sites_together_spend_the_budget(
     after the report whose reply ends it). So the sites' tokens are the budget to within M (H + tau) steps, never
     under it. The in-process run of this config splits the budget by timing too (K < M): its split is not
     asserted equal here (test_learner_budget.py bounds it the same way)."""
-    sets = {**SETS, "quorum": 1, "step_time": 0.02, "slowdown": "1,4"}
+    sets = {**SETS, "quorum": 1, "step_time": 0.05, "slowdown": "1,4"}
     summary, sites = _service_with_sites(tmp_path, token_cache, monkeypatch, sets)
     cfg = service_config(load_preset("tiny"), sets)
     per_step, budget = cfg.batch_per_replica * cfg.seq_len, M * STEPS
     (fast,), (slow,) = (s["learner_steps"] for s in sites)
-    assert fast > STEPS > slow, (fast, slow)
+    assert fast > slow and fast > STEPS, (fast, slow)
     counted = summary["learner_steps"]
     assert budget <= sum(counted) <= budget + M * H, counted
     assert all(0 <= own - c <= TAU for own, c in zip((fast, slow), counted, strict=True)), (fast, slow, counted)
