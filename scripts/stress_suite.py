@@ -67,6 +67,12 @@ def check_build(env: dict[str, str]) -> None:
         raise SystemExit(f"the C loops did not build for -march={env['DILOCO_NATIVE_MARCH']}: see the warning above")
 
 
+def minutes(seconds: float) -> str:
+    """``111.9`` -> ``"1 min 52 s"`` (whole seconds)."""
+    m, s = divmod(round(seconds), 60)
+    return f"{m} min {s:02d} s"
+
+
 def parse_summary(text: str) -> dict[str, object]:
     """pytest's closing line: counts by outcome and its seconds (empty if the run ended without one)."""
     for line in reversed(text.splitlines()):
@@ -126,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             counts = ", ".join(f"{n} {k}" for k, n in row.get("counts", {}).items()) or "no summary line"
             test_s = row.get("test_s")
-            took = f"{test_s / 60:.0f} min {test_s % 60:02.0f} s of tests" if test_s is not None else "?"
+            took = f"{minutes(test_s)} of tests" if test_s is not None else "?"
             print(f"{mode:>10}: rc {row['rc']}, {counts}, {took}, {row['wall_s']:.0f} s wall", flush=True)
             for name in row["failed"]:
                 print(f"{'':>12}FAILED {name}", flush=True)

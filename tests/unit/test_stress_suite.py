@@ -29,3 +29,15 @@ def test_the_stress_script_runs_a_mode_and_reads_pytests_closing_line(tmp_path):
     assert row["mode"] == "off" and row["rc"] == 0 and row["failed"] == []
     assert row["counts"] == {"passed": 1, "skipped": 1} and row["test_s"] >= 0
     assert "off: rc 0, 1 passed, 1 skipped" in proc.stdout
+
+
+def test_seconds_are_shown_as_whole_minutes_and_seconds():
+    import runpy
+
+    minutes = runpy.run_path(str(ROOT / "scripts" / "stress_suite.py"))["minutes"]
+    assert [minutes(x) for x in (111.92, 712.44, 59.6, 0.2)] == [
+        "1 min 52 s",
+        "11 min 52 s",
+        "1 min 00 s",
+        "0 min 00 s",
+    ]
