@@ -1,5 +1,6 @@
-"""The claims study's ablation table from its records: each factor's seed mean ± s.e. and its cost against the
-reference (Streaming FP4) and against DiLoCo, in percent, with the s.e. of the difference.
+"""The claims study's tables from its records: the ablation (each factor's seed mean ± s.e. and its cost against
+the reference, Streaming FP4, and against DiLoCo, in percent, with the s.e. of the difference) and the batch
+bracket (each method's best inner lr and loss at each batch, and its best batch).
 
     .venv/bin/python studies/claims/report.py      # prints the table, writes claims-summary.json
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from diloco.files import read_jsonl, write_json
-from diloco.studies.claims import HERE, ablation_table
+from diloco.studies.claims import HERE, ablation_table, batch_table
 
 
 def _pct(v, se) -> str:
@@ -28,7 +29,30 @@ def main() -> int:
             f"| {r['factor']} | {len(r['seeds'])} | {r['mean']:.4f}{se} | "
             f"{_pct(r['vs_streaming_pct'], r['vs_streaming_se_pct'])} | {_pct(r['vs_diloco_pct'], r['vs_diloco_se_pct'])} |"
         )
-    write_json(HERE / "claims-summary.json", {"ablation": rows})
+    batches = batch_table(records)
+    print("\n| method | batch | seeds at its best lr | best inner lr | eval loss (seed mean) |")
+    print("|---|---|---|---|---|")
+    for name, t in batches.items():
+        for batch, b in t["batches"].items():
+            edge = " (bracket's edge)" if b["best_at_edge"] else ""
+            best = " **best batch**" if batch == t["best_batch"] else ""
+            seeds = len(b["seeds"][b["best_lr"]])
+            print(f"| {name} | {batch} | {seeds} | {b['best_lr']:g}{edge} | {b['best_mean']:.4f}{best} |")
+    summary = {
+        name: {
+            **t,
+            "batches": {
+                str(k): {
+                    **b,
+                    "lr_means": {str(lr): v for lr, v in b["lr_means"].items()},
+                    "seeds": {str(lr): v for lr, v in b["seeds"].items()},
+                }
+                for k, b in t["batches"].items()
+            },
+        }
+        for name, t in batches.items()
+    }
+    write_json(HERE / "claims-summary.json", {"ablation": rows, "batch": summary})
     return 0
 
 

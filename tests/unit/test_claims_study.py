@@ -57,3 +57,42 @@ def test_the_batch_bracket_scales_each_methods_lr_with_the_root_of_the_batch_and
             assert high / mid == pytest.approx(math.sqrt(2), rel=1e-4) and mid / low == pytest.approx(
                 math.sqrt(2), rel=1e-4
             )
+
+
+def _batch_record(name: str, batch: int, lr: float, seed: int, loss: float) -> dict:
+    from diloco.studies.claims import BATCH_METHODS, batch_grids
+
+    grid = batch_grids(seed)[f"batch-cpu-0.25m-{name}-b{batch}-s{seed}"]
+    method, m, _, _ = BATCH_METHODS[name]
+    return {
+        "method": method,
+        "replicas": m,
+        "size": "cpu-0.25m",
+        "global_batch": batch,
+        "inner_lr": lr,
+        "seed": seed,
+        "base": grid["base"],
+        "eval_loss": loss,
+        "status": "ok",
+    }
+
+
+def test_the_batch_table_finds_each_batchs_best_lr_and_each_methods_best_batch():
+    from diloco.studies.claims import batch_of, batch_table
+
+    recs = [_batch_record("dp", 16, lr, 0, x) for lr, x in ((0.01, 4.3), (0.02, 4.2), (0.03, 4.25))]
+    recs += [_batch_record("dp", 32, lr, 0, x) for lr, x in ((0.02, 4.4), (0.03, 4.35))]
+    recs += [_batch_record("diloco-m2", 32, 0.01, s, x) for s, x in ((0, 4.1), (1, 4.3))]
+    recs += [_batch_record("diloco-m2", 16, 0.01, 0, 4.3)]
+    recs.append({**recs[0], "status": "failed", "eval_loss": 1.0})  # a failed run: not counted
+    assert batch_of(recs[0]) == ("dp", 16) and batch_of({**recs[0], "replicas": 2}) is None
+    ablation = {"method": "diloco", "replicas": 2, "size": "cpu-0.25m", "global_batch": 16, "base": {**BASE}}
+    assert batch_of(ablation) is None  # the ablation's DiLoCo (outer momentum 0.9) is no point of the bracket
+    table = batch_table(recs)
+    dp = table["dp"]
+    assert dp["batches"][16]["best_lr"] == 0.02 and not dp["batches"][16]["best_at_edge"]
+    assert dp["batches"][32]["best_lr"] == 0.03 and dp["batches"][32]["best_at_edge"]  # two lrs: no bracket
+    assert dp["best_batch"] == 16
+    m2 = table["diloco-m2"]
+    assert m2["batches"][32]["best_mean"] == pytest.approx(4.2) and m2["batches"][32]["seeds"] == {0.01: [0, 1]}
+    assert m2["best_batch"] == 32 and "diloco-m1" not in table

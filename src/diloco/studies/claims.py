@@ -161,3 +161,48 @@ def ablation_table(records: list[dict]) -> list[dict]:
                 }
             )
     return rows
+
+
+def batch_of(record: dict) -> tuple[str, int] | None:
+    """The batch bracket's (method name, global batch) a sweep record belongs to (None if it is no point of it)."""
+    base = record.get("base", {})
+    for name, (method, m, _lr16, momentum) in BATCH_METHODS.items():
+        want = {k: v for k, v in BASE.items() if k != "outer_momentum"}
+        if momentum is not None:
+            want["outer_momentum"] = momentum
+        if (record.get("method"), record.get("replicas"), record.get("size")) != (method, m, SIZE):
+            continue
+        if all(base.get(k) == v for k, v in want.items()) and set(base) - set(want) <= {"seed"}:
+            return name, int(record["global_batch"])
+    return None
+
+
+def batch_table(records: list[dict]) -> dict[str, dict]:
+    """Claim 3's table: per method, per batch, each inner lr's seed-mean eval loss; the batch's best lr (and whether
+    it is at the bracket's edge, so the bracket does not show it is the best), and the method's best batch (the
+    lowest of its batches' best means). A seed's latest ok record counts."""
+    losses: dict[str, dict[int, dict[float, dict[int, float]]]] = {}
+    for r in records:
+        key = batch_of(r)
+        if key is not None and r.get("status") == "ok" and r.get("eval_loss") is not None:
+            name, batch = key
+            by_lr = losses.setdefault(name, {}).setdefault(batch, {})
+            by_lr.setdefault(float(r["inner_lr"]), {})[int(r["seed"])] = float(r["eval_loss"])
+    out: dict[str, dict] = {}
+    for name in BATCH_METHODS:
+        if name not in losses:
+            continue
+        batches = {}
+        for batch in sorted(losses[name]):
+            lrs = {lr: sum(s.values()) / len(s) for lr, s in sorted(losses[name][batch].items())}
+            best = min(lrs, key=lrs.get)
+            batches[batch] = {
+                "lr_means": lrs,
+                "seeds": {lr: sorted(s) for lr, s in sorted(losses[name][batch].items())},
+                "best_lr": best,
+                "best_mean": lrs[best],
+                "best_at_edge": len(lrs) < 3 or best in (min(lrs), max(lrs)),
+            }
+        best_batch = min(batches, key=lambda b: batches[b]["best_mean"])
+        out[name] = {"batches": batches, "best_batch": best_batch}
+    return out
