@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -100,12 +101,23 @@ def _site_out(line: str) -> str:
 
 
 def run_standby_deploy(
-    *, token_cache: Path, sets: dict[str, Any], kill_at_step: int, takeover_s: float = 5.0, sites: int = 2
+    *,
+    token_cache: Path,
+    sets: dict[str, Any],
+    kill_at_step: int,
+    takeover_s: float = 5.0,
+    sites: int | None = None,
+    after_takeover: Callable[[dict[str, Any]], Any] | None = None,
 ) -> dict[str, Any]:
-    """The scenario of the module docstring; returns its figures (raises AssertionError naming what did not come)."""
+    """The scenario of the module docstring; returns its figures (raises AssertionError naming what did not come).
+    ``sites``: default ``sets["replicas"]`` (a host per site). ``after_takeover``: called once the standby took
+    over, with the run as it stands (``hosts``, the printed ``lines``, the ``jobs``, ``standby``, ``spare``: one more
+    host that runs nothing, and ``env()``); what it returns is the result's ``after_takeover``."""
+    sites = int(sets.get("replicas", 2)) if sites is None else sites
     args = [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
-    with Hosts(2 + sites) as hosts:
-        h0, h1, site_hosts = hosts[0], hosts[1], hosts[2:]
+    spares = 1 if after_takeover is not None else 0
+    with Hosts(2 + sites + spares) as hosts:
+        h0, h1, site_hosts = hosts[0], hosts[1], hosts[2 : 2 + sites]
         for h in hosts:
             h.tmp.mkdir(parents=True, exist_ok=True)
             shutil.copytree(token_cache, h.path("/tmp/cache"), dirs_exist_ok=True)
@@ -150,6 +162,10 @@ def run_standby_deploy(
             procs=procs,
         )
         took_over_at = time.time()
+        hooked = None
+        if after_takeover is not None:
+            run = {"hosts": hosts, "lines": lines, "jobs": jobs, "standby": standby, "spare": hosts[-1], "env": _env}
+            hooked = after_takeover(run)
         for job in jobs:
             assert job.wait(timeout=300) == 0, job.stderr_path.read_text(errors="replace")[-3000:]
         assert standby.wait(timeout=120) == 0, standby.stderr_path.read_text(errors="replace")[-3000:]
@@ -188,6 +204,7 @@ def run_standby_deploy(
             "replication": summary.get("replication"),
             "standby": summary.get("standby"),
             "wall_s": time.time() - began,
+            "after_takeover": hooked,
         }
 
 
