@@ -25,6 +25,7 @@ from typing import Any
 
 from diloco.decoupled.chaos_logs import final_steps, read_learner_log
 from diloco.testing.hosts import Hosts
+from diloco.testing.waiting import wait
 
 PORT = 7171
 ACTIVE_OUT, STANDBY_OUT = "/tmp/svc", "/tmp/standby"
@@ -42,24 +43,6 @@ def _env(token: str | None = None) -> dict[str, str]:
     return env
 
 
-def _wait(what: str, check, *, timeout: float, procs=(), every: float = 0.2) -> Any:
-    end = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        for p in procs:
-            if p.poll() not in (None, 0):
-                text = (
-                    p.stderr_path.read_text(errors="replace")[-3000:]
-                    + p.stdout_path.read_text(errors="replace")[-2000:]
-                )
-                raise AssertionError(f"{p.args[-1]} exited {p.returncode} waiting for {what}:\n{text}")
-        if time.monotonic() >= end:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(every)
-
-
 #: What Ray says when its own startup timed out on an overloaded machine (its GCS, its node info): the process is
 #: started again, once, as tests/hosts/_deploy.py does for the service.
 RAY_STARTUP = ("timed out during startup", "gcs_server_port", "Failed to get node info", "Timed out waiting for file")
@@ -69,12 +52,12 @@ def _started(host, argv, env, name: str, what, *, procs=()) -> Any:
     """``argv`` run on ``host`` until ``what(proc)`` is truthy; started again once where Ray's startup failed."""
     proc = host.run(argv, env=env, name=name)
     try:
-        return proc, _wait(name, lambda: what(proc), timeout=240, procs=[*procs, proc])
+        return proc, wait(name, lambda: what(proc), timeout=240, procs=[*procs, proc])
     except AssertionError as exc:
         if not any(s in str(exc) for s in RAY_STARTUP):
             raise
     proc = host.run(argv, env=env, name=f"{name}-again")
-    return proc, _wait(name, lambda: what(proc), timeout=240, procs=[*procs, proc])
+    return proc, wait(name, lambda: what(proc), timeout=240, procs=[*procs, proc])
 
 
 def _printed(proc) -> list[str] | None:
@@ -150,12 +133,12 @@ def run_standby_deploy(
         def reached(step: int) -> bool:
             return all(any(r.get("step", 0) >= step for r in read_learner_log(log)) for log in logs)
 
-        _wait(f"every learner at step {kill_at_step}", lambda: reached(kill_at_step), timeout=240, procs=procs)
+        wait(f"every learner at step {kill_at_step}", lambda: reached(kill_at_step), timeout=240, procs=procs)
         h0.kill()
         killed_at = time.time()
         active_rows = read_learner_log(h0.path(f"{ACTIVE_OUT}/syncer/records.jsonl"))
         procs = [standby, *jobs]
-        _wait(
+        wait(
             "the standby's takeover",
             lambda: "taking over as epoch" in standby.stdout_path.read_text(),
             timeout=120,
