@@ -65,7 +65,7 @@ def _second_job(run: dict) -> dict:
     }
 
 
-@pytest.mark.slow  # ~90 s on 2 cores: two Ray instances, six hosts, a second site job
+@pytest.mark.slow  # 100-115 s on 2 cores at load 10-15: two Ray instances, six hosts, a second site job
 @pytest.mark.timeout(480)
 def test_after_a_takeover_a_live_learners_index_is_refused_to_a_second_job(token_cache):
     """After the standby took over, site 0's command run again (another host, the same token and index) is refused

@@ -29,6 +29,22 @@ from diloco.testing.waiting import wait
 
 PORT = 7171
 ACTIVE_OUT, STANDBY_OUT = "/tmp/svc", "/tmp/standby"
+#: The run tests/hosts/test_deploy_standby.py and the benchmarks deploy (with a ``quorum``): M = 3 one-rank sites,
+#: ``tiny``, 64 steps padded to 0.4 s (an accelerator's step), ride-out for 32 of them (12.8 s: more than the
+#: takeover and the standby's first merge take), two fragments.
+STANDBY_SETS: dict[str, Any] = {
+    "replicas": 3,
+    "global_batch": 12,
+    "sync_every": 8,
+    "num_fragments": 2,
+    "overlap_steps": 1,
+    "steps": 64,
+    "eval_every": 64,
+    "checkpoint_every": 8,
+    "step_time": 0.4,
+    "ride_out_steps": 32,
+    "threads": 1,
+}
 
 
 def _env(token: str | None = None) -> dict[str, str]:
@@ -87,13 +103,14 @@ def run_standby_deploy(
     *,
     token_cache: Path,
     sets: dict[str, Any],
-    kill_at_step: int,
+    kill_at_step: int | None,
     takeover_s: float = 5.0,
     sites: int | None = None,
     after_takeover: Callable[[dict[str, Any]], Any] | None = None,
 ) -> dict[str, Any]:
     """The scenario of the module docstring; returns its figures (raises AssertionError naming what did not come).
-    ``sites``: default ``sets["replicas"]`` (a host per site). ``after_takeover``: called once the standby took
+    ``kill_at_step`` None: no kill (the same deployment without the fault; its final loss, merges and wall time
+    only). ``sites``: default ``sets["replicas"]`` (a host per site). ``after_takeover``: called once the standby took
     over, with the run as it stands (``hosts``, the printed ``lines``, the ``jobs``, ``standby``, ``spare``: one more
     host that runs nothing, and ``env()``); what it returns is the result's ``after_takeover``."""
     sites = int(sets.get("replicas", 2)) if sites is None else sites
@@ -133,6 +150,18 @@ def run_standby_deploy(
         def reached(step: int) -> bool:
             return all(any(r.get("step", 0) >= step for r in read_learner_log(log)) for log in logs)
 
+        if kill_at_step is None:  # the same run without the fault: the active's results
+            for job in jobs:
+                assert job.wait(timeout=300) == 0, job.stderr_path.read_text(errors="replace")[-3000:]
+            assert active.wait(timeout=120) == 0, active.stderr_path.read_text(errors="replace")[-3000:]
+            summary = json.loads(h0.path(f"{ACTIVE_OUT}/summary.json").read_text())
+            return {
+                "finished": "every learner finished" in active.stdout_path.read_text(),
+                "epoch": summary.get("epoch"),
+                "final_eval_loss": summary.get("final_eval_loss"),
+                "merges": read_learner_log(h0.path(f"{ACTIVE_OUT}/merges.jsonl")),
+                "wall_s": time.time() - began,
+            }
         wait(f"every learner at step {kill_at_step}", lambda: reached(kill_at_step), timeout=240, procs=procs)
         h0.kill()
         killed_at = time.time()
@@ -176,6 +205,7 @@ def run_standby_deploy(
         return {
             "finished": "every learner finished" in standby.stdout_path.read_text(),
             "epoch": summary.get("epoch"),
+            "final_eval_loss": summary.get("final_eval_loss"),
             "merges": merges,
             "active_rows": active_rows,
             "restored_merges": restored,
@@ -200,4 +230,4 @@ def contiguous(merges: list[dict[str, Any]]) -> bool:
     )
 
 
-__all__ = ["ACTIVE_OUT", "PORT", "STANDBY_OUT", "contiguous", "run_standby_deploy"]
+__all__ = ["ACTIVE_OUT", "PORT", "STANDBY_OUT", "STANDBY_SETS", "contiguous", "run_standby_deploy"]
