@@ -13,13 +13,15 @@ seconds between merges before the kill), and, once its command is run again, the
 merge with weight > 0.
 
 Rows "active syncer host lost, standby takes over (K = 1, 2)" (root only: emulated hosts,
-:mod:`diloco.testing.standby_hosts`): the active syncer on host 0, its standby (``--standby-of``) on host 1, a site of
-one rank on each of hosts 2 and 3; host 0 killed whole at step 24 of 128. Each learner's worst step after the kill
-over its typical step (it rides the switch out: ``ride_out_steps`` = 96 steps of 0.15 s, more than the takeover
-takes), the seconds from the kill to the takeover, to the standby's actor started from its copy and to its first
-merge, the merges the active made that the standby lacked (told to no learner), the bytes of a copy.
+:mod:`diloco.testing.standby_hosts`, the run of tests/hosts/test_deploy_standby.py): the active syncer on host 0,
+its standby (``--standby-of``) on host 1, a site of one rank on each of hosts 2, 3 and 4 (M = 3); host 0 killed
+whole at step 16 of 64. The final loss, each learner's worst step after the kill over its typical step (it rides
+the switch out: ``ride_out_steps`` = 32 steps of 0.4 s, more than the takeover takes), the seconds from the kill to
+the takeover, to the standby's actor started from its copy and to its first merge, the merges the active made that
+the standby lacked (told to no learner), the bytes of a copy. benchmarks/standby_loss.py compares the final loss
+with the no-fault run's seed spread.
 
-    python benchmarks/site_faults.py                  # every run, about 150 s on 2 cores, plus ~90 s as root
+    python benchmarks/site_faults.py                  # every run, about 150 s on 2 cores, plus ~150 s as root
     python benchmarks/site_faults.py --runs lost      # only the lost site's row (the file's other rows are kept)
     python benchmarks/site_faults.py --runs standby   # only the standby rows (the same)
 """
@@ -34,6 +36,7 @@ from diloco.bench import add_out, machine, print_table, write_result
 from diloco.decoupled.site_faults import DEFAULT_SETS, Site, run_sites
 from diloco.decoupled.site_lost import LOST_SETS, run_site_lost
 from diloco.files import default_cache_dir
+from diloco.testing.standby_hosts import STANDBY_SETS
 
 
 def main() -> None:
@@ -103,6 +106,7 @@ def main() -> None:
             ("L0 worst/typ (rank kill)", "learner0_worst_after_rank_kill", ".2f"),
             ("L0 worst/typ (syncer kill)", "learner0_worst_after_syncer_kill", ".2f"),
             ("L1 worst/typ (syncer kill)", "learner1_worst_after_syncer_kill", ".2f"),
+            ("L2 worst/typ (syncer kill)", "learner2_worst_after_syncer_kill", ".2f"),
             ("restart: from step", "restarted_from_step", ""),
             ("first merge s", "first_merge_after_restart_s", ".1f"),
             ("lease s", "lease_s", ".1f"),
@@ -135,22 +139,6 @@ def kept_rows(path: Path, rows: list[dict]) -> dict:
     return {"machine": here, "rows": old + fresh}
 
 
-#: The standby rows' run: K = 1 or 2 of M = 2 one-rank sites, riding a takeover out (module docstring).
-STANDBY_SETS = {
-    "replicas": 2,
-    "global_batch": 8,
-    "sync_every": 8,
-    "num_fragments": 2,
-    "overlap_steps": 1,
-    "steps": 128,
-    "eval_every": 128,
-    "checkpoint_every": 16,
-    "step_time": 0.15,
-    "ride_out_steps": 96,
-    "threads": 1,
-}
-
-
 def standby_rows(tmp: Path) -> list[dict]:
     """The rows "active syncer host lost, standby takes over" (none, saying why, without emulated hosts)."""
     from diloco.testing.hosts import unavailable
@@ -167,26 +155,26 @@ def standby_rows(tmp: Path) -> list[dict]:
     cache = tmp / "token-cache"
     prepare_tokens(cfg.sources, cfg.vocab_size, cache, val_fraction=cfg.val_fraction)
     rows = []
+    steps = STANDBY_SETS["steps"]
     for quorum in (1, 2):
         got = run_standby_deploy(
-            token_cache=cache, sets={**STANDBY_SETS, "quorum": quorum}, kill_at_step=24, takeover_s=3.0
+            token_cache=cache, sets={**STANDBY_SETS, "quorum": quorum}, kill_at_step=16, takeover_s=3.0
         )
         copied = got["standby"] or {}
         worst = [x["worst_over_typical_after_kill"] for x in got["learners"]]
         rows.append(
             {
                 "run": f"active syncer host lost, standby takes over (K = {quorum})",
-                "final_eval_loss": None,
+                "final_eval_loss": got["final_eval_loss"],
                 "merges": len(got["merges"]),
                 "versions_contiguous": contiguous(got["merges"]),
-                "learner0_worst_after_syncer_kill": worst[0],
-                "learner1_worst_after_syncer_kill": worst[1],
+                **{f"learner{m}_worst_after_syncer_kill": w for m, w in enumerate(worst)},
                 "lost_merges": got["lost_merges"],
                 "restored_merges": got["restored_merges"],
                 "takeover_s": got["takeover_s"],
                 "actor_started_after_kill_s": got["actor_started_after_kill_s"],
                 "first_merge_after_restart_s": got["first_merge_after_kill_s"],
-                "every_step_once": all(x["steps"] == list(range(1, 129)) for x in got["learners"]),
+                "every_step_once": all(x["steps"] == list(range(1, steps + 1)) for x in got["learners"]),
                 "copies": copied.get("copies"),
                 "bytes_per_copy": copied.get("bytes_received", 0) / max(1, copied.get("copies") or 0),
                 "wall_s": got["wall_s"],

@@ -12,12 +12,12 @@ import os
 import shlex
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from diloco.decoupled.chaos_logs import read_learner_log
 from diloco.testing.hosts import Host
+from diloco.testing.waiting import wait
 
 PORT = 7171
 SERVICE_OUT = "/tmp/svc"  # on host 0
@@ -43,28 +43,6 @@ def give_cache(host: Host, token_cache: Path) -> None:
 
 def sets_args(sets: dict[str, Any]) -> list[str]:
     return [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
-
-
-def wait(what: str, check, *, timeout: float, procs=(), every: float = 0.1) -> Any:
-    """``check()``'s first truthy value; fails naming ``what`` on timeout or when one of ``procs`` exits non-zero."""
-    end = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        for p in procs:
-            if p.poll() not in (None, 0):
-                raise AssertionError(f"{p.args[-1]} exited {p.returncode} waiting for {what}:\n{tail(p)}")
-        assert time.monotonic() < end, f"timed out after {timeout:g} s waiting for {what}"
-        time.sleep(every)
-
-
-def tail(proc, n: int = 3000) -> str:
-    """The end of a process's output, and its first lines that name an error (a torchrun job's last lines are its
-    agent's summary, the rank's own error comes before)."""
-    texts = [Path(p).read_text(errors="replace") for p in (proc.stdout_path, proc.stderr_path)]
-    errors = [line for t in texts for line in t.splitlines() if "Error" in line or "error:" in line][:12]
-    return "\n".join(errors) + "\n...\n" + "\n".join(t[-n:] for t in texts)
 
 
 def start_service(h0: Host, token_cache: Path, sets: dict[str, Any], name: str = "service"):

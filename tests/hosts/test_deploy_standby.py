@@ -1,6 +1,7 @@
 """An active syncer whose host is lost mid-run, and its standby taking over (:mod:`diloco.testing.standby_hosts`:
-the active on host 0, the standby on host 1, a site on each of hosts 2 and 3 running the printed command). Root only.
-Events and counts here; the seconds (takeover, worst step over typical) are benchmarks/site_faults.py's row."""
+the active on host 0, the standby on host 1, a site on each of hosts 2, 3 and 4 running the printed command: M = 3,
+a host per site). Root only. Events and counts here; the seconds (takeover, worst step over typical) are
+benchmarks/site_faults.py's rows."""
 
 from __future__ import annotations
 
@@ -9,36 +10,26 @@ import pytest
 pytest.importorskip("ray")
 
 from diloco.testing.hosts import unavailable
-from diloco.testing.standby_hosts import contiguous, run_standby_deploy
+from diloco.testing.standby_hosts import STANDBY_SETS, contiguous, run_standby_deploy
 
 pytestmark = [pytest.mark.hosts, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 
-STEPS = 64
-SETS = {
-    "replicas": 2,
-    "global_batch": 8,
-    "sync_every": 8,
-    "num_fragments": 2,
-    "overlap_steps": 1,
-    "steps": STEPS,
-    "eval_every": STEPS,
-    "checkpoint_every": 8,
-    "step_time": 0.15,
-    "ride_out_steps": 16,
-    "threads": 1,
-}
+SETS = STANDBY_SETS  # M = 3, 64 steps padded to 0.4 s, ride_out_steps=32
+STEPS = SETS["steps"]
 
 
-@pytest.mark.slow  # 55-65 s each on 2 cores at load 7-11: two Ray instances, four hosts
+@pytest.mark.slow  # 65-120 s each on 2 cores at load 8-15: two Ray instances (startup 40-60 s), five hosts
 @pytest.mark.timeout(480)
 @pytest.mark.parametrize("quorum", [1, 2])
 def test_the_standby_takes_over_when_the_active_host_is_lost_and_the_run_finishes(token_cache, quorum):
-    """K = 1 and K = 2 of M = 2. Host 0 (the active syncer, its Ray with it) is killed once both learners passed
-    step 16. The standby takes
-    over at epoch 1 from its copy; both site jobs finish without a restart (every step of each learner done once),
-    the standby's merge versions run without a gap, it had every merge the active made before the kill that a
-    learner could have been told of (its copy's records are the active's first rows, bit for bit as JSON), and
-    it merged again after the kill."""
+    """K = 1 and K = 2 of M = 3. Host 0 (the active syncer, its Ray with it) is killed once every learner passed
+    step 16. The standby takes over at epoch 1 from its copy; every site job finishes without a restart (every step
+    of each learner done once), the standby's merge versions run without a gap, it had every merge the active made
+    before the kill that a learner could have been told of (its copy's records are the active's first rows, bit for
+    bit as JSON), and it merged again after the kill. Not asserted: each learner's worst step after the kill within
+    2 x its typical one (ride_out_steps covers the takeover) held at K = 1 (1.08-1.37 x) but not at K = 2 (one
+    learner at 2.53 x and 3.08 x in two runs, the others 1.07-1.30 x) on 2 cores at load 8-15:
+    benchmarks/site_faults.py's standby rows report it."""
     got = run_standby_deploy(token_cache=token_cache, sets={**SETS, "quorum": quorum}, kill_at_step=16, takeover_s=3.0)
     assert got["finished"] and got["epoch"] == 1
     merges, active = got["merges"], got["active_rows"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,36 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_a_granted_claim_is_in_the_standbys_copy_before_the_job_hears_of_it(pair, tmp_path, monkeypatch):
+    """A learner job's claim (hello) is answered only once the standby holds it: right after ``connect_site``
+    returns (no join yet, the first answer the job gets), the standby's newest state names that job's session for
+    its index, though each copy takes 0.5 s to land (``apply_copy`` slowed: a slow link to the standby). The active
+    is then lost before anything else: the actor a takeover starts from the standby's copy holds the claim (a fresh
+    lease), so the index stays the job's there (a second job is refused it as after any restart:
+    test_claims_restart.py; across a real takeover: tests/hosts/test_deploy_standby_claims.py).
+    Before the hello was gated, the standby's copy had no claim ({}) when the job was told it held the index, and
+    a second job reaching the standby before the first job's heartbeat was granted that index."""
+    from diloco.decoupled.rpc import replicate
+
+    slow = replicate.apply_copy
+
+    def apply_slowly(*args, **kwargs):
+        time.sleep(0.5)
+        slow(*args, **kwargs)
+
+    actor, gateway, *_ = pair
+    monkeypatch.setattr(replicate, "apply_copy", apply_slowly)
+    standby_port = _free_port()
+    spec = f"s@127.0.0.1:{gateway.port},127.0.0.1:{standby_port}"
+    channel = connect_site(learner=0, syncer=spec, token="t")  # its claim; its heartbeat from now on
+    copied = load_latest_state(tmp_path / "standby")  # (None: no copy at all yet)
+    assert copied is not None and copied["claims"] == {"0": channel.session}, copied and copied["claims"]
+    gateway.stop()  # the active lost; the actor a takeover starts from the copy (not waiting out takeover_s)
+    actor.close()
+    taken = LocalActor(tmp_path / "standby")
+    assert {m: s for m, (s, _) in taken.actor._claims.items()} == {0: channel.session}
+    channel._stop.set()  # (its heartbeat; no leave: nothing serves the taken-over actor here)
+    channel.link.close()
+    taken.close()

@@ -18,15 +18,33 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 from typing import Any
 
 from diloco.decoupled.chaos_logs import final_steps, read_learner_log
 from diloco.testing.hosts import Hosts
+from diloco.testing.waiting import wait
 
 PORT = 7171
 ACTIVE_OUT, STANDBY_OUT = "/tmp/svc", "/tmp/standby"
+#: The run tests/hosts/test_deploy_standby.py and the benchmarks deploy (with a ``quorum``): M = 3 one-rank sites,
+#: ``tiny``, 64 steps padded to 0.4 s (an accelerator's step), ride-out for 32 of them (12.8 s: more than the
+#: takeover and the standby's first merge take), two fragments.
+STANDBY_SETS: dict[str, Any] = {
+    "replicas": 3,
+    "global_batch": 12,
+    "sync_every": 8,
+    "num_fragments": 2,
+    "overlap_steps": 1,
+    "steps": 64,
+    "eval_every": 64,
+    "checkpoint_every": 8,
+    "step_time": 0.4,
+    "ride_out_steps": 32,
+    "threads": 1,
+}
 
 
 def _env(token: str | None = None) -> dict[str, str]:
@@ -41,24 +59,6 @@ def _env(token: str | None = None) -> dict[str, str]:
     return env
 
 
-def _wait(what: str, check, *, timeout: float, procs=(), every: float = 0.2) -> Any:
-    end = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        for p in procs:
-            if p.poll() not in (None, 0):
-                text = (
-                    p.stderr_path.read_text(errors="replace")[-3000:]
-                    + p.stdout_path.read_text(errors="replace")[-2000:]
-                )
-                raise AssertionError(f"{p.args[-1]} exited {p.returncode} waiting for {what}:\n{text}")
-        if time.monotonic() >= end:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(every)
-
-
 #: What Ray says when its own startup timed out on an overloaded machine (its GCS, its node info): the process is
 #: started again, once, as tests/hosts/_deploy.py does for the service.
 RAY_STARTUP = ("timed out during startup", "gcs_server_port", "Failed to get node info", "Timed out waiting for file")
@@ -68,12 +68,12 @@ def _started(host, argv, env, name: str, what, *, procs=()) -> Any:
     """``argv`` run on ``host`` until ``what(proc)`` is truthy; started again once where Ray's startup failed."""
     proc = host.run(argv, env=env, name=name)
     try:
-        return proc, _wait(name, lambda: what(proc), timeout=240, procs=[*procs, proc])
+        return proc, wait(name, lambda: what(proc), timeout=240, procs=[*procs, proc])
     except AssertionError as exc:
         if not any(s in str(exc) for s in RAY_STARTUP):
             raise
     proc = host.run(argv, env=env, name=f"{name}-again")
-    return proc, _wait(name, lambda: what(proc), timeout=240, procs=[*procs, proc])
+    return proc, wait(name, lambda: what(proc), timeout=240, procs=[*procs, proc])
 
 
 def _printed(proc) -> list[str] | None:
@@ -100,12 +100,24 @@ def _site_out(line: str) -> str:
 
 
 def run_standby_deploy(
-    *, token_cache: Path, sets: dict[str, Any], kill_at_step: int, takeover_s: float = 5.0, sites: int = 2
+    *,
+    token_cache: Path,
+    sets: dict[str, Any],
+    kill_at_step: int | None,
+    takeover_s: float = 5.0,
+    sites: int | None = None,
+    after_takeover: Callable[[dict[str, Any]], Any] | None = None,
 ) -> dict[str, Any]:
-    """The scenario of the module docstring; returns its figures (raises AssertionError naming what did not come)."""
+    """The scenario of the module docstring; returns its figures (raises AssertionError naming what did not come).
+    ``kill_at_step`` None: no kill (the same deployment without the fault; its final loss, merges and wall time
+    only). ``sites``: default ``sets["replicas"]`` (a host per site). ``after_takeover``: called once the standby took
+    over, with the run as it stands (``hosts``, the printed ``lines``, the ``jobs``, ``standby``, ``spare``: one more
+    host that runs nothing, and ``env()``); what it returns is the result's ``after_takeover``."""
+    sites = int(sets.get("replicas", 2)) if sites is None else sites
     args = [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
-    with Hosts(2 + sites) as hosts:
-        h0, h1, site_hosts = hosts[0], hosts[1], hosts[2:]
+    spares = 1 if after_takeover is not None else 0
+    with Hosts(2 + sites + spares) as hosts:
+        h0, h1, site_hosts = hosts[0], hosts[1], hosts[2 : 2 + sites]
         for h in hosts:
             h.tmp.mkdir(parents=True, exist_ok=True)
             shutil.copytree(token_cache, h.path("/tmp/cache"), dirs_exist_ok=True)
@@ -138,18 +150,34 @@ def run_standby_deploy(
         def reached(step: int) -> bool:
             return all(any(r.get("step", 0) >= step for r in read_learner_log(log)) for log in logs)
 
-        _wait(f"every learner at step {kill_at_step}", lambda: reached(kill_at_step), timeout=240, procs=procs)
+        if kill_at_step is None:  # the same run without the fault: the active's results
+            for job in jobs:
+                assert job.wait(timeout=300) == 0, job.stderr_path.read_text(errors="replace")[-3000:]
+            assert active.wait(timeout=120) == 0, active.stderr_path.read_text(errors="replace")[-3000:]
+            summary = json.loads(h0.path(f"{ACTIVE_OUT}/summary.json").read_text())
+            return {
+                "finished": "every learner finished" in active.stdout_path.read_text(),
+                "epoch": summary.get("epoch"),
+                "final_eval_loss": summary.get("final_eval_loss"),
+                "merges": read_learner_log(h0.path(f"{ACTIVE_OUT}/merges.jsonl")),
+                "wall_s": time.time() - began,
+            }
+        wait(f"every learner at step {kill_at_step}", lambda: reached(kill_at_step), timeout=240, procs=procs)
         h0.kill()
         killed_at = time.time()
         active_rows = read_learner_log(h0.path(f"{ACTIVE_OUT}/syncer/records.jsonl"))
         procs = [standby, *jobs]
-        _wait(
+        wait(
             "the standby's takeover",
             lambda: "taking over as epoch" in standby.stdout_path.read_text(),
             timeout=120,
             procs=procs,
         )
         took_over_at = time.time()
+        hooked = None
+        if after_takeover is not None:
+            run = {"hosts": hosts, "lines": lines, "jobs": jobs, "standby": standby, "spare": hosts[-1], "env": _env}
+            hooked = after_takeover(run)
         for job in jobs:
             assert job.wait(timeout=300) == 0, job.stderr_path.read_text(errors="replace")[-3000:]
         assert standby.wait(timeout=120) == 0, standby.stderr_path.read_text(errors="replace")[-3000:]
@@ -177,6 +205,7 @@ def run_standby_deploy(
         return {
             "finished": "every learner finished" in standby.stdout_path.read_text(),
             "epoch": summary.get("epoch"),
+            "final_eval_loss": summary.get("final_eval_loss"),
             "merges": merges,
             "active_rows": active_rows,
             "restored_merges": restored,
@@ -188,6 +217,7 @@ def run_standby_deploy(
             "replication": summary.get("replication"),
             "standby": summary.get("standby"),
             "wall_s": time.time() - began,
+            "after_takeover": hooked,
         }
 
 
@@ -200,4 +230,4 @@ def contiguous(merges: list[dict[str, Any]]) -> bool:
     )
 
 
-__all__ = ["ACTIVE_OUT", "PORT", "STANDBY_OUT", "contiguous", "run_standby_deploy"]
+__all__ = ["ACTIVE_OUT", "PORT", "STANDBY_OUT", "STANDBY_SETS", "contiguous", "run_standby_deploy"]

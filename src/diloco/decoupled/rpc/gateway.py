@@ -22,7 +22,7 @@ Epochs (:mod:`.replicate`): every answer carries the gateway's ``epoch`` (traili
 learner's call the newest epoch it has seen. A call that has seen a newer epoch than this gateway's fences it: a
 standby took over from this syncer, so from then on it answers every call ``UNAVAILABLE`` (the learner goes on at
 its next address) and merges nothing more. With a ``replicator`` (a standby attached), an answer that tells a
-learner of the syncer's state (a join's welcome, a merge's reply, a leave, a hold) waits until the standby holds
+learner of the syncer's state (a granted claim, a join's welcome, a merge's reply, a leave, a hold) waits until the standby holds
 that state (:meth:`~diloco.decoupled.rpc.replicate.Replicator.gate`).
 """
 
@@ -209,7 +209,10 @@ class Gateway:
 
     def _hello(self, header: dict, tensors: list, shard: int) -> bytes:
         args = (int(header["learner"]), str(header["session"]), header.get("fingerprint"), header.get("host"))
-        return pack({"refused": self.call(shard, "hello", args, LEASE_S + CALL_S)})
+        refused = self.call(shard, "hello", args, LEASE_S + CALL_S)
+        if refused is None:  # the claim granted: in the standby's copy before the job hears it holds the index
+            self._gate(time.monotonic())
+        return pack({"refused": refused})
 
     def _heartbeat(self, header: dict, tensors: list, shard: int) -> bytes:
         held = self.call(shard, "heartbeat", (int(header["learner"]), str(header["session"])), CALL_S)

@@ -17,7 +17,7 @@ versions and merge count are the active's, bit for bit. The actor writes them af
 leave) *before* any reply leaves it, so the copy is as complete as a restart's.
 
 **Mode: synchronous, no merge lost.** While a standby is attached (it called within :data:`STANDBY_LOST_S`), every
-answer that tells a learner of the syncer's state (a join's welcome, a merge's reply, a leave, a hold) is held by
+answer that tells a learner of the syncer's state (a granted claim, a join's welcome, a merge's reply, a leave, a hold) is held by
 the gateway until the standby acknowledged a copy taken after that state was written (:meth:`Replicator.gate`):
 whatever a learner was told, the standby holds. A report the active took but did not merge yet is not copied
 (its learner sends it again to the standby that took over: the reply's ``at_epoch`` tells it was lost). A standby
