@@ -13,15 +13,35 @@ def token_cache(tmp_path_factory) -> Path:
     """One tokenizer and token cache for the session (the tiny preset's, built here once).
 
     Every test that trains on the bundled corpus passes it as ``cache_dir``, so no test
-    rebuilds a tokenizer another one already built (a build takes seconds to minutes).
+    rebuilds a tokenizer another one already built (a build takes ~10 s of CPU). Under
+    pytest-xdist the first worker to ask builds it once, in the run's shared temporary folder
+    (the others wait on a file lock), and each worker gets its own copy, as if it had built it.
     """
+    path = tmp_path_factory.mktemp("token-cache")
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        _build_token_cache(path)
+        return path
+    import fcntl
+    import shutil
+
+    shared = tmp_path_factory.getbasetemp().parent / "token-cache-shared"  # the run's, beside each worker's
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed (or when its worker dies)
+        done = Path(f"{shared}.done")
+        if not done.exists():
+            shutil.rmtree(shared, ignore_errors=True)  # a build a dead worker left half-written
+            _build_token_cache(shared)
+            done.touch()
+    shutil.copytree(shared, path, dirs_exist_ok=True)
+    return path
+
+
+def _build_token_cache(path: Path) -> None:
     from diloco.data import prepare_tokens
     from diloco.train.config import TrainConfig, load_preset
 
     cfg = TrainConfig.from_dict(load_preset("tiny")["base"])
-    path = tmp_path_factory.mktemp("token-cache")
     prepare_tokens(cfg.sources, cfg.vocab_size, path, val_fraction=cfg.val_fraction)
-    return path
 
 
 # -- one local Ray instance for the tests that ask for it -------------------------------------------------------------
