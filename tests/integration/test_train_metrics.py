@@ -42,7 +42,7 @@ def test_the_trainer_serves_its_step_figures_while_it_trains(tmp_path, token_cac
 
     out = tmp_path / "run"
     args = [sys.executable, "-m", "diloco", "train", "--preset", "tiny", "--method", "diloco", "--no-progress"]
-    args += ["--set", "replicas=2", "--set", "steps=60", "--set", "step_time=0.1", "--set", "metrics_port=0"]
+    args += ["--set", "replicas=2", "--set", "steps=30", "--set", "step_time=0.1", "--set", "metrics_port=0"]
     args += ["--set", "threads=1", "--cache-dir", str(token_cache), "--out", str(out)]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
