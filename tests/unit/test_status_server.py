@@ -5,6 +5,7 @@ or taken is refused with the port named, before anything is bound."""
 from __future__ import annotations
 
 import socket
+import sys
 import urllib.error
 import urllib.request
 
@@ -69,3 +70,31 @@ def test_the_token_file_is_made_once_for_its_owner_and_the_environment_wins(tmp_
     assert status_token(tmp_path) == token  # a resumed run keeps its token
     monkeypatch.setenv("DILOCO_STATUS_TOKEN", "given")
     assert status_token(tmp_path) == "given"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own niceness is Linux's")
+def test_the_page_is_served_from_threads_nicer_than_the_process_and_the_caller_keeps_its_priority():
+    """Serving and drawing the page yield the cores to training and merging: the route runs NICENESS steps nicer
+    than the process (capped at 19), and so does the server's own thread; the thread that started it does not."""
+    import os
+    import threading
+
+    from diloco.status.server import NICENESS
+
+    process = os.getpriority(os.PRIO_PROCESS, 0)
+    seen = {}
+
+    def page(query):
+        seen["route"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        return "ok", "text/plain"
+
+    server = StatusServer(open_socket("127.0.0.1", 0), token="t", routes={"/": page}).start()
+    try:
+        assert _get(f"http://127.0.0.1:{server.port}/?token=t") == (200, "ok")
+        assert server.thread is not None
+        seen["server"] = os.getpriority(os.PRIO_PROCESS, server.thread.native_id)
+    finally:
+        server.stop()
+    want = min(19, process + NICENESS)
+    assert seen == {"route": want, "server": want}
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == process

@@ -12,6 +12,10 @@ server's thread pool, never on the caller's thread. Every request must carry the
 (``Authorization: Bearer TOKEN``, what Prometheus' ``authorization`` setting sends) or as ``?token=TOKEN`` (what a
 browser opens); anything else is answered 401 and runs no route. The socket is bound by :func:`open_socket`
 before the caller writes anything, so a bad ``--status-port`` is refused first.
+
+The server's threads (its event loop and the pool its routes run in) run :data:`NICENESS` steps nicer than the
+process (Linux sets a thread's niceness on its own), so serving and drawing the page yield the cores to the
+training and merging beside it whenever they want them.
 """
 
 from __future__ import annotations
@@ -33,6 +37,22 @@ TOKEN_ENV = "DILOCO_STATUS_TOKEN"
 TOKEN_FILE = "status-token"
 
 Route = Callable[[dict[str, str]], tuple[bytes | str, str]]
+
+#: How much nicer than its process a thread serving the page runs (:func:`lower_priority`).
+NICENESS = 10
+
+
+def lower_priority(by: int = NICENESS) -> int | None:
+    """Make the calling thread ``by`` steps nicer than the process (its main thread; at most 19, never less nice
+    than it is); its niceness now, or None where the system does not set a thread's priority on its own (Linux
+    does: ``setpriority`` of its thread id) or refuses."""
+    try:
+        tid = threading.get_native_id()
+        nice = max(os.getpriority(os.PRIO_PROCESS, tid), min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + by))
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
+        return os.getpriority(os.PRIO_PROCESS, tid)
+    except (AttributeError, OSError):
+        return None
 
 
 def open_socket(host: str, port: int) -> socket.socket:
@@ -141,11 +161,17 @@ class StatusServer:
         return app
 
     def _serve(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         from aiohttp import web
 
+        lower_priority()  # (this thread, then each thread of the routes' pool as it starts)
         loop = asyncio.new_event_loop()
         self._loop = loop
         asyncio.set_event_loop(loop)
+        loop.set_default_executor(
+            ThreadPoolExecutor(max_workers=4, thread_name_prefix="diloco-status-route", initializer=lower_priority)
+        )
         try:
             runner = web.AppRunner(self._app(), access_log=None)
             loop.run_until_complete(runner.setup())

@@ -152,6 +152,9 @@ class StatusPage:
                 self.board.poll(status, now=time.time())
 
     def _follow(self, cfg: Any, inputs: Any) -> None:
+        from diloco.status.server import lower_priority
+
+        lower_priority()  # reading the syncer's files and evaluating for the plot: after the merges and learners
         next_eval = time.monotonic() + (self.eval_every_s if self.eval_every_s > 0 else float("inf"))
         while not self._stop.wait(POLL_S):
             self.read()
