@@ -122,6 +122,8 @@ def test_a_job_whose_index_another_job_took_stops_naming_it_and_its_reports_are_
     assert rows[-1]["event"] == "claim lost" and rows[-1]["why"] == message
     with pytest.raises(ClaimLost):  # nothing more from A: refused before it leaves this process
         a.send(a._sent[0])
+    with pytest.raises(RuntimeError, match="learner 0's index is no longer this job's"):  # the syncer's own check
+        a.link.call("Hold", a._head(step=8, session=a.session))  # (A's channel would not send it: ClaimLost first)
     a.leave(finished=False)  # A's leave gives up nothing of B's
 
     for x, y in batches(1, 5):

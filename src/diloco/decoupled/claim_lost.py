@@ -5,8 +5,9 @@ stalled for longer than the claim lease (``LEASE_S``), its claim lapses; if anot
 site's command run again elsewhere), that job is learner m from then on. Two jobs must never both train as learner
 m and both have their reports counted, so:
 
-* the syncer refuses every report of a session that no longer holds its learner's index (the actor's ``report``;
-  a ``refused`` row with ``why: "claim lost"`` in its ``events.jsonl``), whatever the learner does;
+* the syncer refuses every report and hold of a session that no longer holds its learner's index
+  (:class:`~diloco.decoupled.membership.Membership`'s ``report_from``, ``hold_from``; a ``refused`` row with
+  ``why: "claim lost"`` in its ``events.jsonl``), whatever the learner does;
 * the job hears it from its next heartbeat's answer (``held`` False, with :func:`lost_message` as the why) or
   from the refusal of its next report, whichever comes first, and stops at its next call to the syncer with
   :class:`ClaimLost`, naming the index, the job that holds it now and what to do; its ``learner-<m>.jsonl``
@@ -74,7 +75,8 @@ class ClaimWatch:
         text = str(exc)
         if LOST_MARK not in text:
             return exc
-        self.claim_lost = text[text.index(f"learner {self.learner}'s index") :] if "'s index" in text else text
+        start = text.find(f"learner {self.learner}'s index")  # the syncer's own words, past the call's
+        self.claim_lost = text[start:] if start >= 0 else text
         return ClaimLost(self.claim_lost)
 
 

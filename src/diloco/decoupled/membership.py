@@ -174,15 +174,28 @@ class Membership:
     async def report_from(self, report: Any, session: str | None = None) -> None:
         """The actor's ``report`` from a job of ``session``: refused (a ConfigError; logged), not counted, where that
         session lost the learner's index to another (:mod:`diloco.decoupled.claim_lost`)."""
-        refused = self.claim_refusal(report.learner, session)
+        self._refuse_lost(report.learner, session)
+        await self.report(report)
+
+    async def hold_from(self, learner: int, step: int, session: str | None = None) -> None:
+        """The actor's ``hold`` from a job of ``session``: refused as :meth:`report_from` is, where that session
+        lost the learner's index (the rounds of the job now holding it must not stop waiting for it)."""
+        self._refuse_lost(learner, session)
+        await self.hold(learner, step)
+
+    def _refuse_lost(self, learner: int, session: str | None) -> None:
+        """A ConfigError (logged: ``refused``, ``claim lost``) where ``session`` lost ``learner``'s index."""
+        refused = self.claim_refusal(learner, session)
         if refused is not None:
-            self._log("refused", learner=report.learner, why="claim lost")
+            self._log("refused", learner=learner, why="claim lost")
             from diloco.errors import ConfigError
 
             raise ConfigError(refused)
-        await self.report(report)
 
     async def report(self, report: Any) -> None:
+        raise NotImplementedError
+
+    async def hold(self, learner: int, step: int) -> None:
         raise NotImplementedError
 
     async def status(self) -> dict[str, Any]:

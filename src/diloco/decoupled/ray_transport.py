@@ -450,7 +450,7 @@ class RayChannel(ClaimWatch):
         # Ray does not keep the order of calls to an async actor: the reports first
         ray.get(list(self._delivered.values()))
         self._delivered.clear()
-        ray.get(self.actor.hold.remote(self.learner, step))
+        ray.get(self.actor.hold_from.remote(self.learner, step, self.session))
 
 
 def connect(

@@ -313,7 +313,7 @@ class RpcChannel(ClaimWatch):
         for f in list(self._delivered.values()):  # the reports first: the syncer holds every one when this returns
             f.result()
         self._delivered.clear()
-        self.link.call("Hold", self._head(step=step))
+        self.link.call("Hold", self._head(step=step, session=self.session))
 
     def start_heartbeat(self) -> None:
         assert self.session is not None, "a heartbeat needs a session"

@@ -244,7 +244,7 @@ class Gateway:
         return pack({})
 
     def _hold(self, header: dict, tensors: list, shard: int) -> bytes:
-        self.call(shard, "hold", (int(header["learner"]), int(header["step"])), CALL_S)
+        self.call(shard, "hold_from", (int(header["learner"]), int(header["step"]), header.get("session")), CALL_S)
         self._gate(time.monotonic())
         return pack({})
 
