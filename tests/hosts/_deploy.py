@@ -8,7 +8,6 @@ from the host's /tmp, so each site's ``--out`` is that host's own). Each host ha
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
 import sys
@@ -16,23 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from diloco.decoupled.chaos_logs import read_learner_log
+from diloco.testing.deploy_env import host_env
 from diloco.testing.hosts import Host
 from diloco.testing.waiting import wait
 
 PORT = 7171
 SERVICE_OUT = "/tmp/svc"  # on host 0
 rows = read_learner_log  # whole rows of a JSONL file another process appends to
-
-
-def host_env() -> dict[str, str]:
-    """What every host's processes run with: this environment (PYTHONPATH: this tree), this venv's tools first on
-    PATH, the host's own token cache, and no token (the printed command brings it)."""
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
-    env["DILOCO_CACHE"] = "/tmp/cache"
-    env.pop("DILOCO_SYNCER_TOKEN", None)
-    env.setdefault("RAY_gcs_server_port_wait_time_s", "120")  # Ray's 30 s for its GCS to start: not on 2 loaded cores
-    return env
 
 
 def give_cache(host: Host, token_cache: Path) -> None:
@@ -120,16 +109,6 @@ def ray_processes(host: Host) -> list[str]:
 def records(h0: Host) -> list[dict]:
     """The syncer's merge records so far (its checkpoint folder's log, appended to as it merges)."""
     return rows(h0.path(f"{SERVICE_OUT}/syncer/records.jsonl"))
-
-
-def contiguous(merges: list[dict]) -> bool:
-    """Every fragment's merge versions run 1, 2, ... without a gap or a repeat."""
-    frags = {r["fragment"] for r in merges}
-    return all(
-        [r["version"] for r in merges if r["fragment"] == p]
-        == list(range(1, 1 + len([r for r in merges if r["fragment"] == p])))
-        for p in frags
-    )
 
 
 def weighted_after(merges: list[dict], m: int, t: float) -> list[float]:

@@ -135,6 +135,7 @@ class Membership:
         changed = self._claims.get(learner, (None,))[0] != session
         self._claims[learner] = (session, time.monotonic())
         self._log("hello", learner=learner, session=session, host=host)
+        self.__dict__.setdefault("_holders", {})[learner] = host  # named to a job that lost this index
         if changed:  # on disk before the job is told it holds the index: a syncer restored after this keeps it
             self._claims_changed()
         return None
@@ -153,6 +154,49 @@ class Membership:
         if regained:
             self._claims_changed()
         return True
+
+    def claim_refusal(self, learner: int, session: str | None) -> str | None:
+        """Why ``session`` may no longer act as learner ``learner`` (another session holds its index:
+        :mod:`diloco.decoupled.claim_lost`), or None (it holds it, nobody does, or a call without a session)."""
+        claim = self._claims.get(learner)
+        if session is None or claim is None or claim[0] == session:
+            return None
+        from diloco.decoupled.claim_lost import lost_message
+
+        return lost_message(learner, self.__dict__.get("_holders", {}).get(learner), LEASE_S)
+
+    async def beat(self, learner: int, session: str) -> str | None:
+        """A job's heartbeat (:meth:`heartbeat`, the actor's, which the learner lease hears too): None, or why this
+        session no longer holds ``learner``'s index (:meth:`claim_refusal`: the job stops)."""
+        held = await self.heartbeat(learner, session)
+        return None if held else self.claim_refusal(learner, session)
+
+    async def report_from(self, report: Any, session: str | None = None) -> None:
+        """The actor's ``report`` from a job of ``session``: refused (a ConfigError; logged), not counted, where that
+        session lost the learner's index to another (:mod:`diloco.decoupled.claim_lost`)."""
+        self._refuse_lost(report.learner, session)
+        await self.report(report)
+
+    async def hold_from(self, learner: int, step: int, session: str | None = None) -> None:
+        """The actor's ``hold`` from a job of ``session``: refused as :meth:`report_from` is, where that session
+        lost the learner's index (the rounds of the job now holding it must not stop waiting for it)."""
+        self._refuse_lost(learner, session)
+        await self.hold(learner, step)
+
+    def _refuse_lost(self, learner: int, session: str | None) -> None:
+        """A ConfigError (logged: ``refused``, ``claim lost``) where ``session`` lost ``learner``'s index."""
+        refused = self.claim_refusal(learner, session)
+        if refused is not None:
+            self._log("refused", learner=learner, why="claim lost")
+            from diloco.errors import ConfigError
+
+            raise ConfigError(refused)
+
+    async def report(self, report: Any) -> None:
+        raise NotImplementedError
+
+    async def hold(self, learner: int, step: int) -> None:
+        raise NotImplementedError
 
     async def status(self) -> dict[str, Any]:
         """What the service's monitor prints: merges so far, members, learners heard from within the lease,

@@ -33,6 +33,7 @@ from typing import Any
 import ray
 import torch
 
+from diloco.decoupled.claim_lost import ClaimWatch
 from diloco.decoupled.lease_actor import LeaseLog
 from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S, claims_state, restore_claims
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome, resend
@@ -368,7 +369,7 @@ def start_syncer(
     return SyncerActor.options(**options).remote(initial, str(checkpoint_dir), keep, fingerprint)
 
 
-class RayChannel:
+class RayChannel(ClaimWatch):
     """One learner's :class:`diloco.decoupled.learner.Channel` to the named syncer actor.
 
     It keeps its last report of each fragment until the reply comes, and sends it again if a restarted
@@ -394,8 +395,8 @@ class RayChannel:
         return ray.get(self.actor.join.remote(self.learner))
 
     def send(self, report: Report) -> None:
-        self._sent[report.fragment] = report
-        self._delivered[report.fragment] = self.actor.report.remote(report)  # not waited on: the learner trains on
+        self._sent[report.fragment] = self._checked(report)
+        self._delivered[report.fragment] = self.actor.report_from.remote(report, self.session)  # not waited on
         self._replies[report.fragment] = self.actor.wait_reply.remote(
             self.learner, report.fragment, time.time(), report.base_version
         )
@@ -432,7 +433,7 @@ class RayChannel:
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S) and ray.is_initialized():  # (a call after shutdown would start Ray)
             try:
-                ray.get(self.actor.heartbeat.remote(self.learner, self.session), timeout=10 * HEARTBEAT_S)
+                self._beat_answer(ray.get(self.actor.beat.remote(self.learner, self.session), timeout=10 * HEARTBEAT_S))
             except Exception:  # the syncer restarting, or Ray going down: the next beat tries again
                 continue
 
@@ -449,7 +450,7 @@ class RayChannel:
         # Ray does not keep the order of calls to an async actor: the reports first
         ray.get(list(self._delivered.values()))
         self._delivered.clear()
-        ray.get(self.actor.hold.remote(self.learner, step))
+        ray.get(self.actor.hold_from.remote(self.learner, step, self.session))
 
 
 def connect(

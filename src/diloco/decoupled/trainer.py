@@ -282,12 +282,14 @@ class LearnerLog:
     received) and a ``joined`` row each time a process of the learner starts training (:meth:`start`: wall time,
     incarnation, pid, the step it starts after), written by its lead rank; the weight each merge gave it is in
     ``merges.jsonl``. A learner that joins its syncer again (a restarted process: incarnation > 0) or resumes a
-    checkpoint appends to the rows of its earlier lives; a new run starts the file afresh."""
+    checkpoint appends to the rows of its earlier lives; a new run starts the file afresh. A job that lost its
+    index to another job (:mod:`diloco.decoupled.claim_lost`) ends its rows with a ``claim lost`` row (``why``)."""
 
     def __init__(self, out_dir: Path, learner: int, *, append: bool) -> None:
         self.learner, self.append = learner, append
         self.path = Path(out_dir) / f"learner-{learner}.jsonl"
         self._file: Any = None
+        self._algo: Any = None
         self._waited = self._blocked = 0.0
         self._cpu = 0.0
 
@@ -302,6 +304,7 @@ class LearnerLog:
         else:
             cut = False
         self._file = open(self.path, "a" if append else "w", buffering=1)
+        self._algo = algo
         self._waited, self._blocked, self._cpu = algo.wait_seconds, algo.blocked_seconds, time.process_time()
         self._write(
             {
@@ -345,8 +348,17 @@ class LearnerLog:
         )
 
     def close(self) -> None:
+        import time
+
+        from diloco.decoupled.claim_lost import claim_lost_of
+
+        lost = None if self._algo is None else claim_lost_of(self._algo.channel)
+        if lost is not None and self._file is not None:  # why this job stopped: another job holds its index
+            row = {"learner": self.learner, "incarnation": self._algo.incarnation, "event": "claim lost"}
+            self._write({**row, "t": time.time(), "why": lost})
         if self._file is not None:
             self._file.close()
+            self._file = None
 
 
 def learner_goodput(results: Sequence[dict[str, Any]]) -> float | None:

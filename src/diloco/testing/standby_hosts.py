@@ -14,7 +14,6 @@ takeover and to its first merge.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import time
@@ -24,6 +23,7 @@ from statistics import median
 from typing import Any
 
 from diloco.decoupled.chaos_logs import final_steps, read_learner_log
+from diloco.testing.deploy_env import contiguous, host_env
 from diloco.testing.hosts import Hosts
 from diloco.testing.waiting import wait
 
@@ -45,18 +45,6 @@ STANDBY_SETS: dict[str, Any] = {
     "ride_out_steps": 32,
     "threads": 1,
 }
-
-
-def _env(token: str | None = None) -> dict[str, str]:
-    """As tests/hosts/_deploy.py's host_env: this tree and venv, the host's own token cache, the token if given."""
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
-    env["DILOCO_CACHE"] = "/tmp/cache"
-    env.pop("DILOCO_SYNCER_TOKEN", None)
-    if token:
-        env["DILOCO_SYNCER_TOKEN"] = token
-    env.setdefault("RAY_gcs_server_port_wait_time_s", "120")
-    return env
 
 
 #: What Ray says when its own startup timed out on an overloaded machine (its GCS, its node info): the process is
@@ -123,7 +111,7 @@ def run_standby_deploy(
             shutil.copytree(token_cache, h.path("/tmp/cache"), dirs_exist_ok=True)
         argv = [sys.executable, "-m", "diloco", "syncer", "--preset", "tiny", *args, "--poll", "1"]
         argv += ["--host", "0.0.0.0", "--advertise", h0.address, "--port", str(PORT), "--out", ACTIVE_OUT]
-        active, lines = _started(h0, [*argv, "--standby", f"{h1.address}:{PORT}"], _env(), "active", _printed)
+        active, lines = _started(h0, [*argv, "--standby", f"{h1.address}:{PORT}"], host_env(), "active", _printed)
         info = json.loads(h0.path(f"{ACTIVE_OUT}/syncer.json").read_text())
         assert f"syncer={info['name']}@{h0.address}:{PORT},{h1.address}:{PORT}" in lines[0], lines[0]
         # the standby once the active's Ray is up (two Ray instances starting at once on 2 loaded cores: one timed
@@ -134,14 +122,14 @@ def run_standby_deploy(
         standby, _ = _started(
             h1,
             argv,
-            _env(info["token"]),
+            host_env(info["token"]),
             "standby",
             lambda p: "diloco syncer: standby of" in p.stdout_path.read_text(errors="replace"),
             procs=[active],
         )
         began = time.time()
         jobs = [
-            h.run(["sh", "-c", f"cd /tmp && {lines[m]}"], env=_env(), name=f"site-{m}")
+            h.run(["sh", "-c", f"cd /tmp && {lines[m]}"], env=host_env(), name=f"site-{m}")
             for m, h in enumerate(site_hosts)
         ]
         logs = [h.path(_site_out(lines[m])) / f"learner-{m}.jsonl" for m, h in enumerate(site_hosts)]
@@ -176,7 +164,14 @@ def run_standby_deploy(
         took_over_at = time.time()
         hooked = None
         if after_takeover is not None:
-            run = {"hosts": hosts, "lines": lines, "jobs": jobs, "standby": standby, "spare": hosts[-1], "env": _env}
+            run = {
+                "hosts": hosts,
+                "lines": lines,
+                "jobs": jobs,
+                "standby": standby,
+                "spare": hosts[-1],
+                "env": host_env,
+            }
             hooked = after_takeover(run)
         for job in jobs:
             assert job.wait(timeout=300) == 0, job.stderr_path.read_text(errors="replace")[-3000:]
@@ -219,15 +214,6 @@ def run_standby_deploy(
             "wall_s": time.time() - began,
             "after_takeover": hooked,
         }
-
-
-def contiguous(merges: list[dict[str, Any]]) -> bool:
-    """Every fragment's merge versions run 1, 2, ... without a gap or a repeat."""
-    return all(
-        [r["version"] for r in merges if r["fragment"] == p]
-        == list(range(1, 1 + sum(r["fragment"] == p for r in merges)))
-        for p in {r["fragment"] for r in merges}
-    )
 
 
 __all__ = ["ACTIVE_OUT", "PORT", "STANDBY_OUT", "STANDBY_SETS", "contiguous", "run_standby_deploy"]

@@ -25,6 +25,7 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from diloco.decoupled.claim_lost import ClaimWatch
 from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S
 from diloco.decoupled.messages import MAX_RESENDS, Reply, Report, Welcome, resend
 from diloco.decoupled.rpc import EPOCH_KEY, GRPC_MISSING, SERVICE, TOKEN_ENV
@@ -229,7 +230,7 @@ def accept_epoch(newest: int, epoch: int) -> bool:
     return epoch >= newest
 
 
-class RpcChannel:
+class RpcChannel(ClaimWatch):
     """One learner's :class:`~diloco.decoupled.learner.Channel` to one shard of the service over a :class:`Link`
     (what :class:`~diloco.decoupled.ray_transport.RayChannel` is in-cluster, with the same resend rule and
     session: a heartbeat every ``HEARTBEAT_S`` from a daemon thread, ``leave()`` says *finished*)."""
@@ -261,7 +262,7 @@ class RpcChannel:
         return unpack_welcome(self.link.call("Join", self._head()))
 
     def send(self, report: Report) -> None:
-        self._sent[report.fragment] = report
+        self._sent[report.fragment] = self._checked(report)
         delivered: Future = Future()
         self._delivered[report.fragment] = delivered
         self._replies[report.fragment] = self._pool.submit(self._exchange, report, delivered)
@@ -269,14 +270,17 @@ class RpcChannel:
     def _exchange(self, report: Report, delivered: Future) -> Reply | None:
         """Send ``report``, then ask for its reply (both tried again while the service is unreachable)."""
         try:
-            frame = pack_report(report, syncer=self.link.name, shard=self.shard)
+            frame = pack_report(report, syncer=self.link.name, shard=self.shard, session=self.session)
             timeout = DEADLINES["Report"] + len(frame) / 1e6  # at least 1 MB/s
             (answer, _) = unpack(self.link.call("Report", frame, timeout=timeout))
             at_epoch = self.link.epoch  # the epoch of the syncer that took it (a standby that took over after: lost)
             delivered.set_result(None)
         except BaseException as exc:
-            delivered.set_exception(exc)
-            raise
+            lost = self._refused(exc)  # a job that lost its index: ClaimLost
+            delivered.set_exception(lost)
+            if lost is exc:
+                raise
+            raise lost from None
         ask = self._head(fragment=report.fragment, at=answer["at"], base_version=report.base_version)
         ask["at_epoch"] = at_epoch
         return unpack_reply(self.link.call("WaitReply", ask))
@@ -285,6 +289,7 @@ class RpcChannel:
         resend(self, fragment)
 
     def wait_reply(self, fragment: int) -> Reply:
+        self._check_claim()
         while (reply := self._replies.pop(fragment).result()) is None:
             self._resend(fragment)
         del self._sent[fragment]
@@ -292,6 +297,7 @@ class RpcChannel:
         return reply
 
     def poll_reply(self, fragment: int) -> Reply | None:
+        self._check_claim()
         if not self._replies[fragment].done():
             return None
         reply = self._replies.pop(fragment).result()
@@ -303,10 +309,11 @@ class RpcChannel:
         return reply
 
     def hold(self, step: int) -> None:
+        self._check_claim()
         for f in list(self._delivered.values()):  # the reports first: the syncer holds every one when this returns
             f.result()
         self._delivered.clear()
-        self.link.call("Hold", self._head(step=step))
+        self.link.call("Hold", self._head(step=step, session=self.session))
 
     def start_heartbeat(self) -> None:
         assert self.session is not None, "a heartbeat needs a session"
@@ -318,7 +325,8 @@ class RpcChannel:
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                self.link.call("Heartbeat", self._head(session=self.session), retry_for=0.0)
+                answer, _ = unpack(self.link.call("Heartbeat", self._head(session=self.session), retry_for=0.0))
+                self._beat_answer(answer.get("lost"))  # another job holds the index now: this one stops
             except Exception:  # unreachable for now: the next beat tries again
                 continue
 

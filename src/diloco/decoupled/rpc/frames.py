@@ -74,12 +74,13 @@ def unpack(data: bytes) -> tuple[dict[str, Any], list[torch.Tensor]]:
 
 
 # -- the messages ------------------------------------------------------------
-def pack_report(report: Report, *, syncer: str, shard: int) -> bytes:
+def pack_report(report: Report, *, syncer: str, shard: int, session: str | None = None) -> bytes:
     fields = {k: getattr(report, k) for k in ("learner", "fragment", "steps", "sent_after_step", "base_version")}
     # a step time that is not finite is no step time (the syncer reads only one > 0): strict JSON carries 0.0
     step_time = float(report.step_time) if math.isfinite(report.step_time) else 0.0
     scalars = {"tokens": float(report.tokens), "step_time": step_time}
-    return pack({"syncer": syncer, "shard": shard, **fields, **scalars}, [report.payload])
+    claim = {} if session is None else {"session": session}  # the job's claim: a lost one's reports are refused
+    return pack({"syncer": syncer, "shard": shard, **fields, **scalars, **claim}, [report.payload])
 
 
 def unpack_report(header: dict[str, Any], tensors: list[torch.Tensor]) -> Report:

@@ -215,8 +215,9 @@ class Gateway:
         return pack({"refused": refused})
 
     def _heartbeat(self, header: dict, tensors: list, shard: int) -> bytes:
-        held = self.call(shard, "heartbeat", (int(header["learner"]), str(header["session"])), CALL_S)
-        return pack({"held": bool(held)})
+        # None: held; else why this job's claim went to another (it stops: diloco.decoupled.claim_lost)
+        lost = self.call(shard, "beat", (int(header["learner"]), str(header["session"])), CALL_S)
+        return pack({"held": lost is None, "lost": lost})
 
     def _join(self, header: dict, tensors: list, shard: int) -> bytes:
         welcome = self.call(shard, "join", (int(header["learner"]),), CALL_S)
@@ -225,7 +226,7 @@ class Gateway:
 
     def _report(self, header: dict, tensors: list, shard: int) -> bytes:
         at = time.time()  # this host's clock: what the actor compares with its start (no clock across the WAN)
-        self.call(shard, "report", (unpack_report(header, tensors),), CALL_S)
+        self.call(shard, "report_from", (unpack_report(header, tensors), header.get("session")), CALL_S)
         return pack({"at": at})
 
     def _waitreply(self, header: dict, tensors: list, shard: int) -> bytes:
@@ -243,7 +244,7 @@ class Gateway:
         return pack({})
 
     def _hold(self, header: dict, tensors: list, shard: int) -> bytes:
-        self.call(shard, "hold", (int(header["learner"]), int(header["step"])), CALL_S)
+        self.call(shard, "hold_from", (int(header["learner"]), int(header["step"]), header.get("session")), CALL_S)
         self._gate(time.monotonic())
         return pack({})
 
