@@ -26,7 +26,7 @@ def _backend(shard, method, args, timeout):
     if method == "wait_reply":
         learner, fragment, _at, base_version = args
         return Reply(learner, fragment, PAYLOAD.flip(0), version=base_version + 1)
-    return {"hello": None, "heartbeat": True}.get(method)
+    return {"hello": None, "beat": None}.get(method)  # beat: None, the claim still held
 
 
 @pytest.fixture

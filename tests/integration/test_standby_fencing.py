@@ -31,7 +31,7 @@ class Backend:
         if method == "wait_reply":
             learner, fragment, _at, base_version = args
             return Reply(learner, fragment, PAYLOAD.flip(0), version=base_version + 1)
-        return {"hello": None, "heartbeat": True}.get(method)
+        return {"hello": None, "beat": None}.get(method)
 
 
 def _gateway(epoch: int, port: int = 0) -> tuple[Gateway, list[str]]:
@@ -78,7 +78,7 @@ def test_a_learner_rides_over_to_the_standby_and_a_former_active_that_comes_back
     new, new_calls = _gateway(1, port=new_port)
     channel.send(_report(0))
     assert channel.wait_reply(0).version == 1
-    assert channel.link.epoch == 1 and channel.link.switches >= 1 and "report" in new_calls
+    assert channel.link.epoch == 1 and channel.link.switches >= 1 and "report_from" in new_calls
 
     new.stop()
     back, back_calls = _gateway(0, port=old_port)
@@ -86,7 +86,7 @@ def test_a_learner_rides_over_to_the_standby_and_a_former_active_that_comes_back
         channel.send(_report(1))
         with pytest.raises(Unreachable):  # (its last try may be the standby's closed port: the message says that)
             channel.wait_reply(0)
-        assert back.fenced_by == 1 and "report" not in back_calls and "wait_reply" not in back_calls
+        assert back.fenced_by == 1 and "report_from" not in back_calls and "wait_reply" not in back_calls
         fresh = Link(f"s@127.0.0.1:{old_port}", token="t", retry_for=0.0)  # has seen no epoch
         with pytest.raises(Unreachable, match="epoch 0 was replaced"):
             fresh.call("Status", {"shard": 0})
