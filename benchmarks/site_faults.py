@@ -148,7 +148,8 @@ def standby_rows(tmp: Path) -> list[dict]:
         print(f"standby rows skipped: {why}")
         return []
     from diloco.data import prepare_tokens
-    from diloco.testing.standby_hosts import contiguous, run_standby_deploy
+    from diloco.testing.deploy_env import contiguous
+    from diloco.testing.standby_hosts import run_standby_deploy
     from diloco.train.config import TrainConfig, load_preset
 
     cfg = TrainConfig.from_dict(load_preset("tiny")["base"])

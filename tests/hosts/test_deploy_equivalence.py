@@ -13,7 +13,6 @@ pytest.importorskip("ray")
 
 from _deploy import (
     SERVICE_OUT,
-    contiguous,
     fsdp_site,
     give_cache,
     learner_log,
@@ -25,6 +24,7 @@ from _deploy import (
     wait,
 )
 
+from diloco.testing.deploy_env import contiguous
 from diloco.testing.hosts import Hosts, unavailable
 
 pytestmark = [pytest.mark.hosts, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]

@@ -14,7 +14,6 @@ pytest.importorskip("ray")
 
 from _deploy import (
     SERVICE_OUT,
-    contiguous,
     give_cache,
     host_pid,
     learner_log,
@@ -29,6 +28,7 @@ from _deploy import (
 )
 
 from diloco.decoupled.chaos_logs import final_steps
+from diloco.testing.deploy_env import contiguous
 from diloco.testing.hosts import Hosts, unavailable
 
 pytestmark = [pytest.mark.hosts, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]

@@ -16,7 +16,6 @@ pytest.importorskip("ray")
 
 from _deploy import (
     SERVICE_OUT,
-    contiguous,
     give_cache,
     host_env,
     learner_log,
@@ -30,6 +29,7 @@ from _deploy import (
 )
 
 from diloco.decoupled.chaos_logs import final_steps
+from diloco.testing.deploy_env import contiguous
 from diloco.testing.hosts import Hosts, unavailable
 
 pytestmark = [pytest.mark.hosts, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
