@@ -84,11 +84,14 @@ def descendants(pid: int) -> set[int]:
 
 
 def _is_ray(pid: int) -> bool:
+    """A process of Ray's, or a child this process forked that never ran its program (its command line is still
+    this process' own: a fork while another thread held a lock, e.g. inside gRPC, can hang there)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        own = Path(f"/proc/{os.getpid()}/cmdline").read_bytes()
     except OSError:
         return False
-    return b"/ray/" in cmdline or cmdline.startswith(b"ray::")
+    return b"/ray/" in cmdline or cmdline.startswith(b"ray::") or cmdline == own
 
 
 def end_new_ray_processes(before: set[int]) -> int:
