@@ -46,20 +46,3 @@ def test_a_loopback_standby_of_an_active_on_another_host_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"--advertise 10.0.0.6"):
         run_standby("s@127.0.0.1:1", out=tmp_path / "new", cache_dir=tmp_path, token="t", advertise="10.0.0.6")
     assert not (tmp_path / "new").exists()
-
-
-def test_a_taken_port_is_refused_by_a_plain_socket_before_any_grpc_server_exists():
-    import socket
-
-    from diloco.decoupled.rpc.bind import check_port
-
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen(1)
-        port = held.getsockname()[1]
-        with pytest.raises(ConfigError, match=rf"cannot serve the sites on 127.0.0.1:{port} .*another --port"):
-            check_port("127.0.0.1", port)
-    check_port("127.0.0.1", port)  # free again
-    check_port("127.0.0.1", 0)  # any port: nothing to check
-    with pytest.raises(ConfigError, match=r"not this machine's"):
-        check_port("203.0.113.7", 7171)  # an address of no interface here (TEST-NET-3)

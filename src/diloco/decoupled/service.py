@@ -67,7 +67,7 @@ from typing import Any
 
 from diloco.decoupled.fingerprint import DATA_KEYS, FINGERPRINT_KEYS, describe_differences, fingerprint
 from diloco.decoupled.rpc import TOKEN_ENV
-from diloco.decoupled.rpc.bind import DEFAULT_HOST, check_endpoint, check_port, sites_address
+from diloco.decoupled.rpc.bind import DEFAULT_HOST, check_endpoint, sites_address
 from diloco.decoupled.run_folder import plan_out
 from diloco.errors import ConfigError, RunError
 
@@ -308,8 +308,8 @@ def _run(
     gateway = Gateway(
         backend, name=name, token=token, host=host, port=port, workers=workers, epoch=epoch, replicator=replicator
     )
-    check_port(host, port)  # a port in use is refused here, before `out` is written (the gateway serves after
-    started_ray = not ray.is_initialized()  # Ray started: gRPC's threads running while Ray forks can hang a child)
+    gateway.start()  # a port in use is refused here, before `out` is written
+    started_ray = not ray.is_initialized()
     try:
         if started_ray:
             check_address(cfg.ray_address or None)  # fails fast where no Ray cluster answers
@@ -326,7 +326,6 @@ def _run(
                     f"{exc}); nothing was written to {out}: run the same command again (on a busy machine Ray's start "
                     "can time out)"
                 ) from exc
-        gateway.start()
         namespace = ray.get_runtime_context().namespace or DEFAULT_NAMESPACE
         advertise = sites_address(host, advertise or (previous or {}).get("advertise"), ray.util.get_node_ip_address)
         spec = f"{name}@{advertise}:{gateway.port}" + (f",{standby}" if standby else "")

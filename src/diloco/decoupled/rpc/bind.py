@@ -39,26 +39,6 @@ def check_endpoint(host: str, advertise: str | None, *, what: str = "--advertise
         )
 
 
-def check_port(host: str, port: int | None) -> None:
-    """ConfigError where ``host``:``port`` cannot be bound now (taken, or not this machine's address), found with a
-    plain socket: no gRPC server (and none of its threads) exists before the service has started Ray, whose start
-    forks processes that a thread inside gRPC at that moment can leave hung. Port 0 (any) is not checked."""
-    import socket
-
-    if not port:
-        return
-    where = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.bind((host.strip("[]"), port))
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot serve the sites on {where} (the port is taken, or the address is not this machine's: "
-            f"{exc.strerror}): give another --port, or stop what holds it"
-        ) from None
-
-
 def sites_address(host: str, advertise: str | None, node_ip: Callable[[], str]) -> str:
     """The address the printed site commands connect to: ``advertise``, else ``host`` where one address is bound,
     else ``node_ip()`` (this machine's address as Ray sees it)."""
@@ -67,4 +47,4 @@ def sites_address(host: str, advertise: str | None, node_ip: Callable[[], str]) 
     return node_ip() if host in _EVERY else host.strip("[]")
 
 
-__all__ = ["DEFAULT_HOST", "check_endpoint", "check_port", "is_loopback", "sites_address"]
+__all__ = ["DEFAULT_HOST", "check_endpoint", "is_loopback", "sites_address"]
