@@ -159,33 +159,15 @@ def test_the_fix_an_unloadable_checkpoint_names_works(tmp_path, token_cache, cap
         record["files"][path.name] = ckpt._digest(path)
     record_path.write_text(json.dumps(record))
     (cut / "checkpoints" / "latest.json").write_text(json.dumps(record))
-    args = [
-        "train",
-        "--preset",
-        "tiny",
-        "--method",
-        "diloco",
-        "--out",
-        str(cut),
-        "--cache-dir",
-        str(token_cache),
-        "--no-progress",
-        "--set",
-        "steps=8",
-        "--set",
-        "checkpoint_every=2",
-        "--set",
-        "eval_every=4",
-        "--resume",
-    ]
-    assert cli_main(args) == 2
+    resume = ("--set", "checkpoint_every=2", "--resume")  # (cli_train: steps=8, eval_every=4)
+    assert cli_train(cut, token_cache, *resume) == 2
     err = capsys.readouterr().err
     assert "weights_only" not in err
     step_dir, step_record = str(cut / "checkpoints" / "step-00000006"), str(record_path)
     assert f"delete {step_dir} and {step_record}" in err
     shutil.rmtree(step_dir)
     record_path.unlink()
-    assert cli_main(args) == 0
+    assert cli_train(cut, token_cache, *resume) == 0
     a, b = ckpt.load_latest(full), ckpt.load_latest(cut)
     for ra, rb in zip(a["replicas"], b["replicas"], strict=True):
         for k in ra["model"]:
