@@ -18,7 +18,12 @@ from diloco.studies.grid_files import append_grids, read_grids, write_grid_files
 def main() -> int:
     args = sys.argv[1:]
     if args == ["--files"]:
-        for path in write_grid_files(GRIDS, HERE / "grids", list(read_grids(GRIDS))):
+        written = read_grids(
+            GRIDS
+        )  # in the study's order (seed-major ablation, then the batch bracket), not the file's
+        for path in write_grid_files(
+            GRIDS, HERE / "grids", [n for n in {**ablation_grids(), **batch_grids()} if n in written]
+        ):
             print(path.relative_to(HERE.parents[1]))
         return 0
     if args:

@@ -18,7 +18,7 @@ def test_each_factor_is_one_change_from_the_reference_and_the_grids_are_seed_maj
     ref = ABLATION["streaming-fp4"][1]
     for factor, (_method, extra) in ABLATION.items():
         changed = {k for k in {**ref, **extra} if ref.get(k) != extra.get(k)}
-        assert factor in ("streaming-fp4", "diloco") or len(changed) == 1, (factor, changed)
+        assert factor in ("streaming-fp4", "diloco", "diloco-tuned") or len(changed) == 1, (factor, changed)
     runs = [run for g in grids.values() for run in expand(GridSpec(**{k: v for k, v in g.items() if k[0] != "_"}))]
     assert len({r["run_id"] for r in runs}) == len(runs)  # no two points share a run
     assert [factor_of(r) for r in runs[: len(ABLATION)]] == list(ABLATION)
@@ -41,6 +41,20 @@ def test_the_table_gives_seed_means_their_errors_and_the_differences():
     assert rows["diloco"]["vs_streaming_pct"] == pytest.approx(100 * (4.0 - 4.1) / 4.1)
     assert rows["diloco"]["vs_streaming_se_pct"] == pytest.approx(100 * math.hypot(0.0, 0.1 / math.sqrt(3)) / 4.1)
     assert ref["vs_diloco_pct"] == pytest.approx(100 * 0.1 / 4.0) and ref["vs_streaming_pct"] is None
+    assert ref["vs_diloco_tuned_pct"] is None  # no run of it among these records
+
+
+def test_diloco_tuned_is_diloco_at_its_own_outer_momentum_and_the_batch_brackets_runs_are_not_it():
+    from diloco.studies.claims import batch_grids
+
+    assert {**ABLATION["diloco"][1], **ABLATION["diloco-tuned"][1]} == {"outer_momentum": 0.5}
+    tuned = {**_record("diloco-tuned", 0, 4.5), "replicas": 2, "global_batch": 16, "inner_lr": 0.008}
+    assert factor_of(tuned) == "diloco-tuned"
+    grid = batch_grids()["batch-cpu-0.25m-diloco-m2-b32-s0"]  # the same base, another batch and lr
+    other = {**tuned, "global_batch": 32, "inner_lr": grid["inner_lr"][1], "base": grid["base"]}
+    assert factor_of(other) is None
+    rows = {r["factor"]: r for r in ablation_table([tuned, _record("streaming-fp4", 0, 4.41)])}
+    assert rows["streaming-fp4"]["vs_diloco_tuned_pct"] == pytest.approx(100 * (4.41 - 4.5) / 4.5)
 
 
 def test_the_batch_bracket_scales_each_methods_lr_with_the_root_of_the_batch_and_brackets_it():

@@ -5,7 +5,8 @@ ablation starts at the best Streaming point of studies/outer-tuning at ``cpu-0.2
 strided fragments, tau = 1, FP4 E3M0, alpha = 0.5, outer lr 0.7 with Nesterov 0.9, inner lr 0.008, global batch
 16 x 128, 20 tokens per parameter, warmup 120, bf16 + torch.compile, one thread, the large corpus: its record
 there, seed 0, is 4.5303) and changes one factor at a time toward DiLoCo, ending at DiLoCo itself at the same H
-and outer optimizer. Every point runs at seeds 0-4; the grids are ordered seed-major, so a sweep stopped part way
+and outer optimizer, and DiLoCo at its own tuned outer momentum (0.5: its best in studies/outer-tuning at this size,
+the fair comparison for "similar quality to DiLoCo"). Every point runs at seeds 0-4; the grids are ordered seed-major, so a sweep stopped part way
 has the same seeds of every factor.
 """
 
@@ -33,7 +34,8 @@ BASE = {
 }
 STREAM = {"num_fragments": 3, "overlap_steps": 1, "merge_alpha": 0.5, "codec": "fp4_e3m0"}
 
-#: factor -> (method, settings on top of BASE): the reference, then one change each, then DiLoCo
+#: factor -> (method, settings on top of BASE): the reference, then one change each, then DiLoCo at the reference's
+#: outer optimizer (0.7 / 0.9) and at its own best (0.7 / 0.5)
 ABLATION = {
     "streaming-fp4": ("streaming", STREAM),
     "P1": ("streaming", {**STREAM, "num_fragments": 1}),
@@ -42,6 +44,7 @@ ABLATION = {
     "alpha0": ("streaming", {**STREAM, "merge_alpha": 0.0}),
     "alpha1": ("streaming", {**STREAM, "merge_alpha": 1.0}),
     "diloco": ("diloco", {}),
+    "diloco-tuned": ("diloco", {"outer_momentum": 0.5}),
 }
 
 
@@ -108,6 +111,9 @@ def batch_grids(seed: int = 0) -> dict[str, dict]:
 def factor_of(record: dict) -> str | None:
     """The ablation factor a sweep record belongs to (None if it is none of them)."""
     base = record.get("base", {})
+    point = {"size": SIZE, "replicas": 2, "global_batch": 16, "inner_lr": 0.008, "sync_every": 30, "outer_lr": 0.7}
+    if any(k in record and record[k] != v for k, v in point.items()):  # e.g. the batch bracket's DiLoCo M = 2 runs
+        return None
     for factor, (method, extra) in ABLATION.items():
         want = {**BASE, **extra}
         if record.get("method") == method and all(base.get(k) == v for k, v in want.items()):
@@ -118,8 +124,8 @@ def factor_of(record: dict) -> str | None:
 
 def ablation_table(records: list[dict]) -> list[dict]:
     """One row per factor with finished runs: the seeds, the mean eval loss and its standard error (s.d. / sqrt n),
-    and the difference of means to the reference (``streaming-fp4``) and to ``diloco`` in percent of theirs, with
-    the standard error of that difference (the two errors in quadrature). A seed's latest ok record counts."""
+    and the difference of means to the reference (``streaming-fp4``), to ``diloco`` and to ``diloco-tuned`` in
+    percent of theirs, with the standard error of that difference (the two errors in quadrature). A seed's latest ok record counts."""
     import math
 
     by: dict[str, dict[int, float]] = {}
@@ -148,6 +154,7 @@ def ablation_table(records: list[dict]) -> list[dict]:
             mean, se = got[factor]
             vs_ref, vs_ref_se = diff(factor, "streaming-fp4")
             vs_dil, vs_dil_se = diff(factor, "diloco")
+            vs_tuned, vs_tuned_se = diff(factor, "diloco-tuned")
             rows.append(
                 {
                     "factor": factor,
@@ -158,6 +165,8 @@ def ablation_table(records: list[dict]) -> list[dict]:
                     "vs_streaming_se_pct": None if vs_ref_se is None or math.isnan(vs_ref_se) else vs_ref_se,
                     "vs_diloco_pct": vs_dil,
                     "vs_diloco_se_pct": None if vs_dil_se is None or math.isnan(vs_dil_se) else vs_dil_se,
+                    "vs_diloco_tuned_pct": vs_tuned,
+                    "vs_diloco_tuned_se_pct": None if vs_tuned_se is None or math.isnan(vs_tuned_se) else vs_tuned_se,
                 }
             )
     return rows
