@@ -4,12 +4,11 @@ Ray gives its head node's processes fixed times to come up: 30 s for the raylet 
 (hard-coded in Ray 2.x), and ``RAY_gcs_server_port_wait_time_s`` (30 s unless set) for the GCS to write its
 port. A start launches about nine processes (GCS, raylet, agents, prestarted workers), each importing Ray; on
 2 cores shared with other work they can miss those times, and ``ray.init`` then raises although nothing is
-wrong. A start can also hang for good: a child forked while another thread of this process was inside gRPC
-(the syncer service serves gRPC while it starts Ray) can stay stuck before it runs its program (gRPC logs
-"other threads are currently calling into gRPC, skipping fork() handlers"); the GCS port is then never written.
-:func:`start_ray` sets the GCS wait to 45 s (unless the user set it): room for a slow start on busy cores, and
-a hung one costs 45 s rather than minutes. Where a local start times out it ends the processes that attempt left
-behind (only this process' descendants started by it, the hung fork among them) and starts again, up to
+wrong. A child forked while another thread of this process is inside gRPC can also die before it runs its program
+(gRPC's fork handlers: :mod:`diloco.decoupled.rpc` turns them off), and the GCS port is then never written.
+:func:`start_ray` sets the GCS wait to 60 s (unless the user set it): room for a slow start on busy cores, and a
+failed one costs a minute rather than two. Where a local start times out it ends the processes that attempt left
+behind (only this process' descendants started by it, a hung fork among them) and starts again, up to
 ``attempts`` times, saying so on stderr. Joining a running cluster (``address`` given) is
 tried once: its errors are not a busy machine's.
 """
@@ -25,8 +24,8 @@ from typing import Any
 #: How many times a local start is tried before its last error is raised.
 START_ATTEMPTS = 3
 #: Seconds Ray's GCS gets to write its port (Ray's own default is 30), unless RAY_gcs_server_port_wait_time_s is set:
-#: a slow start on 2 busy cores writes it within seconds; a hung fork never does, and is retried after this long.
-GCS_WAIT_S = 45
+#: a slow start on 2 busy cores writes it within seconds; a dead or hung fork never does, and is retried after this long.
+GCS_WAIT_S = 60
 
 
 def is_startup_timeout(exc: BaseException) -> bool:

@@ -15,6 +15,16 @@ Every call carries the service's token (gRPC metadata ``diloco-token``); a wrong
 (``UNAUTHENTICATED``) with a message saying so. Imports nothing heavy: ``grpc`` is imported where it is used.
 """
 
+import os
+
+# gRPC's fork handlers off (unless the user set them): with them on, a process forked while another thread is inside
+# gRPC (the service's gateway serving learners while the service starts Ray, which forks its GCS, raylet and agents)
+# can abort before it runs its program. gRPC logs "Other threads are currently calling into gRPC, skipping fork()
+# handlers"; the child ends with SIGABRT (5 of 200 `subprocess.run` children with a pre-exec function, beside 3
+# threads calling a server), and Ray, whose GCS never writes its port, times out. Nothing here forks a process that
+# goes on using gRPC: every child runs a new program. Read when grpc initializes, so set before it is imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 #: The environment variable a site's learner reads the service's token from (the printed command sets it).
 TOKEN_ENV = "DILOCO_SYNCER_TOKEN"
 #: The port ``diloco syncer`` serves learners on unless told otherwise (the one a firewall must open).
