@@ -2,9 +2,10 @@
 reports of 3 learners for a 44.6 M-value model (fp32 exchange, RDA: the service's defaults), measured directly.
 
 ``benchmarks/status_page.py`` runs the whole service with 3 real site jobs, but on the tiny model, whose merges
-(~1.6 ms) are too short for 1 % of them to be a measurable CPU time: it can only extrapolate the page's share to a
-larger model. Here the syncer merges a model of the paper's 35M shape on GPT-2's vocabulary (50,257 tokens, tied
-embedding: 44.6 M values), for real, in a process of its own as in the service, and the page is served beside it:
+(~1.6 ms) are so short that the page costs a quarter of their time: it can only extrapolate the page's share to a
+larger model. Here the syncer merges a model of size ``35M`` (Scaling Laws for DiLoCo's shape: 6 layers, d = 512)
+on GPT-2's vocabulary (50,257 tokens, tied embedding: 44.6 M values), for real, in a process of its own as in the
+service, and the page is served beside it:
 
 * The syncer (:mod:`diloco.bench.page_merge`, a plain subprocess instead of a Ray actor): the syncer built by the
   service's own function from the run's config (3 learners, K = M, one fragment, fp32, RDA, the guard), inside the
@@ -33,7 +34,7 @@ every round). Two figures:
 (2) the merge times in viewed against not-viewed phases: the median of each phase, the ratio per round, the median
     of the rounds' ratios and their quartiles.
 
-    python benchmarks/status_page_merge.py            # 15 rounds of 2 x 12 s, about 7 minutes on 2 cores
+    python benchmarks/status_page_merge.py            # 20 rounds of 2 x 12 s, about 9 minutes on 2 cores
     python benchmarks/status_page_merge.py --quick    # a 2 M model, 2 rounds of 2 x 2 s (a smoke run, ~20 s)
 """
 
@@ -64,7 +65,7 @@ SCRAPE_S = 15.0
 #: The service's ``--poll`` (the monitor's status calls) and ``--status-eval`` (a loss point) defaults.
 POLL_S, LOSS_EVERY_S = 5.0, 30.0
 LEARNERS = 3
-FULL = {"size": "35M", "vocab_size": 50_257, "every_s": 1.5, "phase_s": 12.0, "rounds": 15}
+FULL = {"size": "35M", "vocab_size": 50_257, "every_s": 1.5, "phase_s": 12.0, "rounds": 20}
 QUICK = {"size": "cpu-1m", "vocab_size": 4096, "every_s": 0.25, "phase_s": 2.0, "rounds": 2}
 
 
