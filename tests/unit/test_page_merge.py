@@ -28,7 +28,7 @@ def test_the_syncer_process_writes_what_the_page_folds(tmp_path):
     )
     assert summary["merges"] == 3 and summary["learners"] == 3 and summary["codec"] == "fp32"
     assert summary["threads"] == 1 and summary["state_write_s"] > 0 and summary["state_bytes"] > 0
-    assert [p.name for p in saved_states(folder)] == ["syncer-00000000.pt"]  # the state once, not after each merge
+    assert [p.name for p in saved_states(folder)] == ["syncer-00000001.pt"]  # once, after the first merge
     records = read_learner_log(folder / "records.jsonl")
     assert [r["learners"] for r in records] == [[0, 1, 2]] * 3 and all(r["sync_time"] > 0 for r in records)
     board = Board(num_learners=3)

@@ -9,7 +9,7 @@ event loop), writing its events (``events.jsonl``: joins, reports, merges) and i
 to its folder, where the status page reads them. What is not the service's: the learners are synthetic (M reports
 every ``every_s`` seconds, each a random outer gradient, N(0, 1e-3), encoded with the run's codec; every learner's
 report of a round merges at once, as with K = M), and the actor's state is not written after each merge (its merge
-records are; the state's write is timed once, after the joins, and left out of the merge time as the service's
+records are; the state's write is timed once, after the first merge, and left out of the merge time as the service's
 ``sync_time`` leaves it out). The process runs its torch on one thread, as Ray gives an actor that asks for no CPU
 (``OMP_NUM_THREADS=1``), unless ``threads`` says otherwise.
 
@@ -63,11 +63,18 @@ def actor_class() -> type:
 
 
 async def drive(
-    actor: Any, *, every_s: float, steps: int, should_stop: Callable[[], bool], max_merges: int | None = None
+    actor: Any,
+    *,
+    every_s: float,
+    steps: int,
+    should_stop: Callable[[], bool],
+    max_merges: int | None = None,
+    before: int = 0,
 ) -> dict[str, Any]:
     """The synthetic learners (joined already): every ``every_s`` seconds each of the syncer's learners reports
-    fragment 0 (``steps`` steps of ``every_s / steps`` seconds since its last report) and takes its reply. Returns
-    the merges and how many rounds began late (the previous merge overran ``every_s``)."""
+    fragment 0 (``steps`` steps of ``every_s / steps`` seconds since its last report; ``before``: the rounds it
+    reported already) and takes its reply. Returns the merges and how many rounds began late (the previous merge
+    overran ``every_s``)."""
     import torch
 
     from diloco.decoupled.messages import Report
@@ -94,7 +101,7 @@ async def drive(
                 steps=steps,
                 tokens=1024.0 * steps,
                 step_time=every_s / steps,
-                sent_after_step=steps * (merges + 1),
+                sent_after_step=steps * (before + merges + 1),
                 base_version=version,
             )
             await actor.report(report)
@@ -106,12 +113,13 @@ async def drive(
 
 
 def run_syncer(spec: dict[str, Any]) -> dict[str, Any]:
-    """The syncer's process (module docstring): build, join, write the state once (timed), merge until told to stop;
+    """The syncer's process (module docstring): build, join, merge once, write the state (timed), merge until told to stop;
     the summary (also written to ``spec["summary"]``)."""
     import torch
 
     from diloco.decoupled.service import build_syncer
     from diloco.files import write_json
+    from diloco.train.config import TrainConfig
 
     spec = {**SPEC_DEFAULTS, **spec}
     torch.set_grad_enabled(False)
@@ -130,15 +138,12 @@ def run_syncer(spec: dict[str, Any]) -> dict[str, Any]:
     async def main() -> tuple[float, dict[str, Any]]:
         for m in range(syncer.num_learners):
             await actor.join(m)
-        state_s = actor.save_state_now()  # what the service writes after each merge, once
-        got = await drive(
-            actor,
-            every_s=float(spec["every_s"]),
-            steps=int(spec["config"].get("sync_every", 30)),
-            should_stop=should_stop,
-            max_merges=spec["max_merges"],
-        )
-        return state_s, got
+        rounds = {"every_s": float(spec["every_s"]), "steps": TrainConfig.from_dict(spec["config"]).sync_every}
+        first = await drive(actor, **rounds, should_stop=lambda: False, max_merges=1)
+        state_s = actor.save_state_now()  # what the service writes after each merge (its outer momentum in it), once
+        left = None if spec["max_merges"] is None else spec["max_merges"] - 1
+        rest = await drive(actor, **rounds, should_stop=should_stop, max_merges=left, before=1)
+        return state_s, {"merges": first["merges"] + rest["merges"], "late": rest["late"]}
 
     state_s, got = asyncio.run(main())
     from diloco.decoupled.checkpoint import saved_states
