@@ -29,10 +29,12 @@ every round). Two figures:
 
 (1) the page's CPU per second viewed, counted as ``benchmarks/status_page.py`` counts it (the CPU time of its routes'
     threads, the plots drawn in them included, and of the server's thread) against the syncer's merge time per
-    second (the merges' ``sync_time``) at this size and merge rate; beside it, the serving process's CPU per second
-    viewed less not viewed (its own clock, less the browser's thread), and the syncer process's CPU.
+    second (the merges' ``sync_time``, wall time) at this size and merge rate, and against the merges' CPU time per
+    second (the syncer thread's CPU clock around the call that merges: on a loaded machine the wall time of a merge
+    grows with the load, its CPU time hardly); beside them, the serving process's CPU per second viewed less not
+    viewed (its own clock, less the browser's thread), and the syncer process's CPU.
 (2) the merge times in viewed against not-viewed phases: the median of each phase, the ratio per round, the median
-    of the rounds' ratios and their quartiles.
+    of the rounds' ratios and their quartiles, for the wall time and for the CPU time.
 
     python benchmarks/status_page_merge.py            # 20 rounds of 2 x 12 s, about 9 minutes on 2 cores
     python benchmarks/status_page_merge.py --quick    # a 2 M model, 2 rounds of 2 x 2 s (a smoke run, ~20 s)
@@ -185,20 +187,27 @@ def one_run(folder: Path, *, size: str, vocab_size: int, every_s: float, phase_s
 
 
 def _verdicts(f: dict[str, Any]) -> list[str]:
-    q = f["ratio_quartiles"]
-    cost = (
-        f"(1) the page viewed costs {f['page_of_merge_time']:.2%} of the syncer's merge time: "
-        f"'under 1 %' {'holds' if f['cost_under_1pct'] else 'does not hold'} at a merge every "
-        f"{f['merge_interval_s']:.2f} s (it would be 1 % at a merge every {f['interval_for_1pct_s']:.2f} s)"
-    )
-    effect = (
-        f"(2) merge time viewed / not viewed: median of {len(f['rounds'])} rounds {f['median_round_ratio']:.3f}"
-        + (f" (quartiles {q[0]:.3f} .. {q[2]:.3f})" if q else "")
-        + (": resolved to 1 %" if f["effect_resolved_to_1pct"] else ": the spread does not resolve 1 %")
-        if f["median_round_ratio"] is not None
-        else "(2) no round with 3 merges in each phase"
-    )
-    return [cost, effect]
+    """(1) and (2), for the merges' wall time (``sync_time``) and for their CPU time."""
+    lines = []
+    for p, what in (("", "merge time (sync_time, wall)"), ("cpu_", "merges' CPU time")):
+        if f.get(f"{p}merge_ms_per_s") is None:
+            continue
+        holds = "holds" if f[f"{p}cost_under_1pct"] else "does not hold"
+        lines.append(
+            f"(1) the page viewed costs {f[f'page_of_{p}merge_time']:.2%} of the syncer's {what}: 'under 1 %' "
+            f"{holds} at a merge every {f['merge_interval_s']:.2f} s (1 % at a merge every "
+            f"{f[f'{p}interval_for_1pct_s']:.2f} s)"
+        )
+        q, median = f[f"{p}ratio_quartiles"], f[f"{p}median_round_ratio"]
+        resolved = ": resolved to 1 %" if f[f"{p}effect_resolved_to_1pct"] else ": the spread does not resolve 1 %"
+        lines.append(
+            f"(2) {what}, viewed / not viewed: median of {len(f[f'{p}rounds'])} rounds' ratios {median:.3f}"
+            + (f" (quartiles {q[0]:.3f} .. {q[2]:.3f})" if q else "")
+            + resolved
+            if median is not None
+            else f"(2) {what}: no round with 3 merges in each phase"
+        )
+    return lines
 
 
 def main() -> None:
@@ -219,8 +228,9 @@ def main() -> None:
         args.out = RESULTS_DIR / "status_page_merge_quick.json"  # (a smoke run never replaces the figures)
     with tempfile.TemporaryDirectory() as tmp:
         r = one_run(Path(tmp) / "run", **settings)
-    f = figures(phases=r["phases"], merges=r["merges"], page_cpu_s=r["page_cpu_s"])
     s, loads = r["syncer"], [p["load_1min"] for p in r["phases"]]
+    merge_cpu = s.pop("timed")
+    f = figures(phases=r["phases"], merges=r["merges"], page_cpu_s=r["page_cpu_s"], merge_cpu=merge_cpu)
     load = sum(loads) / len(loads)
     print_table(
         r["per_work"],
@@ -234,25 +244,32 @@ def main() -> None:
     one = [
         ("model", f"{settings['size']}, vocab {settings['vocab_size']}: {s['values'] / 1e6:.1f} M values, "
                   f"{s['fragments']} fragment, {s['codec']}, {s['learners']} learners a merge, {s['threads']} thread"),
-        ("a merge (sync_time), median / mean", f"{f['merge_ms_median']:.1f} / {f['merge_ms_mean']:.1f} ms"),
         ("merge rate", f"{f['merges_per_s']:.3f} merges/s (one every {f['merge_interval_s']:.2f} s; set "
                        f"{settings['every_s']:g} s; {s['late']} began late)"),
-        ("syncer's merge time per second", f"{f['merge_ms_per_s']:.1f} ms"),
+        ("a merge, wall (sync_time): median / mean", f"{f['merge_ms_median']:.1f} / {f['merge_ms_mean']:.1f} ms"),
+        ("a merge, CPU: median / mean", f"{f['cpu_merge_ms_median']:.1f} / {f['cpu_merge_ms_mean']:.1f} ms"),
+        ("the syncer's merge time per second: wall, CPU", f"{f['merge_ms_per_s']:.1f}, {f['cpu_merge_ms_per_s']:.1f} ms"),
         ("page viewed, CPU per second", f"{f['page_cpu_ms_per_viewed_s']:.2f} ms"),
-        ("page / merge time", f"{f['page_of_merge_time']:.2%}"),
-        ("merge interval at which the page is 1 %", f"{f['interval_for_1pct_s']:.2f} s"),
+        ("page / merge time: wall, CPU", f"{f['page_of_merge_time']:.2%}, {f['page_of_cpu_merge_time']:.2%}"),
+        ("merge interval at which the page is 1 %: wall, CPU",
+         f"{f['interval_for_1pct_s']:.2f}, {f['cpu_interval_for_1pct_s']:.2f} s"),
         ("serving process CPU/s viewed, not viewed", f"{side['viewed']:.2f}, {side['not_viewed']:.2f} ms "
                                                      f"(the browser's thread left out)"),
         ("syncer process CPU/s viewed, not viewed", f"{sync['viewed']:.1f}, {sync['not_viewed']:.1f} ms"),
-        ("the syncer's state written once (not timed in merges)", f"{s['state_write_s']:.2f} s, "
-                                                                  f"{(s['state_bytes'] or 0) / 1e6:.0f} MB"),
+        ("the syncer's state written once (not in merges)", f"{s['state_write_s']:.2f} s, "
+                                                            f"{(s['state_bytes'] or 0) / 1e6:.0f} MB"),
     ]  # fmt: skip
     print_table([{"figure": k, "value": v} for k, v in one], [("(1) figure", "figure", ""), ("value", "value", "")])
+    cpu_ratio = {x["round"]: x for x in f.get("cpu_rounds", [])}
+    rows = [{**x, "cpu_viewed_ms": cpu_ratio.get(x["round"], {}).get("viewed_ms"),
+             "cpu_idle_ms": cpu_ratio.get(x["round"], {}).get("idle_ms"),
+             "cpu_ratio": cpu_ratio.get(x["round"], {}).get("ratio")} for x in f["rounds"]]  # fmt: skip
     print_table(
-        f["rounds"],
+        rows,
         [("round", "round", "d"), ("merges", "merges", "d"), ("viewed ms", "viewed_ms", ".1f"),
-         ("not viewed ms", "idle_ms", ".1f"), ("ratio", "ratio", ".3f")],
-        title="(2) the syncer's merge time (median of each phase's merges), page viewed / not viewed, per round",
+         ("not viewed ms", "idle_ms", ".1f"), ("ratio", "ratio", ".3f"), ("CPU viewed ms", "cpu_viewed_ms", ".1f"),
+         ("CPU not viewed ms", "cpu_idle_ms", ".1f"), ("CPU ratio", "cpu_ratio", ".3f")],
+        title="(2) the syncer's merge time (median of each phase's merges; wall, then CPU), page viewed / not viewed",
     )  # fmt: skip
     for line in _verdicts(f):
         print(line)
@@ -277,6 +294,7 @@ def main() -> None:
         "figures": f,
         "verdicts": _verdicts(f),
         "merges": r["merges"],
+        "merge_cpu": merge_cpu,
     }
     write_result("status_page_merge", payload, out=args.out)
 

@@ -70,8 +70,13 @@ def test_the_figures_are_the_closed_forms_of_the_phases_and_merges():
     merge_ms_per_s = 1e3 * sum(m["sync_time"] for m in merges) / 80.0
     assert f["merge_ms_per_s"] == pytest.approx(merge_ms_per_s)
     assert f["page_of_merge_time"] == pytest.approx(1.0 / merge_ms_per_s) and f["cost_under_1pct"]
-    median = sorted(m["sync_time"] for m in merges)[len(merges) // 2]
-    assert f["interval_for_1pct_s"] == pytest.approx(0.01 * median / 1e-3)  # 1 % of a merge = the page's CPU
+    mean = sum(m["sync_time"] for m in merges) / len(merges)
+    assert f["interval_for_1pct_s"] == pytest.approx(0.01 * mean / 1e-3)  # 1 % of a merge = the page's CPU
     assert f["page_side_cpu_ms_per_s"] == {"viewed": pytest.approx(5.0), "not_viewed": pytest.approx(1.0)}
     assert f["page_side_cpu_ms_per_viewed_s_excess"] == pytest.approx(4.0)
     assert f["syncer_cpu_ms_per_s"]["not_viewed"] == pytest.approx(400.0)
+    cpu = [{"at": m["at"], "cpu_s": m["sync_time"] / 2} for m in merges]  # the same merges at half the CPU time
+    g = figures(phases=phases, merges=merges, page_cpu_s=0.04, merge_cpu=cpu)
+    assert g["cpu_median_round_ratio"] == pytest.approx(442 / 402) and len(g["cpu_rounds"]) == 3
+    assert g["page_of_cpu_merge_time"] == pytest.approx(2 * f["page_of_merge_time"])
+    assert g["cpu_interval_for_1pct_s"] == pytest.approx(f["interval_for_1pct_s"] / 2)

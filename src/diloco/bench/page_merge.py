@@ -74,7 +74,9 @@ async def drive(
     """The synthetic learners (joined already): every ``every_s`` seconds each of the syncer's learners reports
     fragment 0 (``steps`` steps of ``every_s / steps`` seconds since its last report; ``before``: the rounds it
     reported already) and takes its reply. Returns the merges and how many rounds began late (the previous merge
-    overran ``every_s``)."""
+    overran ``every_s``), and each merge's time: the call that takes a round's last report and merges, on this
+    thread's CPU clock (``cpu_s``: a loaded machine delays it but hardly inflates it) and on the wall clock, with the
+    wall time it ended (``at``)."""
     import torch
 
     from diloco.decoupled.messages import Report
@@ -85,7 +87,7 @@ async def drive(
     numel = syncer.fragment_sizes()[0]
     # two distinct payloads, taken in turn: a merge's cost does not depend on the values (benchmarks/syncer_merge.py)
     payloads = [syncer.codec.encode(torch.randn(numel, generator=gen).mul_(1e-3)) for _ in range(min(2, learners))]
-    began, merges, late = time.monotonic(), 0, 0
+    began, merges, late, timed = time.monotonic(), 0, 0, []
     while not should_stop() and (max_merges is None or merges < max_merges):
         wait = began + merges * every_s - time.monotonic()
         if wait > 0:
@@ -104,12 +106,15 @@ async def drive(
                 sent_after_step=steps * (before + merges + 1),
                 base_version=version,
             )
+            if m == learners - 1:  # (its report merges the round)
+                cpu, wall = time.thread_time(), time.perf_counter()
             await actor.report(report)
+        timed.append({"at": time.time(), "cpu_s": time.thread_time() - cpu, "wall_s": time.perf_counter() - wall})
         for m in range(learners):
             reply = await actor.wait_reply(m, 0, sent, version)
             assert reply is not None and reply.version == version + 1, "the round did not merge"
         merges += 1
-    return {"merges": merges, "late": late}
+    return {"merges": merges, "late": late, "timed": timed}
 
 
 def run_syncer(spec: dict[str, Any]) -> dict[str, Any]:
@@ -143,7 +148,7 @@ def run_syncer(spec: dict[str, Any]) -> dict[str, Any]:
         state_s = actor.save_state_now()  # what the service writes after each merge (its outer momentum in it), once
         left = None if spec["max_merges"] is None else spec["max_merges"] - 1
         rest = await drive(actor, **rounds, should_stop=should_stop, max_merges=left, before=1)
-        return state_s, {"merges": first["merges"] + rest["merges"], "late": rest["late"]}
+        return state_s, {"merges": first["merges"] + rest["merges"], "late": rest["late"], "timed": rest["timed"]}
 
     state_s, got = asyncio.run(main())
     from diloco.decoupled.checkpoint import saved_states
@@ -170,15 +175,16 @@ def run_syncer(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def phase_rounds(
-    phases: Sequence[dict[str, Any]], merges: Sequence[dict[str, Any]], *, least: int = 3
+    phases: Sequence[dict[str, Any]], merges: Sequence[dict[str, Any]], *, least: int = 3, key: str = "sync_time"
 ) -> list[dict[str, Any]]:
-    """Per round: the median merge time (``sync_time``) of the merges made (``at``) in its viewed phase and in its
-    phase not viewed, and their ratio; a round whose phases hold fewer than ``least`` merges each is left out."""
+    """Per round: the median merge time (``key``: ``sync_time``, or ``cpu_s``) of the merges made (``at``) in its
+    viewed phase and in its phase not viewed, and their ratio; a round whose phases hold fewer than ``least`` merges
+    each is left out."""
     out = []
     for k in sorted({p["round"] for p in phases}):
         med: dict[str, tuple[float, int] | None] = {}
         for p in (p for p in phases if p["round"] == k):
-            times = [m["sync_time"] for m in merges if p["start"] <= m["at"] < p["end"]]
+            times = [m[key] for m in merges if p["start"] <= m["at"] < p["end"]]
             med["viewed" if p["viewed"] else "idle"] = (
                 (statistics.median(times), len(times)) if len(times) >= least else None
             )
@@ -196,27 +202,27 @@ def phase_rounds(
     return out
 
 
-def figures(*, phases: Sequence[dict[str, Any]], merges: Sequence[dict[str, Any]], page_cpu_s: float) -> dict[str, Any]:
+def figures(
+    *,
+    phases: Sequence[dict[str, Any]],
+    merges: Sequence[dict[str, Any]],
+    page_cpu_s: float,
+    merge_cpu: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
     """The benchmark's figures. ``phases``: each with ``round``, ``viewed``, ``start``, ``end`` (wall times) and the
     CPU seconds spent in it by the syncer's process (``syncer_cpu_s``) and by the page's side (``page_side_cpu_s``:
     the serving process less the thread that played the browser); ``merges``: the merge records (``at``,
     ``sync_time``); ``page_cpu_s``: the page's CPU over the viewed phases as the page counts it (its routes, the plots
-    in them, the server's thread).
+    in them, the server's thread); ``merge_cpu``: each merge's CPU time (``at``, ``cpu_s``: :func:`drive`'s).
 
     (1) the page's CPU per second viewed against the syncer's merge time per second (the merges in the phases), and
-    the merge interval above which the page would be 1 % of the merge time or more at this merge time; (2) the
-    merge times viewed / not viewed per round (:func:`phase_rounds`), the median of the ratios and their quartiles.
+    the merge interval above which the page would be 1 % of it or more at this mean merge time; the same against the
+    merges' CPU time; (2) the merge times viewed / not viewed per round (:func:`phase_rounds`), the median of the
+    ratios and their quartiles, for the wall time (``sync_time``) and for the CPU time.
     """
-    from diloco.bench import round_ratios
-
     start, end = min(p["start"] for p in phases), max(p["end"] for p in phases)
     wall = end - start
-    inside = [m for m in merges if start <= m["at"] < end]
     viewed_s = sum(p["end"] - p["start"] for p in phases if p["viewed"])
-    idle_s = sum(p["end"] - p["start"] for p in phases if not p["viewed"])
-    times = [m["sync_time"] for m in inside]
-    per_merge = statistics.median(times) if times else None
-    merge_per_s = sum(times) / wall
     page_per_s = page_cpu_s / viewed_s if viewed_s else None
 
     def per_s(key: str, viewed: bool) -> float | None:
@@ -226,36 +232,61 @@ def figures(*, phases: Sequence[dict[str, Any]], merges: Sequence[dict[str, Any]
 
     side = {v: per_s("page_side_cpu_s", v) for v in (True, False)}
     syncer_cpu = {v: per_s("syncer_cpu_s", v) for v in (True, False)}
-    rr = phase_rounds(phases, inside)
-    ratios, median = round_ratios([x["viewed_ms"] for x in rr], [x["idle_ms"] for x in rr]) if rr else ([], None)
-    share = page_per_s / merge_per_s if page_per_s is not None and merge_per_s > 0 else None
-    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else None
-    return {
+    inside = [m for m in merges if start <= m["at"] < end]
+    out: dict[str, Any] = {
         "wall_s": wall,
         "viewed_s": viewed_s,
-        "idle_s": idle_s,
+        "idle_s": wall - viewed_s,
         "merges": len(inside),
         "merges_per_s": len(inside) / wall,
         "merge_interval_s": wall / len(inside) if inside else None,
-        "merge_ms_median": None if per_merge is None else 1e3 * per_merge,
-        "merge_ms_mean": 1e3 * statistics.mean(times) if times else None,
-        "merge_ms_per_s": 1e3 * merge_per_s,
-        "page_cpu_ms_per_viewed_s": None if page_per_s is None else 1e3 * page_per_s,
-        "page_of_merge_time": share,
-        # the merge interval at which the page (viewed all the time) would be 1 % of the merge time
-        "interval_for_1pct_s": 0.01 * per_merge / page_per_s if per_merge and page_per_s else None,
+        "page_cpu_ms_per_viewed_s": _ms(page_per_s),
         "page_side_cpu_ms_per_s": {"viewed": _ms(side[True]), "not_viewed": _ms(side[False])},
         "page_side_cpu_ms_per_viewed_s_excess": _ms(side[True] - side[False]) if None not in side.values() else None,
         "syncer_cpu_ms_per_s": {"viewed": _ms(syncer_cpu[True]), "not_viewed": _ms(syncer_cpu[False])},
         "page_of_syncer_cpu": page_per_s / syncer_cpu[False] if page_per_s and syncer_cpu[False] else None,
-        "rounds": rr,
-        "round_ratios": ratios,
-        "median_round_ratio": median,
-        "ratio_quartiles": quartiles,
-        "cost_under_1pct": share is not None and share < 0.01,
-        "effect_under_1pct": median is not None and median < 1.01,
+    }
+    out.update(_against(phases, inside, "sync_time", page_per_s, wall, ""))
+    cpu_inside = [m for m in merge_cpu if start <= m["at"] < end]
+    if cpu_inside:
+        out.update(_against(phases, cpu_inside, "cpu_s", page_per_s, wall, "cpu_"))
+    return out
+
+
+def _against(
+    phases: Sequence[dict[str, Any]],
+    merges: Sequence[dict[str, Any]],
+    key: str,
+    page: float | None,
+    wall: float,
+    p: str,
+) -> dict[str, Any]:
+    """The page against the merges' ``key`` time (figure 1) and that time viewed / not viewed (figure 2), each name
+    prefixed with ``p``."""
+    from diloco.bench import round_ratios
+
+    times = [m[key] for m in merges]
+    mean = statistics.mean(times) if times else None
+    per_s = sum(times) / wall
+    share = page / per_s if page is not None and per_s > 0 else None
+    rr = phase_rounds(phases, merges, key=key)
+    ratios, median = round_ratios([x["viewed_ms"] for x in rr], [x["idle_ms"] for x in rr]) if rr else ([], None)
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else None
+    return {
+        f"{p}merge_ms_median": _ms(statistics.median(times)) if times else None,
+        f"{p}merge_ms_mean": _ms(mean),
+        f"{p}merge_ms_per_s": _ms(per_s),
+        f"page_of_{p}merge_time": share,
+        # the merge interval at which the page (viewed all the time) is 1 % of the merges' time, at their mean
+        f"{p}interval_for_1pct_s": 0.01 * mean / page if mean and page else None,
+        f"{p}rounds": rr,
+        f"{p}round_ratios": ratios,
+        f"{p}median_round_ratio": median,
+        f"{p}ratio_quartiles": quartiles,
+        f"{p}cost_under_1pct": share is not None and share < 0.01,
+        f"{p}effect_under_1pct": median is not None and median < 1.01,
         # the spread of the rounds' ratios can tell 1 % apart: the quartiles within 1 % of the median
-        "effect_resolved_to_1pct": quartiles is not None and quartiles[2] - quartiles[0] <= 0.02,
+        f"{p}effect_resolved_to_1pct": quartiles is not None and quartiles[2] - quartiles[0] <= 0.02,
     }
 
 
