@@ -44,6 +44,7 @@ from diloco.bench import RESULTS_DIR, add_out, add_quick, machine, print_table, 
 from diloco.decoupled.chaos_logs import read_learner_log
 from diloco.decoupled.site_faults import DEFAULT_SETS
 from diloco.decoupled.status.board import Board
+from diloco.decoupled.status.cpu import process_cpu_s
 from diloco.decoupled.status.drive import WatchedRun
 from diloco.decoupled.status.monitor import PLOT_EVERY_S, REFRESH_S
 from diloco.decoupled.status.page import render
@@ -56,14 +57,6 @@ SCRAPE_S = 15.0
 STATUS_EVAL_S = 30.0
 #: Seconds of each phase (viewed, not viewed).
 PHASE_S = 6.0
-
-
-def _process_cpu_s(pid: int) -> float | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def one_run(out: Path, *, sets: dict[str, Any], cache: Path) -> dict[str, Any]:
@@ -80,7 +73,7 @@ def one_run(out: Path, *, sets: dict[str, Any], cache: Path) -> dict[str, Any]:
 
         def watch() -> None:  # the actor's CPU until it stops (the service kills it at the end)
             while not stop.wait(0.2):
-                got = _process_cpu_s(pid)
+                got = process_cpu_s(pid)
                 if got is None:
                     return
                 cpu["s"] = got

@@ -57,6 +57,7 @@ from typing import Any
 from diloco.bench import RESULTS_DIR, add_out, add_quick, machine, print_table, write_result
 from diloco.bench.page_merge import figures
 from diloco.decoupled.chaos_logs import read_learner_log
+from diloco.decoupled.status.cpu import process_cpu_s
 from diloco.decoupled.status.files import shard_dirs
 from diloco.decoupled.status.monitor import REFRESH_S, StatusPage
 from diloco.status.server import status_token
@@ -69,14 +70,6 @@ POLL_S, LOSS_EVERY_S = 5.0, 30.0
 LEARNERS = 3
 FULL = {"size": "35M", "vocab_size": 50_257, "every_s": 1.5, "phase_s": 12.0, "rounds": 20}
 QUICK = {"size": "cpu-1m", "vocab_size": 4096, "every_s": 0.25, "phase_s": 2.0, "rounds": 2}
-
-
-def _process_cpu_s(pid: int) -> float | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def _get(url: str, *, bearer: str | None = None) -> int:
@@ -128,7 +121,7 @@ def one_run(folder: Path, *, size: str, vocab_size: int, every_s: float, phase_s
         for r in range(rounds):
             for viewed in (True, False) if r % 2 == 0 else (False, True):
                 began, cpu0, main0 = time.time(), time.process_time(), time.thread_time()
-                syncer0, load0 = _process_cpu_s(child.pid), os.getloadavg()[0]
+                syncer0, load0 = process_cpu_s(child.pid), os.getloadavg()[0]
                 while time.time() - began < phase_s:
                     if viewed:
                         asked["/"] += _get(f"{base}/?token={token}") == 200
@@ -136,7 +129,7 @@ def one_run(folder: Path, *, size: str, vocab_size: int, every_s: float, phase_s
                             asked["/metrics"] += _get(f"{base}/metrics", bearer=token) == 200
                             next_scrape += SCRAPE_S
                     time.sleep(max(0.0, min(REFRESH_S, phase_s - (time.time() - began))))
-                end, syncer1 = time.time(), _process_cpu_s(child.pid)
+                end, syncer1 = time.time(), process_cpu_s(child.pid)
                 viewed_s += (end - began) if viewed else 0.0
                 phases.append({
                     "round": r, "viewed": viewed, "start": began, "end": end,

@@ -48,4 +48,18 @@ def thread_cpu_s(thread: threading.Thread | None) -> float | None:
         return None
 
 
-__all__ = ["CpuMeter", "thread_cpu_s"]
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) a process has used, from ``/proc`` (None: gone, or no ``/proc`` here)."""
+    import os
+    from pathlib import Path
+
+    try:
+        fields = (
+            Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        )  # after the name, which may hold spaces
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+__all__ = ["CpuMeter", "process_cpu_s", "thread_cpu_s"]
