@@ -47,7 +47,7 @@ def service(tmp_path, monkeypatch):
     monkeypatch.setattr(membership, "HEARTBEAT_S", BEAT)
     monkeypatch.setattr(client, "HEARTBEAT_S", BEAT)
     syncer = Syncer(make_model(seed=0), num_learners=1, quorum=1, num_fragments=1, overlap_steps=1, codec="fp32")
-    actor = SyncerActor.__ray_metadata__.modified_class(syncer, str(tmp_path / "syncer"))
+    actor = SyncerActor(syncer, str(tmp_path / "syncer"))
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
 

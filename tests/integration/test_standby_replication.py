@@ -37,8 +37,7 @@ class LocalActor:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        cls = SyncerActor.__ray_actor_class__
-        self.actor = cls(lambda: small_syncer("cpu", codec=CODEC, M=M, K=M), str(checkpoint_dir))
+        self.actor = SyncerActor(lambda: small_syncer("cpu", codec=CODEC, M=M, K=M), str(checkpoint_dir))
 
     def backend(self, shard, method, args, timeout):
         return asyncio.run_coroutine_threadsafe(getattr(self.actor, method)(*args), self.loop).result(timeout)

@@ -51,7 +51,6 @@ _KEEP_ALIVE: list[Any] = []  # object refs restartable actors are rebuilt from
 RESEND_AFTER_S = 30.0
 
 
-@ray.remote
 class SyncerActor(LeaseLog):
     """A :class:`Syncer` behind Ray: join, report, wait_reply, leave (see the module docstring); the learner jobs'
     claims on their indices (hello, heartbeat, status) are :class:`~diloco.decoupled.membership.Membership`'s; the
@@ -276,6 +275,10 @@ class SyncerActor(LeaseLog):
         return self.syncer.state_dict()
 
 
+#: The Ray actor of :class:`SyncerActor`, the plain class (which tests and benchmarks run on a loop of their own).
+RaySyncerActor = ray.remote(SyncerActor)
+
+
 def _warm_up() -> None:
     """One outer step, merge and checkpoint write on throwaway tensors: the first ones in a fresh process load
     lazily imported code (about a second here), which would otherwise land in the first merge's sync time and,
@@ -352,21 +355,21 @@ def start_syncer(
             f"or stop it first (ray.kill(ray.get_actor({name!r}, namespace={namespace!r})))"
         )
     if checkpoint_dir is None:
-        return SyncerActor.options(name=name, namespace=namespace, num_gpus=num_gpus).remote(
+        return RaySyncerActor.options(name=name, namespace=namespace, num_gpus=num_gpus).remote(
             syncer, None, keep, fingerprint
         )
     options: dict[str, Any] = dict(
         name=name, namespace=namespace, max_restarts=-1, max_task_retries=-1, num_gpus=num_gpus
     )
     if detached:
-        return SyncerActor.options(lifetime="detached", **options).remote(
+        return RaySyncerActor.options(lifetime="detached", **options).remote(
             syncer, str(checkpoint_dir), keep, fingerprint
         )
     # a restarted actor is built again from its constructor's arguments: keep the initial syncer in the object
     # store for as long as this process runs (Ray frees an argument it passed inline once the actor is up)
     initial = ray.put(syncer)
     _KEEP_ALIVE.append(initial)
-    return SyncerActor.options(**options).remote(initial, str(checkpoint_dir), keep, fingerprint)
+    return RaySyncerActor.options(**options).remote(initial, str(checkpoint_dir), keep, fingerprint)
 
 
 class RayChannel(ClaimWatch):
@@ -484,16 +487,5 @@ def connect(
     return channel
 
 
-__all__ = [
-    "DEFAULT_NAME",
-    "PROBE_TIMEOUT_S",
-    "HEARTBEAT_S",
-    "LEASE_S",
-    "DEFAULT_NAMESPACE",
-    "RayChannel",
-    "SyncerActor",
-    "check_address",
-    "connect",
-    "init",
-    "start_syncer",
-]
+__all__ = ["DEFAULT_NAME", "PROBE_TIMEOUT_S", "HEARTBEAT_S", "LEASE_S", "DEFAULT_NAMESPACE", "RayChannel"]
+__all__ += ["RaySyncerActor", "SyncerActor", "check_address", "connect", "init", "start_syncer"]
