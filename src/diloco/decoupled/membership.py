@@ -18,6 +18,7 @@ heartbeats, which reach the restored syncer within the lease, keep its claim.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from typing import Any
@@ -42,6 +43,30 @@ def restore_claims(saved: dict[str, str] | None, now: float) -> dict[int, tuple[
     ``LEASE_S``, in which a live learner's heartbeat comes and holds it, and after which a dead learner's lapses.
     ``saved`` None (a checkpoint written before claims were saved): no claims."""
     return {int(m): (str(session), now) for m, session in (saved or {}).items()}
+
+
+def holders_from_events(checkpoint_dir: str | None, claims: dict[int, tuple[str, float]]) -> dict[int, str]:
+    """Where each restored claim's job runs (learner -> its ``host``, "HOST pid N"), from the ``hello`` rows of
+    ``checkpoint_dir/events.jsonl`` whose session still holds the index: a syncer restarted from its folder names
+    the holder to a job that lost the index, as its predecessor did. Learners with no such row are left out (a
+    standby's folder holds no events of the active's)."""
+    path = os.path.join(checkpoint_dir, "events.jsonl") if checkpoint_dir else None
+    if not claims or path is None or not os.path.exists(path):
+        return {}
+    held = {session: m for m, (session, _) in claims.items()}
+    holders: dict[int, str] = {}
+    with open(path) as fh:
+        for line in fh:
+            if '"hello"' not in line:
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a row cut short by a crash
+                continue
+            m = held.get(row.get("session"))
+            if row.get("event") == "hello" and m is not None and row.get("host"):
+                holders[m] = str(row["host"])
+    return holders
 
 
 class Membership:
@@ -213,4 +238,4 @@ class Membership:
         }
 
 
-__all__ = ["HEARTBEAT_S", "LEASE_S", "Membership", "claims_state", "restore_claims"]
+__all__ = ["HEARTBEAT_S", "LEASE_S", "Membership", "claims_state", "holders_from_events", "restore_claims"]

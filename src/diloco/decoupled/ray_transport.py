@@ -35,7 +35,7 @@ import torch
 
 from diloco.decoupled.claim_lost import ClaimWatch
 from diloco.decoupled.lease_actor import LeaseLog
-from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S, claims_state, restore_claims
+from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S, claims_state, holders_from_events, restore_claims
 from diloco.decoupled.messages import MergeRecord, Reply, Report, Welcome, resend
 from diloco.decoupled.ray_address import PROBE_TIMEOUT_S, check_address
 from diloco.decoupled.ray_start import start_ray
@@ -99,6 +99,7 @@ class SyncerActor(LeaseLog):
                 self._replies = {(int(r["learner"]), int(r["fragment"])): Reply(**r) for r in state["replies"]}
                 self._finished = {int(m) for m in state.get("finished", [])}
                 self._claims = restore_claims(state.get("claims"), time.monotonic())  # a fresh lease from now
+                self._holders = holders_from_events(checkpoint_dir, self._claims)  # named to a job that lost one
                 self.restored_merges = len(syncer.records)
                 self._lease_logged = len(syncer.lease.events)  # written by its predecessor
             self._log(
