@@ -15,7 +15,10 @@ CONFIG = {"method": "decoupled", "replicas": 3, "size": "tiny", "global_batch": 
 
 
 def test_the_syncer_process_writes_what_the_page_folds(tmp_path):
+    import torch
+
     folder = tmp_path / "syncer"
+    threads = torch.get_num_threads()
     summary = run_syncer(
         {
             "folder": str(folder),
@@ -27,6 +30,7 @@ def test_the_syncer_process_writes_what_the_page_folds(tmp_path):
         }
     )
     assert summary["merges"] == 3 and summary["learners"] == 3 and summary["codec"] == "fp32"
+    assert torch.is_grad_enabled() and torch.get_num_threads() == threads  # this process' torch as it was
     assert summary["threads"] == 1 and summary["state_write_s"] > 0 and summary["state_bytes"] > 0
     assert [p.name for p in saved_states(folder)] == ["syncer-00000001.pt"]  # once, after the first merge
     records = read_learner_log(folder / "records.jsonl")

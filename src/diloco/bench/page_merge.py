@@ -117,7 +117,19 @@ async def drive(
 
 def run_syncer(spec: dict[str, Any]) -> dict[str, Any]:
     """The syncer's process (module docstring): build, join, merge once, write the state (timed), merge until told to stop;
-    the summary (also written to ``spec["summary"]``)."""
+    the summary (also written to ``spec["summary"]``). Torch's grad mode and thread count are as they were after it
+    (a test calls it in its own process)."""
+    import torch
+
+    grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
+    try:
+        return _run_syncer(spec)
+    finally:
+        torch.set_grad_enabled(grad)
+        torch.set_num_threads(threads)
+
+
+def _run_syncer(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from diloco.decoupled.service import build_syncer
