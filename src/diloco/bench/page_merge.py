@@ -121,11 +121,11 @@ def run_syncer(spec: dict[str, Any]) -> dict[str, Any]:
     (a test calls it in its own process)."""
     import torch
 
-    grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
+    threads = torch.get_num_threads()
     try:
-        return _run_syncer(spec)
+        with torch.no_grad():
+            return _run_syncer(spec)
     finally:
-        torch.set_grad_enabled(grad)
         torch.set_num_threads(threads)
 
 
@@ -137,7 +137,6 @@ def _run_syncer(spec: dict[str, Any]) -> dict[str, Any]:
     from diloco.train.config import TrainConfig
 
     spec = {**SPEC_DEFAULTS, **spec}
-    torch.set_grad_enabled(False)
     if spec["threads"]:
         torch.set_num_threads(int(spec["threads"]))
     t0 = time.perf_counter()
