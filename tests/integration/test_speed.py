@@ -42,26 +42,28 @@ def _final(out_dir):
     return state["replicas"], json.loads((out_dir / "summary.json").read_text())["final_eval_loss"]
 
 
-@pytest.mark.slow  # ~35 s on 2 cores with a cold inductor cache (the compilation), ~10 s warm
+@pytest.mark.slow  # ~30 s on 2 cores with a cold inductor cache (the compilation), ~8 s warm
 def test_compiled_run_matches_eager_and_resumes_exactly(tmp_path, cache):
-    train_model(tiny(), tmp_path / "eager", cache_dir=cache, progress=False)
+    # bf16 + compile, the fast path, against the same run in eager bf16. One dtype only: compiling fp32 as well
+    # doubled the test's C++ builds (52 instead of 31; 73 s of CPU instead of 56 with a cold cache on 2 cores).
+    train_model(tiny(bf16=True), tmp_path / "eager", cache_dir=cache, progress=False)
     eager_reps, eager_loss = _final(tmp_path / "eager")
-    train_model(tiny(compile=True), tmp_path / "full", cache_dir=cache, progress=False)
-    full_reps, full_loss = _final(tmp_path / "full")
-    # the same names (no `_orig_mod.` prefix) and, within float tolerance, the same numbers
-    for re_, rc in zip(eager_reps, full_reps):
-        assert list(rc["model"]) == list(re_["model"])
-        for k in re_["model"]:
-            torch.testing.assert_close(rc["model"][k], re_["model"][k], rtol=1e-4, atol=1e-5, msg=k)
-        for ge, gc in zip(re_["algorithm"]["global"], rc["algorithm"]["global"]):
-            torch.testing.assert_close(gc, ge, rtol=1e-4, atol=1e-5)
-    assert full_loss == pytest.approx(eager_loss, rel=1e-4)
-    # bf16 + compile (the fast path), interrupted after step 7 (checkpoint at 6) and resumed: bit for bit the
-    # uninterrupted run. The M = 2 replicas are threads; compiling them concurrently made runs differ (5.430
-    # against 5.461 on the tiny preset, bf16), so the trainer compiles one replica at a time.
     fast = dict(compile=True, bf16=True)
     train_model(tiny(**fast), tmp_path / "fast", cache_dir=cache, progress=False)
     fast_reps, fast_loss = _final(tmp_path / "fast")
+    # the same names (no `_orig_mod.` prefix) and the same numbers within bf16's rounding: inductor fuses the
+    # autocast ops and rounds to bf16 at other places than eager does, so after 12 steps single weights differ by up
+    # to ~0.01 (of ~0.09; measured 0.0107: the tolerance 0.02), while the loss of the same parameters agrees to ~3e-6 (measured)
+    for re_, rc in zip(eager_reps, fast_reps):
+        assert list(rc["model"]) == list(re_["model"])
+        for k in re_["model"]:
+            torch.testing.assert_close(rc["model"][k], re_["model"][k], rtol=0.0, atol=0.02, msg=k)
+        for ge, gc in zip(re_["algorithm"]["global"], rc["algorithm"]["global"]):
+            torch.testing.assert_close(gc, ge, rtol=0.0, atol=0.02)
+    assert fast_loss == pytest.approx(eager_loss, rel=1e-4)
+    # interrupted after step 7 (checkpoint at 6) and resumed: bit for bit the uninterrupted run. The M = 2
+    # replicas are threads; compiling them concurrently made runs differ (5.430 against 5.461 on the tiny preset,
+    # bf16), so the trainer compiles one replica at a time.
     cut = tmp_path / "cut"
     with pytest.raises(SimulatedCrash):
         Trainer(tiny(**fast), cut, cache_dir=cache, progress=False, callbacks=[CrashAfter(7, replicas=2)]).run()

@@ -54,16 +54,17 @@ def interpreted():
 @pytest.mark.parametrize("name", FP4)
 def test_the_kernels_give_the_reference_bytes_and_bits(name, part, interpreted):
     codec = get_codec(name)
-    for label, x in SMALL[part::PARTS]:
+    for i, (label, x) in enumerate(SMALL[part::PARTS]):
         n = x.numel()
         x32 = codec._as_float32(x)
         ref = codec.encode_reference(x)
         assert same_bits(triton_codecs.encode(codec, x32, mod=interpreted), ref), f"{name} encode: {label}"
         want = codec.decode_reference(ref, n)
         assert same_bits(triton_codecs.decode(codec, ref, n, mod=interpreted), want), f"{name} decode: {label}"
-        out = torch.full((n,), 7.0)
-        got = triton_codecs.decode(codec, ref, n, out, mod=interpreted)
-        assert got is out and same_bits(out, want), f"{name} decode into: {label}"
+        if i % 3 == 0:  # decoding into a given tensor: the same kernel, so on every third case (each costs a program)
+            out = torch.full((n,), 7.0)
+            got = triton_codecs.decode(codec, ref, n, out, mod=interpreted)
+            assert got is out and same_bits(out, want), f"{name} decode into: {label}"
 
 
 @pytest.mark.parametrize("name", FP4)
