@@ -21,7 +21,7 @@ service, and the page is served beside it:
   server, its board folded every second from the syncer's files, its plots), with the liveness the service's
   monitor asks the syncer for every 5 s (``--poll``) given as all 3 live, and a loss point every 30 s
   (``--status-eval``'s default; the value synthetic, the evaluation itself, upkeep paid page or not, left out).
-  Viewed as a browser views it: ``/`` every ``REFRESH_S`` = 2 s with ``?token=``, ``/metrics`` every 15 s of viewing
+  Viewed as a browser views it: ``/`` every ``REFRESH_S`` (5 s) with ``?token=``, ``/metrics`` every 15 s of viewing
   with the bearer token (the requests from a thread of this process, whose own CPU is not the page's).
 
 Viewed and not viewed alternate in phases of ``--phase`` seconds, in rounds (one phase of each, the order swapped

@@ -4,11 +4,12 @@ site jobs (torchrun, one rank each), every one a process on loopback, the page l
 Every learner's row is there with its live step; a scrape of ``/metrics`` parses with prometheus-client's parser
 and holds a series per learner; the page and the metrics refuse a request without the token (or with another).
 Site 1's whole job (its torchrun agent and rank) is SIGKILLed: its row says ``lost`` once its heartbeat's lease
-(LEASE_S = 5 s) has run out and the service's monitor has read it (`--poll 1`; the page reloads every 2 s); the
-site's job started again resumes from its checkpoint and its row is ``live`` again with one restart. The screenshot
-is saved (``tmp_path/status-page.png``; also to ``$DILOCO_STATUS_SCREENSHOT`` when set: how the deploy guide's
-image is made). After the run the service's folder holds the page as it ended, and ``diloco status`` renders it
-again from the folder. Skipped without Ray or Chromium (apt-get install chromium)."""
+(LEASE_S = 5 s) has run out and the service's monitor has read it (`--poll 1`; the page reloads itself every 5 s
+and the test loads it afresh); the site's job started again resumes from its checkpoint and its row is ``live``
+again with one restart. The screenshot is saved (``tmp_path/status-page.png``; also to
+``$DILOCO_STATUS_SCREENSHOT`` when set: how the deploy guide's image is made). After the run the service's folder
+holds the page as it ended, and ``diloco status`` renders it again from the folder. Skipped without Ray or
+Chromium (apt-get install chromium)."""
 
 from __future__ import annotations
 

@@ -43,14 +43,15 @@ from diloco.status.server import TOKEN_ENV, TOKEN_FILE, StatusServer, open_socke
 
 #: Seconds between the monitor's reads of the syncer's files.
 POLL_S = 1.0
-#: Seconds between the page's reloads in a browser.
-REFRESH_S = 2
-#: Each plot is drawn again at most this often (seconds), and only when a page is asked for and the points it shows
-#: changed; between, the page shows the SVG drawn last (:class:`~diloco.decoupled.status.plots.Plots`). As often as
-#: the loss is evaluated by default (``--status-eval 30``); the rows and figures are new at every reload. At 15 s the
-#: redraws were 3.7 of the page's 4.8 ms of CPU per second viewed, 1.25 % of a 44.6 M-value syncer's merge CPU
+#: Seconds between the page's reloads in a browser: each reload renders the rows again (~1.9 ms of CPU) and aiohttp
+#: answers it (~0.9 ms); every 2 s that was 1.4 ms of CPU per second viewed, half the page's cost beside a syncer
 #: (benchmarks/status_page_merge.py).
-PLOT_EVERY_S = 30.0
+REFRESH_S = 5
+#: Each plot is drawn again at most this often (seconds), and only when a page is asked for and the points it shows
+#: changed; between, the page shows the SVG drawn last (:class:`~diloco.decoupled.status.plots.Plots`). A drawing
+#: costs ~16 ms of CPU (matplotlib); at 15 s the redraws were 3.7 of the page's 4.8 ms of CPU per second viewed, at
+#: 30 s 1.35 of 2.83 (benchmarks/status_page_merge.py). The loss is evaluated every 30 s by default.
+PLOT_EVERY_S = 60.0
 LOSS_FILE = "status-loss.jsonl"
 
 
