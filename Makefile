@@ -46,7 +46,7 @@ demo: setup
 
 # The suite, then the tests on emulated hosts (tests/hosts: network namespaces, root only; they skip saying so
 # otherwise), timed on a line of their own. The suite runs two tests at a time (pytest-xdist, TEST_JOBS=2; 0: one at
-# a time): on 2 cores 8-9 min against 12-15 one at a time. A start of Ray that times out on busy cores is retried
+# a time): on 2 cores 7-8.5 min against 12-15 one at a time. A start of Ray that times out on busy cores is retried
 # (diloco.decoupled.ray_start).
 TEST_JOBS ?= 2
 XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist worksteal)
