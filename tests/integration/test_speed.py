@@ -53,13 +53,14 @@ def test_compiled_run_matches_eager_and_resumes_exactly(tmp_path, cache):
     fast_reps, fast_loss = _final(tmp_path / "fast")
     # the same names (no `_orig_mod.` prefix) and the same numbers within bf16's rounding: inductor fuses the
     # autocast ops and rounds to bf16 at other places than eager does, so after 12 steps single weights differ by up
-    # to ~0.01 (of ~0.09; measured 0.0107: the tolerance 0.02), while the loss of the same parameters agrees to ~3e-6 (measured)
+    # to ~0.01 (of ~0.09; measured 0.0107 on AVX-512; the tolerance 0.04 leaves room for another vector width),
+    # while the loss of the same parameters agrees to ~3e-6 (measured; rel 1e-4 below)
     for re_, rc in zip(eager_reps, fast_reps):
         assert list(rc["model"]) == list(re_["model"])
         for k in re_["model"]:
-            torch.testing.assert_close(rc["model"][k], re_["model"][k], rtol=0.0, atol=0.02, msg=k)
+            torch.testing.assert_close(rc["model"][k], re_["model"][k], rtol=0.0, atol=0.04, msg=k)
         for ge, gc in zip(re_["algorithm"]["global"], rc["algorithm"]["global"]):
-            torch.testing.assert_close(gc, ge, rtol=0.0, atol=0.02)
+            torch.testing.assert_close(gc, ge, rtol=0.0, atol=0.04)
     assert fast_loss == pytest.approx(eager_loss, rel=1e-4)
     # interrupted after step 7 (checkpoint at 6) and resumed: bit for bit the uninterrupted run. The M = 2
     # replicas are threads; compiling them concurrently made runs differ (5.430 against 5.461 on the tiny preset,
