@@ -28,6 +28,8 @@ from diloco.testing.hosts import Hosts
 from diloco.testing.waiting import wait
 
 PORT = 7171
+#: The fields of a learner's step row kept for its worst step after the kill (:func:`~diloco.decoupled.chaos_logs.step_row`).
+WORST_KEYS = ("step", "dt", "compute_s", "cpu_s", "wait_s", "blocked_s", "other_s")
 ACTIVE_OUT, STANDBY_OUT = "/tmp/svc", "/tmp/standby"
 #: The run tests/hosts/test_deploy_standby.py and the benchmarks deploy (with a ``quorum``): M = 3 one-rank sites,
 #: ``tiny``, 64 steps padded to 0.4 s (an accelerator's step), ride-out for 32 of them (12.8 s: more than the
@@ -188,13 +190,16 @@ def run_standby_deploy(
             steps, superseded = final_steps(read_learner_log(log))
             dts = [r["dt"] for r in steps]
             typical = median(dts) if dts else 0.0
-            worst = max((r["dt"] for r in steps if r["t"] > killed_at), default=0.0)
+            worst = max((r for r in steps if r["t"] > killed_at), key=lambda r: r["dt"], default=None)
+            worst_dt = worst["dt"] if worst else 0.0
             learners.append(
                 {
                     "steps": [r["step"] for r in steps],
                     "superseded": superseded,
                     "typical_step_s": typical,
-                    "worst_over_typical_after_kill": worst / typical if typical else None,
+                    "worst_over_typical_after_kill": worst_dt / typical if typical else None,
+                    # where the worst step's seconds went (compute and its CPU seconds, waiting, blocked, other)
+                    "worst_step": {k: worst.get(k) for k in WORST_KEYS} if worst else None,
                 }
             )
         return {
