@@ -16,7 +16,8 @@ Rows "active syncer host lost, standby takes over (K = 1, 2)" (root only: emulat
 :mod:`diloco.testing.standby_hosts`, the run of tests/hosts/test_deploy_standby.py): the active syncer on host 0,
 its standby (``--standby-of``) on host 1, a site of one rank on each of hosts 2, 3 and 4 (M = 3); host 0 killed
 whole at step 16 of 64. The final loss, each learner's worst step after the kill over its typical step (it rides
-the switch out: ``ride_out_steps`` = 32 steps of 0.4 s, more than the takeover takes), the seconds from the kill to
+the switch out: ``ride_out_steps`` = 32 steps of 0.4 s, more than the takeover takes; its last step apart, where its
+finish waits for the last replies, fault or not), the seconds from the kill to
 the takeover, to the standby's actor started from its copy and to its first merge, the merges the active made that
 the standby lacked (told to no learner), the bytes of a copy. benchmarks/standby_loss.py compares the final loss
 with the no-fault run's seed spread.

@@ -11,7 +11,9 @@ timing, and the seeds' spread holds that variation too).
 
 Per K: the no-fault losses, their mean, sample standard deviation and spread (max - min), the band mean ±
 max(3 s.d., spread), each faulted loss and whether it lies in the band, and the faulted mean minus the no-fault
-mean with its standard error. Also each faulted run's learners' worst step after the kill over their typical step.
+mean with its standard error. Also each faulted run's learners' worst step after the kill over their typical step
+(their last step apart: a learner's finish waits for its last replies, at K >= 2 for another learner's last report,
+fault or not), and every run's learners' last step over their typical step.
 
 Each finished run is appended to ``standby_loss_runs.jsonl`` beside the result (strict JSON, one line a run) and is
 not run again: an interrupted sweep goes on where it stopped when started again with the same arguments.
@@ -81,6 +83,8 @@ def one_run(cache: Path, sets: dict[str, Any], faulted: bool) -> dict[str, Any]:
         "epoch": got["epoch"],
         "finished": got["finished"],
         "wall_s": got["wall_s"],
+        # each learner's last step: its finish waits for its last replies (at K >= 2 for the others' last reports)
+        "last_over_typical": [x["last_step"]["dt"] / x["typical_step_s"] for x in got["learners"]],
     }
     if faulted:
         row |= {
@@ -88,7 +92,7 @@ def one_run(cache: Path, sets: dict[str, Any], faulted: bool) -> dict[str, Any]:
             "lost_merges": got["lost_merges"],
             "takeover_s": got["takeover_s"],
             "first_merge_after_kill_s": got["first_merge_after_kill_s"],
-            "worst_over_typical": [x["worst_over_typical_after_kill"] for x in got["learners"]],
+            "worst_over_typical": [x["worst_over_typical_after_kill"] for x in got["learners"]],  # the last step apart
             "worst_steps": [x["worst_step"] for x in got["learners"]],
         }
     return row
@@ -153,7 +157,11 @@ def main() -> None:
                 **difference(faulted, clean),
                 "lost_merges": [r["lost_merges"] for r in got[True]],
                 "first_merge_after_kill_s": [r["first_merge_after_kill_s"] for r in got[True]],
-                "worst_over_typical": [r["worst_over_typical"] for r in got[True]],
+                # (a run recorded before the last step was left out of it: None)
+                "worst_over_typical": [
+                    r["worst_over_typical"] if "last_over_typical" in r else None for r in got[True]
+                ],
+                "last_over_typical": [r.get("last_over_typical") for r in got[False] + got[True]],
                 "wall_s": [r["wall_s"] for r in got[False] + got[True]],
             }
         )
@@ -168,7 +176,8 @@ def main() -> None:
             ("faulted - no fault", lambda r: f"{r['diff']:+.4f} ± {r['diff_se']:.4f}", ""),
             ("merges no fault", lambda r: ", ".join(map(str, r["no_fault_merges"])), ""),
             ("merges faulted", lambda r: ", ".join(map(str, r["faulted_merges"])), ""),
-            ("worst step / typical", lambda r: f"{max(max(w) for w in r['worst_over_typical']):.2f}", ""),
+            ("worst step / typical", lambda r: f"{max(max(w) for w in r['worst_over_typical'] if w):.2f}", ""),
+            ("last step / typical", lambda r: f"{max(max(w) for w in r['last_over_typical'] if w):.2f}", ""),
         ],
         title=f"final eval loss, tiny, M = 3, {args.steps} steps of 0.4 s, host 0 killed at step {args.steps // 4}; "
         f"seeds {args.seeds}",

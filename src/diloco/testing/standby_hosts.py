@@ -7,7 +7,8 @@ NAME@HOST0:7171`` (with the token the active wrote in its syncer.json), hosts 2.
 process of it, Ray included, at once). :func:`run_standby_deploy` returns what the run left: the merges the standby
 ended with (and whether their versions run without a gap), the merges the active made, the ones the standby held
 when it took over and the ones it had not (made by the active but told to no learner), each learner's final
-trajectory, its worst step after the kill over its typical step, and the seconds from the kill to the standby's
+trajectory, its worst step after the kill (its last step apart: the run's end waits for the last replies) over its
+typical step, and the seconds from the kill to the standby's
 takeover and to its first merge.
 """
 
@@ -28,7 +29,7 @@ from diloco.testing.hosts import Hosts
 from diloco.testing.waiting import wait
 
 PORT = 7171
-#: The fields of a learner's step row kept for its worst step after the kill (:func:`~diloco.decoupled.chaos_logs.step_row`).
+#: The fields of a learner's step row kept for its worst and its last step (:func:`~diloco.decoupled.chaos_logs.step_row`).
 WORST_KEYS = ("step", "dt", "compute_s", "cpu_s", "wait_s", "blocked_s", "other_s")
 ACTIVE_OUT, STANDBY_OUT = "/tmp/svc", "/tmp/standby"
 #: The run tests/hosts/test_deploy_standby.py and the benchmarks deploy (with a ``quorum``): M = 3 one-rank sites,
@@ -80,6 +81,11 @@ def _json(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def _parts(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A learner step row's :data:`WORST_KEYS` (None for no row)."""
+    return {k: row.get(k) for k in WORST_KEYS} if row else None
 
 
 def _site_out(line: str) -> str:
@@ -145,11 +151,16 @@ def run_standby_deploy(
                 assert job.wait(timeout=300) == 0, job.stderr_path.read_text(errors="replace")[-3000:]
             assert active.wait(timeout=120) == 0, active.stderr_path.read_text(errors="replace")[-3000:]
             summary = json.loads(h0.path(f"{ACTIVE_OUT}/summary.json").read_text())
+            ends = []  # each learner's typical and last step (its finish: the wait for the last replies)
+            for log in logs:
+                steps = final_steps(read_learner_log(log))[0]
+                ends.append({"typical_step_s": median(r["dt"] for r in steps), "last_step": _parts(steps[-1])})
             return {
                 "finished": "every learner finished" in active.stdout_path.read_text(),
                 "epoch": summary.get("epoch"),
                 "final_eval_loss": summary.get("final_eval_loss"),
                 "merges": read_learner_log(h0.path(f"{ACTIVE_OUT}/merges.jsonl")),
+                "learners": ends,
                 "wall_s": time.time() - began,
             }
         wait(f"every learner at step {kill_at_step}", lambda: reached(kill_at_step), timeout=240, procs=procs)
@@ -190,7 +201,10 @@ def run_standby_deploy(
             steps, superseded = final_steps(read_learner_log(log))
             dts = [r["dt"] for r in steps]
             typical = median(dts) if dts else 0.0
-            worst = max((r for r in steps if r["t"] > killed_at), key=lambda r: r["dt"], default=None)
+            # the last step is left out: the learner's finish waits there for its last replies, and at K >= 2 for
+            # the other learners' last reports (a wait of every run's end, fault or not; "last_step" has it)
+            during = [r for r in steps[:-1] if r["t"] > killed_at]
+            worst = max(during, key=lambda r: r["dt"], default=None)
             worst_dt = worst["dt"] if worst else 0.0
             learners.append(
                 {
@@ -199,7 +213,8 @@ def run_standby_deploy(
                     "typical_step_s": typical,
                     "worst_over_typical_after_kill": worst_dt / typical if typical else None,
                     # where the worst step's seconds went (compute and its CPU seconds, waiting, blocked, other)
-                    "worst_step": {k: worst.get(k) for k in WORST_KEYS} if worst else None,
+                    "worst_step": _parts(worst),
+                    "last_step": _parts(steps[-1] if steps else None),
                 }
             )
         return {
