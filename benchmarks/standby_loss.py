@@ -18,7 +18,8 @@ fault or not), and every run's learners' last step over their typical step.
 Each finished run is appended to ``standby_loss_runs.jsonl`` beside the result (strict JSON, one line a run) and is
 not run again: an interrupted sweep goes on where it stopped when started again with the same arguments.
 
-    sudo python benchmarks/standby_loss.py --quorum 1 2   # 3 seeds x (no fault, faulted) x 2 K: about 25 min on 2 cores
+    sudo python benchmarks/standby_loss.py --quorum 1 2   # 3 seeds x (no fault, faulted) x 2 K: about 16 min on 2 cores
+    sudo python benchmarks/standby_loss.py --seeds 0 1 2 3 4   # 2 seeds more each way (the runs done are kept)
 """
 
 from __future__ import annotations
