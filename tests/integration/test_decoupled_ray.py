@@ -157,6 +157,37 @@ def test_a_finished_learner_is_refused_and_no_longer_counts_toward_the_quorum(lo
     assert records[-len(alone) :] == alone  # after learner 1 left, learner 0 merges alone
 
 
+def test_a_job_whose_report_was_refused_for_a_lost_claim_stops_at_once_on_a_ray_channel(local_ray):
+    """Job B holds learner 0's index; job A's session no longer does (its claim lapsed and B took the index: A's
+    channel is built here with that session, so the test need not wait out a lease). A's report is refused, and A's
+    wait for its reply raises ClaimLost naming the index as soon as the refusal is back, before A's next heartbeat
+    (stopped here) would say so. Before, the actor waited RESEND_AFTER_S (30 s) for a report it had refused, and A
+    sent it again each time."""
+    from diloco.decoupled.claim_lost import ClaimLost
+    from diloco.decoupled.ray_transport import RESEND_AFTER_S, RayChannel, connect, start_syncer
+
+    syncer = Syncer(make_model(seed=0), num_learners=1, quorum=1, num_fragments=1, overlap_steps=1, codec="fp32")
+    handle = start_syncer(syncer, name="syncer-lost-ray", namespace="diloco-test")
+    b = connect(learner=0, name="syncer-lost-ray", namespace="diloco-test", fingerprint={})
+    a = RayChannel(handle, 0, session="a-job-whose-claim-lapsed")
+    model = make_model(seed=1)
+    algo = Learner(model, channel=a, learner=0, sync_every=4, num_fragments=1, overlap_steps=1, codec="fp32")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    began = time.monotonic()
+    with pytest.raises(ClaimLost, match="learner 0's index is no longer this job's"):
+        for x, y in batches(0, 5):  # step 4 sends the report; step 5 waits for its reply
+            model(x, y)[1].backward()
+            opt.step()
+            opt.zero_grad()
+            algo.after_optimizer_step(tokens=x.numel())
+    assert time.monotonic() - began < RESEND_AFTER_S / 2
+    with pytest.raises(ClaimLost):  # and nothing more is sent
+        a.send(a._sent[0])
+    assert ray.get(handle.records.remote()) == []  # A's report was not merged
+    b.leave()
+    ray.kill(handle)
+
+
 def _chaos_cfg(**kw):
     from diloco.train.config import TrainConfig, load_preset
 

@@ -409,13 +409,33 @@ class RayChannel(ClaimWatch):
         resend(self, fragment)
 
     def wait_reply(self, fragment: int) -> Reply:
-        while (reply := ray.get(self._replies.pop(fragment))) is None:
+        self._check_claim()
+        while (reply := self._reply(fragment)) is None:
             self._resend(fragment)
         del self._sent[fragment]
         self._tries = 0
         return reply
 
+    def _reply(self, fragment: int) -> Reply | None:
+        """The reply to the report of ``fragment`` (None: the syncer holds no such report), or ClaimLost as soon as
+        that report was refused for a lost claim: the syncer would otherwise wait ``RESEND_AFTER_S`` for it."""
+        ref = self._replies.pop(fragment)
+        if fragment in self._delivered:  # (not after a hold, which waited for every report and forgot them)
+            ray.wait([ref, self._delivered[fragment]], num_returns=1)  # the reply, or the report's call ending first
+            self._refused_report(fragment)
+        return ray.get(ref)
+
+    def _refused_report(self, fragment: int) -> None:
+        """ClaimLost where the report of ``fragment`` came back refused for a lost claim (its call's error)."""
+        try:
+            ray.get(ray.wait([self._delivered[fragment]], timeout=0)[0] if fragment in self._delivered else [])
+        except Exception as exc:  # refused for another reason: its reply says so (None: the report sent again)
+            if (lost := self._refused(exc)) is not exc:
+                raise lost from None
+
     def poll_reply(self, fragment: int) -> Reply | None:
+        self._check_claim()
+        self._refused_report(fragment)
         ready, _ = ray.wait([self._replies[fragment]], timeout=0)
         if not ready:
             return None
@@ -451,7 +471,10 @@ class RayChannel(ClaimWatch):
         ray.get(self.actor.leave.remote(self.learner, done, self.session))
 
     def hold(self, step: int) -> None:
-        # Ray does not keep the order of calls to an async actor: the reports first
+        self._check_claim()
+        for fragment in list(self._delivered):  # Ray does not keep the order of calls to an async actor: the reports
+            ray.wait([self._delivered[fragment]])  # first (one refused for a lost claim: ClaimLost)
+            self._refused_report(fragment)
         ray.get(list(self._delivered.values()))
         self._delivered.clear()
         ray.get(self.actor.hold_from.remote(self.learner, step, self.session))
