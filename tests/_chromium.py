@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -29,21 +30,28 @@ def _flags(browser: str, profile: str, width: int, height: int) -> list[str]:
     ]
 
 
-def dump_dom(browser: str, url: str, *, width: int = 1280, height: int = 1000) -> str:
-    """The page's DOM once loaded (its scripts run, its SVG inline)."""
+def dump_dom(browser: str, url: str, *, width: int = 1280, height: int = 1000, prefix: Sequence[str] = ()) -> str:
+    """The page's DOM once loaded (its scripts run, its SVG inline). ``prefix``: what the browser runs under (e.g.
+    ``ip netns exec NS``: a browser on another host's network)."""
     with tempfile.TemporaryDirectory() as profile:
         done = subprocess.run(
-            [*_flags(browser, profile, width, height), "--dump-dom", url], capture_output=True, text=True, timeout=120
+            [*prefix, *_flags(browser, profile, width, height), "--dump-dom", url],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
     assert done.returncode == 0, done.stderr[-1000:]
     return done.stdout
 
 
-def screenshot(browser: str, url: str, out: Path, *, width: int = 1280, height: int = 1000) -> int:
-    """Save the page as PNG to ``out``; returns how many colours it has (a blank page has a handful)."""
+def screenshot(
+    browser: str, url: str, out: Path, *, width: int = 1280, height: int = 1000, prefix: Sequence[str] = ()
+) -> int:
+    """Save the page as PNG to ``out``; returns how many colours it has (a blank page has a handful). ``prefix``: as
+    :func:`dump_dom`'s."""
     with tempfile.TemporaryDirectory() as profile:
         done = subprocess.run(
-            [*_flags(browser, profile, width, height), f"--screenshot={Path(out).resolve()}", url],
+            [*prefix, *_flags(browser, profile, width, height), f"--screenshot={Path(out).resolve()}", url],
             capture_output=True,
             text=True,
             timeout=120,

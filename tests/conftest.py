@@ -80,7 +80,6 @@ _SECONDS = {
     "tests/integration/test_decoupled_ray.py": 77,
     "tests/integration/test_site_faults.py": 66,
     "tests/distributed/test_train_fsdp.py": 58,
-    "tests/integration/test_status_page.py": 52,
     "tests/integration/test_site_jobs.py": 50,
     "tests/distributed/test_elastic.py": 47,
     "tests/integration/test_syncer_shards_ray.py": 35,

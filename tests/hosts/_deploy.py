@@ -34,15 +34,26 @@ def sets_args(sets: dict[str, Any]) -> list[str]:
     return [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
 
 
-def start_service(h0: Host, token_cache: Path, sets: dict[str, Any], name: str = "service"):
-    """``diloco syncer`` on host 0, serving every address of it on :data:`PORT` and advertising host 0's address."""
+def start_service(
+    h0: Host, token_cache: Path, sets: dict[str, Any], name: str = "service", extra: tuple[str, ...] = ()
+):
+    """``diloco syncer`` on host 0, serving every address of it on :data:`PORT` and advertising host 0's address (its
+    status page too, on a free port: syncer.json's ``status_port``); ``extra``: more of its options."""
     give_cache(h0, token_cache)
-    argv = [sys.executable, "-m", "diloco", "syncer", "--preset", "tiny", *sets_args(sets), "--poll", "1"]
+    argv = [sys.executable, "-m", "diloco", "syncer", "--preset", "tiny", *sets_args(sets), "--poll", "1", *extra]
     argv += ["--host", "0.0.0.0", "--advertise", h0.address, "--port", str(PORT), "--out", SERVICE_OUT]
     return h0.run(argv, env=host_env(), name=name)  # (absolute paths only: see run_site)
 
 
-def printed_commands(h0: Host, service, *, timeout: float = 240.0, token_cache: Path | None = None, sets=None):
+def printed_commands(
+    h0: Host,
+    service,
+    *,
+    timeout: float = 240.0,
+    token_cache: Path | None = None,
+    sets=None,
+    extra: tuple[str, ...] = (),
+):
     """The learner commands as the service printed them (the indented lines after its "learner commands" line),
     checked against its --out's syncer.json; and the service (started again, once, where Ray's own startup timed
     out on an overloaded machine: its fixed 30 s for the raylet to register, before the service writes anything)."""
@@ -60,7 +71,7 @@ def printed_commands(h0: Host, service, *, timeout: float = 240.0, token_cache: 
     except AssertionError as exc:
         if sets is None or "timed out during startup" not in str(exc) and "gcs_server_port" not in str(exc):
             raise
-        service = start_service(h0, token_cache, sets, name="service-again")
+        service = start_service(h0, token_cache, sets, name="service-again", extra=extra)
         got = wait("the service's printed learner commands", lines, timeout=timeout, procs=[service], every=0.3)
     info = json.loads(h0.path(f"{SERVICE_OUT}/syncer.json").read_text())
     assert got == info["learners"], (got, info["learners"])

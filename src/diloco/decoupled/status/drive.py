@@ -1,17 +1,16 @@
 """A real run to watch: the syncer service (``python -m diloco syncer`` with its status page) and one torchrun job
-per site, each a process of this machine on loopback, with a site that can be killed and started again. What the
-status page's test and ``benchmarks/status_page.py`` run.
+per site, each a process of this machine on loopback. What ``benchmarks/status_page.py`` runs (the page's test runs
+the service and its sites on emulated hosts: tests/hosts/test_deploy_host_kill.py).
 
 ::
 
     with WatchedRun(out=Path("runs/watch"), preset="tiny", sets={...}, cache_dir=..., sites=2) as run:
         run.wait_status()                           # the page is up: run.url, run.token
         text = run.get("/metrics")                  # with the token
-        run.kill_site(1); run.start_site(1)         # the whole job (its torchrun agent and ranks), SIGKILL
         run.wait()                                  # the service ends once every learner finished
 
 A site job runs ``diloco train --method decoupled ... --set learner=m --set syncer=NAME@ADDRESS --resume auto``
-(one rank), so a site started again resumes from its newest checkpoint.
+(one rank).
 """
 
 from __future__ import annotations
@@ -104,12 +103,6 @@ class WatchedRun:
         args += ["--set", f"learner={m}", "--set", f"syncer={self.info['syncer']}"]
         args += ["--out", str(self.out / f"site-{m}"), "--resume", "auto"]
         self._start(f"site-{m}", torchrun_command(nproc=1, args=args), auth)
-
-    def kill_site(self, m: int) -> None:
-        """SIGKILL site ``m``'s whole job: its torchrun agent and its rank (the process group this run started)."""
-        proc = self.procs[f"site-{m}"]
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
     def wait_status(self, timeout: float = 300) -> None:
         """Until the page is served (its token written): sets ``url`` and ``token``."""
