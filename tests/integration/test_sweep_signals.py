@@ -78,3 +78,40 @@ def test_sigterm_to_the_sweep_stops_its_run_processes_and_records_nothing(tmp_pa
         time.sleep(0.1)
     assert not any(_alive(p) for p in runs), f"run processes {runs} outlived the sweep"
     assert not out.exists() or out.read_text() == ""  # an interrupted run leaves no record; a rerun does it again
+
+
+def test_an_interrupt_while_the_runs_are_handed_out_stops_the_started_run(monkeypatch):
+    """Ctrl-C or SIGTERM can land while the local executor is still handing runs to its processes, after a run's
+    process started: that run is stopped and the pool shut down at once. (Before, the interrupt skipped the clean-up;
+    the run trained on, and at exit the pool waited for it to end: a sweep sent SIGTERM at that moment hung for its
+    run's whole length, which the test above met once in a loaded suite.) The moment is made here: the pool's
+    ``submit`` hands out the run and then raises KeyboardInterrupt, as the signal handler would."""
+    import concurrent.futures as cf
+    import functools
+    import multiprocessing
+
+    from diloco.cli.sweep import delayed
+    from diloco.scaling.executors import LocalExecutor
+    from diloco.scaling.synthetic import synthetic_run
+
+    real = cf.ProcessPoolExecutor.submit
+
+    def submit_then_interrupted(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        raise KeyboardInterrupt("signal 15")
+
+    monkeypatch.setattr(cf.ProcessPoolExecutor, "submit", submit_then_interrupted)
+    before = set(multiprocessing.active_children())
+    slow = functools.partial(delayed, fn=synthetic_run, delay=120)
+    runs = LocalExecutor(1).run(slow, [dict(size="35M", method="dp", replicas=1, inner_lr=1e-3, global_batch=16)])
+    start = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            next(runs)
+        left = set(multiprocessing.active_children()) - before
+        assert not left, f"the run's process {left} outlived the interrupted sweep"
+        assert time.monotonic() - start < 60  # not the run's 120 s
+    finally:
+        for p in set(multiprocessing.active_children()) - before:  # (what the old code left behind)
+            p.kill()
+            p.join()

@@ -100,12 +100,15 @@ class LocalExecutor:
             return
         ctx = multiprocessing.get_context("spawn")  # a clean interpreter per run (no inherited torch threads)
         before = set(multiprocessing.active_children())
-        pool = cf.ProcessPoolExecutor(
-            max_workers=min(self.workers, len(configs)), mp_context=ctx, max_tasks_per_child=1
-        )
-        futures = {pool.submit(run_in_child, fn, dict(cfg)): cfg for cfg in configs}
+        pool: cf.ProcessPoolExecutor | None = None
+        futures: dict[cf.Future, dict[str, Any]] = {}
         completed = False
-        try:
+        try:  # (an interrupt while the runs are handed out, a run's process already started, is cleaned up too)
+            pool = cf.ProcessPoolExecutor(
+                max_workers=min(self.workers, len(configs)), mp_context=ctx, max_tasks_per_child=1
+            )
+            for cfg in configs:
+                futures[pool.submit(run_in_child, fn, dict(cfg))] = cfg
             for fut in cf.as_completed(futures):
                 cfg = futures[fut]
                 try:
@@ -120,7 +123,8 @@ class LocalExecutor:
                 fut.cancel()
             if not completed:  # interrupted (Ctrl-C, SIGTERM, an error): stop the runs in progress, or they
                 stop_workers(set(multiprocessing.active_children()) - before)  # train on, orphaned, unrecorded
-            pool.shutdown(wait=True, cancel_futures=True)
+            if pool is not None:  # (left running, the pool would hold the process' exit until its runs ended)
+                pool.shutdown(wait=True, cancel_futures=True)
 
 
 class SubmititExecutor:
