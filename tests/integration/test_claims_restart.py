@@ -39,7 +39,8 @@ def test_a_live_learners_index_is_refused_to_a_second_job_right_after_a_syncer_r
     the restored syncer gets, before any heartbeat of A's: B is refused (it waited the lease out, A's heartbeats
     kept the claim), where a syncer that lost its claims would have granted it at once. A then goes on: its beats
     are held, it trains, merges (weight > 0) and finishes."""
-    from diloco.decoupled.ray_transport import RayChannel, start_syncer
+    from diloco.decoupled.ray_channel import RayChannel
+    from diloco.decoupled.ray_transport import start_syncer
 
     name = "syncer-claims-restart"
     handle = start_syncer(_syncer(), name=name, namespace=NAMESPACE, checkpoint_dir=str(tmp_path))

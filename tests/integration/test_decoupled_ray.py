@@ -46,7 +46,8 @@ def test_ray_syncer_actor_gives_the_in_process_bits_and_learners_find_it_by_name
     Ray actor and the in-process syncer thread end with the same bits."""
     import threading
 
-    from diloco.decoupled.ray_transport import connect, start_syncer
+    from diloco.decoupled.ray_channel import connect
+    from diloco.decoupled.ray_transport import start_syncer
 
     with LocalTransport(_syncer(merge="mean", grace_gamma=0.0)) as transport:
         local = run_learners(_train, transport)
@@ -80,7 +81,8 @@ def test_ray_syncer_actor_gives_the_in_process_bits_and_learners_find_it_by_name
 
 def test_ray_quorum_one_with_a_grace_window_merges(local_ray):
     """K = 1, and the learner overwrites tau steps after it sees each reply (polled without waiting)."""
-    from diloco.decoupled.ray_transport import connect, start_syncer
+    from diloco.decoupled.ray_channel import connect
+    from diloco.decoupled.ray_transport import start_syncer
 
     handle = start_syncer(_syncer(quorum=1, grace_gamma=0.5), name="syncer-k1", namespace="diloco-test")
     out = _train(connect(learner=0, name="syncer-k1", namespace="diloco-test"), 0, overwrite_after="arrival")
@@ -102,7 +104,8 @@ def test_token_authentication_is_on_unless_the_environment_turns_it_off(local_ra
 
 
 def test_a_second_syncer_of_the_same_name_and_a_missing_one_are_refused(local_ray):
-    from diloco.decoupled.ray_transport import connect, start_syncer
+    from diloco.decoupled.ray_channel import connect
+    from diloco.decoupled.ray_transport import start_syncer
 
     handle = start_syncer(_syncer(), name="syncer-dup", namespace="diloco-test")
     ray.get(handle.records.remote())  # the actor is up
@@ -119,7 +122,8 @@ def test_a_finished_learner_is_refused_and_no_longer_counts_toward_the_quorum(lo
     is refused, saying it finished."""
     import threading
 
-    from diloco.decoupled.ray_transport import connect, start_syncer
+    from diloco.decoupled.ray_channel import connect
+    from diloco.decoupled.ray_transport import start_syncer
     from diloco.errors import ConfigError
 
     syncer = Syncer(make_model(seed=0), num_learners=2, quorum=2, num_fragments=2, overlap_steps=1, codec="fp32")
@@ -164,7 +168,8 @@ def test_a_job_whose_report_was_refused_for_a_lost_claim_stops_at_once_on_a_ray_
     (stopped here) would say so. Before, the actor waited RESEND_AFTER_S (30 s) for a report it had refused, and A
     sent it again each time."""
     from diloco.decoupled.claim_lost import ClaimLost
-    from diloco.decoupled.ray_transport import RESEND_AFTER_S, RayChannel, connect, start_syncer
+    from diloco.decoupled.ray_channel import RayChannel, connect
+    from diloco.decoupled.ray_transport import RESEND_AFTER_S, start_syncer
 
     syncer = Syncer(make_model(seed=0), num_learners=1, quorum=1, num_fragments=1, overlap_steps=1, codec="fp32")
     handle = start_syncer(syncer, name="syncer-lost-ray", namespace="diloco-test")

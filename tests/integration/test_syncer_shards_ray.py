@@ -14,7 +14,8 @@ ray = pytest.importorskip("ray")
 from _tiny import make_model  # noqa: E402
 
 from diloco.decoupled.messages import Report  # noqa: E402
-from diloco.decoupled.ray_transport import RayChannel, start_syncer  # noqa: E402
+from diloco.decoupled.ray_channel import RayChannel  # noqa: E402
+from diloco.decoupled.ray_transport import start_syncer  # noqa: E402
 from diloco.decoupled.shards import ShardedChannel, build_shards  # noqa: E402
 from diloco.decoupled.syncer import Syncer  # noqa: E402
 from diloco.wire.registry import get_codec  # noqa: E402

@@ -47,7 +47,7 @@ def lost_message(learner: int, holder: str | None, lease_s: float) -> str:
 
 class ClaimWatch:
     """Mixed into a learner's channel with a session (:class:`~diloco.decoupled.rpc.client.RpcChannel`,
-    :class:`~diloco.decoupled.ray_transport.RayChannel`): :attr:`claim_lost` is the syncer's message once the claim
+    :class:`~diloco.decoupled.ray_channel.RayChannel`): :attr:`claim_lost` is the syncer's message once the claim
     went to another job; each call to the syncer checks it first (:meth:`_check_claim`)."""
 
     learner: int

@@ -1,6 +1,6 @@
 """Who holds each learner index of a syncer service: the claims of learner jobs, their heartbeats, who finished.
 
-A learner job that connects with a session (:func:`diloco.decoupled.ray_transport.connect` with
+A learner job that connects with a session (:func:`diloco.decoupled.ray_channel.connect` with
 ``fingerprint=``) claims its index first (:meth:`Membership.hello`), is refused if its config differs from the
 syncer's in what the merge depends on, and holds the index with a heartbeat every :data:`HEARTBEAT_S`; a claim
 lapses :data:`LEASE_S` after its session was last heard from, so the job of a killed learner that restarts at

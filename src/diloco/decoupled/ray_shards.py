@@ -3,7 +3,7 @@
 Shard s is the actor ``NAME-shard<s>`` (S = 1: ``NAME``, the syncer's one actor, as before), each a
 :class:`~diloco.decoupled.ray_transport.SyncerActor` with its own checkpoints (``DIR/shard-<s>``; S = 1: ``DIR``)
 and its own restarts, which Ray may place on any node. A learner holds one
-:class:`~diloco.decoupled.ray_transport.RayChannel` per shard behind a
+:class:`~diloco.decoupled.ray_channel.RayChannel` per shard behind a
 :class:`~diloco.decoupled.shards.ShardedChannel`; with a fingerprint (a site job) it claims its index at each
 shard and beats for it at each."""
 
@@ -18,7 +18,8 @@ import ray
 from diloco.decoupled.learner import Channel
 from diloco.decoupled.learner_lease import combine_summaries
 from diloco.decoupled.messages import MergeRecord
-from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, RayChannel, connect, start_syncer
+from diloco.decoupled.ray_channel import RayChannel, connect
+from diloco.decoupled.ray_transport import DEFAULT_NAMESPACE, start_syncer
 from diloco.decoupled.shards import combine_records, shard_name, sharded, union
 from diloco.errors import ConfigError
 
@@ -143,7 +144,7 @@ def connect_shards(
     fingerprint: dict[str, Any] | None = None,
 ) -> Channel:
     """Learner ``learner``'s channel to the ``num_shards`` shards of the syncer ``name``
-    (:func:`~diloco.decoupled.ray_transport.connect` to each: with ``fingerprint``, its index claimed and held at
+    (:func:`~diloco.decoupled.ray_channel.connect` to each: with ``fingerprint``, its index claimed and held at
     each); a shard not found is a ConfigError naming it."""
     channels = []
     try:

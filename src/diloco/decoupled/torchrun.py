@@ -15,7 +15,7 @@ cluster at ``ray_address``) and tells every process its name and Ray's address (
 each learner's first rank (its *lead*) joins that Ray instance (with the first process's token
 authentication setting; each machine needs the cluster's token where Ray looks for it, ``~/.ray/auth_token``
 or ``RAY_AUTH_TOKEN``) and holds the learner's
-:class:`~diloco.decoupled.ray_transport.RayChannel`. The other ranks of a learner hold a
+:class:`~diloco.decoupled.ray_channel.RayChannel`. The other ranks of a learner hold a
 :class:`GroupChannel` without a link: whatever the lead receives from the syncer (the welcome, each reply)
 is broadcast to them inside the learner, so the learner's R copies of the model stay identical. Every rank
 computes its learner's reports (the same values); only the lead sends them.

@@ -232,7 +232,7 @@ def accept_epoch(newest: int, epoch: int) -> bool:
 
 class RpcChannel(ClaimWatch):
     """One learner's :class:`~diloco.decoupled.learner.Channel` to one shard of the service over a :class:`Link`
-    (what :class:`~diloco.decoupled.ray_transport.RayChannel` is in-cluster, with the same resend rule and
+    (what :class:`~diloco.decoupled.ray_channel.RayChannel` is in-cluster, with the same resend rule and
     session: a heartbeat every ``HEARTBEAT_S`` from a daemon thread, ``leave()`` says *finished*)."""
 
     def __init__(self, link: Link, learner: int, *, shard: int = 0, session: str | None = None) -> None:
