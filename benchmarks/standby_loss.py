@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 
 from diloco.bench import add_out, machine, print_table, write_result
 from diloco.files import default_cache_dir
+from diloco.seed_stats import difference_se
 from diloco.testing.hosts import unavailable
 from diloco.testing.standby_hosts import STANDBY_SETS, run_standby_deploy
 
@@ -47,12 +47,9 @@ def band(losses: list[float]) -> dict[str, float]:
 
 
 def difference(faulted: list[float], clean: list[float]) -> dict[str, float | None]:
-    """The faulted mean minus the no-fault mean and its standard error (Welch's: sqrt(s1²/n1 + s2²/n2)); the error
-    None with fewer than 2 runs on either side."""
-    diff = statistics.mean(faulted) - statistics.mean(clean)
-    if min(len(faulted), len(clean)) < 2:
-        return {"diff": diff, "diff_se": None}
-    se = math.sqrt(statistics.variance(faulted) / len(faulted) + statistics.variance(clean) / len(clean))
+    """The faulted mean minus the no-fault mean and its standard error (Welch's; None with fewer than 2 runs on
+    either side)."""
+    diff, se = difference_se(faulted, clean)
     return {"diff": diff, "diff_se": se}
 
 

@@ -13,13 +13,16 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from diloco.seed_stats import mean_se as seed_mean_se
+
 HERE = Path(__file__).resolve().parent
 DIVERGED = 10.0  # a final loss above this (ln 512 = 6.24 is a model that learnt nothing) counts as diverged
 
 
 def mean_se(xs: list[float]) -> tuple[float, float]:
-    m = statistics.fmean(xs)
-    return m, (statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan"))
+    """The mean and its standard error (NaN for one value: what :func:`fmt` prints without an error)."""
+    m, se = seed_mean_se(xs)
+    return m, float("nan") if se is None else se
 
 
 def fmt(m: float, se: float) -> str:

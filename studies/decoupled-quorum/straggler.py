@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from diloco.seed_stats import mean_se as seed_mean_se
+
 HERE = Path(__file__).resolve().parent
 SETS = {
     "size": "cpu-0.1m",
@@ -71,7 +73,9 @@ def one(merge: str, K: int, seed: int, work: Path) -> dict:
 
 
 def mean_se(xs: list[float]) -> tuple[float, float]:
-    return statistics.fmean(xs), (statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else float("nan"))
+    """The mean and its standard error (NaN for one value)."""
+    m, se = seed_mean_se(xs)
+    return m, float("nan") if se is None else se
 
 
 def table(rows: list[dict], merge: str) -> str:

@@ -12,6 +12,7 @@ has the same seeds of every factor.
 
 from __future__ import annotations
 
+from diloco.seed_stats import mean_se
 from diloco.studies import STUDIES
 
 HERE = STUDIES / "claims"
@@ -134,19 +135,13 @@ def ablation_table(records: list[dict]) -> list[dict]:
         if factor is not None and r.get("status") == "ok" and r.get("eval_loss") is not None:
             by.setdefault(factor, {})[int(r["seed"])] = float(r["eval_loss"])
 
-    def stats(losses: list[float]) -> tuple[float, float]:
-        n = len(losses)
-        mean = sum(losses) / n
-        sd = math.sqrt(sum((x - mean) ** 2 for x in losses) / (n - 1)) if n > 1 else math.nan
-        return mean, sd / math.sqrt(n)
-
-    got = {f: stats(list(s.values())) for f, s in by.items()}
+    got = {f: mean_se(list(s.values())) for f, s in by.items()}
 
     def diff(f: str, ref: str) -> tuple[float | None, float | None]:
         if ref not in got or f == ref:
             return None, None
         (m, e), (mr, er) = got[f], got[ref]
-        return 100 * (m - mr) / mr, 100 * math.hypot(e, er) / mr
+        return 100 * (m - mr) / mr, (None if e is None or er is None else 100 * math.hypot(e, er) / mr)
 
     rows = []
     for factor in ABLATION:
@@ -160,13 +155,13 @@ def ablation_table(records: list[dict]) -> list[dict]:
                     "factor": factor,
                     "seeds": sorted(by[factor]),
                     "mean": mean,
-                    "se": None if math.isnan(se) else se,
+                    "se": se,
                     "vs_streaming_pct": vs_ref,
-                    "vs_streaming_se_pct": None if vs_ref_se is None or math.isnan(vs_ref_se) else vs_ref_se,
+                    "vs_streaming_se_pct": vs_ref_se,
                     "vs_diloco_pct": vs_dil,
-                    "vs_diloco_se_pct": None if vs_dil_se is None or math.isnan(vs_dil_se) else vs_dil_se,
+                    "vs_diloco_se_pct": vs_dil_se,
                     "vs_diloco_tuned_pct": vs_tuned,
-                    "vs_diloco_tuned_se_pct": None if vs_tuned_se is None or math.isnan(vs_tuned_se) else vs_tuned_se,
+                    "vs_diloco_tuned_se_pct": vs_tuned_se,
                 }
             )
     return rows

@@ -23,6 +23,7 @@ from pathlib import Path
 from diloco.files import atomic_write_bytes
 from diloco.scaling.paper_gap import paper_law_gaps
 from diloco.scaling.records import paper_table4
+from diloco.seed_stats import mean_se
 from diloco.studies.outer_steps_grids import BATCHES, FRONTIER, HERE, INNER_LR, SIZE, load, method_of, point
 
 LABELS = {"streaming-fp4-tau1": "Streaming FP4 (P 3, tau 1)", "diloco-m2": "DiLoCo M = 2 (fp32)"}
@@ -55,9 +56,9 @@ def dp_records() -> list[dict]:
 
 
 def stats(losses: list[float]) -> dict:
-    mean = statistics.fmean(losses)
+    mean, se = mean_se(losses)
     sd = statistics.stdev(losses) if len(losses) > 1 else float("nan")
-    return {"mean": mean, "sd": sd, "se": sd / math.sqrt(len(losses)), "n": len(losses)}
+    return {"mean": mean, "sd": sd, "se": float("nan") if se is None else se, "n": len(losses)}
 
 
 def gap_pct(mean: float, se: float, dp: dict) -> tuple[float, float]:
