@@ -102,4 +102,15 @@ def resend(channel: Any, fragment: int) -> None:
     channel.send(channel._sent[fragment])
 
 
-__all__ = ["MAX_RESENDS", "MergeRecord", "Reply", "Report", "Welcome", "resend"]
+def taken(channel: Any, fragment: int, reply: Reply | None) -> Reply | None:
+    """A reply to ``channel``'s report of ``fragment`` as it came: None (the syncer holds no such report) sends the
+    report again (:func:`resend`) and stays None; a reply ends the report's wait (forgotten, its tries reset)."""
+    if reply is None:
+        resend(channel, fragment)
+        return None
+    del channel._sent[fragment]
+    channel._tries = 0
+    return reply
+
+
+__all__ = ["MAX_RESENDS", "MergeRecord", "Reply", "Report", "Welcome", "resend", "taken"]

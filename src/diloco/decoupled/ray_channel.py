@@ -17,7 +17,7 @@ import ray
 
 from diloco.decoupled.claim_lost import ClaimWatch
 from diloco.decoupled.membership import HEARTBEAT_S
-from diloco.decoupled.messages import Reply, Report, Welcome, resend
+from diloco.decoupled.messages import Reply, Report, Welcome, resend, taken
 from diloco.decoupled.ray_transport import DEFAULT_NAME, DEFAULT_NAMESPACE, init
 from diloco.decoupled.status.host import whoami
 from diloco.errors import ConfigError
@@ -89,13 +89,7 @@ class RayChannel(ClaimWatch):
         ready, _ = ray.wait([self._replies[fragment]], timeout=0)
         if not ready:
             return None
-        reply = ray.get(self._replies.pop(fragment))
-        if reply is None:
-            self._resend(fragment)
-            return None
-        del self._sent[fragment]
-        self._tries = 0
-        return reply
+        return taken(self, fragment, ray.get(self._replies.pop(fragment)))
 
     def start_heartbeat(self) -> None:
         """Beat for this channel's session every ``HEARTBEAT_S`` from a daemon thread, until :meth:`leave`."""

@@ -27,7 +27,7 @@ from typing import Any
 
 from diloco.decoupled.claim_lost import ClaimWatch
 from diloco.decoupled.membership import HEARTBEAT_S, LEASE_S
-from diloco.decoupled.messages import MAX_RESENDS, Reply, Report, Welcome, resend
+from diloco.decoupled.messages import MAX_RESENDS, Reply, Report, Welcome, resend, taken
 from diloco.decoupled.rpc import EPOCH_KEY, GRPC_MISSING, SERVICE, TOKEN_ENV
 from diloco.decoupled.rpc.frames import pack, pack_report, unpack, unpack_reply, unpack_welcome
 from diloco.errors import ConfigError, RunError
@@ -300,13 +300,7 @@ class RpcChannel(ClaimWatch):
         self._check_claim()
         if not self._replies[fragment].done():
             return None
-        reply = self._replies.pop(fragment).result()
-        if reply is None:
-            self._resend(fragment)
-            return None
-        del self._sent[fragment]
-        self._tries = 0
-        return reply
+        return taken(self, fragment, self._replies.pop(fragment).result())
 
     def hold(self, step: int) -> None:
         self._check_claim()
