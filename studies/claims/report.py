@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from diloco.files import read_jsonl, write_json
-from diloco.studies.claims import HERE, ablation_table, batch_table
+from diloco.studies.claims import BRACKET_SEED, HERE, ablation_table, batch_table
 
 
 def _pct(v, se) -> str:
@@ -34,23 +34,26 @@ def main() -> int:
             f"{_pct(r['vs_diloco_tuned_pct'], r['vs_diloco_tuned_se_pct'])} |"
         )
     batches = batch_table(records)
-    print("\n| method | batch | seeds at its best lr | best inner lr | eval loss (seed mean) |")
-    print("|---|---|---|---|---|")
+    print(
+        f"\n| method | batch | eval loss at seed {BRACKET_SEED} per inner lr | best inner lr | seeds | "
+        "eval loss at it (mean ± s.e.) |"
+    )
+    print("|---|---|---|---|---|---|")
     for name, t in batches.items():
         for batch, b in t["batches"].items():
+            bracket = ", ".join(f"{lr:g}: {b['losses'][lr][BRACKET_SEED]:.4f}" for lr in b["bracket_lrs"])
             edge = " (bracket's edge)" if b["best_at_edge"] else ""
+            se = f" ± {b['best_se']:.4f}" if b["best_se"] is not None else ""
             best = " **best batch**" if batch == t["best_batch"] else ""
-            seeds = len(b["seeds"][b["best_lr"]])
-            print(f"| {name} | {batch} | {seeds} | {b['best_lr']:g}{edge} | {b['best_mean']:.4f}{best} |")
+            print(
+                f"| {name} | {batch} | {bracket} | {b['best_lr']:g}{edge} | {len(b['seeds'])} | "
+                f"{b['best_mean']:.4f}{se}{best} |"
+            )
     summary = {
         name: {
             **t,
             "batches": {
-                str(k): {
-                    **b,
-                    "lr_means": {str(lr): v for lr, v in b["lr_means"].items()},
-                    "seeds": {str(lr): v for lr, v in b["seeds"].items()},
-                }
+                str(k): {**b, "losses": {str(lr): {str(s): x for s, x in v.items()} for lr, v in b["losses"].items()}}
                 for k, b in t["batches"].items()
             },
         }

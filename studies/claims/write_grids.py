@@ -1,35 +1,44 @@
 """The claims study's grids (``diloco.studies.claims``): the ablation from Streaming DiLoCo toward DiLoCo, then the
-batch bracket of data-parallel and DiLoCo M = 1 and 2 (stage 1: seed 0, three inner lrs a batch).
+batch bracket of data-parallel and DiLoCo M = 1 and 2 (stage 1: seed 0, three inner lrs a batch; then, from its
+records, a wider bracket where a best lr or batch sits at an edge, and stage 2: more seeds at each method's best
+batch and its neighbours).
 
     .venv/bin/python studies/claims/write_grids.py            # adds the ablation's and the batch bracket's grids
+    .venv/bin/python studies/claims/write_grids.py --next     # adds what the batch bracket needs next (from results)
     .venv/bin/python studies/claims/write_grids.py --files    # grids/NAME.json for diloco sweep --grid; their paths
 
-grids.jsonl holds every grid a sweep of the study ran, one line each; a grid in it is never rewritten.
+grids.jsonl holds every grid a sweep of the study ran, one line each; a grid in it is never rewritten. ``--files``
+lists them in the study's order: the ablation seed-major, the batch bracket's stage 1, then what ``--next`` added.
 """
 
 from __future__ import annotations
 
 import sys
 
-from diloco.studies.claims import GRIDS, HERE, ablation_grids, batch_grids
+from diloco.files import read_jsonl
+from diloco.studies.claims import GRIDS, HERE, ablation_grids, batch_grids, batch_next_grids
 from diloco.studies.grid_files import append_grids, read_grids, write_grid_files
 
 
 def main() -> int:
     args = sys.argv[1:]
     if args == ["--files"]:
-        written = read_grids(
-            GRIDS
-        )  # in the study's order (seed-major ablation, then the batch bracket), not the file's
-        for path in write_grid_files(
-            GRIDS, HERE / "grids", [n for n in {**ablation_grids(), **batch_grids()} if n in written]
-        ):
+        written = read_grids(GRIDS)
+        first = [n for n in {**ablation_grids(), **batch_grids()} if n in written]
+        order = first + [n for n in written if n not in set(first)]
+        for path in write_grid_files(GRIDS, HERE / "grids", order):
             print(path.relative_to(HERE.parents[1]))
         return 0
-    if args:
-        print("usage: write_grids.py [--files]", file=sys.stderr)
+    if args == ["--next"]:
+        results = HERE / "results.jsonl"
+        todo = batch_next_grids(read_jsonl(results) if results.exists() else [])
+        if not todo:
+            print("nothing to add: a method's stage 1 is unfinished, or its stage 2 grids are all there")
+    elif args:
+        print("usage: write_grids.py [--next | --files]", file=sys.stderr)
         return 2
-    todo = {**ablation_grids(), **batch_grids()}
+    else:
+        todo = {**ablation_grids(), **batch_grids()}
     added = set(append_grids(GRIDS, todo))
     for name in todo:
         print(f"{'added' if name in added else 'kept (exists)'} {name}")

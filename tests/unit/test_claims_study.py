@@ -97,7 +97,8 @@ def test_the_batch_table_finds_each_batchs_best_lr_and_each_methods_best_batch()
     recs = [_batch_record("dp", 16, lr, 0, x) for lr, x in ((0.01, 4.3), (0.02, 4.2), (0.03, 4.25))]
     recs += [_batch_record("dp", 32, lr, 0, x) for lr, x in ((0.02, 4.4), (0.03, 4.35))]
     recs += [_batch_record("diloco-m2", 32, 0.01, s, x) for s, x in ((0, 4.1), (1, 4.3))]
-    recs += [_batch_record("diloco-m2", 16, 0.01, 0, 4.3)]
+    recs += [_batch_record("diloco-m2", 32, 0.02, 0, 4.15)]  # worse at the bracket seed, though below 4.2
+    recs += [_batch_record("diloco-m2", 16, 0.01, 0, 4.0)]  # lowest at seed 0, but one seed against two
     recs.append({**recs[0], "status": "failed", "eval_loss": 1.0})  # a failed run: not counted
     assert batch_of(recs[0]) == ("dp", 16) and batch_of({**recs[0], "replicas": 2}) is None
     ablation = {"method": "diloco", "replicas": 2, "size": "cpu-0.25m", "global_batch": 16, "base": {**BASE}}
@@ -106,7 +107,82 @@ def test_the_batch_table_finds_each_batchs_best_lr_and_each_methods_best_batch()
     dp = table["dp"]
     assert dp["batches"][16]["best_lr"] == 0.02 and not dp["batches"][16]["best_at_edge"]
     assert dp["batches"][32]["best_lr"] == 0.03 and dp["batches"][32]["best_at_edge"]  # two lrs: no bracket
-    assert dp["best_batch"] == 16
+    assert dp["best_batch"] == dp["bracket_best_batch"] == 16
     m2 = table["diloco-m2"]
-    assert m2["batches"][32]["best_mean"] == pytest.approx(4.2) and m2["batches"][32]["seeds"] == {0.01: [0, 1]}
-    assert m2["best_batch"] == 32 and "diloco-m1" not in table
+    b32 = m2["batches"][32]
+    assert b32["best_lr"] == 0.01 and b32["seeds"] == [0, 1] and b32["best_mean"] == pytest.approx(4.2)
+    assert b32["best_se"] == pytest.approx(0.1) and b32["bracket_lrs"] == [0.01, 0.02]
+    assert m2["batches"][16]["best_se"] is None
+    assert m2["bracket_best_batch"] == 16 and m2["best_batch"] == 32  # the seed means decide among the most seeded
+    assert "diloco-m1" not in table
+
+
+def _stage1(name: str, best_batch: int, edge: int | None = None) -> list[dict]:
+    """Stage 1 of one method: every batch at its three bracket lrs, seed 0; the loss is lowest at ``best_batch``
+    and at each batch's middle lr, except at batch ``edge``, where it is lowest at the largest lr."""
+    from diloco.studies.claims import BATCHES, batch_grids
+
+    recs = []
+    for batch in BATCHES:
+        for i, lr in enumerate(batch_grids()[f"batch-cpu-0.25m-{name}-b{batch}-s0"]["inner_lr"]):
+            shape = (2 - i) if batch == edge else abs(i - 1)
+            recs.append(
+                _batch_record(name, batch, lr, 0, 4.0 + 0.1 * abs(math.log2(batch / best_batch)) + 0.01 * shape)
+            )
+    return recs
+
+
+def test_the_bracket_widens_a_best_lr_at_its_edge_before_it_runs_more_seeds():
+    from diloco.studies.claims import batch_grids, batch_next_grids
+
+    recs = _stage1("dp", 16, edge=32)
+    assert batch_next_grids(recs[:-1]) == {}  # stage 1 unfinished: nothing yet
+    todo = batch_next_grids(recs)
+    high = batch_grids()["batch-cpu-0.25m-dp-b32-s0"]["inner_lr"][2]
+    assert list(todo) == [f"batch-cpu-0.25m-dp-b32-lr{high * math.sqrt(2):.6g}-s0"]
+    (grid,) = todo.values()
+    assert grid["inner_lr"] == [pytest.approx(high * math.sqrt(2), rel=1e-5)] and grid["seed"] == 0
+    assert {k: v for k, v in grid.items() if k not in ("inner_lr", "_comment")} == {
+        k: v for k, v in batch_grids()["batch-cpu-0.25m-dp-b32-s0"].items() if k not in ("inner_lr", "_comment")
+    }
+    wider = _batch_record("dp", 32, grid["inner_lr"][0], 0, 4.2)  # worse than the old edge: the bracket closes
+    assert set(batch_next_grids([*recs, wider])) == {
+        f"batch-cpu-0.25m-dp-b{b}-s{s}" for b in (8, 16, 32) for s in (1, 2)
+    }
+
+
+def test_stage_two_runs_two_more_seeds_at_the_best_batch_and_its_neighbours_at_their_best_lrs():
+    from diloco.studies.claims import batch_grids, batch_next_grids, batch_table
+
+    recs = _stage1("diloco-m1", 32)
+    todo = batch_next_grids(recs)
+    assert set(todo) == {f"batch-cpu-0.25m-diloco-m1-b{b}-s{s}" for b in (16, 32, 64) for s in (1, 2)}
+    for name, grid in todo.items():
+        batch = grid["global_batch"][0]
+        assert grid["inner_lr"] == [batch_grids()[f"batch-cpu-0.25m-diloco-m1-b{batch}-s0"]["inner_lr"][1]]
+        assert grid["seed"] == int(name[-1]) and grid["methods"] == ["diloco"] and grid["replicas"] == [1]
+    more = [_batch_record("diloco-m1", g["global_batch"][0], g["inner_lr"][0], g["seed"], 4.0) for g in todo.values()]
+    table = batch_table(recs + more)["diloco-m1"]
+    assert [len(table["batches"][b]["seeds"]) for b in (8, 16, 32, 64)] == [1, 3, 3, 3]
+    assert table["best_batch"] == 32  # 4.0 at every added seed, so seed 0 decides
+    assert set(batch_next_grids(recs + more)) == set(todo)  # the same grids again: the sweep skips their runs
+
+
+def test_a_best_batch_at_the_edge_of_the_batches_adds_the_next_batch():
+    from diloco.studies.claims import batch_next_grids
+
+    todo = batch_next_grids(_stage1("diloco-m2", 64))
+    assert list(todo) == ["batch-cpu-0.25m-diloco-m2-b128-s0"]
+    assert todo["batch-cpu-0.25m-diloco-m2-b128-s0"]["inner_lr"][1] == pytest.approx(
+        0.008 * math.sqrt(128 / 16), rel=1e-5
+    )
+    assert list(batch_next_grids(_stage1("dp", 8))) == ["batch-cpu-0.25m-dp-b4-s0"]
+
+
+def test_the_study_grids_on_file_are_the_ones_the_code_writes():
+    from diloco.studies.claims import GRIDS, batch_grids
+    from diloco.studies.grid_files import read_grids
+
+    on_file = read_grids(GRIDS)
+    for name, grid in {**ablation_grids(), **batch_grids()}.items():
+        assert on_file[name] == grid, name

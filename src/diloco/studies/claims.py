@@ -80,32 +80,91 @@ BATCH_METHODS = {
     "diloco-m2": ("diloco", 2, 0.008, 0.5),
 }
 BATCHES = (8, 16, 32, 64)
+#: the batch bracket's stages: stage 1 brackets each batch's inner lr at this seed; stage 2 runs these further seeds
+#: at each method's best batch and its two neighbours, each at its best lr
+BRACKET_SEED = 0
+MORE_SEEDS = (1, 2)
 
 
-def batch_grids(seed: int = 0) -> dict[str, dict]:
+def _lr(x: float) -> float:
+    return float(f"{x:.6g}")
+
+
+def _batch_grid(name: str, batch: int, lrs: list[float], seed: int, comment: str) -> dict:
+    method, m, _lr16, momentum = BATCH_METHODS[name]
+    base = {k: v for k, v in BASE.items() if k != "outer_momentum"}
+    if momentum is not None:
+        base["outer_momentum"] = momentum
+    return {
+        "_comment": comment,
+        "runner": "train",
+        "sizes": [SIZE],
+        "global_batch": [batch],
+        "tokens_per_param": 20.0,
+        "seed": seed,
+        "methods": [method],
+        "replicas": [m],
+        "sync_every": [30],
+        "outer_lr": [0.7],
+        "inner_lr": lrs,
+        "base": base,
+    }
+
+
+def _bracket(name: str, batch: int, seed: int) -> tuple[str, dict]:
+    centre = BATCH_METHODS[name][2] * (batch / 16) ** 0.5
+    lrs = [_lr(centre * f) for f in (2**-0.5, 1.0, 2**0.5)]
+    comment = f"Claim 3 batch bracket at {SIZE}: {name} at global batch {batch}, inner lr bracketed."
+    return f"batch-{SIZE}-{name}-b{batch}-s{seed}", _batch_grid(name, batch, lrs, seed, comment)
+
+
+def batch_grids(seed: int = BRACKET_SEED) -> dict[str, dict]:
     """``{name: grid}``: the batch bracket's first stage, one grid per method and batch, three inner lrs each."""
-    out = {}
-    for name, (method, m, lr16, momentum) in BATCH_METHODS.items():
-        for batch in BATCHES:
-            centre = lr16 * (batch / 16) ** 0.5
-            lrs = [float(f"{centre * f:.6g}") for f in (2**-0.5, 1.0, 2**0.5)]
-            base = {k: v for k, v in BASE.items() if k != "outer_momentum"}
-            if momentum is not None:
-                base["outer_momentum"] = momentum
-            out[f"batch-{SIZE}-{name}-b{batch}-s{seed}"] = {
-                "_comment": f"Claim 3 batch bracket at {SIZE}: {name} at global batch {batch}, inner lr bracketed.",
-                "runner": "train",
-                "sizes": [SIZE],
-                "global_batch": [batch],
-                "tokens_per_param": 20.0,
-                "seed": seed,
-                "methods": [method],
-                "replicas": [m],
-                "sync_every": [30],
-                "outer_lr": [0.7],
-                "inner_lr": lrs,
-                "base": base,
-            }
+    return dict(_bracket(name, batch, seed) for name in BATCH_METHODS for batch in BATCHES)
+
+
+def batch_next_grids(records: list[dict]) -> dict[str, dict]:
+    """``{name: grid}``: what the batch bracket needs next, from its records, per method whose stage 1 is complete
+    (three inner lrs at the bracket seed at every batch it has). Where a batch's best lr is at its bracket's edge:
+    one more lr a factor sqrt(2) further out. Else, where the best batch is the largest or the smallest: the next
+    batch (x2 or /2), bracketed as stage 1 is. Else stage 2: ``MORE_SEEDS`` at the best batch and its neighbours,
+    each at its best lr. A method with nothing left adds nothing; a grid already run is named the same again (its
+    runs are then skipped by the sweep)."""
+    table = batch_table(records)
+    out: dict[str, dict] = {}
+    for name in BATCH_METHODS:
+        t = table.get(name)
+        if (
+            t is None
+            or set(BATCHES) - set(t["batches"])
+            or any(len(b["bracket_lrs"]) < 3 for b in t["batches"].values())
+        ):
+            continue  # stage 1 not finished
+        widen = {}
+        for batch, b in t["batches"].items():
+            if b["best_at_edge"]:
+                lrs = b["bracket_lrs"]
+                lr = _lr(b["best_lr"] * (2**0.5 if b["best_lr"] == max(lrs) else 2**-0.5))
+                comment = f"Claim 3 batch bracket at {SIZE}: {name} at global batch {batch}, its bracket widened."
+                widen[f"batch-{SIZE}-{name}-b{batch}-lr{lr:g}-s{BRACKET_SEED}"] = _batch_grid(
+                    name, batch, [lr], BRACKET_SEED, comment
+                )
+        if widen:
+            out.update(widen)
+            continue
+        batches = sorted(t["batches"])
+        first = t["bracket_best_batch"]
+        if first in (batches[0], batches[-1]):
+            more = first * 2 if first == batches[-1] else first // 2
+            if more >= 1:
+                out.update([_bracket(name, more, BRACKET_SEED)])
+                continue
+        i = batches.index(first)
+        for batch in batches[max(0, i - 1) : i + 2]:
+            lr = t["batches"][batch]["best_lr"]
+            for seed in MORE_SEEDS:
+                comment = f"Claim 3 batch bracket at {SIZE}: {name} at global batch {batch}, its best lr, seed {seed}."
+                out[f"batch-{SIZE}-{name}-b{batch}-s{seed}"] = _batch_grid(name, batch, [lr], seed, comment)
     return out
 
 
@@ -182,9 +241,12 @@ def batch_of(record: dict) -> tuple[str, int] | None:
 
 
 def batch_table(records: list[dict]) -> dict[str, dict]:
-    """Claim 3's table: per method, per batch, each inner lr's seed-mean eval loss; the batch's best lr (and whether
-    it is at the bracket's edge, so the bracket does not show it is the best), and the method's best batch (the
-    lowest of its batches' best means). A seed's latest ok record counts."""
+    """Claim 3's table: per method, per batch, each inner lr's eval loss by seed; the batch's best lr (the lowest
+    loss at the bracket seed, the one seed every lr of the bracket ran) and whether it is at the edge of those lrs
+    (then the bracket does not show it is the best); the seed mean and standard error at that lr. Per method, the
+    bracket's best batch (the lowest loss at the bracket seed, which decides where stage 2 runs its seeds) and the
+    best batch (the lowest seed mean among the batches with the most seeds at their best lr). A seed's latest ok
+    record counts."""
     losses: dict[str, dict[int, dict[float, dict[int, float]]]] = {}
     for r in records:
         key = batch_of(r)
@@ -198,15 +260,30 @@ def batch_table(records: list[dict]) -> dict[str, dict]:
             continue
         batches = {}
         for batch in sorted(losses[name]):
-            lrs = {lr: sum(s.values()) / len(s) for lr, s in sorted(losses[name][batch].items())}
-            best = min(lrs, key=lrs.get)
+            by_lr = dict(sorted(losses[name][batch].items()))
+            at_seed = {lr: s[BRACKET_SEED] for lr, s in by_lr.items() if BRACKET_SEED in s}
+            if not at_seed:
+                continue  # only stage-2 seeds so far: no bracket to read a best lr from
+            best = min(at_seed, key=at_seed.get)
+            mean, se = mean_se(list(by_lr[best].values()))
             batches[batch] = {
-                "lr_means": lrs,
-                "seeds": {lr: sorted(s) for lr, s in sorted(losses[name][batch].items())},
+                "losses": by_lr,
+                "bracket_lrs": sorted(at_seed),
                 "best_lr": best,
-                "best_mean": lrs[best],
-                "best_at_edge": len(lrs) < 3 or best in (min(lrs), max(lrs)),
+                "bracket_loss": at_seed[best],
+                "best_at_edge": len(at_seed) < 3 or best in (min(at_seed), max(at_seed)),
+                "seeds": sorted(by_lr[best]),
+                "best_mean": mean,
+                "best_se": se,
             }
-        best_batch = min(batches, key=lambda b: batches[b]["best_mean"])
-        out[name] = {"batches": batches, "best_batch": best_batch}
+        if not batches:
+            continue
+        most = max(len(b["seeds"]) for b in batches.values())
+        out[name] = {
+            "batches": batches,
+            "bracket_best_batch": min(batches, key=lambda b: batches[b]["bracket_loss"]),
+            "best_batch": min(
+                (b for b in batches if len(batches[b]["seeds"]) == most), key=lambda b: batches[b]["best_mean"]
+            ),
+        }
     return out
