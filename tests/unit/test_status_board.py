@@ -59,6 +59,8 @@ def test_a_killed_learner_is_lost_then_live_again_with_a_restart():
     assert row["state"] == "lost" and row["silent_s"] == 6.0 and row["step"] == 8
     b.observe({"t": 10.0, "event": "hello", "learner": 1, "host": "host1 pid 10"})
     b.observe({"t": 10.5, "event": "joined", "learner": 1, "incarnation": 1})
+    row = b.snapshot()["learners"][1]  # its join was heard after the last poll: live, before the next poll says so
+    assert (row["state"], row["restarts"], row["silent_s"]) == ("live", 1, None)
     b.observe(_report(11.0, 1, 4))  # resumed from its checkpoint of step 4
     b.poll({"live": [0, 1], "finished": []}, now=11.5)
     row = b.snapshot()["learners"][1]
@@ -66,6 +68,9 @@ def test_a_killed_learner_is_lost_then_live_again_with_a_restart():
     b.observe({"t": 12.0, "event": "left", "learner": 1, "finished": False})
     b.poll({"live": [0], "finished": []}, now=12.5)
     assert b.snapshot()["learners"][1]["state"] == "left"
+    b.poll({"live": [0], "finished": []}, now=12.8)
+    b.observe({"t": 12.6, "event": "joined", "learner": 1, "incarnation": 2})  # read late: the poll after it rules
+    assert b.snapshot()["learners"][1]["state"] == "lost"
     b.poll({"live": [], "finished": [0, 1]}, now=13.0)
     snap = b.snapshot()
     assert [r["state"] for r in snap["learners"]] == ["finished", "finished"] and snap["finished"]

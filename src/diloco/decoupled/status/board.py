@@ -7,7 +7,8 @@ when the syncer does not answer), and
 :meth:`Board.loss` the loss of the global parameters the monitor evaluates. :meth:`Board.snapshot` gives what the
 page and the metrics show, as plain data (strict JSON):
 
-* per learner (site ``m``): its host, its state (``live``; ``lost``: no heartbeat within the lease; ``left``:
+* per learner (site ``m``): its host, its state (``live``: heard from at the monitor's last poll, or joined since;
+  ``lost``: no heartbeat within the lease; ``left``:
   said it stops without finishing; ``finished``; ``not joined``), its latest step and tokens, its waiting share,
   its staleness, the last merge it counted in, its guard events and its restarts;
 * the merges: per minute (the last minute) and their quorum sizes (how many learners each merged);
@@ -87,6 +88,7 @@ class Board:
         self.merges: list[tuple[float, int, int, int, float]] = []  # (at, fragment, version, k, sync_time)
         self.epoch, self.pid, self.restored_merges = 0, None, None
         self.answering: bool | None = None
+        self.polled_at: float | None = None  # wall time of the last poll the syncer answered
         self.checkpoint_age_s: float | None = None
         self.checkpoint_at: float | None = None  # wall time of the newest checkpoint (from its age at a poll)
         self.refused = 0
@@ -115,6 +117,8 @@ class Board:
             lr.host = row.get("host") or lr.host
         elif event == "joined":
             lr.joined, lr.said, lr.joined_at = True, None, t
+            if self.answering and self.polled_at is not None and t >= self.polled_at:
+                lr.live = True  # the syncer heard it join after the last poll (a folder read offline is never polled)
             lr.incarnation = int(row.get("incarnation") or 0)
             lr.window.clear()
         elif event == "left":
@@ -160,6 +164,7 @@ class Board:
         self.answering = status is not None
         if status is None:
             return
+        self.polled_at = now
         live, finished = set(status.get("live", [])), set(status.get("finished", []))
         for lr in self.learners:
             lr.live = lr.m in live and lr.m not in finished
