@@ -226,6 +226,35 @@ def test_two_sweeps_cannot_write_one_file(tmp_path):
             run_sweep(small_grid(), results_path=out, run_fn=Counter(), progress=False)
 
 
+@pytest.mark.parametrize("how", ["replaced", "removed"])
+def test_a_results_file_replaced_or_removed_mid_sweep_loses_no_record(tmp_path, how):
+    """``git stash`` or an editor's save puts a new file at the results path (here: an older copy of it, 2 records);
+    a removal leaves none. The sweep writes on into the file the path names, with its records the new file lacks."""
+    grid, out = small_grid(sizes=("35M",)), tmp_path / "r.jsonl"
+    total = len(expand(grid))
+
+    class Replacer(Counter):
+        def __call__(self, cfg):
+            if len(self.calls) == 4:  # 4 records written: the path now names another file
+                if how == "replaced":
+                    older = tmp_path / "older.jsonl"
+                    older.write_text("".join(out.read_text().splitlines(keepends=True)[:2]))
+                    os.replace(older, out)
+                else:
+                    out.unlink()
+            return super().__call__(cfg)
+
+    run = Replacer()
+    with pytest.warns(
+        UserWarning, match=rf"r.jsonl was replaced while the sweep ran.*the {2 if how == 'replaced' else 4} record"
+    ):
+        s = run_sweep(grid, results_path=out, run_fn=run, progress=False)
+    assert s.ran == total
+    ids = [r["run_id"] for r in read_results(out)]
+    assert ids == run.calls and len(set(ids)) == total  # every record once, in the order they were written
+    assert run_sweep(grid, results_path=out, run_fn=Counter(), progress=False).ran == 0  # nothing to run again
+
+
 def test_runner_registry():
     assert (
         get_runner("synthetic")(

@@ -347,6 +347,48 @@ def _drop_partial_tail(f: Any) -> None:
     f.truncate(keep)
 
 
+def _lock(f: Any, path: Path) -> None:
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ConfigError(f"another sweep is writing {path}; wait for it or use another --out") from None
+
+
+def _follow(f: Any, path: Path) -> Any:
+    """The results file as ``path`` names it now: ``f`` itself, or, when ``path`` no longer names ``f``'s file (it was
+    replaced or removed while the sweep ran: a ``git stash`` or checkout, an editor's save), ``path`` opened and locked
+    anew, with every record line of ``f`` that it lacks appended in order, so that nothing the sweep wrote is lost (a
+    warning says how many). Without this the sweep would go on appending to a file no path names."""
+    try:
+        if os.path.samestat(os.fstat(f.fileno()), os.stat(path)):
+            return f
+    except FileNotFoundError:
+        pass
+    new = path.open("a+b")
+    try:
+        _lock(new, path)
+        _drop_partial_tail(new)
+        new.seek(0)
+        have = set(new.read().splitlines())
+        f.seek(0)
+        lines = [line for line in f.read().splitlines() if line.endswith(b"}")]
+        missing = [line for line in lines if line not in have]
+        for line in missing:
+            new.write(line + b"\n")
+        new.flush()
+        os.fsync(new.fileno())
+    except BaseException:
+        new.close()
+        raise
+    warnings.warn(
+        f"{path} was replaced while the sweep ran (a git stash or checkout, an editor's save?); the sweep writes to "
+        f"the new file and added the {len(missing)} record(s) of its own that the new file lacked",
+        stacklevel=3,
+    )
+    f.close()
+    return new
+
+
 @dataclass
 class SweepSummary:
     total: int
@@ -410,11 +452,9 @@ def run_sweep(
     configs = expand_grids([grid] if isinstance(grid, GridSpec) else grid)
     results_path = Path(results_path)
     results_path.parent.mkdir(parents=True, exist_ok=True)
-    with results_path.open("a+b") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(f"another sweep is writing {results_path}; wait for it or use another --out") from None
+    f = results_path.open("a+b")
+    try:
+        _lock(f, results_path)
         _drop_partial_tail(f)
         finished = {
             r.get("run_id")
@@ -437,6 +477,7 @@ def run_sweep(
                 if cfg["run_id"] in written:  # an executor must not deliver a run twice; never write it twice
                     raise RuntimeError(f"executor {executor.name} delivered run {cfg['run_id']} twice")
                 rec = _record(cfg, result, error)
+                f = _follow(f, results_path)
                 append_jsonl(f, rec)
                 written.add(cfg["run_id"])
                 summary.ran += 1
@@ -448,4 +489,6 @@ def run_sweep(
                 bar.update(1)
         finally:
             bar.close()
+    finally:
+        f.close()
     return summary
