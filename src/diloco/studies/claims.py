@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from diloco.seed_stats import mean_se
 from diloco.studies import STUDIES
+from diloco.studies.grid_files import train_grid
 
 HERE = STUDIES / "claims"
 GRIDS = HERE / "grids.jsonl"
@@ -54,21 +55,18 @@ def ablation_grids(seeds: tuple[int, ...] = SEEDS) -> dict[str, dict]:
     out = {}
     for seed in seeds:
         for factor, (method, extra) in ABLATION.items():
-            out[f"ablation-{SIZE}-{factor}-s{seed}"] = {
-                "_comment": f"Claim 1 ablation at {SIZE}: {factor} (one change from the best Streaming point).",
-                "runner": "train",
-                "sizes": [SIZE],
-                "global_batch": [16],
-                "tokens_per_param": 20.0,
-                "seed": seed,
-                "methods": [method],
-                "replicas": [2],
-                "sync_every": [30],
-                "outer_lr": [0.7],
-                "inner_lr": [0.008],
-                "base": {**BASE, **extra},
-            }
+            comment = f"Claim 1 ablation at {SIZE}: {factor} (one change from the best Streaming point)."
+            out[f"ablation-{SIZE}-{factor}-s{seed}"] = _grid(comment, method, 2, 16, [0.008], seed, {**BASE, **extra})
     return out
+
+
+def _grid(comment: str, method: str, m: int, batch: int, lrs: list[float], seed: int, base: dict) -> dict:
+    """One grid of the study: ``method`` with ``m`` replicas at global ``batch`` and inner ``lrs``, H = 30, outer lr
+    0.7, at ``SIZE``."""
+    return train_grid(
+        comment, size=SIZE, batch=batch, method=method, replicas=m, sync_every=[30], outer_lr=[0.7], inner_lr=lrs,
+        seed=seed, base=base,
+    )  # fmt: skip
 
 
 #: claim 3 (DiLoCo's best batch is larger than data-parallel's): method name -> (method, M, inner lr best at batch
@@ -95,20 +93,7 @@ def _batch_grid(name: str, batch: int, lrs: list[float], seed: int, comment: str
     base = {k: v for k, v in BASE.items() if k != "outer_momentum"}
     if momentum is not None:
         base["outer_momentum"] = momentum
-    return {
-        "_comment": comment,
-        "runner": "train",
-        "sizes": [SIZE],
-        "global_batch": [batch],
-        "tokens_per_param": 20.0,
-        "seed": seed,
-        "methods": [method],
-        "replicas": [m],
-        "sync_every": [30],
-        "outer_lr": [0.7],
-        "inner_lr": lrs,
-        "base": base,
-    }
+    return _grid(comment, method, m, batch, lrs, seed, base)
 
 
 def _bracket(name: str, batch: int, seed: int) -> tuple[str, dict]:

@@ -20,6 +20,7 @@ edge of those tried, at its best lr there and half of it (twice, going up); and 
 from __future__ import annotations
 
 from diloco.studies import STUDIES
+from diloco.studies.grid_files import train_grid
 
 HERE = STUDIES / "frontier"
 GRIDS = HERE / "grids.jsonl"  # every grid a sweep of the study ran (CPU: NAME, GPU: gpu/NAME)
@@ -98,20 +99,11 @@ def grids(size: str, batches: tuple[int, ...] = (16, 32)) -> dict[str, dict]:
     out = {}
     for batch in batches:
         for name, (method, outer_lr, extra) in METHODS.items():
-            out[f"{size}-b{batch}-{name}"] = {
-                "_comment": f"The bandwidth frontier: {name} at {size}, global batch {batch}, 20 tokens/param.",
-                "runner": "train",
-                "sizes": [size],
-                "global_batch": [batch],
-                "tokens_per_param": 20.0,
-                "seed": 0,
-                "methods": [method],
-                "replicas": [2],
-                "sync_every": [30],
-                "outer_lr": [outer_lr],
-                "inner_lr": INNER_LRS[size],
-                "base": {**BASE, **extra, "runs_dir": f"runs/frontier/{size}"},
-            }
+            out[f"{size}-b{batch}-{name}"] = train_grid(
+                f"The bandwidth frontier: {name} at {size}, global batch {batch}, 20 tokens/param.",
+                size=size, batch=batch, method=method, replicas=2, sync_every=[30], outer_lr=[outer_lr],
+                inner_lr=INNER_LRS[size], seed=0, base={**BASE, **extra, "runs_dir": f"runs/frontier/{size}"},
+            )  # fmt: skip
     return out
 
 

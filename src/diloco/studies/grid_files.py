@@ -8,6 +8,37 @@ import json
 from pathlib import Path
 
 
+def train_grid(
+    comment: str,
+    *,
+    size: str,
+    batch: int,
+    method: str,
+    replicas: int,
+    sync_every: list[int],
+    outer_lr: list[float],
+    inner_lr: list[float],
+    seed: int,
+    base: dict,
+) -> dict:
+    """A study's grid of ``diloco train`` runs (``diloco sweep --grid``): one size, batch, method and replica count at
+    20 tokens per parameter, swept over H, the outer lr and the inner lr; ``base`` is every other config setting."""
+    return {
+        "_comment": comment,
+        "runner": "train",
+        "sizes": [size],
+        "global_batch": [batch],
+        "tokens_per_param": 20.0,
+        "seed": seed,
+        "methods": [method],
+        "replicas": [replicas],
+        "sync_every": list(sync_every),
+        "outer_lr": list(outer_lr),
+        "inner_lr": list(inner_lr),
+        "base": base,
+    }
+
+
 def grid_text(grid: dict) -> str:
     """A grid file's text, as every grid writer of the studies writes it."""
     return json.dumps(grid, indent=1) + "\n"

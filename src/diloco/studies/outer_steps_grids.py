@@ -33,6 +33,7 @@ from pathlib import Path
 
 from diloco.studies import STUDIES
 from diloco.studies.frontier import BASE, STREAM, TOKENS
+from diloco.studies.grid_files import train_grid
 
 HERE = STUDIES / "outer-steps"
 ROOT = HERE.parents[1]
@@ -69,20 +70,11 @@ def grid(
     name: str, *, batch: int, momentum: float, sync_every: list[int], outer_lr: list[float], seed: int = 0, why: str
 ) -> dict:
     method, extra = METHODS[name]
-    return {
-        "_comment": f"Outer steps: {name} at {SIZE}, global batch {batch}, outer momentum {momentum}: {why}",
-        "runner": "train",
-        "sizes": [SIZE],
-        "global_batch": [batch],
-        "tokens_per_param": 20.0,
-        "seed": seed,
-        "methods": [method],
-        "replicas": [2],
-        "sync_every": list(sync_every),
-        "outer_lr": list(outer_lr),
-        "inner_lr": [INNER_LR],
-        "base": _base(extra, momentum),
-    }
+    return train_grid(
+        f"Outer steps: {name} at {SIZE}, global batch {batch}, outer momentum {momentum}: {why}",
+        size=SIZE, batch=batch, method=method, replicas=2, sync_every=sync_every, outer_lr=outer_lr,
+        inner_lr=[INNER_LR], seed=seed, base=_base(extra, momentum),
+    )  # fmt: skip
 
 
 def stage1() -> dict[str, dict]:
