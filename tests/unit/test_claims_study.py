@@ -177,6 +177,8 @@ def test_a_best_batch_at_the_edge_of_the_batches_adds_the_next_batch():
         0.008 * math.sqrt(128 / 16), rel=1e-5
     )
     assert list(batch_next_grids(_stage1("dp", 8))) == ["batch-cpu-0.25m-dp-b4-s0"]
+    both = batch_next_grids(_stage1("dp", 64, edge=8))  # a best lr at its edge and the best batch at the edge
+    assert set(both) == {"batch-cpu-0.25m-dp-b8-lr0.0226274-s0", "batch-cpu-0.25m-dp-b128-s0"}
 
 
 def test_the_study_grids_on_file_are_the_ones_the_code_writes():

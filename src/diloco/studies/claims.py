@@ -111,8 +111,8 @@ def batch_grids(seed: int = BRACKET_SEED) -> dict[str, dict]:
 def batch_next_grids(records: list[dict]) -> dict[str, dict]:
     """``{name: grid}``: what the batch bracket needs next, from its records, per method whose stage 1 is complete
     (three inner lrs at the bracket seed at every batch it has). Where a batch's best lr is at its bracket's edge:
-    one more lr a factor sqrt(2) further out. Else, where the best batch is the largest or the smallest: the next
-    batch (x2 or /2), bracketed as stage 1 is. Else stage 2: ``MORE_SEEDS`` at the best batch and its neighbours,
+    one more lr a factor sqrt(2) further out; where the best batch is the largest or the smallest: the next batch
+    (x2 or /2), bracketed as stage 1 is (both at once: the one does not wait for the other). With neither, stage 2: ``MORE_SEEDS`` at the best batch and its neighbours,
     each at its best lr. A method with nothing left adds nothing; a grid already run is named the same again (its
     runs are then skipped by the sweep)."""
     table = batch_table(records)
@@ -134,9 +134,7 @@ def batch_next_grids(records: list[dict]) -> dict[str, dict]:
                 widen[f"batch-{SIZE}-{name}-b{batch}-lr{lr:g}-s{BRACKET_SEED}"] = _batch_grid(
                     name, batch, [lr], BRACKET_SEED, comment
                 )
-        if widen:
-            out.update(widen)
-            continue
+        out.update(widen)
         batches = sorted(t["batches"])
         first = t["bracket_best_batch"]
         if first in (batches[0], batches[-1]):
@@ -144,6 +142,8 @@ def batch_next_grids(records: list[dict]) -> dict[str, dict]:
             if more >= 1:
                 out.update([_bracket(name, more, BRACKET_SEED)])
                 continue
+        if widen:
+            continue
         i = batches.index(first)
         for batch in batches[max(0, i - 1) : i + 2]:
             lr = t["batches"][batch]["best_lr"]
