@@ -188,3 +188,68 @@ def test_the_study_grids_on_file_are_the_ones_the_code_writes():
     on_file = read_grids(GRIDS)
     for name, grid in {**ablation_grids(), **batch_grids()}.items():
         assert on_file[name] == grid, name
+
+
+def _seeded(name: str, curve: dict[int, float], seeds=(0, 1, 2), spread: float = 0.01) -> list[dict]:
+    """Each batch of ``curve`` at one lr and ``seeds``, its losses ``curve[batch]`` -/+ ``spread`` (mean exact)."""
+    offsets = [spread * (i - (len(seeds) - 1) / 2) for i in range(len(seeds))]
+    return [_batch_record(name, b, 0.01, s, x + o) for b, x in curve.items() for s, o in zip(seeds, offsets)]
+
+
+def test_the_fitted_best_batch_is_the_parabolas_vertex_in_log2_batch():
+    from diloco.studies.claims import batch_table
+
+    vertex = math.log2(16) + 0.3  # loss = 4 + 0.05 (log2 b - vertex)^2, exactly a parabola in log2 batch
+    curve = {b: 4.0 + 0.05 * (math.log2(b) - vertex) ** 2 for b in (8, 16, 32, 64)}
+    t = batch_table(_seeded("dp", curve))["dp"]
+    assert t["best_batch"] == 16 and t["fitted_best_batch"] == pytest.approx(2**vertex, rel=1e-9)
+    assert t["batches"][16]["stage_mean"] == pytest.approx(curve[16])
+    assert t["batches"][16]["stage_se"] == pytest.approx(0.01 / math.sqrt(3))
+    edge = batch_table(_seeded("dp", {b: 5.0 - 0.1 * math.log2(b) for b in (8, 16, 32, 64)}))["dp"]
+    assert edge["best_batch"] == 64 and edge["fitted_best_batch"] is None  # no batch above the best: no vertex
+    short = [r for r in _seeded("dp", curve) if not (r["global_batch"] == 32 and r["seed"] == 2)]
+    assert batch_table(short)["dp"]["fitted_best_batch"] is None  # a neighbour short of seeds: no vertex yet
+
+
+def test_the_best_batch_is_chosen_at_the_stage_seeds_alone():
+    from diloco.studies.claims import batch_table
+
+    recs = _seeded("diloco-m2", {8: 4.0, 16: 4.1})  # batch 8 lower at seeds 0-2
+    recs += [_batch_record("diloco-m2", 16, 0.01, s, 3.0) for s in (3, 4)]  # two more seeds at 16 only, far lower
+    t = batch_table(recs)["diloco-m2"]
+    assert t["batches"][16]["seeds"] == [0, 1, 2, 3, 4] and t["batches"][16]["stage_seeds"] == [0, 1, 2]
+    assert t["batches"][16]["best_mean"] < 4.0 < t["batches"][16]["stage_mean"]
+    assert t["best_batch"] == 8
+
+
+def test_claim_two_compares_each_diloco_method_with_data_parallel_at_each_batch_both_seeded():
+    from diloco.studies.claims import against_dp, batch_table
+
+    recs = _seeded("dp", {16: 4.0, 32: 4.2}) + _seeded("diloco-m1", {16: 3.96}, spread=0.02)
+    recs += _seeded("diloco-m1", {32: 4.0}, seeds=(0,))  # one seed: no error, so no row
+    (row,) = against_dp(batch_table(recs))
+    assert (row["method"], row["batch"], row["seeds"]) == ("diloco-m1", 16, [0, 1, 2])
+    assert row["pct"] == pytest.approx(-1.0)
+    assert row["se_pct"] == pytest.approx(100 * math.hypot(0.01, 0.02) / math.sqrt(3) / 4.0)
+
+
+def test_the_docs_show_the_tables_the_records_give():
+    from diloco.files import read_jsonl
+    from diloco.studies.claims import (
+        HERE,
+        ablation_markdown,
+        against_dp,
+        against_dp_markdown,
+        batch_markdown,
+        batch_table,
+    )
+
+    records = read_jsonl(HERE / "results.jsonl")
+    table = batch_table(records)
+    docs = (HERE.parents[1] / "docs" / "results" / "index.md").read_text().splitlines()
+    for line in [
+        *ablation_markdown(ablation_table(records)),
+        *batch_markdown(table),
+        *against_dp_markdown(against_dp(table)),
+    ]:
+        assert line in docs, f"docs/results/index.md lacks {line!r}: run studies/claims/report.py and copy its tables"

@@ -82,6 +82,9 @@ BATCHES = (8, 16, 32, 64)
 #: at each method's best batch and its two neighbours, each at its best lr
 BRACKET_SEED = 0
 MORE_SEEDS = (1, 2)
+#: the seeds every batch of stage 2 runs: the best batch is chosen by its mean over these alone, so that a batch with
+#: more seeds (DiLoCo M = 2 at batch 16 is also the ablation's tuned DiLoCo, with 5) is compared at the same seeds
+STAGE_SEEDS = (BRACKET_SEED, *MORE_SEEDS)
 
 
 def _lr(x: float) -> float:
@@ -228,10 +231,11 @@ def batch_of(record: dict) -> tuple[str, int] | None:
 def batch_table(records: list[dict]) -> dict[str, dict]:
     """Claim 3's table: per method, per batch, each inner lr's eval loss by seed; the batch's best lr (the lowest
     loss at the bracket seed, the one seed every lr of the bracket ran) and whether it is at the edge of those lrs
-    (then the bracket does not show it is the best); the seed mean and standard error at that lr. Per method, the
-    bracket's best batch (the lowest loss at the bracket seed, which decides where stage 2 runs its seeds) and the
-    best batch (the lowest seed mean among the batches with the most seeds at their best lr). A seed's latest ok
-    record counts."""
+    (then the bracket does not show it is the best); the seed mean and standard error at that lr, over all its seeds
+    and over ``STAGE_SEEDS`` alone (``stage_*``). Per method, the bracket's best batch (the lowest loss at the
+    bracket seed, which decides where stage 2 runs its seeds), the best batch (the lowest mean over ``STAGE_SEEDS``
+    among the batches with the most of them at their best lr) and ``fitted_best_batch`` (see ``fitted_best_batch``).
+    A seed's latest ok record counts."""
     losses: dict[str, dict[int, dict[float, dict[int, float]]]] = {}
     for r in records:
         key = batch_of(r)
@@ -251,6 +255,8 @@ def batch_table(records: list[dict]) -> dict[str, dict]:
                 continue  # only stage-2 seeds so far: no bracket to read a best lr from
             best = min(at_seed, key=at_seed.get)
             mean, se = mean_se(list(by_lr[best].values()))
+            stage = {s: x for s, x in by_lr[best].items() if s in STAGE_SEEDS}
+            stage_mean, stage_se = mean_se(list(stage.values()))
             batches[batch] = {
                 "losses": by_lr,
                 "bracket_lrs": sorted(at_seed),
@@ -260,15 +266,146 @@ def batch_table(records: list[dict]) -> dict[str, dict]:
                 "seeds": sorted(by_lr[best]),
                 "best_mean": mean,
                 "best_se": se,
+                "stage_seeds": sorted(stage),
+                "stage_mean": stage_mean,
+                "stage_se": stage_se,
             }
         if not batches:
             continue
-        most = max(len(b["seeds"]) for b in batches.values())
+        most = max(len(b["stage_seeds"]) for b in batches.values())
+        best_batch = min(
+            (b for b in batches if len(batches[b]["stage_seeds"]) == most), key=lambda b: batches[b]["stage_mean"]
+        )
         out[name] = {
             "batches": batches,
             "bracket_best_batch": min(batches, key=lambda b: batches[b]["bracket_loss"]),
-            "best_batch": min(
-                (b for b in batches if len(batches[b]["seeds"]) == most), key=lambda b: batches[b]["best_mean"]
-            ),
+            "best_batch": best_batch,
+            "fitted_best_batch": fitted_best_batch(batches, best_batch),
         }
     return out
+
+
+def fitted_best_batch(batches: dict[int, dict], best: int) -> float | None:
+    """The best batch between the grid's powers of 2: the vertex of the parabola in log2(batch) through the stage
+    means at ``best`` and its two neighbours (x2 and /2), each with every one of ``STAGE_SEEDS``. None where ``best``
+    is the smallest or largest batch run, a neighbour lacks seeds, or the three means are equal. As ``best`` is the
+    lowest of the three, the vertex lies within a factor sqrt(2) of it."""
+    three = [batches.get(b) for b in (best // 2, best, best * 2)]
+    if best % 2 or any(b is None or len(b["stage_seeds"]) < len(STAGE_SEEDS) for b in three):
+        return None
+    f0, f1, f2 = (b["stage_mean"] for b in three)
+    curve = f0 - 2 * f1 + f2
+    if curve <= 0:
+        return None
+    return best * 2 ** (0.5 * (f0 - f2) / curve)
+
+
+def against_dp(table: dict[str, dict]) -> list[dict]:
+    """Claim 2 with seeds: each DiLoCo method against data-parallel at every batch where both have at least two of
+    ``STAGE_SEEDS`` at their best lr: the difference of the stage means in percent of data-parallel's, with its
+    standard error (unpaired, the two errors in quadrature)."""
+    import math
+
+    dp = table.get("dp", {}).get("batches", {})
+    rows = []
+    for name, t in table.items():
+        if name == "dp":
+            continue
+        for batch, b in t["batches"].items():
+            d = dp.get(batch)
+            if d is None or min(len(b["stage_seeds"]), len(d["stage_seeds"])) < 2:
+                continue
+            rows.append(
+                {
+                    "method": name,
+                    "batch": batch,
+                    "seeds": sorted(set(b["stage_seeds"]) & set(d["stage_seeds"])),
+                    "pct": 100 * (b["stage_mean"] - d["stage_mean"]) / d["stage_mean"],
+                    "se_pct": 100 * math.hypot(b["stage_se"], d["stage_se"]) / d["stage_mean"],
+                }
+            )
+    return rows
+
+
+#: how the docs name the ablation's points and the bracket's methods
+POINT_LABELS = {
+    "streaming-fp4": "Streaming FP4 (the reference: P = 3, τ = 1, FP4 E3M0, α = 0.5, outer 0.7 / 0.9)",
+    "P1": "P = 3 → 1",
+    "tau0": "τ = 1 → 0",
+    "fp32": "FP4 → fp32",
+    "alpha0": "α = 0.5 → 0",
+    "alpha1": "α = 0.5 → 1",
+    "diloco": "DiLoCo at Streaming's outer optimizer (0.7 / 0.9)",
+    "diloco-tuned": "DiLoCo at its own best outer momentum (0.7 / 0.5)",
+}
+METHOD_LABELS = {"dp": "data-parallel", "diloco-m1": "DiLoCo M = 1", "diloco-m2": "DiLoCo M = 2"}
+
+
+def _pct(v: float | None, se: float | None) -> str:
+    if v is None:
+        return "–"
+    sign = "−" if v < 0 else "+"
+    return f"{sign}{abs(v):.2f}" + (f" ± {se:.2f} %" if se is not None else " %")
+
+
+def _loss(mean: float, se: float | None) -> str:
+    return f"{mean:.4f}" + (f" ± {se:.4f}" if se is not None else "")
+
+
+def ablation_markdown(rows: list[dict]) -> list[str]:
+    """The ablation's table as the docs show it (``studies/claims/report.py`` prints it): one line per point."""
+    lines = [
+        "| point | seeds | eval loss (mean ± s.e.) | against Streaming FP4 | against DiLoCo tuned |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {POINT_LABELS[r['factor']]} | {len(r['seeds'])} | {_loss(r['mean'], r['se'])} | "
+            f"{_pct(r['vs_streaming_pct'], r['vs_streaming_se_pct'])} | "
+            f"{_pct(r['vs_diloco_tuned_pct'], r['vs_diloco_tuned_se_pct'])} |"
+        )
+    return lines
+
+
+def batch_markdown(table: dict[str, dict]) -> list[str]:
+    """The batch bracket's table as the docs show it: per method and batch, the loss at each inner lr at the bracket
+    seed, the best lr, and the mean over ``STAGE_SEEDS`` at it; the best batch marked, with the fitted one."""
+    seeds = f"{STAGE_SEEDS[0]}–{STAGE_SEEDS[-1]}"
+    lines = [
+        f"| method | batch | eval loss per inner lr (seed {BRACKET_SEED}) | best inner lr | seeds {seeds} at it | "
+        "eval loss at it (mean ± s.e.) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, t in table.items():
+        largest, smallest = max(t["batches"]), min(t["batches"])
+        for batch, b in t["batches"].items():
+            lrs = ", ".join(f"{lr:.3g}: {b['losses'][lr][BRACKET_SEED]:.4f}" for lr in b["bracket_lrs"])
+            edge = " (the bracket's edge)" if b["best_at_edge"] else ""
+            note = ""
+            if batch == t["best_batch"]:
+                fitted = t["fitted_best_batch"]
+                where = (
+                    f", fitted {fitted:.0f}"
+                    if fitted is not None
+                    else " (the largest run)"
+                    if batch == largest
+                    else " (the smallest run)"
+                    if batch == smallest
+                    else ""
+                )
+                note = f" **best batch{where}**"
+            lines.append(
+                f"| {METHOD_LABELS[name]} | {batch} | {lrs} | {b['best_lr']:.3g}{edge} | {len(b['stage_seeds'])} | "
+                f"{_loss(b['stage_mean'], b['stage_se'])}{note} |"
+            )
+    return lines
+
+
+def against_dp_markdown(rows: list[dict]) -> list[str]:
+    """Claim 2 with seeds, as the docs show it: each DiLoCo method against data-parallel at each batch both ran."""
+    lines = ["| method | batch | seeds | against data-parallel (mean ± s.e.) |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {METHOD_LABELS[r['method']]} | {r['batch']} | {len(r['seeds'])} | {_pct(r['pct'], r['se_pct'])} |"
+        )
+    return lines
