@@ -253,3 +253,22 @@ def test_the_docs_show_the_tables_the_records_give():
         *against_dp_markdown(against_dp(table)),
     ]:
         assert line in docs, f"docs/results/index.md lacks {line!r}: run studies/claims/report.py and copy its tables"
+
+
+def test_the_weight_decay_check_runs_both_ends_at_their_best_lr_with_decay_one_over_the_steps():
+    from diloco.studies.claims import batch_of, batch_table, factor_of, wd_grids, wd_table
+
+    recs = [{**r, "steps": 4816 * 8 // r["global_batch"]} for r in _stage1("dp", 16)]
+    grids = wd_grids(recs)
+    assert set(grids) == {"wd-cpu-0.25m-dp-b8-s0", "wd-cpu-0.25m-dp-b64-s0"}
+    best = batch_table(recs)["dp"]["batches"]
+    for batch in (8, 64):
+        grid = grids[f"wd-cpu-0.25m-dp-b{batch}-s0"]
+        assert grid["inner_lr"] == [best[batch]["best_lr"]] and grid["seed"] == 0
+        assert grid["base"]["weight_decay"] == pytest.approx(batch / (4816 * 8), rel=1e-5)
+    run = {**_batch_record("dp", 64, best[64]["best_lr"], 0, 3.9), "base": grids["wd-cpu-0.25m-dp-b64-s0"]["base"]}
+    assert batch_of(run) is None and factor_of(run) is None  # the check's runs are no point of the bracket
+    rows = {r["batch"]: r for r in wd_table([*recs, run])}
+    assert rows[64]["wd_inverse_steps"] == 3.9 and rows[64]["wd_fixed"] == best[64]["bracket_loss"]
+    assert rows[8]["wd_inverse_steps"] is None
+    assert batch_table([*recs, run]) == batch_table(recs)

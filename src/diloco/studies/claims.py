@@ -409,3 +409,71 @@ def against_dp_markdown(rows: list[dict]) -> list[str]:
             f"| {METHOD_LABELS[r['method']]} | {r['batch']} | {len(r['seeds'])} | {_pct(r['pct'], r['se_pct'])} |"
         )
     return lines
+
+
+#: the weight-decay check of the batch bracket: the bracket keeps AdamW's weight decay at 0.1 a step, as the
+#: frontier study did, so a small batch (more steps) decays more in all; the scaling-laws paper sets it to 1 / T
+#: (T the run's steps). The check runs these methods at the smallest and largest batch of stage 1, each at its best
+#: lr there, at the bracket seed, with weight decay 1 / T, to see whether the bracket's slope with batch is the decay's
+WD_METHODS = ("dp", "diloco-m1")
+WD_BATCHES = (BATCHES[0], BATCHES[-1])
+
+
+def _steps(records: list[dict], name: str, batch: int) -> int | None:
+    for r in records:
+        if batch_of(r) == (name, batch) and r.get("steps"):
+            return int(r["steps"])
+    return None
+
+
+def wd_grids(records: list[dict]) -> dict[str, dict]:
+    """``{name: grid}``: the weight-decay check's runs, for each of ``WD_METHODS`` whose stage 1 has both
+    ``WD_BATCHES``: weight decay 1 / T at each, at the batch's best lr, seed ``BRACKET_SEED``."""
+    table = batch_table(records)
+    out = {}
+    for name in WD_METHODS:
+        batches = table.get(name, {}).get("batches", {})
+        for batch in WD_BATCHES:
+            steps = _steps(records, name, batch)
+            if batch not in batches or steps is None:
+                continue
+            comment = f"Claim 3 weight-decay check at {SIZE}: {name} at global batch {batch}, weight decay 1 / T."
+            grid = _batch_grid(name, batch, [batches[batch]["best_lr"]], BRACKET_SEED, comment)
+            grid["base"]["weight_decay"] = float(f"{1 / steps:.6g}")
+            out[f"wd-{SIZE}-{name}-b{batch}-s{BRACKET_SEED}"] = grid
+    return out
+
+
+def wd_table(records: list[dict]) -> list[dict]:
+    """The weight-decay check beside the bracket: per method and batch of ``WD_BATCHES``, the eval loss at the best
+    lr and the bracket seed with weight decay 0.1 (the bracket's run) and with 1 / T (the check's)."""
+    table = batch_table(records)
+    rows = []
+    for name in WD_METHODS:
+        for batch in WD_BATCHES:
+            b = table.get(name, {}).get("batches", {}).get(batch)
+            if b is None:
+                continue
+            want = _batch_grid(name, batch, [b["best_lr"]], BRACKET_SEED, "")["base"]
+            inverse = [
+                r
+                for r in records
+                if r.get("status") == "ok"
+                and r.get("global_batch") == batch
+                and r.get("seed") == BRACKET_SEED
+                and r.get("inner_lr") == b["best_lr"]
+                and (r.get("method"), r.get("replicas")) == BATCH_METHODS[name][:2]
+                and {k: v for k, v in r.get("base", {}).items() if k not in ("weight_decay", "seed")} == want
+                and r.get("base", {}).get("weight_decay") is not None
+            ]
+            rows.append(
+                {
+                    "method": name,
+                    "batch": batch,
+                    "inner_lr": b["best_lr"],
+                    "wd_fixed": b["bracket_loss"],
+                    "wd_inverse_steps": float(inverse[-1]["eval_loss"]) if inverse else None,
+                    "weight_decay": inverse[-1]["base"]["weight_decay"] if inverse else None,
+                }
+            )
+    return rows
