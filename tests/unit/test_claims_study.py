@@ -272,3 +272,19 @@ def test_the_weight_decay_check_runs_both_ends_at_their_best_lr_with_decay_one_o
     assert rows[64]["wd_inverse_steps"] == 3.9 and rows[64]["wd_fixed"] == best[64]["bracket_loss"]
     assert rows[8]["wd_inverse_steps"] is None
     assert batch_table([*recs, run]) == batch_table(recs)
+
+
+def test_a_larger_batch_is_added_only_while_its_run_keeps_two_warmups_of_steps():
+    from diloco.studies.claims import BASE, MIN_WARMUPS, batch_next_grids
+
+    steps = 4816 * 8  # the steps at batch 1 of this size's budget: 602 at batch 64, 301 at 128, 150 at 256
+    assert steps // 128 >= MIN_WARMUPS * BASE["warmup_steps"] > steps // 256
+    recs = [{**r, "steps": steps // r["global_batch"]} for r in _stage1("dp", 64)]
+    assert list(batch_next_grids(recs)) == ["batch-cpu-0.25m-dp-b128-s0"]
+    grid = batch_next_grids(recs)["batch-cpu-0.25m-dp-b128-s0"]
+    at128 = [
+        {**_batch_record("dp", 64, lr, 0, 3.9 + 0.01 * abs(i - 1)), "global_batch": 128, "inner_lr": lr, "steps": 301}
+        for i, lr in enumerate(grid["inner_lr"])
+    ]
+    todo = batch_next_grids(recs + at128)  # best at 128, the largest: 256 would leave 150 steps, so stage 2 instead
+    assert set(todo) == {f"batch-cpu-0.25m-dp-b{b}-s{s}" for b in (64, 128) for s in (1, 2)}

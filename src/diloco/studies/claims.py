@@ -82,6 +82,9 @@ BATCHES = (8, 16, 32, 64)
 #: at each method's best batch and its two neighbours, each at its best lr
 BRACKET_SEED = 0
 MORE_SEEDS = (1, 2)
+#: the bracket adds a larger batch only while its run keeps this many warmups of steps: at the fixed token budget a
+#: batch of 256 leaves 150 steps at this size, 120 of them warmup; past that the best batch is the largest run
+MIN_WARMUPS = 2
 #: the seeds every batch of stage 2 runs: the best batch is chosen by its mean over these alone, so that a batch with
 #: more seeds (DiLoCo M = 2 at batch 16 is also the ablation's tuned DiLoCo, with 5) is compared at the same seeds
 STAGE_SEEDS = (BRACKET_SEED, *MORE_SEEDS)
@@ -115,7 +118,7 @@ def batch_next_grids(records: list[dict]) -> dict[str, dict]:
     """``{name: grid}``: what the batch bracket needs next, from its records, per method whose stage 1 is complete
     (three inner lrs at the bracket seed at every batch it has). Where a batch's best lr is at its bracket's edge:
     one more lr a factor sqrt(2) further out; where the best batch is the largest or the smallest: the next batch
-    (x2 or /2), bracketed as stage 1 is (both at once: the one does not wait for the other). With neither, stage 2: ``MORE_SEEDS`` at the best batch and its neighbours,
+    (x2 or /2; a larger one only while its run keeps ``MIN_WARMUPS`` warmups of steps), bracketed as stage 1 is (both at once: the one does not wait for the other). With neither, stage 2: ``MORE_SEEDS`` at the best batch and its neighbours,
     each at its best lr. A method with nothing left adds nothing; a grid already run is named the same again (its
     runs are then skipped by the sweep)."""
     table = batch_table(records)
@@ -142,7 +145,8 @@ def batch_next_grids(records: list[dict]) -> dict[str, dict]:
         first = t["bracket_best_batch"]
         if first in (batches[0], batches[-1]):
             more = first * 2 if first == batches[-1] else first // 2
-            if more >= 1:
+            steps = _steps(records, name, first)
+            if more >= 1 and (steps is None or steps * first // more >= MIN_WARMUPS * BASE["warmup_steps"]):
                 out.update([_bracket(name, more, BRACKET_SEED)])
                 continue
         if widen:
