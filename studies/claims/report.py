@@ -3,7 +3,7 @@ the ablation (each point's seed mean ± s.e. and its cost against the reference,
 DiLoCo, in percent, with the s.e. of the difference), the batch bracket (each method's loss at each inner lr and
 batch, its best lr, and its best batch) and claim 2 with seeds (DiLoCo against data-parallel at each batch).
 
-    .venv/bin/python studies/claims/report.py      # prints the tables, writes claims-summary.json
+    .venv/bin/python studies/claims/report.py      # prints the tables, writes claims-summary.json and batch.png
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import sys
 
 from diloco.files import read_jsonl, write_json
 from diloco.studies.claims import (
+    BRACKET_SEED,
     HERE,
+    METHOD_LABELS,
     ablation_markdown,
     ablation_table,
     against_dp,
@@ -20,6 +22,60 @@ from diloco.studies.claims import (
     batch_markdown,
     batch_table,
 )
+
+
+def plot_batch(batches: dict[str, dict], path) -> None:
+    """The batch bracket at a glance: each method's eval loss at each batch's best inner lr (seed 0, and the mean
+    ± s.e. of seeds 0-2 where it has them), and each DiLoCo method against data-parallel at seed 0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, gap) = plt.subplots(1, 2, figsize=(11, 4.2))
+    dp = batches.get("dp", {}).get("batches", {})
+    for name, t in batches.items():
+        xs = sorted(t["batches"])
+        line = ax.plot(xs, [t["batches"][b]["bracket_loss"] for b in xs], "o-", label=f"{METHOD_LABELS[name]}, seed 0")
+        seeded = [b for b in xs if len(t["batches"][b]["stage_seeds"]) > 1]
+        if seeded:
+            ax.errorbar(
+                seeded,
+                [t["batches"][b]["stage_mean"] for b in seeded],
+                yerr=[t["batches"][b]["stage_se"] for b in seeded],
+                fmt="s",
+                mfc="none",
+                color=line[0].get_color(),
+                capsize=3,
+                label=f"{METHOD_LABELS[name]}, seeds 0-2 (mean ± s.e.)",
+            )
+        ax.plot(
+            [t["best_batch"]], [t["batches"][t["best_batch"]]["bracket_loss"]], "*", ms=14, color=line[0].get_color()
+        )
+        if name != "dp":
+            both = [b for b in xs if b in dp]
+            gap.plot(
+                both,
+                [100 * (t["batches"][b]["bracket_loss"] / dp[b]["bracket_loss"] - 1) for b in both],
+                "o-",
+                color=line[0].get_color(),
+                label=METHOD_LABELS[name],
+            )
+    for a in (ax, gap):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("global batch (sequences of 128 tokens)")
+        a.grid(alpha=0.3)
+    ax.set_ylabel("eval loss at the batch's best inner lr")
+    ax.set_title("Loss against batch at a fixed token budget (★ best batch)")
+    ax.legend(fontsize=7)
+    gap.axhline(0, color="k", lw=0.8)
+    gap.set_ylabel(f"against data-parallel at seed {BRACKET_SEED} (%)")
+    gap.set_title("DiLoCo against data-parallel at each batch")
+    gap.legend(fontsize=8)
+    fig.suptitle("cpu-0.25m, 20 tokens per parameter, AdamW weight decay 0.1, warmup 120 steps", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main() -> int:
@@ -44,6 +100,8 @@ def main() -> int:
         }
         for name, t in batches.items()
     }
+    if batches:
+        plot_batch(batches, HERE / "batch.png")
     write_json(HERE / "claims-summary.json", {"ablation": rows, "batch": summary, "against_dp": vs_dp})
     return 0
 

@@ -113,7 +113,10 @@ def test_the_batch_table_finds_each_batchs_best_lr_and_each_methods_best_batch()
     assert b32["best_lr"] == 0.01 and b32["seeds"] == [0, 1] and b32["best_mean"] == pytest.approx(4.2)
     assert b32["best_se"] == pytest.approx(0.1) and b32["bracket_lrs"] == [0.01, 0.02]
     assert m2["batches"][16]["best_se"] is None
-    assert m2["bracket_best_batch"] == 16 and m2["best_batch"] == 32  # the seed means decide among the most seeded
+    assert m2["bracket_best_batch"] == m2["best_batch"] == 16  # seed 0 decides until the best has seeds 0-2
+    recs += [_batch_record("diloco-m2", b, 0.01, s, x) for b, x in ((16, 4.2), (32, 4.05)) for s in (1, 2)]
+    m2 = batch_table(recs)["diloco-m2"]
+    assert m2["bracket_best_batch"] == 16 and m2["best_batch"] == 32  # then the means over seeds 0-2 decide
     assert "diloco-m1" not in table
 
 

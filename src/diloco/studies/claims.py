@@ -237,8 +237,9 @@ def batch_table(records: list[dict]) -> dict[str, dict]:
     loss at the bracket seed, the one seed every lr of the bracket ran) and whether it is at the edge of those lrs
     (then the bracket does not show it is the best); the seed mean and standard error at that lr, over all its seeds
     and over ``STAGE_SEEDS`` alone (``stage_*``). Per method, the bracket's best batch (the lowest loss at the
-    bracket seed, which decides where stage 2 runs its seeds), the best batch (the lowest mean over ``STAGE_SEEDS``
-    among the batches with the most of them at their best lr) and ``fitted_best_batch`` (see ``fitted_best_batch``).
+    bracket seed, which decides where stage 2 runs its seeds), the best batch (once the bracket's best batch has all of
+    ``STAGE_SEEDS`` at its best lr, the lowest mean over them among the batches that have them all; before, the
+    bracket's best batch) and ``fitted_best_batch`` (see ``fitted_best_batch``).
     A seed's latest ok record counts."""
     losses: dict[str, dict[int, dict[float, dict[int, float]]]] = {}
     for r in records:
@@ -276,13 +277,12 @@ def batch_table(records: list[dict]) -> dict[str, dict]:
             }
         if not batches:
             continue
-        most = max(len(b["stage_seeds"]) for b in batches.values())
-        best_batch = min(
-            (b for b in batches if len(batches[b]["stage_seeds"]) == most), key=lambda b: batches[b]["stage_mean"]
-        )
+        bracket_best = min(batches, key=lambda b: batches[b]["bracket_loss"])
+        seeded = [b for b in batches if len(batches[b]["stage_seeds"]) == len(STAGE_SEEDS)]
+        best_batch = min(seeded, key=lambda b: batches[b]["stage_mean"]) if bracket_best in seeded else bracket_best
         out[name] = {
             "batches": batches,
-            "bracket_best_batch": min(batches, key=lambda b: batches[b]["bracket_loss"]),
+            "bracket_best_batch": bracket_best,
             "best_batch": best_batch,
             "fitted_best_batch": fitted_best_batch(batches, best_batch),
         }
