@@ -21,6 +21,8 @@ from diloco.studies.claims import (
     against_dp_markdown,
     batch_markdown,
     batch_table,
+    wd_markdown,
+    wd_table,
 )
 
 
@@ -90,6 +92,9 @@ def main() -> int:
     print("\n".join(batch_markdown(batches)))
     print("\nClaim 2 with seeds, from the bracket:\n")
     print("\n".join(against_dp_markdown(vs_dp)))
+    wd = wd_table(records)
+    print("\nThe weight-decay check (weight decay 1 / T against the bracket's 0.1):\n")
+    print("\n".join(wd_markdown(wd)))
     summary = {
         name: {
             **t,
@@ -102,7 +107,10 @@ def main() -> int:
     }
     if batches:
         plot_batch(batches, HERE / "batch.png")
-    write_json(HERE / "claims-summary.json", {"ablation": rows, "batch": summary, "against_dp": vs_dp})
+    write_json(
+        HERE / "claims-summary.json",
+        {"ablation": rows, "batch": summary, "against_dp": vs_dp, "weight_decay_check": wd},
+    )
     return 0
 
 

@@ -245,6 +245,8 @@ def test_the_docs_show_the_tables_the_records_give():
         against_dp_markdown,
         batch_markdown,
         batch_table,
+        wd_markdown,
+        wd_table,
     )
 
     records = read_jsonl(HERE / "results.jsonl")
@@ -254,6 +256,7 @@ def test_the_docs_show_the_tables_the_records_give():
         *ablation_markdown(ablation_table(records)),
         *batch_markdown(table),
         *against_dp_markdown(against_dp(table)),
+        *wd_markdown(wd_table(records)),
     ]:
         assert line in docs, f"docs/results/index.md lacks {line!r}: run studies/claims/report.py and copy its tables"
 

@@ -481,3 +481,23 @@ def wd_table(records: list[dict]) -> list[dict]:
                 }
             )
     return rows
+
+
+def wd_markdown(rows: list[dict]) -> list[str]:
+    """The weight-decay check as the docs show it: per method and batch, the loss (seed 0, best lr) with weight
+    decay 0.1 and with 1 / T, and the change."""
+    lines = [
+        f"| method | batch | inner lr | eval loss, weight decay 0.1 (seed {BRACKET_SEED}) | weight decay 1 / T | "
+        "eval loss at it | change |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        inv = r["wd_inverse_steps"]
+        after = "not run yet" if inv is None else f"{inv:.4f}"
+        change = "–" if inv is None else _pct(100 * (inv - r["wd_fixed"]) / r["wd_fixed"], None)
+        wd = "–" if r["weight_decay"] is None else f"{r['weight_decay']:.3g}"
+        lines.append(
+            f"| {METHOD_LABELS[r['method']]} | {r['batch']} | {r['inner_lr']:.3g} | {r['wd_fixed']:.4f} | {wd} | "
+            f"{after} | {change} |"
+        )
+    return lines
