@@ -15,13 +15,10 @@ from diloco.studies.claims import (
     BRACKET_SEED,
     HERE,
     METHOD_LABELS,
-    ablation_markdown,
     ablation_table,
     against_dp,
-    against_dp_markdown,
-    batch_markdown,
     batch_table,
-    wd_markdown,
+    docs_tables,
     wd_table,
 )
 
@@ -85,16 +82,8 @@ def main() -> int:
     records = read_jsonl(path) if path.exists() else []
     rows = ablation_table(records)
     batches = batch_table(records)
-    vs_dp = against_dp(batches)
-    print("Claim 1, the ablation:\n")
-    print("\n".join(ablation_markdown(rows)))
-    print("\nClaim 3, the batch bracket:\n")
-    print("\n".join(batch_markdown(batches)))
-    print("\nClaim 2 with seeds, from the bracket:\n")
-    print("\n".join(against_dp_markdown(vs_dp)))
-    wd = wd_table(records)
-    print("\nThe weight-decay check (weight decay 1 / T against the bracket's 0.1):\n")
-    print("\n".join(wd_markdown(wd)))
+    for title, lines in docs_tables(records).items():
+        print(f"{title}:\n\n" + "\n".join(lines) + "\n")
     summary = {
         name: {
             **t,
@@ -109,7 +98,12 @@ def main() -> int:
         plot_batch(batches, HERE / "batch.png")
     write_json(
         HERE / "claims-summary.json",
-        {"ablation": rows, "batch": summary, "against_dp": vs_dp, "weight_decay_check": wd},
+        {
+            "ablation": rows,
+            "batch": summary,
+            "against_dp": against_dp(batches),
+            "weight_decay_check": wd_table(records),
+        },
     )
     return 0
 

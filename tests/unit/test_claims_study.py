@@ -238,27 +238,12 @@ def test_claim_two_compares_each_diloco_method_with_data_parallel_at_each_batch_
 
 def test_the_docs_show_the_tables_the_records_give():
     from diloco.files import read_jsonl
-    from diloco.studies.claims import (
-        HERE,
-        ablation_markdown,
-        against_dp,
-        against_dp_markdown,
-        batch_markdown,
-        batch_table,
-        wd_markdown,
-        wd_table,
-    )
+    from diloco.studies.claims import HERE, docs_tables
 
-    records = read_jsonl(HERE / "results.jsonl")
-    table = batch_table(records)
     docs = (HERE.parents[1] / "docs" / "results" / "index.md").read_text().splitlines()
-    for line in [
-        *ablation_markdown(ablation_table(records)),
-        *batch_markdown(table),
-        *against_dp_markdown(against_dp(table)),
-        *wd_markdown(wd_table(records)),
-    ]:
-        assert line in docs, f"docs/results/index.md lacks {line!r}: run studies/claims/report.py and copy its tables"
+    for lines in docs_tables(read_jsonl(HERE / "results.jsonl")).values():
+        for line in lines:
+            assert line in docs, f"docs/results/index.md lacks {line!r}: run studies/claims/report.py, copy its tables"
 
 
 def test_the_weight_decay_check_runs_both_ends_at_their_best_lr_with_decay_one_over_the_steps():

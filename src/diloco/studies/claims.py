@@ -501,3 +501,15 @@ def wd_markdown(rows: list[dict]) -> list[str]:
             f"{after} | {change} |"
         )
     return lines
+
+
+def docs_tables(records: list[dict]) -> dict[str, list[str]]:
+    """The study's four tables as docs/results/index.md shows them, from its records, by title: the ablation, the
+    batch bracket, claim 2 with seeds, and the weight-decay check."""
+    table = batch_table(records)
+    return {
+        "Claim 1, the ablation": ablation_markdown(ablation_table(records)),
+        "Claim 3, the batch bracket": batch_markdown(table),
+        "Claim 2 with seeds, from the bracket": against_dp_markdown(against_dp(table)),
+        "The weight-decay check (weight decay 1 / T against the bracket's 0.1)": wd_markdown(wd_table(records)),
+    }
