@@ -279,3 +279,15 @@ def test_a_larger_batch_is_added_only_while_its_run_keeps_two_warmups_of_steps()
     ]
     todo = batch_next_grids(recs + at128)  # best at 128, the largest: 256 would leave 150 steps, so stage 2 instead
     assert set(todo) == {f"batch-cpu-0.25m-dp-b{b}-s{s}" for b in (64, 128) for s in (1, 2)}
+
+
+def test_stage_two_follows_the_best_batch_when_its_seeds_move_it():
+    from diloco.studies.claims import batch_next_grids, batch_table
+
+    recs = _stage1("diloco-m1", 32)  # seed 0 puts the best at 32: stage 2 at 16, 32 and 64
+    best = {b: v["best_lr"] for b, v in batch_table(recs)["diloco-m1"]["batches"].items()}
+    recs += [_batch_record("diloco-m1", 32, best[32], s, 4.5) for s in (1, 2)]  # 32 is worse at seeds 1-2
+    recs += [_batch_record("diloco-m1", b, best[b], s, 4.1) for b in (16, 64) for s in (1, 2)]
+    t = batch_table(recs)["diloco-m1"]
+    assert t["bracket_best_batch"] == 32 and t["best_batch"] == 16
+    assert set(batch_next_grids(recs)) == {f"batch-cpu-0.25m-diloco-m1-b{b}-s{s}" for b in (8, 16, 32) for s in (1, 2)}

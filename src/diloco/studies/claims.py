@@ -151,7 +151,7 @@ def batch_next_grids(records: list[dict]) -> dict[str, dict]:
                 continue
         if widen:
             continue
-        i = batches.index(first)
+        i = batches.index(t["best_batch"])  # seed 0's best, or the seeded one once stage 2 has moved it
         for batch in batches[max(0, i - 1) : i + 2]:
             lr = t["batches"][batch]["best_lr"]
             for seed in MORE_SEEDS:
