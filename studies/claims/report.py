@@ -14,13 +14,12 @@ from diloco.files import read_jsonl, write_json
 from diloco.studies.claims import (
     BRACKET_SEED,
     HERE,
-    METHOD_LABELS,
     ablation_table,
     against_dp,
     batch_table,
-    docs_tables,
     wd_table,
 )
+from diloco.studies.claims_docs import METHOD_LABELS, docs_tables
 
 
 def plot_batch(batches: dict[str, dict], path) -> None:

@@ -238,7 +238,8 @@ def test_claim_two_compares_each_diloco_method_with_data_parallel_at_each_batch_
 
 def test_the_docs_show_the_tables_the_records_give():
     from diloco.files import read_jsonl
-    from diloco.studies.claims import HERE, docs_tables
+    from diloco.studies.claims import HERE
+    from diloco.studies.claims_docs import docs_tables
 
     docs = (HERE.parents[1] / "docs" / "results" / "index.md").read_text().splitlines()
     for lines in docs_tables(read_jsonl(HERE / "results.jsonl")).values():

@@ -1,0 +1,128 @@
+"""The claims study's tables as docs/results/index.md shows them (``studies/claims/report.py`` prints them; a test
+holds the docs equal to what the records give), built from :mod:`diloco.studies.claims`' tables."""
+
+from __future__ import annotations
+
+from diloco.studies.claims import (
+    BRACKET_SEED,
+    STAGE_SEEDS,
+    ablation_table,
+    against_dp,
+    batch_table,
+    wd_table,
+)
+
+#: how the docs name the ablation's points and the bracket's methods
+POINT_LABELS = {
+    "streaming-fp4": "Streaming FP4 (the reference: P = 3, τ = 1, FP4 E3M0, α = 0.5, outer 0.7 / 0.9)",
+    "P1": "P = 3 → 1",
+    "tau0": "τ = 1 → 0",
+    "fp32": "FP4 → fp32",
+    "alpha0": "α = 0.5 → 0",
+    "alpha1": "α = 0.5 → 1",
+    "diloco": "DiLoCo at Streaming's outer optimizer (0.7 / 0.9)",
+    "diloco-tuned": "DiLoCo at its own best outer momentum (0.7 / 0.5)",
+}
+METHOD_LABELS = {"dp": "data-parallel", "diloco-m1": "DiLoCo M = 1", "diloco-m2": "DiLoCo M = 2"}
+
+
+def _pct(v: float | None, se: float | None) -> str:
+    if v is None:
+        return "–"
+    sign = "−" if v < 0 else "+"
+    return f"{sign}{abs(v):.2f}" + (f" ± {se:.2f} %" if se is not None else " %")
+
+
+def _loss(mean: float, se: float | None) -> str:
+    return f"{mean:.4f}" + (f" ± {se:.4f}" if se is not None else "")
+
+
+def ablation_markdown(rows: list[dict]) -> list[str]:
+    """The ablation's table as the docs show it (``studies/claims/report.py`` prints it): one line per point."""
+    lines = [
+        "| point | seeds | eval loss (mean ± s.e.) | against Streaming FP4 | against DiLoCo tuned |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {POINT_LABELS[r['factor']]} | {len(r['seeds'])} | {_loss(r['mean'], r['se'])} | "
+            f"{_pct(r['vs_streaming_pct'], r['vs_streaming_se_pct'])} | "
+            f"{_pct(r['vs_diloco_tuned_pct'], r['vs_diloco_tuned_se_pct'])} |"
+        )
+    return lines
+
+
+def batch_markdown(table: dict[str, dict]) -> list[str]:
+    """The batch bracket's table as the docs show it: per method and batch, the loss at each inner lr at the bracket
+    seed, the best lr, and the mean over ``STAGE_SEEDS`` at it; the best batch marked, with the fitted one."""
+    seeds = f"{STAGE_SEEDS[0]}–{STAGE_SEEDS[-1]}"
+    lines = [
+        f"| method | batch | eval loss per inner lr (seed {BRACKET_SEED}) | best inner lr | seeds {seeds} at it | "
+        "eval loss at it (mean ± s.e.) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, t in table.items():
+        largest, smallest = max(t["batches"]), min(t["batches"])
+        for batch, b in t["batches"].items():
+            lrs = ", ".join(f"{lr:.3g}: {b['losses'][lr][BRACKET_SEED]:.4f}" for lr in b["bracket_lrs"])
+            edge = " (the bracket's edge)" if b["best_at_edge"] else ""
+            note = ""
+            if batch == t["best_batch"]:
+                fitted = t["fitted_best_batch"]
+                where = (
+                    f", fitted {fitted:.0f}"
+                    if fitted is not None
+                    else " (the largest run)"
+                    if batch == largest
+                    else " (the smallest run)"
+                    if batch == smallest
+                    else ""
+                )
+                note = f" **best batch{where}**"
+            lines.append(
+                f"| {METHOD_LABELS[name]} | {batch} | {lrs} | {b['best_lr']:.3g}{edge} | {len(b['stage_seeds'])} | "
+                f"{_loss(b['stage_mean'], b['stage_se'])}{note} |"
+            )
+    return lines
+
+
+def against_dp_markdown(rows: list[dict]) -> list[str]:
+    """Claim 2 with seeds, as the docs show it: each DiLoCo method against data-parallel at each batch both ran."""
+    lines = ["| method | batch | seeds | against data-parallel (mean ± s.e.) |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {METHOD_LABELS[r['method']]} | {r['batch']} | {len(r['seeds'])} | {_pct(r['pct'], r['se_pct'])} |"
+        )
+    return lines
+
+
+def wd_markdown(rows: list[dict]) -> list[str]:
+    """The weight-decay check as the docs show it: per method and batch, the loss (seed 0, best lr) with weight
+    decay 0.1 and with 1 / T, and the change."""
+    lines = [
+        f"| method | batch | inner lr | eval loss, weight decay 0.1 (seed {BRACKET_SEED}) | weight decay 1 / T | "
+        "eval loss at it | change |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        inv = r["wd_inverse_steps"]
+        after = "not run yet" if inv is None else f"{inv:.4f}"
+        change = "–" if inv is None else _pct(100 * (inv - r["wd_fixed"]) / r["wd_fixed"], None)
+        wd = "–" if r["weight_decay"] is None else f"{r['weight_decay']:.3g}"
+        lines.append(
+            f"| {METHOD_LABELS[r['method']]} | {r['batch']} | {r['inner_lr']:.3g} | {r['wd_fixed']:.4f} | {wd} | "
+            f"{after} | {change} |"
+        )
+    return lines
+
+
+def docs_tables(records: list[dict]) -> dict[str, list[str]]:
+    """The study's four tables as docs/results/index.md shows them, from its records, by title: the ablation, the
+    batch bracket, claim 2 with seeds, and the weight-decay check."""
+    table = batch_table(records)
+    return {
+        "Claim 1, the ablation": ablation_markdown(ablation_table(records)),
+        "Claim 3, the batch bracket": batch_markdown(table),
+        "Claim 2 with seeds, from the bracket": against_dp_markdown(against_dp(table)),
+        "The weight-decay check (weight decay 1 / T against the bracket's 0.1)": wd_markdown(wd_table(records)),
+    }
