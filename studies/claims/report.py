@@ -17,7 +17,7 @@ from diloco.studies.claims import (
     ablation_table,
     against_dp,
     batch_table,
-    wd_table,
+    check_table,
 )
 from diloco.studies.claims_docs import METHOD_LABELS, docs_tables
 
@@ -101,7 +101,7 @@ def main() -> int:
             "ablation": rows,
             "batch": summary,
             "against_dp": against_dp(batches),
-            "weight_decay_check": wd_table(records),
+            "slope_checks": check_table(records),
         },
     )
     return 0

@@ -122,7 +122,8 @@ def test_the_batch_table_finds_each_batchs_best_lr_and_each_methods_best_batch()
 
 def _stage1(name: str, best_batch: int, edge: int | None = None) -> list[dict]:
     """Stage 1 of one method: every batch at its three bracket lrs, seed 0; the loss is lowest at ``best_batch``
-    and at each batch's middle lr, except at batch ``edge``, where it is lowest at the largest lr."""
+    and at each batch's middle lr, except at batch ``edge``, where it is lowest at the largest lr; no two lrs of a
+    batch are tied (the next best is 1.25 % higher)."""
     from diloco.studies.claims import BATCHES, batch_grids
 
     recs = []
@@ -130,7 +131,7 @@ def _stage1(name: str, best_batch: int, edge: int | None = None) -> list[dict]:
         for i, lr in enumerate(batch_grids()[f"batch-cpu-0.25m-{name}-b{batch}-s0"]["inner_lr"]):
             shape = (2 - i) if batch == edge else abs(i - 1)
             recs.append(
-                _batch_record(name, batch, lr, 0, 4.0 + 0.1 * abs(math.log2(batch / best_batch)) + 0.01 * shape)
+                _batch_record(name, batch, lr, 0, 4.0 + 0.1 * abs(math.log2(batch / best_batch)) + 0.05 * shape)
             )
     return recs
 
@@ -169,6 +170,32 @@ def test_stage_two_runs_two_more_seeds_at_the_best_batch_and_its_neighbours_at_t
     assert [len(table["batches"][b]["seeds"]) for b in (8, 16, 32, 64)] == [1, 3, 3, 3]
     assert table["best_batch"] == 32  # 4.0 at every added seed, so seed 0 decides
     assert set(batch_next_grids(recs + more)) == set(todo)  # the same grids again: the sweep skips their runs
+
+
+def test_stage_two_seeds_a_runner_up_lr_tied_with_the_best_and_the_batch_counts_at_the_lower_mean():
+    from diloco.studies.claims import LR_TIE, batch_grids, batch_next_grids, batch_table
+
+    lrs = batch_grids()["batch-cpu-0.25m-diloco-m1-b64-s0"]["inner_lr"]
+    recs = _stage1("diloco-m1", 32)
+    tie = 4.1 * (1 + LR_TIE / 2)  # batch 64's best is lrs[1] at 4.1; lrs[2] is now within LR_TIE of it
+    recs = [r if (r["global_batch"], r["inner_lr"]) != (64, lrs[2]) else {**r, "eval_loss": tie} for r in recs]
+    assert batch_table(recs)["diloco-m1"]["batches"][64]["tied_lrs"] == lrs[1:]
+    todo = batch_next_grids(recs)
+    runner_up = {f"batch-cpu-0.25m-diloco-m1-b64-lr{lrs[2]:g}-s{s}" for s in (1, 2)}
+    assert set(todo) == runner_up | {f"batch-cpu-0.25m-diloco-m1-b{b}-s{s}" for b in (16, 32, 64) for s in (1, 2)}
+    assert {todo[n]["inner_lr"][0] for n in runner_up} == {lrs[2]}
+    # seeds 1-2 put the runner-up's mean below the best's, and below batch 32's: batch 64 counts at it, and wins
+    more = [
+        _batch_record("diloco-m1", g["global_batch"][0], g["inner_lr"][0], g["seed"], 3.9 if n in runner_up else 4.2)
+        for n, g in todo.items()
+    ]
+    b64 = batch_table(recs + more)["diloco-m1"]["batches"][64]
+    assert b64["best_lr"] == lrs[1] and b64["stage_lr"] == lrs[2]
+    assert b64["stage_mean"] == pytest.approx((tie + 3.9 + 3.9) / 3)
+    assert batch_table(recs + more)["diloco-m1"]["best_batch"] == 64
+    # a runner-up just outside LR_TIE is not seeded
+    apart = [r if r["eval_loss"] != tie else {**r, "eval_loss": 4.1 * (1 + 2 * LR_TIE)} for r in recs]
+    assert not any("-lr" in n for n in batch_next_grids(apart))
 
 
 def test_a_best_batch_at_the_edge_of_the_batches_adds_the_next_batch():
@@ -247,23 +274,42 @@ def test_the_docs_show_the_tables_the_records_give():
             assert line in docs, f"docs/results/index.md lacks {line!r}: run studies/claims/report.py, copy its tables"
 
 
-def test_the_weight_decay_check_runs_both_ends_at_their_best_lr_with_decay_one_over_the_steps():
-    from diloco.studies.claims import batch_of, batch_table, factor_of, wd_grids, wd_table
+def test_the_slope_checks_run_both_ends_at_their_best_lr_with_one_setting_changed():
+    from diloco.studies.claims import BETA2_BATCH, batch_of, batch_table, check_grids, check_table, factor_of
 
     recs = [{**r, "steps": 4816 * 8 // r["global_batch"]} for r in _stage1("dp", 16)]
-    grids = wd_grids(recs)
-    assert set(grids) == {"wd-cpu-0.25m-dp-b8-s0", "wd-cpu-0.25m-dp-b64-s0"}
     best = batch_table(recs)["dp"]["batches"]
+    wd, clip, beta2 = (check_grids(recs, c) for c in ("wd", "clip", "beta2"))
+    assert set(wd) == {"wd-cpu-0.25m-dp-b8-s0", "wd-cpu-0.25m-dp-b64-s0"}
+    assert set(clip) == {"clip-cpu-0.25m-dp-b8-s0", "clip-cpu-0.25m-dp-b64-s0"}
+    assert set(beta2) == {"beta2-cpu-0.25m-dp-b8-s0"} and BETA2_BATCH == 64  # at 64 the rule gives the bracket's 0.99
     for batch in (8, 64):
-        grid = grids[f"wd-cpu-0.25m-dp-b{batch}-s0"]
-        assert grid["inner_lr"] == [best[batch]["best_lr"]] and grid["seed"] == 0
-        assert grid["base"]["weight_decay"] == pytest.approx(batch / (4816 * 8), rel=1e-5)
-    run = {**_batch_record("dp", 64, best[64]["best_lr"], 0, 3.9), "base": grids["wd-cpu-0.25m-dp-b64-s0"]["base"]}
-    assert batch_of(run) is None and factor_of(run) is None  # the check's runs are no point of the bracket
-    rows = {r["batch"]: r for r in wd_table([*recs, run])}
-    assert rows[64]["wd_inverse_steps"] == 3.9 and rows[64]["wd_fixed"] == best[64]["bracket_loss"]
-    assert rows[8]["wd_inverse_steps"] is None
-    assert batch_table([*recs, run]) == batch_table(recs)
+        for grids in (wd, clip):
+            grid = next(g for n, g in grids.items() if f"-b{batch}-" in n)
+            assert grid["inner_lr"] == [best[batch]["best_lr"]] and grid["seed"] == 0
+        assert wd[f"wd-cpu-0.25m-dp-b{batch}-s0"]["base"]["weight_decay"] == pytest.approx(batch / (4816 * 8), rel=1e-5)
+        assert clip[f"clip-cpu-0.25m-dp-b{batch}-s0"]["base"]["grad_clip"] == 0.0
+    # the second moment's half-life in tokens is batch 64's at 0.99: 8 steps at batch 8 decay it as 1 step at 64
+    assert beta2["beta2-cpu-0.25m-dp-b8-s0"]["base"]["beta2"] ** 8 == pytest.approx(0.99, rel=1e-5)
+    with pytest.raises(ValueError, match="unknown slope check 'lr': one of wd, clip, beta2"):
+        check_grids(recs, "lr")
+
+    runs = [
+        {**_batch_record("dp", 64, best[64]["best_lr"], 0, 3.9), "base": wd["wd-cpu-0.25m-dp-b64-s0"]["base"]},
+        {**_batch_record("dp", 8, best[8]["best_lr"], 0, 4.2), "base": beta2["beta2-cpu-0.25m-dp-b8-s0"]["base"]},
+    ]
+    assert all(batch_of(r) is None and factor_of(r) is None for r in runs)  # the checks' runs are no point of it
+    rows = {r["batch"]: r for r in check_table([*recs, *runs])}
+    assert rows[64]["checks"]["wd"] == {
+        "value": pytest.approx(64 / (4816 * 8), rel=1e-5),
+        "loss": 3.9,
+        "is_bracket": False,
+    }
+    assert rows[64]["bracket"] == best[64]["bracket_loss"]
+    assert rows[8]["checks"]["wd"] is None and rows[8]["checks"]["clip"] is None and rows[64]["checks"]["clip"] is None
+    assert rows[8]["checks"]["beta2"]["loss"] == 4.2  # a run of one check is not taken for another's
+    assert rows[64]["checks"]["beta2"] == {"value": None, "loss": best[64]["bracket_loss"], "is_bracket": True}
+    assert batch_table([*recs, *runs]) == batch_table(recs)
 
 
 def test_a_larger_batch_is_added_only_while_its_run_keeps_two_warmups_of_steps():
@@ -275,7 +321,7 @@ def test_a_larger_batch_is_added_only_while_its_run_keeps_two_warmups_of_steps()
     assert list(batch_next_grids(recs)) == ["batch-cpu-0.25m-dp-b128-s0"]
     grid = batch_next_grids(recs)["batch-cpu-0.25m-dp-b128-s0"]
     at128 = [
-        {**_batch_record("dp", 64, lr, 0, 3.9 + 0.01 * abs(i - 1)), "global_batch": 128, "inner_lr": lr, "steps": 301}
+        {**_batch_record("dp", 64, lr, 0, 3.9 + 0.05 * abs(i - 1)), "global_batch": 128, "inner_lr": lr, "steps": 301}
         for i, lr in enumerate(grid["inner_lr"])
     ]
     todo = batch_next_grids(recs + at128)  # best at 128, the largest: 256 would leave 150 steps, so stage 2 instead

@@ -88,6 +88,13 @@ MIN_WARMUPS = 2
 #: the seeds every batch of stage 2 runs: the best batch is chosen by its mean over these alone, so that a batch with
 #: more seeds (DiLoCo M = 2 at batch 16 is also the ablation's tuned DiLoCo, with 5) is compared at the same seeds
 STAGE_SEEDS = (BRACKET_SEED, *MORE_SEEDS)
+#: a batch's second-best lr at the bracket seed is tied with its best where its loss there is within this fraction of
+#: the best's: a seed moves a loss by 0.2-0.6 % at this size (s.d. over seeds 0-2 at the seeded batches), so the
+#: difference of two lrs' losses at one seed has an s.d. of about 0.5 %. Stage 2 seeds both, and the batch counts at
+#: the one with the lower mean (at batch 128 DiLoCo M = 1's best lr at seed 0, 0.064, was 0.1 % ahead of 0.032 and 5 %
+#: behind it at seeds 1 and 2). Only the runner-up: near its best the loss is flat in the lr, and more lrs would
+#: double stage 2 for little
+LR_TIE = 0.005
 
 
 def _lr(x: float) -> float:
@@ -119,7 +126,7 @@ def batch_next_grids(records: list[dict]) -> dict[str, dict]:
     (three inner lrs at the bracket seed at every batch it has). Where a batch's best lr is at its bracket's edge:
     one more lr a factor sqrt(2) further out; where the best batch is the largest or the smallest: the next batch
     (x2 or /2; a larger one only while its run keeps ``MIN_WARMUPS`` warmups of steps), bracketed as stage 1 is (both at once: the one does not wait for the other). With neither, stage 2: ``MORE_SEEDS`` at the best batch and its neighbours,
-    each at its best lr. A method with nothing left adds nothing; a grid already run is named the same again (its
+    each at its best lr and at the runner-up tied with it (``LR_TIE``). A method with nothing left adds nothing; a grid already run is named the same again (its
     runs are then skipped by the sweep)."""
     table = batch_table(records)
     out: dict[str, dict] = {}
@@ -153,10 +160,18 @@ def batch_next_grids(records: list[dict]) -> dict[str, dict]:
             continue
         i = batches.index(t["best_batch"])  # seed 0's best, or the seeded one once stage 2 has moved it
         for batch in batches[max(0, i - 1) : i + 2]:
-            lr = t["batches"][batch]["best_lr"]
+            b = t["batches"][batch]
             for seed in MORE_SEEDS:
                 comment = f"Claim 3 batch bracket at {SIZE}: {name} at global batch {batch}, its best lr, seed {seed}."
-                out[f"batch-{SIZE}-{name}-b{batch}-s{seed}"] = _batch_grid(name, batch, [lr], seed, comment)
+                out[f"batch-{SIZE}-{name}-b{batch}-s{seed}"] = _batch_grid(name, batch, [b["best_lr"]], seed, comment)
+                for lr in b["tied_lrs"]:
+                    if lr != b["best_lr"]:
+                        comment = (
+                            f"Claim 3 batch bracket at {SIZE}: {name} at global batch {batch}, lr {lr:g} (tied with "
+                            f"its best at seed {BRACKET_SEED}), seed {seed}."
+                        )
+                        grid = _batch_grid(name, batch, [lr], seed, comment)
+                        out[f"batch-{SIZE}-{name}-b{batch}-lr{lr:g}-s{seed}"] = grid
     return out
 
 
@@ -235,8 +250,10 @@ def batch_of(record: dict) -> tuple[str, int] | None:
 def batch_table(records: list[dict]) -> dict[str, dict]:
     """Claim 3's table: per method, per batch, each inner lr's eval loss by seed; the batch's best lr (the lowest
     loss at the bracket seed, the one seed every lr of the bracket ran) and whether it is at the edge of those lrs
-    (then the bracket does not show it is the best); the seed mean and standard error at that lr, over all its seeds
-    and over ``STAGE_SEEDS`` alone (``stage_*``). Per method, the bracket's best batch (the lowest loss at the
+    (then the bracket does not show it is the best); ``tied_lrs``: it and the runner-up there where that is within ``LR_TIE``;
+    ``stage_lr``, the tied lr with the lowest mean over ``STAGE_SEEDS`` among those that have them all (the best lr
+    until one has); the seed mean and standard error at ``stage_lr``, over all its seeds (``seeds``, ``best_mean``,
+    ``best_se``) and over ``STAGE_SEEDS`` alone (``stage_*``). Per method, the bracket's best batch (the lowest loss at the
     bracket seed, which decides where stage 2 runs its seeds), the best batch (once the bracket's best batch has all of
     ``STAGE_SEEDS`` at its best lr, the lowest mean over them among the batches that have them all; before, the
     bracket's best batch) and ``fitted_best_batch`` (see ``fitted_best_batch``).
@@ -259,8 +276,12 @@ def batch_table(records: list[dict]) -> dict[str, dict]:
             if not at_seed:
                 continue  # only stage-2 seeds so far: no bracket to read a best lr from
             best = min(at_seed, key=at_seed.get)
-            mean, se = mean_se(list(by_lr[best].values()))
-            stage = {s: x for s, x in by_lr[best].items() if s in STAGE_SEEDS}
+            ranked = sorted(at_seed, key=at_seed.get)
+            tied = sorted(ranked[:1] + [lr for lr in ranked[1:2] if at_seed[lr] <= at_seed[best] * (1 + LR_TIE)])
+            seeded = [lr for lr in tied if set(STAGE_SEEDS) <= set(by_lr[lr])]
+            stage_lr = min(seeded, key=lambda lr: mean_se([by_lr[lr][s] for s in STAGE_SEEDS])[0]) if seeded else best
+            mean, se = mean_se(list(by_lr[stage_lr].values()))
+            stage = {s: x for s, x in by_lr[stage_lr].items() if s in STAGE_SEEDS}
             stage_mean, stage_se = mean_se(list(stage.values()))
             batches[batch] = {
                 "losses": by_lr,
@@ -268,7 +289,9 @@ def batch_table(records: list[dict]) -> dict[str, dict]:
                 "best_lr": best,
                 "bracket_loss": at_seed[best],
                 "best_at_edge": len(at_seed) < 3 or best in (min(at_seed), max(at_seed)),
-                "seeds": sorted(by_lr[best]),
+                "tied_lrs": tied,
+                "stage_lr": stage_lr,
+                "seeds": sorted(by_lr[stage_lr]),
                 "best_mean": mean,
                 "best_se": se,
                 "stage_seeds": sorted(stage),
@@ -331,12 +354,30 @@ def against_dp(table: dict[str, dict]) -> list[dict]:
     return rows
 
 
-#: the weight-decay check of the batch bracket: the bracket keeps AdamW's weight decay at 0.1 a step, as the
-#: frontier study did, so a small batch (more steps) decays more in all; the scaling-laws paper sets it to 1 / T
-#: (T the run's steps). The check runs these methods at the smallest and largest batch of stage 1, each at its best
-#: lr there, at the bracket seed, with weight decay 1 / T, to see whether the bracket's slope with batch is the decay's
-WD_METHODS = ("dp", "diloco-m1")
-WD_BATCHES = (BATCHES[0], BATCHES[-1])
+#: the checks of the bracket's slope (every method's loss falls with the batch at this budget): each reruns
+#: ``CHECK_METHODS`` at the smallest and largest batch of stage 1, each at its best lr there, at the bracket seed, with
+#: one setting changed, to see how much of the slope is that setting's. name -> (setting, its value at a batch of a
+#: run of T steps, or None where the check does not run that batch; what the docs call it):
+#: - wd: the bracket keeps AdamW's weight decay at 0.1 a step, as the frontier study did, so a small batch (more
+#:   steps) decays more in all; the scaling-laws paper sets it to 1 / T.
+#: - clip: the bracket clips each gradient's norm at 1; a small batch's noisier gradient is clipped more often.
+#: - beta2: the bracket keeps AdamW's beta2 at 0.99 a step, so a small batch averages its second moment over fewer
+#:   tokens; ``BETA2_REF ** (batch / BETA2_BATCH)`` keeps that average's half-life in tokens the largest batch's
+#:   (the rule of Marek et al. 2025, "Small batch size training for language models"); at that batch it is the
+#:   bracket's own run, so only the small batch runs.
+BETA2_REF = 0.99
+BETA2_BATCH = BATCHES[-1]
+SLOPE_CHECKS = {
+    "wd": ("weight_decay", lambda batch, steps: float(f"{1 / steps:.6g}"), "weight decay 1 / T"),
+    "clip": ("grad_clip", lambda batch, steps: 0.0, "no gradient clipping"),
+    "beta2": (
+        "beta2",
+        lambda batch, steps: None if batch == BETA2_BATCH else float(f"{BETA2_REF ** (batch / BETA2_BATCH):.6g}"),
+        f"β2 {BETA2_REF} ^ (batch / {BETA2_BATCH})",
+    ),
+}
+CHECK_METHODS = ("dp", "diloco-m1")
+CHECK_BATCHES = (BATCHES[0], BATCHES[-1])
 
 
 def _steps(records: list[dict], name: str, batch: int) -> int | None:
@@ -346,54 +387,63 @@ def _steps(records: list[dict], name: str, batch: int) -> int | None:
     return None
 
 
-def wd_grids(records: list[dict]) -> dict[str, dict]:
-    """``{name: grid}``: the weight-decay check's runs, for each of ``WD_METHODS`` whose stage 1 has both
-    ``WD_BATCHES``: weight decay 1 / T at each, at the batch's best lr, seed ``BRACKET_SEED``."""
+def check_grids(records: list[dict], check: str) -> dict[str, dict]:
+    """``{name: grid}``: the slope check ``check``'s runs (one of ``SLOPE_CHECKS``), for each of ``CHECK_METHODS``
+    whose stage 1 has the batches of ``CHECK_BATCHES``: its setting changed, at the batch's best lr, seed
+    ``BRACKET_SEED``."""
+    if check not in SLOPE_CHECKS:
+        raise ValueError(f"unknown slope check {check!r}: one of {', '.join(SLOPE_CHECKS)}")
+    setting, value_at, words = SLOPE_CHECKS[check]
     table = batch_table(records)
     out = {}
-    for name in WD_METHODS:
+    for name in CHECK_METHODS:
         batches = table.get(name, {}).get("batches", {})
-        for batch in WD_BATCHES:
+        for batch in CHECK_BATCHES:
             steps = _steps(records, name, batch)
-            if batch not in batches or steps is None:
+            value = None if batch not in batches or steps is None else value_at(batch, steps)
+            if value is None:
                 continue
-            comment = f"Claim 3 weight-decay check at {SIZE}: {name} at global batch {batch}, weight decay 1 / T."
+            comment = f"Claim 3 slope check at {SIZE}: {name} at global batch {batch}, {words}."
             grid = _batch_grid(name, batch, [batches[batch]["best_lr"]], BRACKET_SEED, comment)
-            grid["base"]["weight_decay"] = float(f"{1 / steps:.6g}")
-            out[f"wd-{SIZE}-{name}-b{batch}-s{BRACKET_SEED}"] = grid
+            grid["base"][setting] = value
+            out[f"{check}-{SIZE}-{name}-b{batch}-s{BRACKET_SEED}"] = grid
     return out
 
 
-def wd_table(records: list[dict]) -> list[dict]:
-    """The weight-decay check beside the bracket: per method and batch of ``WD_BATCHES``, the eval loss at the best
-    lr and the bracket seed with weight decay 0.1 (the bracket's run) and with 1 / T (the check's)."""
+def check_table(records: list[dict]) -> list[dict]:
+    """The slope checks beside the bracket: per method of ``CHECK_METHODS`` and batch of ``CHECK_BATCHES``, the eval
+    loss at the best lr and the bracket seed in the bracket (``bracket``) and, per check, ``{check: {"value",
+    "loss"}}`` (the setting's value and the loss at it; None where not run yet; ``is_bracket`` and the bracket's
+    loss where the check's setting at that batch is the bracket's own, so that it does not run there)."""
     table = batch_table(records)
     rows = []
-    for name in WD_METHODS:
-        for batch in WD_BATCHES:
+    for name in CHECK_METHODS:
+        for batch in CHECK_BATCHES:
             b = table.get(name, {}).get("batches", {}).get(batch)
             if b is None:
                 continue
             want = _batch_grid(name, batch, [b["best_lr"]], BRACKET_SEED, "")["base"]
-            inverse = [
-                r
-                for r in records
-                if r.get("status") == "ok"
-                and r.get("global_batch") == batch
-                and r.get("seed") == BRACKET_SEED
-                and r.get("inner_lr") == b["best_lr"]
-                and (r.get("method"), r.get("replicas")) == BATCH_METHODS[name][:2]
-                and {k: v for k, v in r.get("base", {}).items() if k not in ("weight_decay", "seed")} == want
-                and r.get("base", {}).get("weight_decay") is not None
-            ]
-            rows.append(
-                {
-                    "method": name,
-                    "batch": batch,
-                    "inner_lr": b["best_lr"],
-                    "wd_fixed": b["bracket_loss"],
-                    "wd_inverse_steps": float(inverse[-1]["eval_loss"]) if inverse else None,
-                    "weight_decay": inverse[-1]["base"]["weight_decay"] if inverse else None,
-                }
-            )
+            row = {"method": name, "batch": batch, "inner_lr": b["best_lr"], "bracket": b["bracket_loss"], "checks": {}}
+            steps = _steps(records, name, batch)
+            for check, (setting, value_at, _words) in SLOPE_CHECKS.items():
+                if steps is not None and value_at(batch, steps) is None:
+                    row["checks"][check] = {"value": None, "loss": b["bracket_loss"], "is_bracket": True}
+                    continue
+                runs = [
+                    r
+                    for r in records
+                    if r.get("status") == "ok"
+                    and r.get("global_batch") == batch
+                    and r.get("seed") == BRACKET_SEED
+                    and r.get("inner_lr") == b["best_lr"]
+                    and (r.get("method"), r.get("replicas")) == BATCH_METHODS[name][:2]
+                    and {k: v for k, v in r.get("base", {}).items() if k not in (setting, "seed")} == want
+                    and r.get("base", {}).get(setting) is not None
+                ]
+                row["checks"][check] = (
+                    {"value": runs[-1]["base"][setting], "loss": float(runs[-1]["eval_loss"]), "is_bracket": False}
+                    if runs
+                    else None
+                )
+            rows.append(row)
     return rows

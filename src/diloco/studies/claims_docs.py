@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from diloco.studies.claims import (
     BRACKET_SEED,
+    SLOPE_CHECKS,
     STAGE_SEEDS,
     ablation_table,
     against_dp,
     batch_table,
-    wd_table,
+    check_table,
 )
 
 #: how the docs name the ablation's points and the bracket's methods
@@ -54,7 +55,8 @@ def ablation_markdown(rows: list[dict]) -> list[str]:
 
 def batch_markdown(table: dict[str, dict]) -> list[str]:
     """The batch bracket's table as the docs show it: per method and batch, the loss at each inner lr at the bracket
-    seed, the best lr, and the mean over ``STAGE_SEEDS`` at it; the best batch marked, with the fitted one."""
+    seed, the best lr (and, where a tied runner-up has the lower mean over ``STAGE_SEEDS``, that one), and the mean
+    over ``STAGE_SEEDS`` at it; the best batch marked, with the fitted one."""
     seeds = f"{STAGE_SEEDS[0]}–{STAGE_SEEDS[-1]}"
     lines = [
         f"| method | batch | eval loss per inner lr (seed {BRACKET_SEED}) | best inner lr | seeds {seeds} at it | "
@@ -66,6 +68,8 @@ def batch_markdown(table: dict[str, dict]) -> list[str]:
         for batch, b in t["batches"].items():
             lrs = ", ".join(f"{lr:.3g}: {b['losses'][lr][BRACKET_SEED]:.4f}" for lr in b["bracket_lrs"])
             edge = " (the bracket's edge)" if b["best_at_edge"] else ""
+            if b["stage_lr"] != b["best_lr"]:
+                edge += f"; by seeds {seeds}: {b['stage_lr']:.3g}"
             note = ""
             if batch == t["best_batch"]:
                 fitted = t["fitted_best_batch"]
@@ -96,33 +100,40 @@ def against_dp_markdown(rows: list[dict]) -> list[str]:
     return lines
 
 
-def wd_markdown(rows: list[dict]) -> list[str]:
-    """The weight-decay check as the docs show it: per method and batch, the loss (seed 0, best lr) with weight
-    decay 0.1 and with 1 / T, and the change."""
+def checks_markdown(rows: list[dict]) -> list[str]:
+    """The slope checks as the docs show them: per method and batch, the loss (seed 0, best lr) in the bracket and
+    with each check's setting, and the change."""
+    heads = " | ".join(words for _setting, _value_at, words in SLOPE_CHECKS.values())
     lines = [
-        f"| method | batch | inner lr | eval loss, weight decay 0.1 (seed {BRACKET_SEED}) | weight decay 1 / T | "
-        "eval loss at it | change |",
-        "|---|---|---|---|---|---|---|",
+        f"| method | batch | inner lr | eval loss, the bracket (seed {BRACKET_SEED}) | {heads} |",
+        "|---|---|---|---|" + "---|" * len(SLOPE_CHECKS),
     ]
     for r in rows:
-        inv = r["wd_inverse_steps"]
-        after = "not run yet" if inv is None else f"{inv:.4f}"
-        change = "–" if inv is None else _pct(100 * (inv - r["wd_fixed"]) / r["wd_fixed"], None)
-        wd = "–" if r["weight_decay"] is None else f"{r['weight_decay']:.3g}"
+        cells = []
+        for check in SLOPE_CHECKS:
+            c = r["checks"][check]
+            if c is None:
+                cells.append("not run yet")
+            elif c["is_bracket"]:
+                cells.append("the bracket's setting")
+            else:
+                change = _pct(100 * (c["loss"] - r["bracket"]) / r["bracket"], None)
+                cells.append(f"{c['loss']:.4f} at {c['value']:.4g} ({change})")
         lines.append(
-            f"| {METHOD_LABELS[r['method']]} | {r['batch']} | {r['inner_lr']:.3g} | {r['wd_fixed']:.4f} | {wd} | "
-            f"{after} | {change} |"
+            f"| {METHOD_LABELS[r['method']]} | {r['batch']} | {r['inner_lr']:.3g} | {r['bracket']:.4f} | "
+            + " | ".join(cells)
+            + " |"
         )
     return lines
 
 
 def docs_tables(records: list[dict]) -> dict[str, list[str]]:
     """The study's four tables as docs/results/index.md shows them, from its records, by title: the ablation, the
-    batch bracket, claim 2 with seeds, and the weight-decay check."""
+    batch bracket, claim 2 with seeds, and the slope checks."""
     table = batch_table(records)
     return {
         "Claim 1, the ablation": ablation_markdown(ablation_table(records)),
         "Claim 3, the batch bracket": batch_markdown(table),
         "Claim 2 with seeds, from the bracket": against_dp_markdown(against_dp(table)),
-        "The weight-decay check (weight decay 1 / T against the bracket's 0.1)": wd_markdown(wd_table(records)),
+        "The slope checks (one setting changed at both ends of the bracket)": checks_markdown(check_table(records)),
     }
