@@ -92,3 +92,9 @@ def test_an_aborted_local_transport_stops_a_learner_waiting_for_its_reply():
         assert "learner 1 diverged" in str(errors[0])
         with pytest.raises(CommError):
             channel.poll_reply(0)
+
+
+def test_eval_sequences_must_not_be_negative():
+    assert cfg(eval_sequences=2048).eval_sequences == 2048
+    with pytest.raises(ValueError, match="eval_sequences=-1: give the number of validation windows"):
+        cfg(eval_sequences=-1)

@@ -335,3 +335,16 @@ def test_sizes_outside_the_paper_table_come_from_the_model_zoo():
     expected = count_params(sizes.make_config("cpu-1m", vocab_size=512, seq_len=64), embeddings=False)
     assert grid.size_params("cpu-1m") == expected
     assert expand(grid)[0]["tokens"] == 20 * expected
+
+
+def test_a_sweep_over_batches_is_warned_when_each_batch_has_its_own_validation_set():
+    from diloco.scaling.sweep import expand_grids, mixed_eval_sets
+
+    one = dict(sizes=("35M",), replicas=(1,), outer_lr=(0.4,), runner="train")
+    apart = expand_grids([small_grid(**one, global_batch=[8]), small_grid(**one, global_batch=[64])])
+    (warning,) = mixed_eval_sets(apart)
+    assert "35M at global batches 8, 64" in warning and "set base.eval_sequences" in warning
+    fixed = dict(one, base={"eval_sequences": 2048})
+    assert mixed_eval_sets(expand_grids([small_grid(**fixed, global_batch=[8, 64])])) == []
+    assert mixed_eval_sets(expand_grids([small_grid(**one, global_batch=[8])])) == []  # one batch: nothing to compare
+    assert mixed_eval_sets(expand(small_grid())) == []  # the synthetic runner evaluates nothing

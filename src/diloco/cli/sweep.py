@@ -14,6 +14,7 @@ import contextlib
 import functools
 import json
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -127,13 +128,15 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
 
     from diloco.scaling.executors import make_executor
-    from diloco.scaling.sweep import GridSpec, expand_grids, get_runner, read_results, run_sweep
+    from diloco.scaling.sweep import GridSpec, expand_grids, get_runner, mixed_eval_sets, read_results, run_sweep
 
     grids = [GridSpec.from_json(path) for path in args.grid]
     if args.runner is not None:
         grids = [dataclasses.replace(g, runner=args.runner) for g in grids]
     configs = expand_grids(grids)  # checks that the grids agree on the runner
     runner = grids[0].runner
+    for line in mixed_eval_sets(configs):
+        print(f"diloco sweep: warning: {line}", file=sys.stderr)
     if args.synthetic_delay < 0 or (args.synthetic_delay > 0 and runner != "synthetic"):
         raise ConfigError(
             f"--synthetic-delay={args.synthetic_delay}: only a non-negative delay, with the "

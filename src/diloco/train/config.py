@@ -239,6 +239,11 @@ class TrainConfig:
     outer_nesterov: bool = _outer(True, "Nesterov momentum for the outer SGD (false: heavy-ball)")
     eval_every: int = _runtime(100, "steps between evaluations of the global parameters on held-out tokens")
     eval_batches: int = _runtime(16, "batches of global_batch sequences per evaluation")
+    eval_sequences: int = _runtime(
+        0,
+        "validation windows per evaluation, the same first ones at every global_batch (0: eval_batches x "
+        "global_batch, a set that changes with the batch); set it wherever runs of different batches are compared",
+    )
     diverge_factor: float = _runtime(
         3.0,
         "stop (exit 3, no checkpoint) on a non-finite loss or an eval above this x min(first eval, ln vocab); 0 = off",

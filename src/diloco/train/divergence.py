@@ -100,6 +100,11 @@ def evaluation_errors(cfg: Any) -> list[str]:
     errors = []
     if not (cfg.eval_every >= 1 and cfg.eval_batches >= 1):
         errors.append(f"eval_every={cfg.eval_every}, eval_batches={cfg.eval_batches}: both must be >= 1")
+    if cfg.eval_sequences < 0:
+        errors.append(
+            f"eval_sequences={cfg.eval_sequences}: give the number of validation windows per evaluation "
+            f"(e.g. 2048), or 0 for eval_batches x global_batch"
+        )
     if not (cfg.diverge_factor == 0 or cfg.diverge_factor > 1):
         errors.append(
             f"diverge_factor={cfg.diverge_factor}: give a factor > 1 (default 3: stop when an evaluation loss "

@@ -91,9 +91,33 @@ def check_ids_fit(data: Any, tokenizer_file: Path) -> None:
         )
 
 
+def validation_batches(tokens: Any, cfg: Any) -> list[tuple[Any, Any]]:
+    """The fixed validation batches of a run (a TrainConfig ``cfg``) from the validation split ``tokens``.
+
+    With ``eval_sequences`` set, they hold the split's first ``eval_sequences`` windows whatever the global batch
+    (in batches of the largest divisor of it up to ``global_batch``), so that runs of different batches are
+    measured on the same text; else the first ``eval_batches`` batches of ``global_batch`` windows. Raises
+    ConfigError where the split holds fewer windows than ``eval_sequences``."""
+    from diloco.data import eval_batches
+
+    n = cfg.eval_sequences
+    if n <= 0:
+        return list(
+            eval_batches(tokens, batch_size=cfg.global_batch, seq_len=cfg.seq_len, max_batches=cfg.eval_batches)
+        )
+    windows = int(tokens.size) // (cfg.seq_len + 1)
+    if windows < n:
+        raise ConfigError(
+            f"eval_sequences={n}: the validation split holds {windows} windows of seq_len+1={cfg.seq_len + 1} "
+            f"tokens; lower eval_sequences to at most {windows} or raise val_fraction"
+        )
+    size = max(d for d in range(1, min(n, cfg.global_batch) + 1) if n % d == 0)
+    return list(eval_batches(tokens, batch_size=size, seq_len=cfg.seq_len, max_batches=n // size))
+
+
 def prepare_inputs(cfg: Any, cache_dir: Path | str) -> Inputs:
     """Data, validation batches, the seeded model and its fragments for ``cfg`` (a TrainConfig)."""
-    from diloco.data import ShardSampler, eval_batches, prepare_data
+    from diloco.data import ShardSampler, prepare_data
     from diloco.models.factory import build_model, check_model
     from diloco.train.speed import unwrap_compiled
 
@@ -110,7 +134,7 @@ def prepare_inputs(cfg: Any, cache_dir: Path | str) -> Inputs:
     )
     if model_tokenizer is not None and data.tokenizer is None:  # token files beside a model with its tokenizer
         check_ids_fit(data, model_tokenizer)
-    val = list(eval_batches(data.val, batch_size=cfg.global_batch, seq_len=cfg.seq_len, max_batches=cfg.eval_batches))
+    val = validation_batches(data.val, cfg)
     ShardSampler(
         data.train,
         rank=0,
