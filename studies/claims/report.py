@@ -1,7 +1,7 @@
 """The claims study's tables from its records, as docs/results/index.md shows them (a test holds the two equal):
 the ablation (each point's seed mean ± s.e. and its cost against the reference, Streaming FP4, and against tuned
 DiLoCo, in percent, with the s.e. of the difference), the batch bracket (each method's loss at each inner lr and
-batch, its best lr, and its best batch), claim 2 with seeds (DiLoCo against data-parallel at each batch) and the
+batch, its best lr, and its best batch; as run, and on one validation set), claim 2 with seeds (DiLoCo against data-parallel at each batch) and the
 slope checks (the loss at both ends of the bracket with one setting changed).
 
     .venv/bin/python studies/claims/report.py   # prints the tables; writes claims-summary.json, batch.png, checks.png
@@ -21,19 +21,13 @@ from diloco.studies.claims import (
     batch_table,
     check_table,
 )
+from diloco.studies.claims_common import COMMON_EVAL, REEVAL, common_table
 from diloco.studies.claims_docs import METHOD_LABELS, docs_tables
 
 
-def plot_batch(batches: dict[str, dict], path) -> None:
-    """The batch bracket at a glance: each method's eval loss at each batch's best inner lr (seed 0, and the mean
-    ± s.e. of seeds 0-2 where it has them), and each DiLoCo method against data-parallel at seed 0."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, gap) = plt.subplots(1, 2, figsize=(11, 4.2))
-    dp = batches.get("dp", {}).get("batches", {})
+def _curves(ax, batches: dict[str, dict], title: str) -> None:
+    """Each method's loss at each batch's best lr: seed 0 (line), the mean ± s.e. of seeds 0-2 where it has them,
+    and its best batch (star)."""
     for name, t in batches.items():
         xs = sorted(t["batches"])
         line = ax.plot(xs, [t["batches"][b]["bracket_loss"] for b in xs], "o-", label=f"{METHOD_LABELS[name]}, seed 0")
@@ -47,30 +41,40 @@ def plot_batch(batches: dict[str, dict], path) -> None:
                 mfc="none",
                 color=line[0].get_color(),
                 capsize=3,
-                label=f"{METHOD_LABELS[name]}, seeds 0-2 (mean ± s.e.)",
+                label=f"{METHOD_LABELS[name]}, seeds 0-2",
             )
         best = t["batches"][t["best_batch"]]
         star = best["stage_mean"] if len(best["stage_seeds"]) > 1 else best["bracket_loss"]
         ax.plot([t["best_batch"]], [star], "*", ms=14, color=line[0].get_color())
-        if name != "dp":
-            both = [b for b in xs if b in dp]
-            gap.plot(
-                both,
-                [100 * (t["batches"][b]["bracket_loss"] / dp[b]["bracket_loss"] - 1) for b in both],
-                "o-",
-                color=line[0].get_color(),
-                label=METHOD_LABELS[name],
-            )
-    for a in (ax, gap):
+    ax.set_ylabel("eval loss at the batch's best inner lr")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=6)
+
+
+def plot_batch(own: dict[str, dict], common: dict[str, dict], path) -> None:
+    """The batch bracket at a glance: each method's loss against the batch as run (each batch on its own validation
+    windows) and on one validation set, and each DiLoCo method against data-parallel on that set at seed 0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, mid, gap) = plt.subplots(1, 3, figsize=(15, 4.4))
+    _curves(left, own, "as run: each batch on its own validation windows (16 x batch)")
+    _curves(mid, common, f"on one validation set: the first {COMMON_EVAL} windows (★ best batch)")
+    dp = common.get("dp", {}).get("batches", {})
+    for name, t in common.items():
+        both = [b for b in sorted(t["batches"]) if b in dp and name != "dp"]
+        if both:
+            gap.plot(both, [100 * (t["batches"][b]["bracket_loss"] / dp[b]["bracket_loss"] - 1) for b in both], "o-",
+                     label=METHOD_LABELS[name])  # fmt: skip
+    for a in (left, mid, gap):
         a.set_xscale("log", base=2)
         a.set_xlabel("global batch (sequences of 128 tokens)")
         a.grid(alpha=0.3)
-    ax.set_ylabel("eval loss at the batch's best inner lr")
-    ax.set_title("Loss against batch at a fixed token budget (★ best batch)")
-    ax.legend(fontsize=7)
     gap.axhline(0, color="k", lw=0.8)
     gap.set_ylabel(f"against data-parallel at seed {BRACKET_SEED} (%)")
-    gap.set_title("DiLoCo against data-parallel at each batch")
+    gap.set_title("DiLoCo against data-parallel on one validation set", fontsize=9)
     gap.legend(fontsize=8)
     fig.suptitle("cpu-0.25m, 20 tokens per parameter, AdamW weight decay 0.1, warmup 120 steps", fontsize=9)
     fig.tight_layout()
@@ -109,14 +113,9 @@ def plot_checks(rows: list[dict], path) -> None:
     plt.close(fig)
 
 
-def main() -> int:
-    path = HERE / "results.jsonl"
-    records = read_jsonl(path) if path.exists() else []
-    rows = ablation_table(records)
-    batches = batch_table(records)
-    for title, lines in docs_tables(records).items():
-        print(f"{title}:\n\n" + "\n".join(lines) + "\n")
-    summary = {
+def _json_table(table: dict[str, dict]) -> dict[str, dict]:
+    """A batch table with string keys (strict JSON)."""
+    return {
         name: {
             **t,
             "batches": {
@@ -124,10 +123,21 @@ def main() -> int:
                 for k, b in t["batches"].items()
             },
         }
-        for name, t in batches.items()
+        for name, t in table.items()
     }
+
+
+def main() -> int:
+    path = HERE / "results.jsonl"
+    records = read_jsonl(path) if path.exists() else []
+    rows = ablation_table(records)
+    batches = batch_table(records)
+    reeval = read_jsonl(REEVAL) if REEVAL.exists() else []
+    common = common_table(records, reeval)
+    for title, lines in docs_tables(records, reeval).items():
+        print(f"{title}:\n\n" + "\n".join(lines) + "\n")
     if batches:
-        plot_batch(batches, HERE / "batch.png")
+        plot_batch(batches, common, HERE / "batch.png")
     checks = check_table(records)
     if checks:
         plot_checks(checks, HERE / "checks.png")
@@ -135,7 +145,8 @@ def main() -> int:
         HERE / "claims-summary.json",
         {
             "ablation": rows,
-            "batch": summary,
+            "batch": _json_table(batches),
+            "batch_on_one_validation_set": {"eval_sequences": COMMON_EVAL, **_json_table(common)},
             "against_dp": against_dp(batches),
             "slope_checks": checks,
         },

@@ -6,6 +6,7 @@ batch and its neighbours).
     .venv/bin/python studies/claims/write_grids.py            # adds the ablation's and the batch bracket's grids
     .venv/bin/python studies/claims/write_grids.py --next     # adds what the batch bracket needs next (from results)
     .venv/bin/python studies/claims/write_grids.py --check C  # adds a check of the bracket's slope: wd, clip or beta2
+    .venv/bin/python studies/claims/write_grids.py --common   # adds the reruns on one validation set (no checkpoint)
     .venv/bin/python studies/claims/write_grids.py --files    # grids/NAME.json for diloco sweep --grid; their paths
 
 grids.jsonl holds every grid a sweep of the study ran, one line each; a grid in it is never rewritten. ``--files``
@@ -26,6 +27,7 @@ from diloco.studies.claims import (
     batch_next_grids,
     check_grids,
 )
+from diloco.studies.claims_common import common_grids, has_final_checkpoint
 from diloco.studies.grid_files import append_grids, read_grids, write_grid_files
 
 
@@ -43,6 +45,10 @@ def main() -> int:
         todo = batch_next_grids(read_jsonl(results) if results.exists() else [])
         if not todo:
             print("nothing to add: a method's stage 1 is unfinished, or its stage 2 grids are all there")
+    elif args == ["--common"]:
+        todo = common_grids(read_jsonl(results) if results.exists() else [], has_final_checkpoint)
+        if not todo:
+            print("nothing to add: every bracket run is on the common set or has a checkpoint to re-evaluate")
     elif len(args) == 2 and args[0] == "--check":
         if args[1] not in SLOPE_CHECKS:
             print(f"unknown check {args[1]!r}: one of {', '.join(SLOPE_CHECKS)}", file=sys.stderr)
@@ -51,7 +57,10 @@ def main() -> int:
         if not todo:
             print("nothing to add: no method has both ends of its stage 1 yet")
     elif args:
-        print(f"usage: write_grids.py [--next | --check {{{'|'.join(SLOPE_CHECKS)}}} | --files]", file=sys.stderr)
+        print(
+            f"usage: write_grids.py [--next | --check {{{'|'.join(SLOPE_CHECKS)}}} | --common | --files]",
+            file=sys.stderr,
+        )
         return 2
     else:
         todo = {**ablation_grids(), **batch_grids()}

@@ -269,7 +269,9 @@ def test_the_docs_show_the_tables_the_records_give():
     from diloco.studies.claims_docs import docs_tables
 
     docs = (HERE.parents[1] / "docs" / "results" / "index.md").read_text().splitlines()
-    for lines in docs_tables(read_jsonl(HERE / "results.jsonl")).values():
+    from diloco.studies.claims_common import REEVAL
+
+    for lines in docs_tables(read_jsonl(HERE / "results.jsonl"), read_jsonl(REEVAL)).values():
         for line in lines:
             assert line in docs, f"docs/results/index.md lacks {line!r}: run studies/claims/report.py, copy its tables"
 
@@ -338,3 +340,44 @@ def test_stage_two_follows_the_best_batch_when_its_seeds_move_it():
     t = batch_table(recs)["diloco-m1"]
     assert t["bracket_best_batch"] == 32 and t["best_batch"] == 16
     assert set(batch_next_grids(recs)) == {f"batch-cpu-0.25m-diloco-m1-b{b}-s{s}" for b in (8, 16, 32) for s in (1, 2)}
+
+
+def test_on_one_validation_set_a_run_counts_by_its_own_set_its_re_evaluation_or_its_rerun():
+    from diloco.studies.claims import batch_table
+    from diloco.studies.claims_common import COMMON_EVAL, common_of, common_table, on_common_set, own_set_is_common
+
+    assert COMMON_EVAL == 128 * 16  # batch 128's own set: eval_batches (16) batches of 128 windows
+    at64 = _batch_record("dp", 64, 0.03, 0, 4.2)
+    at128 = {**_batch_record("dp", 64, 0.04, 0, 4.25), "global_batch": 128}
+    rerun8 = {**_batch_record("dp", 8, 0.01, 0, 4.05), "run_id": "rerun8"}
+    rerun8["base"] = {**rerun8["base"], "eval_sequences": COMMON_EVAL}
+    old8 = {**_batch_record("dp", 8, 0.01, 0, 4.4), "run_id": "old8"}  # the same run on batch 8's own 128 windows
+    at64["run_id"], at128["run_id"] = "at64", "at128"
+    assert [own_set_is_common(r) for r in (at64, at128, rerun8, old8)] == [False, True, True, False]
+    assert common_of(rerun8) == ("dp", 8) and batch_table([rerun8]) == {}  # a rerun is no point of the bracket itself
+    reeval = [{"run_id": "at64", "eval_sequences": COMMON_EVAL, "eval_loss": 4.1}]
+    got = {r["global_batch"]: r["eval_loss"] for r in on_common_set([old8, at64, at128, rerun8], reeval)}
+    assert got == {8: 4.05, 64: 4.1, 128: 4.25}  # old8: neither re-evaluated nor on the set: left out, its rerun counts
+    t = common_table([old8, at64, at128, rerun8], reeval)["dp"]
+    assert t["best_batch"] == 8 and batch_table([old8, at64, at128])["dp"]["best_batch"] == 64
+
+
+def test_the_reruns_on_one_validation_set_are_the_runs_with_no_checkpoint_seed_0_first():
+    from diloco.studies.claims import batch_table
+    from diloco.studies.claims_common import COMMON_EVAL, common_grids
+
+    recs = _stage1("dp", 16)
+    best = batch_table(recs)["dp"]["batches"]
+    recs += [_batch_record("dp", b, best[b]["best_lr"], s, 4.0) for b in (8, 16, 32) for s in (1, 2)]
+    for i, r in enumerate(recs):
+        r["run_id"] = f"r{i}"
+    kept = {r["run_id"] for r in recs if r["global_batch"] == 16}  # batch 16's checkpoints are on disk
+    todo = common_grids(recs, lambda r: r["run_id"] in kept)
+    want = [(b, 0) for b in (8, 32, 64)] + [(b, s) for s in (1, 2) for b in (8, 32)]
+    assert [(g["global_batch"][0], g["seed"]) for g in todo.values()] == want
+    for g in todo.values():
+        assert g["inner_lr"] == [best[g["global_batch"][0]]["best_lr"]] and g["base"]["eval_sequences"] == COMMON_EVAL
+    recs += [
+        {**_batch_record("dp", 64, 0.04, 0, 4.1), "global_batch": 128, "run_id": "b128"}
+    ]  # batch 128 is on the common set itself
+    assert not any("-b128-" in n for n in common_grids(recs, lambda r: r["run_id"] in kept))
