@@ -146,7 +146,19 @@ def main() -> int:
         {
             "ablation": rows,
             "batch": _json_table(batches),
-            "batch_on_one_validation_set": {"eval_sequences": COMMON_EVAL, **_json_table(common)},
+            "batch_on_one_validation_set": {
+                "eval_sequences": COMMON_EVAL,
+                **{
+                    name: {
+                        **t,
+                        "batches": {
+                            str(k): {**b, "losses": {str(s): x for s, x in b["losses"].items()}}
+                            for k, b in t["batches"].items()
+                        },
+                    }
+                    for name, t in common.items()
+                },
+            },
             "against_dp": against_dp(batches),
             "slope_checks": checks,
         },

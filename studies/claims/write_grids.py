@@ -6,7 +6,7 @@ batch and its neighbours).
     .venv/bin/python studies/claims/write_grids.py            # adds the ablation's and the batch bracket's grids
     .venv/bin/python studies/claims/write_grids.py --next     # adds what the batch bracket needs next (from results)
     .venv/bin/python studies/claims/write_grids.py --check C  # adds a check of the bracket's slope: wd, clip or beta2
-    .venv/bin/python studies/claims/write_grids.py --common   # adds the reruns on one validation set (no checkpoint)
+    .venv/bin/python studies/claims/write_grids.py --common   # adds what claim 3 on one validation set needs next
     .venv/bin/python studies/claims/write_grids.py --files    # grids/NAME.json for diloco sweep --grid; their paths
 
 grids.jsonl holds every grid a sweep of the study ran, one line each; a grid in it is never rewritten. ``--files``
@@ -27,7 +27,7 @@ from diloco.studies.claims import (
     batch_next_grids,
     check_grids,
 )
-from diloco.studies.claims_common import common_grids, has_final_checkpoint
+from diloco.studies.claims_common import REEVAL, common_grids, common_next_grids, has_final_checkpoint
 from diloco.studies.grid_files import append_grids, read_grids, write_grid_files
 
 
@@ -46,9 +46,14 @@ def main() -> int:
         if not todo:
             print("nothing to add: a method's stage 1 is unfinished, or its stage 2 grids are all there")
     elif args == ["--common"]:
-        todo = common_grids(read_jsonl(results) if results.exists() else [], has_final_checkpoint)
+        records = read_jsonl(results) if results.exists() else []
+        reeval = read_jsonl(REEVAL) if REEVAL.exists() else []
+        todo = {
+            **common_grids(records, has_final_checkpoint),
+            **common_next_grids(records, reeval, has_final_checkpoint),
+        }
         if not todo:
-            print("nothing to add: every bracket run is on the common set or has a checkpoint to re-evaluate")
+            print("nothing to add: the reruns are there, and what follows waits for them (and reeval.py)")
     elif len(args) == 2 and args[0] == "--check":
         if args[1] not in SLOPE_CHECKS:
             print(f"unknown check {args[1]!r}: one of {', '.join(SLOPE_CHECKS)}", file=sys.stderr)

@@ -381,3 +381,43 @@ def test_the_reruns_on_one_validation_set_are_the_runs_with_no_checkpoint_seed_0
         {**_batch_record("dp", 64, 0.04, 0, 4.1), "global_batch": 128, "run_id": "b128"}
     ]  # batch 128 is on the common set itself
     assert not any("-b128-" in n for n in common_grids(recs, lambda r: r["run_id"] in kept))
+
+
+def test_on_one_validation_set_the_next_runs_follow_its_best_batch():
+    from diloco.studies.claims import batch_grids, batch_table
+    from diloco.studies.claims_common import COMMON_EVAL, common_next_grids, common_table, lr_choices
+
+    recs = _stage1("dp", 16)  # on each batch's own set the best batch is 16
+    for i, r in enumerate(recs):
+        r["run_id"] = f"r{i}"
+    lrs = {b: x["stage_lr"] for b, x in batch_table(recs)["dp"]["batches"].items()}
+    assert lr_choices(recs, [])["dp"] == lrs
+    chosen = {r["run_id"]: r["global_batch"] for r in recs if r["inner_lr"] == lrs[r["global_batch"]]}
+    on_set = {8: 3.9, 16: 4.0, 32: 4.1, 64: 4.2}  # on one set the loss rises with the batch
+    reeval = [{"run_id": k, "eval_sequences": COMMON_EVAL, "eval_loss": on_set[b]} for k, b in chosen.items()]
+
+    def no_checkpoint(r):
+        return False
+
+    assert common_next_grids(recs, reeval[:-1], no_checkpoint) == {}  # the curve lacks a batch: its reruns first
+    t = common_table(recs, reeval)["dp"]
+    assert t["complete"] and t["best_batch"] == 8 and [t["batches"][b]["lr"] for b in (8, 64)] == [lrs[8], lrs[64]]
+
+    todo = common_next_grids(recs, reeval, no_checkpoint)  # the best is the smallest: batch 4, bracketed
+    four = [lr * 0.5**0.5 for lr in batch_grids()["batch-cpu-0.25m-dp-b8-s0"]["inner_lr"]]  # scaled by sqrt(batch)
+    assert sorted(g["inner_lr"][0] for g in todo.values()) == pytest.approx(four, rel=1e-5)
+    assert all(g["base"]["eval_sequences"] == COMMON_EVAL and g["global_batch"] == [4] for g in todo.values())
+
+    ran4 = []
+    for i, g in enumerate(sorted(todo.values(), key=lambda g: g["inner_lr"][0])):
+        rec = {**_batch_record("dp", 8, g["inner_lr"][0], 0, 4.0 + 0.05 * abs(i - 1)), "global_batch": 4}
+        ran4.append({**rec, "base": g["base"], "run_id": f"four{i}"})  # batch 4: best at its middle lr, above 8
+    t = common_table(recs + ran4, reeval)["dp"]
+    assert sorted(t["batches"]) == [4, 8, 16, 32, 64] and t["best_batch"] == 8
+    todo = common_next_grids(recs + ran4, reeval, no_checkpoint)  # stage 2 at 4, 8 and 16, on the set
+    assert sorted((g["global_batch"][0], g["seed"]) for g in todo.values()) == [
+        (b, s) for b in (4, 8, 16) for s in (1, 2)
+    ]
+    seeded = [{**_batch_record("dp", 16, lrs[16], s, 4.4), "run_id": f"s{s}"} for s in (1, 2)]  # on disk: re-evaluable
+    todo = common_next_grids(recs + ran4 + seeded, reeval, lambda r: r["run_id"] in ("s1", "s2"))
+    assert sorted((g["global_batch"][0], g["seed"]) for g in todo.values()) == [(b, s) for b in (4, 8) for s in (1, 2)]

@@ -16,15 +16,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from diloco.seed_stats import mean_se
 from diloco.studies.claims import (
     BASE,
     BRACKET_SEED,
     HERE,
+    MORE_SEEDS,
     SIZE,
     STAGE_SEEDS,
     _batch_grid,
+    _bracket,
+    _lr,
     batch_of,
     batch_table,
+    fitted_best_batch,
 )
 
 #: the validation windows every bracket run is compared on: the first 2,048 (264 K tokens), batch 128's own set,
@@ -65,10 +70,109 @@ def on_common_set(records: list[dict], reeval: list[dict]) -> list[dict]:
     return out
 
 
+def lr_choices(records: list[dict], reeval: list[dict]) -> dict[str, dict[int, float]]:
+    """Per method and batch, the inner lr its curve on the common set counts at: the lr its seeds count at on the
+    batch's own set (``stage_lr``: a choice made on one set, one lr per batch, so no batch gains from having more
+    lrs measured on the common set); a batch first run on the common set chooses there."""
+    own = batch_table(records)
+    extra = [
+        r
+        for r in on_common_set(records, reeval)
+        if common_of(r)[1] not in own.get(common_of(r)[0], {}).get("batches", {})
+    ]
+    out: dict[str, dict[int, float]] = {}
+    for table in (own, batch_table(extra)):
+        for name, t in table.items():
+            out.setdefault(name, {}).update({b: x["stage_lr"] for b, x in t["batches"].items()})
+    return {name: dict(sorted(v.items())) for name, v in out.items()}
+
+
 def common_table(records: list[dict], reeval: list[dict]) -> dict[str, dict]:
-    """Claim 3's table on the common windows (``batch_table`` of ``on_common_set``): per method and batch, the lrs
-    measured there, the best batch, and the fitted one."""
-    return batch_table(on_common_set(records, reeval))
+    """Claim 3 on the common windows: per method and batch (of ``lr_choices``), the lr, the loss by seed there,
+    the bracket seed's (``bracket_loss``) and the mean and s.e. over ``STAGE_SEEDS`` (``stage_*``); per method, the
+    best batch (the lowest at the bracket seed until that batch has every one of ``STAGE_SEEDS``, then the lowest
+    mean among the batches that have them all, as ``batch_table`` chooses) and ``fitted_best_batch``."""
+    losses: dict[tuple[str, int, float], dict[int, float]] = {}
+    for r in on_common_set(records, reeval):
+        name, batch = common_of(r)
+        losses.setdefault((name, batch, float(r["inner_lr"])), {})[int(r["seed"])] = float(r["eval_loss"])
+    out = {}
+    for name, lrs in lr_choices(records, reeval).items():
+        batches = {}
+        for batch, lr in lrs.items():
+            by_seed = dict(sorted(losses.get((name, batch, lr), {}).items()))
+            if BRACKET_SEED not in by_seed:
+                continue
+            stage = [by_seed[s] for s in STAGE_SEEDS if s in by_seed]
+            mean, se = mean_se(stage)
+            batches[batch] = {
+                "lr": lr,
+                "losses": by_seed,
+                "bracket_loss": by_seed[BRACKET_SEED],
+                "stage_seeds": [s for s in STAGE_SEEDS if s in by_seed],
+                "stage_mean": mean,
+                "stage_se": se,
+            }
+        if not batches:
+            continue
+        first = min(batches, key=lambda b: batches[b]["bracket_loss"])
+        seeded = [b for b in batches if len(batches[b]["stage_seeds"]) == len(STAGE_SEEDS)]
+        best = min(seeded, key=lambda b: batches[b]["stage_mean"]) if first in seeded else first
+        out[name] = {
+            "batches": batches,
+            "complete": set(batches) == set(lrs),
+            "bracket_best_batch": first,
+            "best_batch": best,
+            "fitted_best_batch": fitted_best_batch(batches, best),
+        }
+    return out
+
+
+def common_next_grids(records: list[dict], reeval: list[dict], has_checkpoint) -> dict[str, dict]:
+    """``{name: grid}``: what claim 3 on the common set needs next, per method whose curve there is complete at the
+    bracket seed (every batch of ``lr_choices``): where its best batch is the smallest, the next smaller one,
+    bracketed as stage 1 is (three lrs, the bracket seed; one more a factor sqrt(2) further out where its best lr
+    is at the edge); else stage 2 (as the bracket's: ``MORE_SEEDS`` at the best batch and its neighbours, at their
+    lrs), each a run with ``eval_sequences = COMMON_EVAL`` where no run of that point can be re-evaluated (none ran,
+    or its checkpoint is gone). The largest batch is never passed (``MIN_WARMUPS``: batch 256 leaves too few steps)."""
+    common = common_table(records, reeval)
+    ran = {}
+    for r in records:
+        key = common_of(r)
+        if key is not None and r.get("status") == "ok":
+            ran.setdefault((*key, float(r["inner_lr"]), int(r["seed"])), []).append(r)
+    on_set = {(*common_of(r), float(r["inner_lr"]), int(r["seed"])) for r in on_common_set(records, reeval)}
+    out: dict[str, dict] = {}
+
+    def add(name: str, batch: int, lr: float, seed: int, why: str) -> None:
+        point = (name, batch, lr, seed)
+        if point in on_set or any(has_checkpoint(r) for r in ran.get(point, [])):
+            return  # measured there, or reeval.py measures it
+        grid = _batch_grid(name, batch, [lr], seed, f"Claim 3 on one validation set at {SIZE}: {name}, {why}.")
+        grid["base"]["eval_sequences"] = COMMON_EVAL
+        out[f"common-{SIZE}-{name}-b{batch}-lr{lr:g}-s{seed}"] = grid
+
+    for name, t in common.items():
+        if not t["complete"]:
+            continue  # the reruns of common_grids first
+        batches = sorted(t["batches"])
+        if t["bracket_best_batch"] == batches[0] and batches[0] > 1:
+            smaller = batches[0] // 2
+            lrs = list(_bracket(name, smaller, BRACKET_SEED)[1]["inner_lr"])
+            measured = {lr: ran.get((name, smaller, lr, BRACKET_SEED)) for lr in lrs}
+            if all(measured.values()):  # its bracket ran: widen it where its best lr sits at an edge
+                own = batch_table(on_common_set(records, reeval)).get(name, {}).get("batches", {}).get(smaller)
+                if own is not None and own["best_at_edge"]:
+                    lr = _lr(own["best_lr"] * (2**0.5 if own["best_lr"] == max(own["bracket_lrs"]) else 2**-0.5))
+                    add(name, smaller, lr, BRACKET_SEED, f"global batch {smaller}, its bracket widened")
+            for lr in lrs:
+                add(name, smaller, lr, BRACKET_SEED, f"global batch {smaller}, inner lr bracketed")
+            continue
+        i = batches.index(t["best_batch"])
+        for batch in batches[max(0, i - 1) : i + 2]:
+            for seed in MORE_SEEDS:
+                add(name, batch, t["batches"][batch]["lr"], seed, f"global batch {batch}, seed {seed}")
+    return out
 
 
 def common_grids(records: list[dict], has_checkpoint) -> dict[str, dict]:
