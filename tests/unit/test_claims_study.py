@@ -384,7 +384,7 @@ def test_the_reruns_on_one_validation_set_are_the_runs_with_no_checkpoint_seed_0
 
 
 def test_on_one_validation_set_the_next_runs_follow_its_best_batch():
-    from diloco.studies.claims import batch_grids, batch_table
+    from diloco.studies.claims import batch_table
     from diloco.studies.claims_common import COMMON_EVAL, common_next_grids, common_table, lr_choices
 
     recs = _stage1("dp", 16)  # on each batch's own set the best batch is 16
@@ -404,8 +404,9 @@ def test_on_one_validation_set_the_next_runs_follow_its_best_batch():
     assert t["complete"] and t["best_batch"] == 8 and [t["batches"][b]["lr"] for b in (8, 64)] == [lrs[8], lrs[64]]
 
     todo = common_next_grids(recs, reeval, no_checkpoint)  # the best is the smallest: batch 4, bracketed
-    four = [lr * 0.5**0.5 for lr in batch_grids()["batch-cpu-0.25m-dp-b8-s0"]["inner_lr"]]  # scaled by sqrt(batch)
+    four = [lrs[8] * 0.5**0.5 * f for f in (0.5**0.5, 1, 2**0.5)]  # around batch 8's lr, scaled by sqrt(batch)
     assert sorted(g["inner_lr"][0] for g in todo.values()) == pytest.approx(four, rel=1e-5)
+    assert lrs[8] == 0.0113137 and 0.008 in {g["inner_lr"][0] for g in todo.values()}  # on the bracket's lattice
     assert all(g["base"]["eval_sequences"] == COMMON_EVAL and g["global_batch"] == [4] for g in todo.values())
 
     ran4 = []

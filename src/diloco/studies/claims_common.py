@@ -14,6 +14,7 @@ is; a run whose final checkpoint is on disk re-evaluated (``studies/claims/reeva
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from diloco.seed_stats import mean_se
@@ -25,7 +26,6 @@ from diloco.studies.claims import (
     SIZE,
     STAGE_SEEDS,
     _batch_grid,
-    _bracket,
     _lr,
     batch_of,
     batch_table,
@@ -36,6 +36,8 @@ from diloco.studies.claims import (
 #: the largest any bracket run used
 COMMON_EVAL = 2048
 REEVAL = HERE / "common-eval.jsonl"
+#: the bracket's lrs lie on 0.016 x sqrt(2) ** k (``BATCH_METHODS``' batch-16 lrs, 0.016 and 0.008, are on it)
+LATTICE = 0.016
 
 
 def common_of(record: dict) -> tuple[str, int] | None:
@@ -131,8 +133,8 @@ def common_table(records: list[dict], reeval: list[dict]) -> dict[str, dict]:
 def common_next_grids(records: list[dict], reeval: list[dict], has_checkpoint) -> dict[str, dict]:
     """``{name: grid}``: what claim 3 on the common set needs next, per method whose curve there is complete at the
     bracket seed (every batch of ``lr_choices``): where its best batch is the smallest, the next smaller one,
-    bracketed as stage 1 is (three lrs, the bracket seed; one more a factor sqrt(2) further out where its best lr
-    is at the edge); else stage 2 (as the bracket's: ``MORE_SEEDS`` at the best batch and its neighbours, at their
+    bracketed (three lrs a factor sqrt(2) apart around the smallest batch's lr scaled by sqrt(1 / 2), at the bracket
+    seed; one more a factor sqrt(2) further out where its best lr is at the edge); else stage 2 (as the bracket's: ``MORE_SEEDS`` at the best batch and its neighbours, at their
     lrs), each a run with ``eval_sequences = COMMON_EVAL`` where no run of that point can be re-evaluated (none ran,
     or its checkpoint is gone). The largest batch is never passed (``MIN_WARMUPS``: batch 256 leaves too few steps)."""
     common = common_table(records, reeval)
@@ -158,7 +160,10 @@ def common_next_grids(records: list[dict], reeval: list[dict], has_checkpoint) -
         batches = sorted(t["batches"])
         if t["bracket_best_batch"] == batches[0] and batches[0] > 1:
             smaller = batches[0] // 2
-            lrs = list(_bracket(name, smaller, BRACKET_SEED)[1]["inner_lr"])
+            # around the smallest batch's lr scaled by sqrt(batch), on the bracket's lattice of lrs a factor sqrt(2)
+            # apart (so that 0.0113137 / sqrt(2) is 0.008, as the bracket writes it)
+            k = round(2 * math.log2(t["batches"][batches[0]]["lr"] / LATTICE)) - 1
+            lrs = [_lr(LATTICE * 2 ** (j / 2)) for j in (k - 1, k, k + 1)]
             measured = {lr: ran.get((name, smaller, lr, BRACKET_SEED)) for lr in lrs}
             if all(measured.values()):  # its bracket ran: widen it where its best lr sits at an edge
                 own = batch_table(on_common_set(records, reeval)).get(name, {}).get("batches", {}).get(smaller)
