@@ -69,7 +69,10 @@ def test_a_killed_shard_holds_up_only_its_fragments_and_loses_no_merge(local_ray
         versions[0] = reply0.version
         merged_meanwhile += 1
     assert reply.fragment == 1 and reply.version == 2  # no merge lost: the restarted shard went on from version 1
-    assert ray.get(handles[1].pid.remote()) != pid and ray.get(handles[1].restored.remote()) == 1
+    assert ray.get(handles[1].pid.remote()) != pid
+    # ray.kill is asynchronous: the report sent just after it can reach the old actor, which then merges and saves
+    # version 2 before it dies, and its successor restores both merges (seen once under a loaded suite)
+    assert ray.get(handles[1].restored.remote()) in (1, 2)
     assert merged_meanwhile >= 1, "fragment 0 waited for the killed shard"  # ~300 measured here
     records = [ray.get(h.records.remote()) for h in handles]
     assert [r.version for r in records[0]] == list(range(1, versions[0] + 1))

@@ -241,8 +241,7 @@ class TrainConfig:
     eval_batches: int = _runtime(16, "batches of global_batch sequences per evaluation")
     eval_sequences: int = _runtime(
         0,
-        "validation windows per evaluation, the same first ones at every global_batch (0: eval_batches x "
-        "global_batch, a set that changes with the batch); set it wherever runs of different batches are compared",
+        "validation windows per evaluation, the same at every global_batch (0: eval_batches x global_batch ones)",
     )
     diverge_factor: float = _runtime(
         3.0,
