@@ -19,7 +19,7 @@ from diloco.studies.claims import HERE
 from diloco.studies.claims_common import COMMON_EVAL, REEVAL, common_of, has_final_checkpoint, own_set_is_common
 from diloco.train.evaluation import evaluate
 from diloco.train.export import global_model
-from diloco.train.inputs import run_tokenizer
+from diloco.train.inputs import run_data
 
 #: every run is evaluated in batches of batch 128's windows (its own set is the common one)
 EVAL_BATCH = 128
@@ -29,7 +29,7 @@ MATCH = 1e-5
 
 def main() -> int:
     torch.set_num_threads(1)
-    from diloco.data import eval_batches, prepare_data
+    from diloco.data import eval_batches
 
     records = [r for r in read_jsonl(HERE / "results.jsonl") if r.get("status") == "ok" and common_of(r) is not None]
     done = {e["run_id"] for e in read_jsonl(REEVAL)} if REEVAL.exists() else set()
@@ -46,16 +46,7 @@ def main() -> int:
         model, _meta, cfg = global_model(root / r["run_dir"], cache_dir=cache)
         key = (tuple(cfg.sources), cfg.vocab_size, cfg.seq_len, cfg.val_fraction)
         if key != val_key:
-            tokenizer, _ = run_tokenizer(cfg)
-            data = prepare_data(
-                cfg.sources,
-                vocab_size=cfg.vocab_size,
-                cache_dir=cache,
-                val_fraction=cfg.val_fraction,
-                tokenizer=tokenizer,
-                eod_token=cfg.eod_token or None,
-                token_dtype=cfg.token_dtype,
-            )
+            data, _ = run_data(cfg, cache)
             val = list(
                 eval_batches(
                     data.val, batch_size=EVAL_BATCH, seq_len=cfg.seq_len, max_batches=COMMON_EVAL // EVAL_BATCH

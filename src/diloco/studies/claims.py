@@ -300,9 +300,7 @@ def batch_table(records: list[dict]) -> dict[str, dict]:
             }
         if not batches:
             continue
-        bracket_best = min(batches, key=lambda b: batches[b]["bracket_loss"])
-        seeded = [b for b in batches if len(batches[b]["stage_seeds"]) == len(STAGE_SEEDS)]
-        best_batch = min(seeded, key=lambda b: batches[b]["stage_mean"]) if bracket_best in seeded else bracket_best
+        bracket_best, best_batch = best_batches(batches)
         out[name] = {
             "batches": batches,
             "bracket_best_batch": bracket_best,
@@ -310,6 +308,15 @@ def batch_table(records: list[dict]) -> dict[str, dict]:
             "fitted_best_batch": fitted_best_batch(batches, best_batch),
         }
     return out
+
+
+def best_batches(batches: dict[int, dict]) -> tuple[int, int]:
+    """``(bracket best, best)`` of a method's batches (each with ``bracket_loss`` and ``stage_seeds`` /
+    ``stage_mean``): the lowest at the bracket seed; and, once that batch has every one of ``STAGE_SEEDS``, the
+    lowest mean over them among the batches that have them all, else the bracket's best."""
+    first = min(batches, key=lambda b: batches[b]["bracket_loss"])
+    seeded = [b for b in batches if len(batches[b]["stage_seeds"]) == len(STAGE_SEEDS)]
+    return first, (min(seeded, key=lambda b: batches[b]["stage_mean"]) if first in seeded else first)
 
 
 def fitted_best_batch(batches: dict[int, dict], best: int) -> float | None:

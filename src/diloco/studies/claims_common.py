@@ -29,6 +29,7 @@ from diloco.studies.claims import (
     _lr,
     batch_of,
     batch_table,
+    best_batches,
     fitted_best_batch,
 )
 
@@ -117,9 +118,7 @@ def common_table(records: list[dict], reeval: list[dict]) -> dict[str, dict]:
             }
         if not batches:
             continue
-        first = min(batches, key=lambda b: batches[b]["bracket_loss"])
-        seeded = [b for b in batches if len(batches[b]["stage_seeds"]) == len(STAGE_SEEDS)]
-        best = min(seeded, key=lambda b: batches[b]["stage_mean"]) if first in seeded else first
+        first, best = best_batches(batches)
         out[name] = {
             "batches": batches,
             "complete": set(batches) == set(lrs),

@@ -91,6 +91,24 @@ def check_ids_fit(data: Any, tokenizer_file: Path) -> None:
         )
 
 
+def run_data(cfg: Any, cache_dir: Path | str) -> tuple[Any, Any]:
+    """The token data of a run (a TrainConfig ``cfg``: its train and validation splits, tokenized as the run
+    tokenizes them) and the model's own tokenizer, if it has one (``run_tokenizer``)."""
+    from diloco.data import prepare_data
+
+    tokenizer, model_tokenizer = run_tokenizer(cfg)
+    data = prepare_data(
+        cfg.sources,
+        vocab_size=cfg.vocab_size,
+        cache_dir=cache_dir,
+        val_fraction=cfg.val_fraction,
+        tokenizer=tokenizer,
+        eod_token=cfg.eod_token or None,
+        token_dtype=cfg.token_dtype,
+    )
+    return data, model_tokenizer
+
+
 def validation_batches(tokens: Any, cfg: Any) -> list[tuple[Any, Any]]:
     """The fixed validation batches of a run (a TrainConfig ``cfg``) from the validation split ``tokens``.
 
@@ -117,21 +135,12 @@ def validation_batches(tokens: Any, cfg: Any) -> list[tuple[Any, Any]]:
 
 def prepare_inputs(cfg: Any, cache_dir: Path | str) -> Inputs:
     """Data, validation batches, the seeded model and its fragments for ``cfg`` (a TrainConfig)."""
-    from diloco.data import ShardSampler, prepare_data
+    from diloco.data import ShardSampler
     from diloco.models.factory import build_model, check_model
     from diloco.train.speed import unwrap_compiled
 
     check_model(cfg.model)  # a bad model string, config or factory fails before any data work
-    tokenizer, model_tokenizer = run_tokenizer(cfg)
-    data = prepare_data(
-        cfg.sources,
-        vocab_size=cfg.vocab_size,
-        cache_dir=cache_dir,
-        val_fraction=cfg.val_fraction,
-        tokenizer=tokenizer,
-        eod_token=cfg.eod_token or None,
-        token_dtype=cfg.token_dtype,
-    )
+    data, model_tokenizer = run_data(cfg, cache_dir)
     if model_tokenizer is not None and data.tokenizer is None:  # token files beside a model with its tokenizer
         check_ids_fit(data, model_tokenizer)
     val = validation_batches(data.val, cfg)
