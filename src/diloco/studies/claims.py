@@ -300,23 +300,24 @@ def batch_table(records: list[dict]) -> dict[str, dict]:
             }
         if not batches:
             continue
-        bracket_best, best_batch = best_batches(batches)
-        out[name] = {
-            "batches": batches,
-            "bracket_best_batch": bracket_best,
-            "best_batch": best_batch,
-            "fitted_best_batch": fitted_best_batch(batches, best_batch),
-        }
+        out[name] = method_summary(batches)
     return out
 
 
-def best_batches(batches: dict[int, dict]) -> tuple[int, int]:
-    """``(bracket best, best)`` of a method's batches (each with ``bracket_loss`` and ``stage_seeds`` /
-    ``stage_mean``): the lowest at the bracket seed; and, once that batch has every one of ``STAGE_SEEDS``, the
-    lowest mean over them among the batches that have them all, else the bracket's best."""
+def method_summary(batches: dict[int, dict]) -> dict:
+    """A method's row of a batch table from its ``batches`` (each with ``bracket_loss`` and ``stage_seeds`` /
+    ``stage_mean``): ``bracket_best_batch``, the lowest at the bracket seed; ``best_batch``, once that batch has every
+    one of ``STAGE_SEEDS`` the lowest mean over them among the batches that have them all, else the bracket's best;
+    and ``fitted_best_batch``."""
     first = min(batches, key=lambda b: batches[b]["bracket_loss"])
     seeded = [b for b in batches if len(batches[b]["stage_seeds"]) == len(STAGE_SEEDS)]
-    return first, (min(seeded, key=lambda b: batches[b]["stage_mean"]) if first in seeded else first)
+    best = min(seeded, key=lambda b: batches[b]["stage_mean"]) if first in seeded else first
+    return {
+        "batches": batches,
+        "bracket_best_batch": first,
+        "best_batch": best,
+        "fitted_best_batch": fitted_best_batch(batches, best),
+    }
 
 
 def fitted_best_batch(batches: dict[int, dict], best: int) -> float | None:

@@ -29,8 +29,7 @@ from diloco.studies.claims import (
     _lr,
     batch_of,
     batch_table,
-    best_batches,
-    fitted_best_batch,
+    method_summary,
 )
 
 #: the validation windows every bracket run is compared on: the first 2,048 (264 K tokens), batch 128's own set,
@@ -118,14 +117,7 @@ def common_table(records: list[dict], reeval: list[dict]) -> dict[str, dict]:
             }
         if not batches:
             continue
-        first, best = best_batches(batches)
-        out[name] = {
-            "batches": batches,
-            "complete": set(batches) == set(lrs),
-            "bracket_best_batch": first,
-            "best_batch": best,
-            "fitted_best_batch": fitted_best_batch(batches, best),
-        }
+        out[name] = {**method_summary(batches), "complete": set(batches) == set(lrs)}
     return out
 
 
