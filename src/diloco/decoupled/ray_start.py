@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -98,23 +99,32 @@ def _is_ray(pid: int) -> bool:
     return b"/ray/" in cmdline or cmdline.startswith(b"ray::") or cmdline == own
 
 
-def end_new_ray_processes(before: set[int]) -> int:
+def end_new_ray_processes(before: set[int], passes: int = 3, settle_s: float = 5.0) -> int:
     """SIGKILL the Ray processes below this one that were not there in ``before`` (what a failed start left:
-    its GCS, raylet, agents); how many."""
-    ended = []
-    for pid in sorted(descendants(os.getpid()) - before):
-        if _is_ray(pid):
+    its GCS, raylet, agents); how many. A pass waits (up to ``settle_s``) for what it ended to be gone, and the next
+    pass ends what was forked meanwhile, until a pass finds nothing (a fresh-clone run once found a GCS left)."""
+    total = 0
+    for _ in range(passes):
+        ended = []
+        for pid in sorted(descendants(os.getpid()) - before):
+            if _is_ray(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    ended.append(pid)
+                except ProcessLookupError:
+                    pass
+        if not ended:
+            break
+        for pid in ended:  # reaped where it was this process' own child (else its parent, killed too, is gone)
             try:
-                os.kill(pid, signal.SIGKILL)
-                ended.append(pid)
-            except ProcessLookupError:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
                 pass
-    for pid in ended:  # reaped where it was this process' own child (else its parent, killed too, is gone)
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
-    return len(ended)
+        deadline = time.monotonic() + settle_s
+        while any(_is_ray(pid) for pid in ended) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        total += len(ended)
+    return total
 
 
 __all__ = ["GCS_WAIT_S", "START_ATTEMPTS", "descendants", "end_new_ray_processes", "is_startup_timeout", "start_ray"]
