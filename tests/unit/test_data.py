@@ -483,30 +483,6 @@ def test_eval_batches_validate_eagerly():
         eval_batches(arange_tokens(500), batch_size=2, seq_len=9, max_batches=0)
 
 
-def test_eval_sequences_give_every_global_batch_the_same_validation_windows():
-    from types import SimpleNamespace
-
-    from diloco.errors import ConfigError
-    from diloco.train.inputs import validation_batches
-
-    def windows(**cfg):
-        batches = validation_batches(arange_tokens(1000), SimpleNamespace(seq_len=9, eval_batches=2, **cfg))
-        return torch.cat([x for x, _ in batches]), {len(x) for x, _ in batches}
-
-    # without it the set follows the batch: 2 batches of 3 windows, or of 8
-    assert (
-        len(windows(global_batch=3, eval_sequences=0)[0]) == 6
-        and len(windows(global_batch=8, eval_sequences=0)[0]) == 16
-    )
-    same, sizes = windows(global_batch=8, eval_sequences=24)
-    assert torch.equal(same, torch.arange(240).view(24, 10)[:, :9]) and sizes == {8}
-    for batch, size in ((1, 1), (3, 3), (5, 4), (64, 24)):  # batches of the largest divisor of 24 up to the batch
-        got, sizes = windows(global_batch=batch, eval_sequences=24)
-        assert torch.equal(got, same) and sizes == {size}, batch
-    with pytest.raises(ConfigError, match="eval_sequences=120: the validation split holds 100 windows .* at most 100"):
-        windows(global_batch=8, eval_sequences=120)
-
-
 def test_real_validation_split_gives_eval_batches(data):
     x, y = next(eval_batches(data.val, batch_size=2, seq_len=32))
     assert x.shape == (2, 32) and torch.equal(x[0, 1:], y[0, :-1])

@@ -338,7 +338,8 @@ def test_sizes_outside_the_paper_table_come_from_the_model_zoo():
 
 
 def test_a_sweep_over_batches_is_warned_when_each_batch_has_its_own_validation_set():
-    from diloco.scaling.sweep import expand_grids, mixed_eval_sets
+    from diloco.scaling.eval_sets import mixed_eval_sets
+    from diloco.scaling.sweep import expand_grids
 
     one = dict(sizes=("35M",), replicas=(1,), outer_lr=(0.4,), runner="train")
     apart = expand_grids([small_grid(**one, global_batch=[8]), small_grid(**one, global_batch=[64])])

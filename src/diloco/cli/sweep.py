@@ -127,8 +127,9 @@ def _parameters(items: list[str]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
+    from diloco.scaling.eval_sets import mixed_eval_sets
     from diloco.scaling.executors import make_executor
-    from diloco.scaling.sweep import GridSpec, expand_grids, get_runner, mixed_eval_sets, read_results, run_sweep
+    from diloco.scaling.sweep import GridSpec, expand_grids, get_runner, read_results, run_sweep
 
     grids = [GridSpec.from_json(path) for path in args.grid]
     if args.runner is not None:

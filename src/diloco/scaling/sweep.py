@@ -325,22 +325,6 @@ def expand_grids(grids: Sequence[GridSpec]) -> list[dict[str, Any]]:
     return out
 
 
-def mixed_eval_sets(configs: Sequence[Mapping[str, Any]]) -> list[str]:
-    """A warning per model size whose training runs span several global batches while each run's validation set
-    follows its batch (``eval_sequences`` unset: ``eval_batches`` x ``global_batch`` windows): their eval losses
-    are then measured on different text, and the differences between batches are partly the text's."""
-    batches: dict[str, set[int]] = {}
-    for c in configs:
-        if c.get("runner") == "train" and not c.get("base", {}).get("eval_sequences"):
-            batches.setdefault(c["size"], set()).add(int(c["global_batch"]))
-    return [
-        f"the runs of {size} at global batches {', '.join(map(str, sorted(b)))} are evaluated on different validation "
-        f"windows (eval_batches x global_batch); set base.eval_sequences (e.g. 2048) in the grids to compare batches"
-        for size, b in batches.items()
-        if len(b) > 1
-    ]
-
-
 # -- the results file ---------------------------------------------------------------------------
 def read_results(path: Path, *, warn: bool = True) -> list[dict[str, Any]]:
     """All records of a results JSONL file, in order (:func:`diloco.files.read_jsonl`): an unfinished
